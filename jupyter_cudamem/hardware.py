@@ -1,0 +1,63 @@
+"""The sources one kernel measures with, bundled so every feature shares them.
+
+``%%cudamem``, the monitor and ``%oomfix`` all read through one ``Hardware``: one NVML session (see
+``sources/nvml.py`` for why there must be only one) and one map of devices. Tests build a ``Hardware``
+from the fakes in ``tests/fakes.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .devices import DeviceMap
+from .sources.base import AllocatorSource, NvmlSource
+
+
+@dataclass
+class Hardware:
+    allocator: AllocatorSource
+    nvml: NvmlSource
+    pid: int = field(default_factory=os.getpid)
+    environ: dict[str, str] | None = None
+    pid_exists: Callable[[int], bool] = field(default=lambda pid: os.path.exists(f"/proc/{pid}"))
+    device_map: DeviceMap = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.device_map = DeviceMap(self.allocator, self.nvml, self.environ)
+
+    def unavailable(self) -> list[str]:
+        """One line for each source that cannot measure here, saying why."""
+        reasons = []
+        for source in (self.allocator, self.nvml):
+            reason = source.status()
+            if reason:
+                reasons.append(reason)
+        return reasons
+
+    def own_process_bytes(self, nvml_index: int) -> int | None:
+        """GPU memory NVML attributes to this process, or ``None`` where it cannot tell.
+
+        Inside a container NVML lists host PIDs, none of which is ours: then we cannot know which
+        entry is us, and say so rather than report 0 or another process's figure.
+        """
+        listed = self.nvml.processes(nvml_index)
+        if listed is None:
+            return None
+        own = [p for p in listed if p.pid == self.pid]
+        if own:
+            if any(p.used_bytes is None for p in own):
+                return None
+            return sum(p.used_bytes or 0 for p in own)
+        if any(not self.pid_exists(p.pid) for p in listed):
+            return None
+        return 0
+
+
+def default_hardware() -> Hardware:
+    """The real sources: PyTorch's allocator and the process-wide NVML session."""
+    from .sources.nvml import shared_session
+    from .sources.torch_alloc import TorchAllocator
+
+    return Hardware(allocator=TorchAllocator(), nvml=shared_session())

@@ -1,0 +1,69 @@
+"""Thin IPython front ends: parse arguments, call the layers below, display.
+
+``load`` registers every magics class of ours on a shell and ``unload`` undoes all of it: magics,
+event callbacks, configurables and threads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..hardware import Hardware, default_hardware
+from .base import CudaMemMagicsBase
+
+
+def _magic_classes() -> list[type[CudaMemMagicsBase]]:
+    from .cudamem import CudaMem
+
+    return [CudaMem]
+
+
+class Extension:
+    """The extension as loaded into one shell."""
+
+    def __init__(self, shell: Any, hardware: Hardware):
+        self.shell = shell
+        self.hardware = hardware
+        self.magics: list[CudaMemMagicsBase] = []
+
+    def get(self, kind: type[CudaMemMagicsBase]) -> CudaMemMagicsBase | None:
+        return next((m for m in self.magics if isinstance(m, kind)), None)
+
+
+_loaded: dict[int, Extension] = {}
+
+
+def load(shell: Any, hardware: Hardware | None = None) -> Extension:
+    """Register our magics on ``shell``; a second load of the same shell returns the first."""
+    existing = _loaded.get(id(shell))
+    if existing is not None:
+        return existing
+    extension = Extension(shell, hardware or default_hardware())
+    for kind in _magic_classes():
+        instance = kind(shell=shell, hardware=extension.hardware, extension=extension)
+        shell.register_magics(instance)
+        extension.magics.append(instance)
+    _loaded[id(shell)] = extension
+    return extension
+
+
+def loaded(shell: Any) -> Extension | None:
+    return _loaded.get(id(shell))
+
+
+def unload(shell: Any) -> None:
+    """Stop threads, drop callbacks and magics, and close NVML once nothing uses it."""
+    extension = _loaded.pop(id(shell), None)
+    if extension is None:
+        return
+    registry = shell.magics_manager.magics
+    for instance in extension.magics:
+        instance.close()
+        for kind, names in instance.magics.items():
+            for name, bound in names.items():
+                if registry.get(kind, {}).get(name) == bound:
+                    del registry[kind][name]
+        if instance in getattr(shell, "configurables", []):
+            shell.configurables.remove(instance)
+    if not _loaded:
+        extension.hardware.nvml.close()

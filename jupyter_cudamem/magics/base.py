@@ -1,0 +1,46 @@
+"""What every magics class of ours shares: the hardware, one-line errors, and a clean close."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics
+
+from ..errors import CudaMemError
+from ..hardware import Hardware
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def one_line_errors(method: F) -> F:
+    """Turn our ``CudaMemError`` into IPython's ``UsageError``: one red line, no traceback."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - read by IPython's traceback printer
+        try:
+            return method(*args, **kwargs)
+        except CudaMemError as error:
+            raise UsageError(str(error)) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class CudaMemMagicsBase(Magics):
+    """A ``Magics`` that measures through a shared ``Hardware`` and can be closed on unload."""
+
+    def __init__(self, shell: Any, hardware: Hardware, extension: Any = None, **kwargs: Any):
+        super().__init__(shell=shell, **kwargs)
+        self.hardware = hardware
+        self.extension = extension  # the ``magics.Extension`` this belongs to, to find siblings
+
+    def note(self, message: str) -> None:
+        """A one-line remark for the user (what could not be measured, what was done)."""
+        print(f"cudamem: {message}", file=sys.stderr)
+
+    def close(self) -> None:
+        """Undo whatever this class started (threads, event callbacks). Called on unload."""

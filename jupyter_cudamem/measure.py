@@ -1,0 +1,281 @@
+"""Take readings before and after a block of code and turn them into a measurement.
+
+Pure: knows the sources' protocols and nothing of IPython. Counters are read after
+``synchronize()`` so kernels still queued when the block returns are counted. The allocator's peak
+counters are reset at the start (unless ``reset_peak=False``) so "peak" is the block's own peak.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from .devices import Device
+from .errors import CudaMemError
+from .hardware import Hardware
+from .sources.base import AllocatorReading, NvmlMemory
+
+# NVML "used" of a whole device moves with other processes too; below this we call it noise.
+NVML_NOISE_BYTES = 2 * 1024**2
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """What both sources said about one device at one instant."""
+
+    allocator: AllocatorReading | None
+    nvml: NvmlMemory | None
+    process_bytes: int | None  # NVML's figure for this process; None where NVML cannot map processes
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Readings at the start of a block, keyed by NVML index and by PyTorch index."""
+
+    started_s: float
+    torch_initialized: bool
+    allocator: dict[int, AllocatorReading]
+    nvml: dict[int, NvmlMemory]
+    process: dict[int, int | None]
+    peak_reset: bool
+
+
+@dataclass(frozen=True)
+class DeviceMeasurement:
+    """One device over one block. Sizes in bytes; ``None`` where a source could not tell."""
+
+    device: Device
+    before: DeviceSample
+    after: DeviceSample
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    peak_is_block_peak: bool  # False when peak counters were not reset: peak since an earlier reset
+
+    @property
+    def allocated_delta_bytes(self) -> int | None:
+        if self.before.allocator is None or self.after.allocator is None:
+            return None
+        return self.after.allocator.allocated_bytes - self.before.allocator.allocated_bytes
+
+    @property
+    def reserved_delta_bytes(self) -> int | None:
+        if self.before.allocator is None or self.after.allocator is None:
+            return None
+        return self.after.allocator.reserved_bytes - self.before.allocator.reserved_bytes
+
+    @property
+    def peak_above_start_bytes(self) -> int | None:
+        """How far the block's peak rose above what was allocated when it started."""
+        if self.peak_allocated_bytes is None or self.before.allocator is None:
+            return None
+        return max(self.peak_allocated_bytes - self.before.allocator.allocated_bytes, 0)
+
+    @property
+    def nvml_used_delta_bytes(self) -> int | None:
+        if self.before.nvml is None or self.after.nvml is None:
+            return None
+        return self.after.nvml.used_bytes - self.before.nvml.used_bytes
+
+    @property
+    def process_delta_bytes(self) -> int | None:
+        if self.before.process_bytes is None or self.after.process_bytes is None:
+            return None
+        return self.after.process_bytes - self.before.process_bytes
+
+    @property
+    def outside_pytorch_delta_bytes(self) -> int | None:
+        """Growth the driver saw beyond PyTorch's pools: CUDA context, cuBLAS/cuDNN, CuPy, JAX."""
+        reserved = self.reserved_delta_bytes or 0
+        driver = self.process_delta_bytes
+        if driver is None:
+            driver = self.nvml_used_delta_bytes
+        if driver is None:
+            return None
+        return driver - reserved
+
+    @property
+    def free_after_bytes(self) -> int | None:
+        return None if self.after.nvml is None else self.after.nvml.free_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        if self.after.nvml is not None:
+            return self.after.nvml.total_bytes
+        return self.device.total_bytes
+
+    @property
+    def touched(self) -> bool:
+        """Did the block change anything on this device?"""
+        if self.peak_above_start_bytes:
+            return True
+        if self.allocated_delta_bytes or self.reserved_delta_bytes:
+            return True
+        if self.process_delta_bytes:
+            return True
+        if self.before.process_bytes is None and abs(self.nvml_used_delta_bytes or 0) > NVML_NOISE_BYTES:
+            return True
+        return False
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A block's memory on every device it touched (or was asked about), and its wall time."""
+
+    devices: tuple[DeviceMeasurement, ...]
+    wall_s: float
+    unavailable: tuple[str, ...] = ()
+    error: str | None = None  # the exception's type name when the block failed
+    limit_bytes: int | None = None
+    extras: dict[str, object] = field(default_factory=dict, compare=False)
+
+    @property
+    def peak_allocated_bytes(self) -> int | None:
+        peaks = [d.peak_allocated_bytes for d in self.devices if d.peak_allocated_bytes is not None]
+        return max(peaks) if peaks else None
+
+
+class Meter:
+    """Measures blocks of code on the devices of a ``Hardware``.
+
+    ``devices`` restricts the measurement to those PyTorch indexes (reported even if untouched);
+    by default every device is read and only the touched ones are reported.
+    """
+
+    def __init__(
+        self,
+        hardware: Hardware,
+        reset_peak: bool = True,
+        devices: list[int] | None = None,
+        process_memory: bool = True,
+    ):
+        self.hardware = hardware
+        self.reset_peak = reset_peak
+        self.devices = devices
+        self.process_memory = process_memory
+
+    def check_devices(self) -> None:
+        """Raise ``CudaMemError`` for a requested device that does not exist."""
+        if not self.devices:
+            return
+        count = self.hardware.device_map.torch_device_count()
+        if count == 0:
+            count = len(self.hardware.device_map.devices())
+        for index in self.devices:
+            if not 0 <= index < count:
+                known = ", ".join(f"cuda:{i}" for i in range(count)) or "none"
+                raise CudaMemError(f"no CUDA device {index}: this process sees {count} ({known}); pass --device 0..{max(count - 1, 0)}")
+
+    # -- reading ---------------------------------------------------------------------------
+    def _nvml_indexes(self) -> list[int]:
+        return [d.nvml_index for d in self.hardware.device_map.devices() if d.nvml_index is not None]
+
+    def _read_nvml(self) -> tuple[dict[int, NvmlMemory], dict[int, int | None]]:
+        memory: dict[int, NvmlMemory] = {}
+        process: dict[int, int | None] = {}
+        nvml = self.hardware.nvml
+        if nvml.status() is not None:
+            return memory, process
+        for index in self._nvml_indexes():
+            try:
+                memory[index] = nvml.memory(index)
+                process[index] = self._process_bytes(index) if self.process_memory else None
+            except CudaMemError:
+                continue
+        return memory, process
+
+    def _process_bytes(self, nvml_index: int) -> int | None:
+        return self.hardware.own_process_bytes(nvml_index)
+
+    def _torch_indexes(self) -> list[int]:
+        if self.devices is not None:
+            return list(self.devices)
+        return list(range(self.hardware.allocator.device_count()))
+
+    def _read_allocator(self, synchronize: bool) -> dict[int, AllocatorReading]:
+        allocator = self.hardware.allocator
+        if not allocator.is_initialized():
+            return {}
+        readings = {}
+        for index in self._torch_indexes():
+            if synchronize:
+                allocator.synchronize(index)
+            readings[index] = allocator.read(index)
+        return readings
+
+    # -- the block -------------------------------------------------------------------------
+    def start(self) -> Baseline:
+        initialized = self.hardware.allocator.is_initialized()
+        allocator_readings = self._read_allocator(synchronize=True)
+        peak_reset = False
+        if initialized and self.reset_peak:
+            for index in allocator_readings:
+                self.hardware.allocator.reset_peak(index)
+            peak_reset = True
+        nvml_memory, process = self._read_nvml()
+        return Baseline(
+            started_s=time.perf_counter(),
+            torch_initialized=initialized,
+            allocator=allocator_readings,
+            nvml=nvml_memory,
+            process=process,
+            peak_reset=peak_reset or not initialized,
+        )
+
+    def stop(self, baseline: Baseline, error: str | None = None, limit_bytes: int | None = None) -> Measurement:
+        after_allocator = self._read_allocator(synchronize=True)
+        wall_s = time.perf_counter() - baseline.started_s
+        after_nvml, after_process = self._read_nvml()
+        measured = []
+        for device in self.hardware.device_map.devices():
+            if self.devices is not None and device.torch_index not in self.devices:
+                continue
+            before_reading = None
+            after_reading = None
+            if device.torch_index is not None and device.torch_index in after_allocator:
+                after_reading = after_allocator[device.torch_index]
+                # A torch that was not initialised before the block held nothing then.
+                before_reading = baseline.allocator.get(device.torch_index, AllocatorReading(0, 0, 0, 0))
+            nvml_index = device.nvml_index
+            before = DeviceSample(
+                before_reading,
+                baseline.nvml.get(nvml_index) if nvml_index is not None else None,
+                baseline.process.get(nvml_index) if nvml_index is not None else None,
+            )
+            after = DeviceSample(
+                after_reading,
+                after_nvml.get(nvml_index) if nvml_index is not None else None,
+                after_process.get(nvml_index) if nvml_index is not None else None,
+            )
+            result = DeviceMeasurement(
+                device=device,
+                before=before,
+                after=after,
+                peak_allocated_bytes=None if after_reading is None else after_reading.peak_allocated_bytes,
+                peak_reserved_bytes=None if after_reading is None else after_reading.peak_reserved_bytes,
+                peak_is_block_peak=baseline.peak_reset,
+            )
+            if self.devices is not None or result.touched:
+                measured.append(result)
+        return Measurement(
+            devices=tuple(measured),
+            wall_s=wall_s,
+            unavailable=tuple(self.hardware.unavailable()),
+            error=error,
+            limit_bytes=limit_bytes,
+        )
+
+    @contextmanager
+    def measure(self) -> Iterator[list[Measurement]]:
+        """``with meter.measure() as result:`` — ``result[0]`` holds the measurement afterwards."""
+        holder: list[Measurement] = []
+        baseline = self.start()
+        error: str | None = None
+        try:
+            yield holder
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
+        finally:
+            holder.append(self.stop(baseline, error=error))

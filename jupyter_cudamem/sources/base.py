@@ -1,0 +1,121 @@
+"""Plain readings and the two small interfaces that hardware adapters implement.
+
+All sizes are bytes. A source that cannot answer says why through ``status()`` (a one-line reason,
+or ``None`` when usable) instead of raising in the middle of a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class AllocatorReading:
+    """PyTorch caching-allocator counters for one device at one instant."""
+
+    allocated_bytes: int
+    reserved_bytes: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    num_ooms: int = 0
+    num_alloc_retries: int = 0
+
+    @property
+    def reserved_unallocated_bytes(self) -> int:
+        """Cached by the allocator but not holding a tensor: what ``empty_cache`` can return."""
+        return max(self.reserved_bytes - self.allocated_bytes, 0)
+
+
+@dataclass(frozen=True)
+class TorchDevice:
+    """A CUDA device as PyTorch numbers it (``cuda:N``), after ``CUDA_VISIBLE_DEVICES``."""
+
+    index: int
+    name: str
+    total_bytes: int
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """A GPU as NVML numbers it: every GPU on the machine, whatever ``CUDA_VISIBLE_DEVICES`` says."""
+
+    nvml_index: int
+    name: str
+    uuid: str
+    pci_bus_id: str
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class NvmlMemory:
+    """Device memory as the driver sees it, all processes and the driver's own reservation aside."""
+
+    used_bytes: int
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """GPU memory NVML attributes to one process (context, allocator pools, other libraries)."""
+
+    pid: int
+    used_bytes: int | None
+
+
+@runtime_checkable
+class AllocatorSource(Protocol):
+    """PyTorch's view: exact, but blind to memory allocated outside its caching allocator."""
+
+    def status(self) -> str | None:
+        """``None`` when CUDA devices can be read, else why not (one line)."""
+
+    def is_initialized(self) -> bool:
+        """Whether this process has initialised CUDA through PyTorch (so it may hold memory)."""
+
+    def device_count(self) -> int: ...
+
+    def device(self, index: int) -> TorchDevice: ...
+
+    def synchronize(self, index: int) -> None:
+        """Wait for queued kernels so counters include their allocations."""
+
+    def read(self, index: int) -> AllocatorReading: ...
+
+    def reset_peak(self, index: int) -> None: ...
+
+    def empty_cache(self) -> None: ...
+
+    def memory_fraction(self, index: int) -> float | None:
+        """The per-process cap as a fraction of the card, or ``None`` when PyTorch cannot say."""
+
+    def set_memory_fraction(self, index: int, fraction: float) -> None: ...
+
+    def start_trace(self, max_entries: int) -> None:
+        """Start recording allocation history with Python stacks."""
+
+    def stop_trace(self) -> dict[str, Any]:
+        """Stop recording and return the allocator snapshot (``torch.cuda.memory._snapshot()``)."""
+
+
+@runtime_checkable
+class NvmlSource(Protocol):
+    """The driver's view through NVML: every allocation on the card, but no breakdown inside PyTorch."""
+
+    def status(self) -> str | None:
+        """``None`` when NVML answers, else why not (one line, with a hint)."""
+
+    def devices(self) -> list[GpuIdentity]: ...
+
+    def memory(self, nvml_index: int) -> NvmlMemory: ...
+
+    def processes(self, nvml_index: int) -> list[ProcessMemory] | None:
+        """Compute processes on the device, or ``None`` where NVML cannot list them."""
+
+    def utilization_percent(self, nvml_index: int) -> int | None: ...
+
+    def close(self) -> None:
+        """Shut NVML down once no call is in flight; a later call initialises it again."""

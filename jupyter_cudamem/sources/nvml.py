@@ -1,0 +1,190 @@
+"""NVML through nvidia-ml-py: the only module that imports ``pynvml``.
+
+One ``NvmlSession`` is shared by ``%%cudamem`` and the monitor thread. It initialises NVML lazily
+under a lock, turns NVML's exceptions into one-line reasons, and on ``close()`` waits for calls in
+flight before ``nvmlShutdown()``: shutting down while another thread is inside NVML is a
+use-after-free that can take the interpreter down.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..errors import CudaMemError
+from .base import GpuIdentity, NvmlMemory, ProcessMemory
+
+# NVML reports "not available" per-process memory as the largest unsigned 64-bit value.
+_NOT_AVAILABLE = (1 << 64) - 1
+_CLOSE_WAIT_S = 5.0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _reason(error: BaseException, pynvml: Any) -> str:
+    """A one-line explanation, with what to do, for an NVML failure."""
+    if pynvml is None:
+        return "nvidia-ml-py is not installed, so driver-level memory is not measured: pip install nvidia-ml-py"
+    known = {
+        "NVMLError_LibraryNotFound": "NVML library (libnvidia-ml.so) not found: no NVIDIA driver on this machine",
+        "NVMLError_DriverNotLoaded": "the NVIDIA driver is not loaded: no GPU is usable here",
+        "NVMLError_NoPermission": "NVML refused access (no permission to the GPU device files)",
+        "NVMLError_LibRmVersionMismatch": "the NVIDIA driver and its library disagree in version: reboot or reload the driver",
+    }
+    for name, message in known.items():
+        kind = getattr(pynvml, name, None)
+        if kind is not None and isinstance(error, kind):
+            return message
+    return f"NVML failed: {error}"
+
+
+class NvmlSession:
+    """The process-wide NVML connection; thread-safe, lazily initialised, safe to close."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition(threading.Lock())
+        self._in_flight = 0
+        self._ready = False
+        self._failure: str | None = None
+        self._pynvml: Any = None
+        self._handles: dict[int, Any] = {}
+        self._devices: list[GpuIdentity] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _initialise_locked(self) -> None:
+        if self._ready or self._failure is not None:
+            return
+        try:
+            import pynvml  # the module nvidia-ml-py installs
+        except ImportError as error:
+            self._failure = _reason(error, None)
+            return
+        self._pynvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as error:
+            self._failure = _reason(error, pynvml)
+            return
+        except OSError as error:  # some platforms raise this when the shared library is absent
+            self._failure = f"NVML could not be loaded: {error}"
+            return
+        self._ready = True
+
+    @contextmanager
+    def _call(self) -> Iterator[Any]:
+        with self._condition:
+            self._initialise_locked()
+            if not self._ready:
+                raise CudaMemError(self._failure or "NVML is not available")
+            self._in_flight += 1
+        try:
+            yield self._pynvml
+        except CudaMemError:
+            raise
+        except Exception as error:
+            nvml_error = getattr(self._pynvml, "NVMLError", None)
+            if nvml_error is not None and isinstance(error, nvml_error):
+                raise CudaMemError(_reason(error, self._pynvml)) from error
+            raise
+        finally:
+            with self._condition:
+                self._in_flight -= 1
+                self._condition.notify_all()
+
+    def close(self) -> None:
+        with self._condition:
+            self._condition.wait_for(lambda: self._in_flight == 0, timeout=_CLOSE_WAIT_S)
+            if self._ready and self._in_flight == 0:
+                try:
+                    self._pynvml.nvmlShutdown()
+                except Exception:  # already shut down elsewhere: nothing left to release
+                    pass
+            self._ready = False
+            self._failure = None
+            self._handles.clear()
+            self._devices = None
+
+    # -- queries ---------------------------------------------------------------------------
+    def status(self) -> str | None:
+        with self._condition:
+            self._initialise_locked()
+            return None if self._ready else self._failure
+
+    def _handle(self, pynvml: Any, nvml_index: int) -> Any:
+        handle = self._handles.get(nvml_index)
+        if handle is None:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
+            self._handles[nvml_index] = handle
+        return handle
+
+    def devices(self) -> list[GpuIdentity]:
+        if self._devices is not None:
+            return list(self._devices)
+        found = []
+        with self._call() as pynvml:
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = self._handle(pynvml, index)
+                found.append(
+                    GpuIdentity(
+                        nvml_index=index,
+                        name=_text(pynvml.nvmlDeviceGetName(handle)),
+                        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                        pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+                        total_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                    )
+                )
+        self._devices = found
+        return list(found)
+
+    def memory(self, nvml_index: int) -> NvmlMemory:
+        with self._call() as pynvml:
+            handle = self._handle(pynvml, nvml_index)
+            # v2 separates the driver's own reservation from "used"; older drivers only know v1.
+            version = getattr(pynvml, "nvmlMemory_v2", None)
+            try:
+                info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=version) if version else None
+            except (pynvml.NVMLError, TypeError):
+                info = None
+            if info is None:
+                info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            return NvmlMemory(int(info.used), int(info.free), int(info.total))
+
+    def processes(self, nvml_index: int) -> list[ProcessMemory] | None:
+        with self._call() as pynvml:
+            handle = self._handle(pynvml, nvml_index)
+            try:
+                running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except pynvml.NVMLError:
+                return None
+            result = []
+            for process in running:
+                used = process.usedGpuMemory
+                if used is None or int(used) >= _NOT_AVAILABLE:
+                    used = None
+                result.append(ProcessMemory(pid=int(process.pid), used_bytes=None if used is None else int(used)))
+            return result
+
+    def utilization_percent(self, nvml_index: int) -> int | None:
+        with self._call() as pynvml:
+            handle = self._handle(pynvml, nvml_index)
+            try:
+                return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except pynvml.NVMLError:
+                return None
+
+
+_shared_session: NvmlSession | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_session() -> NvmlSession:
+    """The one NVML session of this process, shared by measurements and the monitor."""
+    global _shared_session
+    with _shared_lock:
+        if _shared_session is None:
+            _shared_session = NvmlSession()
+        return _shared_session

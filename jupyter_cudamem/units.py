@@ -1,0 +1,81 @@
+"""Sizes in bytes, parsed from and formatted for people, in one place.
+
+Binary units (KiB, MiB, GiB, TiB) are powers of 1024 and decimal ones (KB, MB, GB, TB) powers of
+1000, as in the SI and in ``nvidia-smi``'s MiB. A bare number is bytes.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import CudaMemError
+
+_FACTORS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+
+_SIZE_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int | float) -> int:
+    """Return the number of bytes in ``text`` such as ``"24GiB"``, ``"1.5 GB"`` or ``"4096"``."""
+    if isinstance(text, bool):
+        raise CudaMemError(f"not a size: {text!r}; write a size such as 24GiB or 512MiB")
+    if isinstance(text, (int, float)):
+        value, unit = float(text), ""
+    else:
+        match = _SIZE_PATTERN.match(str(text))
+        if not match:
+            raise CudaMemError(f"not a size: {text!r}; write a size such as 24GiB or 512MiB")
+        value, unit = float(match.group(1)), match.group(2).lower()
+    if unit not in _FACTORS:
+        raise CudaMemError(
+            f"unknown size unit {unit!r} in {text!r}; use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)"
+        )
+    size = int(round(value * _FACTORS[unit]))
+    if size <= 0:
+        raise CudaMemError(f"size must be positive, got {text!r}")
+    return size
+
+
+def format_bytes(size: int | float | None, signed: bool = False) -> str:
+    """Format ``size`` bytes with a binary unit, e.g. ``1.50 GiB``; ``signed`` adds ``+`` to gains."""
+    if size is None:
+        return "n/a"
+    sign = ""
+    if size < 0:
+        sign = "-"
+    elif signed and size > 0:
+        sign = "+"
+    magnitude = abs(float(size))
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    step = 0
+    while magnitude >= 1024 and step < len(units) - 1:
+        magnitude /= 1024
+        step += 1
+    if step == 0:
+        return f"{sign}{int(magnitude)} B"
+    return f"{sign}{magnitude:.2f} {units[step]}"
+
+
+def format_seconds(seconds: float) -> str:
+    """Format a duration for a report: ``850 ms``, ``3.21 s``, ``2 min 5 s``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {rest} s"

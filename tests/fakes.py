@@ -1,0 +1,228 @@
+"""Stand-ins for the hardware sources, implementing the protocols in ``jupyter_cudamem.sources``.
+
+They model just enough behaviour for the logic above them: an allocator with current/peak counters
+and a per-process cap that raises on overflow, and an NVML view whose per-device "used" follows the
+allocator's reserved bytes plus a CUDA context and any memory allocated "outside PyTorch".
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_cudamem.errors import CudaMemError
+from jupyter_cudamem.sources.base import (
+    AllocatorReading,
+    GpuIdentity,
+    NvmlMemory,
+    ProcessMemory,
+    TorchDevice,
+)
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+class FakeOutOfMemoryError(RuntimeError):
+    """What the fake allocator raises past its cap, worded like PyTorch's message."""
+
+
+@dataclass
+class FakeGpu:
+    """One card. ``outside_bytes`` is memory this process holds outside PyTorch (CuPy, cuBLAS...)."""
+
+    name: str = "Fake H100"
+    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    pci_bus_id: str = "00000000:00:06.0"
+    total_bytes: int = 80 * GiB
+    allocated: int = 0
+    reserved: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    context_bytes: int = 512 * MiB
+    outside_bytes: int = 0
+    other_process_bytes: int = 0
+    fraction: float = 1.0
+    num_ooms: int = 0
+    has_context: bool = False
+    utilization: int = 0
+
+
+class FakeMachine:
+    """A machine of ``FakeGpu`` cards, seen through both fake sources below."""
+
+    def __init__(self, gpus: list[FakeGpu] | None = None, pid: int = 4242):
+        self.gpus = gpus if gpus is not None else [FakeGpu()]
+        self.pid = pid
+        self.lock = threading.Lock()
+
+    # Helpers tests use to play the role of user code.
+    def allocate(self, index: int, size: int) -> None:
+        gpu = self.gpus[index]
+        with self.lock:
+            gpu.has_context = True
+            if gpu.allocated + size > gpu.fraction * gpu.total_bytes:
+                gpu.num_ooms += 1
+                raise FakeOutOfMemoryError(
+                    f"CUDA out of memory. Tried to allocate {size / GiB:.2f} GiB. GPU {index} has a total "
+                    f"capacity of {gpu.total_bytes / GiB:.2f} GiB"
+                )
+            gpu.allocated += size
+            gpu.reserved = max(gpu.reserved, gpu.allocated)
+            gpu.peak_allocated = max(gpu.peak_allocated, gpu.allocated)
+            gpu.peak_reserved = max(gpu.peak_reserved, gpu.reserved)
+
+    def free(self, index: int, size: int) -> None:
+        with self.lock:
+            self.gpus[index].allocated -= size
+
+    def empty_cache(self) -> None:
+        with self.lock:
+            for gpu in self.gpus:
+                gpu.reserved = gpu.allocated
+
+
+class FakeAllocator:
+    """``AllocatorSource`` over a ``FakeMachine``; ``visible`` maps cuda:N to machine GPUs."""
+
+    def __init__(
+        self,
+        machine: FakeMachine,
+        visible: list[int] | None = None,
+        status: str | None = None,
+        initialized: bool = True,
+        expose_uuid: bool = True,
+    ):
+        self.machine = machine
+        self.visible = visible if visible is not None else list(range(len(machine.gpus)))
+        self._status = status
+        self.initialized = initialized
+        self.expose_uuid = expose_uuid
+        self.calls: list[str] = []
+        self.trace_entries: list[dict[str, Any]] | None = None
+        self.tracing = False
+
+    def _gpu(self, index: int) -> FakeGpu:
+        if not 0 <= index < len(self.visible):
+            raise ValueError(f"no such fake device {index}")
+        return self.machine.gpus[self.visible[index]]
+
+    def status(self) -> str | None:
+        return self._status
+
+    def is_initialized(self) -> bool:
+        return self._status is None and self.initialized
+
+    def device_count(self) -> int:
+        return 0 if self._status else len(self.visible)
+
+    def device(self, index: int) -> TorchDevice:
+        gpu = self._gpu(index)
+        uuid = gpu.uuid[len("GPU-") :] if self.expose_uuid else None
+        return TorchDevice(index=index, name=gpu.name, total_bytes=gpu.total_bytes, uuid=uuid)
+
+    def synchronize(self, index: int) -> None:
+        self.calls.append(f"synchronize:{index}")
+
+    def read(self, index: int) -> AllocatorReading:
+        self.calls.append(f"read:{index}")
+        gpu = self._gpu(index)
+        return AllocatorReading(gpu.allocated, gpu.reserved, gpu.peak_allocated, gpu.peak_reserved, gpu.num_ooms)
+
+    def reset_peak(self, index: int) -> None:
+        self.calls.append(f"reset_peak:{index}")
+        gpu = self._gpu(index)
+        gpu.peak_allocated = gpu.allocated
+        gpu.peak_reserved = gpu.reserved
+
+    def empty_cache(self) -> None:
+        self.machine.empty_cache()
+
+    def memory_fraction(self, index: int) -> float | None:
+        return self._gpu(index).fraction
+
+    def set_memory_fraction(self, index: int, fraction: float) -> None:
+        if not 0 <= fraction <= 1:
+            raise ValueError("fraction out of range")
+        self._gpu(index).fraction = fraction
+
+    def start_trace(self, max_entries: int) -> None:
+        self.tracing = True
+
+    def stop_trace(self) -> dict[str, Any]:
+        self.tracing = False
+        return {"segments": [], "device_traces": [self.trace_entries or []]}
+
+
+class FakeNvml:
+    """``NvmlSource`` over a ``FakeMachine``; set ``failure`` to play a machine without a driver."""
+
+    def __init__(self, machine: FakeMachine, failure: str | None = None, processes_visible: bool = True):
+        self.machine = machine
+        self.failure = failure
+        self.processes_visible = processes_visible
+        self.calls = 0
+        self.closed = False
+        self.raise_next: int = 0
+
+    def _check(self) -> None:
+        self.calls += 1
+        if self.failure:
+            raise CudaMemError(self.failure)
+        if self.raise_next > 0:
+            self.raise_next -= 1
+            raise CudaMemError("NVML failed: Unknown Error")
+
+    def status(self) -> str | None:
+        return self.failure
+
+    def devices(self) -> list[GpuIdentity]:
+        self._check()
+        return [
+            GpuIdentity(index, gpu.name, gpu.uuid, gpu.pci_bus_id, gpu.total_bytes)
+            for index, gpu in enumerate(self.machine.gpus)
+        ]
+
+    def _own_bytes(self, gpu: FakeGpu) -> int:
+        if not gpu.has_context:
+            return 0
+        return gpu.context_bytes + gpu.reserved + gpu.outside_bytes
+
+    def memory(self, nvml_index: int) -> NvmlMemory:
+        self._check()
+        gpu = self.machine.gpus[nvml_index]
+        used = self._own_bytes(gpu) + gpu.other_process_bytes
+        return NvmlMemory(used_bytes=used, free_bytes=gpu.total_bytes - used, total_bytes=gpu.total_bytes)
+
+    def processes(self, nvml_index: int) -> list[ProcessMemory] | None:
+        self._check()
+        if not self.processes_visible:
+            return None
+        gpu = self.machine.gpus[nvml_index]
+        found = []
+        if gpu.has_context:
+            found.append(ProcessMemory(self.machine.pid, self._own_bytes(gpu)))
+        if gpu.other_process_bytes:
+            found.append(ProcessMemory(self.machine.pid + 1, gpu.other_process_bytes))
+        return found
+
+    def utilization_percent(self, nvml_index: int) -> int | None:
+        self._check()
+        return self.machine.gpus[nvml_index].utilization
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeSources:
+    """A machine and both sources over it, as most tests want them."""
+
+    machine: FakeMachine = field(default_factory=FakeMachine)
+    allocator: FakeAllocator = field(init=False)
+    nvml: FakeNvml = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.allocator = FakeAllocator(self.machine)
+        self.nvml = FakeNvml(self.machine)
