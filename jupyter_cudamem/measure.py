@@ -256,7 +256,7 @@ class Meter:
                 peak_reserved_bytes=None if after_reading is None else after_reading.peak_reserved_bytes,
                 peak_is_block_peak=baseline.peak_reset,
             )
-            if self.devices is not None or result.touched:
+            if self.devices is not None or result.touched or (error is not None and after_reading is not None):
                 measured.append(result)
         return Measurement(
             devices=tuple(measured),

@@ -1,12 +1,346 @@
-"""``%%cudamem``, ``%cudamem`` and ``%cudamem_history`` (filled in by the foundation work)."""
+"""``%%cudamem``, ``%cudamem`` (a statement, or ``on``/``off`` for every cell) and ``%cudamem_history``."""
 
 from __future__ import annotations
 
-from IPython.core.magic import magics_class
+import linecache
+import re
+import time
+from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-from .base import CudaMemMagicsBase
+from IPython.core.magic import line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import Image, display
+from traitlets import Bool, Int, Unicode, Union
+
+from ..errors import CudaMemError
+from ..history import CellRecord, History, source_head
+from ..measure import Meter
+from ..report import CellReport, HistoryTable, one_line
+from ..report.plot import figure_png, history_figure
+from ..trace import TraceSummary, save_snapshot, summarize
+from ..units import format_bytes, parse_size
+from .base import CudaMemMagicsBase, one_line_errors
+from .cellrun import NO_VALUE, run_cell_body
+
+# Options of %cudamem that take a value; the rest are flags. Used to split "%cudamem OPTIONS STATEMENT".
+_VALUE_OPTIONS = ("--device", "-d", "--limit", "-l")
+_OPTION = re.compile(r"\s*(--?[A-Za-z][\w-]*)")
+_OPTION_VALUE = re.compile(r"(?:=|\s+)(\S+)")
+
+
+def _split_options(line: str) -> tuple[str, str]:
+    """Split ``-o --limit 2GiB x = f()`` into its options and the statement that follows them."""
+    position = 0
+    while True:
+        match = _OPTION.match(line, position)
+        if not match:
+            break
+        end = match.end()
+        if match.group(1) in _VALUE_OPTIONS:
+            value = _OPTION_VALUE.match(line, end)
+            if value:
+                end = value.end()
+        position = end
+    return line[:position].strip(), line[position:].strip()
+
+
+def _parse_devices(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        devices = [int(part.replace("cuda:", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise CudaMemError(f"--device takes CUDA device numbers such as 0 or 0,1, not {text!r}") from None
+    return devices or None
 
 
 @magics_class
 class CudaMem(CudaMemMagicsBase):
     """Per-cell GPU memory. Configure with ``%config CudaMem.<option> = ...``."""
+
+    reset_peak = Bool(
+        True,
+        help="Reset PyTorch's peak counters (torch.cuda.reset_peak_memory_stats) before each measured cell so the "
+        "peak is the cell's own. Turn off if your code relies on max_memory_allocated() across cells.",
+    ).tag(config=True)
+    auto_threshold = Union(
+        [Int(), Unicode()],
+        default_value="1MiB",
+        help="Every-cell mode prints a line only for cells whose peak rise or change in memory reaches this size.",
+    ).tag(config=True)
+    process_memory = Bool(
+        True, help="Also read NVML's per-process memory (what this process holds beyond PyTorch's pools)."
+    ).tag(config=True)
+    trace_dir = Unicode("cudamem_traces", help="Where --trace saves allocator snapshots.").tag(config=True)
+    trace_max_entries = Int(200_000, help="Allocation events --trace records at most.").tag(config=True)
+    history_size = Int(10_000, help="Measured cells kept in the history.").tag(config=True)
+
+    def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
+        super().__init__(shell, hardware, extension, **kwargs)
+        self.history = History(self.history_size)
+        self._auto_on = False
+        self._auto_baseline: Any = None
+        self._inside_magic = False
+        self._warned_unavailable = False
+
+    # -- shared pieces ---------------------------------------------------------------------
+    def _meter(self, devices: list[int] | None = None, reset_peak: bool | None = None) -> Meter:
+        return Meter(
+            self.hardware,
+            reset_peak=self.reset_peak if reset_peak is None else reset_peak,
+            devices=devices,
+            process_memory=self.process_memory,
+        )
+
+    def _gpu_present(self) -> bool:
+        return self.hardware.allocator.status() is None or self.hardware.nvml.status() is None
+
+    def _record(self, report: CellReport, source: str) -> None:
+        count = getattr(self.shell, "execution_count", None)
+        self.history.add(CellRecord(count, source_head(source), report.measurement))
+
+    def _describe_file(self, filename: str) -> str:
+        formatter = getattr(self.shell.compile, "format_code_name", None)
+        if formatter is not None:
+            named = formatter(filename)
+            if named:
+                return named[1]
+        return filename
+
+    # -- %%cudamem / %cudamem ------------------------------------------------------------------
+    @magic_arguments()
+    @argument("-d", "--device", help="CUDA device(s) to report, e.g. 0 or 0,1 (default: every device the cell touched).")
+    @argument("-q", "--quiet", action="store_true", help="Record in the history but show no report.")
+    @argument("-o", "--output", action="store_true", help="Return the result object (as %%timeit -o does) instead of displaying it.")
+    @argument(
+        "-l",
+        "--limit",
+        help="Run the cell with PyTorch capped to SIZE (e.g. 24GiB) per device through set_per_process_memory_fraction, "
+        "then lift the cap: would this fit on a smaller card? Memory this process holds outside PyTorch counts against it.",
+    )
+    @argument(
+        "--trace",
+        action="store_true",
+        help="Record allocation history for the cell, show the lines of your code holding the most memory at the peak, "
+        "and save a snapshot that https://pytorch.org/memory_viz opens.",
+    )
+    @argument(
+        "--no-reset-peak", action="store_true", help="Do not reset PyTorch's peak counters (see CudaMem.reset_peak)."
+    )
+    @line_cell_magic
+    @one_line_errors
+    def cudamem(self, line: str, cell: str | None = None) -> Any:
+        """Measure the GPU memory of a cell: peak and change, from PyTorch's allocator and NVML.
+
+        Cell form::
+
+            %%cudamem [options]
+            model(x).sum().backward()
+
+        Line form: ``%cudamem [options] STATEMENT``. Every-cell mode: ``%cudamem on`` prints one line after
+        each cell that uses GPU memory, ``%cudamem off`` stops it, ``%cudamem status`` says which is active.
+        Peak measurement resets PyTorch's peak counters (torch.cuda.reset_peak_memory_stats) at the start of
+        the cell; pass --no-reset-peak or set ``%config CudaMem.reset_peak = False`` to keep them.
+        """
+        __tracebackhide__ = True  # noqa: F841
+        if cell is None:
+            options, statement = _split_options(line)
+            if statement in ("on", "off", "status") and not options:
+                return self._every_cell(statement)
+            if not statement:
+                raise CudaMemError("nothing to measure: use %%cudamem as a cell magic, %cudamem STATEMENT, or %cudamem on")
+            cell, line = statement, options
+        args = parse_argstring(self.cudamem, line)
+        devices = _parse_devices(args.device)
+        meter = self._meter(devices, reset_peak=False if args.no_reset_peak else None)
+        gpu_present = self._gpu_present()
+        if gpu_present:
+            meter.check_devices()
+        limit_bytes = parse_size(args.limit) if args.limit else None
+        if (limit_bytes or args.trace) and self.hardware.allocator.status() is not None:
+            raise CudaMemError(
+                f"--{'limit' if limit_bytes else 'trace'} needs PyTorch with a CUDA device: {self.hardware.allocator.status()}"
+            )
+        report = self._measure(cell, meter, limit_bytes, args.trace)
+        if args.output:
+            return report
+        if not args.quiet:
+            display(report)
+        return None
+
+    def _measure(self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool) -> CellReport:
+        __tracebackhide__ = True  # noqa: F841
+        label = f"[{self.shell.execution_count}]"
+        with ExitStack() as stack:
+            cap_note = stack.enter_context(self._capped(limit_bytes, meter.devices)) if limit_bytes else None
+            tracing = stack.enter_context(self._tracing()) if trace else None
+            baseline = meter.start()
+            error: BaseException | None = None
+            value: Any = NO_VALUE
+            self._inside_magic = True
+            try:
+                value = run_cell_body(self.shell, cell)
+            except BaseException as exc:  # the user's error or Ctrl-C: measure, report, re-raise
+                error = exc
+            finally:
+                self._inside_magic = False
+            measurement = meter.stop(baseline, error=None if error is None else type(error).__name__, limit_bytes=cap_note)
+        traces = tuple(tracing or ())
+        report = CellReport(measurement, label=label, traces=traces)
+        self._record(report, cell)
+        if error is not None:
+            display(report)
+            raise error
+        if value is not NO_VALUE:
+            self.shell.displayhook(value)
+        return report
+
+    @contextmanager
+    def _capped(self, limit_bytes: int, devices: list[int] | None) -> Iterator[int]:
+        """Cap PyTorch at ``limit_bytes`` minus what the process holds outside it, then restore the cap."""
+        allocator = self.hardware.allocator
+        indexes = devices if devices is not None else list(range(allocator.device_count()))
+        allocator.empty_cache()  # cached blocks from earlier cells would count against the cap
+        previous: dict[int, float] = {}
+        try:
+            for index in indexes:
+                total = allocator.device(index).total_bytes
+                if limit_bytes > total:
+                    raise CudaMemError(
+                        f"--limit {format_bytes(limit_bytes)} is more than cuda:{index} has ({format_bytes(total)}): "
+                        "a cap can only play a smaller card"
+                    )
+                previous[index] = allocator.memory_fraction(index) or 1.0
+                allocator.set_memory_fraction(index, limit_bytes / total)
+            yield limit_bytes
+        finally:
+            for index, fraction in previous.items():
+                allocator.set_memory_fraction(index, fraction)
+
+    @contextmanager
+    def _tracing(self) -> Iterator[list[TraceSummary]]:
+        allocator = self.hardware.allocator
+        summaries: list[TraceSummary] = []
+        allocator.start_trace(self.trace_max_entries)
+        try:
+            yield summaries
+        finally:
+            snapshot = allocator.stop_trace()
+            directory = Path(self.trace_dir)
+            path = save_snapshot(snapshot, directory / f"cell{self.shell.execution_count}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+            for index, events in enumerate(snapshot.get("device_traces") or []):
+                if not events:
+                    continue
+                summary = summarize(
+                    snapshot,
+                    index,
+                    describe_file=self._describe_file,
+                    source_line=lambda f, n: linecache.getline(f, n) or None,
+                )
+                summaries.append(
+                    TraceSummary(summary.device_index, summary.traced_peak_bytes, summary.sites, str(path), summary.events)
+                )
+
+    # -- every-cell mode -------------------------------------------------------------------
+    def _every_cell(self, command: str) -> None:
+        events = self.shell.events
+        if command == "on" and not self._auto_on:
+            events.register("pre_run_cell", self._pre_run_cell)
+            events.register("post_run_cell", self._post_run_cell)
+            self._auto_on = True
+        elif command == "off" and self._auto_on:
+            self._stop_every_cell()
+        threshold = format_bytes(self._threshold_bytes())
+        state = f"on: a line after each cell that moves GPU memory by {threshold} or more" if self._auto_on else "off"
+        print(f"cudamem every-cell mode {state}")
+        if self._auto_on and not self._gpu_present():
+            self.note("no GPU measured here: " + "; ".join(self.hardware.unavailable()))
+
+    def _stop_every_cell(self) -> None:
+        events = self.shell.events
+        for name, callback in (("pre_run_cell", self._pre_run_cell), ("post_run_cell", self._post_run_cell)):
+            try:
+                events.unregister(name, callback)
+            except ValueError:
+                pass
+        self._auto_on = False
+        self._auto_baseline = None
+
+    def _threshold_bytes(self) -> int:
+        threshold = self.auto_threshold
+        if isinstance(threshold, int):
+            return max(threshold, 0)
+        return parse_size(threshold) if threshold.strip() not in ("", "0") else 0
+
+    def _pre_run_cell(self, info: Any = None) -> None:
+        raw = getattr(info, "raw_cell", "") or ""
+        if self._inside_magic or raw.lstrip().startswith(("%%cudamem", "%cudamem")):
+            self._auto_baseline = None
+            return
+        try:
+            self._auto_baseline = (self._meter().start(), raw)
+        except Exception as error:  # never break the user's cell because a reading failed
+            self._auto_baseline = None
+            self.note(f"every-cell measurement skipped: {error}")
+
+    def _post_run_cell(self, result: Any = None) -> None:
+        pending, self._auto_baseline = self._auto_baseline, None
+        if pending is None or self._inside_magic:
+            return
+        baseline, raw = pending
+        try:
+            failure = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
+            measurement = self._meter().stop(baseline, error=None if failure is None else type(failure).__name__)
+            count = getattr(result, "execution_count", None)
+            self.history.add(CellRecord(count, source_head(raw), measurement))
+            threshold = self._threshold_bytes()
+            moved = max(
+                [abs(v or 0) for d in measurement.devices for v in (d.peak_above_start_bytes, d.allocated_delta_bytes, d.reserved_delta_bytes, d.nvml_used_delta_bytes)]
+                or [0]
+            )
+            if measurement.devices and moved >= threshold or measurement.error == "OutOfMemoryError":
+                print(one_line(measurement, f"[{count}]" if count is not None else ""))
+        except Exception as error:
+            self.note(f"every-cell measurement failed: {error}")
+
+    # -- %cudamem_history ------------------------------------------------------------------
+    @magic_arguments()
+    @argument("--plot", action="store_true", help="Show a chart of each cell's peak (matplotlib).")
+    @argument("--save", metavar="FILE", help="Write the records to FILE: .csv or .json (or .png with --plot).")
+    @argument("--clear", action="store_true", help="Forget all measured cells.")
+    @argument("-o", "--output", action="store_true", help="Return the records (a list of dicts for pandas.DataFrame).")
+    @line_magic
+    @one_line_errors
+    def cudamem_history(self, line: str = "") -> Any:
+        """Show the cells measured so far: a table, a plot, or records to load into pandas.
+
+        ``pandas.DataFrame(%cudamem_history -o)`` gives one row per cell and device, sizes in bytes.
+        """
+        args = parse_argstring(self.cudamem_history, line)
+        if args.clear:
+            count = len(self.history)
+            self.history.clear()
+            print(f"cudamem history cleared ({count} cells)")
+            return None
+        if args.plot:
+            figure = history_figure(self.history.records)
+            png = figure_png(figure)
+            if args.save:
+                Path(args.save).write_bytes(png)
+                print(f"plot saved to {args.save}")
+            display(Image(png))
+            return None
+        if args.save:
+            path = self.history.save(args.save)
+            print(f"{len(self.history)} cells saved to {path}")
+        if args.output:
+            return self.history.to_records()
+        display(HistoryTable(self.history.records))
+        return None
+
+    def close(self) -> None:
+        if self._auto_on:
+            self._stop_every_cell()

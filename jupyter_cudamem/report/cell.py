@@ -1,0 +1,162 @@
+"""The report shown under a measured cell: HTML in notebooks, plain text in terminals."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..hints import measurement_hints
+from ..measure import DeviceMeasurement, Measurement
+from ..trace import TraceSummary
+from ..units import format_bytes, format_seconds
+
+_STYLE = (
+    "<style>.cudamem-report{font-family:var(--jp-code-font-family,monospace);font-size:12px;margin:2px 0}"
+    ".cudamem-report table{border-collapse:collapse}.cudamem-report td,.cudamem-report th{padding:1px 8px;"
+    "text-align:right;border:none}.cudamem-report td:first-child,.cudamem-report th:first-child{text-align:left}"
+    ".cudamem-report .hint{color:#8a5300}.cudamem-report .note{color:#666}"
+    ".cudamem-report .err{color:#b00020}</style>"
+)
+
+
+def _percent(part: int | None, whole: int | None) -> str:
+    if part is None or not whole:
+        return ""
+    return f"{part / whole:.1%}"
+
+
+def _rows(device: DeviceMeasurement) -> list[tuple[str, str, str]]:
+    """(metric, value, detail) for one device; metrics a source could not measure are left out."""
+    rows: list[tuple[str, str, str]] = []
+    after = device.after.allocator
+    if device.peak_allocated_bytes is not None:
+        detail = f"+{format_bytes(device.peak_above_start_bytes)} above start, {_percent(device.peak_allocated_bytes, device.total_bytes)} of card"
+        if not device.peak_is_block_peak:
+            detail += " (since last reset)"
+        rows.append(("peak allocated", format_bytes(device.peak_allocated_bytes), detail))
+    if after is not None:
+        rows.append(("Δ allocated", format_bytes(device.allocated_delta_bytes, signed=True), f"now {format_bytes(after.allocated_bytes)}"))
+        rows.append(("Δ reserved", format_bytes(device.reserved_delta_bytes, signed=True), f"now {format_bytes(after.reserved_bytes)}"))
+    if device.nvml_used_delta_bytes is not None:
+        outside = device.outside_pytorch_delta_bytes
+        detail = "" if outside is None else f"outside PyTorch {format_bytes(outside, signed=True)}"
+        if device.process_delta_bytes is None and device.before.nvml is not None:
+            detail += ("; " if detail else "") + "whole device (per-process memory not available here)"
+        rows.append(("Δ NVML used", format_bytes(device.nvml_used_delta_bytes, signed=True), detail))
+    if device.free_after_bytes is not None:
+        rows.append(("free at end", format_bytes(device.free_after_bytes), f"of {format_bytes(device.total_bytes)}"))
+    return rows
+
+
+def one_line(measurement: Measurement, label: str = "") -> str:
+    """The every-cell summary: ``cudamem [7] 1.2 s | cuda:0 peak 5.2 GiB (+4.2), Δalloc +0 B, Δreserved +6 GiB``."""
+    parts = [f"cudamem {label}".rstrip(), format_seconds(measurement.wall_s)]
+    if not measurement.devices:
+        parts.append("no GPU memory activity" if not measurement.unavailable else "GPU not measured")
+    for device in measurement.devices:
+        fields = [device.device.label]
+        if device.peak_allocated_bytes is not None:
+            fields.append(f"peak {format_bytes(device.peak_allocated_bytes)} (+{format_bytes(device.peak_above_start_bytes)})")
+            fields.append(f"Δalloc {format_bytes(device.allocated_delta_bytes, signed=True)}")
+            fields.append(f"Δreserved {format_bytes(device.reserved_delta_bytes, signed=True)}")
+        if device.nvml_used_delta_bytes is not None:
+            fields.append(f"ΔNVML {format_bytes(device.nvml_used_delta_bytes, signed=True)}")
+        parts.append(" ".join(fields))
+    if measurement.error:
+        parts.append(f"failed: {measurement.error}")
+    return " | ".join(parts)
+
+
+@dataclass
+class CellReport:
+    """What ``%%cudamem`` shows and what ``-o`` returns: the measurement with its hints and trace."""
+
+    measurement: Measurement
+    label: str = ""
+    traces: tuple[TraceSummary, ...] = ()
+    hints: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.hints:
+            self.hints = measurement_hints(self.measurement)
+
+    # Shortcuts for the common question "what was the peak?"
+    @property
+    def peak_allocated_bytes(self) -> int | None:
+        return self.measurement.peak_allocated_bytes
+
+    @property
+    def devices(self) -> tuple[DeviceMeasurement, ...]:
+        return self.measurement.devices
+
+    def _title(self) -> str:
+        title = f"cudamem {self.label}".rstrip() + f" · {format_seconds(self.measurement.wall_s)}"
+        if self.measurement.limit_bytes:
+            title += f" · PyTorch capped at {format_bytes(self.measurement.limit_bytes)}"
+        if self.measurement.error:
+            title += f" · failed with {self.measurement.error}"
+        return title
+
+    def _notes(self) -> list[str]:
+        notes = [f"not measured: {reason}" for reason in self.measurement.unavailable]
+        if not self.measurement.devices and not self.measurement.unavailable:
+            notes.append("no GPU memory activity in this cell")
+        return notes
+
+    def text(self) -> str:
+        lines = [self._title()]
+        for device in self.measurement.devices:
+            lines.append(f"  {device.device.label} {device.device.name}")
+            for metric, value, detail in _rows(device):
+                lines.append(f"    {metric:<15}{value:>12}   {detail}".rstrip())
+        for trace in self.traces:
+            lines.extend(_trace_text(trace))
+        lines.extend(f"  hint: {hint}" for hint in self.hints)
+        lines.extend(f"  {note}" for note in self._notes())
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text())
+
+    def _repr_html_(self) -> str:
+        escape = html.escape
+        parts = [_STYLE, '<div class="cudamem-report">', f"<b>{escape(self._title())}</b>"]
+        devices = self.measurement.devices
+        if devices:
+            metrics: list[str] = []
+            for device in devices:
+                for metric, _, _ in _rows(device):
+                    if metric not in metrics:
+                        metrics.append(metric)
+            header = "".join(f"<th>{escape(d.device.label)} {escape(d.device.name)}</th>" for d in devices)
+            parts.append(f"<table><tr><th></th>{header}</tr>")
+            for metric in metrics:
+                cells = []
+                for device in devices:
+                    found = {m: (v, d) for m, v, d in _rows(device)}
+                    value, detail = found.get(metric, ("", ""))
+                    cells.append(f'<td title="{escape(detail)}">{escape(value)} <span class="note">{escape(detail)}</span></td>')
+                parts.append(f"<tr><td>{escape(metric)}</td>{''.join(cells)}</tr>")
+            parts.append("</table>")
+        for trace in self.traces:
+            parts.append("<div>" + "<br>".join(escape(line.strip()) for line in _trace_text(trace)) + "</div>")
+        parts.extend(f'<div class="hint">hint: {escape(hint)}</div>' for hint in self.hints)
+        parts.extend(f'<div class="note">{escape(note)}</div>' for note in self._notes())
+        parts.append("</div>")
+        return "".join(parts)
+
+
+def _trace_text(trace: TraceSummary) -> list[str]:
+    lines = [f"  top allocation sites at the peak on cuda:{trace.device_index} (traced peak {format_bytes(trace.traced_peak_bytes)}):"]
+    if not trace.sites:
+        lines.append("    no allocation was recorded while tracing")
+    for site in trace.sites:
+        code = f"  →  {site.code.strip()}" if site.code else ""
+        lines.append(f"    {format_bytes(site.bytes_at_peak):>11}  {site.location} ({site.allocations} alloc){code}")
+    if trace.snapshot_path:
+        lines.append(f"    snapshot: {trace.snapshot_path} (open it at https://pytorch.org/memory_viz)")
+    return lines

@@ -1,0 +1,61 @@
+"""Shared fixtures: a fake machine, hardware over it, and a real IPython shell with the extension."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_cudamem import magics
+from jupyter_cudamem.hardware import Hardware
+
+from fakes import FakeAllocator, FakeMachine, FakeNvml
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests need a CUDA device: skip them with a reason where none is visible."""
+    try:
+        import torch
+
+        has_gpu = torch.cuda.is_available()
+    except Exception:  # torch missing or broken: no GPU either way
+        has_gpu = False
+    if has_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run `pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def machine() -> FakeMachine:
+    return FakeMachine()
+
+
+@pytest.fixture
+def hardware(machine: FakeMachine) -> Hardware:
+    return Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda pid: True)
+
+
+@pytest.fixture
+def ip():
+    """The process-wide test shell (IPython allows one InteractiveShell instance)."""
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+
+    shell = start_ipython() or get_ipython()
+    yield shell
+    magics.unload(shell)
+
+
+@pytest.fixture
+def shell(ip, hardware: Hardware, machine: FakeMachine):
+    """A real shell with the extension loaded over fake hardware, ``m`` bound to the fake machine."""
+    magics.unload(ip)
+    magics.load(ip, hardware)
+    ip.user_ns["m"] = machine
+    ip.user_ns["GiB"] = 1024**3
+    yield ip
+    magics.unload(ip)
+    ip.user_ns.pop("m", None)
+    for name in list(ip.config):  # %config in one test must not leak into the next
+        if name.startswith(("CudaMem", "OomFix")):
+            del ip.config[name]

@@ -1,0 +1,228 @@
+"""``%%cudamem`` and friends in a real InteractiveShell over fake hardware."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_cudamem import magics
+from jupyter_cudamem.hardware import Hardware
+from jupyter_cudamem.report import CellReport
+
+from fakes import FakeAllocator, FakeMachine, FakeNvml
+
+GiB = 1024**3
+
+
+def cudamem(shell):
+    return magics.loaded(shell).magics[0]
+
+
+def test_cell_reports_peak_and_displays_last_value_first(shell, machine, capsys):
+    result = shell.run_cell("%%cudamem\nm.allocate(0, 2 * GiB); m.free(0, GiB)\n'value'")
+    assert result.success
+    out = capsys.readouterr().out
+    assert out.index("'value'") < out.index("peak allocated")
+    assert "2.00 GiB" in out and "+1.00 GiB" in out
+    [record] = cudamem(shell).history.records
+    assert record.measurement.devices[0].peak_above_start_bytes == 2 * GiB
+
+
+def test_trailing_semicolon_hides_the_value(shell, capsys):
+    shell.run_cell("%%cudamem\n'hidden';")
+    assert "'hidden'" not in capsys.readouterr().out
+
+
+def test_ipython_syntax_runs_inside_the_cell(shell, capsys):
+    result = shell.run_cell("%%cudamem\n%env CUDAMEM_TEST_VAR=42\nfiles = !echo hello\nfiles[0]")
+    assert result.success
+    assert "'hello'" in capsys.readouterr().out
+    import os
+
+    assert os.environ.pop("CUDAMEM_TEST_VAR") == "42"
+
+
+def test_user_error_keeps_its_traceback_and_is_reported(shell, machine, capsys):
+    result = shell.run_cell("%%cudamem\nm.allocate(0, GiB)\nraise ValueError('boom')")
+    assert isinstance(result.error_in_exec, ValueError)
+    out = capsys.readouterr().out
+    assert "failed with ValueError" in out and "+1.00 GiB" in out
+    assert "ValueError: boom" in out  # the user's traceback is printed
+    assert cudamem(shell).history.records[-1].measurement.error == "ValueError"
+
+
+def test_keyboard_interrupt_is_measured_then_reraised(shell, capsys):
+    result = shell.run_cell("%%cudamem\nm.allocate(0, GiB)\nraise KeyboardInterrupt")
+    assert isinstance(result.error_in_exec, KeyboardInterrupt)
+    assert "failed with KeyboardInterrupt" in capsys.readouterr().out
+
+
+def test_line_form_with_output_option(shell, machine):
+    shell.run_cell("r = %cudamem -o m.allocate(0, GiB)")
+    report = shell.user_ns["r"]
+    assert isinstance(report, CellReport)
+    assert report.peak_allocated_bytes == GiB
+    assert "peak allocated" in repr(report) and "<table>" in report._repr_html_()
+
+
+def test_quiet_records_without_showing(shell, capsys):
+    shell.run_cell("%%cudamem --quiet\nm.allocate(0, GiB)")
+    assert "peak" not in capsys.readouterr().out
+    assert len(cudamem(shell).history) == 1
+
+
+def test_limit_caps_during_the_cell_and_restores_after(shell, machine):
+    result = shell.run_cell("%%cudamem --limit 2GiB\nseen = m.gpus[0].fraction\nm.allocate(0, 3 * GiB)")
+    assert result.error_in_exec is not None and "out of memory" in str(result.error_in_exec)
+    assert shell.user_ns["seen"] == pytest.approx(2 / 80)
+    assert machine.gpus[0].fraction == 1.0
+    assert cudamem(shell).history.records[-1].measurement.limit_bytes == 2 * GiB
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--limit abc", "not a size: 'abc'"),
+        ("--limit 200GiB", "is more than cuda:0 has"),
+        ("--device 7", "no CUDA device 7"),
+        ("--device zero", "--device takes CUDA device numbers"),
+        ("--bogus", "unrecognized arguments"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_the_cell_does_not_run(shell, capsys, line, message):
+    shell.user_ns.pop("ran", None)
+    result = shell.run_cell(f"%%cudamem {line}\nran = True")
+    assert not result.success
+    assert "ran" not in shell.user_ns
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_trace_names_the_users_line_and_saves_a_snapshot(shell, tmp_path, capsys):
+    allocator = magics.loaded(shell).hardware.allocator
+    allocator.trace_entries = [
+        {"action": "alloc", "addr": 1, "size": GiB, "frames": [{"filename": "/home/me/step.py", "line": 7, "name": "step"}]}
+    ]
+    shell.run_line_magic("config", f"CudaMem.trace_dir = {str(tmp_path)!r}")
+    shell.run_cell("%%cudamem --trace\nm.allocate(0, GiB)")
+    out = capsys.readouterr().out
+    assert "/home/me/step.py line 7 in step" in out
+    assert "memory_viz" in out
+    assert list(tmp_path.glob("cell*.pickle"))
+    assert not allocator.tracing
+
+
+def test_every_cell_mode_on_and_off(shell, machine, capsys):
+    shell.run_cell("%cudamem on")
+    shell.run_cell("%cudamem on")  # a second 'on' must not register twice
+    shell.run_cell("m.allocate(0, GiB)")
+    shell.run_cell("x = 1")  # no GPU activity: no line
+    shell.run_cell("%cudamem off")
+    shell.run_cell("m.allocate(0, GiB)")
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("cudamem [")]
+    assert len(lines) == 1 and "Δalloc +1.00 GiB" in lines[0]
+    assert "every-cell mode off" in out
+    # The cells run while on were recorded; the one after 'off' was not.
+    assert [r.source_head for r in cudamem(shell).history.records] == ["m.allocate(0, GiB)", "x = 1"]
+
+
+def test_every_cell_threshold_is_configurable(shell, capsys):
+    shell.run_line_magic("config", 'CudaMem.auto_threshold = "2GiB"')
+    shell.run_cell("%cudamem on")
+    shell.run_cell("m.allocate(0, GiB)")
+    shell.run_cell("m.allocate(0, 3 * GiB)")
+    shell.run_cell("%cudamem off")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cudamem [")]
+    assert len(lines) == 1 and "+3.00 GiB" in lines[0]
+
+
+def test_every_cell_mode_reports_failed_cells(shell, capsys):
+    shell.run_cell("%cudamem on")
+    shell.run_cell("m.allocate(0, GiB); 1/0")
+    shell.run_cell("%cudamem off")
+    assert "failed: ZeroDivisionError" in capsys.readouterr().out
+
+
+def test_reset_peak_can_be_turned_off(shell, machine):
+    shell.run_line_magic("config", "CudaMem.reset_peak = False")
+    allocator = magics.loaded(shell).hardware.allocator
+    shell.run_cell("%%cudamem\nm.allocate(0, GiB)")
+    assert not any(call.startswith("reset_peak") for call in allocator.calls)
+    shell.run_cell("%%cudamem --quiet\nx = 1")
+    shell.run_line_magic("config", "CudaMem.reset_peak = True")
+
+
+def test_history_table_records_save_plot_and_clear(shell, tmp_path, capsys):
+    shell.run_cell("%%cudamem --quiet\nm.allocate(0, GiB)")
+    shell.run_cell("%%cudamem --quiet\nm.allocate(0, 2 * GiB)")
+    shell.run_cell("%cudamem_history")
+    out = capsys.readouterr().out
+    assert "m.allocate(0, 2 * GiB)" in out and "peak" in out
+    shell.run_cell("records = %cudamem_history -o")
+    assert [r["peak_above_start_bytes"] for r in shell.user_ns["records"]] == [GiB, 2 * GiB]
+    shell.run_cell(f"%cudamem_history --save {tmp_path / 'h.csv'}")
+    assert (tmp_path / "h.csv").read_text().count("\n") == 3
+    shell.run_cell(f"%cudamem_history --plot --save {tmp_path / 'p.png'}")
+    assert (tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")
+    shell.run_cell("%cudamem_history --clear")
+    assert len(cudamem(shell).history) == 0
+
+
+def test_plot_of_an_empty_history_is_a_one_line_error(shell, capsys):
+    result = shell.run_cell("%cudamem_history --plot")
+    assert not result.success
+    assert "nothing to plot" in capsys.readouterr().err
+
+
+def test_help_documents_the_options(shell):
+    doc = shell.find_cell_magic("cudamem").__doc__
+    for option in ("--device", "--quiet", "-o", "--limit", "--trace", "--no-reset-peak", "%cudamem on"):
+        assert option in doc
+
+
+def test_unload_removes_magics_callbacks_and_configurables(shell):
+    shell.run_cell("%cudamem on")
+    instance = cudamem(shell)
+    magics.unload(shell)
+    assert shell.find_cell_magic("cudamem") is None
+    assert shell.find_line_magic("cudamem_history") is None
+    assert instance not in shell.configurables
+    assert instance._pre_run_cell not in shell.events.callbacks["pre_run_cell"]
+    assert instance._post_run_cell not in shell.events.callbacks["post_run_cell"]
+
+
+def test_no_gpu_runs_the_cell_and_says_what_it_cannot_measure(ip, capsys):
+    machine = FakeMachine()
+    hardware = Hardware(
+        FakeAllocator(machine, status="PyTorch 2.13.0+cpu (a CPU-only build) sees no CUDA device"),
+        FakeNvml(machine, failure="NVML library (libnvidia-ml.so) not found: no NVIDIA driver on this machine"),
+    )
+    magics.unload(ip)
+    magics.load(ip, hardware)
+    try:
+        result = ip.run_cell("%%cudamem --device 0\nran_on_cpu = 1 + 1")
+        assert result.success and ip.user_ns["ran_on_cpu"] == 2
+        out = capsys.readouterr().out
+        assert "not measured: PyTorch 2.13.0+cpu" in out and "not measured: NVML library" in out
+        result = ip.run_cell("%%cudamem --limit 1GiB\nx = 1")
+        assert not result.success
+        assert "--limit needs PyTorch with a CUDA device" in capsys.readouterr().err
+    finally:
+        magics.unload(ip)
+
+
+def test_real_sources_on_this_machine_load_and_run(ip, capsys):
+    """On CI (no GPU, no driver) the real extension loads and the cell still runs."""
+    ip.run_line_magic("load_ext", "jupyter_cudamem")
+    try:
+        result = ip.run_cell("%%cudamem\nplain = sum(range(10))")
+        assert result.success and ip.user_ns["plain"] == 45
+        out = capsys.readouterr().out
+        import torch
+
+        if not torch.cuda.is_available():
+            assert "not measured:" in out
+    finally:
+        ip.run_line_magic("unload_ext", "jupyter_cudamem")
+    assert ip.find_cell_magic("cudamem") is None
