@@ -30,6 +30,17 @@ def one_line_errors(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def current_cell_number(shell: Any) -> int | None:
+    """The ``In[N]`` of the cell running now.
+
+    IPython 9 increments ``execution_count`` before running a cell, IPython 8 after; the display
+    hook's ``prompt_count`` is the current cell's number in both.
+    """
+    displayhook = getattr(shell, "displayhook", None)
+    count = getattr(displayhook, "prompt_count", None)
+    return count if isinstance(count, int) else getattr(shell, "execution_count", None)
+
+
 class CudaMemMagicsBase(Magics):
     """A ``Magics`` that measures through a shared ``Hardware`` and can be closed on unload."""
 

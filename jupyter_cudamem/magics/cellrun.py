@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from .base import current_cell_number
+
 NO_VALUE = object()
 
 
@@ -17,7 +19,7 @@ def run_cell_body(shell: Any, raw_cell: str) -> Any:
     """Execute ``raw_cell`` in the user namespace; return the last expression's value or ``NO_VALUE``."""
     __tracebackhide__ = True  # noqa: F841 - hides this frame in IPython tracebacks
     transformed = shell.transform_cell(raw_cell)
-    filename = shell.compile.cache(transformed, shell.execution_count, raw_code=raw_cell)
+    filename = shell.compile.cache(transformed, current_cell_number(shell) or 0, raw_code=raw_cell)
     tree = shell.compile.ast_parse(transformed, filename=filename)
     tree = shell.transform_ast(tree)
     last_expression = None

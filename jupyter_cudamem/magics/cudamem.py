@@ -22,7 +22,7 @@ from ..report import CellReport, HistoryTable, one_line
 from ..report.plot import figure_png, history_figure
 from ..trace import TraceSummary, save_snapshot, summarize
 from ..units import format_bytes, parse_size
-from .base import CudaMemMagicsBase, one_line_errors
+from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, run_cell_body
 
 # Options of %cudamem that take a value; the rest are flags. Used to split "%cudamem OPTIONS STATEMENT".
@@ -99,7 +99,7 @@ class CudaMem(CudaMemMagicsBase):
         return self.hardware.allocator.status() is None or self.hardware.nvml.status() is None
 
     def _record(self, report: CellReport, source: str) -> None:
-        count = getattr(self.shell, "execution_count", None)
+        count = current_cell_number(self.shell)
         self.history.add(CellRecord(count, source_head(source), report.measurement))
 
     def _describe_file(self, filename: str) -> str:
@@ -173,7 +173,7 @@ class CudaMem(CudaMemMagicsBase):
 
     def _measure(self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool) -> CellReport:
         __tracebackhide__ = True  # noqa: F841
-        label = f"[{self.shell.execution_count}]"
+        label = f"[{current_cell_number(self.shell)}]"
         with ExitStack() as stack:
             cap_note = stack.enter_context(self._capped(limit_bytes, meter.devices)) if limit_bytes else None
             tracing = stack.enter_context(self._tracing()) if trace else None
@@ -230,7 +230,7 @@ class CudaMem(CudaMemMagicsBase):
         finally:
             snapshot = allocator.stop_trace()
             directory = Path(self.trace_dir)
-            path = save_snapshot(snapshot, directory / f"cell{self.shell.execution_count}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+            path = save_snapshot(snapshot, directory / f"cell{current_cell_number(self.shell)}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
             for index, events in enumerate(snapshot.get("device_traces") or []):
                 if not events:
                     continue

@@ -1,0 +1,58 @@
+"""Run a notebook made of code cells in a real kernel through nbclient and collect its outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cells(cells: list[str], timeout: int = 180, allow_errors_in: set[int] | None = None, save_to: Path | None = None):
+    """Execute ``cells`` in order in a fresh ``python3`` kernel; return the executed notebook.
+
+    Cells listed in ``allow_errors_in`` are tagged ``raises-exception`` (they are expected to fail).
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook()
+    for index, source in enumerate(cells):
+        cell = nbformat.v4.new_code_cell(source)
+        if allow_errors_in and index in allow_errors_in:
+            cell.metadata["tags"] = ["raises-exception"]
+        notebook.cells.append(cell)
+    client = NotebookClient(notebook, kernel_name="python3", timeout=timeout, resources={"metadata": {"path": str(REPO)}})
+    client.execute()
+    if save_to is not None:
+        nbformat.write(notebook, save_to)
+    return notebook
+
+
+def text_of(cell) -> str:
+    """Everything a cell showed as text: streams, text/plain results, error tracebacks."""
+    parts = []
+    for output in cell.get("outputs", []):
+        if output.output_type == "stream":
+            parts.append(output.text)
+        elif output.output_type in ("execute_result", "display_data"):
+            parts.append(output.data.get("text/plain", ""))
+        elif output.output_type == "error":
+            parts.append(f"{output.ename}: {output.evalue}")
+    return "\n".join(parts)
+
+
+def html_of(cell) -> str:
+    return "\n".join(
+        output.data.get("text/html", "")
+        for output in cell.get("outputs", [])
+        if output.output_type in ("execute_result", "display_data")
+    )
+
+
+def json_line(cell, marker: str = "RESULT "):
+    """The JSON a cell printed after ``marker`` (cells report measured values this way)."""
+    for line in text_of(cell).splitlines():
+        if line.startswith(marker):
+            return json.loads(line[len(marker) :])
+    raise AssertionError(f"no {marker!r} line in cell output:\n{text_of(cell)}")
