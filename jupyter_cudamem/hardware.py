@@ -23,6 +23,7 @@ class Hardware:
     environ: dict[str, str] | None = None
     pid_exists: Callable[[int], bool] = field(default=lambda pid: os.path.exists(f"/proc/{pid}"))
     device_map: DeviceMap = field(init=False)
+    _process_cache: dict[int, tuple[int, int | None]] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.device_map = DeviceMap(self.allocator, self.nvml, self.environ)
@@ -36,12 +37,24 @@ class Hardware:
                 reasons.append(reason)
         return reasons
 
-    def own_process_bytes(self, nvml_index: int) -> int | None:
+    def own_process_bytes(self, nvml_index: int, device_used_bytes: int | None = None) -> int | None:
         """GPU memory NVML attributes to this process, or ``None`` where it cannot tell.
 
         Inside a container NVML lists host PIDs, none of which is ours: then we cannot know which
         entry is us, and say so rather than report 0 or another process's figure.
+        Listing processes costs ~40 µs; given the device's "used" bytes, the last answer is reused
+        while that figure has not moved (our memory cannot change without the device's changing).
         """
+        if device_used_bytes is not None:
+            cached = self._process_cache.get(nvml_index)
+            if cached is not None and cached[0] == device_used_bytes:
+                return cached[1]
+            own = self._own_process_bytes(nvml_index)
+            self._process_cache[nvml_index] = (device_used_bytes, own)
+            return own
+        return self._own_process_bytes(nvml_index)
+
+    def _own_process_bytes(self, nvml_index: int) -> int | None:
         listed = self.nvml.processes(nvml_index)
         if listed is None:
             return None

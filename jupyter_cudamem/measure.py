@@ -180,13 +180,13 @@ class Meter:
         for index in self._nvml_indexes():
             try:
                 memory[index] = nvml.memory(index)
-                process[index] = self._process_bytes(index) if self.process_memory else None
+                process[index] = self._process_bytes(index, memory[index].used_bytes) if self.process_memory else None
             except CudaMemError:
                 continue
         return memory, process
 
-    def _process_bytes(self, nvml_index: int) -> int | None:
-        return self.hardware.own_process_bytes(nvml_index)
+    def _process_bytes(self, nvml_index: int, device_used_bytes: int) -> int | None:
+        return self.hardware.own_process_bytes(nvml_index, device_used_bytes)
 
     def _torch_indexes(self) -> list[int]:
         if self.devices is not None:
