@@ -46,7 +46,9 @@ def environment() -> dict:
 
         pynvml.nvmlInit()
         info["driver"] = pynvml.nvmlSystemGetDriverVersion()
-        info["nvidia_ml_py"] = getattr(pynvml, "__version__", None)
+        from importlib.metadata import version
+
+        info["nvidia_ml_py"] = version("nvidia-ml-py")
     except Exception as error:  # recorded, not fatal: the benchmark still measures
         info["driver"] = f"unknown ({error})"
     return info
@@ -165,6 +167,27 @@ def main() -> None:
         meter.stop(meter.start())
         samples.append(time.perf_counter() - started)
     results["meter_start_stop_median_ms"] = round(statistics.median(samples) * 1e3, 4)
+
+    # What one measured cell cannot avoid: the hardware reads themselves (median of 2000 each, µs).
+    import pynvml
+
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+
+    def cost(function) -> float:
+        samples = []
+        for _ in range(2000):
+            started = time.perf_counter()
+            function()
+            samples.append(time.perf_counter() - started)
+        return round(statistics.median(samples) * 1e6, 2)
+
+    results["component_costs_us"] = {
+        "torch.cuda.synchronize": cost(torch.cuda.synchronize),
+        "torch.cuda.memory_stats_as_nested_dict": cost(lambda: torch.cuda.memory_stats_as_nested_dict(0)),
+        "torch.cuda.reset_peak_memory_stats": cost(lambda: torch.cuda.reset_peak_memory_stats(0)),
+        "nvmlDeviceGetMemoryInfo": cost(lambda: pynvml.nvmlDeviceGetMemoryInfo(handle)),
+        "nvmlDeviceGetComputeRunningProcesses": cost(lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle)),
+    }
 
     goals = {}
     for ours in ("cudamem_cell_magic", "cudamem_every_cell"):
