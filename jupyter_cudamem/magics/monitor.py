@@ -62,9 +62,10 @@ class CudaMemMonitor(CudaMemMagicsBase):
     ).tag(config=True)
 
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
-        super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
+        # Set before the base class loads the shell's config, which calls the observers below.
         self.poller: Poller | None = None
         self.view: MonitorView | None = None
+        super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
 
     # -- the magic ----------------------------------------------------------------------------
     @magic_arguments()

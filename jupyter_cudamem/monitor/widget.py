@@ -17,8 +17,8 @@ from .render import DEFAULT_ALERT_FRACTION, panel_html, text_line
 from .snapshot import Snapshot
 
 NO_WIDGET_HINT = (
-    "if you see this line and no panel, this frontend does not show ipywidgets: "
-    "`%config CudaMemMonitor.use_widgets = False` gives a live text line instead"
+    "no panel here? this frontend does not show ipywidgets: "
+    "`%config CudaMemMonitor.use_widgets = False` then `%cudamem_monitor` gives a live text line"
 )
 NO_IPYWIDGETS_NOTE = "ipywidgets is not installed, so the monitor shows one line of text: pip install ipywidgets"
 
@@ -128,7 +128,7 @@ class WidgetView:
     def show(self) -> None:
         bundle = self.box._repr_mimebundle_()
         # What a frontend without a widget manager shows in place of the panel.
-        bundle["text/plain"] = f"{text_line(self.poller.state(), self.alert_fraction)}\n({NO_WIDGET_HINT})"
+        bundle["text/plain"] = f"{text_line(self.poller.state(), self.alert_fraction)} [{NO_WIDGET_HINT}]"
         _display(bundle, raw=True)
 
     def detach(self) -> None:
