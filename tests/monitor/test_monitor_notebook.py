@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,27 @@ def test_panel_keeps_updating_while_the_next_cell_runs():
     assert result["updates"] >= 8  # and the panel was sent each of them
 
     assert "cudamem-monitor" not in stdout_json(unload)
+
+
+KEEP_RUNNING = """\
+from jupyter_cudamem.magics import loaded
+from jupyter_cudamem.magics.monitor import CudaMemMonitor
+poller = loaded(get_ipython()).get(CudaMemMonitor).poller
+def record_stop(state, path={path!r}):
+    if not state.running:
+        with open(path, "w") as file:
+            file.write(f"stopped: {{state.stop_reason}}")
+poller.subscribe(record_stop)
+print(json.dumps(poller.running))"""
+
+
+@pytest.mark.notebook
+def test_kernel_shutdown_stops_the_poller(tmp_path):
+    # No %unload_ext: the notebook ends with the monitor running and nbclient shuts the kernel down.
+    marker = tmp_path / "stopped.txt"
+    _setup, keep = run_cells([SETUP, KEEP_RUNNING.format(path=str(marker))])
+    assert stdout_json(keep) is True
+    deadline = time.monotonic() + 10
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.read_text() == "stopped: interpreter exit"
