@@ -34,16 +34,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from jupyter_cudamem.monitor.poller import Poller  # noqa: E402
+from jupyter_cudamem.monitor.poller import Poller
 
 INTERVALS = (0.1, 1.0)
 DEFAULT_INTERVAL = 1.0
@@ -162,7 +162,7 @@ class PeerMonitor:
             try:
                 self.poll()
                 self.polls += 1
-            except Exception as error:  # record and keep going, like a monitor must
+            except Exception as error:  # noqa: BLE001 - record and keep going, like a monitor must
                 self.errors.append(f"{type(error).__name__}: {error}")
             if self._stop.wait(self.interval_s):
                 return
@@ -207,7 +207,7 @@ def gpustat_poller() -> tuple[str, Callable[[], None]]:
 # -- the run --------------------------------------------------------------------------------------
 def environment(device: str, hardware: Any) -> dict[str, Any]:
     info: dict[str, Any] = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
@@ -221,7 +221,7 @@ def environment(device: str, hardware: Any) -> dict[str, Any]:
             info["driver"] = pynvml.nvmlSystemGetDriverVersion()
             info["nvml"] = pynvml.nvmlSystemGetNVMLVersion()
             info["nvidia_ml_py"] = getattr(pynvml, "__version__", None)
-        except Exception as error:  # the figures still stand without these
+        except Exception as error:  # noqa: BLE001 - the figures still stand without these
             info["driver"] = f"unknown ({error})"
     else:
         info["device"] = "cpu (dry run over fake hardware)"
@@ -234,7 +234,9 @@ def fake_hardware() -> Any:
 
     machine = FakeMachine()
     machine.allocate(0, 1024**3)
-    return Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True)
+    return Hardware(
+        allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True
+    )
 
 
 def summarise(trials: list[dict[str, Any]], configs: list[str], rounds: int) -> dict[str, Any]:
@@ -260,7 +262,9 @@ def summarise(trials: list[dict[str, Any]], configs: list[str], rounds: int) -> 
             "thread_cpu_pct_of_core": (
                 100 * sum(t["thread_cpu_s"] for t in cpu) / sum(t["seconds"] for t in cpu) if cpu else None
             ),
-            "messages_per_s": (sum(t["messages"] for t in rows) / seconds) if rows[0].get("messages") is not None else None,
+            "messages_per_s": (sum(t["messages"] for t in rows) / seconds)
+            if rows[0].get("messages") is not None
+            else None,
         }
     return summary
 
@@ -305,7 +309,7 @@ def main() -> int:
         except ImportError:
             peers[name] = "not installed"
             continue
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - a peer that fails here is reported, not timed
             peers[name] = f"failed: {type(error).__name__}: {error}"
             continue
         peers[name] = version
@@ -360,7 +364,10 @@ def main() -> int:
         "peers": peers,
         "summary": summary,
         "goals": {
-            "noise_floor_pct": {"off_again_vs_off_mean": noise["slowdown_pct_mean"], "stderr": noise["slowdown_pct_stderr"]},
+            "noise_floor_pct": {
+                "off_again_vs_off_mean": noise["slowdown_pct_mean"],
+                "stderr": noise["slowdown_pct_stderr"],
+            },
             "cudamem_slowdown_under_1pct": {
                 c: summary[c]["slowdown_pct_mean"] < 1.0 for c in summary if c.startswith("cudamem")
             },

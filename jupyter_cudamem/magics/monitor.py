@@ -39,7 +39,9 @@ def parse_devices(text: str | Sequence[int]) -> tuple[int, ...]:
         return tuple(dict.fromkeys(values))
     tokens = [token.strip().removeprefix("cuda:") for token in text.split(",")]
     if not tokens or not all(token.isdigit() for token in tokens):
-        raise CudaMemError(f"--devices takes CUDA device numbers separated by commas, such as --devices 0,1; got {text!r}")
+        raise CudaMemError(
+            f"--devices takes CUDA device numbers separated by commas, such as --devices 0,1; got {text!r}"
+        )
     return tuple(dict.fromkeys(int(token) for token in tokens))
 
 
@@ -76,10 +78,18 @@ class CudaMemMonitor(CudaMemMagicsBase):
         default="start",
         help="start (the default: start or show the monitor), stop, or snapshot (plot the recorded history).",
     )
-    @argument("--interval", type=float, metavar="SECONDS", help="seconds between two readings (default 1).")
+    @argument(
+        "--interval",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between two readings (default: CudaMemMonitor.interval_s, 1).",
+    )
     @argument("--devices", metavar="0,1", help="CUDA devices to watch, by cuda:N number (default: all).")
     @argument(
-        "--history", type=float, metavar="SECONDS", help="seconds of history kept for the sparkline (default 300)."
+        "--history",
+        type=float,
+        metavar="SECONDS",
+        help="seconds of history kept for the sparkline and snapshot (default: CudaMemMonitor.history_s, 300).",
     )
     @line_magic
     @one_line_errors

@@ -87,15 +87,18 @@ class MonitorState:
 Listener = Callable[[MonitorState], None]
 
 
-def validate_settings(interval_s: float, history_s: float, max_updates_per_s: float = DEFAULT_MAX_UPDATES_PER_S) -> None:
+def validate_settings(
+    interval_s: float, history_s: float, max_updates_per_s: float = DEFAULT_MAX_UPDATES_PER_S
+) -> None:
     """Raise ``CudaMemError`` with what to do when the settings make no sense."""
     if not math.isfinite(interval_s) or interval_s < MIN_INTERVAL_S:
         raise CudaMemError(
-            f"interval must be at least {MIN_INTERVAL_S} s, got {interval_s:g}; "
-            "for example --interval 0.5"
+            f"interval must be at least {MIN_INTERVAL_S} s, got {interval_s:g}; for example --interval 0.5"
         )
     if not math.isfinite(history_s) or history_s <= 0:
-        raise CudaMemError(f"history must be a positive number of seconds, got {history_s:g}; for example --history 600")
+        raise CudaMemError(
+            f"history must be a positive number of seconds, got {history_s:g}; for example --history 600"
+        )
     if history_s / interval_s > MAX_SAMPLES_PER_DEVICE:
         raise CudaMemError(
             f"--history {history_s:g} at --interval {interval_s:g} keeps more than {MAX_SAMPLES_PER_DEVICE} "
@@ -106,7 +109,7 @@ def validate_settings(interval_s: float, history_s: float, max_updates_per_s: fl
 
 
 def _history_length(interval_s: float, history_s: float) -> int:
-    return min(max(int(math.ceil(history_s / interval_s)) + 1, 2), MAX_SAMPLES_PER_DEVICE)
+    return min(max(math.ceil(history_s / interval_s) + 1, 2), MAX_SAMPLES_PER_DEVICE)
 
 
 def _describe(error: BaseException) -> str:
@@ -320,7 +323,7 @@ class Poller:
                     logger.warning("cudamem monitor: unexpected error while polling", exc_info=True)
                 self._consecutive_errors += 1
                 self._error = message
-                delay = min(self._interval_s * 2 ** self._consecutive_errors, self._max_backoff_s)
+                delay = min(self._interval_s * 2**self._consecutive_errors, self._max_backoff_s)
             return self._after_tick(delay)
         with self._lock:
             self._consecutive_errors = 0
@@ -431,11 +434,7 @@ class Poller:
             if key == self._last_key and not force:
                 self._pending = False
                 return
-            if (
-                not force
-                and self._last_notified_at is not None
-                and now - self._last_notified_at < self._min_gap_s
-            ):
+            if not force and self._last_notified_at is not None and now - self._last_notified_at < self._min_gap_s:
                 self._pending = True
                 return
             self._last_key = key

@@ -52,8 +52,7 @@ def device_text(row: DeviceState, alert_fraction: float = DEFAULT_ALERT_FRACTION
     if sample is None:
         return f"{label}: {row.note or 'no reading yet'}"
     parts = [
-        f"{label} {format_bytes(sample.used_bytes)} / {format_bytes(sample.total_bytes)} "
-        f"({used_fraction(sample):.0%})"
+        f"{label} {format_bytes(sample.used_bytes)} / {format_bytes(sample.total_bytes)} ({used_fraction(sample):.0%})"
     ]
     if is_alert(sample, alert_fraction):
         parts.append(f"over {alert_fraction:.0%} of the card")
@@ -86,7 +85,9 @@ def _downsample_max(values: Sequence[int], points: int) -> list[int]:
     return [max(values[int(i * step) : max(int((i + 1) * step), int(i * step) + 1)]) for i in range(points)]
 
 
-def sparkline_svg(values: Sequence[int], width: int = SPARK_WIDTH, height: int = SPARK_HEIGHT, color: str = OWN_COLOR) -> str:
+def sparkline_svg(
+    values: Sequence[int], width: int = SPARK_WIDTH, height: int = SPARK_HEIGHT, color: str = OWN_COLOR
+) -> str:
     """An inline SVG polyline of ``values`` scaled from 0 to their maximum."""
     if not values:
         return f'<svg width="{width}" height="{height}"></svg>'
@@ -117,7 +118,10 @@ def _bar_html(row: DeviceState, alert_fraction: float) -> str:
         segments = [(0.0, used_pct, own_color, "used")]
     else:
         own_pct = min(sample.process_bytes / total * 100, used_pct)
-        segments = [(0.0, own_pct, own_color, "this kernel"), (own_pct, used_pct - own_pct, other_color, "other processes")]
+        segments = [
+            (0.0, own_pct, own_color, "this kernel"),
+            (own_pct, used_pct - own_pct, other_color, "other processes"),
+        ]
     parts = [
         f'<div style="position:absolute;left:{left:.2f}%;top:0;height:100%;width:{width:.2f}%;background:{color}" '
         f'title="{title}"></div>'
@@ -189,7 +193,10 @@ def panel_html(
     head = f'<div><b>GPU memory</b> <span style="color:{status_color}">{status}</span></div>'
     if state.unavailable:
         return head
-    rows = [device_html(row, histories.get(row.key, []) if row.key is not None else [], alert_fraction) for row in state.devices]
+    rows = [
+        device_html(row, histories.get(row.key, []) if row.key is not None else [], alert_fraction)
+        for row in state.devices
+    ]
     if not rows:
         rows = ["<div>no reading yet</div>" if state.running else "<div>no GPU selected</div>"]
     return head + "".join(rows)

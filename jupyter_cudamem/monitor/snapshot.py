@@ -34,7 +34,9 @@ class Snapshot:
     alert_fraction: float = DEFAULT_ALERT_FRACTION
 
     @classmethod
-    def of(cls, state: MonitorState, histories: dict[int, list[Sample]], alert_fraction: float = DEFAULT_ALERT_FRACTION) -> Snapshot:
+    def of(
+        cls, state: MonitorState, histories: dict[int, list[Sample]], alert_fraction: float = DEFAULT_ALERT_FRACTION
+    ) -> Snapshot:
         devices = []
         for row in state.devices:
             if row.key is None:
@@ -66,7 +68,9 @@ class Snapshot:
         for axes, device in zip(axes_list, self.devices):
             samples = device.samples
             if not samples:
-                axes.text(0.5, 0.5, f"{device.label}: nothing recorded", ha="center", va="center", transform=axes.transAxes)
+                axes.text(
+                    0.5, 0.5, f"{device.label}: nothing recorded", ha="center", va="center", transform=axes.transAxes
+                )
                 axes.set_axis_off()
                 continue
             start = samples[0].time_s
@@ -81,9 +85,17 @@ class Snapshot:
                 )
             total = samples[-1].total_bytes / GiB
             axes.axhline(total, color="#555", linestyle="-", linewidth=0.8, label=f"total {total:.1f} GiB")
-            axes.axhline(total * self.alert_fraction, color="#d62728", linestyle="--", linewidth=0.8, label=f"alert {self.alert_fraction:.0%}")
+            axes.axhline(
+                total * self.alert_fraction,
+                color="#d62728",
+                linestyle="--",
+                linewidth=0.8,
+                label=f"alert {self.alert_fraction:.0%}",
+            )
             if device.peak_used_bytes is not None and device.peak_time_s is not None:
-                axes.plot([device.peak_time_s - start], [device.peak_used_bytes / GiB], "v", color="#d62728", label="peak")
+                axes.plot(
+                    [device.peak_time_s - start], [device.peak_used_bytes / GiB], "v", color="#d62728", label="peak"
+                )
             axes.set_title(f"{device.label} {device.name}", fontsize=10)
             axes.set_ylabel("GiB")
             axes.set_ylim(0, total * 1.05)

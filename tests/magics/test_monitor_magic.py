@@ -12,13 +12,13 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
-import jupyter_cudamem.magics as magics
+from jupyter_cudamem import magics
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.magics.monitor import CudaMemMonitor
 from jupyter_cudamem.monitor.poller import THREAD_NAME
 from jupyter_cudamem.monitor.snapshot import Snapshot
 from jupyter_cudamem.monitor.widget import TextView, WidgetView
-from tests.fakes import GiB, FakeAllocator, FakeGpu, FakeMachine, FakeNvml
+from tests.fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml, GiB
 
 NO_DRIVER = "NVML library (libnvidia-ml.so) not found: no NVIDIA driver on this machine"
 
@@ -262,7 +262,9 @@ def test_monitor_function_loads_the_extension_when_needed(monkeypatch):
         shell.run_line_magic("unload_ext", "jupyter_cudamem")
     magics.unload(shell)
     machine = FakeMachine()
-    hardware = Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True)
+    hardware = Hardware(
+        allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True
+    )
     monkeypatch.setattr(magics, "default_hardware", lambda: hardware)
     from jupyter_cudamem.monitor import monitor
 

@@ -14,7 +14,7 @@ from IPython.utils.capture import capture_output
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.monitor.poller import THREAD_NAME, Poller
 from jupyter_cudamem.monitor.widget import NO_IPYWIDGETS_NOTE, NO_WIDGET_HINT, TextView, WidgetView, make_view
-from tests.fakes import GiB, FakeAllocator, FakeClock, FakeMachine, FakeNvml
+from tests.fakes import FakeAllocator, FakeClock, FakeMachine, FakeNvml, GiB
 
 
 @pytest.fixture
@@ -29,7 +29,9 @@ def monotonic() -> FakeClock:
 
 @pytest.fixture
 def poller(machine, monotonic) -> Poller:
-    hardware = Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True)
+    hardware = Hardware(
+        allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True
+    )
     return Poller(hardware, interval_s=0.05, monotonic=monotonic)
 
 
@@ -37,7 +39,9 @@ def poller(machine, monotonic) -> Poller:
 def sent(monkeypatch) -> list[tuple[str, dict]]:
     """Every message a widget would send to the frontend (there is none in tests: count them)."""
     messages: list[tuple[str, dict]] = []
-    monkeypatch.setattr(ipywidgets.Widget, "_send", lambda self, msg, buffers=None: messages.append((self.model_id, msg)))
+    monkeypatch.setattr(
+        ipywidgets.Widget, "_send", lambda self, msg, buffers=None: messages.append((self.model_id, msg))
+    )
     return messages
 
 
