@@ -220,9 +220,9 @@ class CudaMemMonitor(CudaMemMagicsBase):
             self.view = None
 
     # -- live configuration -------------------------------------------------------------------
-    @observe("interval_s", "history_s")
+    @observe("interval_s", "history_s", "max_updates_per_s")
     def _timing_changed(self, change: Any) -> None:
-        if self.poller is None or not self.poller.running:
+        if self.poller is None:
             return
         try:
             self.poller.reconfigure(**{change["name"]: change["new"]})

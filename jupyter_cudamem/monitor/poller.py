@@ -181,17 +181,28 @@ class Poller:
         return self._history_s
 
     @property
+    def max_updates_per_s(self) -> float:
+        return 1.0 / self._min_gap_s
+
+    @property
     def selection(self) -> tuple[int, ...] | None:
         return self._selection
 
-    def reconfigure(self, *, interval_s: float | None = None, history_s: float | None = None) -> None:
+    def reconfigure(
+        self,
+        *,
+        interval_s: float | None = None,
+        history_s: float | None = None,
+        max_updates_per_s: float | None = None,
+    ) -> None:
         """Change the timing of this poller, running or not; recorded history is kept."""
         with self._lock:
             interval = self._interval_s if interval_s is None else float(interval_s)
             history = self._history_s if history_s is None else float(history_s)
-            validate_settings(interval, history, 1.0 / self._min_gap_s)
+            rate = 1.0 / self._min_gap_s if max_updates_per_s is None else float(max_updates_per_s)
+            validate_settings(interval, history, rate)
             changed = interval != self._interval_s
-            self._interval_s, self._history_s = interval, history
+            self._interval_s, self._history_s, self._min_gap_s = interval, history, 1.0 / rate
             self._max_backoff_s = max(self._max_backoff_s, interval)
             length = _history_length(interval, history)
             for key, samples in self._history.items():

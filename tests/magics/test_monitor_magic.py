@@ -169,6 +169,8 @@ def test_config_sets_defaults_and_changes_a_running_monitor(loaded):
     assert (poller.interval_s, poller.history_s) == (0.2, 60.0)
     shell.run_line_magic("config", "CudaMemMonitor.interval_s = 0.05")
     assert poller.interval_s == 0.05
+    shell.run_line_magic("config", "CudaMemMonitor.max_updates_per_s = 2")
+    assert poller.max_updates_per_s == 2
     before = len(poller.history(0))
     time.sleep(0.3)
     assert len(poller.history(0)) >= before + 3
