@@ -311,7 +311,13 @@ class Poller:
             wake.clear()
             if stop_event.is_set():
                 break
-            delay = self.tick()
+            try:
+                delay = self.tick()
+            except Exception:  # tick() guards the reads; this is a bug of ours, kept from the kernel
+                logger.exception("cudamem monitor: internal error")
+                with self._lock:
+                    self._error = "internal error in the monitor (details in the kernel's log)"
+                delay = self._max_backoff_s
             self._cpu_time_s = time.thread_time()
 
     # -- reading ----------------------------------------------------------------------------

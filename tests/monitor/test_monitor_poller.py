@@ -347,3 +347,19 @@ def test_interpreter_exit_stops_and_joins_the_thread():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["started", "final: interpreter exit"]
+
+
+def test_even_a_bug_in_the_poller_itself_stays_on_its_thread(machine, monkeypatch):
+    escaped = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: escaped.append(args))
+    poller = Poller(make_hardware(machine), interval_s=0.05, max_backoff_s=0.05)
+    assert poller.start()
+    try:
+        monkeypatch.setattr(Poller, "_shown_key", staticmethod(lambda state: 1 / 0))
+        assert wait_until(lambda: poller.state().error is not None)
+        assert poller.state().error.startswith("internal error in the monitor")
+        assert poller.running
+    finally:
+        monkeypatch.undo()
+        poller.stop()
+    assert escaped == []
