@@ -226,3 +226,39 @@ class FakeSources:
     def __post_init__(self) -> None:
         self.allocator = FakeAllocator(self.machine)
         self.nvml = FakeNvml(self.machine)
+
+
+class FakeClock:
+    """A clock tests move by hand: call it for the time, ``advance(seconds)`` to move it."""
+
+    def __init__(self, start: float = 1_000.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FlakyNvml(FakeNvml):
+    """A ``FakeNvml`` whose ``memory()`` raises the queued errors first, one per call, then answers.
+
+    Plays an NVML failing mid-run with errors of any type (``FakeNvml.raise_next`` only raises
+    ``CudaMemError``); ``delay_s`` makes every read slow, like a busy driver.
+    """
+
+    def __init__(self, machine: FakeMachine, errors: list[BaseException] | None = None, delay_s: float = 0.0):
+        super().__init__(machine)
+        self.errors = list(errors or [])
+        self.delay_s = delay_s
+
+    def memory(self, nvml_index: int) -> NvmlMemory:
+        if self.delay_s:
+            import time
+
+            time.sleep(self.delay_s)
+        if self.errors:
+            self.calls += 1
+            raise self.errors.pop(0)
+        return super().memory(nvml_index)
