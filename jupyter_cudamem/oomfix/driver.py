@@ -126,12 +126,16 @@ class Driver:
         namespace: Mapping[str, Any] | None = None,
         freed_bytes: int | None = None,
         diagnosis: object | None = None,
+        oom: OomInfo | None = None,
     ) -> Outcome:
         """Try the strategies on ``source``, which failed with ``error``; cleanup has already run.
 
+        ``oom`` is the failure as parsed (pass it when the exception itself was released by the
+        cleanup); ``error`` and ``oom`` both ``None`` means the cell has not run yet (``%%oomfix``).
         ``freed_bytes`` is what that cleanup freed (it decides whether a plain rerun is worth a try).
         """
-        oom = parse_oom(error) if error is not None else None
+        if oom is None and error is not None:
+            oom = parse_oom(error)
         if error is not None and oom is None:
             raise CudaMemError(f"the last failure was not a GPU out-of-memory error ({_one_line(error)}); %oomfix does nothing for it")
         device = oom.device_index if oom is not None and oom.device_index is not None else 0
@@ -152,7 +156,8 @@ class Driver:
             elif name == "batch":
                 fitted, batch_before, batch_after = self._smaller_batch(discovery, budget, device)
             elif name == "autocast":
-                fitted = self._autocast(source, traits, device)
+                has_torch = namespace is not None and getattr(namespace.get("torch"), "autocast", None) is not None
+                fitted = self._autocast(source, traits, device, import_torch=not has_torch)
             if fitted is not None:
                 strategy = name
         if fitted is None and self._left() <= 0 and len(self.strategies) > 1:
@@ -188,7 +193,7 @@ class Driver:
         asked = oom.requested_bytes if oom is not None else None
         worth = fragmented or (freed_bytes is not None and asked is not None and freed_bytes >= asked)
         if oom is None:
-            worth = True  # a %%oomfix cell that has not failed yet: run it as written
+            worth = True  # the cell has not failed yet (``%%oomfix``): run it as written
         if not worth:
             self._notes.append(
                 f"skipped a plain rerun: cleanup freed {format_bytes(freed_bytes)}, less than the "
@@ -235,13 +240,13 @@ class Driver:
                 best = confirm
         return best, chosen.value, None if best is None else best.batch
 
-    def _autocast(self, source: str, traits: Any, device: int) -> TryResult | None:
+    def _autocast(self, source: str, traits: Any, device: int, import_torch: bool = True) -> TryResult | None:
         if traits.autocast:
             self._notes.append("the cell already uses autocast")
             return None
         dtype = self._dtype()
         try:
-            wrapped = wrap_in_autocast(source, dtype, transform=self.transform)
+            wrapped = wrap_in_autocast(source, dtype, import_torch=import_torch, transform=self.transform)
         except SyntaxError as error:
             self._notes.append(f"could not wrap the cell in autocast: it does not parse ({error.msg})")
             return None
