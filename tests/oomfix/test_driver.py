@@ -163,13 +163,13 @@ def test_autocast_fixes_a_cell_with_no_batch():
     peak = lambda b: (3 * GiB if fake_torch.active else 6 * GiB)  # noqa: E731
     _, cell, namespace, run, driver, _ = setup(peak=peak, held=0)
     namespace.update(torch=fake_torch, weights=[2, 3], x=4)
-    source = "outputs = [w @ x for w in weights]  # no batch here\ntrain_step(1)\n"
+    source = "outputs = [w * x for w in weights]  # no batch here\ntrain_step(1)\n"
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     assert outcome.strategy == "autocast" and outcome.reruns == 1
     assert fake_torch.entered == [("cuda", "bfloat16")]
     assert outcome.fixed_source == (
         'with torch.autocast("cuda", dtype=torch.bfloat16):\n'
-        "    outputs = [w @ x for w in weights]  # no batch here\n    train_step(1)\n"
+        "    outputs = [w * x for w in weights]  # no batch here\n    train_step(1)\n"
     )
     assert any(note.startswith("no batch size in the cell") for note in outcome.notes)
     assert any(s.title == "torch.no_grad() for inference" for s in outcome.suggestions)
