@@ -347,3 +347,13 @@ def find_holders(
     result.namespace_bytes = sum(namespace_storages.values())
     result.ipython_only_bytes = sum(ipython_only.values())
     return result
+
+
+def reaches_cuda(obj: Any, probe: TensorProbe | None = None) -> bool:
+    """Whether any CUDA storage is reachable through ``obj`` (by the same walk as ``find_holders``)."""
+    probe = probe if probe is not None else default_probe()
+    if probe is None or obj is None or isinstance(obj, _ATOMS):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return bool(_walk(obj, probe, frozenset()).storages)

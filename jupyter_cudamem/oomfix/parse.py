@@ -163,7 +163,7 @@ def _first_size(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:
     return None
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
+def exception_chain(error: BaseException) -> Iterator[BaseException]:
     """The error, then what caused it or was being handled, then any grouped errors; each once."""
     seen: set[int] = set()
     pending = [error]
@@ -280,7 +280,7 @@ def parse_oom(error_or_text: BaseException | str) -> OomInfo | None:
     if not isinstance(error_or_text, BaseException):
         return None
     best: tuple[int, BaseException, str, str] | None = None
-    for error in _chain(error_or_text):
+    for error in exception_chain(error_or_text):
         text = _text_of(error)
         kind = _kind_of_text(text) or (None if _NOT_CUDA.search(text) else _kind_of_type(error))
         if kind is None:
@@ -297,3 +297,12 @@ def parse_oom(error_or_text: BaseException | str) -> OomInfo | None:
 def is_cuda_oom(error: BaseException | None) -> bool:
     """Whether ``error`` (or anything in its cause chain) is a GPU out-of-memory error."""
     return error is not None and parse_oom(error) is not None
+
+
+def describe_chain(error: BaseException) -> str:
+    """``Type: message`` for the error and each error in its cause chain, one paragraph each.
+
+    Kept where the exception object itself must not be (it holds its traceback's frames), so the OOM
+    can still be parsed from text after the exception is released.
+    """
+    return "\n\n".join(f"{_type_name(e)}: {_text_of(e)}" for e in exception_chain(error))
