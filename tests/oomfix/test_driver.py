@@ -160,7 +160,7 @@ class _FakeAutocastTorch:
 
 def test_autocast_fixes_a_cell_with_no_batch():
     fake_torch = _FakeAutocastTorch()
-    peak = lambda b: (3 * GiB if fake_torch.active else 6 * GiB)  # noqa: E731
+    peak = lambda b: (3 * GiB if fake_torch.active else 7 * GiB)  # noqa: E731
     _, cell, namespace, run, driver, _ = setup(peak=peak, held=0)
     namespace.update(torch=fake_torch, weights=[2, 3], x=4)
     source = "outputs = [w * x for w in weights]  # no batch here\ntrain_step(1)\n"
