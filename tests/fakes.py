@@ -236,11 +236,20 @@ _fake_pointers = _itertools.count(0x7F00_0000_0000, 0x10_0000)
 
 
 class FakeStorage:
-    """A block of device memory: what ``untyped_storage()`` returns; views share one."""
+    """A block of device memory: what ``untyped_storage()`` returns; views share one.
 
-    def __init__(self, nbytes: int):
+    Given a ``machine``, it is allocated there on creation and freed when garbage-collected, so the
+    fake allocator's counters follow the objects' lifetimes as PyTorch's follow real tensors.
+    """
+
+    def __init__(self, nbytes: int, machine: "FakeMachine | None" = None, index: int = 0):
         self._nbytes = nbytes
         self._ptr = next(_fake_pointers)
+        if machine is not None:
+            import weakref
+
+            machine.allocate(index, nbytes)
+            weakref.finalize(self, machine.free, index, nbytes)
 
     def data_ptr(self) -> int:
         return self._ptr
@@ -253,8 +262,8 @@ class FakeTensor:
     """Stands in for ``torch.Tensor``: ``is_cuda``, ``untyped_storage()``, ``grad``, ``shape``, weak-referenceable."""
 
     def __init__(self, nbytes: int = 0, *, device: str = "cuda", storage: FakeStorage | None = None,
-                 grad: "FakeTensor | None" = None):
-        self._storage = storage if storage is not None else FakeStorage(nbytes)
+                 grad: "FakeTensor | None" = None, machine: FakeMachine | None = None):
+        self._storage = storage if storage is not None else FakeStorage(nbytes, machine)
         self.device = device
         self.grad = grad
         self.shape = (self._storage.nbytes() // 4,)
