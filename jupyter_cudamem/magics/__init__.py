@@ -14,8 +14,9 @@ from .base import CudaMemMagicsBase
 
 def _magic_classes() -> list[type[CudaMemMagicsBase]]:
     from .cudamem import CudaMem
+    from .oomfix import OomFix
 
-    return [CudaMem]
+    return [CudaMem, OomFix]
 
 
 class Extension:
