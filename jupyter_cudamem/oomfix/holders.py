@@ -230,9 +230,13 @@ def _visit(
 
 
 def _is_user_name(name: str, value: Any) -> bool:
+    """A variable of the user's own: not IPython's names, and not a handle on the machinery
+    (``ip = get_ipython()`` reaches every namespace; our own recorder or results are not the user's data)."""
     if name in _IPYTHON_NAMES or _IPYTHON_NAME_PATTERN.match(name):
         return False
-    return not isinstance(value, _OPAQUE)
+    if isinstance(value, _OPAQUE) or _is_machinery(value):
+        return False
+    return not (getattr(type(value), "__module__", "") or "").startswith("jupyter_cudamem.")
 
 
 def _root_kind(value: Any, probe: TensorProbe) -> str:

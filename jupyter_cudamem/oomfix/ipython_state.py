@@ -37,6 +37,8 @@ from .parse import OomInfo, describe_chain, exception_chain, is_cuda_oom, parse_
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
 _UNDERS = ("_", "__", "___")
+# IPython's own frames (``run_code``) are cleared too but not worth naming in a report.
+_MACHINERY_MODULES = ("IPython.", "ipykernel.")
 
 
 @dataclass(frozen=True)
@@ -299,7 +301,8 @@ def _clear_traceback(tb: types.TracebackType | None, cleared: list[str]) -> None
         except RuntimeError:
             pass
         else:
-            if frame.f_code.co_name != "<module>":
+            module = str(frame.f_globals.get("__name__", ""))
+            if frame.f_code.co_name != "<module>" and not module.startswith(_MACHINERY_MODULES):
                 label = _frame_label(frame)
                 if label not in cleared:
                     cleared.append(label)

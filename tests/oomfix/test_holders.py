@@ -163,3 +163,17 @@ def test_real_torch_cpu_tensors_are_not_cuda() -> None:
     model(torch.ones(2, 64)).sum().backward()
     opt.step()
     assert find_holders({"model": model, "opt": opt, "x": torch.ones(1000)}, {}) == []
+
+
+def test_handles_on_the_machinery_are_not_user_holders() -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from jupyter_cudamem.oomfix.ipython_state import FailureRecorder
+
+    shell = InteractiveShell.instance()
+    shell.user_ns["kept"] = FakeTensor(3 * MiB)
+    try:
+        ns = {"ip": shell, "recorder": FailureRecorder(), "x": FakeTensor(1 * MiB)}
+        assert [h.name for h in find_holders(ns, {}, probe=fake_probe())] == ["x"]
+    finally:
+        del shell.user_ns["kept"]
