@@ -73,12 +73,37 @@ class OomFix(CudaMemMagicsBase):
         if self._owns_recorder:
             self._recorder.attach(shell)
         self.last_outcome: Outcome | None = None
+        # PyTorch's allocated bytes per device when each recent cell started, with the cell's source
+        # (execution counts are numbered differently across IPython versions): with an OOM's figures
+        # they bound what the failed cell itself needed. One allocator read per cell.
+        self._allocated_at_start: list[tuple[str, dict[int, int]]] = []
+        shell.events.register("pre_run_cell", self._note_cell_start)
         # How tensors are recognised (``oomfix.holders.TensorProbe``); ``None`` means PyTorch's types.
         self.probe: Any = None
 
     def close(self) -> None:
         if self._owns_recorder:
             self._recorder.detach(self.shell)
+        try:
+            self.shell.events.unregister("pre_run_cell", self._note_cell_start)
+        except ValueError:
+            pass
+
+    def _note_cell_start(self, info: Any = None) -> None:
+        # A callback must never raise into the kernel: a reading we cannot take is simply missing.
+        try:
+            readings = self._allocated_now()
+            if readings is None:
+                return
+            raw_cell = getattr(info, "raw_cell", None)
+            if isinstance(raw_cell, str):
+                self._allocated_at_start = self._allocated_at_start[-7:] + [(raw_cell, readings)]
+        except Exception:
+            return
+
+    def _allocated_now(self) -> dict[int, int] | None:
+        readings = self._readings()
+        return None if readings is None else {index: r.allocated_bytes for index, r in readings.items()}
 
     # -- the line magic ------------------------------------------------------------------------
     @magic_arguments()
@@ -106,7 +131,8 @@ class OomFix(CudaMemMagicsBase):
             )
         if not failure.raw_cell:
             raise CudaMemError("the failed cell's source is not in IPython's history; rerun it under %%oomfix")
-        return self._fix(args, failure.raw_cell, failure.exception, oom)
+        started = next((r for cell, r in reversed(self._allocated_at_start) if cell == failure.raw_cell), None)
+        return self._fix(args, failure.raw_cell, failure.exception, oom, started)
 
     # -- the cell magic ------------------------------------------------------------------------
     @magic_arguments()
@@ -117,12 +143,13 @@ class OomFix(CudaMemMagicsBase):
         """Run this cell; if it runs out of GPU memory, fix it and rerun it as %oomfix does."""
         args = parse_argstring(self.oomfix_cell, line)
         self._require_gpu()
+        started = self._allocated_now()
         error = self._run_source(cell)
         if error is None or not is_cuda_oom(error):
             return None  # it ran, or failed otherwise and IPython has shown that traceback
         oom = parse_oom(error)
         print(f"%%oomfix: the cell ran out of GPU memory ({type(error).__name__}); fixing it")
-        return self._fix(args, cell, error, oom)
+        return self._fix(args, cell, error, oom, started)
 
     # -- shared ----------------------------------------------------------------------------------
     def _require_gpu(self) -> None:
@@ -141,7 +168,14 @@ class OomFix(CudaMemMagicsBase):
             raise CudaMemError("no strategy left to try: --strategy autocast with --no-autocast leaves nothing")
         return chosen
 
-    def _fix(self, args: Any, source: str, error: BaseException | None, oom: OomInfo | None) -> Outcome | None:
+    def _fix(
+        self,
+        args: Any,
+        source: str,
+        error: BaseException | None,
+        oom: OomInfo | None,
+        allocated_at_start: dict[int, int] | None = None,
+    ) -> Outcome | None:
         from ..oomfix import cleanup as cleanup_module
         from ..oomfix.diagnosis import diagnose
         from ..oomfix.holders import find_holders, reaches_cuda
@@ -183,7 +217,10 @@ class OomFix(CudaMemMagicsBase):
         )
         saved_failure = self._recorder.last
         try:
-            outcome = driver.fix(source, None, self.shell.user_ns, freed_bytes=cleaned.freed_bytes, oom=oom)
+            device = oom.device_index if oom is not None and oom.device_index is not None else 0
+            before = None if allocated_at_start is None else allocated_at_start.get(device)
+            outcome = driver.fix(source, None, self.shell.user_ns, freed_bytes=cleaned.freed_bytes, oom=oom,
+                                 allocated_before=before)
         finally:
             # Our reruns are not the user's failures: the record stays the cell they ran.
             self._recorder.last = saved_failure

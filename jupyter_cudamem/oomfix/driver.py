@@ -58,6 +58,13 @@ def headroom_bytes(hardware: Hardware, torch_index: int) -> int | None:
     return max(room, 0) + reading.reserved_unallocated_bytes
 
 
+def _needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | None:
+    """A lower bound of what the failed cell needs: what it had allocated when it failed, plus the ask."""
+    if oom is None or allocated_before is None or oom.allocated_bytes is None or oom.requested_bytes is None:
+        return None
+    return max(oom.allocated_bytes - allocated_before, 0) + oom.requested_bytes
+
+
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     first = text[0] if text else ""
@@ -127,12 +134,15 @@ class Driver:
         freed_bytes: int | None = None,
         diagnosis: object | None = None,
         oom: OomInfo | None = None,
+        allocated_before: int | None = None,
     ) -> Outcome:
         """Try the strategies on ``source``, which failed with ``error``; cleanup has already run.
 
         ``oom`` is the failure as parsed (pass it when the exception itself was released by the
         cleanup); ``error`` and ``oom`` both ``None`` means the cell has not run yet (``%%oomfix``).
-        ``freed_bytes`` is what that cleanup freed (it decides whether a plain rerun is worth a try).
+        ``allocated_before`` is what PyTorch had allocated when the failed cell started: with the
+        OOM's figures it bounds what the cell needs, which decides whether a plain rerun can fit.
+        ``freed_bytes`` is what the cleanup freed (the fallback for that decision).
         """
         if oom is None and error is not None:
             oom = parse_oom(error)
@@ -152,7 +162,8 @@ class Driver:
             if fitted is not None or self._left() <= 0:
                 break
             if name == "cleanup":
-                fitted = self._cleanup_alone(source, oom, freed_bytes, fragmented, device)
+                needed = _needed_bytes(oom, allocated_before)
+                fitted = self._cleanup_alone(source, oom, freed_bytes, needed, budget, fragmented, device)
             elif name == "batch":
                 fitted, batch_before, batch_after = self._smaller_batch(discovery, budget, device)
             elif name == "autocast":
@@ -188,21 +199,38 @@ class Driver:
 
     # -- strategies ---------------------------------------------------------------------------------
     def _cleanup_alone(
-        self, source: str, oom: OomInfo | None, freed_bytes: int | None, fragmented: bool, device: int
+        self,
+        source: str,
+        oom: OomInfo | None,
+        freed_bytes: int | None,
+        needed_bytes: int | None,
+        budget: int | None,
+        fragmented: bool,
+        device: int,
     ) -> TryResult | None:
-        asked = oom.requested_bytes if oom is not None else None
-        worth = fragmented or (freed_bytes is not None and asked is not None and freed_bytes >= asked)
         if oom is None:
-            worth = True  # the cell has not failed yet (``%%oomfix``): run it as written
-        if not worth:
-            self._notes.append(
-                f"skipped a plain rerun: cleanup freed {format_bytes(freed_bytes)}, less than the "
-                f"{format_bytes(asked)} allocation that failed"
-            )
-            return None
-        reason = "the failure left memory behind" if not fragmented else "the failure looked like fragmentation"
-        if oom is None:
-            reason = "as written"
+            reason = "as written"  # the cell has not failed yet (``%%oomfix``)
+        elif fragmented:
+            reason = "the failure looked like fragmentation"
+        elif needed_bytes is not None and budget is not None:
+            if needed_bytes > budget:
+                self._notes.append(
+                    f"skipped a plain rerun: the cell needs at least {format_bytes(needed_bytes)} "
+                    f"(what it held when it failed plus the allocation that failed), {format_bytes(budget)} is free"
+                )
+                return None
+            reason = f"at least {format_bytes(needed_bytes)} needed, {format_bytes(budget)} free now"
+        else:
+            # What the cell held when it failed is unknown: a plain rerun is worth it only when the
+            # cleanup freed more than the allocation that failed.
+            asked = oom.requested_bytes
+            if freed_bytes is None or asked is None or freed_bytes < asked:
+                self._notes.append(
+                    f"skipped a plain rerun: cleanup freed {format_bytes(freed_bytes)}, less than the "
+                    f"{format_bytes(asked)} allocation that failed"
+                )
+                return None
+            reason = "cleanup freed more than the allocation that failed"
         result = self._try("cleanup", source, reason, device)
         return result if result.fitted else self._stop_on_error(result)
 

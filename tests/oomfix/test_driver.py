@@ -235,3 +235,21 @@ def test_outcome_renders_as_text_and_html():
     html = outcome._repr_html_()
     assert html.count("<tr>") == outcome.reruns + 1
     assert "background:#e6ffed" in html and "gradient accumulation" in html
+
+
+def test_plain_rerun_is_judged_by_what_the_cell_itself_needed():
+    # The traceback held the cell's own partial work: freeing it does not make a plain rerun fit.
+    machine, cell, namespace, run, driver, _ = setup(held=256 * MiB)
+    source = TRAINING_CELL.format(batch=4000)
+    error = fail_first(run, source)
+    outcome = driver.fix(source, error, namespace, freed_bytes=5 * GiB, allocated_before=256 * MiB)
+    assert outcome.tries[0].strategy == "batch"
+    assert any(note.startswith("skipped a plain rerun: the cell needs at least") for note in outcome.notes)
+    # Memory held from before the cell (an older output, say) was freed: now a plain rerun can fit.
+    _, cell, namespace, run, driver, _ = setup(held=256 * MiB)
+    cell.machine.allocate(0, 3 * GiB)
+    source = TRAINING_CELL.format(batch=600)
+    error = fail_first(run, source)
+    cell.machine.free(0, 3 * GiB)
+    outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB, allocated_before=256 * MiB + 3 * GiB)
+    assert [t.strategy for t in outcome.tries] == ["cleanup"] and outcome.fitted
