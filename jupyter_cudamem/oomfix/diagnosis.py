@@ -7,9 +7,11 @@ Verdicts, checked in this order (the first that applies is the one acted on):
   verdict when nothing else explains the failure: the cell needs more than is left.
 - ``"fragmentation"`` when PyTorch had the memory cached but not in one piece
   (``OomInfo.looks_fragmented``): ``expandable_segments`` is the cure, not a smaller batch.
-- ``"held by IPython after the error"`` when memory reachable only through what IPython keeps (the
-  failed traceback's frames, ``sys.last_*``, the output cache) is at least the failed request and at
-  least 5% of the capacity: the cleanup frees it without touching a variable.
+- ``"held by IPython after the error"`` when memory reachable only through IPython's output cache
+  (``Out``, ``_N``, ``_``, the last result: tensors earlier cells returned) is at least the failed
+  request and at least 5% of the capacity: the cleanup frees it without touching a variable. Memory
+  held only by the failed cell's own traceback frames does not decide this verdict: it is the cell's
+  own working memory, freed by the cleanup but needed again by a rerun; the explanation reports it.
 - ``"held by namespace"`` when the user's variables hold at least half of the capacity: deleting the
   ones no longer needed (``--del NAME``) makes room.
 """
@@ -51,6 +53,7 @@ class Diagnosis:
     suggestions: tuple[str, ...] = ()
     readings: dict[int, AllocatorReading] | None = None
     ipython_only_bytes: int = 0
+    cache_only_bytes: int = 0
     namespace_bytes: int = 0
     figures: tuple[tuple[str, str], ...] = field(default=())
 
@@ -144,12 +147,12 @@ def _figures(oom: OomInfo, readings: dict[int, AllocatorReading] | None) -> tupl
     return tuple(rows)
 
 
-def _ipython_only(holders: list[Holder]) -> int:
-    total = getattr(holders, "ipython_only_bytes", None)
+def _ipython_only(holders: list[Holder], attribute: str, kinds: tuple[str, ...]) -> int:
+    total = getattr(holders, attribute, None)
     if isinstance(total, int):
         return total
     # A plain list: per-holder figures overlap, so the largest is what can be claimed for sure.
-    return max((h.exclusive_bytes for h in holders if not h.user_variable), default=0)
+    return max((h.exclusive_bytes for h in holders if not h.user_variable and h.kind in kinds), default=0)
 
 
 def _namespace(holders: list[Holder]) -> int:
@@ -168,7 +171,8 @@ def diagnose(
     allocator's readings taken after the failure (``None`` where there is no GPU to read)."""
     capacity = oom.capacity_bytes
     asked = oom.requested_bytes
-    ipython_only = _ipython_only(holders)
+    ipython_only = _ipython_only(holders, "ipython_only_bytes", ("ipython", "traceback"))
+    cache_only = _ipython_only(holders, "cache_only_bytes", ("ipython",))
     namespace = _namespace(holders)
     cached_now = sum(r.reserved_unallocated_bytes for r in readings.values()) if readings else 0
     capped = oom.allowed_bytes is not None and oom.total_bytes is not None and oom.allowed_bytes < oom.total_bytes
@@ -203,11 +207,11 @@ def diagnose(
             "notebook, then restart the kernel) so the allocator can grow segments instead of splitting them",
             "torch.cuda.empty_cache() between phases that allocate very different sizes",
         ]
-    elif significant(ipython_only):
+    elif significant(cache_only):
         verdict = "held by IPython after the error"
-        keepers = [h.name for h in holders if not h.user_variable][:3]
+        keepers = [h.name for h in holders if h.kind == "ipython"][:3]
         explanation = (
-            f"{format_bytes(ipython_only)} is kept alive only by IPython's records "
+            f"{format_bytes(cache_only)} is kept alive only by IPython's output cache "
             f"({'; '.join(keepers)}), not by any of your variables; the cleanup releases it."
         )
         suggestions.append("%oomfix releases it (your variables are kept); %oomfix --dry-run only reports")
@@ -232,6 +236,14 @@ def diagnose(
             'torch.autocast("cuda", dtype=torch.bfloat16) for activations; torch.no_grad() for inference',
             "activation checkpointing (torch.utils.checkpoint) for deep models",
         ]
+    own = ipython_only - cache_only
+    if own >= 1024**2:
+        frames = [h.name.split(" (from", 1)[0] for h in holders if h.kind == "traceback" and h.name.startswith("frame of")]
+        where = f" ({', '.join(frames[:3])})" if frames else ""
+        explanation += (
+            f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "
+            "the cleanup frees it."
+        )
     if oom.kind in ("cublas", "cudnn", "driver", "other") and cached_now and verdict != "fragmentation":
         explanation += (
             f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {_KIND_WORDS[oom.kind]} cannot use "
@@ -249,6 +261,7 @@ def diagnose(
         suggestions=tuple(suggestions),
         readings=readings,
         ipython_only_bytes=ipython_only,
+        cache_only_bytes=cache_only,
         namespace_bytes=namespace,
         figures=_figures(oom, readings),
     )

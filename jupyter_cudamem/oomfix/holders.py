@@ -79,11 +79,14 @@ class Holders(list[Holder]):
     """The largest holders, plus totals that per-holder figures cannot give (they overlap).
 
     ``namespace_bytes``: CUDA bytes reachable from the user's variables; ``ipython_only_bytes``:
-    bytes reachable only through what IPython keeps (what releasing it frees).
+    bytes reachable only through what IPython keeps (what releasing it frees); ``cache_only_bytes``:
+    the part of those reachable through IPython's output cache and last result (kind ``"ipython"``),
+    as opposed to the failed cell's own exception and traceback frames (kind ``"traceback"``).
     """
 
     namespace_bytes: int = 0
     ipython_only_bytes: int = 0
+    cache_only_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -325,6 +328,14 @@ def find_holders(
         if key not in user_reach
     }
 
+    cache_only = {
+        key: size
+        for _, kind, _, is_user, reach in roots
+        if kind == "ipython"
+        for key, (size, _) in reach.storages.items()
+        if key not in user_reach
+    }
+
     holders = []
     for name, kind, value, is_user, reach in roots:
         total = reach.total
@@ -350,6 +361,7 @@ def find_holders(
     result.extend(holders[: max(top, 0)])
     result.namespace_bytes = sum(namespace_storages.values())
     result.ipython_only_bytes = sum(ipython_only.values())
+    result.cache_only_bytes = sum(cache_only.values())
     return result
 
 

@@ -20,10 +20,11 @@ def oom_text(asked: str, total: str = "79.18 GiB", allocated: str = "1.00 GiB", 
     )
 
 
-def holders(*items: Holder, namespace: int = 0, ipython_only: int = 0) -> Holders:
+def holders(*items: Holder, namespace: int = 0, ipython_only: int = 0, cache_only: int = 0) -> Holders:
     result = Holders(items)
     result.namespace_bytes = namespace
     result.ipython_only_bytes = ipython_only
+    result.cache_only_bytes = cache_only
     return result
 
 
@@ -47,21 +48,37 @@ def test_fragmentation() -> None:
 
 
 def test_held_by_ipython_after_the_error() -> None:
-    frame = Holder("frame of f() (from the failed cell's traceback)", "traceback", 4 * GiB, False, 4 * GiB, 1)
+    out = Holder("Out[3] / _3 / _", "ipython", 3 * GiB, False, 3 * GiB, 1)
     model = Holder("model", "module", 1 * GiB, True, 1 * GiB, 10, "parameters 1.00 GiB")
     d = diagnose(
         parse_oom(oom_text("2.00 GiB", total="8.00 GiB", allocated="5.00 GiB")),
-        holders(frame, model, namespace=1 * GiB, ipython_only=4 * GiB),
+        holders(out, model, namespace=1 * GiB, ipython_only=3 * GiB, cache_only=3 * GiB),
         {0: AllocatorReading(5 * GiB, 6 * GiB, 5 * GiB, 6 * GiB)},
     )
     assert d.verdict == "held by IPython after the error"
-    assert "4.00 GiB" in d.explanation and "frame of f()" in d.explanation
+    assert "3.00 GiB" in d.explanation and "Out[3]" in d.explanation
+    assert "traceback" not in d.explanation
     assert ("allocated now", "5.00 GiB") in d.figures and ("reserved now", "6.00 GiB") in d.figures
+
+
+def test_the_failed_cells_own_frames_are_reported_but_do_not_make_the_verdict() -> None:
+    frame = Holder("frame of f() (from the failed cell's traceback)", "traceback", 4 * GiB, False, 4 * GiB, 1)
+    d = diagnose(
+        parse_oom(oom_text("2.00 GiB", total="8.00 GiB", allocated="5.00 GiB")),
+        holders(frame, ipython_only=4 * GiB, cache_only=0),
+        None,
+    )
+    assert d.verdict == "too big for the card"
+    assert "traceback still holds 4.00 GiB of its own tensors (frame of f())" in d.explanation
 
 
 def test_ipython_share_below_the_request_is_not_the_verdict() -> None:
     out = Holder("Out[3]", "ipython", 100 * MiB, False, 100 * MiB, 1)
-    d = diagnose(parse_oom(oom_text("2.00 GiB", total="8.00 GiB")), holders(out, ipython_only=100 * MiB), None)
+    d = diagnose(
+        parse_oom(oom_text("2.00 GiB", total="8.00 GiB")),
+        holders(out, ipython_only=100 * MiB, cache_only=100 * MiB),
+        None,
+    )
     assert d.verdict == "too big for the card"
     assert "more GPU memory than was left" in d.explanation
 
@@ -76,10 +93,12 @@ def test_held_by_namespace_suggests_deleting_the_largest() -> None:
 
 
 def test_plain_list_of_holders_uses_the_safe_estimate() -> None:
-    a = Holder("sys.last_value", "traceback", 3 * GiB, False, 3 * GiB, 1)
-    b = Holder("frame of f()", "traceback", 3 * GiB, False, 3 * GiB, 1)
-    d = diagnose(parse_oom(oom_text("1.00 GiB", total="8.00 GiB")), [a, b], None)
-    assert d.ipython_only_bytes == 3 * GiB  # overlapping holders are not summed
+    a = Holder("Out[4]", "ipython", 3 * GiB, False, 3 * GiB, 1)
+    b = Holder("last_execution_result.result", "ipython", 3 * GiB, False, 3 * GiB, 1)
+    c = Holder("sys.last_value", "traceback", 5 * GiB, False, 5 * GiB, 1)
+    d = diagnose(parse_oom(oom_text("1.00 GiB", total="8.00 GiB")), [a, b, c], None)
+    assert d.cache_only_bytes == 3 * GiB  # overlapping holders are not summed
+    assert d.ipython_only_bytes == 5 * GiB
     assert d.verdict == "held by IPython after the error"
 
 
