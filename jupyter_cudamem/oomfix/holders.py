@@ -46,7 +46,7 @@ _OPAQUE = (
 # would lead back into the shell and its namespaces.
 _MACHINERY_PREFIXES = ("IPython.", "ipykernel.", "traitlets.", "zmq.", "tornado.", "jupyter_client.", "asyncio.")
 
-_WALK_LIMIT = 200_000  # objects visited per root
+_WALK_LIMIT = 200_000  # objects queued per root
 
 
 @dataclass(frozen=True)
@@ -156,15 +156,14 @@ def _walk(root: Any, probe: TensorProbe, skip_ids: frozenset[int], follow_grad: 
     storages: dict[Any, tuple[int, str]] = {}
     seen: set[int] = set()
     pending: deque[tuple[Any, str, bool]] = deque([(root, "tensors", True)])
-    visited = 0
-    while pending and visited < _WALK_LIMIT:
+    budget = [_WALK_LIMIT]  # objects that may still be queued from this root
+    while pending:
         obj, category, is_root = pending.popleft()
-        if isinstance(obj, _ATOMS) or id(obj) in seen or id(obj) in skip_ids:
+        if id(obj) in seen or id(obj) in skip_ids:
             continue
         seen.add(id(obj))
-        visited += 1
         try:
-            _visit(obj, category, is_root, probe, storages, pending, follow_grad)
+            _visit(obj, category, is_root, probe, storages, pending, follow_grad, budget)
         except Exception:  # an object that cannot be inspected holds nothing we can name
             continue
     return _Reach(storages)
@@ -178,9 +177,17 @@ def _visit(
     storages: dict[Any, tuple[int, str]],
     pending: deque[tuple[Any, str, bool]],
     follow_grad: bool,
+    budget: list[int],
 ) -> None:
     def push(items: Iterable[Any], as_category: str = category) -> None:
-        pending.extend((item, as_category, False) for item in items)
+        # Atoms (numbers, strings) cannot hold tensors: never queued, so a list of a million floats
+        # costs one pass over it; everything else counts against the root's budget.
+        for item in items:
+            if budget[0] <= 0:
+                return
+            if not isinstance(item, _ATOMS):
+                budget[0] -= 1
+                pending.append((item, as_category, False))
 
     if probe.is_tensor(obj):
         found = probe.cuda_storage(obj)

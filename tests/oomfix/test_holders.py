@@ -177,3 +177,19 @@ def test_handles_on_the_machinery_are_not_user_holders() -> None:
         assert [h.name for h in find_holders(ns, {}, probe=fake_probe())] == ["x"]
     finally:
         del shell.user_ns["kept"]
+
+
+def test_huge_plain_data_is_cheap_and_a_huge_graph_is_bounded() -> None:
+    import time
+
+    from jupyter_cudamem.oomfix import holders as holders_module
+
+    floats = [float(i) for i in range(1_000_000)]
+    nested = [[FakeTensor(1)] for _ in range(150_000)]  # 300k objects: more than one root may queue
+    start = time.perf_counter()
+    found = find_holders({"floats": floats, "nested": nested, "t": FakeTensor(1 * MiB)}, {}, probe=fake_probe())
+    assert time.perf_counter() - start < 10
+    named = by_name(found)
+    assert "floats" not in named and named["t"].cuda_bytes == 1 * MiB
+    assert 0 < named["nested"].tensor_count < 150_000  # stopped at the budget, not the end
+    assert named["nested"].tensor_count <= holders_module._WALK_LIMIT
