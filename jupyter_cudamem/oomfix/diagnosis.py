@@ -75,7 +75,9 @@ class Diagnosis:
                     else ""
                 )
                 detail = f" [{holder.detail}]" if holder.detail else ""
-                lines.append(f"    {format_bytes(holder.cuda_bytes):>11}  {holder.name} ({owner}, {holder.kind}{only}){detail}")
+                lines.append(
+                    f"    {format_bytes(holder.cuda_bytes):>11}  {holder.name} ({owner}, {holder.kind}{only}){detail}"
+                )
         if self.suggestions:
             lines.append("  try:")
             lines.extend(f"    - {suggestion}" for suggestion in self.suggestions)
@@ -224,21 +226,24 @@ def diagnose(
         )
         for holder in largest:
             name = holder.name.split(" ", 1)[0]
-            suggestions.append(f"%oomfix --del {name} if you no longer need it (frees up to {format_bytes(holder.exclusive_bytes)})")
+            suggestions.append(
+                f"%oomfix --del {name} if you no longer need it (frees up to {format_bytes(holder.exclusive_bytes)})"
+            )
     else:
         verdict = "too big for the card"
-        left = (
-            f" ({format_bytes(oom.free_bytes)} was free)" if oom.free_bytes is not None else ""
-        )
+        left = f" ({format_bytes(oom.free_bytes)} was free)" if oom.free_bytes is not None else ""
         explanation = f"the cell needs more GPU memory than was left{left}; a smaller or cheaper computation must fit."
         suggestions += [
-            "a smaller batch (%oomfix finds the batch size, reruns and keeps the effective batch with gradient accumulation)",
+            "a smaller batch (%oomfix finds the batch size and reruns; gradient accumulation keeps the "
+            "effective batch)",
             'torch.autocast("cuda", dtype=torch.bfloat16) for activations; torch.no_grad() for inference',
             "activation checkpointing (torch.utils.checkpoint) for deep models",
         ]
     own = ipython_only - cache_only
     if own >= 1024**2:
-        frames = [h.name.split(" (from", 1)[0] for h in holders if h.kind == "traceback" and h.name.startswith("frame of")]
+        frames = [
+            h.name.split(" (from", 1)[0] for h in holders if h.kind == "traceback" and h.name.startswith("frame of")
+        ]
         where = f" ({', '.join(frames[:3])})" if frames else ""
         explanation += (
             f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "
@@ -249,10 +254,15 @@ def diagnose(
             f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {_KIND_WORDS[oom.kind]} cannot use "
             "until the cleanup returns it (empty_cache)."
         )
-    if verdict != "fragmentation" and oom.reserved_unallocated_bytes and capacity and (
-        oom.reserved_unallocated_bytes >= _SIGNIFICANT_SHARE * capacity
+    if (
+        verdict != "fragmentation"
+        and oom.reserved_unallocated_bytes
+        and capacity
+        and (oom.reserved_unallocated_bytes >= _SIGNIFICANT_SHARE * capacity)
     ):
-        suggestions.append(f"{EXPANDABLE} reduces the {format_bytes(oom.reserved_unallocated_bytes)} cached but unusable")
+        suggestions.append(
+            f"{EXPANDABLE} reduces the {format_bytes(oom.reserved_unallocated_bytes)} cached but unusable"
+        )
     return Diagnosis(
         oom=oom,
         holders=list(holders),

@@ -326,7 +326,9 @@ def find_holders(
         if is_user:
             for key in reach.storages:
                 user_reach[key] = user_reach.get(key, 0) + 1
-    namespace_storages = {key: size for *_, is_user, reach in roots if is_user for key, (size, _) in reach.storages.items()}
+    namespace_storages = {
+        key: size for *_, is_user, reach in roots if is_user for key, (size, _) in reach.storages.items()
+    }
     ipython_only = {
         key: size
         for *_, is_user, reach in roots

@@ -26,7 +26,6 @@ cache (``Out``/``_oh``, ``_N``, ``_``/``__``/``___``) and in the execution resul
 from __future__ import annotations
 
 import sys
-import traceback
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -58,9 +57,7 @@ class Failure:
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(
-        cls, error: BaseException, raw_cell: str | None, execution_count: int | None, keep: bool = True
-    ) -> Failure:
+    def of(cls, error: BaseException, raw_cell: str | None, execution_count: int | None, keep: bool = True) -> Failure:
         return cls(raw_cell, execution_count, type(error).__qualname__, describe_chain(error), error if keep else None)
 
     def oom(self) -> OomInfo | None:
@@ -208,11 +205,7 @@ def user_variables(shell: Any) -> dict[str, Any]:
     """The user's namespace without what IPython put there at start-up (``user_ns_hidden``)."""
     hidden = getattr(shell, "user_ns_hidden", {})
     missing = object()
-    return {
-        name: value
-        for name, value in shell.user_ns.items()
-        if hidden.get(name, missing) is not value
-    }
+    return {name: value for name, value in shell.user_ns.items() if hidden.get(name, missing) is not value}
 
 
 def _known_exceptions(shell: Any, exception: BaseException | None) -> list[BaseException]:

@@ -17,7 +17,9 @@ nbclient = pytest.importorskip("nbclient")
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.notebook,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device (torch.cuda.is_available() is False)"
+    ),
 ]
 
 ROOT = Path(__file__).resolve().parents[2]

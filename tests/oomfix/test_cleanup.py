@@ -30,7 +30,9 @@ def holds_fake_cuda(obj: object) -> bool:
 @pytest.fixture
 def setup():
     machine = FakeMachine()
-    hardware = Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True)
+    hardware = Hardware(
+        allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True
+    )
     shell = InteractiveShell.instance()
     shell.reset(new_session=False)
     shell.user_ns["machine"] = machine

@@ -10,8 +10,13 @@ from jupyter_cudamem.sources.base import AllocatorReading
 GiB, MiB = 1024**3, 1024**2
 
 
-def oom_text(asked: str, total: str = "79.18 GiB", allocated: str = "1.00 GiB", unallocated: str = "0 bytes",
-             allowed: str | None = None) -> str:
+def oom_text(
+    asked: str,
+    total: str = "79.18 GiB",
+    allocated: str = "1.00 GiB",
+    unallocated: str = "0 bytes",
+    allowed: str | None = None,
+) -> str:
     cap = f"{allowed} allowed; " if allowed else ""
     return (
         f"CUDA out of memory. Tried to allocate {asked}. GPU 0 has a total capacity of {total} of which 1.00 GiB "
@@ -42,7 +47,9 @@ def test_allocation_larger_than_the_cap_suggests_raising_it() -> None:
 
 
 def test_fragmentation() -> None:
-    d = diagnose(parse_oom(oom_text("2.00 GiB", total="40.00 GiB", allocated="30.00 GiB", unallocated="8.00 GiB")), [], None)
+    d = diagnose(
+        parse_oom(oom_text("2.00 GiB", total="40.00 GiB", allocated="30.00 GiB", unallocated="8.00 GiB")), [], None
+    )
     assert d.verdict == "fragmentation"
     assert any(EXPANDABLE in s for s in d.suggestions)
 
@@ -86,7 +93,11 @@ def test_ipython_share_below_the_request_is_not_the_verdict() -> None:
 def test_held_by_namespace_suggests_deleting_the_largest() -> None:
     old = Holder("old_model", "module", 5 * GiB, True, 5 * GiB, 100)
     opt = Holder("opt (Adam state)", "optimizer", 2 * GiB, True, 2 * GiB, 200)
-    d = diagnose(parse_oom(oom_text("1.00 GiB", total="10.00 GiB", allocated="8.00 GiB")), holders(old, opt, namespace=7 * GiB), None)
+    d = diagnose(
+        parse_oom(oom_text("1.00 GiB", total="10.00 GiB", allocated="8.00 GiB")),
+        holders(old, opt, namespace=7 * GiB),
+        None,
+    )
     assert d.verdict == "held by namespace"
     assert "%oomfix --del old_model if you no longer need it (frees up to 5.00 GiB)" in d.suggestions
     assert any(s.startswith("%oomfix --del opt ") for s in d.suggestions)

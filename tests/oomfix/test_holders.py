@@ -66,8 +66,17 @@ def test_tensor_gradient_is_its_own_holder_and_order_is_largest_first() -> None:
 def test_ipython_names_modules_and_functions_are_not_user_holders() -> None:
     t = FakeTensor(5 * MiB)
     ns = {
-        "_": t, "__": t, "_7": t, "Out": {7: t}, "_oh": {7: t}, "_i7": "t", "In": ["", "t"],
-        "sys": sys, "FakeTensor": FakeTensor, "f": lambda: t, "__builtins__": {"t": t},
+        "_": t,
+        "__": t,
+        "_7": t,
+        "Out": {7: t},
+        "_oh": {7: t},
+        "_i7": "t",
+        "In": ["", "t"],
+        "sys": sys,
+        "FakeTensor": FakeTensor,
+        "f": lambda: t,
+        "__builtins__": {"t": t},
     }
     assert find_holders(ns, {}, probe=fake_probe()) == []
 
@@ -130,7 +139,7 @@ def test_objects_that_break_on_inspection_and_warnings_are_silenced() -> None:
 
         def __getattribute__(self, name):
             if name == "__dict__":
-                warnings.warn("deprecated", FutureWarning)
+                warnings.warn("deprecated", FutureWarning, stacklevel=2)
             return object.__getattribute__(self, name)
 
     with warnings.catch_warnings():

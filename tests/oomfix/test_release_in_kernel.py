@@ -27,7 +27,8 @@ from jupyter_cudamem.oomfix.ipython_state import FailureRecorder, ipython_refere
 from jupyter_cudamem.oomfix.cleanup import cleanup
 from jupyter_cudamem.oomfix.diagnosis import diagnose
 machine = FakeMachine()
-hardware = Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True)
+hardware = Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid,
+                    pid_exists=lambda p: True)
 recorder = FailureRecorder()
 recorder.attach(get_ipython())
 model = FakeTensor(256 * MiB, machine=machine)
