@@ -262,3 +262,96 @@ class FlakyNvml(FakeNvml):
             self.calls += 1
             raise self.errors.pop(0)
         return super().memory(nvml_index)
+
+
+# --- Tensors, modules and optimizers for %oomfix's holder finding (no torch, no CUDA) ---
+
+import itertools as _itertools
+
+_fake_pointers = _itertools.count(0x7F00_0000_0000, 0x10_0000)
+
+
+class FakeStorage:
+    """A block of device memory: what ``untyped_storage()`` returns; views share one.
+
+    Given a ``machine``, it is allocated there on creation and freed when garbage-collected, so the
+    fake allocator's counters follow the objects' lifetimes as PyTorch's follow real tensors.
+    """
+
+    def __init__(self, nbytes: int, machine: "FakeMachine | None" = None, index: int = 0):
+        self._nbytes = nbytes
+        self._ptr = next(_fake_pointers)
+        if machine is not None:
+            import weakref
+
+            machine.allocate(index, nbytes)
+            weakref.finalize(self, machine.free, index, nbytes)
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def nbytes(self) -> int:
+        return self._nbytes
+
+
+class FakeTensor:
+    """Stands in for ``torch.Tensor``: ``is_cuda``, ``untyped_storage()``, ``grad``, ``shape``, weak-referenceable."""
+
+    def __init__(self, nbytes: int = 0, *, device: str = "cuda", storage: FakeStorage | None = None,
+                 grad: "FakeTensor | None" = None, machine: FakeMachine | None = None):
+        self._storage = storage if storage is not None else FakeStorage(nbytes, machine)
+        self.device = device
+        self.grad = grad
+        self.shape = (self._storage.nbytes() // 4,)
+        self.dtype = "float32"
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def untyped_storage(self) -> FakeStorage:
+        return self._storage
+
+    def view(self) -> "FakeTensor":
+        """Another tensor over the same storage."""
+        return FakeTensor(storage=self._storage, device=self.device)
+
+
+class FakeModule:
+    """Stands in for ``torch.nn.Module``: named parameters, buffers and submodules as attributes."""
+
+    def __init__(self, parameters: dict[str, FakeTensor] | None = None, buffers: dict[str, FakeTensor] | None = None,
+                 **children: "FakeModule"):
+        self._parameters = dict(parameters or {})
+        self._buffers = dict(buffers or {})
+        self._modules = dict(children)
+
+    def parameters(self):
+        yield from self._parameters.values()
+        for child in self._modules.values():
+            yield from child.parameters()
+
+    def buffers(self):
+        yield from self._buffers.values()
+        for child in self._modules.values():
+            yield from child.buffers()
+
+
+class FakeOptimizer:
+    """Stands in for ``torch.optim.Adam``: ``param_groups`` reference the model, ``state`` is its own."""
+
+    def __init__(self, params):
+        self.param_groups = [{"params": list(params)}]
+        self.state: dict = {}
+
+    def step(self) -> None:
+        for p in self.param_groups[0]["params"]:
+            size = p.untyped_storage().nbytes()
+            self.state[p] = {"exp_avg": FakeTensor(size, device=p.device), "exp_avg_sq": FakeTensor(size, device=p.device)}
+
+
+def fake_probe():
+    """A ``TensorProbe`` recognising the fakes above."""
+    from jupyter_cudamem.oomfix.holders import TensorProbe
+
+    return TensorProbe(tensor_types=(FakeTensor,), module_types=(FakeModule,), optimizer_types=(FakeOptimizer,))

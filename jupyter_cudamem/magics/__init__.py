@@ -15,8 +15,9 @@ from .base import CudaMemMagicsBase
 def _magic_classes() -> list[type[CudaMemMagicsBase]]:
     from .cudamem import CudaMem
     from .monitor import CudaMemMonitor
+    from .oomfix import OomFix
 
-    return [CudaMem, CudaMemMonitor]
+    return [CudaMem, CudaMemMonitor, OomFix]
 
 
 class Extension:

@@ -1,0 +1,292 @@
+"""``%oomfix`` and ``%%oomfix``: turn a CUDA out-of-memory error into a cell that fits.
+
+Thin: finds the failed cell in IPython's records (``oomfix.ipython_state``), asks before rerunning,
+and hands the work to ``oomfix.diagnosis``, ``oomfix.cleanup`` and ``oomfix.driver``. Configure with
+``%config OomFix.max_tries = 5`` and the like.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from IPython.core.magic import cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Bool, Float, Int, Unicode
+
+from ..errors import CudaMemError
+from ..oomfix.driver import Driver
+from ..oomfix.parse import OomInfo, is_cuda_oom, parse_oom
+from ..oomfix.rewrite import find_batch
+from ..oomfix.strategies import STRATEGIES, Outcome, parse_strategies
+from .base import CudaMemMagicsBase, one_line_errors
+
+_SIDE_EFFECTS = (
+    "%oomfix reruns the cell (up to {tries} times): anything it does besides computing (writing files, "
+    "printing, appending to lists, training a model that lives outside the cell) happens again."
+)
+
+
+def _options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The options both forms share."""
+    for decorator in reversed((
+        argument("--dry-run", action="store_true", help="Diagnose only: free nothing, rerun nothing."),
+        argument("--max-tries", type=int, default=None, metavar="N",
+                 help="At most N reruns (default: OomFix.max_tries, 3)."),
+        argument("--del", dest="delete", action="append", default=[], metavar="NAME",
+                 help="Also delete this variable before rerunning (repeatable). Nothing of yours is deleted otherwise."),
+        argument("--apply", action="store_true",
+                 help="Put the cell that fitted into the next input (shown, never run silently)."),
+        argument("--yes", "-y", action="store_true",
+                 help="Do not ask before rerunning; the rerun repeats the cell's side effects."),
+        argument("--no-autocast", action="store_true", help="Never try torch.autocast."),
+        argument("--strategy", default=None, metavar="LIST",
+                 help=f"Strategies to try, in order, comma-separated: {', '.join(STRATEGIES)} (default: all)."),
+        argument("-o", "--output", action="store_true", help="Return the outcome object."),
+    )):
+        function = decorator(function)
+    return function
+
+
+@magics_class
+class OomFix(CudaMemMagicsBase):
+    """Fix a cell that ran out of GPU memory: diagnose, free, and rerun it in a form that fits.
+
+    Configure with ``%config OomFix.<option> = ...``.
+    """
+
+    max_tries = Int(3, help="Most reruns %oomfix makes for one failure.").tag(config=True)
+    strategies = Unicode(",".join(STRATEGIES), help="Strategies in order: cleanup, batch, autocast.").tag(config=True)
+    autocast = Bool(True, help="Whether autocast is among the strategies.").tag(config=True)
+    confirm = Bool(True, help="Ask before rerunning a cell (its side effects repeat); --yes skips it.").tag(config=True)
+    margin = Float(0.04, help="Fraction of the free memory a predicted batch leaves unused.").tag(config=True)
+
+    def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
+        super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
+        from ..oomfix.ipython_state import FailureRecorder, recorder_for
+
+        existing = recorder_for(shell)
+        self._recorder = existing if existing is not None else FailureRecorder()
+        self._owns_recorder = existing is None
+        if self._owns_recorder:
+            self._recorder.attach(shell)
+        self.last_outcome: Outcome | None = None
+        # PyTorch's allocated bytes per device when each recent cell started, with the cell's source
+        # (execution counts are numbered differently across IPython versions): with an OOM's figures
+        # they bound what the failed cell itself needed. One allocator read per cell.
+        self._allocated_at_start: list[tuple[str, dict[int, int]]] = []
+        shell.events.register("pre_run_cell", self._note_cell_start)
+        # How tensors are recognised (``oomfix.holders.TensorProbe``); ``None`` means PyTorch's types.
+        self.probe: Any = None
+
+    def close(self) -> None:
+        if self._owns_recorder:
+            self._recorder.detach(self.shell)
+        try:
+            self.shell.events.unregister("pre_run_cell", self._note_cell_start)
+        except ValueError:
+            pass
+
+    def _note_cell_start(self, info: Any = None) -> None:
+        # A callback must never raise into the kernel: a reading we cannot take is simply missing.
+        try:
+            readings = self._allocated_now()
+            if readings is None:
+                return
+            raw_cell = getattr(info, "raw_cell", None)
+            if isinstance(raw_cell, str):
+                self._allocated_at_start = self._allocated_at_start[-7:] + [(raw_cell, readings)]
+        except Exception:
+            return
+
+    def _allocated_now(self) -> dict[int, int] | None:
+        readings = self._readings()
+        return None if readings is None else {index: r.allocated_bytes for index, r in readings.items()}
+
+    # -- the line magic ------------------------------------------------------------------------
+    @magic_arguments()
+    @_options
+    @line_magic
+    @one_line_errors
+    def oomfix(self, line: str = "") -> Outcome | None:
+        """Fix the last cell that failed with a CUDA out-of-memory error.
+
+        Diagnoses the failure (what the message says, what holds memory), frees what the failure
+        left behind, then reruns the cell: unchanged, with a smaller batch found by measuring, or
+        under autocast. Prints every try, the cell that fitted as a diff, and advice.
+        """
+        args = parse_argstring(self.oomfix, line)
+        from ..oomfix.ipython_state import last_failure
+
+        self._require_gpu()
+        failure = last_failure(self.shell)
+        if failure is None:
+            raise CudaMemError("no failed cell to fix: run the cell first, or run it under %%oomfix")
+        oom = failure.oom()
+        if oom is None:
+            raise CudaMemError(
+                f"the last failure was {failure.exception_type}, not a GPU out-of-memory error; %oomfix did nothing"
+            )
+        if not failure.raw_cell:
+            raise CudaMemError("the failed cell's source is not in IPython's history; rerun it under %%oomfix")
+        started = next((r for cell, r in reversed(self._allocated_at_start) if cell == failure.raw_cell), None)
+        return self._fix(args, failure.raw_cell, failure.exception, oom, started)
+
+    # -- the cell magic ------------------------------------------------------------------------
+    @magic_arguments()
+    @_options
+    @cell_magic("oomfix")
+    @one_line_errors
+    def oomfix_cell(self, line: str, cell: str) -> Outcome | None:
+        """Run this cell; if it runs out of GPU memory, fix it and rerun it as %oomfix does."""
+        args = parse_argstring(self.oomfix_cell, line)
+        self._require_gpu()
+        started = self._allocated_now()
+        error = self._run_source(cell)
+        if error is None or not is_cuda_oom(error):
+            return None  # it ran, or failed otherwise and IPython has shown that traceback
+        oom = parse_oom(error)
+        print(f"%%oomfix: the cell ran out of GPU memory ({type(error).__name__}); fixing it")
+        return self._fix(args, cell, error, oom, started)
+
+    # -- shared ----------------------------------------------------------------------------------
+    def _require_gpu(self) -> None:
+        reason = self.hardware.allocator.status()
+        if reason is not None:
+            raise CudaMemError(f"%oomfix needs a CUDA device: {reason}")
+
+    def _strategies(self, args: Any) -> tuple[str, ...]:
+        try:
+            chosen = parse_strategies(args.strategy if args.strategy is not None else self.strategies)
+        except ValueError as error:
+            raise CudaMemError(str(error)) from None
+        if args.no_autocast or not self.autocast:
+            chosen = tuple(s for s in chosen if s != "autocast")
+        if not chosen:
+            raise CudaMemError("no strategy left to try: --strategy autocast with --no-autocast leaves nothing")
+        return chosen
+
+    def _fix(
+        self,
+        args: Any,
+        source: str,
+        error: BaseException | None,
+        oom: OomInfo | None,
+        allocated_at_start: dict[int, int] | None = None,
+    ) -> Outcome | None:
+        from ..oomfix import cleanup as cleanup_module
+        from ..oomfix.diagnosis import diagnose
+        from ..oomfix.holders import find_holders, reaches_cuda
+        from ..oomfix.ipython_state import ipython_references, user_variables
+
+        self._require_gpu()
+        max_tries = self.max_tries if args.max_tries is None else args.max_tries
+        if max_tries < 1:
+            raise CudaMemError(f"--max-tries must be at least 1, got {max_tries}")
+        strategies = self._strategies(args)
+        missing = [name for name in args.delete if name not in self.shell.user_ns]
+        if missing:
+            raise CudaMemError(f"--del {missing[0]}: no such variable; nothing was deleted")
+        discovery = find_batch(source, self.shell.user_ns, self.shell.transform_cell)
+
+        holders = find_holders(user_variables(self.shell), ipython_references(self.shell), probe=self.probe)
+        diagnosis = diagnose(oom, holders, self._readings())
+        if args.dry_run:
+            outcome = Outcome(source, None, None, (), batch_summary=discovery.summary(), dry_run=True,
+                              diagnosis=diagnosis)
+            return self._show(outcome, args)
+        self._display(diagnosis)
+        if not args.yes and self.confirm and not self._confirmed(max_tries):
+            return None
+
+        holds_cuda = None if self.probe is None else (lambda obj: reaches_cuda(obj, self.probe))
+        cleaned = cleanup_module.cleanup(
+            self.shell, self.hardware, exception=error, delete_names=tuple(args.delete), holds_cuda=holds_cuda
+        )
+        error = None  # released by the cleanup: keep no reference to its frames
+        driver = Driver(
+            run_source=self._run_source,
+            hardware=self.hardware,
+            cleanup=lambda failed: cleanup_module.cleanup(self.shell, self.hardware, exception=failed, holds_cuda=holds_cuda),
+            max_tries=max_tries,
+            strategies=strategies,
+            transform=self.shell.transform_cell,
+            margin=self.margin,
+        )
+        saved_failure = self._recorder.last
+        try:
+            device = oom.device_index if oom is not None and oom.device_index is not None else 0
+            before = None if allocated_at_start is None else allocated_at_start.get(device)
+            outcome = driver.fix(source, None, self.shell.user_ns, freed_bytes=cleaned.freed_bytes, oom=oom,
+                                 allocated_before=before)
+        finally:
+            # Our reruns are not the user's failures: the record stays the cell they ran.
+            self._recorder.last = saved_failure
+        if outcome.fitted:
+            self._recorder.forget()
+        return self._show(outcome, args)
+
+    def _readings(self) -> dict[int, Any] | None:
+        """The allocator's readings now, per device, for the diagnosis (``None`` where unreadable)."""
+        allocator = self.hardware.allocator
+        if allocator.status() is not None or not allocator.is_initialized():
+            return None
+        return {index: allocator.read(index) for index in range(allocator.device_count())}
+
+    def _confirmed(self, max_tries: int) -> bool:
+        from IPython.core.error import StdinNotImplementedError
+
+        print(_SIDE_EFFECTS.format(tries=max_tries))
+        try:
+            answer = input("Rerun it? [y/N] ")
+        except (StdinNotImplementedError, EOFError, OSError):
+            raise CudaMemError(
+                "cannot ask before rerunning (no input here, as under nbclient or a script): "
+                "add --yes to accept that the rerun repeats the cell's side effects"
+            ) from None
+        if answer.strip().lower() in ("y", "yes"):
+            return True
+        print("Nothing rerun; memory not freed. %oomfix --dry-run shows the diagnosis only.")
+        return False
+
+    @contextmanager
+    def _quiet_oom_tracebacks(self) -> Iterator[None]:
+        """While rerunning, an OOM is an expected outcome of a try: record it, do not print its traceback."""
+        shell = self.shell
+        original = shell.showtraceback
+
+        def showtraceback(*args: Any, **kwargs: Any) -> Any:
+            error = sys.exc_info()[1]
+            if error is not None and is_cuda_oom(error):
+                return None
+            return original(*args, **kwargs)
+
+        shell.showtraceback = showtraceback
+        try:
+            yield
+        finally:
+            del shell.showtraceback  # the instance attribute; the class's method shows again
+
+    def _run_source(self, source: str) -> BaseException | None:
+        """Run IPython input through the shell (so ``!cmd`` and magics work); return its exception."""
+        with self._quiet_oom_tracebacks():
+            result = self.shell.run_cell(source, store_history=False)
+        return result.error_in_exec if result.error_in_exec is not None else result.error_before_exec
+
+    def _display(self, obj: Any) -> None:
+        from IPython.display import display
+
+        display(obj)
+
+    def _show(self, outcome: Outcome, args: Any) -> Outcome | None:
+        self.last_outcome = outcome
+        self._display(outcome)
+        if outcome.changed:
+            if args.apply:
+                self.shell.set_next_input(outcome.fixed_source, replace=False)
+                print("%oomfix: the cell that fitted is in the next input; run it to keep it")
+            elif not outcome.dry_run:
+                print("%oomfix: add --apply to get the cell that fitted as the next input")
+        return outcome if args.output else None

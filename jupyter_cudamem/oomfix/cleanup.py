@@ -1,0 +1,119 @@
+"""Free what a failed cell left behind, and measure what that gave back.
+
+Order matters: references are released first (IPython's, then any variable the user named with
+``--del``), then ``gc.collect()`` breaks the cycles a traceback forms (a frame refers to its locals,
+an exception to its traceback, the traceback to the frame), and only then can ``empty_cache()`` return
+the allocator's freed blocks to the driver. Bytes freed are measured through the allocator before and
+after, on every device PyTorch has initialised.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import CudaMemError
+from ..hardware import Hardware
+from ..sources.base import AllocatorReading
+from ..units import format_bytes
+from .ipython_state import release_ipython_references
+
+
+@dataclass(frozen=True)
+class CleanupResult:
+    """What a cleanup released and what it freed.
+
+    ``freed_bytes`` is PyTorch's allocated bytes before minus after, summed over devices;
+    ``freed_reserved_bytes`` the same for reserved bytes (what the driver got back). Both are
+    ``None`` where PyTorch cannot read a GPU, and 0 where CUDA was never initialised (nothing to free).
+    """
+
+    freed_bytes: int | None
+    freed_reserved_bytes: int | None
+    cleared: tuple[str, ...]
+    deleted: tuple[str, ...]
+    before: dict[int, AllocatorReading] = field(default_factory=dict)
+    after: dict[int, AllocatorReading] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line for the user."""
+        if self.freed_bytes is None:
+            freed = "freed memory not measured (no GPU readable by PyTorch)"
+        else:
+            freed = (
+                f"freed {format_bytes(self.freed_bytes)} allocated, "
+                f"{format_bytes(self.freed_reserved_bytes)} returned to the driver"
+            )
+        what = "; ".join(self.cleared) if self.cleared else "nothing held by IPython"
+        deleted = f"; deleted {', '.join(self.deleted)}" if self.deleted else ""
+        return f"cleanup {freed} (released: {what}{deleted})"
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.summary())
+
+
+def _readings(hardware: Hardware) -> dict[int, AllocatorReading] | None:
+    allocator = hardware.allocator
+    if allocator.status() is not None:
+        return None
+    if not allocator.is_initialized():
+        return {}  # reading would initialise CUDA (a context costs ~500 MiB); nothing can be held yet
+    return {index: allocator.read(index) for index in range(allocator.device_count())}
+
+
+def _freed(
+    before: dict[int, AllocatorReading] | None, after: dict[int, AllocatorReading] | None, attribute: str
+) -> int | None:
+    if before is None or after is None:
+        return None
+    return sum(
+        getattr(before[index], attribute) - getattr(after[index], attribute) for index in before if index in after
+    )
+
+
+def cleanup(
+    shell: Any,
+    hardware: Hardware,
+    exception: BaseException | None = None,
+    delete_names: tuple[str, ...] = (),
+    *,
+    holds_cuda: Callable[[object], bool] | None = None,
+) -> CleanupResult:
+    """Release what IPython keeps from the failed cell, delete ``delete_names``, collect, empty the cache.
+
+    User variables are deleted only when named; a name that does not exist raises ``CudaMemError``
+    before anything is changed. Deleting goes through IPython's ``del_var``, which also drops the
+    output-cache and execution-result references to the same object (as ``%xdel`` does).
+    ``holds_cuda`` decides which output-cache entries to drop (default: those reaching a CUDA tensor).
+    """
+    missing = [name for name in delete_names if name not in shell.user_ns]
+    if missing:
+        names = ", ".join(repr(name) for name in missing)
+        raise CudaMemError(
+            f"no variable named {names} in the notebook; nothing was changed. "
+            "Check the spelling (--del takes names of your own variables, e.g. --del model)"
+        )
+    before = _readings(hardware)
+    cleared = release_ipython_references(shell, exception, holds_cuda)
+    exception = None  # our own reference must not outlive the release
+    deleted = []
+    for name in dict.fromkeys(delete_names):
+        shell.del_var(name)
+        deleted.append(name)
+    gc.collect()
+    if before:
+        hardware.allocator.empty_cache()
+    after = _readings(hardware)
+    return CleanupResult(
+        freed_bytes=_freed(before, after, "allocated_bytes"),
+        freed_reserved_bytes=_freed(before, after, "reserved_bytes"),
+        cleared=tuple(cleared),
+        deleted=tuple(deleted),
+        before=before or {},
+        after=after or {},
+    )

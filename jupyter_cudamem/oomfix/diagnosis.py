@@ -1,0 +1,277 @@
+"""Why a cell ran out of GPU memory, in one verdict, with the figures and holders behind it.
+
+Verdicts, checked in this order (the first that applies is the one acted on):
+
+- ``"too big for the card"`` when one allocation asked for more than this process may ever have (the
+  card, or the per-process cap): nothing but a smaller or cheaper computation helps. It is also the
+  verdict when nothing else explains the failure: the cell needs more than is left.
+- ``"fragmentation"`` when PyTorch had the memory cached but not in one piece
+  (``OomInfo.looks_fragmented``): ``expandable_segments`` is the cure, not a smaller batch.
+- ``"held by IPython after the error"`` when memory reachable only through IPython's output cache
+  (``Out``, ``_N``, ``_``, the last result: tensors earlier cells returned) is at least the failed
+  request and at least 5% of the capacity: the cleanup frees it without touching a variable. Memory
+  held only by the failed cell's own traceback frames does not decide this verdict: it is the cell's
+  own working memory, freed by the cleanup but needed again by a rerun; the explanation reports it.
+- ``"held by namespace"`` when the user's variables hold at least half of the capacity: deleting the
+  ones no longer needed (``--del NAME``) makes room.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..sources.base import AllocatorReading
+from ..units import format_bytes
+from .holders import Holder
+from .parse import OomInfo
+
+VERDICTS = ("too big for the card", "fragmentation", "held by IPython after the error", "held by namespace")
+
+EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+_SIGNIFICANT_SHARE = 0.05
+_NAMESPACE_SHARE = 0.5
+
+_KIND_WORDS = {
+    "allocator": "PyTorch's allocator",
+    "driver": "the CUDA driver",
+    "cublas": "cuBLAS (its workspace or handle)",
+    "cudnn": "cuDNN (its workspace)",
+    "other": "a library outside PyTorch",
+}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The OOM's figures, the largest holders, a verdict, one line explaining it, and what to try."""
+
+    oom: OomInfo
+    holders: list[Holder]
+    verdict: str
+    explanation: str
+    suggestions: tuple[str, ...] = ()
+    readings: dict[int, AllocatorReading] | None = None
+    ipython_only_bytes: int = 0
+    cache_only_bytes: int = 0
+    namespace_bytes: int = 0
+    figures: tuple[tuple[str, str], ...] = field(default=())
+
+    def text(self) -> str:
+        where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
+        lines = [f"CUDA out of memory{where} ({_KIND_WORDS.get(self.oom.kind, self.oom.kind)}): {self.verdict}"]
+        lines.append(f"  {self.explanation}")
+        if self.figures:
+            width = max(len(label) for label, _ in self.figures)
+            lines.append("  figures:")
+            lines.extend(f"    {label.ljust(width)}  {value}" for label, value in self.figures)
+        if self.holders:
+            lines.append("  largest holders of CUDA memory:")
+            for holder in self.holders:
+                owner = "variable" if holder.user_variable else "IPython"
+                only = (
+                    f", {format_bytes(holder.exclusive_bytes)} only here"
+                    if holder.exclusive_bytes and holder.exclusive_bytes != holder.cuda_bytes
+                    else ""
+                )
+                detail = f" [{holder.detail}]" if holder.detail else ""
+                lines.append(
+                    f"    {format_bytes(holder.cuda_bytes):>11}  {holder.name} ({owner}, {holder.kind}{only}){detail}"
+                )
+        if self.suggestions:
+            lines.append("  try:")
+            lines.extend(f"    - {suggestion}" for suggestion in self.suggestions)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text())
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
+        parts = [
+            '<div class="cudamem-oomfix-diagnosis">',
+            f"<p><b>CUDA out of memory{e(where)}</b> ({e(_KIND_WORDS.get(self.oom.kind, self.oom.kind))}): "
+            f"<b>{e(self.verdict)}</b>. {e(self.explanation)}</p>",
+        ]
+        if self.figures:
+            rows = "".join(
+                f"<tr><td style='text-align:left'>{e(label)}</td><td style='text-align:right'>{e(value)}</td></tr>"
+                for label, value in self.figures
+            )
+            parts.append(f"<table>{rows}</table>")
+        if self.holders:
+            rows = "".join(
+                "<tr>"
+                f"<td style='text-align:left'><code>{e(h.name)}</code></td>"
+                f"<td style='text-align:left'>{'variable' if h.user_variable else 'IPython'}, {e(h.kind)}</td>"
+                f"<td style='text-align:right'>{e(format_bytes(h.cuda_bytes))}</td>"
+                f"<td style='text-align:right'>{e(format_bytes(h.exclusive_bytes))}</td>"
+                f"<td style='text-align:left'>{e(h.detail)}</td>"
+                "</tr>"
+                for h in self.holders
+            )
+            parts.append(
+                "<table><thead><tr><th style='text-align:left'>holder</th><th style='text-align:left'>kind</th>"
+                "<th>CUDA memory</th><th>only here</th><th style='text-align:left'>detail</th></tr></thead>"
+                f"<tbody>{rows}</tbody></table>"
+            )
+        if self.suggestions:
+            items = "".join(f"<li>{e(s)}</li>" for s in self.suggestions)
+            parts.append(f"<p>Try:</p><ul>{items}</ul>")
+        parts.append("</div>")
+        return "".join(parts)
+
+
+def _figures(oom: OomInfo, readings: dict[int, AllocatorReading] | None) -> tuple[tuple[str, str], ...]:
+    rows: list[tuple[str, str]] = []
+
+    def add(label: str, value: int | None) -> None:
+        if value is not None:
+            rows.append((label, format_bytes(value)))
+
+    add("asked for", oom.requested_bytes)
+    add("card capacity", oom.total_bytes)
+    add("per-process cap", oom.allowed_bytes)
+    add("free on the card", oom.free_bytes)
+    add("held by this process", oom.process_bytes)
+    add("allocated by PyTorch", oom.allocated_bytes)
+    add("in private pools (CUDA graphs)", oom.private_pool_bytes)
+    add("reserved by PyTorch, unallocated", oom.reserved_unallocated_bytes)
+    for pid, used in oom.other_processes:
+        add(f"process {pid}", used)
+    if readings:
+        add("allocated now", sum(r.allocated_bytes for r in readings.values()))
+        add("reserved now", sum(r.reserved_bytes for r in readings.values()))
+    return tuple(rows)
+
+
+def _ipython_only(holders: list[Holder], attribute: str, kinds: tuple[str, ...]) -> int:
+    total = getattr(holders, attribute, None)
+    if isinstance(total, int):
+        return total
+    # A plain list: per-holder figures overlap, so the largest is what can be claimed for sure.
+    return max((h.exclusive_bytes for h in holders if not h.user_variable and h.kind in kinds), default=0)
+
+
+def _namespace(holders: list[Holder]) -> int:
+    total = getattr(holders, "namespace_bytes", None)
+    if isinstance(total, int):
+        return total
+    return max((h.cuda_bytes for h in holders if h.user_variable), default=0)
+
+
+def diagnose(
+    oom: OomInfo,
+    holders: list[Holder],
+    readings: dict[int, AllocatorReading] | None,
+) -> Diagnosis:
+    """Decide the verdict (see the module docstring) from the OOM's figures, the holders and the
+    allocator's readings taken after the failure (``None`` where there is no GPU to read)."""
+    capacity = oom.capacity_bytes
+    asked = oom.requested_bytes
+    ipython_only = _ipython_only(holders, "ipython_only_bytes", ("ipython", "traceback"))
+    cache_only = _ipython_only(holders, "cache_only_bytes", ("ipython",))
+    namespace = _namespace(holders)
+    cached_now = sum(r.reserved_unallocated_bytes for r in readings.values()) if readings else 0
+    capped = oom.allowed_bytes is not None and oom.total_bytes is not None and oom.allowed_bytes < oom.total_bytes
+
+    def significant(size: int) -> bool:
+        if size <= 0 or (asked is not None and size < asked):
+            return False
+        return capacity is None or size >= _SIGNIFICANT_SHARE * capacity
+
+    suggestions: list[str] = []
+    if oom.exceeds_capacity:
+        verdict = "too big for the card"
+        limit = "the per-process cap" if capped else "the card"
+        explanation = (
+            f"one allocation asked for {format_bytes(asked)}, more than {limit} allows "
+            f"({format_bytes(capacity)}): no cleanup can make it fit; the computation must shrink."
+        )
+        suggestions += [
+            "a smaller batch, shorter sequences or smaller images (%oomfix finds the batch size and reruns)",
+            'torch.autocast("cuda", dtype=torch.bfloat16) halves activations',
+        ]
+        if capped:
+            suggestions.append("raise the cap: torch.cuda.set_per_process_memory_fraction(...) set it")
+    elif oom.looks_fragmented:
+        verdict = "fragmentation"
+        explanation = (
+            f"PyTorch had {format_bytes(oom.reserved_unallocated_bytes)} cached but unallocated, enough for the "
+            f"{format_bytes(asked)} asked, but not in one piece."
+        )
+        suggestions += [
+            f"set {EXPANDABLE} before CUDA starts (in the environment, or os.environ at the top of the "
+            "notebook, then restart the kernel) so the allocator can grow segments instead of splitting them",
+            "torch.cuda.empty_cache() between phases that allocate very different sizes",
+        ]
+    elif significant(cache_only):
+        verdict = "held by IPython after the error"
+        keepers = [h.name for h in holders if h.kind == "ipython"][:3]
+        explanation = (
+            f"{format_bytes(cache_only)} is kept alive only by IPython's output cache "
+            f"({'; '.join(keepers)}), not by any of your variables; the cleanup releases it."
+        )
+        suggestions.append("%oomfix releases it (your variables are kept); %oomfix --dry-run only reports")
+    elif capacity is not None and namespace >= _NAMESPACE_SHARE * capacity:
+        verdict = "held by namespace"
+        largest = [h for h in holders if h.user_variable][:3]
+        explanation = (
+            f"your variables hold {format_bytes(namespace)} of the {format_bytes(capacity)} this process may use "
+            f"(largest: {', '.join(f'{h.name} {format_bytes(h.cuda_bytes)}' for h in largest)})."
+        )
+        for holder in largest:
+            name = holder.name.split(" ", 1)[0]
+            suggestions.append(
+                f"%oomfix --del {name} if you no longer need it (frees up to {format_bytes(holder.exclusive_bytes)})"
+            )
+    else:
+        verdict = "too big for the card"
+        left = f" ({format_bytes(oom.free_bytes)} was free)" if oom.free_bytes is not None else ""
+        explanation = f"the cell needs more GPU memory than was left{left}; a smaller or cheaper computation must fit."
+        suggestions += [
+            "a smaller batch (%oomfix finds the batch size and reruns; gradient accumulation keeps the "
+            "effective batch)",
+            'torch.autocast("cuda", dtype=torch.bfloat16) for activations; torch.no_grad() for inference',
+            "activation checkpointing (torch.utils.checkpoint) for deep models",
+        ]
+    own = ipython_only - cache_only
+    if own >= 1024**2:
+        frames = [
+            h.name.split(" (from", 1)[0] for h in holders if h.kind == "traceback" and h.name.startswith("frame of")
+        ]
+        where = f" ({', '.join(frames[:3])})" if frames else ""
+        explanation += (
+            f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "
+            "the cleanup frees it."
+        )
+    if oom.kind in ("cublas", "cudnn", "driver", "other") and cached_now and verdict != "fragmentation":
+        explanation += (
+            f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {_KIND_WORDS[oom.kind]} cannot use "
+            "until the cleanup returns it (empty_cache)."
+        )
+    if (
+        verdict != "fragmentation"
+        and oom.reserved_unallocated_bytes
+        and capacity
+        and (oom.reserved_unallocated_bytes >= _SIGNIFICANT_SHARE * capacity)
+    ):
+        suggestions.append(
+            f"{EXPANDABLE} reduces the {format_bytes(oom.reserved_unallocated_bytes)} cached but unusable"
+        )
+    return Diagnosis(
+        oom=oom,
+        holders=list(holders),
+        verdict=verdict,
+        explanation=explanation,
+        suggestions=tuple(suggestions),
+        readings=readings,
+        ipython_only_bytes=ipython_only,
+        cache_only_bytes=cache_only,
+        namespace_bytes=namespace,
+        figures=_figures(oom, readings),
+    )

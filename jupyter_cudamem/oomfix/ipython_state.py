@@ -1,0 +1,403 @@
+"""What IPython remembers about the last failure, and everything it keeps alive: the only oomfix
+module that knows IPython's (and ipykernel's) attribute names.
+
+**Finding the failed cell.** ``shell.last_execution_result`` is assigned when a cell *finishes*, so
+while ``%oomfix`` runs it still describes the cell before; but a frontend's silent executions
+(variable explorers run code with ``silent=True``) replace it too, and a cell run in between (say
+``!nvidia-smi``) hides the failure. So ``%oomfix`` relies first on ``FailureRecorder``, a
+``post_run_cell`` callback that remembers the last failed cell the user ran (``post_run_cell`` does not
+fire for silent executions): its source, execution count and the chain's text (so the OOM can still
+be read after the exception is released), and a GPU OOM's exception itself until released (see
+``Failure``: exceptions cannot be weakly referenced, and holding one holds its traceback's frames and
+the tensors in them). Later successful
+cells do not hide it; a later failure replaces it; a ``UsageError`` (a mistyped magic) is not a
+failure of the user's code and is ignored. When the extension was loaded only after the failure, the
+recorder knows nothing and ``last_failure`` falls back to ``shell.last_execution_result`` and then
+``sys.last_exc``/``sys.last_value``, finding the cell from the traceback's cell filename through the
+compiler's filename map and the input history.
+
+**What keeps memory alive** after a failed cell (measured in a real kernel, FACTS.md): the
+exception through ``sys.last_exc``/``last_value``/``last_traceback``, the last execution result's
+``error_in_exec``, ``InteractiveTB.tb``; the exception's traceback holds the frames of every function
+on the failing stack, and their locals hold the tensors; a tensor a cell returned stays in the output
+cache (``Out``/``_oh``, ``_N``, ``_``/``__``/``___``) and in the execution result.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .holders import reaches_cuda
+from .parse import OomInfo, describe_chain, exception_chain, is_cuda_oom, parse_oom
+
+_SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
+_UNDERS = ("_", "__", "___")
+# IPython's own frames (``run_code``) are cleared too but not worth naming in a report.
+_MACHINERY_MODULES = ("IPython.", "ipykernel.")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed cell: its source, count, the chain's text, and the exception until it is released.
+
+    Exceptions cannot be weakly referenced, so the recorder keeps a GPU OOM's exception (and so its
+    traceback) only as long as IPython itself would (``sys.last_value`` keeps it until the next
+    error): a later failure replaces it and ``release_ipython_references`` drops it, keeping the text.
+    Other failures are recorded as text only: ``%oomfix`` needs no more to say they are not an OOM.
+    """
+
+    raw_cell: str | None
+    execution_count: int | None
+    exception_type: str
+    text: str
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, error: BaseException, raw_cell: str | None, execution_count: int | None, keep: bool = True) -> Failure:
+        return cls(raw_cell, execution_count, type(error).__qualname__, describe_chain(error), error if keep else None)
+
+    def oom(self) -> OomInfo | None:
+        """The OOM in this failure, read from the exception while held, else from its text."""
+        return parse_oom(self.exception) if self.exception is not None else parse_oom(self.text)
+
+    def without_exception(self) -> Failure:
+        return replace(self, exception=None)
+
+
+def _is_usage_error(error: BaseException) -> bool:
+    from IPython.core.error import UsageError
+
+    return isinstance(error, UsageError)
+
+
+class FailureRecorder:
+    """Remembers the last failed cell through a ``post_run_cell`` callback (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.last: Failure | None = None
+
+    def attach(self, shell: Any) -> None:
+        shell.events.register("post_run_cell", self.post_run_cell)
+        _recorders[id(shell)] = self
+
+    def detach(self, shell: Any) -> None:
+        try:
+            shell.events.unregister("post_run_cell", self.post_run_cell)
+        except ValueError:  # already gone
+            pass
+        if _recorders.get(id(shell)) is self:
+            del _recorders[id(shell)]
+
+    def forget(self) -> None:
+        """Drop the record, e.g. once the failure has been fixed by a rerun."""
+        self.last = None
+
+    def post_run_cell(self, result: Any = None) -> None:
+        # A callback must never raise into the kernel: a result we cannot read is simply not recorded.
+        try:
+            if result is None:  # ipykernel passes None when the cell was cancelled
+                return
+            error = result.error_in_exec if result.error_in_exec is not None else result.error_before_exec
+            if error is None or _is_usage_error(error):
+                return
+            info = getattr(result, "info", None)
+            self.last = Failure.of(
+                error, getattr(info, "raw_cell", None), result.execution_count, keep=is_cuda_oom(error)
+            )
+        except Exception:
+            return
+
+    def drop_exception(self) -> None:
+        """Keep the record's text and source but not the exception (nor, so, its traceback)."""
+        if self.last is not None and self.last.exception is not None:
+            self.last = self.last.without_exception()
+
+
+_recorders: dict[int, FailureRecorder] = {}
+
+
+def recorder_for(shell: Any) -> FailureRecorder | None:
+    return _recorders.get(id(shell))
+
+
+def _cell_number(shell: Any, filename: str) -> int | None:
+    mapping = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    if isinstance(mapping, dict):
+        number = mapping.get(filename)
+        if isinstance(number, int):
+            return number
+    return None
+
+
+def _cell_source(shell: Any, number: int) -> str | None:
+    history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
+    if history is None:
+        history = shell.user_ns.get("In")
+    if isinstance(history, list) and 0 < number < len(history):
+        return str(history[number])
+    return None
+
+
+def _tracebacks(error: BaseException) -> Iterator[types.TracebackType]:
+    for linked in exception_chain(error):
+        if linked.__traceback__ is not None:
+            yield linked.__traceback__
+
+
+def _failed_cell_of(shell: Any, error: BaseException) -> tuple[str | None, int | None]:
+    """The outermost frame whose code came from a cell is the cell that ran; its number gives its source."""
+    tb = error.__traceback__
+    while tb is not None:
+        number = _cell_number(shell, tb.tb_frame.f_code.co_filename)
+        if number is not None:
+            return _cell_source(shell, number), number
+        tb = tb.tb_next
+    return None, None
+
+
+def last_failure(shell: Any) -> Failure | None:
+    """The last failed cell the user ran, or ``None`` when none is known (see the module docstring)."""
+    recorder = recorder_for(shell)
+    if recorder is not None and recorder.last is not None:
+        return recorder.last
+    result = getattr(shell, "last_execution_result", None)
+    error = getattr(result, "error_in_exec", None)
+    if error is not None and not _is_usage_error(error):
+        info = getattr(result, "info", None)
+        return Failure.of(error, getattr(info, "raw_cell", None), getattr(result, "execution_count", None))
+    error = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if error is None or _is_usage_error(error):
+        return None
+    source, number = _failed_cell_of(shell, error)
+    return Failure.of(error, source, number)
+
+
+def failed_execution(shell: Any) -> tuple[BaseException | None, str | None]:
+    """``(exception, failed cell's source)`` of the last failed cell, ``(None, None)`` when none is known.
+
+    The exception is ``None`` (with the source still given) once a cleanup released it; then
+    ``last_failure(shell).oom()`` still reads the OOM from the recorded text.
+    """
+    failure = last_failure(shell)
+    if failure is None:
+        return None, None
+    return failure.exception or _live_exception(shell, failure), failure.raw_cell
+
+
+def _live_exception(shell: Any, failure: Failure) -> BaseException | None:
+    """The recorded failure's exception where IPython still holds it (the recorder keeps only OOMs)."""
+    result = getattr(shell, "last_execution_result", None)
+    for candidate in (
+        getattr(sys, "last_exc", None),
+        getattr(sys, "last_value", None),
+        getattr(result, "error_in_exec", None),
+    ):
+        if isinstance(candidate, BaseException) and describe_chain(candidate) == failure.text:
+            return candidate
+    return None
+
+
+def user_variables(shell: Any) -> dict[str, Any]:
+    """The user's namespace without what IPython put there at start-up (``user_ns_hidden``)."""
+    hidden = getattr(shell, "user_ns_hidden", {})
+    missing = object()
+    return {name: value for name, value in shell.user_ns.items() if hidden.get(name, missing) is not value}
+
+
+def _known_exceptions(shell: Any, exception: BaseException | None) -> list[BaseException]:
+    found: list[BaseException] = []
+    recorder = recorder_for(shell)
+    result = getattr(shell, "last_execution_result", None)
+    candidates = [
+        exception,
+        recorder.last.exception if recorder is not None and recorder.last is not None else None,
+        *(getattr(sys, name, None) for name in ("last_exc", "last_value")),
+        getattr(result, "error_in_exec", None),
+        getattr(result, "error_before_exec", None),
+    ]
+    for candidate in candidates:
+        if isinstance(candidate, BaseException) and all(candidate is not f for f in found):
+            found.append(candidate)
+    return found
+
+
+def _frame_label(frame: types.FrameType) -> str:
+    code = frame.f_code
+    return f"{getattr(code, 'co_qualname', code.co_name)}()"
+
+
+def _output_cache(shell: Any) -> dict[Any, Any] | None:
+    cache = shell.user_ns.get("_oh")
+    if not isinstance(cache, dict):
+        cache = getattr(getattr(shell, "history_manager", None), "output_hist", None)
+    return cache if isinstance(cache, dict) else None
+
+
+def ipython_references(shell: Any) -> dict[str, object]:
+    """Name -> object for everything IPython itself keeps that can hold the user's memory.
+
+    The failed cell's traceback frames (function frames only: the cell's own frame has the user
+    namespace as its locals) are listed one by one, so a report can say which function's locals hold
+    the memory.
+    """
+    refs: dict[str, object] = {}
+    for name in _SYS_ATTRIBUTES[:3]:
+        value = getattr(sys, name, None)
+        if value is not None:
+            refs[f"sys.{name}"] = value
+    result = getattr(shell, "last_execution_result", None)
+    for attribute in ("error_in_exec", "error_before_exec", "result"):
+        value = getattr(result, attribute, None)
+        if value is not None:
+            refs[f"last_execution_result.{attribute}"] = value
+    for handler in ("InteractiveTB", "SyntaxTB"):
+        tb = getattr(getattr(shell, handler, None), "tb", None)
+        if tb is not None:
+            refs[f"{handler}.tb"] = tb
+    cache = _output_cache(shell)
+    if cache is not None:
+        for number, value in list(cache.items()):
+            refs[f"Out[{number}]"] = value
+            if shell.user_ns.get(f"_{number}") is value:
+                refs[f"_{number}"] = value
+    displayhook = getattr(shell, "displayhook", None)
+    for name in _UNDERS:
+        value = getattr(displayhook, name, None)
+        if value is not None and not isinstance(value, str):
+            refs[name] = value
+    counts: dict[str, int] = {}
+    seen: set[int] = set()
+    for error in _known_exceptions(shell, None):
+        for tb in _tracebacks(error):
+            while tb is not None:
+                frame = tb.tb_frame
+                if frame.f_code.co_name != "<module>" and id(frame) not in seen:
+                    seen.add(id(frame))
+                    label = _frame_label(frame)
+                    counts[label] = counts.get(label, 0) + 1
+                    suffix = f" #{counts[label]}" if counts[label] > 1 else ""
+                    refs[f"frame of {label}{suffix} (from the failed cell's traceback)"] = frame
+                tb = tb.tb_next
+    return refs
+
+
+def _clear_traceback(tb: types.TracebackType | None, cleared: list[str]) -> None:
+    """Drop every frame's locals; a frame still executing (the caller's own) cannot be cleared and is kept."""
+    while tb is not None:
+        frame = tb.tb_frame
+        try:
+            frame.clear()
+        except RuntimeError:
+            pass
+        else:
+            module = str(frame.f_globals.get("__name__", ""))
+            if frame.f_code.co_name != "<module>" and not module.startswith(_MACHINERY_MODULES):
+                label = _frame_label(frame)
+                if label not in cleared:
+                    cleared.append(label)
+        tb = tb.tb_next
+
+
+def release_ipython_references(
+    shell: Any,
+    exception: BaseException | None = None,
+    holds_cuda: Callable[[object], bool] | None = None,
+) -> list[str]:
+    """Release everything IPython keeps from the failed cell; never a user variable.
+
+    Clears the frames of every known failed exception's traceback chain (``exception``, the
+    recorder's, ``sys.last_*``, the last execution result's), detaches tracebacks and chained
+    exceptions, removes ``sys.last_*``, the execution result's error, ``InteractiveTB.tb`` and
+    ipykernel's ``_last_traceback``, and the output-cache entries that reach CUDA memory (``holds_cuda``,
+    by default any CUDA tensor reachable through them). Afterwards ``%debug`` has no traceback to open.
+    Returns one line per thing released.
+    """
+    holds_cuda = holds_cuda if holds_cuda is not None else reaches_cuda
+    released: list[str] = []
+
+    frames: list[str] = []
+    chained = 0
+    for error in _known_exceptions(shell, exception):
+        for linked in list(exception_chain(error)):
+            _clear_traceback(linked.__traceback__, frames)
+            linked.__traceback__ = None
+            if linked is not error:
+                chained += 1
+        error.__cause__ = None
+        error.__context__ = None
+    recorder = recorder_for(shell)
+    if recorder is not None:
+        recorder.drop_exception()
+    if frames:
+        released.append(f"locals of {', '.join(frames)} in the failed cell's traceback")
+    if chained:
+        released.append(f"{chained} chained exception{'s' if chained > 1 else ''} (__cause__/__context__)")
+
+    present = [name for name in _SYS_ATTRIBUTES if getattr(sys, name, None) is not None]
+    for name in _SYS_ATTRIBUTES:
+        if hasattr(sys, name):
+            delattr(sys, name)
+    if present:
+        released.append(", ".join(f"sys.{name}" for name in present))
+
+    result = getattr(shell, "last_execution_result", None)
+    if result is not None:
+        if getattr(result, "error_in_exec", None) is not None:
+            result.error_in_exec = None
+            released.append("the last execution result's error")
+        if getattr(result, "result", None) is not None and holds_cuda(result.result):
+            result.result = None
+            released.append("the last execution result's value")
+
+    for handler in ("InteractiveTB", "SyntaxTB"):
+        owner = getattr(shell, handler, None)
+        if getattr(owner, "tb", None) is not None:
+            owner.tb = None
+            released.append(f"{handler}.tb")
+    if getattr(shell, "_last_traceback", None) is not None:
+        shell._last_traceback = None
+        released.append("the kernel's last formatted traceback")
+
+    released.extend(_release_output_cache(shell, holds_cuda))
+    return released
+
+
+def _release_output_cache(shell: Any, holds_cuda: Callable[[object], bool]) -> list[str]:
+    released: list[str] = []
+    user_ns = shell.user_ns
+    hidden = getattr(shell, "user_ns_hidden", {})
+    displayhook = getattr(shell, "displayhook", None)
+    cache = _output_cache(shell)
+    doomed: list[object] = []
+    if cache is not None:
+        for number, value in list(cache.items()):
+            if not holds_cuda(value):
+                continue
+            doomed.append(value)
+            also = []
+            del cache[number]
+            key = f"_{number}"
+            if user_ns.get(key) is value:
+                del user_ns[key]
+                also.append(key)
+            if hidden.get(key) is value:
+                del hidden[key]
+            released.append(f"Out[{number}]" + (f" (also {', '.join(also)})" if also else ""))
+    for name in _UNDERS:
+        value = getattr(displayhook, name, None)
+        if value is None or isinstance(value, str):
+            continue
+        if any(value is d for d in doomed) or holds_cuda(value):
+            setattr(displayhook, name, "")
+            if user_ns.get(name) is value:
+                user_ns[name] = ""
+            # ``shell.push(..., interactive=False)`` also records them in ``user_ns_hidden``, which
+            # ``displayhook.flush()`` forgets: that copy alone kept a returned tensor alive (FACTS.md).
+            if hidden.get(name) is value:
+                hidden[name] = ""
+            released.append(f"{name} (output cache)")
+    return released

@@ -1,0 +1,122 @@
+"""A simulated cell whose GPU memory follows a chosen function of its batch size.
+
+``SimulatedCell.train_step(batch)`` allocates ``peak(batch)`` bytes on a ``FakeMachine`` in chunks
+(as a real step grows its activations), frees them, and raises an error worded exactly like
+PyTorch 2.x's ``torch.OutOfMemoryError`` when the machine's per-process cap (or a lower hidden
+limit playing fragmentation) is reached. ``run_source`` executes a cell's source the way the
+driver's ``run_source`` must: it returns the exception, or ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.inputtransformer2 import TransformerManager
+
+from tests.fakes import FakeAllocator, FakeMachine, FakeNvml, FakeOutOfMemoryError, GiB, MiB
+
+from jupyter_cudamem.hardware import Hardware
+
+
+def _size(value: float) -> str:
+    if value >= GiB:
+        return f"{value / GiB:.2f} GiB"
+    if value >= MiB:
+        return f"{value / MiB:.2f} MiB"
+    return f"{int(value)} bytes"
+
+
+def torch_oom_message(requested: int, total: int, free: int, process: int, allowed: int | None,
+                      allocated: int, reserved_unallocated: int, device: int = 0) -> str:
+    """The text of a ``torch.OutOfMemoryError`` as torch 2.11 words it (FACTS.md)."""
+    cap = f" {_size(allowed)} allowed;" if allowed is not None else ""
+    return (
+        f"CUDA out of memory. Tried to allocate {_size(requested)}. GPU {device} has a total capacity of "
+        f"{_size(total)} of which {_size(free)} is free. Including non-PyTorch memory, this process has "
+        f"{_size(process)} memory in use.{cap} Of the allocated memory {_size(allocated)} is allocated by "
+        f"PyTorch, and {_size(reserved_unallocated)} is reserved by PyTorch but unallocated. If reserved but "
+        "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+        "fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named like ``torch.OutOfMemoryError`` (a ``RuntimeError`` too), carrying its real text."""
+
+
+def fake_hardware(machine: FakeMachine) -> Hardware:
+    return Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True)
+
+
+def capped_machine(cap_bytes: int, held_bytes: int = 0) -> FakeMachine:
+    """An 80 GiB card capped at ``cap_bytes`` for this process, with ``held_bytes`` already allocated."""
+    machine = FakeMachine()
+    gpu = machine.gpus[0]
+    gpu.fraction = cap_bytes / gpu.total_bytes
+    gpu.has_context = True
+    if held_bytes:
+        machine.allocate(0, held_bytes)
+    return machine
+
+
+class SimulatedCell:
+    """Memory of a training step as ``peak(batch)`` bytes above the start."""
+
+    def __init__(self, machine: FakeMachine, peak: Callable[[int], float], chunks: int = 8,
+                 hidden_limit_bytes: int | None = None):
+        self.machine = machine
+        self.peak = peak
+        self.chunks = chunks
+        self.hidden_limit_bytes = hidden_limit_bytes  # usable less than the cap: fragmentation
+        self.calls: list[int] = []
+        self.transform = TransformerManager().transform_cell
+
+    def fits(self, batch: int) -> bool:
+        gpu = self.machine.gpus[0]
+        limit = gpu.fraction * gpu.total_bytes - gpu.allocated
+        if self.hidden_limit_bytes is not None:
+            limit = min(limit, self.hidden_limit_bytes)
+        return self.peak(batch) <= limit
+
+    def largest_fitting(self, upper: int) -> int:
+        return max((b for b in range(1, upper + 1) if self.fits(b)), default=0)
+
+    def _raise(self, requested: int) -> None:
+        gpu = self.machine.gpus[0]
+        allowed = int(gpu.fraction * gpu.total_bytes)
+        raise OutOfMemoryError(torch_oom_message(
+            requested, gpu.total_bytes, gpu.total_bytes - gpu.reserved - gpu.context_bytes,
+            gpu.reserved + gpu.context_bytes, allowed, gpu.allocated, gpu.reserved - gpu.allocated))
+
+    def train_step(self, batch: int) -> None:
+        self.calls.append(batch)
+        total = int(self.peak(batch))
+        chunk = max(total // self.chunks, 1)
+        held = 0
+        start = self.machine.gpus[0].allocated
+        try:
+            while held < total:
+                size = min(chunk, total - held)
+                if self.hidden_limit_bytes is not None and held + size > self.hidden_limit_bytes:
+                    self._raise(size)
+                try:
+                    self.machine.allocate(0, size)
+                except FakeOutOfMemoryError:
+                    self._raise(size)
+                held += size
+        finally:
+            self.machine.free(0, self.machine.gpus[0].allocated - start)
+
+    def run_source(self, namespace: dict[str, Any]) -> Callable[[str], BaseException | None]:
+        """A ``run_source`` for the driver: execute IPython input in ``namespace``."""
+        namespace.setdefault("train_step", self.train_step)
+
+        def run(source: str) -> BaseException | None:
+            try:
+                exec(compile(self.transform(source), "<cell>", "exec"), namespace)
+            except Exception as error:  # the cell's error is the result
+                return error
+            return None
+
+        return run

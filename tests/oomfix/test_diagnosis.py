@@ -1,0 +1,145 @@
+"""Verdicts from OOM figures and holders, and their text and HTML renderings."""
+
+from __future__ import annotations
+
+from jupyter_cudamem.oomfix.diagnosis import EXPANDABLE, diagnose
+from jupyter_cudamem.oomfix.holders import Holder, Holders
+from jupyter_cudamem.oomfix.parse import parse_oom
+from jupyter_cudamem.sources.base import AllocatorReading
+
+GiB, MiB = 1024**3, 1024**2
+
+
+def oom_text(
+    asked: str,
+    total: str = "79.18 GiB",
+    allocated: str = "1.00 GiB",
+    unallocated: str = "0 bytes",
+    allowed: str | None = None,
+) -> str:
+    cap = f"{allowed} allowed; " if allowed else ""
+    return (
+        f"CUDA out of memory. Tried to allocate {asked}. GPU 0 has a total capacity of {total} of which 1.00 GiB "
+        f"is free. Including non-PyTorch memory, this process has 2.00 GiB memory in use. {cap}Of the allocated "
+        f"memory {allocated} is allocated by PyTorch, and {unallocated} is reserved by PyTorch but unallocated."
+    )
+
+
+def holders(*items: Holder, namespace: int = 0, ipython_only: int = 0, cache_only: int = 0) -> Holders:
+    result = Holders(items)
+    result.namespace_bytes = namespace
+    result.ipython_only_bytes = ipython_only
+    result.cache_only_bytes = cache_only
+    return result
+
+
+def test_allocation_larger_than_the_card() -> None:
+    d = diagnose(parse_oom(oom_text("200.00 GiB")), [], None)
+    assert d.verdict == "too big for the card"
+    assert "200.00 GiB" in d.explanation and "the card" in d.explanation
+
+
+def test_allocation_larger_than_the_cap_suggests_raising_it() -> None:
+    d = diagnose(parse_oom(oom_text("8.00 GiB", allowed="4.00 GiB")), [], None)
+    assert d.verdict == "too big for the card"
+    assert "per-process cap" in d.explanation
+    assert any("set_per_process_memory_fraction" in s for s in d.suggestions)
+
+
+def test_fragmentation() -> None:
+    d = diagnose(
+        parse_oom(oom_text("2.00 GiB", total="40.00 GiB", allocated="30.00 GiB", unallocated="8.00 GiB")), [], None
+    )
+    assert d.verdict == "fragmentation"
+    assert any(EXPANDABLE in s for s in d.suggestions)
+
+
+def test_held_by_ipython_after_the_error() -> None:
+    out = Holder("Out[3] / _3 / _", "ipython", 3 * GiB, False, 3 * GiB, 1)
+    model = Holder("model", "module", 1 * GiB, True, 1 * GiB, 10, "parameters 1.00 GiB")
+    d = diagnose(
+        parse_oom(oom_text("2.00 GiB", total="8.00 GiB", allocated="5.00 GiB")),
+        holders(out, model, namespace=1 * GiB, ipython_only=3 * GiB, cache_only=3 * GiB),
+        {0: AllocatorReading(5 * GiB, 6 * GiB, 5 * GiB, 6 * GiB)},
+    )
+    assert d.verdict == "held by IPython after the error"
+    assert "3.00 GiB" in d.explanation and "Out[3]" in d.explanation
+    assert "traceback" not in d.explanation
+    assert ("allocated now", "5.00 GiB") in d.figures and ("reserved now", "6.00 GiB") in d.figures
+
+
+def test_the_failed_cells_own_frames_are_reported_but_do_not_make_the_verdict() -> None:
+    frame = Holder("frame of f() (from the failed cell's traceback)", "traceback", 4 * GiB, False, 4 * GiB, 1)
+    d = diagnose(
+        parse_oom(oom_text("2.00 GiB", total="8.00 GiB", allocated="5.00 GiB")),
+        holders(frame, ipython_only=4 * GiB, cache_only=0),
+        None,
+    )
+    assert d.verdict == "too big for the card"
+    assert "traceback still holds 4.00 GiB of its own tensors (frame of f())" in d.explanation
+
+
+def test_ipython_share_below_the_request_is_not_the_verdict() -> None:
+    out = Holder("Out[3]", "ipython", 100 * MiB, False, 100 * MiB, 1)
+    d = diagnose(
+        parse_oom(oom_text("2.00 GiB", total="8.00 GiB")),
+        holders(out, ipython_only=100 * MiB, cache_only=100 * MiB),
+        None,
+    )
+    assert d.verdict == "too big for the card"
+    assert "more GPU memory than was left" in d.explanation
+
+
+def test_held_by_namespace_suggests_deleting_the_largest() -> None:
+    old = Holder("old_model", "module", 5 * GiB, True, 5 * GiB, 100)
+    opt = Holder("opt (Adam state)", "optimizer", 2 * GiB, True, 2 * GiB, 200)
+    d = diagnose(
+        parse_oom(oom_text("1.00 GiB", total="10.00 GiB", allocated="8.00 GiB")),
+        holders(old, opt, namespace=7 * GiB),
+        None,
+    )
+    assert d.verdict == "held by namespace"
+    assert "%oomfix --del old_model if you no longer need it (frees up to 5.00 GiB)" in d.suggestions
+    assert any(s.startswith("%oomfix --del opt ") for s in d.suggestions)
+
+
+def test_plain_list_of_holders_uses_the_safe_estimate() -> None:
+    a = Holder("Out[4]", "ipython", 3 * GiB, False, 3 * GiB, 1)
+    b = Holder("last_execution_result.result", "ipython", 3 * GiB, False, 3 * GiB, 1)
+    c = Holder("sys.last_value", "traceback", 5 * GiB, False, 5 * GiB, 1)
+    d = diagnose(parse_oom(oom_text("1.00 GiB", total="8.00 GiB")), [a, b, c], None)
+    assert d.cache_only_bytes == 3 * GiB  # overlapping holders are not summed
+    assert d.ipython_only_bytes == 5 * GiB
+    assert d.verdict == "held by IPython after the error"
+
+
+def test_cublas_with_a_full_cache_says_cleanup_returns_it() -> None:
+    d = diagnose(
+        parse_oom("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"),
+        [],
+        {0: AllocatorReading(1 * GiB, 3 * GiB, 1 * GiB, 3 * GiB)},
+    )
+    assert d.verdict == "too big for the card"
+    assert "2.00 GiB unused" in d.explanation and "cuBLAS" in d.explanation
+
+
+def test_renderings_show_verdict_figures_holders_and_escape_html() -> None:
+    weird = Holder("x<script>", "tensor", 1 * GiB, True, 1 * GiB, 1, "(1024,), torch.float32")
+    d = diagnose(parse_oom(oom_text("200.00 GiB")), holders(weird, namespace=1 * GiB), None)
+    text = repr(d)
+    assert text.startswith("CUDA out of memory on GPU 0 (PyTorch's allocator): too big for the card")
+    assert "asked for" in text and "200.00 GiB" in text and "x<script>" in text
+    page = d._repr_html_()
+    assert "<b>too big for the card</b>" in page
+    assert "x&lt;script&gt;" in page and "<script>" not in page
+
+    class Printer:
+        def __init__(self) -> None:
+            self.out = ""
+
+        def text(self, value: str) -> None:
+            self.out += value
+
+    printer = Printer()
+    d._repr_pretty_(printer, False)
+    assert printer.out == text

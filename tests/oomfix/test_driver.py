@@ -1,0 +1,255 @@
+"""The rerun driver and strategies against a simulated cell on fake hardware (oomfix/driver.py, strategies.py)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from jupyter_cudamem.errors import CudaMemError
+from jupyter_cudamem.oomfix.driver import Driver, headroom_bytes
+from jupyter_cudamem.oomfix.strategies import (
+    accumulation_plan,
+    build_suggestions,
+    cell_traits,
+    parse_strategies,
+)
+from tests.fakes import GiB, MiB
+from tests.oomfix.simulated import SimulatedCell, capped_machine, fake_hardware
+
+CNN = lambda b: 7.05 * MiB * b + 30 * MiB  # noqa: E731  FACTS.md's CNN, one Adam step
+
+TRAINING_CELL = """batch_size = {batch}
+train_step(batch_size)
+model.train()
+last_batch = batch_size  # a side effect the rerun repeats
+"""
+
+
+class _Model:
+    def train(self):
+        return self
+
+
+def setup(peak=CNN, cap=6 * GiB, held=256 * MiB, hidden_limit=None, **driver_options):
+    machine = capped_machine(cap, held_bytes=held)
+    cell = SimulatedCell(machine, peak, hidden_limit_bytes=hidden_limit)
+    namespace = {"model": _Model()}
+    run = cell.run_source(namespace)
+    cleanups = []
+
+    def cleanup(error):
+        cleanups.append(error)
+        machine.empty_cache()
+
+    driver = Driver(run, fake_hardware(machine), cleanup, autocast_dtype=lambda: "bfloat16", **driver_options)
+    return machine, cell, namespace, run, driver, cleanups
+
+
+def fail_first(run, source):
+    error = run(source)
+    assert error is not None and "CUDA out of memory" in str(error)
+    return error
+
+
+def test_linear_cell_is_fixed_near_the_largest_batch_in_three_reruns():
+    machine, cell, namespace, run, driver, cleanups = setup()
+    true_max = cell.largest_fitting(20000)
+    source = TRAINING_CELL.format(batch=8 * true_max)
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.fitted and outcome.strategy == "batch"
+    assert outcome.reruns <= 3
+    assert 0.9 * true_max <= outcome.batch_after <= true_max
+    assert outcome.batch_before == 8 * true_max
+    # The fixed cell differs from the original in the batch only, and its run is what the namespace holds.
+    assert outcome.fixed_source == source.replace(str(8 * true_max), str(outcome.batch_after))
+    assert namespace["last_batch"] == outcome.batch_after
+    assert f"-batch_size = {8 * true_max}" in outcome.diff and f"+batch_size = {outcome.batch_after}" in outcome.diff
+    # Every try measured its peak above the start; the simulated cell saw exactly the tried batches.
+    assert cell.calls[1:] == [t.batch for t in outcome.tries]
+    for t in outcome.tries:
+        if t.fitted:
+            assert t.peak_bytes == pytest.approx(CNN(t.batch), rel=0.01)
+    assert len(cleanups) == outcome.reruns  # cleaned up after every try
+    assert machine.gpus[0].allocated == 256 * MiB  # nothing left allocated by the tries
+
+
+def test_cleanup_alone_when_the_failure_left_enough_behind():
+    machine, cell, namespace, run, driver, _ = setup(held=0)
+    source = TRAINING_CELL.format(batch=600)  # 600 fits an empty card
+    machine.allocate(0, 3 * GiB)  # what the failure's traceback held
+    error = fail_first(run, source)
+    machine.free(0, 3 * GiB)  # the cleanup the magic runs first
+    outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB)
+    assert outcome.strategy == "cleanup" and outcome.reruns == 1
+    assert outcome.fixed_source == source and outcome.diff == ""
+    assert "fits unchanged after cleanup" in outcome.headline()
+
+
+def test_plain_rerun_is_skipped_when_cleanup_freed_too_little():
+    _, cell, namespace, run, driver, _ = setup()
+    source = TRAINING_CELL.format(batch=4000)
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert all(t.strategy == "batch" for t in outcome.tries)
+    assert any("skipped a plain rerun" in note for note in outcome.notes)
+
+
+def test_fragmentation_is_corrected_within_three_reruns():
+    # The cap leaves 5.75 GiB, but only 5 GiB is usable in practice.
+    _, cell, namespace, run, driver, _ = setup(hidden_limit=5 * GiB)
+    true_max = cell.largest_fitting(20000)
+    source = TRAINING_CELL.format(batch=8 * true_max)
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.reruns <= 3 and outcome.fitted
+    assert 0.85 * true_max <= outcome.batch_after <= true_max
+
+
+def test_quadratic_cell_never_reports_a_batch_that_does_not_fit():
+    quadratic = lambda b: 0.05 * MiB * b * b + 10 * MiB  # noqa: E731
+    _, cell, namespace, run, driver, _ = setup(peak=quadratic, max_tries=6)
+    source = TRAINING_CELL.format(batch=3000)
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.reruns <= 6 and outcome.fitted
+    assert cell.fits(outcome.batch_after)
+    assert outcome.batch_after >= 0.5 * cell.largest_fitting(3000)
+    assert namespace["last_batch"] == outcome.batch_after  # a failed last try is followed by a rerun of the best
+
+
+def test_max_tries_is_never_exceeded():
+    _, cell, namespace, run, driver, _ = setup(peak=lambda b: 100 * GiB, max_tries=2)
+    source = TRAINING_CELL.format(batch=512)
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.reruns == 2 and not outcome.fitted and outcome.fixed_source is None
+    assert "nothing fitted after 2 reruns" in outcome.headline()
+    assert len(cell.calls) == 3
+
+
+def test_a_non_oom_error_in_a_rerun_stops_the_search():
+    _, cell, namespace, run, driver, _ = setup(max_tries=5)
+    source = "batch_size = 4096\ntrain_step(batch_size)\nassert batch_size == 4096, 'the model needs 4096'\n"
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.reruns == 1 and not outcome.fitted
+    assert outcome.tries[0].error.startswith("AssertionError: the model needs 4096")
+    assert any("failed with AssertionError" in note for note in outcome.notes)
+
+
+def test_a_failure_that_is_not_an_oom_is_refused():
+    _, _, namespace, _, driver, _ = setup()
+    with pytest.raises(CudaMemError, match="not a GPU out-of-memory error"):
+        driver.fix("x = 1\n", ValueError("bad shape"), namespace)
+
+
+class _FakeAutocastTorch:
+    """A ``torch`` whose autocast halves the simulated activations, as bfloat16 does."""
+
+    bfloat16 = "bfloat16"
+
+    def __init__(self):
+        self.active = False
+        self.entered = []
+
+    @contextlib.contextmanager
+    def autocast(self, device, dtype):
+        self.entered.append((device, dtype))
+        self.active = True
+        try:
+            yield
+        finally:
+            self.active = False
+
+
+def test_autocast_fixes_a_cell_with_no_batch():
+    fake_torch = _FakeAutocastTorch()
+    peak = lambda b: (3 * GiB if fake_torch.active else 7 * GiB)  # noqa: E731
+    _, cell, namespace, run, driver, _ = setup(peak=peak, held=0)
+    namespace.update(torch=fake_torch, weights=[2, 3], x=4)
+    source = "outputs = [w * x for w in weights]  # no batch here\ntrain_step(1)\n"
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.strategy == "autocast" and outcome.reruns == 1
+    assert fake_torch.entered == [("cuda", "bfloat16")]
+    assert outcome.fixed_source == (
+        'with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+        "    outputs = [w * x for w in weights]  # no batch here\n    train_step(1)\n"
+    )
+    assert any(note.startswith("no batch size in the cell") for note in outcome.notes)
+    assert any(s.title == "torch.no_grad() for inference" for s in outcome.suggestions)
+
+
+def test_strategy_selection_and_bad_options():
+    _, cell, namespace, run, _, _ = setup()
+    machine = cell.machine
+    driver = Driver(run, fake_hardware(machine), lambda e: None, strategies=("autocast",),
+                    autocast_dtype=lambda: "float16")
+    namespace["torch"] = _FakeAutocastTorch()
+    source = TRAINING_CELL.format(batch=4000)
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert [t.strategy for t in outcome.tries] == ["autocast"]
+    assert parse_strategies("batch, autocast") == ("batch", "autocast")
+    assert parse_strategies(None) == ("cleanup", "batch", "autocast")
+    with pytest.raises(ValueError, match="unknown strategy"):
+        parse_strategies("halve")
+    with pytest.raises(CudaMemError):
+        Driver(run, fake_hardware(machine), lambda e: None, max_tries=0)
+
+
+def test_headroom_is_the_cap_less_what_is_held():
+    machine = capped_machine(6 * GiB, held_bytes=1 * GiB)
+    hardware = fake_hardware(machine)
+    assert headroom_bytes(hardware, 0) == 5 * GiB
+    machine.gpus[0].other_process_bytes = 79 * GiB - 512 * MiB  # another process fills the card
+    assert headroom_bytes(hardware, 0) == 80 * GiB - (79 * GiB - 512 * MiB) - 512 * MiB - 1 * GiB
+
+
+def test_gradient_accumulation_keeps_the_effective_batch():
+    assert accumulation_plan(512, 200) == (171, 3)
+    assert accumulation_plan(512, 128) == (128, 4)
+    assert accumulation_plan(512, 256) == (256, 2)
+    traits = cell_traits("loss = model(x).sum()\nloss.backward()\noptimizer.step()\n")
+    suggestions = build_suggestions("", traits, 512, 128, "bfloat16", fragmented=False, autocast_fitted=False)
+    accumulation = next(s for s in suggestions if s.title == "gradient accumulation")
+    assert "accumulation_steps = 4" in accumulation.code and "batch_size=128" in accumulation.code
+    assert "4 steps of 128" in accumulation.why
+    hf = cell_traits("args = TrainingArguments('o', per_device_train_batch_size=64)\ntrainer.train()\n")
+    code = build_suggestions("", hf, 64, 24, None, False, False)[0].code
+    assert code == "TrainingArguments(..., per_device_train_batch_size=22, gradient_accumulation_steps=3)"
+
+
+def test_advice_fits_the_cell():
+    inference = cell_traits("y = model(x)\n")
+    titles = [s.title for s in build_suggestions("", inference, None, None, "bfloat16", True, False)]
+    assert titles == ["torch.no_grad() for inference", "expandable segments"]
+    already = cell_traits("with torch.no_grad():\n    y = model(x)\n")
+    assert build_suggestions("", already, None, None, None, False, False) == ()
+    training = cell_traits("loss.backward()\n")
+    titles = [s.title for s in build_suggestions("", training, None, None, "float16", False, True)]
+    assert titles == ["activation checkpointing", "GradScaler for float16 training"]
+
+
+def test_outcome_renders_as_text_and_html():
+    _, cell, namespace, run, driver, _ = setup()
+    source = TRAINING_CELL.format(batch=6000)
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    text = repr(outcome)
+    assert text.splitlines()[0] == outcome.headline()
+    assert "smaller batch" in text and "probe" in text and "+batch_size = " in text
+    html = outcome._repr_html_()
+    assert html.count("<tr>") == outcome.reruns + 1
+    assert "background:#e6ffed" in html and "gradient accumulation" in html
+
+
+def test_plain_rerun_is_judged_by_what_the_cell_itself_needed():
+    # The traceback held the cell's own partial work: freeing it does not make a plain rerun fit.
+    machine, cell, namespace, run, driver, _ = setup(held=256 * MiB)
+    source = TRAINING_CELL.format(batch=4000)
+    error = fail_first(run, source)
+    outcome = driver.fix(source, error, namespace, freed_bytes=5 * GiB, allocated_before=256 * MiB)
+    assert outcome.tries[0].strategy == "batch"
+    assert any(note.startswith("skipped a plain rerun: the cell needs at least") for note in outcome.notes)
+    # Memory held from before the cell (an older output, say) was freed: now a plain rerun can fit.
+    _, cell, namespace, run, driver, _ = setup(held=256 * MiB)
+    cell.machine.allocate(0, 3 * GiB)
+    source = TRAINING_CELL.format(batch=600)
+    error = fail_first(run, source)
+    cell.machine.free(0, 3 * GiB)
+    outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB, allocated_before=256 * MiB + 3 * GiB)
+    assert [t.strategy for t in outcome.tries] == ["cleanup"] and outcome.fitted

@@ -1,0 +1,230 @@
+"""Finding the failed cell and releasing what IPython keeps, in a real InteractiveShell with fake tensors."""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from jupyter_cudamem.oomfix.holders import find_holders, reaches_cuda
+from jupyter_cudamem.oomfix.ipython_state import (
+    FailureRecorder,
+    failed_execution,
+    ipython_references,
+    last_failure,
+    recorder_for,
+    release_ipython_references,
+    user_variables,
+)
+from tests.fakes import GiB, MiB, fake_probe
+
+OOM = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.18 GiB of which 1.00 GiB "
+    "is free. Including non-PyTorch memory, this process has 78.00 GiB memory in use. Of the allocated memory "
+    "77.00 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but unallocated."
+)
+
+SETUP = f"""
+import weakref
+from tests.fakes import FakeTensor, GiB, MiB
+OOM = {OOM!r}
+alive = {{}}
+model = FakeTensor(256 * MiB)
+def f(n):
+    big = FakeTensor(n * GiB)
+    alive['big'] = weakref.ref(big)
+    step(big)
+def step(x):
+    activations = FakeTensor(512 * MiB)
+    alive['activations'] = weakref.ref(activations)
+    raise RuntimeError(OOM)
+"""
+
+
+def fake_holds_cuda(obj: object) -> bool:
+    return reaches_cuda(obj, fake_probe())
+
+
+@pytest.fixture
+def shell():
+    shell = InteractiveShell.instance()
+    shell.reset(new_session=False)
+    for name in ("last_exc", "last_value", "last_traceback", "last_type"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    shell.InteractiveTB.tb = None  # left over from other tests' failures
+    yield shell
+    recorder = recorder_for(shell)
+    if recorder is not None:
+        recorder.detach(shell)
+    shell.reset(new_session=False)
+
+
+def run(shell, code: str):
+    return shell.run_cell(code, store_history=True)
+
+
+def alive(shell, name: str) -> bool:
+    gc.collect()
+    return shell.user_ns["alive"][name]() is not None
+
+
+def test_failed_cell_keeps_locals_alive_until_released(shell) -> None:
+    assert run(shell, SETUP).success
+    failed = run(shell, "f(4)")
+    assert failed.error_in_exec is not None
+    del failed
+    assert alive(shell, "big") and alive(shell, "activations")
+
+    refs = ipython_references(shell)
+    assert "frame of f() (from the failed cell's traceback)" in refs
+    assert "frame of step() (from the failed cell's traceback)" in refs
+    assert "sys.last_value" in refs and "InteractiveTB.tb" in refs
+    holders = {h.name: h for h in find_holders(user_variables(shell), refs, probe=fake_probe())}
+    assert holders["frame of f() (from the failed cell's traceback)"].cuda_bytes == 4 * GiB  # its own locals
+    assert holders["frame of step() (from the failed cell's traceback)"].cuda_bytes == 4 * GiB + 512 * MiB
+    assert holders["model"].user_variable and holders["model"].cuda_bytes == 256 * MiB
+    exc_holder = next(h for name, h in holders.items() if "sys.last_value" in name)
+    assert exc_holder.kind == "traceback" and exc_holder.exclusive_bytes == 4 * GiB + 512 * MiB
+    del refs, holders, exc_holder
+
+    released = release_ipython_references(shell, holds_cuda=fake_holds_cuda)
+    assert any("f()" in line and "step()" in line for line in released)
+    assert any(line.startswith("sys.last_") for line in released)
+    assert not alive(shell, "big") and not alive(shell, "activations")
+    assert shell.user_ns["model"].untyped_storage().nbytes() == 256 * MiB  # user variables untouched
+    assert not hasattr(sys, "last_value")
+    assert find_holders(user_variables(shell), ipython_references(shell), probe=fake_probe())[0].name == "model"
+
+
+def test_release_from_inside_the_next_cell(shell) -> None:
+    # What %oomfix does: it runs in the cell after the failure, while that cell's own frames execute.
+    recorder = FailureRecorder()
+    recorder.attach(shell)
+    run(shell, SETUP)
+    run(shell, "f(2)")
+    assert alive(shell, "big")
+    result = run(
+        shell,
+        "from jupyter_cudamem.oomfix.ipython_state import release_ipython_references, failed_execution\n"
+        "from tests.oomfix.test_ipython_state import fake_holds_cuda\n"
+        "exc, source = failed_execution(get_ipython())\n"
+        "found = (type(exc).__name__, source)\n"
+        "del exc\n"
+        "released = release_ipython_references(get_ipython(), holds_cuda=fake_holds_cuda)\n",
+    )
+    assert result.success, result.error_in_exec
+    assert shell.user_ns["found"] == ("RuntimeError", "f(2)")
+    assert not alive(shell, "big") and not alive(shell, "activations")
+    # The recorder kept the text, not the exception: the OOM can still be read.
+    failure = last_failure(shell)
+    assert failure is not None and failure.exception is None
+    assert failure.raw_cell == "f(2)" and failure.oom() is not None
+    assert failure.oom().requested_bytes == 2 * GiB
+
+
+def test_output_cache_entries_holding_cuda_are_released_others_kept(shell) -> None:
+    run(shell, SETUP)
+    run(shell, "t = FakeTensor(1 * GiB); alive['out'] = weakref.ref(t); t")
+    out_number = shell.execution_count - 1
+    run(shell, "del t")
+    run(shell, "41 + 1")
+    assert alive(shell, "out")
+    assert shell.user_ns["Out"][out_number] is not None
+    refs = ipython_references(shell)
+    assert f"Out[{out_number}]" in refs and f"_{out_number}" in refs
+    holders = find_holders(user_variables(shell), refs, probe=fake_probe())
+    assert holders[0].name.startswith(f"Out[{out_number}] / _{out_number}")
+    assert holders[0].cuda_bytes == 1 * GiB and holders[0].kind == "ipython"
+    del refs, holders
+
+    released = release_ipython_references(shell, holds_cuda=fake_holds_cuda)
+    assert f"Out[{out_number}] (also _{out_number})" in released
+    assert not alive(shell, "out")
+    assert f"_{out_number}" not in shell.user_ns
+    assert shell.user_ns["Out"][out_number + 2] == 42  # outputs without CUDA memory stay
+    assert shell.user_ns["_"] == 42
+
+
+def test_recorder_keeps_the_last_failure_across_successful_cells_and_ignores_usage_errors(shell) -> None:
+    recorder = FailureRecorder()
+    recorder.attach(shell)
+    run(shell, SETUP)
+    run(shell, "f(1)")
+    run(shell, "x = 1")
+    run(shell, "%this_magic_does_not_exist")
+    exc, source = failed_execution(shell)
+    assert source == "f(1)" and isinstance(exc, RuntimeError)
+    assert recorder.last is not None and recorder.last.execution_count == shell.execution_count - 3
+    run(shell, "1 / 0")
+    exc, source = failed_execution(shell)
+    assert source == "1 / 0" and isinstance(exc, ZeroDivisionError)  # found where IPython keeps it
+    assert recorder.last.exception is None  # only an OOM's exception is held by the recorder
+    assert last_failure(shell).oom() is None
+    recorder.forget()
+    recorder.detach(shell)
+    assert recorder_for(shell) is None
+    run(shell, "f(1)")
+    assert recorder.last is None  # detached: no longer called
+    recorder.detach(shell)  # twice is harmless
+
+
+def test_recorder_survives_odd_results() -> None:
+    recorder = FailureRecorder()
+    recorder.post_run_cell(None)
+    recorder.post_run_cell(object())
+    assert recorder.last is None
+
+
+def test_without_recorder_uses_last_execution_result(shell) -> None:
+    run(shell, SETUP)
+    run(shell, "f(1)")
+    result = run(
+        shell,
+        "from jupyter_cudamem.oomfix.ipython_state import failed_execution\n"
+        "exc, source = failed_execution(get_ipython())\n"
+        "found = (type(exc).__name__, source)\n"
+        "del exc\n",
+    )
+    assert result.success
+    assert shell.user_ns["found"] == ("RuntimeError", "f(1)")
+
+
+def test_without_recorder_a_later_successful_cell_falls_back_to_sys_last_and_history(shell) -> None:
+    run(shell, SETUP)
+    run(shell, "y = 2\nf(1)")
+    failed_count = shell.execution_count - 1
+    run(shell, "x = 1")
+    failure = last_failure(shell)
+    assert failure is not None
+    assert failure.raw_cell == "y = 2\nf(1)" and failure.execution_count == failed_count
+    assert failure.oom() is not None
+
+
+def test_nothing_failed(shell) -> None:
+    run(shell, "x = 1")
+    assert failed_execution(shell) == (None, None)
+    assert last_failure(shell) is None
+    assert release_ipython_references(shell, holds_cuda=fake_holds_cuda) == []
+
+
+def test_chained_exception_frames_are_cleared(shell) -> None:
+    run(shell, SETUP)
+    run(
+        shell,
+        "def wrapper():\n"
+        "    try:\n"
+        "        f(1)\n"
+        "    except RuntimeError as e:\n"
+        "        raise ValueError('library gave up') from e\n"
+        "wrapper()",
+    )
+    assert alive(shell, "big")
+    exc, _ = failed_execution(shell)
+    assert isinstance(exc, ValueError)
+    released = release_ipython_references(shell, exc, holds_cuda=fake_holds_cuda)
+    del exc
+    assert "1 chained exception (__cause__/__context__)" in released
+    assert not alive(shell, "big")

@@ -1,0 +1,233 @@
+"""``%oomfix`` and ``%%oomfix`` in a real InteractiveShell, with a simulated cell whose OOM carries a
+real torch message, on fake hardware (jupyter_cudamem/magics/oomfix.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import jupyter_cudamem.magics as magics
+from jupyter_cudamem.magics.oomfix import OomFix
+from jupyter_cudamem.oomfix.ipython_state import recorder_for
+from tests.fakes import FakeAllocator, FakeNvml, FakeTensor, GiB, MiB, fake_probe
+from tests.oomfix.simulated import SimulatedCell, capped_machine, fake_hardware
+from jupyter_cudamem.hardware import Hardware
+
+CNN = lambda b: 7.05 * MiB * b + 30 * MiB  # noqa: E731
+
+FAILING_CELL = """batch_size = 6000
+train_step(batch_size)
+finished_with = batch_size
+"""
+
+
+@pytest.fixture
+def env():
+    shell = InteractiveShell.instance()
+    shell.reset(new_session=False)
+    for name in ("last_exc", "last_value", "last_traceback", "last_type"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    shell.InteractiveTB.tb = None
+    shell.rl_next_input = None
+    machine = capped_machine(6 * GiB, held_bytes=128 * MiB)
+    cell = SimulatedCell(machine, CNN)
+    extension = magics.load(shell, fake_hardware(machine))
+    magic = extension.get(OomFix)
+    magic.probe = fake_probe()
+    shell.user_ns.update(train_step=cell.train_step, keep_me=42, machine=machine, FakeTensor=FakeTensor, MiB=MiB, GiB=GiB)
+    yield shell, machine, cell, magic
+    magics.unload(shell)
+
+
+def run(shell, source):
+    return shell.run_cell(source, store_history=True)
+
+
+def usage_error(shell, line):
+    """Run a magic line as a cell; return the one-line error it gave."""
+    result = shell.run_cell(line, store_history=True)
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    message = str(result.error_in_exec)
+    assert "\n" not in message
+    return message
+
+
+def test_oomfix_fixes_the_last_failed_cell(env, capsys):
+    shell, machine, cell, magic = env
+    failed = run(shell, FAILING_CELL)
+    assert type(failed.error_in_exec).__name__ == "OutOfMemoryError"
+    capsys.readouterr()
+    outcome = shell.run_line_magic("oomfix", "--yes -o")
+    true_max = cell.largest_fitting(6000)
+    assert outcome.fitted and outcome.strategy == "batch" and outcome.reruns <= 3
+    assert 0.9 * true_max <= outcome.batch_after <= true_max
+    assert shell.user_ns["finished_with"] == outcome.batch_after  # the rerun really ran in the namespace
+    assert shell.user_ns["keep_me"] == 42
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err  # the tries' OOMs are results, not tracebacks
+    assert "%oomfix: fits with batch" in out.out and "--apply" in out.out
+    assert shell.rl_next_input is None  # nothing put in the next input without --apply
+    assert machine.gpus[0].allocated == 128 * MiB
+    assert recorder_for(shell).last is None  # fixed: %oomfix again would have nothing to do
+
+
+def test_apply_puts_the_fixed_cell_in_the_next_input(env, capsys):
+    shell, _, _, _ = env
+    run(shell, FAILING_CELL)
+    outcome = shell.run_line_magic("oomfix", "--yes --apply -o")
+    assert shell.rl_next_input == outcome.fixed_source
+    assert outcome.fixed_source.startswith(f"batch_size = {outcome.batch_after}\n")
+    assert "in the next input" in capsys.readouterr().out
+
+
+def test_cleanup_frees_the_output_cache_and_a_plain_rerun_fits(env):
+    shell, machine, cell, _ = env
+    run(shell, "FakeTensor(3 * GiB, machine=machine)\n")  # displayed, so IPython's Out keeps it
+    failed = run(shell, "train_step(600)\nfinished_with = 600\n")  # 4.2 GiB more does not fit beside it
+    assert failed.error_in_exec is not None
+    assert machine.gpus[0].allocated == 128 * MiB + 3 * GiB
+    outcome = shell.run_line_magic("oomfix", "--yes -o")
+    assert outcome.freed_bytes == 3 * GiB
+    assert outcome.strategy == "cleanup" and outcome.reruns == 1 and not outcome.changed
+    assert shell.user_ns["finished_with"] == 600 and machine.gpus[0].allocated == 128 * MiB
+
+
+def test_cleanup_frees_what_the_failed_traceback_held(env):
+    shell, machine, cell, _ = env
+    run(shell, "def step(n):\n    big = FakeTensor(3 * GiB, machine=machine)\n    train_step(n)\n")
+    run(shell, "step(6000)\n")
+    assert machine.gpus[0].allocated == 128 * MiB + 3 * GiB  # the traceback keeps `big` alive
+    outcome = shell.run_line_magic("oomfix", "--yes --strategy batch --max-tries 1 -o")
+    assert outcome.freed_bytes == 3 * GiB
+    assert machine.gpus[0].allocated == 128 * MiB  # and every try's frames were released too
+
+
+def test_not_an_oom_is_one_line_and_does_nothing(env):
+    shell, machine, cell, _ = env
+    run(shell, "x = 1\nraise ValueError('shapes do not match')\n")
+    message = usage_error(shell, "%oomfix --yes")
+    assert message == "the last failure was ValueError, not a GPU out-of-memory error; %oomfix did nothing"
+    assert cell.calls == [] and shell.user_ns["x"] == 1
+
+
+def test_no_failure_at_all(env):
+    shell, _, _, _ = env
+    assert "no failed cell to fix" in usage_error(shell, "%oomfix")
+
+
+def test_without_yes_and_without_stdin_it_asks_for_yes_and_changes_nothing(env, monkeypatch):
+    shell, machine, cell, _ = env
+    run(shell, "def step(n):\n    big = FakeTensor(3 * GiB, machine=machine)\n    train_step(n)\n")
+    run(shell, "step(6000)\n")
+    calls = list(cell.calls)
+
+    def no_stdin(prompt=""):
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", no_stdin)
+    message = usage_error(shell, "%oomfix")
+    assert "add --yes" in message
+    assert cell.calls == calls  # nothing rerun
+    assert machine.gpus[0].allocated == 128 * MiB + 3 * GiB  # nothing freed either
+
+
+def test_the_question_is_asked_and_no_means_no(env, monkeypatch, capsys):
+    shell, _, cell, _ = env
+    run(shell, FAILING_CELL)
+    monkeypatch.setattr("builtins.input", lambda prompt="": "n")
+    assert shell.run_line_magic("oomfix", "-o") is None
+    out = capsys.readouterr().out
+    assert "repeats" not in out or "happens again" in out
+    assert "happens again" in out and "Nothing rerun" in out
+    assert cell.calls == [6000]
+    monkeypatch.setattr("builtins.input", lambda prompt="": "y")
+    assert shell.run_line_magic("oomfix", "-o").fitted
+
+
+def test_dry_run_diagnoses_and_runs_nothing(env, capsys):
+    shell, machine, cell, _ = env
+    run(shell, "held = FakeTensor(1 * GiB, machine=machine)\n")
+    run(shell, FAILING_CELL)
+    outcome = shell.run_line_magic("oomfix", "--dry-run -o")
+    assert outcome.dry_run and outcome.tries == () and outcome.diagnosis is not None
+    assert "batch_size = 6000 (line 1)" in outcome.batch_summary
+    assert cell.calls == [6000]
+    assert "held" in shell.user_ns and machine.gpus[0].allocated == 128 * MiB + 1 * GiB
+    assert "diagnosis only" in capsys.readouterr().out
+
+
+def test_del_deletes_only_what_is_named(env):
+    shell, machine, _, _ = env
+    run(shell, "held = FakeTensor(1 * GiB, machine=machine)\nother = FakeTensor(256 * MiB, machine=machine)\n")
+    run(shell, FAILING_CELL)
+    assert "--del nope: no such variable" in usage_error(shell, "%oomfix --yes --del nope")
+    assert "held" in shell.user_ns
+    outcome = shell.run_line_magic("oomfix", "--yes --del held -o")
+    assert "held" not in shell.user_ns and "other" in shell.user_ns
+    assert outcome.freed_bytes == 1 * GiB
+
+
+def test_cell_magic_runs_a_fitting_cell_once_and_fixes_a_failing_one(env, capsys):
+    shell, _, cell, _ = env
+    shell.run_cell_magic("oomfix", "--yes", "batch_size = 100\ntrain_step(batch_size)\nran = batch_size\n")
+    assert cell.calls == [100] and shell.user_ns["ran"] == 100
+    assert capsys.readouterr().out == ""
+    outcome = shell.run_cell_magic("oomfix", "--yes -o", FAILING_CELL)
+    assert outcome.fitted and shell.user_ns["finished_with"] == outcome.batch_after
+    assert "ran out of GPU memory" in capsys.readouterr().out
+
+
+def test_cell_magic_leaves_other_errors_to_ipython(env):
+    shell, _, cell, _ = env
+    result = run(shell, "%%oomfix --yes\nraise KeyError('not memory')\n")
+    assert result.error_in_exec is None  # the magic returned; the cell's own error was shown by IPython
+    assert cell.calls == []
+
+
+def test_options_and_config(env):
+    shell, _, cell, magic = env
+    run(shell, FAILING_CELL)
+    assert "unknown strategy 'halve'" in usage_error(shell, "%oomfix --yes --strategy halve")
+    assert "nothing" in usage_error(shell, "%oomfix --yes --strategy autocast --no-autocast")
+    shell.run_line_magic("config", "OomFix.max_tries = 1")
+    assert magic.max_tries == 1
+    outcome = shell.run_line_magic("oomfix", "--yes -o")
+    assert outcome.reruns == 1
+    assert len(cell.calls) == 2
+
+
+def test_help_documents_the_options(env):
+    shell, _, _, magic = env
+    doc = magic.oomfix.__doc__
+    for option in ("--dry-run", "--max-tries", "--del", "--apply", "--yes", "--no-autocast", "--strategy"):
+        assert option in doc
+
+
+def test_no_gpu_is_one_line():
+    shell = InteractiveShell.instance()
+    machine = capped_machine(6 * GiB)
+    hardware = Hardware(allocator=FakeAllocator(machine, status="PyTorch sees no CUDA device"),
+                        nvml=FakeNvml(machine, failure="NVML: driver not loaded"), pid=machine.pid,
+                        pid_exists=lambda p: True)
+    magics.load(shell, hardware)
+    try:
+        message = usage_error(shell, "%oomfix")
+        assert message == "%oomfix needs a CUDA device: PyTorch sees no CUDA device"
+    finally:
+        magics.unload(shell)
+
+
+def test_unload_detaches_the_failure_recorder():
+    shell = InteractiveShell.instance()
+    machine = capped_machine(6 * GiB)
+    magics.load(shell, fake_hardware(machine))
+    recorder = recorder_for(shell)
+    assert recorder is not None and recorder.post_run_cell in shell.events.callbacks["post_run_cell"]
+    magics.unload(shell)
+    assert recorder_for(shell) is None
+    assert recorder.post_run_cell not in shell.events.callbacks["post_run_cell"]
+    assert "oomfix" not in shell.magics_manager.magics["line"]
