@@ -86,6 +86,8 @@ class CudaMem(CudaMemMagicsBase):
         self._auto_baseline: Any = None
         self._inside_magic = False
         self._parsed_options: dict[str, Any] = {}
+        self._threshold_text: str | None = None
+        self._threshold_value = 0
 
     # -- shared pieces ---------------------------------------------------------------------
     def _meter(self, devices: list[int] | None = None, reset_peak: bool | None = None) -> Meter:
@@ -283,7 +285,10 @@ class CudaMem(CudaMemMagicsBase):
         threshold = self.auto_threshold
         if isinstance(threshold, int):
             return max(threshold, 0)
-        return parse_size(threshold) if threshold.strip() not in ("", "0") else 0
+        if threshold != self._threshold_text:  # parsed once per setting, not once per cell
+            self._threshold_value = parse_size(threshold) if threshold.strip() not in ("", "0") else 0
+            self._threshold_text = threshold
+        return self._threshold_value
 
     def _pre_run_cell(self, info: Any = None) -> None:
         raw = getattr(info, "raw_cell", "") or ""
@@ -291,7 +296,8 @@ class CudaMem(CudaMemMagicsBase):
             self._auto_baseline = None
             return
         try:
-            self._auto_baseline = (self._meter().start(), raw)
+            meter = self._meter()
+            self._auto_baseline = (meter, meter.start(), raw)
         except Exception as error:  # never break the user's cell because a reading failed
             self._auto_baseline = None
             self.note(f"every-cell measurement skipped: {error}")
@@ -300,21 +306,33 @@ class CudaMem(CudaMemMagicsBase):
         pending, self._auto_baseline = self._auto_baseline, None
         if pending is None or self._inside_magic:
             return
-        baseline, raw = pending
+        meter, baseline, raw = pending
         try:
             failure = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
-            measurement = self._meter().stop(baseline, error=None if failure is None else type(failure).__name__)
+            measurement = meter.stop(baseline, error=None if failure is None else type(failure).__name__)
             count = getattr(result, "execution_count", None)
             self.history.add(CellRecord(count, source_head(raw), measurement))
-            threshold = self._threshold_bytes()
-            moved = max(
-                [abs(v or 0) for d in measurement.devices for v in (d.peak_above_start_bytes, d.allocated_delta_bytes, d.reserved_delta_bytes, d.nvml_used_delta_bytes)]
-                or [0]
-            )
-            if measurement.devices and moved >= threshold or measurement.error == "OutOfMemoryError":
+            if self._worth_a_line(measurement):
                 print(one_line(measurement, f"[{count}]" if count is not None else ""))
         except Exception as error:
             self.note(f"every-cell measurement failed: {error}")
+
+    def _worth_a_line(self, measurement: Any) -> bool:
+        if measurement.error == "OutOfMemoryError":
+            return True
+        if not measurement.devices:
+            return False
+        threshold = self._threshold_bytes()
+        for device in measurement.devices:
+            for value in (
+                device.peak_above_start_bytes,
+                device.allocated_delta_bytes,
+                device.reserved_delta_bytes,
+                device.nvml_used_delta_bytes,
+            ):
+                if value is not None and abs(value) >= threshold:
+                    return True
+        return False
 
     # -- %cudamem_history ------------------------------------------------------------------
     @magic_arguments()

@@ -83,7 +83,11 @@ class TorchAllocator:
         )
 
     def synchronize(self, index: int) -> None:
-        _torch().cuda.synchronize(index)
+        cuda = _torch().cuda
+        if index == cuda.current_device():
+            cuda.synchronize()  # no device switch: the common single-GPU case stays cheap
+        else:
+            cuda.synchronize(index)
 
     def read(self, index: int) -> AllocatorReading:
         stats = _torch().cuda.memory_stats_as_nested_dict(index)

@@ -44,6 +44,9 @@ def test_poller_reads_real_nvml_and_sees_a_1_gib_allocation():
 
     torch.ones(1, device="cuda")
     torch.cuda.synchronize()
+    # Earlier tests in this process leave blocks in PyTorch's cache; a new 1 GiB tensor could reuse
+    # them and never reach the driver. Return them so the allocation below is a real cudaMalloc.
+    torch.cuda.empty_cache()
     hardware = default_hardware()
     assert hardware.nvml is shared_session()  # the monitor uses the process-wide session
     poller = Poller(hardware, interval_s=0.05, devices=[torch.cuda.current_device()])
