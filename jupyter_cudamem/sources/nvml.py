@@ -53,6 +53,7 @@ class NvmlSession:
         self._pynvml: Any = None
         self._handles: dict[int, Any] = {}
         self._devices: list[GpuIdentity] | None = None
+        self._memory_v2: bool | None = None  # unknown until the first call
 
     # -- lifecycle -------------------------------------------------------------------------
     def _initialise_locked(self) -> None:
@@ -74,26 +75,40 @@ class NvmlSession:
             return
         self._ready = True
 
-    @contextmanager
-    def _call(self) -> Iterator[Any]:
+    def _enter(self) -> Any:
+        """Count a call in flight (``close`` waits for it) and return the pynvml module."""
         with self._condition:
             self._initialise_locked()
             if not self._ready:
                 raise CudaMemError(self._failure or "NVML is not available")
             self._in_flight += 1
+            return self._pynvml
+
+    def _exit(self) -> None:
+        with self._condition:
+            self._in_flight -= 1
+            self._condition.notify_all()
+
+    def _translate(self, error: Exception) -> Exception:
+        nvml_error = getattr(self._pynvml, "NVMLError", None)
+        if nvml_error is not None and isinstance(error, nvml_error):
+            return CudaMemError(_reason(error, self._pynvml))
+        return error
+
+    @contextmanager
+    def _call(self) -> Iterator[Any]:
+        pynvml = self._enter()
         try:
-            yield self._pynvml
+            yield pynvml
         except CudaMemError:
             raise
         except Exception as error:
-            nvml_error = getattr(self._pynvml, "NVMLError", None)
-            if nvml_error is not None and isinstance(error, nvml_error):
-                raise CudaMemError(_reason(error, self._pynvml)) from error
-            raise
+            translated = self._translate(error)
+            if translated is error:
+                raise
+            raise translated from error
         finally:
-            with self._condition:
-                self._in_flight -= 1
-                self._condition.notify_all()
+            self._exit()
 
     def close(self) -> None:
         with self._condition:
@@ -107,9 +122,12 @@ class NvmlSession:
             self._failure = None
             self._handles.clear()
             self._devices = None
+            self._memory_v2 = None
 
     # -- queries ---------------------------------------------------------------------------
     def status(self) -> str | None:
+        if self._ready:  # the common case, read without the lock: a stale True only delays an error
+            return None
         with self._condition:
             self._initialise_locked()
             return None if self._ready else self._failure
@@ -141,17 +159,35 @@ class NvmlSession:
         return list(found)
 
     def memory(self, nvml_index: int) -> NvmlMemory:
-        with self._call() as pynvml:
+        # Called on every measured cell and every monitor tick: written without a context manager,
+        # which costs as much as the NVML call itself.
+        pynvml = self._enter()
+        try:
             handle = self._handle(pynvml, nvml_index)
             # v2 separates the driver's own reservation from "used"; older drivers only know v1.
-            version = getattr(pynvml, "nvmlMemory_v2", None)
-            try:
-                info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=version) if version else None
-            except (pynvml.NVMLError, TypeError):
-                info = None
+            info = None
+            if self._memory_v2 is not False:
+                try:
+                    info = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+                    self._memory_v2 = True
+                except (AttributeError, TypeError):
+                    self._memory_v2 = False  # this nvidia-ml-py predates v2
+                except pynvml.NVMLError:
+                    if self._memory_v2:
+                        raise  # v2 worked before: a real error, not a reason to mix v1 and v2 figures
+                    self._memory_v2 = False  # this driver does not know v2
             if info is None:
                 info = pynvml.nvmlDeviceGetMemoryInfo(handle)
             return NvmlMemory(int(info.used), int(info.free), int(info.total))
+        except CudaMemError:
+            raise
+        except Exception as error:
+            translated = self._translate(error)
+            if translated is error:
+                raise
+            raise translated from error
+        finally:
+            self._exit()
 
     def processes(self, nvml_index: int) -> list[ProcessMemory] | None:
         with self._call() as pynvml:
