@@ -70,12 +70,10 @@ def missing_tools() -> str | None:
     missing = []
     if find_chromium() is None:
         missing.append("chromium (Debian: apt-get install chromium; or set CHROMIUM=/path/to/chromium)")
-    for module, package in (("playwright", "playwright"), ("jupyterlab", "jupyterlab"), ("ipywidgets", "ipywidgets")):
-        if importlib.util.find_spec(module) is None:
-            missing.append(f"{package} (pip install -e '.[browser]')")
-    if not missing:
-        return None
-    return "browser test needs " + ", ".join(missing) + "; `make test-browser` installs the Python ones"
+    modules = [name for name in ("playwright", "jupyterlab", "ipywidgets") if importlib.util.find_spec(name) is None]
+    if modules:
+        missing.append(" and ".join(modules) + " (`make test-browser` installs them: pip install -e '.[browser]')")
+    return "browser test needs " + "; ".join(missing) if missing else None
 
 
 def _free_port() -> int:
@@ -199,8 +197,13 @@ class JupyterLab:
             body = response.read()
         return json.loads(body) if body else None
 
-    def url(self, notebook: str) -> str:
-        return f"{self.base_url}/lab/tree/{notebook}?token={self.token}"
+    def url(self, notebook: str, reset: bool = False) -> str:
+        return f"{self.base_url}/lab/tree/{notebook}?{'reset&' if reset else ''}token={self.token}"
+
+    def stop_kernels(self) -> None:
+        """Shut down every kernel session (what closing a notebook and its kernel does)."""
+        for session in self.api("GET", "/api/sessions"):
+            self.api("DELETE", f"/api/sessions/{session['id']}")
 
     def log_tail(self, lines: int = 40) -> str:
         if self._log is not None:
@@ -242,31 +245,42 @@ def chromium_browser() -> Iterator[Any]:
 
 
 # -- driving a notebook in JupyterLab ----------------------------------------------------------
-_KERNEL_IDLE = """() => {
-  const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+# Each snippet finds the notebook by its path, never "the current widget", which may be another tab.
+_FIND_PANEL = """const panel = Array.from(window.jupyterapp ? window.jupyterapp.shell.widgets('main') : [])
+  .find(widget => widget.context && widget.context.path === path && widget.content && widget.sessionContext);"""
+
+_KERNEL_IDLE = f"""path => {{
+  {_FIND_PANEL}
   const context = panel && panel.sessionContext;
   const kernel = context && context.session && context.session.kernel;
   return Boolean(context && context.isReady && kernel && kernel.status === 'idle');
-}"""
+}}"""
 
-_ALL_EXECUTED = """() => {
-  const panel = window.jupyterapp.shell.currentWidget;
+_RUN_ALL = f"""path => {{
+  {_FIND_PANEL}
+  window.jupyterapp.shell.activateById(panel.id);
+  window.jupyterapp.commands.execute('notebook:run-all-cells');
+}}"""
+
+_ALL_EXECUTED = f"""path => {{
+  {_FIND_PANEL}
   const kernel = panel.sessionContext.session && panel.sessionContext.session.kernel;
   const cells = panel.content.widgets.filter(cell => cell.model.type === 'code');
-  return cells.every(cell => cell.model.executionCount !== null) && kernel && kernel.status === 'idle';
-}"""
+  return cells.every(cell => cell.model.executionCount !== null) && Boolean(kernel) && kernel.status === 'idle';
+}}"""
 
 
 def open_notebook(page: Any, lab: JupyterLab, name: str, timeout_s: float = 90) -> None:
-    """Open ``name`` in JupyterLab and wait until its kernel is started and idle."""
-    page.goto(lab.url(name), timeout=timeout_s * 1000)
-    page.wait_for_function(_KERNEL_IDLE, timeout=timeout_s * 1000, polling=200)
+    """Open ``name`` alone in JupyterLab and wait until its kernel is started and idle."""
+    # ?reset: start from an empty workspace, not with the tabs an earlier test left open.
+    page.goto(lab.url(name, reset=True), timeout=timeout_s * 1000)
+    page.wait_for_function(_KERNEL_IDLE, arg=name, timeout=timeout_s * 1000, polling=200)
 
 
-def run_all_cells(page: Any, timeout_s: float = 90) -> None:
-    """Run every cell as Run > Run All Cells does, and wait until each has run and the kernel is idle."""
-    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-    page.wait_for_function(_ALL_EXECUTED, timeout=timeout_s * 1000, polling=200)
+def run_all_cells(page: Any, name: str, timeout_s: float = 90) -> None:
+    """Run every cell as Run > Run All Cells does; wait until each has run and the kernel is idle."""
+    page.evaluate(_RUN_ALL, name)
+    page.wait_for_function(_ALL_EXECUTED, arg=name, timeout=timeout_s * 1000, polling=200)
 
 
 def code_cell(page: Any, index: int) -> Any:

@@ -26,7 +26,7 @@ import pytest
 import lab as jl
 from fakes import FakeGpu, GiB
 from jupyter_cudamem.history import source_head
-from jupyter_cudamem.units import format_bytes
+from jupyter_cudamem.units import format_bytes, parse_size
 
 pytestmark = pytest.mark.browser
 
@@ -73,11 +73,14 @@ machine.free(0, {WEIGHTS_GIB} * GiB)          # plays: del model
 machine.empty_cache()               # plays: torch.cuda.empty_cache()"""
 
 # A fake training loop: what it holds steps through these sizes every few hundred ms for a bounded
-# time, freeing its cache on the way down, so the card's "used" moves both ways.
-CHURN_GIB = (1, 3, 5, 7, 5, 3)
+# time, freeing its cache on the way down, so the card's "used" moves both ways. Another process holds
+# OTHER_GIB of the card all along, so the panel shows this kernel's share apart from the rest.
+CHURN_GIB = (8, 20, 32, 44, 32, 20)
 CHURN_STEP_S = 0.3
+OTHER_GIB = 12
 CHURN = f"""\
 import threading, time
+machine.gpus[0].other_process_bytes = {OTHER_GIB} * GiB  # plays: another job on the same card
 stop_training = threading.Event()
 first_step = threading.Event()
 
@@ -97,7 +100,7 @@ def fake_training(sizes_gib={CHURN_GIB!r}, step_s={CHURN_STEP_S}, seconds=90.0):
         stop_training.wait(step_s)
 
 threading.Thread(target=fake_training, name="fake-training", daemon=True).start()
-first_step.wait(10)"""
+assert first_step.wait(10), 'the fake training loop did not start'"""
 
 MONITOR_INTERVAL_S = 0.25
 MONITOR = f"%cudamem_monitor --interval {MONITOR_INTERVAL_S}"
@@ -109,6 +112,9 @@ def write_notebook(path: Path, cells: list[str]) -> None:
     notebook = nbformat.v4.new_notebook()
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    # Run All leaves the last cell selected; a closing markdown cell keeps the selection bar off the
+    # code cells in the screenshots.
+    notebook.cells.append(nbformat.v4.new_markdown_cell("End of the browser test's notebook."))
     nbformat.write(notebook, path)
 
 
@@ -142,6 +148,7 @@ def page(browser: Any, lab: jl.JupyterLab, request: pytest.FixtureRequest) -> It
     context = browser.new_context(viewport={"width": 1280, "height": 1000}, device_scale_factor=2)
     context.set_default_timeout(TIMEOUT_MS)
     tab = context.new_page()
+    (jl.SCREENSHOTS / f"{request.node.name}-failure.png").unlink(missing_ok=True)
     failed_before = request.session.testsfailed
     console_errors: list[str] = []
     tab.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
@@ -156,13 +163,14 @@ def page(browser: Any, lab: jl.JupyterLab, request: pytest.FixtureRequest) -> It
             print("browser console errors:\n" + "\n".join(console_errors[-30:]))
             print("JupyterLab log:\n" + lab.log_tail())
         context.close()
+        lab.stop_kernels()
 
 
 # -- helpers -------------------------------------------------------------------------------------
 def open_and_run(page: Any, lab: jl.JupyterLab, name: str, cells: list[str]) -> None:
     write_notebook(lab.root / name, cells)
     jl.open_notebook(page, lab, name)
-    jl.run_all_cells(page)
+    jl.run_all_cells(page, name)
     setup_text = jl.code_cell(page, 0).locator(".jp-OutputArea-output").first.inner_text()
     kernel_pid = re.search(r"KERNEL_PID (\d+)", setup_text)
     assert kernel_pid, f"setup cell did not run: {setup_text!r}"
@@ -272,15 +280,22 @@ def test_monitor_widget_renders_and_updates(page: Any, lab: jl.JupyterLab) -> No
     assert stop.is_enabled()
 
     # The numbers follow the fake training loop: every reading is one of the sizes it steps through
-    # (plus the CUDA context), and several of them show up within a few seconds.
-    possible = {format_bytes(gpu.context_bytes + size * GiB) for size in CHURN_GIB}
+    # (plus the CUDA context), and within a few seconds they take most of them, going up and down.
+    # Two of its cycles are watched, so the sparkline in the screenshot shows them too.
+    possible = {format_bytes(gpu.context_bytes + (size + OTHER_GIB) * GiB) for size in CHURN_GIB}
     seen: list[str] = []
-    deadline = time.monotonic() + 15
-    while len(set(seen)) < 4 and time.monotonic() < deadline:
+    started = time.monotonic()
+    watch_s = 2 * len(CHURN_GIB) * CHURN_STEP_S
+    while time.monotonic() - started < 15:
         seen.append(used_reading(panel))
+        used = [parse_size(text) for text in seen]
+        rose = any(b > a for a, b in zip(used, used[1:]))
+        fell = any(b < a for a, b in zip(used, used[1:]))
+        if len(set(seen)) >= 4 and rose and fell and time.monotonic() - started >= watch_s:
+            break
         time.sleep(0.2)
     assert set(seen) <= possible, f"monitor showed {set(seen) - possible}, the fake card only ever used {possible}"
-    assert len(set(seen)) >= 4, f"the monitor's numbers did not change enough in 15 s: {seen}"
+    assert len(set(seen)) >= 4 and rose and fell, f"the monitor's numbers did not follow the card for 15 s: {seen}"
     assert format_bytes(gpu.total_bytes) in panel.inner_text()
     shot = jl.screenshot(cell, "monitor")
 
@@ -297,4 +312,12 @@ def test_monitor_widget_renders_and_updates(page: Any, lab: jl.JupyterLab) -> No
         frozen.append(used_reading(panel))
     assert len(set(frozen)) == 1, f"the monitor kept updating after Stop: {frozen}"
     jl.screenshot(cell, "monitor-stopped")
-    jl.publish([shot])
+
+    # Snapshot plots the recorded history (matplotlib) into the panel.
+    cell.get_by_role("button", name="Snapshot").click()
+    plot = cell.locator(".jupyter-widgets img")
+    plot.wait_for(timeout=20_000)
+    page.wait_for_function("img => img.complete && img.naturalWidth > 100", arg=plot.element_handle(), timeout=20_000)
+    snapshot_shot = jl.screenshot(cell, "monitor-snapshot")
+    jl.screenshot(page, "monitor-notebook")
+    jl.publish([shot, snapshot_shot])
