@@ -7,13 +7,19 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-gpu clean
+.PHONY: demo test test-gpu test-browser docs-images clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $@
+
+# The browser test's tools (jupyterlab, playwright), on top of the dev environment. The browser itself is
+# the system's Chromium: `apt-get install chromium` on Debian (CHROMIUM=/path/to/chromium picks another).
+$(VENV)/.installed-browser: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e ".[test,browser]"
 	touch $@
 
 demo: $(VENV)/.installed
@@ -24,6 +30,15 @@ test: $(VENV)/.installed
 
 test-gpu: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m gpu
+
+# JupyterLab in headless Chromium over fake hardware; screenshots go to tests/browser/screenshots/.
+# CUDAMEM_REQUIRE_BROWSER=1 turns "chromium/jupyterlab/playwright missing" into a failure, not a skip.
+test-browser: $(VENV)/.installed-browser
+	CUDAMEM_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -m browser tests/browser
+
+# The same test, also copying its screenshots into docs/images/ for the README.
+docs-images: $(VENV)/.installed-browser
+	CUDAMEM_REQUIRE_BROWSER=1 CUDAMEM_DOCS_IMAGES=docs/images $(BIN)/python -m pytest -q -m browser tests/browser
 
 clean:
 	rm -rf $(VENV) .pytest_cache cudamem_traces
