@@ -19,6 +19,7 @@ first try is that failure). Writes benchmarks/results/oomfix.json. Run on the GP
 from __future__ import annotations
 
 import datetime
+import inspect
 import gc
 import json
 import platform
@@ -225,7 +226,11 @@ def run_lightning(name: str, start: int) -> dict:
         accelerator="gpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )
-    found = Tuner(trainer).scale_batch_size(Module(), mode="binsearch", init_val=start, steps_per_trial=1, max_trials=40)
+    options = {"mode": "binsearch", "init_val": start, "steps_per_trial": 1, "max_trials": 40}
+    if "max_val" in inspect.signature(Tuner.scale_batch_size).parameters:
+        # Lightning stops at max_val (8192 by default) before any trial; our starts can exceed it.
+        options["max_val"] = 2 * start
+    found = Tuner(trainer).scale_batch_size(Module(), **options)
     wall_s = time.perf_counter() - started
     return {
         "version": pl.__version__,
