@@ -39,9 +39,13 @@ def hardware(machine: FakeMachine) -> Hardware:
 @pytest.fixture
 def ip():
     """The process-wide test shell (IPython allows one InteractiveShell instance)."""
+    from IPython.core.interactiveshell import InteractiveShell
     from IPython.testing.globalipapp import get_ipython, start_ipython
 
-    shell = start_ipython() or get_ipython()
+    if InteractiveShell.initialized():  # some test module made the singleton already: share it
+        shell = InteractiveShell.instance()
+    else:
+        shell = start_ipython() or get_ipython()
     yield shell
     magics.unload(shell)
 

@@ -201,7 +201,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
             if not quiet:
                 self.note("the monitor is not running; start it with %cudamem_monitor")
             return
-        self.poller.stop(reason="stopped")
+        self.poller.stop(reason="%cudamem_monitor stop")
         if not quiet:
             self.note("monitor stopped; %cudamem_monitor snapshot still plots what it recorded")
 

@@ -61,4 +61,4 @@ class HistoryTable:
             return f"<div>{html.escape(self.text())}</div>"
         head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows)
-        return f'<table class="cudamem-history"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        return f'<table class="cudamem-history" style="white-space:nowrap"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from jupyter_cudamem import magics
@@ -44,7 +46,7 @@ def test_ipython_syntax_runs_inside_the_cell(shell, capsys):
 def test_user_error_keeps_its_traceback_and_is_reported(shell, machine, capsys):
     result = shell.run_cell("%%cudamem\nm.allocate(0, GiB)\nraise ValueError('boom')")
     assert isinstance(result.error_in_exec, ValueError)
-    out = capsys.readouterr().out
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # colours, where the shell has them
     assert "failed with ValueError" in out and "+1.00 GiB" in out
     assert "ValueError: boom" in out  # the user's traceback is printed
     assert cudamem(shell).history.records[-1].measurement.error == "ValueError"
