@@ -106,6 +106,8 @@ def main() -> None:
         Mode("cudamem_cell_magic", enable=load_ours, disable=lambda: shell.run_line_magic("unload_ext", "jupyter_cudamem"),
              wrap=lambda cell: "%%cudamem --quiet\n" + cell),
         Mode("cudamem_every_cell", enable=every_cell_on, disable=every_cell_off),
+        # Not a peer: IPython's own %%time, to show what running any cell magic costs.
+        Mode("reference_ipython_time_cell_magic", wrap=lambda cell: "%%time\n" + cell),
         Mode("ipython_autotime", enable=autotime_on, disable=autotime_off),
         Mode("ipyexperiments", enable=ipyexperiments_on, disable=ipyexperiments_off),
     ]
