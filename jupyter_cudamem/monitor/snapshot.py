@@ -10,6 +10,7 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
+from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
 from .poller import MonitorState, Sample
 from .render import DEFAULT_ALERT_FRACTION
@@ -26,8 +27,8 @@ class DeviceHistory:
     peak_time_s: float | None
 
 
-@dataclass(frozen=True)
-class Snapshot:
+@dataclass(frozen=True, repr=False)
+class Snapshot(TextReport):
     """The monitor's history at one instant: ``figure()`` plots it, ``repr`` summarises it."""
 
     devices: tuple[DeviceHistory, ...]
@@ -111,7 +112,7 @@ class Snapshot:
     def _repr_png_(self) -> bytes:
         return self.png()
 
-    def __repr__(self) -> str:
+    def text(self) -> str:
         if not self.devices:
             return "cudamem monitor snapshot: nothing recorded"
         parts = []
@@ -127,5 +128,3 @@ class Snapshot:
             )
         return "cudamem monitor snapshot: " + "; ".join(parts)
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(repr(self))

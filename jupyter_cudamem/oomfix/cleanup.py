@@ -16,13 +16,14 @@ from typing import Any
 
 from ..errors import CudaMemError
 from ..hardware import Hardware
+from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
 from .ipython_state import release_ipython_references
 
 
-@dataclass(frozen=True)
-class CleanupResult:
+@dataclass(frozen=True, repr=False)
+class CleanupResult(TextReport):
     """What a cleanup released and what it freed.
 
     ``freed_bytes`` is PyTorch's allocated bytes before minus after, summed over devices;
@@ -50,11 +51,8 @@ class CleanupResult:
         deleted = f"; deleted {', '.join(self.deleted)}" if self.deleted else ""
         return f"cleanup {freed} (released: {what}{deleted})"
 
-    def __repr__(self) -> str:
+    def text(self) -> str:
         return self.summary()
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(self.summary())
 
 
 def _readings(hardware: Hardware) -> dict[int, AllocatorReading] | None:

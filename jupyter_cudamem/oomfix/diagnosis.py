@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any
 
+from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
 from .holders import Holder
@@ -42,8 +42,8 @@ _KIND_WORDS = {
 }
 
 
-@dataclass(frozen=True)
-class Diagnosis:
+@dataclass(frozen=True, repr=False)
+class Diagnosis(TextReport):
     """The OOM's figures, the largest holders, a verdict, one line explaining it, and what to try."""
 
     oom: OomInfo
@@ -82,12 +82,6 @@ class Diagnosis:
             lines.append("  try:")
             lines.extend(f"    - {suggestion}" for suggestion in self.suggestions)
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(self.text())
 
     def _repr_html_(self) -> str:
         e = html.escape

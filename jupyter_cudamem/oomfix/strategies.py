@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
 from .rewrite import _default_transform, unified_diff
 
@@ -88,8 +89,8 @@ class Suggestion:
     code: str = ""
 
 
-@dataclass(frozen=True)
-class Outcome:
+@dataclass(frozen=True, repr=False)
+class Outcome(TextReport):
     """What ``%oomfix`` did: every try, what fitted, the cell that fits, and advice."""
 
     original_source: str
@@ -169,11 +170,8 @@ class Outcome:
                 parts += ["    " + line for line in suggestion.code.splitlines()]
         return parts
 
-    def __repr__(self) -> str:
+    def text(self) -> str:
         return "\n".join(self._text_parts())
-
-    def _repr_pretty_(self, printer, cycle: bool) -> None:  # type: ignore[no-untyped-def]
-        printer.text("Outcome(...)" if cycle else repr(self))
 
     # -- HTML -----------------------------------------------------------------------------------
     def _repr_html_(self) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..hints import measurement_hints
 from ..measure import DeviceMeasurement, Measurement
 from ..trace import TraceSummary
 from ..units import format_bytes, format_seconds
+from .text import TextReport
 
 _STYLE = (
     "<style>.cudamem-report{font-family:var(--jp-code-font-family,monospace);font-size:12px;margin:2px 0}"
@@ -68,8 +68,8 @@ def one_line(measurement: Measurement, label: str = "") -> str:
     return " | ".join(parts)
 
 
-@dataclass
-class CellReport:
+@dataclass(repr=False)
+class CellReport(TextReport):
     """What ``%%cudamem`` shows and what ``-o`` returns: the measurement with its hints and trace."""
 
     measurement: Measurement
@@ -115,12 +115,6 @@ class CellReport:
         lines.extend(f"  hint: {hint}" for hint in self.hints)
         lines.extend(f"  {note}" for note in self._notes())
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(self.text())
 
     def _repr_html_(self) -> str:
         escape = html.escape

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import html
-from typing import Any
 
 from ..history import CellRecord
 from ..units import format_bytes, format_seconds
+from .text import TextReport
 
 _COLUMNS = ("cell", "source", "device", "peak", "Δ allocated", "Δ reserved", "Δ NVML", "time")
 
@@ -31,7 +31,7 @@ def _cells(record: CellRecord) -> list[tuple[str, ...]]:
     ]
 
 
-class HistoryTable:
+class HistoryTable(TextReport):
     """A view of history records; ``display()`` it or print it."""
 
     def __init__(self, records: list[CellRecord]):
@@ -48,12 +48,6 @@ class HistoryTable:
         def fmt(row: tuple[str, ...]) -> str:
             return "  ".join(value.ljust(widths[i]) if i < 3 else value.rjust(widths[i]) for i, value in enumerate(row)).rstrip()
         return "\n".join([fmt(_COLUMNS), fmt(tuple("-" * w for w in widths)), *(fmt(row) for row in rows)])
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(self.text())
 
     def _repr_html_(self) -> str:
         rows = self.rows()

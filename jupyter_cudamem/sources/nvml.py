@@ -89,11 +89,12 @@ class NvmlSession:
             self._in_flight -= 1
             self._condition.notify_all()
 
-    def _translate(self, error: Exception) -> Exception:
+    def _raise_translated(self, error: Exception) -> None:
+        """Re-raise an NVML error as our one-line ``CudaMemError``; anything else unchanged."""
         nvml_error = getattr(self._pynvml, "NVMLError", None)
         if nvml_error is not None and isinstance(error, nvml_error):
-            return CudaMemError(_reason(error, self._pynvml))
-        return error
+            raise CudaMemError(_reason(error, self._pynvml)) from error
+        raise error
 
     @contextmanager
     def _call(self) -> Iterator[Any]:
@@ -103,10 +104,7 @@ class NvmlSession:
         except CudaMemError:
             raise
         except Exception as error:
-            translated = self._translate(error)
-            if translated is error:
-                raise
-            raise translated from error
+            self._raise_translated(error)
         finally:
             self._exit()
 
@@ -182,10 +180,7 @@ class NvmlSession:
         except CudaMemError:
             raise
         except Exception as error:
-            translated = self._translate(error)
-            if translated is error:
-                raise
-            raise translated from error
+            self._raise_translated(error)
         finally:
             self._exit()
 
