@@ -87,6 +87,7 @@ class CudaMem(CudaMemMagicsBase):
         self._inside_magic = False
         self._parsed_options: dict[str, Any] = {}
         self._threshold_text: str | None = None
+        self._cell_depth = 0
         self._threshold_value = 0
 
     # -- shared pieces ---------------------------------------------------------------------
@@ -265,6 +266,7 @@ class CudaMem(CudaMemMagicsBase):
             self._auto_on = True
         elif command == "off" and self._auto_on:
             self._stop_every_cell()
+            self._cell_depth = 0
         threshold = format_bytes(self._threshold_bytes())
         state = f"on: a line after each cell that moves GPU memory by {threshold} or more" if self._auto_on else "off"
         print(f"cudamem every-cell mode {state}")
@@ -291,6 +293,11 @@ class CudaMem(CudaMemMagicsBase):
         return self._threshold_value
 
     def _pre_run_cell(self, info: Any = None) -> None:
+        # A cell may run others (%oomfix reruns through shell.run_cell): those nested cells belong
+        # to the outer one's measurement, so only the outermost cell is measured.
+        self._cell_depth += 1
+        if self._cell_depth > 1:
+            return
         raw = getattr(info, "raw_cell", "") or ""
         if self._inside_magic or raw.lstrip().startswith(("%%cudamem", "%cudamem")):
             self._auto_baseline = None
@@ -303,6 +310,12 @@ class CudaMem(CudaMemMagicsBase):
             self.note(f"every-cell measurement skipped: {error}")
 
     def _post_run_cell(self, result: Any = None) -> None:
+        raw = getattr(getattr(result, "info", None), "raw_cell", None)
+        if raw is not None and not raw.strip():
+            return  # IPython skips pre_run_cell for a blank cell but still sends post_run_cell
+        self._cell_depth = max(self._cell_depth - 1, 0)
+        if self._cell_depth > 0:
+            return
         pending, self._auto_baseline = self._auto_baseline, None
         if pending is None or self._inside_magic:
             return

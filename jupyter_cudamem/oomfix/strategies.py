@@ -232,7 +232,7 @@ class CellTraits:
     hf_trainer: bool  # builds TrainingArguments (advice goes through its arguments)
     no_grad: bool  # already under no_grad / inference_mode
     autocast: bool  # already under autocast
-    calls_model: bool  # calls something (inference cells call a model)
+    calls_model: bool  # calls what looks like a model (inference cells do)
 
 
 def cell_traits(source: str, transform: Callable[[str], str] | None = None) -> CellTraits:
@@ -251,8 +251,26 @@ def cell_traits(source: str, transform: Callable[[str], str] | None = None) -> C
         hf_trainer="TrainingArguments" in names or "TrainingArguments" in attributes,
         no_grad=bool({"no_grad", "inference_mode"} & (attributes | names)),
         autocast=bool({"autocast", "autocast_mode"} & (attributes | names)),
-        calls_model=bool(calls),
+        calls_model=any(_looks_like_model_call(call) for call in calls),
     )
+
+
+_MODEL_WORDS = ("model", "net", "encoder", "decoder", "classifier", "backbone", "transformer", "module",
+                "layer", "block", "head", "policy", "generator", "unet", "vae", "pipe")
+
+
+def _looks_like_model_call(call: ast.Call) -> bool:
+    """``model(x)``, ``self.encoder(x)``, ``net.forward(x)``, ``model[:3](x)``: not ``torch.randn(...)``."""
+    func = call.func
+    if isinstance(func, ast.Subscript):
+        return True
+    if isinstance(func, ast.Attribute) and func.attr == "forward":
+        return True
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("torch", "nn", "F", "np"):
+        return False
+    lowered = name.lower()
+    return any(word in lowered for word in _MODEL_WORDS) and not lowered.startswith(("make_", "build_", "create_", "load_"))
 
 
 def accumulation_plan(batch_before: int, batch_fits: int) -> tuple[int, int]:

@@ -228,3 +228,14 @@ def test_real_sources_on_this_machine_load_and_run(ip, capsys):
     finally:
         ip.run_line_magic("unload_ext", "jupyter_cudamem")
     assert ip.find_cell_magic("cudamem") is None
+
+
+def test_every_cell_mode_measures_only_the_outermost_of_nested_cells(shell, capsys):
+    """%oomfix reruns cells through shell.run_cell: they belong to the cell that ran them."""
+    shell.run_cell("%cudamem on")
+    shell.run_cell("m.allocate(0, GiB)\nget_ipython().run_cell('m.allocate(0, 2 * GiB)')\nget_ipython().run_cell('')")
+    shell.run_cell("%cudamem off")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cudamem [")]
+    assert len(lines) == 1 and "Δalloc +3.00 GiB" in lines[0]
+    records = cudamem(shell).history.records
+    assert [r.source_head for r in records] == ["m.allocate(0, GiB)"]

@@ -172,7 +172,8 @@ def test_autocast_fixes_a_cell_with_no_batch():
         "    outputs = [w * x for w in weights]  # no batch here\n    train_step(1)\n"
     )
     assert any(note.startswith("no batch size in the cell") for note in outcome.notes)
-    assert any(s.title == "torch.no_grad() for inference" for s in outcome.suggestions)
+    # Nothing in the cell looks like a model's forward pass: no inference advice.
+    assert not any(s.title == "torch.no_grad() for inference" for s in outcome.suggestions)
 
 
 def test_strategy_selection_and_bad_options():
