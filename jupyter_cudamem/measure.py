@@ -73,13 +73,6 @@ class DeviceMeasurement:
         return max(self.peak_allocated_bytes - self.before.allocator.allocated_bytes, 0)
 
     @property
-    def peak_reserved_above_start_bytes(self) -> int | None:
-        """How far PyTorch's reserved pool rose above its size at the start: what a cap or the card limits."""
-        if self.peak_reserved_bytes is None or self.before.allocator is None:
-            return None
-        return max(self.peak_reserved_bytes - self.before.allocator.reserved_bytes, 0)
-
-    @property
     def nvml_used_delta_bytes(self) -> int | None:
         if self.before.nvml is None or self.after.nvml is None:
             return None

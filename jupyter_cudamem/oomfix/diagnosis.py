@@ -158,6 +158,43 @@ def _namespace(holders: list[Holder]) -> int:
     return max((h.cuda_bytes for h in holders if h.user_variable), default=0)
 
 
+def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
+    """The failed cell's exception, traceback and every frame on it, shown as one holder.
+
+    They keep the same tensors alive through each other (a frame of ``Module._call_impl()`` per layer,
+    ``sys.last_value``, ``InteractiveTB.tb``...), so listing each repeats one figure many times.
+    """
+    parts = [h for h in holders if h.kind == "traceback"]
+    if len(parts) < 2:
+        return list(holders)
+    frames: list[str] = []
+    others: list[str] = []
+    for holder in sorted(parts, key=lambda h: -h.cuda_bytes):
+        name = holder.name.split(" (from", 1)[0]
+        if name.startswith("frame of "):
+            name = name.rsplit(" #", 1)[0]
+            if name not in frames:
+                frames.append(name)
+        elif name not in others:
+            others.append(name)
+    shown = frames[:4] + ([f"{len(frames) - 4} more frames"] if len(frames) > 4 else [])
+    merged = Holder(
+        name="the failed cell's traceback (" + ", ".join(shown + others) + ")",
+        kind="traceback",
+        cuda_bytes=max(h.cuda_bytes for h in parts),
+        user_variable=False,
+        exclusive_bytes=max(h.exclusive_bytes for h in parts),
+        tensor_count=max(h.tensor_count for h in parts),
+    )
+    result: list[Holder] = []
+    for holder in holders:
+        if holder.kind != "traceback":
+            result.append(holder)
+        elif merged not in result:
+            result.append(merged)
+    return sorted(result, key=lambda h: -h.cuda_bytes)
+
+
 def diagnose(
     oom: OomInfo,
     holders: list[Holder],
@@ -225,8 +262,16 @@ def diagnose(
             )
     else:
         verdict = "too big for the card"
-        left = f" ({format_bytes(oom.free_bytes)} was free)" if oom.free_bytes is not None else ""
-        explanation = f"the cell needs more GPU memory than was left{left}; a smaller or cheaper computation must fit."
+        if capped:
+            left = (
+                f"the per-process cap allows ({format_bytes(oom.allowed_bytes)}, "
+                "set by torch.cuda.set_per_process_memory_fraction)"
+            )
+        elif oom.free_bytes is not None:
+            left = f"was left ({format_bytes(oom.free_bytes)} was free)"
+        else:
+            left = "was left"
+        explanation = f"the cell needs more GPU memory than {left}; a smaller or cheaper computation must fit."
         suggestions += [
             "a smaller batch (%oomfix finds the batch size and reruns; gradient accumulation keeps the "
             "effective batch)",
@@ -259,7 +304,7 @@ def diagnose(
         )
     return Diagnosis(
         oom=oom,
-        holders=list(holders),
+        holders=_traceback_as_one(holders),
         verdict=verdict,
         explanation=explanation,
         suggestions=tuple(suggestions),

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import CudaMemError
 from ..hardware import Hardware
-from ..measure import DeviceMeasurement, Meter
+from ..measure import Meter
 from ..units import format_bytes
 from .parse import OomInfo, is_cuda_oom, parse_oom
 from .rewrite import BatchDiscovery, _default_transform, find_batch, rewrite_batch, wrap_in_autocast
@@ -33,19 +33,6 @@ from .strategies import (
 
 RunSource = Callable[[str], "BaseException | None"]
 Cleanup = Callable[["BaseException | None"], Any]
-
-
-def _limiting_peak(device: DeviceMeasurement) -> int | None:
-    """The try's peak in the terms that run out: PyTorch's reserved pool, not only what tensors held.
-
-    A per-process cap and the card itself limit what the caching allocator reserves, which exceeds
-    what tensors hold by its rounding and by blocks it cannot reuse. On the H100 a line fitted on
-    allocated peaks (3.81 MiB per image for a CNN) predicted a batch that then failed; reserved
-    peaks put it where it fails. Cleanup empties the cache between tries, so reserved starts near
-    allocated and both peaks are measured from the same point.
-    """
-    peaks = [p for p in (device.peak_above_start_bytes, device.peak_reserved_above_start_bytes) if p is not None]
-    return max(peaks) if peaks else None
 
 
 def headroom_bytes(hardware: Hardware, torch_index: int) -> int | None:
@@ -116,7 +103,7 @@ class Driver:
         error = self.run_source(source)
         wall_s = time.perf_counter() - started
         measurement = meter.stop(baseline, error=None if error is None else type(error).__name__)
-        peak = next((_limiting_peak(d) for d in measurement.devices), None)
+        peak = next((d.peak_above_start_bytes for d in measurement.devices), None)
         oom = error is not None and is_cuda_oom(error)
         result = TryResult(
             number=len(self._tries) + 1,

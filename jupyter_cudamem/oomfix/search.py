@@ -12,10 +12,15 @@ peak within 0.6% for a CNN and a transformer). So:
    the budget less a safety margin, and try it, which confirms it.
 4. A try that contradicts the line (fails where the line said it fits) is read by what it managed to
    hold before failing: less than the line predicts means the budget was smaller than measured
-   (fragmentation, memory outside PyTorch), so the budget drops to what it held and the line
-   predicts again; as much as the line predicts means the peak grows faster than a line, and so
-   does a second contradiction: then bisection between the largest batch that fitted and the
-   smallest that failed.
+   (the allocator's rounding and blocks it cannot reuse, memory outside PyTorch). The usable budget
+   then lies between what the failed try held (usable for certain) and what the line predicted for
+   it (too much), so it becomes their midpoint and the line predicts again. As much as the line
+   predicts means the peak grows faster than a line, and so does a second contradiction: then
+   bisection between the largest batch that fitted and the smallest that failed.
+
+The line is fitted on allocated peaks. Reserved peaks (what a cap really limits) were tried on the
+H100 and are useless under a cap: cuDNN asks for the largest convolution workspace first and settles
+for less when refused, so a CNN's reserved peak reached the 6 GiB cap at a batch needing 3 GiB.
 
 Pure arithmetic: no torch, no IPython. Sizes in bytes.
 """
@@ -182,8 +187,12 @@ class BatchSearch:
                     self._contradictions = max(self._contradictions, 2)
                 else:
                     # The line may be right and the budget wrong (fragmentation, memory outside
-                    # PyTorch): what the failed try managed to hold is usable for certain.
-                    limit = peak_bytes if peak_bytes is not None else predicted_peak * (1 - 2 * self.margin)
+                    # PyTorch): what the failed try held is usable for certain, what the line gave it
+                    # is too much; the limit lies between. Their midpoint came within 8% of the
+                    # largest CNN batch that fits on the H100 (benchmarks/oomfix.py), the held
+                    # figure alone within 15%.
+                    held = peak_bytes if peak_bytes is not None else predicted_peak * (1 - 4 * self.margin)
+                    limit = (held + predicted_peak) / 2
                     if self._budget_limit is not None:
                         limit = min(limit, self._budget_limit)
                     self._budget_limit = float(limit)

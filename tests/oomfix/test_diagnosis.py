@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jupyter_cudamem.oomfix.diagnosis import EXPANDABLE, diagnose
 from jupyter_cudamem.oomfix.holders import Holder, Holders
-from jupyter_cudamem.oomfix.parse import parse_oom
+from jupyter_cudamem.oomfix.parse import OomInfo, parse_oom
 from jupyter_cudamem.sources.base import AllocatorReading
 
 GiB, MiB = 1024**3, 1024**2
@@ -143,3 +143,25 @@ def test_renderings_show_verdict_figures_holders_and_escape_html() -> None:
     printer = Printer()
     d._repr_pretty_(printer, False)
     assert printer.out == text
+
+
+def test_the_failed_traceback_is_one_line_and_a_cap_is_named():
+    oom = OomInfo(
+        kind="allocator", message="CUDA out of memory.", device_index=0, requested_bytes=512 * MiB,
+        total_bytes=80 * GiB, free_bytes=74 * GiB, allowed_bytes=4 * GiB, allocated_bytes=3 * GiB,
+    )
+    holders = [
+        Holder("sys.last_exc / sys.last_value", "traceback", 900 * MiB, False, 768 * MiB),
+        Holder("frame of relu() (from the failed cell's traceback)", "traceback", 512 * MiB, False),
+        Holder("frame of Module._call_impl() (from the failed cell's traceback)", "traceback", 140 * MiB, False),
+        Holder("frame of Module._call_impl() #2 (from the failed cell's traceback)", "traceback", 140 * MiB, False),
+        Holder("model", "module", 600 * MiB, True, 600 * MiB),
+    ]
+    d = diagnose(oom, holders, None)
+    assert [h.name for h in d.holders] == [
+        "the failed cell's traceback (frame of relu(), frame of Module._call_impl(), sys.last_exc / sys.last_value)",
+        "model",
+    ]
+    assert d.holders[0].cuda_bytes == 900 * MiB
+    assert "per-process cap allows (4.00 GiB" in d.explanation
+    assert "74.00 GiB was free" not in d.explanation
