@@ -27,12 +27,14 @@ def test_notebook_runs_on_the_gpu(path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     client = NotebookClient(notebook, kernel_name="python3", timeout=FIVE_MINUTES, resources={"metadata": {"path": str(path.parent)}})
     started = time.monotonic()
-    client.execute()
-    elapsed = time.monotonic() - started
     target = os.environ.get("CUDAMEM_EXECUTED_DIR")
-    if target:
-        Path(target).mkdir(parents=True, exist_ok=True)
-        nbformat.write(notebook, Path(target) / path.name)
+    try:
+        client.execute()
+    finally:  # a failed run is kept too: its outputs say why
+        if target:
+            Path(target).mkdir(parents=True, exist_ok=True)
+            nbformat.write(notebook, Path(target) / path.name)
+    elapsed = time.monotonic() - started
     unexpected = [
         cell.source.splitlines()[0]
         for cell in notebook.cells
