@@ -12,7 +12,7 @@ larger batch will not fit), and at any error that is not an OOM: that one is the
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,36 @@ def _needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | No
     return max(oom.allocated_bytes - allocated_before, 0) + oom.requested_bytes
 
 
+# IPython's own names in a user namespace: its caches are the cleanup's business, not the undo's.
+_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
+
+
+def undo_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:
+    """Put ``namespace`` back as it was in ``before``: names the run bound anew are removed, rebound
+    names get their old object back. Returns the names changed.
+
+    A try that fails half-way leaves what it already assigned: a ``loss`` whose ``backward()`` ran
+    out of memory keeps its whole autograd graph (every saved activation) alive, which then shrinks
+    the room for the next try. Seen on the H100: a failed try's graph made the next, smaller try
+    fail too, and stayed allocated after ``%oomfix`` ended.
+    """
+    changed = []
+    for name in list(namespace):
+        if name.startswith("_") or name in _IPYTHON_NAMES:
+            continue
+        if name not in before:
+            del namespace[name]
+            changed.append(name)
+        elif namespace[name] is not before[name]:
+            namespace[name] = before[name]
+            changed.append(name)
+    for name, value in before.items():
+        if name not in namespace and not name.startswith("_"):
+            namespace[name] = value
+            changed.append(name)
+    return changed
+
+
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     first = text[0] if text else ""
@@ -94,15 +124,22 @@ class Driver:
             raise CudaMemError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
         self._tries: list[TryResult] = []
         self._notes: list[str] = []
+        self._namespace: Mapping[str, Any] | None = None
 
     # -- one measured try -------------------------------------------------------------------------
     def _try(self, strategy: str, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
+        namespace = self._namespace if isinstance(self._namespace, MutableMapping) else None
+        before = dict(namespace) if namespace is not None else None
         meter = Meter(self.hardware, devices=[device])
         baseline = meter.start()
         started = time.perf_counter()
         error = self.run_source(source)
         wall_s = time.perf_counter() - started
         measurement = meter.stop(baseline, error=None if error is None else type(error).__name__)
+        if error is not None and namespace is not None and before is not None:
+            # A failed try leaves nothing behind: the variables are as the last try that fitted left them.
+            undo_bindings(namespace, before)
+        del before
         peak = next((d.peak_above_start_bytes for d in measurement.devices), None)
         oom = error is not None and is_cuda_oom(error)
         result = TryResult(
@@ -144,6 +181,7 @@ class Driver:
         OOM's figures it bounds what the cell needs, which decides whether a plain rerun can fit.
         ``freed_bytes`` is what the cleanup freed (the fallback for that decision).
         """
+        self._namespace = namespace
         if oom is None and error is not None:
             oom = parse_oom(error)
         if error is not None and oom is None:
@@ -261,8 +299,10 @@ class Driver:
             if not result.fitted and not result.out_of_memory:
                 self._stop_on_error(result)
                 break
-        if best is not None and self._tries[-1] is not best and self._left() > 0 and not self._tries[-1].fitted:
-            # The last try failed: rerun the best so the variables hold a run that fitted.
+        last_fitted = next((t for t in reversed(self._tries) if t.fitted), None)
+        if best is not None and last_fitted is not best and self._left() > 0:
+            # Failed tries are undone, so the variables hold the last try that fitted; when that is
+            # not the best, rerun the best so they hold the run the outcome reports.
             confirm = self._try("batch", best.source, "rerun of the largest batch that fitted", device, batch=best.batch)
             if confirm.fitted:
                 best = confirm

@@ -14,8 +14,8 @@ from jupyter_cudamem.oomfix.strategies import (
     cell_traits,
     parse_strategies,
 )
-from tests.fakes import GiB, MiB
-from tests.oomfix.simulated import SimulatedCell, capped_machine, fake_hardware
+from tests.fakes import FakeOutOfMemoryError, GiB, MiB
+from tests.oomfix.simulated import OutOfMemoryError, SimulatedCell, capped_machine, fake_hardware
 
 CNN = lambda b: 7.05 * MiB * b + 30 * MiB  # noqa: E731  FACTS.md's CNN, one Adam step
 
@@ -254,3 +254,49 @@ def test_plain_rerun_is_judged_by_what_the_cell_itself_needed():
     cell.machine.free(0, 3 * GiB)
     outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB, allocated_before=256 * MiB + 3 * GiB)
     assert [t.strategy for t in outcome.tries] == ["cleanup"] and outcome.fitted
+
+
+def test_a_failed_try_leaves_nothing_behind():
+    """A try whose backward() runs out of memory has already bound ``loss``, and with it the
+    autograd graph of the forward pass. Seen on the H100: left bound, that graph made the next try
+    fail too and stayed allocated after %oomfix. Failed tries are undone."""
+    from jupyter_cudamem.oomfix.driver import undo_bindings
+
+    machine = capped_machine(4 * GiB)
+    namespace: dict = {"kept": "the user's own"}
+
+    class Graph:  # a loss tensor's autograd graph: the forward's activations, freed with it
+        def __init__(self, size):
+            machine.allocate(0, size)
+            self.size = size
+
+        def __del__(self):
+            machine.free(0, getattr(self, "size", 0))  # nothing when its own allocation failed
+
+    def run(source):
+        batch = int(source.split("=", 1)[1].split("\n", 1)[0])
+        try:
+            namespace["loss"] = Graph(batch * MiB)  # forward done: loss holds the graph
+            backward = batch * MiB + (600 * MiB if batch > 1500 else 0)  # a workspace past some size
+            machine.allocate(0, backward)
+            machine.free(0, backward)
+            namespace["loss"] = 0.5  # backward frees the graph; the loss value remains
+            namespace["trained_batch"] = batch
+            return None
+        except FakeOutOfMemoryError as error:
+            return OutOfMemoryError(str(error))
+
+    source = "batch_size = 8192\nloss = train(batch_size)\n"
+    driver = Driver(run, fake_hardware(machine), lambda error: machine.empty_cache(), strategies=("batch",))
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.fitted and outcome.reruns <= 3
+    # The line (2 MiB per item) predicts about 1966, which fails in backward; the next try fits
+    # only if the failed try's graph is gone.
+    assert [t.fitted for t in outcome.tries] == [True, False, True]
+    assert namespace["trained_batch"] == outcome.batch_after and namespace["kept"] == "the user's own"
+    assert machine.gpus[0].allocated == 0  # no graph of a failed try is alive
+
+    before = {"a": 1, "b": [2]}
+    after = {"a": 1, "b": [3], "c": 4, "_": "output cache"}
+    assert sorted(undo_bindings(after, before)) == ["b", "c"]
+    assert after == {"a": 1, "b": [2], "_": "output cache"}
