@@ -6,12 +6,11 @@ Run on the GPU machine: ``python3 -m pytest -q -m gpu tests/gpu/test_monitor_gpu
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 
 import pytest
+from notebook_runner import run_cell_outputs, stdout_json
 
 torch = pytest.importorskip("torch")
 
@@ -121,26 +120,9 @@ UNLOAD = """\
 print(json.dumps([t.name for t in threading.enumerate() if t.is_alive()]))"""
 
 
-def run_cells(sources: list[str], timeout_s: int = 120) -> list[list[dict]]:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    client = nbclient.NotebookClient(
-        notebook, kernel_name="python3", timeout=timeout_s, resources={"metadata": {"path": str(REPO)}}
-    )
-    client.execute(env={**os.environ, "PYTHONPATH": path})
-    return [cell.outputs for cell in notebook.cells]
-
-
-def stdout_json(outputs: list[dict]) -> object:
-    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
-    return json.loads(text.strip().splitlines()[-1])
-
-
 @pytest.mark.notebook
 def test_monitor_records_4_gib_rising_while_the_next_cell_runs():
-    setup, allocate, unload = run_cells([SETUP, ALLOCATE, UNLOAD])
+    setup, allocate, unload = run_cell_outputs([SETUP, ALLOCATE, UNLOAD], timeout=120)
 
     panels = [o for o in setup if o.get("output_type") == "display_data"]
     assert panels and "application/vnd.jupyter.widget-view+json" in panels[0]["data"]

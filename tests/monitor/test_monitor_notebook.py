@@ -3,12 +3,11 @@ updating from its thread while the next cell runs, and ``%unload_ext`` leaves no
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 
 import pytest
+from notebook_runner import run_cell_outputs, stdout_json
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -50,24 +49,9 @@ UNLOAD = """\
 print(json.dumps([t.name for t in threading.enumerate() if t.is_alive()]))"""
 
 
-def run_cells(sources: list[str], timeout_s: int = 60) -> list[dict]:
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    client = nbclient.NotebookClient(
-        notebook, kernel_name="python3", timeout=timeout_s, resources={"metadata": {"path": str(REPO)}}
-    )
-    client.execute(env={**os.environ, "PYTHONPATH": path})
-    return [cell.outputs for cell in notebook.cells]
-
-
-def stdout_json(outputs: list[dict]) -> object:
-    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
-    return json.loads(text.strip().splitlines()[-1])
-
-
 @pytest.mark.notebook
 def test_panel_keeps_updating_while_the_next_cell_runs():
-    setup, allocate, unload = run_cells([SETUP, ALLOCATE, UNLOAD])
+    setup, allocate, unload = run_cell_outputs([SETUP, ALLOCATE, UNLOAD], timeout=60)
 
     (panel,) = [o for o in setup if o.get("output_type") == "display_data"]
     assert "application/vnd.jupyter.widget-view+json" in panel["data"]
@@ -103,7 +87,7 @@ print(json.dumps(poller.running))"""
 def test_kernel_shutdown_stops_the_poller(tmp_path):
     # No %unload_ext: the notebook ends with the monitor running and nbclient shuts the kernel down.
     marker = tmp_path / "stopped.txt"
-    _setup, keep = run_cells([SETUP, KEEP_RUNNING.format(path=str(marker))])
+    _setup, keep = run_cell_outputs([SETUP, KEEP_RUNNING.format(path=str(marker))], timeout=60)
     assert stdout_json(keep) is True
     deadline = time.monotonic() + 10
     while not marker.exists() and time.monotonic() < deadline:

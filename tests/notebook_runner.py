@@ -1,11 +1,12 @@
-"""Run a notebook made of code cells in a real kernel through nbclient and collect its outputs."""
+"""Run code cells in a real kernel through nbclient and read what they showed (tests only)."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cells(cells: list[str], timeout: int = 180, allow_errors_in: set[int] | None = None, save_to: Path | None = None):
@@ -23,10 +24,23 @@ def run_cells(cells: list[str], timeout: int = 180, allow_errors_in: set[int] | 
             cell.metadata["tags"] = ["raises-exception"]
         notebook.cells.append(cell)
     client = NotebookClient(notebook, kernel_name="python3", timeout=timeout, resources={"metadata": {"path": str(REPO)}})
-    client.execute()
+    # The kernel imports this checkout's jupyter_cudamem and tests/fakes, whatever is installed.
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    client.execute(env={**os.environ, "PYTHONPATH": path})
     if save_to is not None:
         nbformat.write(notebook, save_to)
     return notebook
+
+
+def run_cell_outputs(cells: list[str], timeout: int = 120) -> list[list[dict]]:
+    """``run_cells`` for tests that only read outputs: each cell's outputs, in order."""
+    return [cell.outputs for cell in run_cells(cells, timeout=timeout).cells]
+
+
+def stdout_json(outputs: list[dict]) -> object:
+    """The JSON a cell printed as its last line of standard output."""
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
+    return json.loads(text.strip().splitlines()[-1])
 
 
 def text_of(cell) -> str:
