@@ -123,7 +123,8 @@ class CudaMem(CudaMemMagicsBase):
         "-l",
         "--limit",
         help="Run the cell with PyTorch capped to SIZE (e.g. 24GiB) per device through set_per_process_memory_fraction, "
-        "then lift the cap: would this fit on a smaller card? Memory this process holds outside PyTorch counts against it.",
+        "then lift the cap: would this fit on a smaller card? The cap covers PyTorch's allocator only; the CUDA "
+        "context (~0.5 GiB) and other libraries' memory, which a real card of that size also holds, are not in it.",
     )
     @argument(
         "--trace",
