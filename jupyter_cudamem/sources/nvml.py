@@ -9,8 +9,6 @@ use-after-free that can take the interpreter down.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ..errors import CudaMemError
@@ -42,6 +40,26 @@ def _reason(error: BaseException, pynvml: Any) -> str:
     return f"NVML failed: {error}"
 
 
+class _Call:
+    """``with session._call as pynvml:``: one NVML call in flight, its errors made one line.
+
+    A class rather than ``@contextmanager``: the generator version cost as much as the NVML call
+    itself on the H100, and ``memory()`` runs on every measured cell and every monitor tick.
+    """
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: NvmlSession) -> None:
+        self._session = session
+
+    def __enter__(self) -> Any:
+        return self._session._enter()
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+        self._session._exit(error)  # raises the translated error for an NVML failure
+        return False
+
+
 class NvmlSession:
     """The process-wide NVML connection; thread-safe, lazily initialised, safe to close."""
 
@@ -54,6 +72,7 @@ class NvmlSession:
         self._handles: dict[int, Any] = {}
         self._devices: list[GpuIdentity] | None = None
         self._memory_v2: bool | None = None  # unknown until the first call
+        self._call = _Call(self)
 
     # -- lifecycle -------------------------------------------------------------------------
     def _initialise_locked(self) -> None:
@@ -84,29 +103,13 @@ class NvmlSession:
             self._in_flight += 1
             return self._pynvml
 
-    def _exit(self) -> None:
+    def _exit(self, error: BaseException | None) -> None:
         with self._condition:
             self._in_flight -= 1
             self._condition.notify_all()
-
-    def _raise_translated(self, error: Exception) -> None:
-        """Re-raise an NVML error as our one-line ``CudaMemError``; anything else unchanged."""
         nvml_error = getattr(self._pynvml, "NVMLError", None)
-        if nvml_error is not None and isinstance(error, nvml_error):
+        if error is not None and nvml_error is not None and isinstance(error, nvml_error):
             raise CudaMemError(_reason(error, self._pynvml)) from error
-        raise error
-
-    @contextmanager
-    def _call(self) -> Iterator[Any]:
-        pynvml = self._enter()
-        try:
-            yield pynvml
-        except CudaMemError:
-            raise
-        except Exception as error:
-            self._raise_translated(error)
-        finally:
-            self._exit()
 
     def close(self) -> None:
         with self._condition:
@@ -141,7 +144,7 @@ class NvmlSession:
         if self._devices is not None:
             return list(self._devices)
         found = []
-        with self._call() as pynvml:
+        with self._call as pynvml:
             for index in range(pynvml.nvmlDeviceGetCount()):
                 handle = self._handle(pynvml, index)
                 found.append(
@@ -157,10 +160,7 @@ class NvmlSession:
         return list(found)
 
     def memory(self, nvml_index: int) -> NvmlMemory:
-        # Called on every measured cell and every monitor tick: written without a context manager,
-        # which costs as much as the NVML call itself.
-        pynvml = self._enter()
-        try:
+        with self._call as pynvml:
             handle = self._handle(pynvml, nvml_index)
             # v2 separates the driver's own reservation from "used"; older drivers only know v1.
             info = None
@@ -177,15 +177,9 @@ class NvmlSession:
             if info is None:
                 info = pynvml.nvmlDeviceGetMemoryInfo(handle)
             return NvmlMemory(int(info.used), int(info.free), int(info.total))
-        except CudaMemError:
-            raise
-        except Exception as error:
-            self._raise_translated(error)
-        finally:
-            self._exit()
 
     def processes(self, nvml_index: int) -> list[ProcessMemory] | None:
-        with self._call() as pynvml:
+        with self._call as pynvml:
             handle = self._handle(pynvml, nvml_index)
             try:
                 running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
@@ -200,7 +194,7 @@ class NvmlSession:
             return result
 
     def utilization_percent(self, nvml_index: int) -> int | None:
-        with self._call() as pynvml:
+        with self._call as pynvml:
             handle = self._handle(pynvml, nvml_index)
             try:
                 return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
