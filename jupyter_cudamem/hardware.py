@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .devices import DeviceMap
-from .sources.base import AllocatorSource, NvmlSource
+from .sources.base import AllocatorReading, AllocatorSource, NvmlSource
 
 
 @dataclass
@@ -36,6 +36,18 @@ class Hardware:
             if reason:
                 reasons.append(reason)
         return reasons
+
+    def allocator_readings(self) -> dict[int, AllocatorReading] | None:
+        """PyTorch's counters of every device now; ``None`` without CUDA, ``{}`` before CUDA starts.
+
+        Before the user's code initialises CUDA nothing can be held, and reading would create a
+        ~500 MiB context of our own.
+        """
+        if self.allocator.status() is not None:
+            return None
+        if not self.allocator.is_initialized():
+            return {}
+        return {index: self.allocator.read(index) for index in range(self.allocator.device_count())}
 
     def own_process_bytes(self, nvml_index: int, device_used_bytes: int | None = None) -> int | None:
         """GPU memory NVML attributes to this process, or ``None`` where it cannot tell.

@@ -230,10 +230,7 @@ class OomFix(CudaMemMagicsBase):
 
     def _readings(self) -> dict[int, Any] | None:
         """The allocator's readings now, per device, for the diagnosis (``None`` where unreadable)."""
-        allocator = self.hardware.allocator
-        if allocator.status() is not None or not allocator.is_initialized():
-            return None
-        return {index: allocator.read(index) for index in range(allocator.device_count())}
+        return self.hardware.allocator_readings() or None
 
     def _confirmed(self, max_tries: int) -> bool:
         from IPython.core.error import StdinNotImplementedError

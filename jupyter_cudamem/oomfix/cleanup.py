@@ -55,15 +55,6 @@ class CleanupResult(TextReport):
         return self.summary()
 
 
-def _readings(hardware: Hardware) -> dict[int, AllocatorReading] | None:
-    allocator = hardware.allocator
-    if allocator.status() is not None:
-        return None
-    if not allocator.is_initialized():
-        return {}  # reading would initialise CUDA (a context costs ~500 MiB); nothing can be held yet
-    return {index: allocator.read(index) for index in range(allocator.device_count())}
-
-
 def _freed(
     before: dict[int, AllocatorReading] | None, after: dict[int, AllocatorReading] | None, attribute: str
 ) -> int | None:
@@ -96,7 +87,7 @@ def cleanup(
             f"no variable named {names} in the notebook; nothing was changed. "
             "Check the spelling (--del takes names of your own variables, e.g. --del model)"
         )
-    before = _readings(hardware)
+    before = hardware.allocator_readings()
     cleared = release_ipython_references(shell, exception, holds_cuda)
     exception = None  # our own reference must not outlive the release
     deleted = []
@@ -106,7 +97,7 @@ def cleanup(
     gc.collect()
     if before:
         hardware.allocator.empty_cache()
-    after = _readings(hardware)
+    after = hardware.allocator_readings()
     return CleanupResult(
         freed_bytes=_freed(before, after, "allocated_bytes"),
         freed_reserved_bytes=_freed(before, after, "reserved_bytes"),
