@@ -368,7 +368,7 @@ class Poller:
                 readings.append((device, None, NOT_IN_NVML))
                 continue
             memory = nvml.memory(index)
-            own = hardware.own_process_bytes(index)
+            own = hardware.own_process_bytes(index, memory.used_bytes)  # reused while "used" stands
             utilization = nvml.utilization_percent(index)
             sample = Sample(
                 time_s=self._clock(),
