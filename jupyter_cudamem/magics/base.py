@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
@@ -39,6 +39,21 @@ def current_cell_number(shell: Any) -> int | None:
     displayhook = getattr(shell, "displayhook", None)
     count = getattr(displayhook, "prompt_count", None)
     return count if isinstance(count, int) else getattr(shell, "execution_count", None)
+
+
+def parse_devices(text: str | Sequence[int], option: str = "--devices") -> tuple[int, ...]:
+    """``"0,1"`` -> ``(0, 1)``: PyTorch's ``cuda:N`` numbers, for the magic's ``option``."""
+    if not isinstance(text, str):
+        values = list(text)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise CudaMemError(f"devices must be CUDA device numbers such as [0, 1], got {values!r}")
+        return tuple(dict.fromkeys(values))
+    tokens = [token.strip().removeprefix("cuda:") for token in text.split(",")]
+    if not tokens or not all(token.isdigit() for token in tokens):
+        raise CudaMemError(
+            f"{option} takes CUDA device numbers separated by commas, such as {option} 0,1; got {text!r}"
+        )
+    return tuple(dict.fromkeys(int(token) for token in tokens))
 
 
 class CudaMemMagicsBase(Magics):

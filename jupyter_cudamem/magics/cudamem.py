@@ -23,7 +23,7 @@ from ..report import CellReport, HistoryTable, one_line
 from ..report.plot import figure_png, history_figure
 from ..trace import TraceSummary, save_snapshot, summarize
 from ..units import format_bytes, parse_size
-from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
+from .base import CudaMemMagicsBase, current_cell_number, one_line_errors, parse_devices
 from .cellrun import NO_VALUE, run_cell_body
 
 # Options of %cudamem that take a value; the rest are flags. Used to split "%cudamem OPTIONS STATEMENT".
@@ -46,16 +46,6 @@ def _split_options(line: str) -> tuple[str, str]:
                 end = value.end()
         position = end
     return line[:position].strip(), line[position:].strip()
-
-
-def _parse_devices(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        devices = [int(part.replace("cuda:", "")) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise CudaMemError(f"--device takes CUDA device numbers such as 0 or 0,1, not {text!r}") from None
-    return devices or None
 
 
 @magics_class
@@ -159,7 +149,7 @@ class CudaMem(CudaMemMagicsBase):
                 raise CudaMemError("nothing to measure: use %%cudamem as a cell magic, %cudamem STATEMENT, or %cudamem on")
             cell, line = statement, options
         args = self._parse_cudamem_options(line)
-        devices = _parse_devices(args.device)
+        devices = None if args.device is None else list(parse_devices(args.device, option="--device"))
         meter = self._meter(devices, reset_peak=False if args.no_reset_peak else None)
         gpu_present = self._gpu_present()
         if gpu_present:

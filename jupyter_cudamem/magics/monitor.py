@@ -25,24 +25,9 @@ from ..monitor.poller import (
 from ..monitor.render import DEFAULT_ALERT_FRACTION, text_line
 from ..monitor.snapshot import Snapshot
 from ..monitor.widget import MonitorView, make_view
-from .base import CudaMemMagicsBase, one_line_errors
+from .base import CudaMemMagicsBase, one_line_errors, parse_devices
 
 ACTIONS = ("start", "stop", "snapshot")
-
-
-def parse_devices(text: str | Sequence[int]) -> tuple[int, ...]:
-    """``"0,1"`` -> ``(0, 1)``: PyTorch's ``cuda:N`` numbers."""
-    if not isinstance(text, str):
-        values = list(text)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
-            raise CudaMemError(f"devices must be CUDA device numbers such as [0, 1], got {values!r}")
-        return tuple(dict.fromkeys(values))
-    tokens = [token.strip().removeprefix("cuda:") for token in text.split(",")]
-    if not tokens or not all(token.isdigit() for token in tokens):
-        raise CudaMemError(
-            f"--devices takes CUDA device numbers separated by commas, such as --devices 0,1; got {text!r}"
-        )
-    return tuple(dict.fromkeys(int(token) for token in tokens))
 
 
 @magics_class
