@@ -6,10 +6,10 @@ global changes, no GUI backend is needed, and the PNG shows in any frontend.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Any
 
+from ..report.plot import figure_png
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
 from .poller import MonitorState, Sample
@@ -105,9 +105,7 @@ class Snapshot(TextReport):
         return figure
 
     def png(self) -> bytes:
-        buffer = io.BytesIO()
-        self.figure().savefig(buffer, format="png", dpi=96)
-        return buffer.getvalue()
+        return figure_png(self.figure(), dpi=96)
 
     def _repr_png_(self) -> bytes:
         return self.png()

@@ -42,7 +42,7 @@ def history_figure(records: list[CellRecord]):
     return figure
 
 
-def figure_png(figure) -> bytes:
+def figure_png(figure, dpi: int = 100) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
+    figure.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
