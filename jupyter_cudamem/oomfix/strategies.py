@@ -137,11 +137,8 @@ class Outcome(TextReport):
             return f"%oomfix: fits under autocast after {count}"
         return f"%oomfix: fits unchanged after cleanup ({count})"
 
-    # -- text -----------------------------------------------------------------------------------
-    def _text_parts(self) -> list[str]:
-        parts = [self.headline()]
-        if self.diagnosis is not None:
-            parts += ["", str(self.diagnosis)]
+    def _facts(self) -> list[str]:
+        """What the cleanup freed, the room measured and where the batch was found, for both renderings."""
         facts = []
         if self.freed_bytes is not None:
             facts.append(f"cleanup freed {format_bytes(self.freed_bytes)}")
@@ -149,6 +146,14 @@ class Outcome(TextReport):
             facts.append(f"room for the cell {format_bytes(self.budget_bytes)}")
         if self.batch_summary:
             facts.append(self.batch_summary)
+        return facts
+
+    # -- text -----------------------------------------------------------------------------------
+    def text(self) -> str:
+        parts = [self.headline()]
+        if self.diagnosis is not None:
+            parts += ["", str(self.diagnosis)]
+        facts = self._facts()
         if facts:
             parts.append("; ".join(facts))
         if self.tries:
@@ -168,10 +173,7 @@ class Outcome(TextReport):
             parts += ["", f"- {suggestion.title}: {suggestion.why}"]
             if suggestion.code:
                 parts += ["    " + line for line in suggestion.code.splitlines()]
-        return parts
-
-    def text(self) -> str:
-        return "\n".join(self._text_parts())
+        return "\n".join(parts)
 
     # -- HTML -----------------------------------------------------------------------------------
     def _repr_html_(self) -> str:
@@ -180,15 +182,9 @@ class Outcome(TextReport):
         if self.diagnosis is not None:
             rich = getattr(self.diagnosis, "_repr_html_", None)
             out.append(rich() if callable(rich) else f"<pre>{e(str(self.diagnosis))}</pre>")
-        facts = []
-        if self.freed_bytes is not None:
-            facts.append(f"cleanup freed {e(format_bytes(self.freed_bytes))}")
-        if self.budget_bytes is not None:
-            facts.append(f"room for the cell {e(format_bytes(self.budget_bytes))}")
-        if self.batch_summary:
-            facts.append(e(self.batch_summary))
+        facts = self._facts()
         if facts:
-            out.append("<p>" + "; ".join(facts) + "</p>")
+            out.append("<p>" + "; ".join(e(fact) for fact in facts) + "</p>")
         if self.tries:
             out.append("<table><thead><tr><th>#</th><th>strategy</th><th>batch</th><th>result</th>"
                        "<th>peak</th><th>time</th><th>why</th></tr></thead><tbody>")
