@@ -121,18 +121,16 @@ class CellReport(TextReport):
         parts = [_STYLE, '<div class="cudamem-report">', f"<b>{escape(self._title())}</b>"]
         devices = self.measurement.devices
         if devices:
+            rows = [{metric: (value, detail) for metric, value, detail in _rows(d)} for d in devices]
             metrics: list[str] = []
-            for device in devices:
-                for metric, _, _ in _rows(device):
-                    if metric not in metrics:
-                        metrics.append(metric)
+            for device_rows in rows:
+                metrics.extend(metric for metric in device_rows if metric not in metrics)
             header = "".join(f"<th>{escape(d.device.label)} {escape(d.device.name)}</th>" for d in devices)
             parts.append(f"<table><tr><th></th>{header}</tr>")
             for metric in metrics:
                 cells = []
-                for device in devices:
-                    found = {m: (v, d) for m, v, d in _rows(device)}
-                    value, detail = found.get(metric, ("", ""))
+                for device_rows in rows:
+                    value, detail = device_rows.get(metric, ("", ""))
                     cells.append(f'<td title="{escape(detail)}">{escape(value)} <span class="note">{escape(detail)}</span></td>')
                 parts.append(f"<tr><td>{escape(metric)}</td>{''.join(cells)}</tr>")
             parts.append("</table>")
