@@ -6,7 +6,7 @@ import gc
 import sys
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
+from tests.oomfix.shells import shell_without_failures
 
 from jupyter_cudamem.oomfix.holders import find_holders, reaches_cuda
 from jupyter_cudamem.oomfix.ipython_state import (
@@ -49,12 +49,7 @@ def fake_holds_cuda(obj: object) -> bool:
 
 @pytest.fixture
 def shell():
-    shell = InteractiveShell.instance()
-    shell.reset(new_session=False)
-    for name in ("last_exc", "last_value", "last_traceback", "last_type"):
-        if hasattr(sys, name):
-            delattr(sys, name)
-    shell.InteractiveTB.tb = None  # left over from other tests' failures
+    shell = shell_without_failures()
     yield shell
     recorder = recorder_for(shell)
     if recorder is not None:

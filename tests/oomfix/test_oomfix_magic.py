@@ -3,9 +3,9 @@ real torch message, on fake hardware (jupyter_cudamem/magics/oomfix.py)."""
 
 from __future__ import annotations
 
-import sys
 
 import pytest
+from tests.oomfix.shells import shell_without_failures
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -26,12 +26,7 @@ finished_with = batch_size
 
 @pytest.fixture
 def env():
-    shell = InteractiveShell.instance()
-    shell.reset(new_session=False)
-    for name in ("last_exc", "last_value", "last_traceback", "last_type"):
-        if hasattr(sys, name):
-            delattr(sys, name)
-    shell.InteractiveTB.tb = None
+    shell = shell_without_failures()
     shell.rl_next_input = None
     machine = capped_machine(6 * GiB, held_bytes=128 * MiB)
     cell = SimulatedCell(machine, CNN)
