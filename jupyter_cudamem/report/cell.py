@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from ..hints import measurement_hints
+from ..advice import measurement_hints
 from ..measure import DeviceMeasurement, Measurement
 from ..trace import TraceSummary
 from ..units import format_bytes, format_seconds
