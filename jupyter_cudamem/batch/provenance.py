@@ -354,9 +354,9 @@ class History:
                 if insert_at is not None:
                     return Trace(
                         (Written(number, insert_at, insert=f", {name}={{}}"),),
-                        f"{where} (not given: {callee_name}'s default)",
+                        f"{where} (not given: the default of {callee_name})",
                     )
-                return Trace((), f"{where} (not given: {callee_name}'s default)")
+                return Trace((), f"{where} (not given: the default of {callee_name})")
         return Trace((), f"{where} ({_code(parsed, call)})")
 
     def _through_return(

@@ -106,7 +106,7 @@ def test_a_library_default_gets_a_keyword_inserted_into_the_call():
         and written.span.line == 2
         and written.text_for(4) == ", per_device_train_batch_size=4"
     )
-    assert "TrainingArguments's default" in result.origin
+    assert "the default of TrainingArguments" in result.origin
 
 
 def test_through_a_notebook_function_that_returns_the_loaders():
