@@ -1566,7 +1566,10 @@ def find_batch(
         if not found(value):
             continue
         for knob_reader in _KNOB_READERS:
-            made = knob_reader(path, value, read, context)
+            try:
+                made = knob_reader(path, value, read, context)
+            except Exception:  # noqa: BLE001  a user object whose attributes raise holds no batch we can change
+                continue
             if made:
                 knobs.extend(made)
                 break

@@ -251,3 +251,16 @@ def test_train_batch_beats_evaluation_batch_in_a_training_cell_and_the_reverse()
     assert chosen(training, namespace).label == "train_bs"
     evaluating = "with torch.no_grad():\n    v = model(torch.randn(eval_bs, 8))\n    t = torch.randn(train_bs, 8)\n"
     assert chosen(evaluating, namespace).label == "eval_bs"
+
+
+def test_objects_whose_attributes_raise_are_passed_over():
+    class Haunted:
+        def __getattr__(self, name):
+            raise RuntimeError("no attributes here")
+
+        def __iter__(self):
+            return iter(())
+
+    namespace = {"thing": Haunted(), "bs": 32, "model": None, "torch": torch}
+    knob = chosen("for x in thing:\n    model(torch.randn(bs, 4))\n", namespace)
+    assert knob.label == "bs"
