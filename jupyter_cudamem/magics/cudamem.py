@@ -13,14 +13,15 @@ from typing import Any
 
 from IPython.core.magic import line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from IPython.display import Image, display
+from IPython.display import display
 from traitlets import Bool, Int, Unicode, Union
 
 from ..errors import CudaMemError
-from ..history import CellRecord, History, source_head
+from ..history import CellRecord, History, flat_rows, save_records, source_head
 from ..measure import Meter
 from ..report import CellReport, HistoryTable, one_line
-from ..report.plot import figure_png, history_figure
+from ..report.plot import HistoryPlot
+from ..report.table import DEFAULT_SHOWN_CELLS
 from ..trace import TraceSummary, save_snapshot, summarize
 from ..units import format_bytes, parse_size
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors, parse_devices
@@ -314,7 +315,10 @@ class CudaMem(CudaMemMagicsBase):
         try:
             failure = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
             measurement = meter.stop(baseline, error=None if failure is None else type(failure).__name__)
+            # IPython before 9.8 gives no number to a cell run with store_history=False (silent runs, tests).
             count = getattr(result, "execution_count", None)
+            if count is None:
+                count = current_cell_number(self.shell)
             self.history.add(CellRecord(count, source_head(raw), measurement))
             if self._worth_a_line(measurement):
                 print(one_line(measurement, f"[{count}]" if count is not None else ""))
@@ -340,8 +344,21 @@ class CudaMem(CudaMemMagicsBase):
 
     # -- %cudamem_history ------------------------------------------------------------------
     @magic_arguments()
-    @argument("--plot", action="store_true", help="Show a chart of each cell's peak (matplotlib).")
-    @argument("--save", metavar="FILE", help="Write the records to FILE: .csv or .json (or .png with --plot).")
+    @argument("--plot", action="store_true", help="Show a chart of each cell's peak and what it left (matplotlib).")
+    @argument(
+        "--save",
+        metavar="FILE",
+        help="Write the selected records to FILE (.csv or .json) and say so in one line; with --plot, the chart "
+        "(.png, .svg or .pdf).",
+    )
+    @argument("--all", action="store_true", help=f"List every selected cell, not the latest {DEFAULT_SHOWN_CELLS} and a summary.")
+    @argument("--last", type=int, metavar="N", help="Only the latest N measured cells.")
+    @argument(
+        "--cells",
+        metavar="RANGES",
+        help="Only these cells, numbered as In [N]: 12, 5-9 (both included), 20- (from 20 on); several "
+        "separated by commas.",
+    )
     @argument("--clear", action="store_true", help="Forget all measured cells.")
     @argument("-o", "--output", action="store_true", help="Return the records (a list of dicts for pandas.DataFrame).")
     @line_magic
@@ -349,28 +366,30 @@ class CudaMem(CudaMemMagicsBase):
     def cudamem_history(self, line: str = "") -> Any:
         """Show the cells measured so far: a table, a plot, or records to load into pandas.
 
-        ``pandas.DataFrame(%cudamem_history -o)`` gives one row per cell and device, sizes in bytes.
+        The table lists the latest cells and sums up the rest in one line (--all lists every cell); the plot
+        keeps one size and bins what the screen cannot tell apart. --last and --cells pick the cells for
+        every view, --save and -o included. ``pandas.DataFrame(%cudamem_history -o)`` gives one row per cell
+        and device, sizes in bytes.
         """
         args = parse_argstring(self.cudamem_history, line)
         if args.clear:
             count = len(self.history)
             self.history.clear()
-            print(f"cudamem history cleared ({count} cells)")
+            print(f"cudamem history cleared ({count:,} cells)")
             return None
+        records = self.history.select(cells=args.cells, last=args.last)
         if args.plot:
-            figure = history_figure(self.history.records)
-            png = figure_png(figure)
+            plot = HistoryPlot(records)
             if args.save:
-                Path(args.save).write_bytes(png)
-                print(f"plot saved to {args.save}")
-            display(Image(png))
+                print(plot.save(args.save))
+            display(plot)
             return None
         if args.save:
-            path = self.history.save(args.save)
-            print(f"{len(self.history)} cells saved to {path}")
+            print(save_records(records, args.save))
         if args.output:
-            return self.history.to_records()
-        display(HistoryTable(self.history.records))
+            return flat_rows(records)
+        if not args.save:
+            display(HistoryTable(records, shown=None if args.all else DEFAULT_SHOWN_CELLS))
         return None
 
     def close(self) -> None:
