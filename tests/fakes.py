@@ -352,6 +352,6 @@ class FakeOptimizer:
 
 def fake_probe():
     """A ``TensorProbe`` recognising the fakes above."""
-    from jupyter_cudamem.oomfix.holders import TensorProbe
+    from jupyter_cudamem.attribution import TensorProbe
 
     return TensorProbe(tensor_types=(FakeTensor,), module_types=(FakeModule,), optimizer_types=(FakeOptimizer,))

@@ -1,0 +1,296 @@
+"""The bounded walk from one root to the device storages it keeps alive.
+
+A root (a variable, a reference IPython keeps) is walked breadth first through containers, object
+attributes, modules (parameters, gradients, buffers, plain attributes and what their hooks captured),
+optimizers' state, exceptions, tracebacks and function frames' locals, and tensors' autograd graphs
+(see ``probe``). Each storage is counted once (by ``untyped_storage().data_ptr()``: a view and its base
+share one), with the category it was first reached as and the first two steps of the path to it.
+
+Bounds: the walk never enters a module-level frame's namespace (that is the user namespace itself),
+Python modules, classes or functions (except what a module's hook captured), nor objects of IPython,
+ipykernel and the like (they lead back to the shell); and it stops after ``WALK_LIMIT`` objects per
+root, so a huge object graph cannot stall the kernel. Atoms (numbers, strings) are never queued: a list
+of a million floats costs one pass over it.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .probe import ModuleHook, TensorProbe, grad_fn_of, graph_is_hooked, module_attributes, module_hooks, next_nodes, saved_by
+
+WALK_LIMIT = 200_000  # objects queued per root
+
+# What a storage was first reached as.
+TENSORS = "tensors"
+PARAMETERS = "parameters"
+GRADIENTS = "gradients"
+BUFFERS = "buffers"
+MODULE_ATTRIBUTES = "other tensors"
+STATE = "state"
+GRAPH = "autograd graph"
+HOOKS = "hooks"
+
+# A path step: (ITEM, index or key), (ATTRIBUTE, name) or (HOOK, description).
+ITEM, ATTRIBUTE, HOOK = 0, 1, 2
+PATH_STEPS = 2
+
+ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview)
+OPAQUE = (
+    types.ModuleType,
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.CodeType,
+    types.GeneratorType,
+    types.CoroutineType,
+)
+# Objects of these packages are the machinery around the user, not the user's data; walking them
+# would lead back into the shell and its namespaces.
+MACHINERY_PREFIXES = ("IPython.", "ipykernel.", "traitlets.", "zmq.", "tornado.", "jupyter_client.", "asyncio.")
+
+Step = tuple[int, Any]
+
+
+def is_machinery(obj: Any) -> bool:
+    module = getattr(type(obj), "__module__", "") or ""
+    return module.startswith(MACHINERY_PREFIXES)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One storage as reached from a root: its size, category, and where under the root.
+
+    ``position`` is the index of the root's own item it hangs under (a list's index, a dict's
+    insertion position), -1 when the root is not a sequence or mapping; ``path`` the first steps.
+    """
+
+    nbytes: int
+    category: str
+    position: int
+    path: tuple[Step, ...]
+
+
+@dataclass
+class Reach:
+    """Storages reached from one root, and counts of the tensors met on the way."""
+
+    storages: dict[Any, Hit] = field(default_factory=dict)
+    tensors: int = 0  # tensors holding a counted storage, met outside graphs
+    graph_tensors: int = 0  # of those, how many carry an autograd graph
+    scalar_graph_tensors: int = 0  # of those, how many are single numbers (a loss, a metric)
+    hooks: list[ModuleHook] = field(default_factory=list)
+    truncated: bool = False
+
+    @property
+    def total(self) -> int:
+        return sum(hit.nbytes for hit in self.storages.values())
+
+    def by_category(self) -> dict[str, int]:
+        sums: dict[str, int] = {}
+        for hit in self.storages.values():
+            sums[hit.category] = sums.get(hit.category, 0) + hit.nbytes
+        return sums
+
+
+def _numel(tensor: Any) -> int | None:
+    try:
+        return int(tensor.numel())
+    except Exception:
+        shape = getattr(tensor, "shape", None)
+        if shape is None:
+            return None
+        count = 1
+        for size in shape:
+            count *= int(size)
+        return count
+
+
+class _Walker:
+    def __init__(self, probe: TensorProbe, skip_ids: frozenset[int], follow_grad: bool, budget: int, root_name: str):
+        self.probe = probe
+        self.skip_ids = skip_ids
+        self.follow_grad = follow_grad
+        self.budget = budget
+        self.root_name = root_name
+        self.seen: set[int] = set()
+        # Graph nodes and unpacked tensors are new Python objects: keep them alive while walking, or
+        # their ids could be reused by the next ones and those would be taken as already seen.
+        self.keep_alive: list[Any] = []
+        self.pending: deque[tuple[Any, str, int, tuple[Step, ...], bool]] = deque()
+        self.reach = Reach()
+
+    def push(self, item: Any, category: str, position: int, path: tuple[Step, ...]) -> None:
+        if isinstance(item, ATOMS):
+            return
+        if self.budget <= 0:
+            self.reach.truncated = True
+            return
+        self.budget -= 1
+        self.pending.append((item, category, position, path, False))
+
+    def run(self, root: Any) -> Reach:
+        self.pending.append((root, TENSORS, -1, (), True))
+        while self.pending:
+            obj, category, position, path, is_root = self.pending.popleft()
+            if id(obj) in self.seen or id(obj) in self.skip_ids:
+                continue
+            self.seen.add(id(obj))
+            try:
+                self.visit(obj, category, position, path, is_root)
+            except Exception:  # an object that cannot be inspected holds nothing we can name
+                continue
+        return self.reach
+
+    def visit(self, obj: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool) -> None:
+        probe = self.probe
+        deeper = len(path) < PATH_STEPS
+        if probe.is_tensor(obj):
+            self.visit_tensor(obj, category, position, path, is_root)
+            return
+        if isinstance(obj, probe.module_types):
+            self.visit_module(obj, position, path)
+            return
+        if isinstance(obj, probe.optimizer_types):
+            # Only the state: the parameters in ``param_groups`` belong to the model.
+            for value in list(getattr(obj, "state", {}).values()):
+                self.push(value, STATE, position, path)
+            return
+        at_root = is_root
+        if isinstance(obj, dict):
+            for index, (key, value) in enumerate(list(obj.items())):
+                self.push(value, category, index if at_root else position, path + ((ITEM, key),) if deeper else path)
+            return
+        if isinstance(obj, (list, tuple, deque)):
+            for index, value in enumerate(list(obj)):
+                self.push(value, category, index if at_root else position, path + ((ITEM, index),) if deeper else path)
+            return
+        if isinstance(obj, (set, frozenset)):
+            for value in list(obj):
+                self.push(value, category, position, path)
+            return
+        if isinstance(obj, types.TracebackType):
+            self.push(obj.tb_frame, category, position, path)
+            self.push(obj.tb_next, category, position, path)
+            return
+        if isinstance(obj, types.FrameType):
+            # A module-level frame's locals are its globals: the user namespace, reported name by name.
+            if obj.f_code.co_name != "<module>" and obj.f_locals is not obj.f_globals:
+                for value in list(obj.f_locals.values()):
+                    self.push(value, category, position, path)
+            return
+        if isinstance(obj, BaseException):
+            for value in (obj.__traceback__, obj.__cause__, obj.__context__, *obj.args):
+                self.push(value, category, position, path)
+            for value in list(getattr(obj, "__dict__", {}).values()):
+                self.push(value, category, position, path)
+            return
+        if isinstance(obj, OPAQUE) or (not is_root and is_machinery(obj)):
+            return
+        attributes = getattr(obj, "__dict__", None)
+        if isinstance(attributes, dict):
+            for name, value in list(attributes.items()):
+                self.push(value, category, position, path + ((ATTRIBUTE, name),) if deeper else path)
+        for klass in type(obj).__mro__:
+            slots = klass.__dict__.get("__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
+                    step = path + ((ATTRIBUTE, slot),) if deeper else path
+                    self.push(getattr(obj, slot), category, position, step)
+
+    def visit_tensor(self, tensor: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool) -> None:
+        found = self.probe.device_storage(tensor)
+        if found is not None:
+            key, size = found
+            if key not in self.reach.storages:
+                self.reach.storages[key] = Hit(size, category, position, path)
+            if category != GRAPH:
+                self.reach.tensors += 1
+        if self.follow_grad or not is_root:
+            grad = getattr(tensor, "grad", None)
+            if grad is not None:
+                self.push(grad, GRADIENTS, position, path)
+        node = grad_fn_of(tensor)
+        if node is None:
+            return
+        if found is not None and category != GRAPH:
+            self.reach.graph_tensors += 1
+            if _numel(tensor) == 1:
+                self.reach.scalar_graph_tensors += 1
+        self.visit_graph(node, position, path)
+
+    def visit_graph(self, start: Any, position: int, path: tuple[Step, ...]) -> None:
+        """Every node not yet seen from ``start``, then what each keeps for its backward."""
+        nodes: list[Any] = []
+        frontier = [start]
+        while frontier and self.budget > 0:
+            node = frontier.pop()
+            if id(node) in self.seen:
+                continue
+            self.seen.add(id(node))
+            self.keep_alive.append(node)
+            nodes.append(node)
+            self.budget -= 1
+            frontier.extend(next_nodes(node))
+        if frontier:
+            self.reach.truncated = True
+        may_unpack = not graph_is_hooked(nodes)
+        for node in nodes:
+            for saved in saved_by(node, may_unpack):
+                self.keep_alive.append(saved)
+                self.push(saved, GRAPH, position, path)
+
+    def visit_module(self, module: Any, position: int, path: tuple[Step, ...]) -> None:
+        deeper = len(path) < PATH_STEPS
+        parameters = list(module.parameters())
+        for parameter in parameters:
+            self.push(parameter, PARAMETERS, position, path)
+        for parameter in parameters:
+            grad = getattr(parameter, "grad", None)
+            if grad is not None:
+                self.push(grad, GRADIENTS, position, path)
+        for buffer in module.buffers():
+            self.push(buffer, BUFFERS, position, path)
+        label = describe_path(self.root_name or type(module).__name__, path)
+        for attribute_path, value in module_attributes(module, label):
+            step = path + ((ATTRIBUTE, attribute_path[len(label) + 1 :]),) if deeper else path
+            self.push(value, MODULE_ATTRIBUTES, position, step)
+        for hook in module_hooks(module, label):
+            self.reach.hooks.append(hook)
+            step = path + ((HOOK, hook.describe()),) if deeper else path
+            for captured in hook.captured:
+                self.push(captured, HOOKS, position, step)
+
+
+def walk(
+    root: Any,
+    probe: TensorProbe,
+    skip_ids: frozenset[int] = frozenset(),
+    follow_grad: bool = True,
+    root_name: str = "",
+    limit: int = WALK_LIMIT,
+) -> Reach:
+    """The storages ``root`` keeps alive (see the module docstring). ``follow_grad`` False leaves a root
+    tensor's own ``.grad`` out (it is reported as a holder of its own)."""
+    walker = _Walker(probe, skip_ids, follow_grad, limit, root_name)
+    reach = walker.run(root)
+    walker.keep_alive.clear()
+    return reach
+
+
+def describe_path(root: str, path: tuple[Step, ...]) -> str:
+    """``losses[3]``, ``tracker.history``, ``model.fc.cache``, ``forward hook save on model.fc``."""
+    text = root
+    for kind, value in path:
+        if kind == HOOK:
+            return str(value)
+        if kind == ATTRIBUTE:
+            text += f".{value}"
+        else:
+            shown = repr(value)
+            text += f"[{shown if len(shown) <= 24 else shown[:23] + '…'}]"
+    return text
