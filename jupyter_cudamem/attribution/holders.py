@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..units import format_bytes
-from .probe import TensorProbe, default_probe
+from .probe import TensorProbe, default_probe, grad_of
 from .walk import ATOMS, GRAPH, OPAQUE, Reach, is_machinery, walk
 
 # Names IPython itself puts in the user namespace: its output cache and input history are reported
@@ -215,7 +215,7 @@ def walk_roots(
                 continue
             kind = root_kind(value, probe)
             roots.append(Root(name, kind, value, True, VARIABLE, 1, walk(value, probe, skip, False, name)))
-            grad = getattr(value, "grad", None) if kind == "tensor" else None
+            grad = grad_of(value) if kind == "tensor" else None
             if grad is not None and probe.is_tensor(grad):
                 roots.append(Root(f"{name}.grad", "gradient", grad, True, VARIABLE, 1, walk(grad, probe, skip)))
         grouped: dict[int, list[Reference]] = {}

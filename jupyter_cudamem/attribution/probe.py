@@ -100,6 +100,17 @@ def grad_fn_of(tensor: Any) -> Any:
         return None
 
 
+def grad_of(tensor: Any) -> Any:
+    """A tensor's ``.grad``; read only where PyTorch fills it (leaves, ``retain_grad()``), since reading
+    it on other tensors costs a warning each time."""
+    try:
+        if getattr(tensor, "is_leaf", True) or getattr(tensor, "retains_grad", False):
+            return getattr(tensor, "grad", None)
+    except Exception:
+        pass
+    return None
+
+
 def next_nodes(node: Any) -> Iterator[Any]:
     try:
         edges = node.next_functions

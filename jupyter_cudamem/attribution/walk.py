@@ -20,7 +20,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .probe import ModuleHook, TensorProbe, grad_fn_of, graph_is_hooked, module_attributes, module_hooks, next_nodes, saved_by
+from .probe import (
+    ModuleHook,
+    TensorProbe,
+    grad_fn_of,
+    grad_of,
+    graph_is_hooked,
+    module_attributes,
+    module_hooks,
+    next_nodes,
+    saved_by,
+)
 
 WALK_LIMIT = 200_000  # objects queued per root
 
@@ -34,8 +44,9 @@ STATE = "state"
 GRAPH = "autograd graph"
 HOOKS = "hooks"
 
-# A path step: (ITEM, index or key), (ATTRIBUTE, name) or (HOOK, description).
+# A path step: (ITEM, index or key, position), (ATTRIBUTE, name, -1) or (HOOK, description, -1).
 ITEM, ATTRIBUTE, HOOK = 0, 1, 2
+NO_GRAPH, WITH_GRAPH, GRAPH_SCALAR = 0, 1, 2
 PATH_STEPS = 2
 
 ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview)
@@ -53,7 +64,7 @@ OPAQUE = (
 # would lead back into the shell and its namespaces.
 MACHINERY_PREFIXES = ("IPython.", "ipykernel.", "traitlets.", "zmq.", "tornado.", "jupyter_client.", "asyncio.")
 
-Step = tuple[int, Any]
+Step = tuple[int, Any, int]
 
 
 def is_machinery(obj: Any) -> bool:
@@ -73,6 +84,7 @@ class Hit:
     category: str
     position: int
     path: tuple[Step, ...]
+    graph: int = NO_GRAPH  # for a tensor met outside graphs: whether it carries one (GRAPH_SCALAR: a loss, a metric)
 
 
 @dataclass
@@ -163,11 +175,13 @@ class _Walker:
         at_root = is_root
         if isinstance(obj, dict):
             for index, (key, value) in enumerate(list(obj.items())):
-                self.push(value, category, index if at_root else position, path + ((ITEM, key),) if deeper else path)
+                step = path + ((ITEM, key, index),) if deeper else path
+                self.push(value, category, index if at_root else position, step)
             return
         if isinstance(obj, (list, tuple, deque)):
             for index, value in enumerate(list(obj)):
-                self.push(value, category, index if at_root else position, path + ((ITEM, index),) if deeper else path)
+                step = path + ((ITEM, index, index),) if deeper else path
+                self.push(value, category, index if at_root else position, step)
             return
         if isinstance(obj, (set, frozenset)):
             for value in list(obj):
@@ -194,34 +208,34 @@ class _Walker:
         attributes = getattr(obj, "__dict__", None)
         if isinstance(attributes, dict):
             for name, value in list(attributes.items()):
-                self.push(value, category, position, path + ((ATTRIBUTE, name),) if deeper else path)
+                self.push(value, category, position, path + ((ATTRIBUTE, name, -1),) if deeper else path)
         for klass in type(obj).__mro__:
             slots = klass.__dict__.get("__slots__", ())
             for slot in (slots,) if isinstance(slots, str) else slots:
                 if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
-                    step = path + ((ATTRIBUTE, slot),) if deeper else path
+                    step = path + ((ATTRIBUTE, slot, -1),) if deeper else path
                     self.push(getattr(obj, slot), category, position, step)
 
     def visit_tensor(self, tensor: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool) -> None:
         found = self.probe.device_storage(tensor)
+        node = grad_fn_of(tensor)
         if found is not None:
             key, size = found
+            graph = NO_GRAPH
+            if node is not None and category != GRAPH:
+                graph = GRAPH_SCALAR if _numel(tensor) == 1 else WITH_GRAPH
+                self.reach.graph_tensors += 1
+                self.reach.scalar_graph_tensors += graph == GRAPH_SCALAR
             if key not in self.reach.storages:
-                self.reach.storages[key] = Hit(size, category, position, path)
+                self.reach.storages[key] = Hit(size, category, position, path, graph)
             if category != GRAPH:
                 self.reach.tensors += 1
         if self.follow_grad or not is_root:
-            grad = getattr(tensor, "grad", None)
+            grad = grad_of(tensor)
             if grad is not None:
                 self.push(grad, GRADIENTS, position, path)
-        node = grad_fn_of(tensor)
-        if node is None:
-            return
-        if found is not None and category != GRAPH:
-            self.reach.graph_tensors += 1
-            if _numel(tensor) == 1:
-                self.reach.scalar_graph_tensors += 1
-        self.visit_graph(node, position, path)
+        if node is not None:
+            self.visit_graph(node, position, path)
 
     def visit_graph(self, start: Any, position: int, path: tuple[Step, ...]) -> None:
         """Every node not yet seen from ``start``, then what each keeps for its backward."""
@@ -250,18 +264,18 @@ class _Walker:
         for parameter in parameters:
             self.push(parameter, PARAMETERS, position, path)
         for parameter in parameters:
-            grad = getattr(parameter, "grad", None)
+            grad = grad_of(parameter)
             if grad is not None:
                 self.push(grad, GRADIENTS, position, path)
         for buffer in module.buffers():
             self.push(buffer, BUFFERS, position, path)
         label = describe_path(self.root_name or type(module).__name__, path)
         for attribute_path, value in module_attributes(module, label):
-            step = path + ((ATTRIBUTE, attribute_path[len(label) + 1 :]),) if deeper else path
+            step = path + ((ATTRIBUTE, attribute_path[len(label) + 1 :], -1),) if deeper else path
             self.push(value, MODULE_ATTRIBUTES, position, step)
         for hook in module_hooks(module, label):
             self.reach.hooks.append(hook)
-            step = path + ((HOOK, hook.describe()),) if deeper else path
+            step = path + ((HOOK, hook.describe(), -1),) if deeper else path
             for captured in hook.captured:
                 self.push(captured, HOOKS, position, step)
 
@@ -285,7 +299,7 @@ def walk(
 def describe_path(root: str, path: tuple[Step, ...]) -> str:
     """``losses[3]``, ``tracker.history``, ``model.fc.cache``, ``forward hook save on model.fc``."""
     text = root
-    for kind, value in path:
+    for kind, value, _ in path:
         if kind == HOOK:
             return str(value)
         if kind == ATTRIBUTE:

@@ -270,18 +270,41 @@ def ipython_references(shell: Any) -> list[Reference]:
         value = getattr(displayhook, name, None)
         if value is not None and not isinstance(value, str):
             refs.append(Reference(name, OUTPUT_CACHE, value))
+    refs.extend(_frame_references(_known_exceptions(shell, None)))
+    return refs
+
+
+def _frame_references(errors: list[BaseException]) -> list[Reference]:
+    """The frames of functions on the errors' tracebacks, one reference each; the cell's own
+    (module-level) frame and our own and IPython's frames are left out."""
+    refs: list[Reference] = []
     counts: dict[str, int] = {}
     seen: set[int] = set()
-    for error in _known_exceptions(shell, None):
+    for error in errors:
         for tb in _tracebacks(error):
             while tb is not None:
                 frame = tb.tb_frame
-                if frame.f_code.co_name != "<module>" and id(frame) not in seen:
+                module = str(frame.f_globals.get("__name__", ""))
+                ours = module.startswith(_MACHINERY_MODULES) or module.startswith("jupyter_cudamem.")
+                if frame.f_code.co_name != "<module>" and not ours and id(frame) not in seen:
                     seen.add(id(frame))
                     label = _frame_label(frame)
                     counts[label] = counts.get(label, 0) + 1
                     refs.append(Reference(label, FRAME, frame, counts[label]))
                 tb = tb.tb_next
+    return refs
+
+
+def cell_references(shell: Any, value: Any = None, error: BaseException | None = None) -> list[Reference]:
+    """What IPython keeps, plus what a cell run inside a magic has not handed to IPython yet: its
+    value (about to enter the output cache as ``Out[N]``) and its exception with its frames."""
+    refs = ipython_references(shell)
+    if value is not None:
+        count = getattr(getattr(shell, "displayhook", None), "prompt_count", None)
+        refs.append(Reference(f"Out[{count}]" if isinstance(count, int) else "the cell's value", OUTPUT_CACHE, value))
+    if error is not None:
+        refs.append(Reference("the cell's exception", EXCEPTION, error))
+        refs.extend(_frame_references([error]))
     return refs
 
 

@@ -16,8 +16,12 @@ def history_figure(records: list[CellRecord]):
 
     points: dict[str, list[tuple[int, float, float]]] = {}
     labels: list[str] = []
+    growing: list[tuple[int, float, str]] = []  # cells run again that left memory again
     for position, record in enumerate(records):
         labels.append(record.label)
+        if record.growth is not None:
+            top = max((d.peak_allocated_bytes or 0 for d in record.measurement.devices), default=0) / GiB
+            growing.append((position, top, f"{record.growth.per_run_bytes / GiB:+.2f} GiB/run"))
         for device in record.measurement.devices:
             if device.peak_allocated_bytes is None:
                 continue
@@ -34,6 +38,12 @@ def history_figure(records: list[CellRecord]):
         xs = [x + offset * width - 0.4 + width / 2 for x, _, _ in values]
         axes.bar(xs, [peak for _, peak, _ in values], width=width, label=f"{device} peak allocated")
         axes.plot(xs, [left for _, _, left in values], marker="o", linestyle="--", label=f"{device} allocated after")
+    if growing:
+        axes.scatter([x for x, _, _ in growing], [y for _, y, _ in growing], marker="^", color="crimson",
+                     zorder=3, label="growing (left memory again)")
+        for x, y, text in growing:
+            axes.annotate(text, (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize="x-small",
+                          color="crimson")
     axes.set_xticks(range(len(labels)), labels, rotation=45 if len(labels) > 12 else 0)
     axes.set_xlabel("cell")
     axes.set_ylabel("GiB")

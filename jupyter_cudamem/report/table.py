@@ -8,14 +8,15 @@ from ..history import CellRecord
 from ..units import format_bytes, format_seconds
 from .text import TextReport
 
-_COLUMNS = ("cell", "source", "device", "peak", "Δ allocated", "Δ reserved", "Δ NVML", "time")
+_COLUMNS = ("cell", "source", "device", "peak", "Δ allocated", "Δ reserved", "Δ NVML", "time", "growing")
 
 
 def _cells(record: CellRecord) -> list[tuple[str, ...]]:
     measurement = record.measurement
     status = f" ({measurement.error})" if measurement.error else ""
+    growing = "" if record.growth is None else f"{format_bytes(record.growth.per_run_bytes, signed=True)}/run ×{record.growth.runs}"
     if not measurement.devices:
-        return [(record.label, record.source_head + status, "", "", "", "", "", format_seconds(measurement.wall_s))]
+        return [(record.label, record.source_head + status, "", "", "", "", "", format_seconds(measurement.wall_s), growing)]
     return [
         (
             record.label,
@@ -26,6 +27,7 @@ def _cells(record: CellRecord) -> list[tuple[str, ...]]:
             format_bytes(device.reserved_delta_bytes, signed=True),
             format_bytes(device.nvml_used_delta_bytes, signed=True),
             format_seconds(measurement.wall_s),
+            growing,
         )
         for device in measurement.devices
     ]
