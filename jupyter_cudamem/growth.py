@@ -25,8 +25,11 @@ GROWTH_MIN_BYTES = 1024**2
 
 
 class _Record(Protocol):
-    source_key: str
-    measurement: Measurement
+    @property
+    def source_key(self) -> str: ...
+
+    @property
+    def measurement(self) -> Measurement: ...
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ def _run(machine, hardware, history, source, left, freed=0):
     machine.free(0, freed)
     measurement = meter.stop(baseline)
     key = source_key(source)
-    record = CellRecord(len(history), source, measurement, source_key=key, growth=run_growth(history.records, key, measurement))
+    record = CellRecord(
+        len(history), source, measurement, source_key=key, growth=run_growth(history.records, key, measurement)
+    )
     history.add(record)
     return record
 

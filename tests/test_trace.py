@@ -74,7 +74,8 @@ def _loop(iterations, keep_every=1, extra_once=0):
     for iteration in range(iterations):
         for line, size, kept in ((7, 4096, False), (8, 2 * 1024**2, iteration % keep_every == 0)):
             addr += 1
-            frames = [TORCH, {"filename": MODEL, "line": line, "name": "forward"}, {"filename": CELL, "line": 4, "name": "<module>"}]
+            forward = {"filename": MODEL, "line": line, "name": "forward"}
+            frames = [TORCH, forward, {"filename": CELL, "line": 4, "name": "<module>"}]
             events.append(_event("alloc", addr, size, *frames))
             if not kept:
                 events.append(_event("free_completed", addr, size))

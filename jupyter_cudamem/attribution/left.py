@@ -42,7 +42,6 @@ from .holders import (
     Reference,
     Root,
     as_references,
-    is_user_name,
     tensor_text,
     walk_roots,
 )
@@ -117,7 +116,8 @@ def _fingerprint(value: Any, probe: TensorProbe) -> tuple[Any, ...]:
         if probe.is_tensor(value):
             return (ident, id(grad_of(value)))
         if isinstance(value, probe.module_types):
-            first = next(iter(value.parameters()), None)
+            module: Any = value
+            first = next(iter(module.parameters()), None)
             if first is None:
                 return (ident, None, None)
             return (ident, probe.device_storage(first), id(grad_of(first)))
@@ -363,7 +363,9 @@ def _largest_path(root: Root, hits: list[Hit]) -> str:
     return max(sizes, key=lambda text: sizes[text])
 
 
-def _cause(root: Root, categories: dict[str, int], graph_direct: int, direct: int, hooks: tuple[str, ...], hits: list[Hit]) -> str:
+def _cause(
+    root: Root, categories: dict[str, int], graph_direct: int, direct: int, hooks: tuple[str, ...], hits: list[Hit]
+) -> str:
     total = sum(categories.values())
     if root.origin == OUTPUT_CACHE:
         return OUTPUT_CACHE_CAUSE
@@ -371,9 +373,7 @@ def _cause(root: Root, categories: dict[str, int], graph_direct: int, direct: in
         return TRACEBACK_CAUSE
     if hooks or categories.get(HOOKS, 0) * 2 >= total:
         return HOOK_CAUSE
-    if categories.get(MODULE_ATTRIBUTES, 0) * 2 >= total and any(
-        hit.path and hit.path[0][0] == HOOK for hit in hits
-    ):
+    if categories.get(MODULE_ATTRIBUTES, 0) * 2 >= total and any(hit.path and hit.path[0][0] == HOOK for hit in hits):
         return HOOK_CAUSE
     if categories.get(GRAPH, 0) * 2 >= total or (direct and graph_direct * 2 >= direct):
         return GRAPH_CAUSE
@@ -424,10 +424,18 @@ def _description(root: Root, cause: str, holder: dict[str, Any]) -> str:
             text += " holding its autograd graph" + (f", {saved}" if saved else "")
         return text
     if container is not None:
-        noun = f"{container} of {_plural(tensors, 'tensor')}" if tensors else f"{container} reaching {_plural(holder['storages'], 'storage')}"
+        noun = (
+            f"{container} of {_plural(tensors, 'tensor')}"
+            if tensors
+            else f"{container} reaching {_plural(holder['storages'], 'storage')}"
+        )
         if graph_tensors:
             owner = "its" if tensors == 1 else "their"
-            noun += f" holding {owner} autograd graphs" if graph_tensors == tensors else f" ({graph_tensors} holding autograd graphs)"
+            noun += (
+                f" holding {owner} autograd graphs"
+                if graph_tensors == tensors
+                else f" ({graph_tensors} holding autograd graphs)"
+            )
             noun += f", {saved}" if saved else ""
         return noun
     text = f"{type(value).__name__} reaching {_plural(tensors or holder['storages'], 'tensor')}"
@@ -470,7 +478,9 @@ def left_behind(
             if key not in owners or rank < owners[key][0]:
                 owners[key] = (rank, index)
 
-    certain = sum(judged[index].root.reach.storages[key].nbytes for key, (_, index) in owners.items() if verdict[key] == NEW)
+    certain = sum(
+        judged[index].root.reach.storages[key].nbytes for key, (_, index) in owners.items() if verdict[key] == NEW
+    )
     unexplained = max(left_bytes - certain, 0)
     counted: set[Any] = {key for key in owners if verdict[key] == NEW}
     likely_roots: set[int] = set()
@@ -497,7 +507,16 @@ def left_behind(
         index = owners[key][1]
         hit = judged[index].root.reach.storages[key]
         holder = gathered.setdefault(
-            index, {"categories": {}, "tensors": 0, "graph_tensors": 0, "scalars": 0, "storages": 0, "hits": [], "also": set()}
+            index,
+            {
+                "categories": {},
+                "tensors": 0,
+                "graph_tensors": 0,
+                "scalars": 0,
+                "storages": 0,
+                "hits": [],
+                "also": set(),
+            },
         )
         holder["categories"][hit.category] = holder["categories"].get(hit.category, 0) + hit.nbytes
         holder["storages"] += 1
@@ -591,37 +610,40 @@ def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
         return (first, free_now)
     if holder.cause == HOOK_CAUSE:
         hook = holder.hooks[0] if holder.hooks else "a module hook"
-        return (
+        fix = (
             f"the {hook} keeps what it is given: store output.detach() (or a summary such as "
             "output.mean().item()), or remove the hook when done (handle.remove() on what "
-            "register_forward_hook returned)",
-            free_now if holder.origin == VARIABLE else "removing the hook frees what it kept",
+            "register_forward_hook returned)"
         )
+        return (fix, free_now if holder.origin == VARIABLE else "removing the hook frees what it kept")
     if holder.cause == OUTPUT_CACHE_CAUSE:
-        return (
+        fix = (
             f"{name} keeps a cell's value: end the cell with ';' or assign the value to a name; "
-            "%reset -f out empties IPython's output cache",
+            "%reset -f out empties IPython's output cache"
         )
+        return (fix,)
     if holder.cause == TRACEBACK_CAUSE:
-        return (
+        fix = (
             "a failed cell's traceback keeps its frames' tensors until the next error replaces it; "
-            "after an out-of-memory error %oomfix releases them",
+            "after an out-of-memory error %oomfix releases them"
         )
+        return (fix,)
     if holder.cause == MODEL:
         return ("a model's weights: expected; it stays until the model is deleted",)
     if holder.cause == OPTIMIZER_STATE:
-        return (
+        note = (
             "an optimizer's state, made on its first step (Adam: two tensors per parameter): expected, "
-            "it does not grow on later steps",
+            "it does not grow on later steps"
         )
+        return (note,)
     if holder.cause == GRADIENTS_CAUSE:
         return ("gradients from backward(): expected; optimizer.zero_grad(set_to_none=True) frees them between steps",)
     if holder.cause == MODULE_ATTRIBUTES_CAUSE:
         return (f"tensors kept as module attributes ({holder.where or name}): expected if the module needs them",)
     if holder.change == "grew":
-        return (
+        fix = (
             f"{name} gained {_plural(holder.tensors, 'tensor')} in this cell: a container that grows every run "
-            "fills the card; keep what you need as numbers (.item()) or on the CPU (.cpu())",
-            free_now,
+            "fills the card; keep what you need as numbers (.item()) or on the CPU (.cpu())"
         )
+        return (fix, free_now)
     return (f"data on the GPU: expected if you meant to keep it; {free_now}",)

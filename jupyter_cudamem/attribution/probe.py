@@ -165,7 +165,7 @@ def saved_by(node: Any, may_unpack: bool) -> Iterator[Any]:
 
 def _unpacked(node: Any, name: str, position: int, many: bool) -> Iterator[Any]:
     try:
-        value = getattr(node, "saved_tensors") if name == "tensors" else getattr(node, "_saved_" + name)
+        value = node.saved_tensors if name == "tensors" else getattr(node, "_saved_" + name)
     except Exception:  # freed by backward: PyTorch raises instead of returning nothing
         return
     if many and isinstance(value, (tuple, list)):

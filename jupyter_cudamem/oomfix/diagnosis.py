@@ -258,9 +258,8 @@ def diagnose(
         for holder in largest:
             if holder.kind == "gradient":  # not a variable: deleting the tensor it belongs to frees it
                 continue
-            suggestions.append(
-                f"%oomfix --del {holder.name} if you no longer need it (frees up to {format_bytes(holder.exclusive_bytes)})"
-            )
+            frees = format_bytes(holder.exclusive_bytes)
+            suggestions.append(f"%oomfix --del {holder.name} if you no longer need it (frees up to {frees})")
     else:
         verdict = "too big for the card"
         if capped:

@@ -281,7 +281,8 @@ def _frame_references(errors: list[BaseException]) -> list[Reference]:
     counts: dict[str, int] = {}
     seen: set[int] = set()
     for error in errors:
-        for tb in _tracebacks(error):
+        for first in _tracebacks(error):
+            tb: types.TracebackType | None = first
             while tb is not None:
                 frame = tb.tb_frame
                 module = str(frame.f_globals.get("__name__", ""))

@@ -61,7 +61,9 @@ _REMAINDER = (
 def _holder_head(holder: LeftHolder) -> tuple[str, str]:
     """``(verdict, text)`` for one holder: ``leak``/``result`` and ``losses: list of 40 tensors ...``."""
     verdict = "leak" if holder.leak else "result"
-    likely = " (likely: not in the fingerprint the cell started with, counted to explain what it left)" if holder.likely else ""
+    likely = ""
+    if holder.likely:
+        likely = " (likely: not in the fingerprint the cell started with, counted to explain what it left)"
     where = f" via {holder.where}" if holder.where and holder.where not in holder.description else ""
     also = f"; also reached from {', '.join(holder.also)}" if holder.also else ""
     return verdict, f"{holder.name}: {holder.description}{where}{also}{likely}"

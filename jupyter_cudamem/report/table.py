@@ -14,9 +14,11 @@ _COLUMNS = ("cell", "source", "device", "peak", "Δ allocated", "Δ reserved", "
 def _cells(record: CellRecord) -> list[tuple[str, ...]]:
     measurement = record.measurement
     status = f" ({measurement.error})" if measurement.error else ""
-    growing = "" if record.growth is None else f"{format_bytes(record.growth.per_run_bytes, signed=True)}/run ×{record.growth.runs}"
+    growth = record.growth
+    growing = "" if growth is None else f"{format_bytes(growth.per_run_bytes, signed=True)}/run ×{growth.runs}"
     if not measurement.devices:
-        return [(record.label, record.source_head + status, "", "", "", "", "", format_seconds(measurement.wall_s), growing)]
+        wall = format_seconds(measurement.wall_s)
+        return [(record.label, record.source_head + status, "", "", "", "", "", wall, growing)]
     return [
         (
             record.label,

@@ -6,7 +6,7 @@ import sys
 import warnings
 
 from jupyter_cudamem.attribution.holders import find_holders
-from tests.fakes import MiB, FakeModule, FakeOptimizer, FakeTensor, fake_probe
+from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe
 
 
 def by_name(holders):

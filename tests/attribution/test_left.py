@@ -14,7 +14,7 @@ from jupyter_cudamem.attribution.left import (
     NamespaceSnapshot,
     left_behind,
 )
-from tests.fakes import MiB, FakeModule, FakeOptimizer, FakeTensor, fake_probe, torch_cpu_probe
+from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe, torch_cpu_probe
 
 torch = pytest.importorskip("torch")
 
@@ -126,7 +126,8 @@ def test_a_hook_keeping_outputs_in_its_closure_is_counted_as_likely():
     ns = namespace()
     exec(
         "model = torch.nn.Sequential(torch.nn.Linear(256, H), torch.nn.ReLU())\n"
-        "def keeper():\n    kept = []\n    def save(module, inputs, output):\n        kept.append(output)\n    return save\n"
+        "def keeper():\n    kept = []\n"
+        "    def save(module, inputs, output):\n        kept.append(output)\n    return save\n"
         "handle = model[1].register_forward_hook(keeper())",
         ns,
     )

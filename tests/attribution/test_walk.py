@@ -9,7 +9,7 @@ import pytest
 
 from jupyter_cudamem.attribution.probe import module_hooks, saved_by
 from jupyter_cudamem.attribution.walk import GRAPH, HOOKS, describe_path, walk
-from tests.fakes import MiB, FakeModule, FakeTensor, fake_probe, torch_cpu_probe
+from tests.fakes import FakeModule, FakeTensor, MiB, fake_probe, torch_cpu_probe
 
 
 class _Saved:
@@ -120,7 +120,12 @@ def test_hooks_of_every_kind_with_what_they_captured():
         "forward pre-hook Keeper on model",
         "forward pre-hook test_hooks_of_every_kind_with_what_they_captured.<locals>.plain on model",
     }
-    assert "acts" in hooks["forward pre-hook test_hooks_of_every_kind_with_what_they_captured.<locals>.plain on model"].global_names
+    assert (
+        "acts"
+        in hooks[
+            "forward pre-hook test_hooks_of_every_kind_with_what_they_captured.<locals>.plain on model"
+        ].global_names
+    )
     reach = walk(model, fake_probe(), root_name="model")
     assert reach.by_category()[HOOKS] == (2 + 5 + 3 + 3) * MiB
     assert reach.by_category()["parameters"] == MiB

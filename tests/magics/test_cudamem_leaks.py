@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
+from fakes import FakeTensor, MiB, fake_probe
 
 from jupyter_cudamem import magics
-
-from fakes import FakeTensor, MiB, fake_probe
 
 
 @pytest.fixture
@@ -41,9 +40,7 @@ def test_a_value_kept_by_the_output_cache_is_named(leaky, capsys):
 
 
 def test_a_failed_cells_traceback_is_named(leaky, capsys):
-    leaky.run_cell(
-        "%%cudamem\ndef f():\n    big = FakeTensor(100 * MiB, machine=m)\n    raise ValueError('boom')\nf()"
-    )
+    leaky.run_cell("%%cudamem\ndef f():\n    big = FakeTensor(100 * MiB, machine=m)\n    raise ValueError('boom')\nf()")
     captured = capsys.readouterr()
     assert "ValueError: boom" in re.sub(r"\x1b\[[0-9;]*m", "", captured.out + captured.err)
     assert "kept by the failed cell's traceback" in captured.out

@@ -13,13 +13,24 @@ MiB = 1024**2
 
 def _left() -> LeftBehind:
     losses = LeftHolder(
-        name="losses", origin="variable", kind="list", nbytes=420 * MiB, cause="autograd graph",
+        name="losses",
+        origin="variable",
+        kind="list",
+        nbytes=420 * MiB,
+        cause="autograd graph",
         description="list of 40 tensors holding their autograd graphs, 419.00 MiB of saved activations",
-        change="grew", advice=("keep numbers, not graphs: store loss.item()", "free it now: del losses"),
+        change="grew",
+        advice=("keep numbers, not graphs: store loss.item()", "free it now: del losses"),
     )
     model = LeftHolder(
-        name="model<b>", origin="variable", kind="module", nbytes=10 * MiB, cause="model",
-        description="Linear: parameters 10.00 MiB", change="new", advice=("a model's weights: expected",),
+        name="model<b>",
+        origin="variable",
+        kind="module",
+        nbytes=10 * MiB,
+        cause="model",
+        description="Linear: parameters 10.00 MiB",
+        change="new",
+        advice=("a model's weights: expected",),
     )
     return LeftBehind(left_bytes=433 * MiB, holders=(losses, model), elapsed_s=0.012)
 
@@ -54,8 +65,13 @@ def test_html_escapes_names_and_marks_leaks(machine, hardware):
 def test_growth_across_runs_and_in_a_loop_are_reported(machine, hardware):
     growth = RunGrowth(runs=3, per_run_bytes=420 * MiB, left_bytes=(420 * MiB,) * 3)
     loop = LoopGrowth(
-        iterations=40, per_iteration_bytes=10 * MiB, kept_bytes=400 * MiB, kept_iterations=40,
-        location="In[2] line 8 in forward", code="        x = self.fc(x)\n", called_from="In[5] line 4",
+        iterations=40,
+        per_iteration_bytes=10 * MiB,
+        kept_bytes=400 * MiB,
+        kept_iterations=40,
+        location="In[2] line 8 in forward",
+        code="        x = self.fc(x)\n",
+        called_from="In[5] line 4",
         called_from_code="    losses.append(model(x).sum())",
     )
     trace = TraceSummary(device_index=0, traced_peak_bytes=500 * MiB, sites=(), growth=loop)
