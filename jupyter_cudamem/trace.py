@@ -8,7 +8,7 @@ the innermost frame that belongs to the user's code (not PyTorch, not a library,
 allocations from the same line, of the same sizes, still live at the end of the trace, one set per
 iteration. Iterations are counted from the log itself: an allocation of one size at one line happens
 once per iteration, so the commonest number of repeats of such (line, size) pairs is the number of
-iterations; the n-th repeat of a pair belongs to the n-th iteration. A line whose kept allocations
+iterations (a pair repeated k times as often belongs k times to each). A line whose kept allocations
 come from most iterations (at least three) grew steadily, by what it kept divided by the iterations.
 """
 
@@ -134,11 +134,13 @@ def loop_growth(
     iterations = max(set(counts), key=lambda count: (counts.count(count), -count))
     kept: dict[tuple[str, int, str], list[tuple[int, int, tuple[str, int, str] | None]]] = {}
     for size, site, occurrence, outer in live.values():
-        kept.setdefault(site, []).append((size, occurrence, outer))
+        # A pair repeated k times per iteration: its n-th repeat belongs to iteration n // k.
+        iteration = occurrence * iterations // max(repeats[(site, size)], 1)
+        kept.setdefault(site, []).append((size, iteration, outer))
     best: LoopGrowth | None = None
     for site, allocations in kept.items():
         kept_bytes = sum(size for size, _, _ in allocations)
-        kept_iterations = len({occurrence for _, occurrence, _ in allocations if occurrence < iterations})
+        kept_iterations = len({iteration for _, iteration, _ in allocations})
         if kept_bytes < MIN_KEPT_BYTES or kept_iterations < MIN_ITERATIONS or kept_iterations * 2 < iterations:
             continue
         if best is not None and kept_bytes <= best.kept_bytes:

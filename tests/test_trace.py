@@ -110,3 +110,20 @@ def test_a_loop_that_frees_what_it_made_or_keeps_only_once_is_not_growing():
 def test_growth_every_other_iteration_is_still_steady():
     growth = _growth(_loop(40, keep_every=2))
     assert growth is not None and growth.kept_iterations == 20 and growth.per_iteration_bytes == 1024**2
+
+
+def test_several_allocations_of_one_size_per_iteration_are_placed_in_their_iteration():
+    # A forward of a layer stack in one line: three 8 MiB activations per iteration, two kept, one freed.
+    events, addr = [], 0
+    line = {"filename": CELL, "line": 3, "name": "<module>"}
+    for _ in range(20):
+        for kept in (True, False, True):
+            addr += 1
+            events.append(_event("alloc", addr, 8 * 1024**2, TORCH, line))
+            if not kept:
+                events.append(_event("free_completed", addr, 8 * 1024**2))
+        addr += 1
+        events.append(_event("alloc", addr, 512, TORCH, line))  # the loss, kept
+    growth = _growth(_snapshot(events))
+    assert growth.iterations == 20 and growth.kept_iterations == 20
+    assert growth.per_iteration_bytes == 16 * 1024**2 + 512 and growth.called_from is None

@@ -9,6 +9,7 @@ left.
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Iterable, Mapping
@@ -17,7 +18,21 @@ from typing import Any
 
 from ..units import format_bytes
 from .probe import TensorProbe, default_probe, grad_of
-from .walk import ATOMS, GRAPH, OPAQUE, Reach, is_machinery, walk
+from .walk import (
+    ATOMS,
+    EXCEPTION_CODE,
+    FRAME_CODE,
+    GRAPH,
+    MACHINERY_PREFIXES,
+    MODULE_CODE,
+    OPAQUE,
+    OPTIMIZER_CODE,
+    TENSOR_CODE,
+    TRACEBACK_CODE,
+    Reach,
+    type_code,
+    walk,
+)
 
 # Names IPython itself puts in the user namespace: its output cache and input history are reported
 # under their own holders (from ``ipython_state.ipython_references``), the rest hold no tensors.
@@ -134,25 +149,31 @@ class Holders(list[Holder]):
 def is_user_name(name: str, value: Any) -> bool:
     """A variable of the user's own: not IPython's names, and not a handle on the machinery
     (``ip = get_ipython()`` reaches every namespace; our own recorder or results are not the user's data)."""
-    if name in _IPYTHON_NAMES or _IPYTHON_NAME_PATTERN.match(name):
+    if name in _IPYTHON_NAMES or (name[:1] == "_" and _IPYTHON_NAME_PATTERN.match(name)):
         return False
-    if isinstance(value, OPAQUE) or is_machinery(value):
+    return _is_user_type(type(value))
+
+
+@functools.lru_cache(maxsize=8192)
+def _is_user_type(kind: type) -> bool:
+    if issubclass(kind, OPAQUE):
         return False
-    return not (getattr(type(value), "__module__", "") or "").startswith("jupyter_cudamem.")
+    module = getattr(kind, "__module__", "") or ""
+    return not module.startswith(MACHINERY_PREFIXES) and not module.startswith("jupyter_cudamem.")
+
+
+_ROOT_KINDS = {
+    TENSOR_CODE: "tensor",
+    MODULE_CODE: "module",
+    OPTIMIZER_CODE: "optimizer",
+    EXCEPTION_CODE: "traceback",
+    TRACEBACK_CODE: "traceback",
+    FRAME_CODE: "traceback",
+}
 
 
 def root_kind(value: Any, probe: TensorProbe) -> str:
-    import types
-
-    if probe.is_tensor(value):
-        return "tensor"
-    if isinstance(value, probe.module_types):
-        return "module"
-    if isinstance(value, probe.optimizer_types):
-        return "optimizer"
-    if isinstance(value, (BaseException, types.TracebackType, types.FrameType)):
-        return "traceback"
-    return "object"
+    return _ROOT_KINDS.get(type_code(type(value), probe), "object")
 
 
 def tensor_text(value: Any) -> str:
@@ -193,7 +214,41 @@ class Root:
     user_variable: bool
     origin: str
     occurrence: int
-    reach: Reach
+    reach: Reach = field(default_factory=lambda: NOT_WALKED)
+
+
+# The reach of a root not walked (yet): shared, never changed (a walk assigns a new one).
+NOT_WALKED = Reach()
+
+
+def list_roots(
+    namespace: Mapping[str, Any],
+    refs: Iterable[Reference] | Mapping[str, object],
+    probe: TensorProbe,
+    split_gradients: bool = True,
+) -> list[Root]:
+    """Every user variable (with ``split_gradients``, a tensor's ``.grad`` as a root of its own) and
+    every IPython reference (references to one object grouped into one root), not walked yet."""
+    roots: list[Root] = []
+    for name, value in list(namespace.items()):
+        if not is_user_name(name, value):
+            continue
+        kind = root_kind(value, probe)
+        roots.append(Root(name, kind, value, True, VARIABLE, 1))
+        grad = grad_of(value) if kind == "tensor" and split_gradients else None
+        if grad is not None and probe.is_tensor(grad):
+            roots.append(Root(f"{name}.grad", "gradient", grad, True, VARIABLE, 1))
+    grouped: dict[int, list[Reference]] = {}
+    for reference in as_references(refs):
+        if reference.value is None or isinstance(reference.value, ATOMS):
+            continue
+        grouped.setdefault(id(reference.value), []).append(reference)
+    for group in grouped.values():
+        first = group[0]
+        kind = "traceback" if first.origin in (EXCEPTION, FRAME) else "ipython"
+        name = " / ".join(r.name if r.origin != FRAME else r.label for r in group) if len(group) > 1 else first.name
+        roots.append(Root(name, kind, first.value, False, first.origin, first.occurrence))
+    return roots
 
 
 def walk_roots(
@@ -202,33 +257,14 @@ def walk_roots(
     probe: TensorProbe,
     extra_skip: Iterable[int] = (),
 ) -> list[Root]:
-    """Walk every user variable (and a tensor's ``.grad`` as a holder of its own) and every IPython
-    reference (references to one object grouped into one root). Warnings raised while inspecting
-    objects (torch.distributed deprecations) are silenced."""
-    references = as_references(refs)
+    """``list_roots``, each walked on its own (a tensor's walk leaves out its ``.grad``, a root of its
+    own). Warnings raised while inspecting objects (torch.distributed deprecations) are silenced."""
     skip = frozenset({id(namespace), id(refs), *extra_skip})
-    roots: list[Root] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, value in list(namespace.items()):
-            if not is_user_name(name, value):
-                continue
-            kind = root_kind(value, probe)
-            roots.append(Root(name, kind, value, True, VARIABLE, 1, walk(value, probe, skip, False, name)))
-            grad = grad_of(value) if kind == "tensor" else None
-            if grad is not None and probe.is_tensor(grad):
-                roots.append(Root(f"{name}.grad", "gradient", grad, True, VARIABLE, 1, walk(grad, probe, skip)))
-        grouped: dict[int, list[Reference]] = {}
-        for reference in references:
-            if reference.value is None or isinstance(reference.value, ATOMS):
-                continue
-            grouped.setdefault(id(reference.value), []).append(reference)
-        for group in grouped.values():
-            first = group[0]
-            kind = "traceback" if first.origin in (EXCEPTION, FRAME) else "ipython"
-            name = " / ".join(r.name if r.origin != FRAME else r.label for r in group) if len(group) > 1 else first.name
-            reach = walk(first.value, probe, skip, root_name=first.name)
-            roots.append(Root(name, kind, first.value, False, first.origin, first.occurrence, reach))
+        roots = list_roots(namespace, refs, probe)
+        for root in roots:
+            root.reach = walk(root.value, probe, skip, root.kind != "tensor", root.name)
     return roots
 
 

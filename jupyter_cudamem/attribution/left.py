@@ -41,13 +41,14 @@ from .holders import (
     VARIABLE,
     Reference,
     Root,
-    as_references,
+    is_user_name,
+    list_roots,
+    root_kind,
     tensor_text,
-    walk_roots,
 )
 from .probe import ModuleHook, TensorProbe, default_probe, grad_of
 from .walk import (
-    ATOMS,
+    ATOM_TYPES,
     ATTRIBUTE,
     BUFFERS,
     GRADIENTS,
@@ -56,14 +57,24 @@ from .walk import (
     HOOK,
     HOOKS,
     ITEM,
+    MAPPING_CODE,
     MODULE_ATTRIBUTES,
+    MODULE_CODE,
     NO_GRAPH,
-    OPAQUE,
+    OBJECT_CODE,
+    OPTIMIZER_CODE,
     PARAMETERS,
+    SEQUENCE_CODE,
+    SET_CODE,
     STATE,
+    TENSOR_CODE,
     TENSORS,
     Hit,
+    Reach,
     describe_path,
+    type_code,
+    walk,
+    walk_together,
 )
 
 MiB = 1024**2
@@ -105,32 +116,38 @@ def _sized(value: Any) -> int:
         return -1
 
 
+_CONTAINER_CODES = frozenset({MAPPING_CODE, SEQUENCE_CODE, SET_CODE})
+_SIZED_TYPES = (list, tuple, dict, set)
+
+
 def _fingerprint(value: Any, probe: TensorProbe) -> tuple[Any, ...]:
-    """The id and what can grow in place without the id changing; cheap, never raises."""
+    """The id and what can grow in place without the id changing; cheap (one type lookup), never raises."""
     ident = id(value)
-    if isinstance(value, ATOMS) or isinstance(value, OPAQUE):
+    kind = type(value)
+    if kind in ATOM_TYPES:
         return (ident,)
+    code = type_code(kind, probe)
     try:
-        if isinstance(value, (list, tuple, dict, set, frozenset)) or type(value).__name__ == "deque":
+        if code in _CONTAINER_CODES:
             return (ident, len(value))
-        if probe.is_tensor(value):
+        if code == TENSOR_CODE:
             return (ident, id(grad_of(value)))
-        if isinstance(value, probe.module_types):
-            module: Any = value
-            first = next(iter(module.parameters()), None)
+        if code == MODULE_CODE:
+            first = next(iter(value.parameters()), None)
             if first is None:
                 return (ident, None, None)
             return (ident, probe.device_storage(first), id(grad_of(first)))
-        if isinstance(value, probe.optimizer_types):
+        if code == OPTIMIZER_CODE:
             return (ident, _sized(getattr(value, "state", ())))
+        if code != OBJECT_CODE:
+            return (ident,)
         attributes = getattr(value, "__dict__", None)
         if isinstance(attributes, dict):
             items = []
             for position, (name, attribute) in enumerate(attributes.items()):
                 if position >= _ATTRIBUTES_FINGERPRINTED:
                     break
-                sized = _sized(attribute) if isinstance(attribute, (list, tuple, dict, set)) else -1
-                items.append((name, id(attribute), sized))
+                items.append((name, id(attribute), len(attribute) if isinstance(attribute, _SIZED_TYPES) else -1))
             return (ident, tuple(items))
     except Exception:
         pass
@@ -142,7 +159,7 @@ class NamespaceSnapshot:
     """The namespace as a cell found it: fingerprints by name, and IPython's references by name."""
 
     names: Mapping[str, tuple[Any, ...]]
-    references: Mapping[str, int]
+    references: frozenset[int]  # ids of what IPython kept
 
     @classmethod
     def take(
@@ -153,11 +170,11 @@ class NamespaceSnapshot:
     ) -> NamespaceSnapshot:
         probe = probe if probe is not None else default_probe()
         if probe is None:
-            return cls({}, {})
+            return cls({}, frozenset())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             names = {name: _fingerprint(value, probe) for name, value in list(namespace.items())}
-        return cls(names, {reference.label: id(reference.value) for reference in references})
+        return cls(names, frozenset(id(reference.value) for reference in references))
 
 
 # -- the result ---------------------------------------------------------------------------------
@@ -266,6 +283,8 @@ def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: T
     if isinstance(value, probe.module_types):
         moved = len(old) > 1 and now[1] != old[1]
         return "changed", ("moved" if moved else "gradients")
+    if probe.is_tensor(value):
+        return "changed", "gradients"
     if isinstance(value, probe.optimizer_types):
         return "changed", "state"
     if len(now) > 1 and len(old) > 1 and isinstance(now[1], tuple) and isinstance(old[1], tuple):
@@ -285,16 +304,16 @@ def _novelty_of(hit: Hit, change: str, detail: Any) -> int:
     if change in ("new", "rebound"):
         return NEW
     if change == "unchanged":
-        return UNKNOWN if hit.category in (HOOKS, MODULE_ATTRIBUTES) else OLD
+        return UNKNOWN if _hidden(hit) else OLD
     if change == "grew":
         return NEW if hit.position >= detail else OLD
     # changed in place
     if detail == "moved":
-        return NEW if hit.category in _DIRECT else UNKNOWN
+        return UNKNOWN if _hidden(hit) else NEW
     if detail == "gradients":
         if hit.category == GRADIENTS:
             return NEW
-        return UNKNOWN if hit.category in (HOOKS, MODULE_ATTRIBUTES) else OLD
+        return UNKNOWN if _hidden(hit) else OLD
     if detail == "state":
         return NEW if hit.category == STATE else OLD
     if isinstance(detail, dict):
@@ -307,18 +326,61 @@ def _novelty_of(hit: Hit, change: str, detail: Any) -> int:
     return NEW  # a set or a container that shrank and grew: what it holds cannot be told apart
 
 
-def _judge(roots: list[Root], before: NamespaceSnapshot, probe: TensorProbe) -> list[_Judged]:
-    judged = []
+def _hidden(hit: Hit) -> bool:
+    """Reached through what a module keeps out of the fingerprint's sight: hooks, plain attributes."""
+    return hit.category in (HOOKS, MODULE_ATTRIBUTES) or bool(hit.path and hit.path[0][0] == HOOK)
+
+
+def _judge(
+    namespace: Mapping[str, Any],
+    references: Iterable[Reference] | Mapping[str, object],
+    before: NamespaceSnapshot,
+    probe: TensorProbe,
+    skip: frozenset[int],
+) -> tuple[list[_Judged], list[ModuleHook]]:
+    """Walk the roots whose fingerprint changed one by one, and the unchanged ones in one walk: their
+    storages are old, except what only their modules' hooks and attributes reach (unknown)."""
+    judged: list[_Judged] = []
+    unchanged: list[tuple[str, Any, Root | None]] = []
+    roots: list[Root] = []
+    for name, value in list(namespace.items()):
+        if not is_user_name(name, value):
+            continue
+        old = before.names.get(name)
+        if old is not None and old[0] == id(value) and _fingerprint(value, probe) == old:
+            unchanged.append((name, value, None))  # most names: decided without a second look
+        else:
+            roots.append(Root(name, root_kind(value, probe), value, True, VARIABLE, 1))
+    roots.extend(list_roots({}, references, probe))
     for root in roots:
         if root.user_variable:
             change, detail = _variable_change(root, before.names, probe)
         else:
-            labels = root.name.split(" / ")
-            fresh = any(before.references.get(label) != id(root.value) for label in labels)
-            change, detail = ("new" if fresh else "unchanged"), None
+            change, detail = ("unchanged" if id(root.value) in before.references else "new"), None
+        if change == "unchanged":
+            unchanged.append((root.name, root.value, root))
+            continue
+        root.reach = walk(root.value, probe, skip, True, root.name)
         novelty = {key: _novelty_of(hit, change, detail) for key, hit in root.reach.storages.items()}
         judged.append(_Judged(root, change, novelty))
-    return judged
+    together = walk_together([(name, value) for name, value, _ in unchanged], probe, skip)
+    for key in together.storages:
+        for entry in judged:
+            if key in entry.novelty:
+                entry.novelty[key] = OLD
+    hidden: dict[int, dict[Any, Hit]] = {}
+    for key, hit in together.late.items():
+        if key not in together.storages:
+            hidden.setdefault(hit.owner, {})[key] = hit
+    for owner, hits in hidden.items():
+        name, value, made = unchanged[owner]
+        root = made or Root(name, root_kind(value, probe), value, True, VARIABLE, 1)
+        root.reach = Reach(storages=hits, hooks=together.hooks, truncated=together.truncated)
+        judged.append(_Judged(root, "unchanged", dict.fromkeys(hits, UNKNOWN)))
+    hooks = list(together.hooks) + [hook for entry in judged for hook in entry.root.reach.hooks]
+    if together.truncated and judged:
+        judged[0].root.reach.truncated = True
+    return judged, hooks
 
 
 def _rank(root: Root, hit: Hit) -> tuple[int, int]:
@@ -450,18 +512,20 @@ def left_behind(
     before: NamespaceSnapshot,
     left_bytes: int,
     probe: TensorProbe | None = None,
+    skip_objects: Iterable[object] = (),
 ) -> LeftBehind:
     """Who holds the ``left_bytes`` a cell left (see the module docstring); ``before`` was taken when it
     started. ``references`` are IPython's (``ipython_state.ipython_references``), plus, where the caller
-    has them, the cell's value and exception not yet handed to IPython."""
+    has them, the cell's value and exception not yet handed to IPython. ``skip_objects`` are never
+    entered (the shell's own namespace dict, when ``namespace`` is a copy of it)."""
     started = time.perf_counter()
     probe = probe if probe is not None else default_probe()
     if probe is None:
         return LeftBehind(left_bytes, (), elapsed_s=time.perf_counter() - started)
+    skip = frozenset({id(namespace), *(id(obj) for obj in skip_objects)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        roots = walk_roots(namespace, as_references(references), probe)
-        judged = _judge(roots, before, probe)
+        judged, hooks = _judge(namespace, references, before, probe, skip)
 
     verdict: dict[Any, int] = {}
     for entry in judged:
@@ -498,9 +562,8 @@ def left_behind(
         unexplained -= judged[index].root.reach.storages[key].nbytes
 
     all_hooks: dict[int, ModuleHook] = {}
-    for root in roots:
-        for hook in root.reach.hooks:
-            all_hooks.setdefault(id(hook.hook), hook)
+    for hook in hooks:
+        all_hooks.setdefault(id(hook.hook), hook)
 
     gathered: dict[int, dict[str, Any]] = {}
     for key in counted:
@@ -571,7 +634,7 @@ def left_behind(
         smaller_bytes=smaller_bytes,
         smaller_count=smaller_count,
         elapsed_s=time.perf_counter() - started,
-        truncated=any(root.reach.truncated for root in roots),
+        truncated=any(entry.root.reach.truncated for entry in judged),
     )
 
 
@@ -594,8 +657,8 @@ def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
         scalars = holder.scalar_graph_tensors
         if holder.kind == "tensor" and scalars:
             first = (
-                f"accumulate numbers, not graphs: {name} += loss.item() (or loss.detach()), so each step's graph "
-                "is freed once its backward is done"
+                f"accumulate numbers, not graphs: {name} += value.item() (or value.detach()), so each step's "
+                "graph and the activations it saved are freed"
             )
         elif scalars and scalars * 2 >= max(holder.graph_tensors, 1):
             first = (
@@ -615,7 +678,9 @@ def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
             "output.mean().item()), or remove the hook when done (handle.remove() on what "
             "register_forward_hook returned)"
         )
-        return (fix, free_now if holder.origin == VARIABLE else "removing the hook frees what it kept")
+        if holder.origin == VARIABLE and holder.kind != "module":
+            return (fix, free_now)
+        return (fix, "removing the hook frees what it kept (its closure or object goes with it)")
     if holder.cause == OUTPUT_CACHE_CAUSE:
         fix = (
             f"{name} keeps a cell's value: end the cell with ';' or assign the value to a name; "

@@ -15,10 +15,11 @@ of a million floats costs one pass over it.
 
 from __future__ import annotations
 
+import functools
 import types
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .probe import (
     ModuleHook,
@@ -72,12 +73,13 @@ def is_machinery(obj: Any) -> bool:
     return module.startswith(MACHINERY_PREFIXES)
 
 
-@dataclass(frozen=True)
-class Hit:
+class Hit(NamedTuple):
     """One storage as reached from a root: its size, category, and where under the root.
 
     ``position`` is the index of the root's own item it hangs under (a list's index, a dict's
-    insertion position), -1 when the root is not a sequence or mapping; ``path`` the first steps.
+    insertion position), -1 when the root is not a sequence or mapping; ``path`` the first steps;
+    ``owner`` the index of the root it was reached from (in a walk of several roots). A named tuple:
+    the walk makes one per storage, and tuples are the cheapest to make.
     """
 
     nbytes: int
@@ -85,11 +87,16 @@ class Hit:
     position: int
     path: tuple[Step, ...]
     graph: int = NO_GRAPH  # for a tensor met outside graphs: whether it carries one (GRAPH_SCALAR: a loss, a metric)
+    owner: int = 0
 
 
 @dataclass
 class Reach:
-    """Storages reached from one root, and counts of the tensors met on the way."""
+    """Storages reached from one root (or several), and counts of the tensors met on the way.
+
+    ``late`` holds, in a walk of several roots with ``defer_hidden``, the storages met only through
+    what modules keep out of sight (hooks' captures, plain attributes), after everything else.
+    """
 
     storages: dict[Any, Hit] = field(default_factory=dict)
     tensors: int = 0  # tensors holding a counted storage, met outside graphs
@@ -97,6 +104,7 @@ class Reach:
     scalar_graph_tensors: int = 0  # of those, how many are single numbers (a loss, a metric)
     hooks: list[ModuleHook] = field(default_factory=list)
     truncated: bool = False
+    late: dict[Any, Hit] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -122,101 +130,178 @@ def _numel(tensor: Any) -> int | None:
         return count
 
 
+# What the walk does with an object, decided once per type (isinstance chains cost more than the walk).
+TENSOR_CODE, MODULE_CODE, OPTIMIZER_CODE, MAPPING_CODE, SEQUENCE_CODE, SET_CODE = range(6)
+TRACEBACK_CODE, FRAME_CODE, EXCEPTION_CODE, OPAQUE_CODE, MACHINERY_CODE, OBJECT_CODE = range(6, 12)
+_TENSOR, _MODULE, _OPTIMIZER, _MAPPING, _SEQUENCE, _SET = range(6)
+_TRACEBACK, _FRAME, _EXCEPTION, _OPAQUE, _MACHINERY, _OBJECT = range(6, 12)
+ATOM_TYPES = frozenset(ATOMS)
+
+
+def type_code(kind: type, probe: TensorProbe) -> int:
+    """What the walk does with objects of this type (one of the ``_TENSOR``... codes), cached."""
+    return _type_code(kind, probe.tensor_types, probe.module_types, probe.optimizer_types)
+
+
+@functools.lru_cache(maxsize=8192)
+def _type_code(
+    kind: type, tensor_types: tuple[type, ...], module_types: tuple[type, ...], optimizer_types: tuple[type, ...]
+) -> int:
+    if issubclass(kind, tensor_types):
+        return _TENSOR
+    if module_types and issubclass(kind, module_types):
+        return _MODULE
+    if optimizer_types and issubclass(kind, optimizer_types):
+        return _OPTIMIZER
+    for code, bases in (
+        (_MAPPING, dict),
+        (_SEQUENCE, (list, tuple, deque)),
+        (_SET, (set, frozenset)),
+        (_TRACEBACK, types.TracebackType),
+        (_FRAME, types.FrameType),
+        (_EXCEPTION, BaseException),
+        (_OPAQUE, OPAQUE),
+    ):
+        if issubclass(kind, bases):
+            return code
+    module = getattr(kind, "__module__", "") or ""
+    return _MACHINERY if module.startswith(MACHINERY_PREFIXES) else _OBJECT
+
+
+@functools.lru_cache(maxsize=8192)
+def _slots_of(kind: type) -> tuple[str, ...]:
+    names: list[str] = []
+    for klass in kind.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__") and slot not in names:
+                names.append(slot)
+    return tuple(names)
+
+
 class _Walker:
-    def __init__(self, probe: TensorProbe, skip_ids: frozenset[int], follow_grad: bool, budget: int, root_name: str):
+    def __init__(
+        self,
+        probe: TensorProbe,
+        skip_ids: frozenset[int],
+        follow_grad: bool,
+        budget: int,
+        root_names: list[str],
+        defer_hidden: bool = False,
+    ):
         self.probe = probe
+        self.types = (probe.tensor_types, probe.module_types, probe.optimizer_types)
         self.skip_ids = skip_ids
         self.follow_grad = follow_grad
         self.budget = budget
-        self.root_name = root_name
+        self.root_names = root_names
+        self.defer_hidden = defer_hidden
         self.seen: set[int] = set()
         # Graph nodes and unpacked tensors are new Python objects: keep them alive while walking, or
         # their ids could be reused by the next ones and those would be taken as already seen.
         self.keep_alive: list[Any] = []
-        self.pending: deque[tuple[Any, str, int, tuple[Step, ...], bool]] = deque()
-        self.reach = Reach()
+        self.pending: deque[tuple[Any, str, int, tuple[Step, ...], bool, int]] = deque()
+        self.deferred: deque[tuple[Any, str, int, tuple[Step, ...], bool, int]] = deque()
+        self.storages: dict[Any, Hit] = {}
+        self.reach = Reach(storages=self.storages)
+        self.codes: dict[type, int] = {}
+        # Paths are only read for what a holder is named by; a walk of unchanged roots skips them
+        # until it reaches what modules keep out of sight.
+        self.track_paths = not defer_hidden
 
-    def push(self, item: Any, category: str, position: int, path: tuple[Step, ...]) -> None:
-        if isinstance(item, ATOMS):
+    def push(
+        self, item: Any, category: str, position: int, path: tuple[Step, ...], owner: int, hidden: bool = False
+    ) -> None:
+        if type(item) in ATOM_TYPES:
             return
         if self.budget <= 0:
             self.reach.truncated = True
             return
         self.budget -= 1
-        self.pending.append((item, category, position, path, False))
+        (self.deferred if hidden and self.defer_hidden else self.pending).append(
+            (item, category, position, path, False, owner)
+        )
 
-    def run(self, root: Any) -> Reach:
-        self.pending.append((root, TENSORS, -1, (), True))
-        while self.pending:
-            obj, category, position, path, is_root = self.pending.popleft()
-            if id(obj) in self.seen or id(obj) in self.skip_ids:
-                continue
-            self.seen.add(id(obj))
-            try:
-                self.visit(obj, category, position, path, is_root)
-            except Exception:  # an object that cannot be inspected holds nothing we can name
-                continue
+    def run(self, roots: list[Any]) -> Reach:
+        for owner, root in enumerate(roots):
+            self.pending.append((root, TENSORS, -1, (), True, owner))
+        self.drain()
+        if self.deferred:
+            # What modules keep out of sight is walked last: what anything else reaches was seen first.
+            self.storages = self.reach.late
+            self.pending, self.deferred = self.deferred, deque()
+            self.defer_hidden = False
+            self.track_paths = True
+            self.drain()
         return self.reach
 
-    def visit(self, obj: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool) -> None:
-        probe = self.probe
-        deeper = len(path) < PATH_STEPS
-        if probe.is_tensor(obj):
-            self.visit_tensor(obj, category, position, path, is_root)
-            return
-        if isinstance(obj, probe.module_types):
-            self.visit_module(obj, position, path)
-            return
-        if isinstance(obj, probe.optimizer_types):
+    def drain(self) -> None:
+        pending, seen, skip = self.pending, self.seen, self.skip_ids
+        while pending:
+            obj, category, position, path, is_root, owner = pending.popleft()
+            ident = id(obj)
+            if ident in seen or ident in skip:
+                continue
+            seen.add(ident)
+            try:
+                self.visit(obj, category, position, path, is_root, owner)
+            except Exception:  # an object that cannot be inspected holds nothing we can name
+                continue
+
+    def visit(self, obj: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool, owner: int) -> None:
+        kind = type(obj)
+        code = self.codes.get(kind)
+        if code is None:
+            code = self.codes[kind] = _type_code(kind, *self.types)
+        push = self.push
+        if code == _TENSOR:
+            self.visit_tensor(obj, category, position, path, is_root, owner)
+        elif code == _MODULE:
+            self.visit_module(obj, position, path, owner)
+        elif code == _OPTIMIZER:
             # Only the state: the parameters in ``param_groups`` belong to the model.
             for value in list(getattr(obj, "state", {}).values()):
-                self.push(value, STATE, position, path)
-            return
-        at_root = is_root
-        if isinstance(obj, dict):
+                push(value, STATE, position, path, owner)
+        elif code == _MAPPING:
+            deeper = self.track_paths and len(path) < PATH_STEPS
             for index, (key, value) in enumerate(list(obj.items())):
                 step = path + ((ITEM, key, index),) if deeper else path
-                self.push(value, category, index if at_root else position, step)
-            return
-        if isinstance(obj, (list, tuple, deque)):
+                push(value, category, index if is_root else position, step, owner)
+        elif code == _SEQUENCE:
+            deeper = self.track_paths and len(path) < PATH_STEPS
             for index, value in enumerate(list(obj)):
                 step = path + ((ITEM, index, index),) if deeper else path
-                self.push(value, category, index if at_root else position, step)
-            return
-        if isinstance(obj, (set, frozenset)):
+                push(value, category, index if is_root else position, step, owner)
+        elif code == _SET:
             for value in list(obj):
-                self.push(value, category, position, path)
-            return
-        if isinstance(obj, types.TracebackType):
-            self.push(obj.tb_frame, category, position, path)
-            self.push(obj.tb_next, category, position, path)
-            return
-        if isinstance(obj, types.FrameType):
+                push(value, category, position, path, owner)
+        elif code == _TRACEBACK:
+            push(obj.tb_frame, category, position, path, owner)
+            push(obj.tb_next, category, position, path, owner)
+        elif code == _FRAME:
             # A module-level frame's locals are its globals: the user namespace, reported name by name.
             if obj.f_code.co_name != "<module>" and obj.f_locals is not obj.f_globals:
                 for value in list(obj.f_locals.values()):
-                    self.push(value, category, position, path)
-            return
-        if isinstance(obj, BaseException):
+                    push(value, category, position, path, owner)
+        elif code == _EXCEPTION:
             for value in (obj.__traceback__, obj.__cause__, obj.__context__, *obj.args):
-                self.push(value, category, position, path)
+                push(value, category, position, path, owner)
             for value in list(getattr(obj, "__dict__", {}).values()):
-                self.push(value, category, position, path)
-            return
-        if isinstance(obj, OPAQUE) or (not is_root and is_machinery(obj)):
-            return
-        attributes = getattr(obj, "__dict__", None)
-        if isinstance(attributes, dict):
-            for name, value in list(attributes.items()):
-                self.push(value, category, position, path + ((ATTRIBUTE, name, -1),) if deeper else path)
-        for klass in type(obj).__mro__:
-            slots = klass.__dict__.get("__slots__", ())
-            for slot in (slots,) if isinstance(slots, str) else slots:
-                if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
+                push(value, category, position, path, owner)
+        elif code == _OBJECT or (code == _MACHINERY and is_root):
+            deeper = self.track_paths and len(path) < PATH_STEPS
+            attributes = getattr(obj, "__dict__", None)
+            if isinstance(attributes, dict):
+                for name, value in list(attributes.items()):
+                    push(value, category, position, path + ((ATTRIBUTE, name, -1),) if deeper else path, owner)
+            for slot in _slots_of(type(obj)):
+                if hasattr(obj, slot):
                     step = path + ((ATTRIBUTE, slot, -1),) if deeper else path
-                    self.push(getattr(obj, slot), category, position, step)
+                    push(getattr(obj, slot), category, position, step, owner)
 
-    def visit_tensor(self, tensor: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool) -> None:
+    def visit_tensor(
+        self, tensor: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool, owner: int
+    ) -> None:
         found = self.probe.device_storage(tensor)
         node = grad_fn_of(tensor)
         if found is not None:
@@ -226,18 +311,18 @@ class _Walker:
                 graph = GRAPH_SCALAR if _numel(tensor) == 1 else WITH_GRAPH
                 self.reach.graph_tensors += 1
                 self.reach.scalar_graph_tensors += graph == GRAPH_SCALAR
-            if key not in self.reach.storages:
-                self.reach.storages[key] = Hit(size, category, position, path, graph)
+            if key not in self.storages:
+                self.storages[key] = Hit(size, category, position, path, graph, owner)
             if category != GRAPH:
                 self.reach.tensors += 1
         if self.follow_grad or not is_root:
             grad = grad_of(tensor)
             if grad is not None:
-                self.push(grad, GRADIENTS, position, path)
+                self.push(grad, GRADIENTS, position, path, owner)
         if node is not None:
-            self.visit_graph(node, position, path)
+            self.visit_graph(node, position, path, owner)
 
-    def visit_graph(self, start: Any, position: int, path: tuple[Step, ...]) -> None:
+    def visit_graph(self, start: Any, position: int, path: tuple[Step, ...], owner: int) -> None:
         """Every node not yet seen from ``start``, then what each keeps for its backward."""
         nodes: list[Any] = []
         frontier = [start]
@@ -256,28 +341,28 @@ class _Walker:
         for node in nodes:
             for saved in saved_by(node, may_unpack):
                 self.keep_alive.append(saved)
-                self.push(saved, GRAPH, position, path)
+                self.push(saved, GRAPH, position, path, owner)
 
-    def visit_module(self, module: Any, position: int, path: tuple[Step, ...]) -> None:
+    def visit_module(self, module: Any, position: int, path: tuple[Step, ...], owner: int) -> None:
         deeper = len(path) < PATH_STEPS
         parameters = list(module.parameters())
         for parameter in parameters:
-            self.push(parameter, PARAMETERS, position, path)
+            self.push(parameter, PARAMETERS, position, path, owner)
         for parameter in parameters:
             grad = grad_of(parameter)
             if grad is not None:
-                self.push(grad, GRADIENTS, position, path)
+                self.push(grad, GRADIENTS, position, path, owner)
         for buffer in module.buffers():
-            self.push(buffer, BUFFERS, position, path)
-        label = describe_path(self.root_name or type(module).__name__, path)
+            self.push(buffer, BUFFERS, position, path, owner)
+        label = describe_path(self.root_names[owner] or type(module).__name__, path)
         for attribute_path, value in module_attributes(module, label):
             step = path + ((ATTRIBUTE, attribute_path[len(label) + 1 :], -1),) if deeper else path
-            self.push(value, MODULE_ATTRIBUTES, position, step)
+            self.push(value, MODULE_ATTRIBUTES, position, step, owner, hidden=True)
         for hook in module_hooks(module, label):
             self.reach.hooks.append(hook)
             step = path + ((HOOK, hook.describe(), -1),) if deeper else path
             for captured in hook.captured:
-                self.push(captured, HOOKS, position, step)
+                self.push(captured, HOOKS, position, step, owner, hidden=True)
 
 
 def walk(
@@ -290,8 +375,24 @@ def walk(
 ) -> Reach:
     """The storages ``root`` keeps alive (see the module docstring). ``follow_grad`` False leaves a root
     tensor's own ``.grad`` out (it is reported as a holder of its own)."""
-    walker = _Walker(probe, skip_ids, follow_grad, limit, root_name)
-    reach = walker.run(root)
+    walker = _Walker(probe, skip_ids, follow_grad, limit, [root_name])
+    reach = walker.run([root])
+    walker.keep_alive.clear()
+    return reach
+
+
+def walk_together(
+    roots: list[tuple[str, Any]],
+    probe: TensorProbe,
+    skip_ids: frozenset[int] = frozenset(),
+    limit: int = WALK_LIMIT,
+) -> Reach:
+    """One walk of many roots, each object visited once whichever root leads to it, with what modules
+    keep out of sight (hooks' captures, plain attributes) walked last, into ``Reach.late``: where those
+    are also reached otherwise, they are counted there. ``Hit.owner`` is the index of the root. Cheaper
+    than a walk per root when only the union matters (``left`` walks every unchanged name this way)."""
+    walker = _Walker(probe, skip_ids, True, limit, [name for name, _ in roots], defer_hidden=True)
+    reach = walker.run([value for _, value in roots])
     walker.keep_alive.clear()
     return reach
 
