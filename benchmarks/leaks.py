@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,11 +209,13 @@ def _cpu_hardware(shell: Any, probe: Any) -> Any:
             import torch
 
             storages: dict[Any, int] = {}
-            for obj in gc.get_objects():
-                if isinstance(obj, torch.Tensor):
-                    found = probe.device_storage(obj)
-                    if found is not None:
-                        storages[found[0]] = found[1]
+            with warnings.catch_warnings():  # isinstance over every object wakes torch's deprecation warnings
+                warnings.simplefilter("ignore")
+                for obj in gc.get_objects():
+                    if isinstance(obj, torch.Tensor):
+                        found = probe.device_storage(obj)
+                        if found is not None:
+                            storages[found[0]] = found[1]
             for root in walk_roots(shell.user_ns, ipython_references(shell), probe):
                 for key, hit in root.reach.storages.items():
                     storages[key] = hit.nbytes

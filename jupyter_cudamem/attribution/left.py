@@ -439,6 +439,8 @@ def _cause(
         return HOOK_CAUSE
     if categories.get(GRAPH, 0) * 2 >= total or (direct and graph_direct * 2 >= direct):
         return GRAPH_CAUSE
+    if categories.get(PARAMETERS, 0) + categories.get(BUFFERS, 0) > 0:
+        return MODEL  # a model built or moved here, with whatever gradients it also got
     largest = max(categories, key=lambda category: categories[category])
     return {
         PARAMETERS: MODEL,
@@ -464,7 +466,8 @@ def _description(root: Root, cause: str, holder: dict[str, Any]) -> str:
     container = _container_kind(value)
     saved = f"{format_bytes(graph)} of saved activations" if graph else ""
     if root.origin == OUTPUT_CACHE:
-        what = tensor_text(value) if root.kind == "object" and hasattr(value, "shape") else type(value).__name__
+        tensor_like = hasattr(value, "shape") and hasattr(value, "dtype")
+        what = f"tensor {tensor_text(value)}" if tensor_like else type(value).__name__
         return f"a cell's value kept by IPython's output cache ({what})"
     if root.origin in (EXCEPTION, FRAME):
         where = f"locals of {root.name}" if root.origin == FRAME else root.name
@@ -694,7 +697,8 @@ def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
         )
         return (fix,)
     if holder.cause == MODEL:
-        return ("a model's weights: expected; it stays until the model is deleted",)
+        grads = " (and its gradients until zero_grad(set_to_none=True))" if holder.by_category.get(GRADIENTS) else ""
+        return (f"a model's weights{grads}: expected; it stays until the model is deleted",)
     if holder.cause == OPTIMIZER_STATE:
         note = (
             "an optimizer's state, made on its first step (Adam: two tensors per parameter): expected, "
