@@ -126,7 +126,7 @@ def loop_growth(
             outer = _outermost(frames, is_cell_file) if is_cell_file else None
             live[event["addr"]] = (size, site, occurrence, outer)
         elif action in frees:
-            live.pop(event.get("addr"), None)
+            live.pop(event.get("addr", -1), None)
     counts = [count for count in repeats.values() if count >= MIN_ITERATIONS]
     if not counts:
         return None

@@ -9,7 +9,6 @@ left.
 
 from __future__ import annotations
 
-import functools
 import re
 import warnings
 from collections.abc import Iterable, Mapping
@@ -30,6 +29,7 @@ from .walk import (
     TENSOR_CODE,
     TRACEBACK_CODE,
     Reach,
+    memo_by_type,
     type_code,
     walk,
 )
@@ -49,12 +49,13 @@ FRAME = "traceback frame"  # a function's frame on a failed cell's traceback
 IPYTHON_ORIGINS = (OUTPUT_CACHE, EXCEPTION, FRAME)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Reference:
     """Something IPython keeps that may hold the user's memory: its name, where it comes from, and it.
 
     ``name`` is plain (``"Out[3]"``, ``"sys.last_value"``, ``"f()"`` for a frame of ``f``);
-    ``occurrence`` tells apart frames of one function (recursion, one frame per layer).
+    ``occurrence`` tells apart frames of one function (recursion, one frame per layer). Not frozen:
+    a snapshot lists them before every measured cell, and frozen dataclasses are slow to make.
     """
 
     name: str
@@ -154,7 +155,7 @@ def is_user_name(name: str, value: Any) -> bool:
     return _is_user_type(type(value))
 
 
-@functools.lru_cache(maxsize=8192)
+@memo_by_type
 def _is_user_type(kind: type) -> bool:
     if issubclass(kind, OPAQUE):
         return False
@@ -204,6 +205,10 @@ def _detail(kind: str, value: Any, reach: Reach) -> str:
     return f"{text}; {graph_text}" if graph_text else text
 
 
+# The reach of a root not walked (yet): shared, never changed (a walk assigns a new one).
+NOT_WALKED = Reach()
+
+
 @dataclass
 class Root:
     """A root as walked: the holder it becomes, before the figures that need every root are known."""
@@ -215,10 +220,6 @@ class Root:
     origin: str
     occurrence: int
     reach: Reach = field(default_factory=lambda: NOT_WALKED)
-
-
-# The reach of a root not walked (yet): shared, never changed (a walk assigns a new one).
-NOT_WALKED = Reach()
 
 
 def list_roots(

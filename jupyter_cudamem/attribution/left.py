@@ -51,17 +51,21 @@ from .walk import (
     ATOM_TYPES,
     ATTRIBUTE,
     BUFFERS,
+    EXCEPTION_CODE,
+    FRAME_CODE,
     GRADIENTS,
     GRAPH,
     GRAPH_SCALAR,
     HOOK,
     HOOKS,
     ITEM,
+    MACHINERY_CODE,
     MAPPING_CODE,
     MODULE_ATTRIBUTES,
     MODULE_CODE,
     NO_GRAPH,
     OBJECT_CODE,
+    OPAQUE_CODE,
     OPTIMIZER_CODE,
     PARAMETERS,
     SEQUENCE_CODE,
@@ -69,6 +73,7 @@ from .walk import (
     STATE,
     TENSOR_CODE,
     TENSORS,
+    TRACEBACK_CODE,
     Hit,
     Reach,
     describe_path,
@@ -120,13 +125,23 @@ _CONTAINER_CODES = frozenset({MAPPING_CODE, SEQUENCE_CODE, SET_CODE})
 _SIZED_TYPES = (list, tuple, dict, set)
 
 
-def _fingerprint(value: Any, probe: TensorProbe) -> tuple[Any, ...]:
-    """The id and what can grow in place without the id changing; cheap (one type lookup), never raises."""
+_PLAIN_CODES = frozenset({OPAQUE_CODE, MACHINERY_CODE, EXCEPTION_CODE, TRACEBACK_CODE, FRAME_CODE})
+
+
+def _fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None = None) -> tuple[Any, ...]:
+    """The id and what can grow in place without the id changing; cheap (one type lookup), never raises.
+    ``codes`` caches type codes across one namespace's names."""
     ident = id(value)
     kind = type(value)
     if kind in ATOM_TYPES:
         return (ident,)
-    code = type_code(kind, probe)
+    code = codes.get(kind) if codes is not None else None
+    if code is None:
+        code = type_code(kind, probe)
+        if codes is not None:
+            codes[kind] = code
+    if code in _PLAIN_CODES:
+        return (ident,)
     try:
         if code in _CONTAINER_CODES:
             return (ident, len(value))
@@ -173,7 +188,8 @@ class NamespaceSnapshot:
             return cls({}, frozenset())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            names = {name: _fingerprint(value, probe) for name, value in list(namespace.items())}
+            codes: dict[type, int] = {}
+            names = {name: _fingerprint(value, probe, codes) for name, value in list(namespace.items())}
         return cls(names, frozenset(id(reference.value) for reference in references))
 
 
@@ -604,10 +620,10 @@ def left_behind(
             smaller_bytes += nbytes
             smaller_count += 1
             continue
-        hooks = _linked_hooks(root, list(all_hooks.values()))
+        linked = _linked_hooks(root, list(all_hooks.values()))
         graph_direct = sum(hit.nbytes for hit in holder["hits"] if hit.category == TENSORS and hit.graph != NO_GRAPH)
         direct = categories.get(TENSORS, 0)
-        cause = _cause(root, categories, graph_direct, direct, hooks, holder["hits"])
+        cause = _cause(root, categories, graph_direct, direct, linked, holder["hits"])
         where = _largest_path(root, holder["hits"])
         hook_steps = tuple(
             dict.fromkeys(str(hit.path[0][1]) for hit in holder["hits"] if hit.path and hit.path[0][0] == HOOK)
@@ -625,7 +641,7 @@ def left_behind(
             graph_tensors=holder["graph_tensors"],
             scalar_graph_tensors=holder["scalars"],
             also=tuple(sorted(holder["also"]))[:5],
-            hooks=hooks + tuple(step for step in hook_steps if step not in hooks),
+            hooks=linked + tuple(step for step in hook_steps if step not in linked),
             where=where,
             likely=index in likely_roots,
         )

@@ -122,10 +122,17 @@ def next_nodes(node: Any) -> Iterator[Any]:
             yield child
 
 
-@functools.lru_cache(maxsize=4096)
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
 def _saved_names(node_type: type) -> tuple[str, ...]:
-    """The saved-tensor slots of a node type (``mat1`` for ``_raw_saved_mat1``); one ``dir()`` per type."""
-    return tuple(name[len(_RAW_PREFIX) :] for name in dir(node_type) if name.startswith(_RAW_PREFIX))
+    """The saved-tensor slots of a node type (``mat1`` for ``_raw_saved_mat1``); one ``dir()`` per type
+    (node types are a fixed set of PyTorch's classes and the custom Functions defined)."""
+    names = _SAVED_NAMES.get(node_type)
+    if names is None:
+        names = tuple(name[len(_RAW_PREFIX) :] for name in dir(node_type) if name.startswith(_RAW_PREFIX))
+        _SAVED_NAMES[node_type] = names
+    return names
 
 
 def graph_is_hooked(nodes: list[Any]) -> bool:

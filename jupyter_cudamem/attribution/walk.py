@@ -15,11 +15,11 @@ of a million floats costs one pass over it.
 
 from __future__ import annotations
 
-import functools
 import types
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from .probe import (
     ModuleHook,
@@ -134,16 +134,44 @@ def _numel(tensor: Any) -> int | None:
 TENSOR_CODE, MODULE_CODE, OPTIMIZER_CODE, MAPPING_CODE, SEQUENCE_CODE, SET_CODE = range(6)
 TRACEBACK_CODE, FRAME_CODE, EXCEPTION_CODE, OPAQUE_CODE, MACHINERY_CODE, OBJECT_CODE = range(6, 12)
 _TENSOR, _MODULE, _OPTIMIZER, _MAPPING, _SEQUENCE, _SET = range(6)
-_TRACEBACK, _FRAME, _EXCEPTION, _OPAQUE, _MACHINERY, _OBJECT = range(6, 12)
+_TRACEBACK, _FRAME, _EXCEPTION, _OPAQUE, _MACHINERY, _OBJECT = range(6, 12)  # the same codes, short
 ATOM_TYPES = frozenset(ATOMS)
 
 
+R = TypeVar("R")
+_MEMO_LIMIT = 8192  # distinct types remembered; past it the memo starts again (classes redefined in a loop)
+
+
+def memo_by_type(function: Callable[[type], R]) -> Callable[[type], R]:
+    """``function`` computed once per type (an ``lru_cache`` that type checkers accept for types)."""
+    memo: dict[type, R] = {}
+
+    def cached(kind: type) -> R:
+        found = memo.get(kind, _MISSING)
+        if found is _MISSING:
+            if len(memo) >= _MEMO_LIMIT:
+                memo.clear()
+            found = memo[kind] = function(kind)
+        return found  # type: ignore[return-value]  # _MISSING never stays
+
+    return cached
+
+
+_MISSING: Any = object()
+_CODES: dict[tuple[type, tuple[type, ...], tuple[type, ...], tuple[type, ...]], int] = {}
+
+
 def type_code(kind: type, probe: TensorProbe) -> int:
-    """What the walk does with objects of this type (one of the ``_TENSOR``... codes), cached."""
-    return _type_code(kind, probe.tensor_types, probe.module_types, probe.optimizer_types)
+    """What the walk does with objects of this type (one of the ``*_CODE`` constants), cached."""
+    key = (kind, probe.tensor_types, probe.module_types, probe.optimizer_types)
+    code = _CODES.get(key)
+    if code is None:
+        if len(_CODES) >= _MEMO_LIMIT:
+            _CODES.clear()
+        code = _CODES[key] = _type_code(*key)
+    return code
 
 
-@functools.lru_cache(maxsize=8192)
 def _type_code(
     kind: type, tensor_types: tuple[type, ...], module_types: tuple[type, ...], optimizer_types: tuple[type, ...]
 ) -> int:
@@ -168,7 +196,7 @@ def _type_code(
     return _MACHINERY if module.startswith(MACHINERY_PREFIXES) else _OBJECT
 
 
-@functools.lru_cache(maxsize=8192)
+@memo_by_type
 def _slots_of(kind: type) -> tuple[str, ...]:
     names: list[str] = []
     for klass in kind.__mro__:
@@ -252,7 +280,7 @@ class _Walker:
         kind = type(obj)
         code = self.codes.get(kind)
         if code is None:
-            code = self.codes[kind] = _type_code(kind, *self.types)
+            code = self.codes[kind] = type_code(kind, self.probe)
         push = self.push
         if code == _TENSOR:
             self.visit_tensor(obj, category, position, path, is_root, owner)

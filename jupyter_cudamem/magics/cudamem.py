@@ -140,6 +140,8 @@ class CudaMem(CudaMemMagicsBase):
         probe = self.probe if self.probe is not None else default_probe()
         if probe is None:
             return None
+        if not self.hardware.allocator.is_initialized():
+            return NamespaceSnapshot({}, frozenset())  # nothing on the device yet: all it will hold is new
         from ..oomfix.ipython_state import ipython_references
 
         return NamespaceSnapshot.take(self.shell.user_ns, ipython_references(self.shell), probe)
