@@ -6,8 +6,10 @@ parameter's storage and gradient, a tensor's gradient, an object's attributes (i
 level deep); and which references IPython kept. No object is walked and no reference is kept, so
 nothing is kept alive and a cell costs microseconds per name.
 
-**After a cell that left more allocated than the threshold** every root is walked (``walk``), and each
-storage it reaches is sorted by what the fingerprint says of the part of the root it hangs under:
+**After a cell that left more allocated than the threshold** the names whose fingerprint changed (and
+IPython's references that appeared) are walked one by one, the unchanged ones together in one walk
+(``walk.walk_together``), and each storage is sorted by what the fingerprint says of the part of the
+root it hangs under:
 
 - *new*: under a name that is new or rebound, the items a list or dict gained (by position), an
   object's changed attributes, a module whose parameters moved or got gradients, an optimizer that
