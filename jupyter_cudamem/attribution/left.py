@@ -455,7 +455,9 @@ def _cause(
         return HOOK_CAUSE
     if categories.get(MODULE_ATTRIBUTES, 0) * 2 >= total and any(hit.path and hit.path[0][0] == HOOK for hit in hits):
         return HOOK_CAUSE
-    if categories.get(GRAPH, 0) * 2 >= total or (direct and graph_direct * 2 >= direct):
+    graph = categories.get(GRAPH, 0)
+    # A tensor whose graph a backward already freed holds only itself: data, not a graph leak.
+    if graph and (graph * 2 >= total or (direct and graph_direct * 2 >= direct)):
         return GRAPH_CAUSE
     if categories.get(PARAMETERS, 0) + categories.get(BUFFERS, 0) > 0:
         return MODEL  # a model built or moved here, with whatever gradients it also got

@@ -102,9 +102,19 @@ for _ in range(20):
     assert "running_mae += value.item()" in metric.advice[0]
 
 
+def test_a_training_step_keeping_its_output_is_not_a_leak():
+    # backward() freed what the graph saved: ``out`` holds only itself, the gradients are W's.
+    ns = namespace()
+    code = "out = (torch.randn(8 * B, 256) @ W).relu()\nloss = out.pow(2).mean()\nloss.backward()"
+    left = run(ns, code, 8 * ACTIVATION + 4 * H * 256)
+    assert not left.has_leak, [(h.name, h.cause) for h in left.holders]
+    assert only(left, "out").cause == "data" and only(left, "W").cause == "gradients"
+
+
 def test_outputs_cached_in_a_dict_advise_no_grad():
+    # each output keeps its graph, and the graph the activation before it (pow saved relu's output)
     ns = namespace(cache={})
-    left = run(ns, "for i in range(8):\n    cache[i] = (x @ W).relu()", 8 * ACTIVATION)
+    left = run(ns, "for i in range(8):\n    cache[i] = (x @ W).relu().pow(2)", 16 * ACTIVATION)
     cache = only(left, "cache")
     assert cache.cause == GRAPH_CAUSE and cache.kind == "dict"
     assert cache.description.startswith("dict of 8 tensors holding their autograd graphs")
