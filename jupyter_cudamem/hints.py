@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from .attribution.left import DEFAULT_THRESHOLD_BYTES
 from .measure import DeviceMeasurement, Measurement
 from .units import format_bytes
 
 GiB = 1024**3
 CACHED_GROWTH_HINT_BYTES = 1 * GiB
-LEFT_ALLOCATED_HINT_BYTES = 1 * GiB
+# Where %%cudamem names who holds what a cell left; the hint stands in for that report where none was made.
+LEFT_ALLOCATED_HINT_BYTES = DEFAULT_THRESHOLD_BYTES
 OUTSIDE_PYTORCH_HINT_BYTES = 256 * 1024**2
 NEAR_FULL_FRACTION = 0.85
 
 
-def device_hints(measured: DeviceMeasurement) -> list[str]:
-    """Hints for one device, most useful first."""
+def device_hints(measured: DeviceMeasurement, left_attributed: bool = False) -> list[str]:
+    """Hints for one device, most useful first; ``left_attributed`` when the report names who holds
+    what the cell left (then the left-allocated hint would only repeat it)."""
     hints: list[str] = []
     allocated = measured.allocated_delta_bytes or 0
     reserved = measured.reserved_delta_bytes or 0
@@ -26,10 +29,11 @@ def device_hints(measured: DeviceMeasurement) -> list[str]:
             f"reserved grew {format_bytes(reserved - allocated)} more than allocated: cached blocks "
             "PyTorch keeps for reuse; torch.cuda.empty_cache() returns them to the driver"
         )
-    if allocated >= LEFT_ALLOCATED_HINT_BYTES:
+    if allocated >= LEFT_ALLOCATED_HINT_BYTES and not left_attributed:
         hints.append(
-            f"the cell left {format_bytes(allocated)} allocated: tensors still referenced by variables "
-            "(or by Out[...] if the cell's value was a tensor)"
+            f"the cell left {format_bytes(allocated)} allocated: tensors still referenced by variables, autograd "
+            "graphs, module hooks or Out[...]; %%cudamem names who holds it past "
+            "%config CudaMem.attribute_threshold"
         )
     outside = measured.outside_pytorch_delta_bytes
     if outside is not None and outside >= OUTSIDE_PYTORCH_HINT_BYTES:
@@ -50,11 +54,11 @@ def device_hints(measured: DeviceMeasurement) -> list[str]:
     return hints
 
 
-def measurement_hints(measurement: Measurement) -> list[str]:
+def measurement_hints(measurement: Measurement, left_attributed: bool = False) -> list[str]:
     hints: list[str] = []
     if measurement.error in ("OutOfMemoryError", "OutOfMemory"):
         hints.append("the cell ran out of GPU memory: run %oomfix in the next cell to diagnose and fix it")
     for device in measurement.devices:
         prefix = f"{device.device.label}: " if len(measurement.devices) > 1 else ""
-        hints.extend(prefix + hint for hint in device_hints(device))
+        hints.extend(prefix + hint for hint in device_hints(device, left_attributed))
     return hints

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CudaMemError
+from .repeats import RunGrowth
 from .measure import Measurement
 
 SOURCE_HEAD_CHARS = 60
@@ -34,12 +35,18 @@ def source_head(source: str) -> str:
 
 @dataclass(frozen=True)
 class CellRecord:
-    """One measured cell: where it ran, what it was, and its measurement."""
+    """One measured cell: where it ran, what it was, and its measurement.
+
+    ``source_key`` identifies the cell's source (``repeats.source_key``), so a cell run again is
+    recognised; ``growth`` is set when this run left memory again (``repeats.run_growth``).
+    """
 
     execution_count: int | None
     source_head: str
     measurement: Measurement
     finished_at: float = field(default_factory=time.time)
+    source_key: str = ""
+    growth: RunGrowth | None = None
 
     @property
     def label(self) -> str:
@@ -54,6 +61,8 @@ class CellRecord:
             "wall_s": self.measurement.wall_s,
             "error": self.measurement.error,
             "limit_bytes": self.measurement.limit_bytes,
+            "growth_per_run_bytes": None if self.growth is None else self.growth.per_run_bytes,
+            "growing_runs": None if self.growth is None else self.growth.runs,
         }
         if not self.measurement.devices:
             return [dict(base, device=None)]

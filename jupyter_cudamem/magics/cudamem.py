@@ -16,10 +16,14 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 from traitlets import Bool, Int, Unicode, Union
 
+from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
+from ..attribution.probe import default_probe
 from ..errors import CudaMemError
 from ..history import CellRecord, History, flat_rows, save_records, source_head
-from ..measure import Meter
+from ..measure import Measurement, Meter
+from ..repeats import run_growth, source_key
 from ..report import CellReport, HistoryTable, one_line
+from ..report.cell import left_summary
 from ..report.plot import HistoryPlot
 from ..report.table import DEFAULT_SHOWN_CELLS
 from ..trace import TraceSummary, save_snapshot, summarize
@@ -69,6 +73,13 @@ class CudaMem(CudaMemMagicsBase):
     trace_dir = Unicode("cudamem_traces", help="Where --trace saves allocator snapshots.").tag(config=True)
     trace_max_entries = Int(200_000, help="Allocation events --trace records at most.").tag(config=True)
     history_size = Int(10_000, help="Measured cells kept in the history.").tag(config=True)
+    attribute_threshold = Union(
+        [Int(), Unicode()],
+        default_value=f"{DEFAULT_THRESHOLD_BYTES // 1024**2}MiB",
+        help="When a measured cell leaves at least this much more allocated, the report names who holds it "
+        "(variables, autograd graphs, module hooks, Out[...], a failed cell's traceback), says which of it is a "
+        "leak and what to change. 'off' (or 0) never does.",
+    ).tag(config=True)
 
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell, hardware, extension, **kwargs)
@@ -80,6 +91,10 @@ class CudaMem(CudaMemMagicsBase):
         self._threshold_text: str | None = None
         self._cell_depth = 0
         self._threshold_value = 0
+        self._attribute_text: str | int | None = None
+        self._attribute_value: int | None = DEFAULT_THRESHOLD_BYTES
+        # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
+        self.probe: Any = None
 
     # -- shared pieces ---------------------------------------------------------------------
     def _meter(self, devices: list[int] | None = None, reset_peak: bool | None = None) -> Meter:
@@ -93,9 +108,63 @@ class CudaMem(CudaMemMagicsBase):
     def _gpu_present(self) -> bool:
         return self.hardware.allocator.status() is None or self.hardware.nvml.status() is None
 
-    def _record(self, report: CellReport, source: str) -> None:
-        count = current_cell_number(self.shell)
-        self.history.add(CellRecord(count, source_head(source), report.measurement))
+    def _record(self, count: int | None, source: str, measurement: Measurement) -> CellRecord:
+        """Add a measured cell to the history, flagged as growing when it left memory again."""
+        key = source_key(source)
+        growth = run_growth(self.history.records, key, measurement)
+        record = CellRecord(count, source_head(source), measurement, source_key=key, growth=growth)
+        self.history.add(record)
+        return record
+
+    # -- who holds what a cell left ----------------------------------------------------------
+    def _attribute_bytes(self) -> int | None:
+        """The attribution threshold in bytes, ``None`` when it is off."""
+        setting = self.attribute_threshold
+        if setting != self._attribute_text:  # parsed once per setting, not once per cell
+            if isinstance(setting, int):
+                value = setting if setting > 0 else None
+            elif setting.strip().lower() in ("", "0", "off", "none"):
+                value = None
+            else:
+                try:
+                    value = parse_size(setting)
+                except CudaMemError as error:
+                    raise CudaMemError(f"CudaMem.attribute_threshold: {error}") from None
+            self._attribute_text, self._attribute_value = setting, value
+        return self._attribute_value
+
+    def _snapshot(self) -> NamespaceSnapshot | None:
+        """The namespace's fingerprint as the cell starts (see ``attribution.left``); ``None`` when
+        attribution is off or nothing can hold device memory (torch not imported)."""
+        if self._attribute_bytes() is None:
+            return None
+        probe = self.probe if self.probe is not None else default_probe()
+        if probe is None:
+            return None
+        if not self.hardware.allocator.is_initialized():
+            return NamespaceSnapshot({}, frozenset())  # nothing on the device yet: all it will hold is new
+        from ..oomfix.ipython_state import ipython_references
+
+        return NamespaceSnapshot.take(self.shell.user_ns, ipython_references(self.shell), probe)
+
+    def _left_behind(
+        self, measurement: Measurement, snapshot: NamespaceSnapshot | None, value: Any = None, error: Any = None
+    ) -> LeftBehind | None:
+        """Who holds what the cell left, when it left at least the threshold; never fails the cell."""
+        threshold = self._attribute_bytes()
+        if snapshot is None or threshold is None:
+            return None
+        left = sum(max(device.allocated_delta_bytes or 0, 0) for device in measurement.devices)
+        if left < threshold:
+            return None
+        from ..oomfix.ipython_state import cell_references
+
+        try:
+            references = cell_references(self.shell, None if value is NO_VALUE else value, error)
+            return left_behind(self.shell.user_ns, references, snapshot, left, self.probe)
+        except Exception as failure:  # a bug of ours must not cost the user the report
+            self.note(f"could not attribute what the cell left: {type(failure).__name__}: {failure}")
+            return None
 
     def _describe_file(self, filename: str) -> str:
         formatter = getattr(self.shell.compile, "format_code_name", None)
@@ -178,7 +247,9 @@ class CudaMem(CudaMemMagicsBase):
 
     def _measure(self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool) -> CellReport:
         __tracebackhide__ = True  # noqa: F841
-        label = f"[{current_cell_number(self.shell)}]"
+        count = current_cell_number(self.shell)
+        label = f"[{count}]"
+        snapshot = self._snapshot()
         with ExitStack() as stack:
             cap_note = stack.enter_context(self._capped(limit_bytes, meter.devices)) if limit_bytes else None
             tracing = stack.enter_context(self._tracing()) if trace else None
@@ -194,8 +265,10 @@ class CudaMem(CudaMemMagicsBase):
                 self._inside_magic = False
             measurement = meter.stop(baseline, error=None if error is None else type(error).__name__, limit_bytes=cap_note)
         traces = tuple(tracing or ())
-        report = CellReport(measurement, label=label, traces=traces)
-        self._record(report, cell)
+        left = self._left_behind(measurement, snapshot, value, error)
+        record = self._record(count, cell, measurement)
+        report = CellReport(measurement, label=label, traces=traces, left=left, growth=record.growth)
+        del left, snapshot
         if error is not None:
             display(report)
             raise error
@@ -235,7 +308,9 @@ class CudaMem(CudaMemMagicsBase):
         finally:
             snapshot = allocator.stop_trace()
             directory = Path(self.trace_dir)
-            path = save_snapshot(snapshot, directory / f"cell{current_cell_number(self.shell)}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+            count = current_cell_number(self.shell)
+            path = save_snapshot(snapshot, directory / f"cell{count}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+            cell_name = f"In[{count}]"
             for index, events in enumerate(snapshot.get("device_traces") or []):
                 if not events:
                     continue
@@ -244,9 +319,13 @@ class CudaMem(CudaMemMagicsBase):
                     index,
                     describe_file=self._describe_file,
                     source_line=lambda f, n: linecache.getline(f, n) or None,
+                    is_cell_file=lambda f: self._describe_file(f) == cell_name,
                 )
                 summaries.append(
-                    TraceSummary(summary.device_index, summary.traced_peak_bytes, summary.sites, str(path), summary.events)
+                    TraceSummary(
+                        summary.device_index, summary.traced_peak_bytes, summary.sites, str(path), summary.events,
+                        summary.growth,
+                    )
                 )
 
     # -- every-cell mode -------------------------------------------------------------------
@@ -295,8 +374,9 @@ class CudaMem(CudaMemMagicsBase):
             self._auto_baseline = None
             return
         try:
+            snapshot = self._snapshot()
             meter = self._meter()
-            self._auto_baseline = (meter, meter.start(), raw)
+            self._auto_baseline = (meter, meter.start(), raw, snapshot)
         except Exception as error:  # never break the user's cell because a reading failed
             self._auto_baseline = None
             self.note(f"every-cell measurement skipped: {error}")
@@ -311,7 +391,7 @@ class CudaMem(CudaMemMagicsBase):
         pending, self._auto_baseline = self._auto_baseline, None
         if pending is None or self._inside_magic:
             return
-        meter, baseline, raw = pending
+        meter, baseline, raw, snapshot = pending
         try:
             failure = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
             measurement = meter.stop(baseline, error=None if failure is None else type(failure).__name__)
@@ -319,9 +399,17 @@ class CudaMem(CudaMemMagicsBase):
             count = getattr(result, "execution_count", None)
             if count is None:
                 count = current_cell_number(self.shell)
-            self.history.add(CellRecord(count, source_head(raw), measurement))
+            del failure  # the traceback is IPython's to keep, not ours
+            left = self._left_behind(measurement, snapshot)
+            record = self._record(count, raw, measurement)
             if self._worth_a_line(measurement):
                 print(one_line(measurement, f"[{count}]" if count is not None else ""))
+                if left is not None:
+                    print("  " + left_summary(left))
+                    for holder in left.leaks:
+                        print(f"    → {holder.name}: {holder.advice[0]}")
+                if record.growth is not None:
+                    print(f"  {record.growth.describe()}")
         except Exception as error:
             self.note(f"every-cell measurement failed: {error}")
 

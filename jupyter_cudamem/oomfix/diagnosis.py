@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
-from .holders import Holder
+from ..attribution.holders import FRAME, Holder
 from .parse import OomInfo
 
 VERDICTS = ("too big for the card", "fragmentation", "held by IPython after the error", "held by namespace")
@@ -76,7 +76,7 @@ class Diagnosis(TextReport):
                 )
                 detail = f" [{holder.detail}]" if holder.detail else ""
                 lines.append(
-                    f"    {format_bytes(holder.cuda_bytes):>11}  {holder.name} ({owner}, {holder.kind}{only}){detail}"
+                    f"    {format_bytes(holder.cuda_bytes):>11}  {holder.label} ({owner}, {holder.kind}{only}){detail}"
                 )
         if self.suggestions:
             lines.append("  try:")
@@ -100,7 +100,7 @@ class Diagnosis(TextReport):
         if self.holders:
             rows = "".join(
                 "<tr>"
-                f"<td style='text-align:left'><code>{e(h.name)}</code></td>"
+                f"<td style='text-align:left'><code>{e(h.label)}</code></td>"
                 f"<td style='text-align:left'>{'variable' if h.user_variable else 'IPython'}, {e(h.kind)}</td>"
                 f"<td style='text-align:right'>{e(format_bytes(h.cuda_bytes))}</td>"
                 f"<td style='text-align:right'>{e(format_bytes(h.exclusive_bytes))}</td>"
@@ -170,13 +170,12 @@ def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
     frames: list[str] = []
     others: list[str] = []
     for holder in sorted(parts, key=lambda h: -h.cuda_bytes):
-        name = holder.name.split(" (from", 1)[0]
-        if name.startswith("frame of "):
-            name = name.rsplit(" #", 1)[0]
+        if holder.origin == FRAME:
+            name = f"frame of {holder.name}"
             if name not in frames:
                 frames.append(name)
-        elif name not in others:
-            others.append(name)
+        elif holder.name not in others:
+            others.append(holder.name)
     shown = frames[:4] + ([f"{len(frames) - 4} more frames"] if len(frames) > 4 else [])
     merged = Holder(
         name="the failed cell's traceback (" + ", ".join(shown + others) + ")",
@@ -185,6 +184,7 @@ def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
         user_variable=False,
         exclusive_bytes=max(h.exclusive_bytes for h in parts),
         tensor_count=max(h.tensor_count for h in parts),
+        origin=parts[0].origin,
     )
     result: list[Holder] = []
     for holder in holders:
@@ -242,7 +242,7 @@ def diagnose(
         ]
     elif significant(cache_only):
         verdict = "held by IPython after the error"
-        keepers = [h.name for h in holders if h.kind == "ipython"][:3]
+        keepers = [h.label for h in holders if h.kind == "ipython"][:3]
         explanation = (
             f"{format_bytes(cache_only)} is kept alive only by IPython's output cache "
             f"({'; '.join(keepers)}), not by any of your variables; the cleanup releases it."
@@ -253,13 +253,13 @@ def diagnose(
         largest = [h for h in holders if h.user_variable][:3]
         explanation = (
             f"your variables hold {format_bytes(namespace)} of the {format_bytes(capacity)} this process may use "
-            f"(largest: {', '.join(f'{h.name} {format_bytes(h.cuda_bytes)}' for h in largest)})."
+            f"(largest: {', '.join(f'{h.label} {format_bytes(h.cuda_bytes)}' for h in largest)})."
         )
         for holder in largest:
-            name = holder.name.split(" ", 1)[0]
-            suggestions.append(
-                f"%oomfix --del {name} if you no longer need it (frees up to {format_bytes(holder.exclusive_bytes)})"
-            )
+            if holder.kind == "gradient":  # not a variable: deleting the tensor it belongs to frees it
+                continue
+            frees = format_bytes(holder.exclusive_bytes)
+            suggestions.append(f"%oomfix --del {holder.name} if you no longer need it (frees up to {frees})")
     else:
         verdict = "too big for the card"
         if capped:
@@ -280,9 +280,7 @@ def diagnose(
         ]
     own = ipython_only - cache_only
     if own >= 1024**2:
-        frames = [
-            h.name.split(" (from", 1)[0] for h in holders if h.kind == "traceback" and h.name.startswith("frame of")
-        ]
+        frames = [f"frame of {h.name}" for h in holders if h.origin == FRAME]
         where = f" ({', '.join(frames[:3])})" if frames else ""
         explanation += (
             f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "

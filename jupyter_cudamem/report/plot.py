@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import CudaMemError
 from ..history import CellRecord
+from ..units import format_bytes
 from .text import TextReport
 
 # Fixed size: 9 x 3.6 inches is 900 x 360 pixels at the 100 dpi we render at, about 650 of them for the
@@ -42,16 +43,24 @@ _UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1))
 
 @dataclass(frozen=True)
 class Flag:
-    """A mark for cells ``applies`` picks out, drawn over the bin that holds them."""
+    """A mark for cells ``applies`` picks out, drawn over the bin that holds them; where each cell has a bar
+    of its own, ``note(record)`` (if given) is written beside its mark."""
 
     label: str
     applies: Callable[[CellRecord], bool]
     marker: str
     color: str
+    note: Callable[[CellRecord], str] | None = None
+
+
+def _growth_note(record: CellRecord) -> str:
+    growth = record.growth
+    return "" if growth is None else f"{format_bytes(growth.per_run_bytes, signed=True)}/run"
 
 
 FLAGS: tuple[Flag, ...] = (
     Flag("out of memory", lambda record: record.measurement.error == "OutOfMemoryError", "X", "#d62728"),
+    Flag("growing (left memory again)", lambda record: record.growth is not None, "^", "#9467bd", _growth_note),
 )
 
 
@@ -226,6 +235,13 @@ def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS)
                 clip_on=False,
             )
             handles.append(Line2D([], [], linestyle="none", marker=flag.marker, color=flag.color, label=flag.label))
+            if as_bars and flag.note is not None:
+                for index in marked:  # one cell per bin here
+                    axes.annotate(
+                        flag.note(records[index]), (centers[index], 0.97 - 0.06 * rows),
+                        xycoords=axes.get_xaxis_transform(), xytext=(5, -3), textcoords="offset points",
+                        fontsize=7, color=flag.color, clip_on=False,
+                    )
             rows += 1
 
     def cell_label(x: float, _position: int | None = None) -> str:

@@ -42,6 +42,12 @@ def _bytes(read: Callable[[DeviceMeasurement], int | None], signed: bool = False
     return value
 
 
+def _growing(record: CellRecord, device: DeviceMeasurement | None) -> str:
+    """A cell run again that left memory again: its growth per run and how many runs (``repeats.run_growth``)."""
+    growth = record.growth
+    return "" if growth is None else f"{format_bytes(growth.per_run_bytes, signed=True)}/run ×{growth.runs}"
+
+
 def _source(record: CellRecord, device: DeviceMeasurement | None) -> str:
     error = record.measurement.error
     return record.source_head + (f" ({error})" if error else "")
@@ -56,6 +62,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("Δ reserved", _bytes(lambda device: device.reserved_delta_bytes, signed=True)),
     Column("Δ NVML", _bytes(lambda device: device.nvml_used_delta_bytes, signed=True)),
     Column("time", lambda record, device: format_seconds(record.measurement.wall_s)),
+    Column("growing", _growing),
 )
 
 
