@@ -6,8 +6,11 @@ VENV ?= .venv
 # The package itself only asks for torch>=2.1.
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# A second environment with every dependency (and test extra) at exactly the minimum pyproject.toml declares.
+MIN_VENV ?= .venv-min
+MIN_BIN := $(MIN_VENV)/bin
 
-.PHONY: demo test test-gpu test-browser docs-images clean
+.PHONY: demo test test-min test-gpu test-browser docs-images clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +31,20 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q
 
+# The suite on the oldest versions we declare: scripts/min_constraints.py turns each `>=X` of pyproject.toml
+# into `==X` (a pip constraints file), torch excepted (TORCH_SPEC: no CPU build of torch 2.1 for our Pythons).
+$(MIN_VENV)/.installed: pyproject.toml Makefile scripts/min_constraints.py
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_BIN)/python -m pip install --quiet --upgrade pip
+	$(MIN_BIN)/python scripts/min_constraints.py --extras test --override "$(TORCH_SPEC)" > $(MIN_VENV)/constraints.txt
+	$(MIN_BIN)/python -m pip install --quiet -c $(MIN_VENV)/constraints.txt "$(TORCH_SPEC)" -e ".[test]"
+	$(MIN_BIN)/python scripts/min_constraints.py --extras test --override "$(TORCH_SPEC)" --check
+	touch $@
+
+test-min: $(MIN_VENV)/.installed
+	$(MIN_BIN)/python -m pytest -q
+
 test-gpu: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m gpu
 
@@ -41,4 +58,4 @@ docs-images: $(VENV)/.installed-browser
 	CUDAMEM_REQUIRE_BROWSER=1 CUDAMEM_DOCS_IMAGES=docs/images $(BIN)/python -m pytest -q -m browser tests/browser
 
 clean:
-	rm -rf $(VENV) .pytest_cache cudamem_traces
+	rm -rf $(VENV) $(MIN_VENV) .pytest_cache cudamem_traces

@@ -1,8 +1,15 @@
-"""Which lines of the user's code held the memory at the peak, from an allocator snapshot.
+"""Which lines of the user's code held the memory at the peak, and which keep more every iteration.
 
 ``torch.cuda.memory._record_memory_history`` logs every allocation and free with its Python stack;
 replaying that log finds the moment the traced allocations peaked and groups what was live then by
 the innermost frame that belongs to the user's code (not PyTorch, not a library, not us).
+
+**Growth inside one cell** (``loop_growth``): a loop that keeps something of every iteration leaves
+allocations from the same line, of the same sizes, still live at the end of the trace, one set per
+iteration. Iterations are counted from the log itself: an allocation of one size at one line happens
+once per iteration, so the commonest number of repeats of such (line, size) pairs is the number of
+iterations (a pair repeated k times as often belongs k times to each). A line whose kept allocations
+come from most iterations (at least three) grew steadily, by what it kept divided by the iterations.
 """
 
 from __future__ import annotations
@@ -39,12 +46,32 @@ class AllocationSite:
 
 
 @dataclass(frozen=True)
+class LoopGrowth:
+    """A line that kept memory from iteration after iteration of a loop.
+
+    ``location``/``code`` is the line that allocated what stays (the innermost frame of the user's
+    code), ``called_from``/``called_from_code`` the traced cell's own line that led there when it is
+    another one; ``kept_bytes`` what the line's allocations still held when tracing stopped.
+    """
+
+    iterations: int
+    per_iteration_bytes: int
+    kept_bytes: int
+    kept_iterations: int
+    location: str
+    code: str | None
+    called_from: str | None = None
+    called_from_code: str | None = None
+
+
+@dataclass(frozen=True)
 class TraceSummary:
     device_index: int
     traced_peak_bytes: int  # peak of the allocations made while tracing (what existed before is not in the log)
     sites: tuple[AllocationSite, ...]
     snapshot_path: str | None = None
     events: int = 0
+    growth: LoopGrowth | None = None
 
 
 def _is_user_frame(frame: dict[str, Any]) -> bool:
@@ -62,14 +89,94 @@ def _site_of(frames: list[dict[str, Any]]) -> tuple[str, int, str] | None:
     return None
 
 
+def _outermost(frames: list[dict[str, Any]], is_cell_file: Callable[[str], bool]) -> tuple[str, int, str] | None:
+    """The outermost frame of the traced cell's own code (its loop), frames being innermost first."""
+    for frame in reversed(frames or []):
+        filename = str(frame.get("filename", ""))
+        if filename and is_cell_file(filename):
+            return filename, int(frame.get("line", 0)), str(frame.get("name", ""))
+    return None
+
+
+# What a loop must show before it is called growing: repeats, and kept allocations from most of them.
+MIN_ITERATIONS = 3
+MIN_KEPT_BYTES = 1024**2
+
+
+def loop_growth(
+    events: list[dict[str, Any]],
+    frees: tuple[str, ...] = _FREES,
+    describe_file: Callable[[str], str] | None = None,
+    source_line: Callable[[str, int], str | None] | None = None,
+    is_cell_file: Callable[[str], bool] | None = None,
+) -> LoopGrowth | None:
+    """The line that kept the most from most iterations of a loop, or ``None`` (see the module docstring)."""
+    live: dict[int, tuple[int, tuple[str, int, str], int, tuple[str, int, str] | None]] = {}
+    repeats: dict[tuple[tuple[str, int, str], int], int] = {}
+    for event in events:
+        action = event.get("action")
+        if action == _ALLOC:
+            frames = event.get("frames", [])
+            site = _site_of(frames)
+            if site is None:
+                continue
+            size = int(event["size"])
+            occurrence = repeats.get((site, size), 0)
+            repeats[(site, size)] = occurrence + 1
+            outer = _outermost(frames, is_cell_file) if is_cell_file else None
+            live[event["addr"]] = (size, site, occurrence, outer)
+        elif action in frees:
+            live.pop(event.get("addr", -1), None)
+    counts = [count for count in repeats.values() if count >= MIN_ITERATIONS]
+    if not counts:
+        return None
+    # The commonest repeat count is the loop's; on a tie the smaller (a layer used twice repeats twice as often).
+    iterations = max(set(counts), key=lambda count: (counts.count(count), -count))
+    kept: dict[tuple[str, int, str], list[tuple[int, int, tuple[str, int, str] | None]]] = {}
+    for size, site, occurrence, outer in live.values():
+        # A pair repeated k times per iteration: its n-th repeat belongs to iteration n // k.
+        iteration = occurrence * iterations // max(repeats[(site, size)], 1)
+        kept.setdefault(site, []).append((size, iteration, outer))
+    best: LoopGrowth | None = None
+    for site, allocations in kept.items():
+        kept_bytes = sum(size for size, _, _ in allocations)
+        kept_iterations = len({iteration for _, iteration, _ in allocations})
+        if kept_bytes < MIN_KEPT_BYTES or kept_iterations < MIN_ITERATIONS or kept_iterations * 2 < iterations:
+            continue
+        if best is not None and kept_bytes <= best.kept_bytes:
+            continue
+        filename, line, name = site
+        shown = describe_file(filename) if describe_file else filename
+        outers = [outer for _, _, outer in allocations if outer is not None and outer != site]
+        called_from = called_code = None
+        if outers:
+            outer = max(set(outers), key=outers.count)
+            called_from = f"{describe_file(outer[0]) if describe_file else outer[0]} line {outer[1]}"
+            called_code = source_line(outer[0], outer[1]) if source_line else None
+        best = LoopGrowth(
+            iterations=iterations,
+            per_iteration_bytes=kept_bytes // max(iterations, 1),
+            kept_bytes=kept_bytes,
+            kept_iterations=kept_iterations,
+            location=f"{shown} line {line} in {name}",
+            code=source_line(filename, line) if source_line else None,
+            called_from=called_from,
+            called_from_code=called_code,
+        )
+    return best
+
+
 def summarize(
     snapshot: dict[str, Any],
     device_index: int = 0,
     top: int = 5,
     describe_file: Callable[[str], str] | None = None,
     source_line: Callable[[str, int], str | None] | None = None,
+    is_cell_file: Callable[[str], bool] | None = None,
 ) -> TraceSummary:
-    """Replay the device's trace and rank user code sites by bytes live at the traced peak."""
+    """Replay the device's trace, rank user code sites by bytes live at the traced peak, and find a
+    loop that kept memory from iteration after iteration (``is_cell_file`` tells the traced cell's
+    own code apart, to name the cell's line that led to it)."""
     traces = snapshot.get("device_traces") or []
     events = traces[device_index] if device_index < len(traces) else []
     has_completed = any(event.get("action") in _FREES for event in events)
@@ -112,7 +219,10 @@ def summarize(
             location = f"{shown} line {line} in {name}"
             code = source_line(filename, line) if source_line else None
         sites.append(AllocationSite(location, code, sum(sizes), len(sizes)))
-    return TraceSummary(device_index=device_index, traced_peak_bytes=peak, sites=tuple(sites), events=len(events))
+    growth = loop_growth(events, frees, describe_file, source_line, is_cell_file)
+    return TraceSummary(
+        device_index=device_index, traced_peak_bytes=peak, sites=tuple(sites), events=len(events), growth=growth
+    )
 
 
 def save_snapshot(snapshot: dict[str, Any], path: str | Path) -> Path:

@@ -352,6 +352,24 @@ class FakeOptimizer:
 
 def fake_probe():
     """A ``TensorProbe`` recognising the fakes above."""
-    from jupyter_cudamem.oomfix.holders import TensorProbe
+    from jupyter_cudamem.attribution import TensorProbe
 
     return TensorProbe(tensor_types=(FakeTensor,), module_types=(FakeModule,), optimizer_types=(FakeOptimizer,))
+
+
+def torch_cpu_probe():
+    """A ``TensorProbe`` over real PyTorch types that counts CPU tensors as device memory.
+
+    Autograd graphs, saved tensors and module hooks are plain Python-visible structures whatever the
+    device, so real CPU tensors test their walking without a GPU.
+    """
+    import torch
+
+    from jupyter_cudamem.attribution import TensorProbe
+
+    return TensorProbe(
+        tensor_types=(torch.Tensor,),
+        module_types=(torch.nn.Module,),
+        optimizer_types=(torch.optim.Optimizer,),
+        on_device=lambda tensor: tensor.device.type == "cpu",
+    )

@@ -1,10 +1,11 @@
 import csv
 import json
+import re
 
 import pytest
 
 from jupyter_cudamem.errors import CudaMemError
-from jupyter_cudamem.history import CellRecord, History, source_head
+from jupyter_cudamem.history import CellRanges, CellRecord, History, source_head
 from jupyter_cudamem.measure import Meter
 
 GiB = 1024**3
@@ -43,10 +44,45 @@ def test_history_is_bounded(machine, hardware):
 def test_save_csv_and_json(tmp_path, machine, hardware):
     history = History()
     history.add(_record(machine, hardware, 7, GiB))
-    rows = json.loads(history.save(tmp_path / "h.json").read_text())
+    saved = history.save(tmp_path / "h.json")
+    assert (saved.rows, saved.cells) == (1, 1) and "1 cells (1 rows) saved to" in str(saved)
+    rows = json.loads(saved.path.read_text())
     assert rows[0]["execution_count"] == 7
-    with (history.save(tmp_path / "h.csv")).open() as handle:
+    with history.save(tmp_path / "h.csv").path.open() as handle:
         [row] = list(csv.DictReader(handle))
     assert int(row["peak_above_start_bytes"]) == GiB
     with pytest.raises(CudaMemError, match="use .csv or .json"):
         history.save(tmp_path / "h.xlsx")
+
+
+def test_select_by_cell_ranges_then_the_latest(machine, hardware):
+    history = History()
+    for count in [1, 2, 3, 5, 8, 13, None]:
+        history.add(_record(machine, hardware, count, 1))
+    numbers = lambda records: [r.execution_count for r in records]
+    assert numbers(history.select()) == [1, 2, 3, 5, 8, 13, None]
+    assert numbers(history.select(cells="2-5")) == [2, 3, 5]
+    assert numbers(history.select(cells="1, 8-")) == [1, 8, 13]  # a cell without a number is in no range
+    assert numbers(history.select(last=2)) == [13, None]
+    assert numbers(history.select(cells="1-8", last=2)) == [5, 8]
+    assert numbers(history.select(last=100)) == [1, 2, 3, 5, 8, 13, None]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("9-5", "ends before it starts; write 5-9"), ("5:9", "got '5:9'"), ("-5", "got '-5'"), (" ", "such as 12")],
+)
+def test_bad_cell_ranges_say_what_to_write(text, message):
+    with pytest.raises(CudaMemError, match=re.escape(message)):
+        CellRanges.parse(text)
+
+
+def test_resizing_keeps_the_newest(machine, hardware):
+    history = History(max_records=5)
+    for count in range(5):
+        history.add(_record(machine, hardware, count, 1))
+    history.max_records = 2
+    assert [r.execution_count for r in history] == [3, 4]
+    history.max_records = 4
+    history.add(_record(machine, hardware, 5, 1))
+    assert [r.execution_count for r in history] == [3, 4, 5]

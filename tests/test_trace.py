@@ -60,3 +60,70 @@ def test_snapshot_round_trips_as_pickle(tmp_path):
     snapshot = _snapshot([_event("alloc", 1, 10, USER)])
     path = save_snapshot(snapshot, tmp_path / "deep" / "cell.pickle")
     assert pickle.loads(path.read_bytes()) == snapshot
+
+
+CELL = "/tmp/ipykernel_1/555.py"
+MODEL = "/tmp/ipykernel_1/222.py"
+NAMES = {CELL: "In[5]", MODEL: "In[2]"}
+
+
+def _loop(iterations, keep_every=1, extra_once=0):
+    """A traced cell: a loop whose body calls ``forward`` (In[2] line 8 keeps an activation, line 7 frees
+    its temporary) and keeps the result of every ``keep_every``-th iteration."""
+    events, addr = [], 0
+    for iteration in range(iterations):
+        for line, size, kept in ((7, 4096, False), (8, 2 * 1024**2, iteration % keep_every == 0)):
+            addr += 1
+            forward = {"filename": MODEL, "line": line, "name": "forward"}
+            frames = [TORCH, forward, {"filename": CELL, "line": 4, "name": "<module>"}]
+            events.append(_event("alloc", addr, size, *frames))
+            if not kept:
+                events.append(_event("free_completed", addr, size))
+    if extra_once:
+        events.append(_event("alloc", addr + 1, extra_once, {"filename": CELL, "line": 9, "name": "<module>"}))
+    return _snapshot(events)
+
+
+def _growth(snapshot):
+    return summarize(
+        snapshot,
+        describe_file=lambda f: NAMES.get(f, f),
+        source_line=lambda f, n: f"line {n} of {NAMES.get(f, f)}",
+        is_cell_file=lambda f: f == CELL,
+    ).growth
+
+
+def test_a_loop_keeping_memory_every_iteration_is_tied_to_the_line_that_allocates_it():
+    growth = _growth(_loop(40, extra_once=64 * 1024**2))
+    assert growth is not None
+    assert growth.iterations == 40 and growth.kept_iterations == 40
+    assert growth.per_iteration_bytes == 2 * 1024**2 and growth.kept_bytes == 80 * 1024**2
+    assert growth.location == "In[2] line 8 in forward" and growth.code == "line 8 of In[2]"
+    assert growth.called_from == "In[5] line 4" and growth.called_from_code == "line 4 of In[5]"
+
+
+def test_a_loop_that_frees_what_it_made_or_keeps_only_once_is_not_growing():
+    assert _growth(_loop(40, keep_every=1000)) is None  # only the first iteration's result stays
+    assert _growth(_loop(2)) is None  # too few iterations to call it a trend
+
+
+def test_growth_every_other_iteration_is_still_steady():
+    growth = _growth(_loop(40, keep_every=2))
+    assert growth is not None and growth.kept_iterations == 20 and growth.per_iteration_bytes == 1024**2
+
+
+def test_several_allocations_of_one_size_per_iteration_are_placed_in_their_iteration():
+    # A forward of a layer stack in one line: three 8 MiB activations per iteration, two kept, one freed.
+    events, addr = [], 0
+    line = {"filename": CELL, "line": 3, "name": "<module>"}
+    for _ in range(20):
+        for kept in (True, False, True):
+            addr += 1
+            events.append(_event("alloc", addr, 8 * 1024**2, TORCH, line))
+            if not kept:
+                events.append(_event("free_completed", addr, 8 * 1024**2))
+        addr += 1
+        events.append(_event("alloc", addr, 512, TORCH, line))  # the loss, kept
+    growth = _growth(_snapshot(events))
+    assert growth.iterations == 20 and growth.kept_iterations == 20
+    assert growth.per_iteration_bytes == 16 * 1024**2 + 512 and growth.called_from is None

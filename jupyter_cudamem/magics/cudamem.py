@@ -13,14 +13,19 @@ from typing import Any
 
 from IPython.core.magic import line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from IPython.display import Image, display
+from IPython.display import display
 from traitlets import Bool, Int, Unicode, Union
 
+from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
+from ..attribution.probe import default_probe
 from ..errors import CudaMemError
-from ..history import CellRecord, History, source_head
-from ..measure import Meter
+from ..history import CellRecord, History, flat_rows, save_records, source_head
+from ..measure import Measurement, Meter
+from ..repeats import run_growth, source_key
 from ..report import CellReport, HistoryTable, one_line
-from ..report.plot import figure_png, history_figure
+from ..report.cell import left_summary
+from ..report.plot import HistoryPlot
+from ..report.table import DEFAULT_SHOWN_CELLS
 from ..trace import TraceSummary, save_snapshot, summarize
 from ..units import format_bytes, parse_size
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors, parse_devices
@@ -68,6 +73,13 @@ class CudaMem(CudaMemMagicsBase):
     trace_dir = Unicode("cudamem_traces", help="Where --trace saves allocator snapshots.").tag(config=True)
     trace_max_entries = Int(200_000, help="Allocation events --trace records at most.").tag(config=True)
     history_size = Int(10_000, help="Measured cells kept in the history.").tag(config=True)
+    attribute_threshold = Union(
+        [Int(), Unicode()],
+        default_value=f"{DEFAULT_THRESHOLD_BYTES // 1024**2}MiB",
+        help="When a measured cell leaves at least this much more allocated, the report names who holds it "
+        "(variables, autograd graphs, module hooks, Out[...], a failed cell's traceback), says which of it is a "
+        "leak and what to change. 'off' (or 0) never does.",
+    ).tag(config=True)
 
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell, hardware, extension, **kwargs)
@@ -79,6 +91,10 @@ class CudaMem(CudaMemMagicsBase):
         self._threshold_text: str | None = None
         self._cell_depth = 0
         self._threshold_value = 0
+        self._attribute_text: str | int | None = None
+        self._attribute_value: int | None = DEFAULT_THRESHOLD_BYTES
+        # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
+        self.probe: Any = None
 
     # -- shared pieces ---------------------------------------------------------------------
     def _meter(self, devices: list[int] | None = None, reset_peak: bool | None = None) -> Meter:
@@ -92,9 +108,63 @@ class CudaMem(CudaMemMagicsBase):
     def _gpu_present(self) -> bool:
         return self.hardware.allocator.status() is None or self.hardware.nvml.status() is None
 
-    def _record(self, report: CellReport, source: str) -> None:
-        count = current_cell_number(self.shell)
-        self.history.add(CellRecord(count, source_head(source), report.measurement))
+    def _record(self, count: int | None, source: str, measurement: Measurement) -> CellRecord:
+        """Add a measured cell to the history, flagged as growing when it left memory again."""
+        key = source_key(source)
+        growth = run_growth(self.history.records, key, measurement)
+        record = CellRecord(count, source_head(source), measurement, source_key=key, growth=growth)
+        self.history.add(record)
+        return record
+
+    # -- who holds what a cell left ----------------------------------------------------------
+    def _attribute_bytes(self) -> int | None:
+        """The attribution threshold in bytes, ``None`` when it is off."""
+        setting = self.attribute_threshold
+        if setting != self._attribute_text:  # parsed once per setting, not once per cell
+            if isinstance(setting, int):
+                value = setting if setting > 0 else None
+            elif setting.strip().lower() in ("", "0", "off", "none"):
+                value = None
+            else:
+                try:
+                    value = parse_size(setting)
+                except CudaMemError as error:
+                    raise CudaMemError(f"CudaMem.attribute_threshold: {error}") from None
+            self._attribute_text, self._attribute_value = setting, value
+        return self._attribute_value
+
+    def _snapshot(self) -> NamespaceSnapshot | None:
+        """The namespace's fingerprint as the cell starts (see ``attribution.left``); ``None`` when
+        attribution is off or nothing can hold device memory (torch not imported)."""
+        if self._attribute_bytes() is None:
+            return None
+        probe = self.probe if self.probe is not None else default_probe()
+        if probe is None:
+            return None
+        if not self.hardware.allocator.is_initialized():
+            return NamespaceSnapshot({}, frozenset())  # nothing on the device yet: all it will hold is new
+        from ..oomfix.ipython_state import ipython_references
+
+        return NamespaceSnapshot.take(self.shell.user_ns, ipython_references(self.shell), probe)
+
+    def _left_behind(
+        self, measurement: Measurement, snapshot: NamespaceSnapshot | None, value: Any = None, error: Any = None
+    ) -> LeftBehind | None:
+        """Who holds what the cell left, when it left at least the threshold; never fails the cell."""
+        threshold = self._attribute_bytes()
+        if snapshot is None or threshold is None:
+            return None
+        left = sum(max(device.allocated_delta_bytes or 0, 0) for device in measurement.devices)
+        if left < threshold:
+            return None
+        from ..oomfix.ipython_state import cell_references
+
+        try:
+            references = cell_references(self.shell, None if value is NO_VALUE else value, error)
+            return left_behind(self.shell.user_ns, references, snapshot, left, self.probe)
+        except Exception as failure:  # a bug of ours must not cost the user the report
+            self.note(f"could not attribute what the cell left: {type(failure).__name__}: {failure}")
+            return None
 
     def _describe_file(self, filename: str) -> str:
         formatter = getattr(self.shell.compile, "format_code_name", None)
@@ -177,7 +247,9 @@ class CudaMem(CudaMemMagicsBase):
 
     def _measure(self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool) -> CellReport:
         __tracebackhide__ = True  # noqa: F841
-        label = f"[{current_cell_number(self.shell)}]"
+        count = current_cell_number(self.shell)
+        label = f"[{count}]"
+        snapshot = self._snapshot()
         with ExitStack() as stack:
             cap_note = stack.enter_context(self._capped(limit_bytes, meter.devices)) if limit_bytes else None
             tracing = stack.enter_context(self._tracing()) if trace else None
@@ -193,8 +265,10 @@ class CudaMem(CudaMemMagicsBase):
                 self._inside_magic = False
             measurement = meter.stop(baseline, error=None if error is None else type(error).__name__, limit_bytes=cap_note)
         traces = tuple(tracing or ())
-        report = CellReport(measurement, label=label, traces=traces)
-        self._record(report, cell)
+        left = self._left_behind(measurement, snapshot, value, error)
+        record = self._record(count, cell, measurement)
+        report = CellReport(measurement, label=label, traces=traces, left=left, growth=record.growth)
+        del left, snapshot
         if error is not None:
             display(report)
             raise error
@@ -234,7 +308,9 @@ class CudaMem(CudaMemMagicsBase):
         finally:
             snapshot = allocator.stop_trace()
             directory = Path(self.trace_dir)
-            path = save_snapshot(snapshot, directory / f"cell{current_cell_number(self.shell)}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+            count = current_cell_number(self.shell)
+            path = save_snapshot(snapshot, directory / f"cell{count}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+            cell_name = f"In[{count}]"
             for index, events in enumerate(snapshot.get("device_traces") or []):
                 if not events:
                     continue
@@ -243,9 +319,13 @@ class CudaMem(CudaMemMagicsBase):
                     index,
                     describe_file=self._describe_file,
                     source_line=lambda f, n: linecache.getline(f, n) or None,
+                    is_cell_file=lambda f: self._describe_file(f) == cell_name,
                 )
                 summaries.append(
-                    TraceSummary(summary.device_index, summary.traced_peak_bytes, summary.sites, str(path), summary.events)
+                    TraceSummary(
+                        summary.device_index, summary.traced_peak_bytes, summary.sites, str(path), summary.events,
+                        summary.growth,
+                    )
                 )
 
     # -- every-cell mode -------------------------------------------------------------------
@@ -294,8 +374,9 @@ class CudaMem(CudaMemMagicsBase):
             self._auto_baseline = None
             return
         try:
+            snapshot = self._snapshot()
             meter = self._meter()
-            self._auto_baseline = (meter, meter.start(), raw)
+            self._auto_baseline = (meter, meter.start(), raw, snapshot)
         except Exception as error:  # never break the user's cell because a reading failed
             self._auto_baseline = None
             self.note(f"every-cell measurement skipped: {error}")
@@ -310,14 +391,25 @@ class CudaMem(CudaMemMagicsBase):
         pending, self._auto_baseline = self._auto_baseline, None
         if pending is None or self._inside_magic:
             return
-        meter, baseline, raw = pending
+        meter, baseline, raw, snapshot = pending
         try:
             failure = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
             measurement = meter.stop(baseline, error=None if failure is None else type(failure).__name__)
+            # IPython before 9.8 gives no number to a cell run with store_history=False (silent runs, tests).
             count = getattr(result, "execution_count", None)
-            self.history.add(CellRecord(count, source_head(raw), measurement))
+            if count is None:
+                count = current_cell_number(self.shell)
+            del failure  # the traceback is IPython's to keep, not ours
+            left = self._left_behind(measurement, snapshot)
+            record = self._record(count, raw, measurement)
             if self._worth_a_line(measurement):
                 print(one_line(measurement, f"[{count}]" if count is not None else ""))
+                if left is not None:
+                    print("  " + left_summary(left))
+                    for holder in left.leaks:
+                        print(f"    → {holder.name}: {holder.advice[0]}")
+                if record.growth is not None:
+                    print(f"  {record.growth.describe()}")
         except Exception as error:
             self.note(f"every-cell measurement failed: {error}")
 
@@ -340,8 +432,21 @@ class CudaMem(CudaMemMagicsBase):
 
     # -- %cudamem_history ------------------------------------------------------------------
     @magic_arguments()
-    @argument("--plot", action="store_true", help="Show a chart of each cell's peak (matplotlib).")
-    @argument("--save", metavar="FILE", help="Write the records to FILE: .csv or .json (or .png with --plot).")
+    @argument("--plot", action="store_true", help="Show a chart of each cell's peak and what it left (matplotlib).")
+    @argument(
+        "--save",
+        metavar="FILE",
+        help="Write the selected records to FILE (.csv or .json) and say so in one line; with --plot, the chart "
+        "(.png, .svg or .pdf).",
+    )
+    @argument("--all", action="store_true", help=f"List every selected cell, not the latest {DEFAULT_SHOWN_CELLS} and a summary.")
+    @argument("--last", type=int, metavar="N", help="Only the latest N measured cells.")
+    @argument(
+        "--cells",
+        metavar="RANGES",
+        help="Only these cells, numbered as In [N]: 12, 5-9 (both included), 20- (from 20 on); several "
+        "separated by commas.",
+    )
     @argument("--clear", action="store_true", help="Forget all measured cells.")
     @argument("-o", "--output", action="store_true", help="Return the records (a list of dicts for pandas.DataFrame).")
     @line_magic
@@ -349,28 +454,30 @@ class CudaMem(CudaMemMagicsBase):
     def cudamem_history(self, line: str = "") -> Any:
         """Show the cells measured so far: a table, a plot, or records to load into pandas.
 
-        ``pandas.DataFrame(%cudamem_history -o)`` gives one row per cell and device, sizes in bytes.
+        The table lists the latest cells and sums up the rest in one line (--all lists every cell); the plot
+        keeps one size and bins what the screen cannot tell apart. --last and --cells pick the cells for
+        every view, --save and -o included. ``pandas.DataFrame(%cudamem_history -o)`` gives one row per cell
+        and device, sizes in bytes.
         """
         args = parse_argstring(self.cudamem_history, line)
         if args.clear:
             count = len(self.history)
             self.history.clear()
-            print(f"cudamem history cleared ({count} cells)")
+            print(f"cudamem history cleared ({count:,} cells)")
             return None
+        records = self.history.select(cells=args.cells, last=args.last)
         if args.plot:
-            figure = history_figure(self.history.records)
-            png = figure_png(figure)
+            plot = HistoryPlot(records)
             if args.save:
-                Path(args.save).write_bytes(png)
-                print(f"plot saved to {args.save}")
-            display(Image(png))
+                print(plot.save(args.save))
+            display(plot)
             return None
         if args.save:
-            path = self.history.save(args.save)
-            print(f"{len(self.history)} cells saved to {path}")
+            print(save_records(records, args.save))
         if args.output:
-            return self.history.to_records()
-        display(HistoryTable(self.history.records))
+            return flat_rows(records)
+        if not args.save:
+            display(HistoryTable(records, shown=None if args.all else DEFAULT_SHOWN_CELLS))
         return None
 
     def close(self) -> None:

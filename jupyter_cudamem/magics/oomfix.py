@@ -78,7 +78,7 @@ class OomFix(CudaMemMagicsBase):
         # they bound what the failed cell itself needed. One allocator read per cell.
         self._allocated_at_start: list[tuple[str, dict[int, int]]] = []
         shell.events.register("pre_run_cell", self._note_cell_start)
-        # How tensors are recognised (``oomfix.holders.TensorProbe``); ``None`` means PyTorch's types.
+        # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
         self.probe: Any = None
 
     def close(self) -> None:
@@ -181,7 +181,7 @@ class OomFix(CudaMemMagicsBase):
     ) -> Outcome | None:
         from ..oomfix import cleanup as cleanup_module
         from ..oomfix.diagnosis import diagnose
-        from ..oomfix.holders import find_holders, reaches_cuda
+        from ..attribution.holders import find_holders, reaches_cuda
         from ..oomfix.ipython_state import ipython_references, user_variables
 
         if not args.dry_run:

@@ -1,6 +1,6 @@
 """``%oomfix``: diagnose a CUDA out-of-memory error, free what it left behind, and rerun in a form that fits.
 
-``parse`` reads OOM messages, ``holders`` finds what keeps CUDA memory alive, ``ipython_state`` is the
+``parse`` reads OOM messages, ``ipython_state`` (what IPython keeps; ``attribution`` says who holds memory) is the
 only module that knows IPython's attribute names, ``cleanup`` frees and measures, ``diagnosis`` turns
 it into a verdict; ``search`` picks the next batch, ``strategies`` names the ways to fit and the driver
 runs them, recording each try in ``outcome``; ``plan`` is what ``--dry-run`` shows. Where the batch lives

@@ -26,7 +26,7 @@ from ..advice import EXPANDABLE as EXPANDABLE  # re-exported: the diagnosis name
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
-from .holders import Holder
+from ..attribution.holders import FRAME, Holder
 from .parse import OomInfo
 
 VERDICTS = ("too big for the card", "fragmentation", "held by IPython after the error", "held by namespace")
@@ -77,7 +77,7 @@ class Diagnosis(TextReport):
                 )
                 detail = f" [{holder.detail}]" if holder.detail else ""
                 lines.append(
-                    f"    {format_bytes(holder.cuda_bytes):>11}  {holder.name} ({owner}, {holder.kind}{only}){detail}"
+                    f"    {format_bytes(holder.cuda_bytes):>11}  {holder.label} ({owner}, {holder.kind}{only}){detail}"
                 )
         if self.suggestions:
             lines.append("  try:")
@@ -101,7 +101,7 @@ class Diagnosis(TextReport):
         if self.holders:
             rows = "".join(
                 "<tr>"
-                f"<td style='text-align:left'><code>{e(h.name)}</code></td>"
+                f"<td style='text-align:left'><code>{e(h.label)}</code></td>"
                 f"<td style='text-align:left'>{'variable' if h.user_variable else 'IPython'}, {e(h.kind)}</td>"
                 f"<td style='text-align:right'>{e(format_bytes(h.cuda_bytes))}</td>"
                 f"<td style='text-align:right'>{e(format_bytes(h.exclusive_bytes))}</td>"
@@ -171,13 +171,12 @@ def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
     frames: list[str] = []
     others: list[str] = []
     for holder in sorted(parts, key=lambda h: -h.cuda_bytes):
-        name = holder.name.split(" (from", 1)[0]
-        if name.startswith("frame of "):
-            name = name.rsplit(" #", 1)[0]
+        if holder.origin == FRAME:
+            name = f"frame of {holder.name}"
             if name not in frames:
                 frames.append(name)
-        elif name not in others:
-            others.append(name)
+        elif holder.name not in others:
+            others.append(holder.name)
     shown = frames[:4] + ([f"{len(frames) - 4} more frames"] if len(frames) > 4 else [])
     merged = Holder(
         name="the failed cell's traceback (" + ", ".join(shown + others) + ")",
@@ -186,6 +185,7 @@ def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
         user_variable=False,
         exclusive_bytes=max(h.exclusive_bytes for h in parts),
         tensor_count=max(h.tensor_count for h in parts),
+        origin=parts[0].origin,
     )
     result: list[Holder] = []
     for holder in holders:
@@ -234,7 +234,7 @@ def diagnose(
         suggestions += advice.fragmentation_advice()
     elif significant(cache_only):
         verdict = "held by IPython after the error"
-        keepers = [h.name for h in holders if h.kind == "ipython"][:3]
+        keepers = [h.label for h in holders if h.kind == "ipython"][:3]
         explanation = (
             f"{format_bytes(cache_only)} is kept alive only by IPython's output cache "
             f"({'; '.join(keepers)}), not by any of your variables; the cleanup releases it."
@@ -245,9 +245,11 @@ def diagnose(
         largest = [h for h in holders if h.user_variable][:3]
         explanation = (
             f"your variables hold {format_bytes(namespace)} of the {format_bytes(capacity)} this process may use "
-            f"(largest: {', '.join(f'{h.name} {format_bytes(h.cuda_bytes)}' for h in largest)})."
+            f"(largest: {', '.join(f'{h.label} {format_bytes(h.cuda_bytes)}' for h in largest)})."
         )
-        suggestions += advice.held_by_namespace_advice([(h.name.split(" ", 1)[0], h.exclusive_bytes) for h in largest])
+        # A gradient is not a variable: deleting the tensor it belongs to frees it.
+        named = [(h.name, h.exclusive_bytes) for h in largest if h.kind != "gradient"]
+        suggestions += advice.held_by_namespace_advice(named)
     else:
         verdict = "too big for the card"
         if capped:
@@ -263,9 +265,7 @@ def diagnose(
         suggestions += advice.needs_more_advice()
     own = ipython_only - cache_only
     if own >= 1024**2:
-        frames = [
-            h.name.split(" (from", 1)[0] for h in holders if h.kind == "traceback" and h.name.startswith("frame of")
-        ]
+        frames = [f"frame of {h.name}" for h in holders if h.origin == FRAME]
         where = f" ({', '.join(frames[:3])})" if frames else ""
         explanation += (
             f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "

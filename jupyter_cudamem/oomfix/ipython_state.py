@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .holders import reaches_cuda
+from ..attribution.holders import EXCEPTION, FRAME, OUTPUT_CACHE, Reference, reaches_cuda
 from .parse import OomInfo, describe_chain, exception_chain, is_cuda_oom, parse_oom
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
@@ -243,51 +243,75 @@ def _output_cache(shell: Any) -> dict[Any, Any] | None:
     return cache if isinstance(cache, dict) else None
 
 
-def ipython_references(shell: Any) -> dict[str, object]:
-    """Name -> object for everything IPython itself keeps that can hold the user's memory.
+def ipython_references(shell: Any) -> list[Reference]:
+    """Everything IPython itself keeps that can hold the user's memory, each with its origin.
 
     The failed cell's traceback frames (function frames only: the cell's own frame has the user
     namespace as its locals) are listed one by one, so a report can say which function's locals hold
     the memory.
     """
-    refs: dict[str, object] = {}
+    refs: list[Reference] = []
     for name in _SYS_ATTRIBUTES[:3]:
         value = getattr(sys, name, None)
         if value is not None:
-            refs[f"sys.{name}"] = value
+            refs.append(Reference(f"sys.{name}", EXCEPTION, value))
     result = getattr(shell, "last_execution_result", None)
     for attribute in ("error_in_exec", "error_before_exec", "result"):
         value = getattr(result, attribute, None)
         if value is not None:
-            refs[f"last_execution_result.{attribute}"] = value
+            origin = OUTPUT_CACHE if attribute == "result" else EXCEPTION
+            refs.append(Reference(f"last_execution_result.{attribute}", origin, value))
     for handler in ("InteractiveTB", "SyntaxTB"):
         tb = getattr(getattr(shell, handler, None), "tb", None)
         if tb is not None:
-            refs[f"{handler}.tb"] = tb
+            refs.append(Reference(f"{handler}.tb", EXCEPTION, tb))
     cache = _output_cache(shell)
     if cache is not None:
         for number, value in list(cache.items()):
-            refs[f"Out[{number}]"] = value
+            refs.append(Reference(f"Out[{number}]", OUTPUT_CACHE, value))
             if shell.user_ns.get(f"_{number}") is value:
-                refs[f"_{number}"] = value
+                refs.append(Reference(f"_{number}", OUTPUT_CACHE, value))
     displayhook = getattr(shell, "displayhook", None)
     for name in _UNDERS:
         value = getattr(displayhook, name, None)
         if value is not None and not isinstance(value, str):
-            refs[name] = value
+            refs.append(Reference(name, OUTPUT_CACHE, value))
+    refs.extend(_frame_references(_known_exceptions(shell, None)))
+    return refs
+
+
+def _frame_references(errors: list[BaseException]) -> list[Reference]:
+    """The frames of functions on the errors' tracebacks, one reference each; the cell's own
+    (module-level) frame and our own and IPython's frames are left out."""
+    refs: list[Reference] = []
     counts: dict[str, int] = {}
     seen: set[int] = set()
-    for error in _known_exceptions(shell, None):
-        for tb in _tracebacks(error):
+    for error in errors:
+        for first in _tracebacks(error):
+            tb: types.TracebackType | None = first
             while tb is not None:
                 frame = tb.tb_frame
-                if frame.f_code.co_name != "<module>" and id(frame) not in seen:
+                module = str(frame.f_globals.get("__name__", ""))
+                ours = module.startswith(_MACHINERY_MODULES) or module.startswith("jupyter_cudamem.")
+                if frame.f_code.co_name != "<module>" and not ours and id(frame) not in seen:
                     seen.add(id(frame))
                     label = _frame_label(frame)
                     counts[label] = counts.get(label, 0) + 1
-                    suffix = f" #{counts[label]}" if counts[label] > 1 else ""
-                    refs[f"frame of {label}{suffix} (from the failed cell's traceback)"] = frame
+                    refs.append(Reference(label, FRAME, frame, counts[label]))
                 tb = tb.tb_next
+    return refs
+
+
+def cell_references(shell: Any, value: Any = None, error: BaseException | None = None) -> list[Reference]:
+    """What IPython keeps, plus what a cell run inside a magic has not handed to IPython yet: its
+    value (about to enter the output cache as ``Out[N]``) and its exception with its frames."""
+    refs = ipython_references(shell)
+    if value is not None:
+        count = getattr(getattr(shell, "displayhook", None), "prompt_count", None)
+        refs.append(Reference(f"Out[{count}]" if isinstance(count, int) else "the cell's value", OUTPUT_CACHE, value))
+    if error is not None:
+        refs.append(Reference("the cell's exception", EXCEPTION, error))
+        refs.extend(_frame_references([error]))
     return refs
 
 

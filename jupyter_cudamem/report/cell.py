@@ -6,8 +6,10 @@ import html
 from dataclasses import dataclass, field
 
 from ..advice import measurement_hints
+from ..attribution.left import LeftBehind, LeftHolder
+from ..repeats import RunGrowth
 from ..measure import DeviceMeasurement, Measurement
-from ..trace import TraceSummary
+from ..trace import LoopGrowth, TraceSummary
 from ..units import format_bytes, format_seconds
 from .text import TextReport
 
@@ -16,7 +18,8 @@ _STYLE = (
     ".cudamem-report table{border-collapse:collapse}.cudamem-report td,.cudamem-report th{padding:1px 8px;"
     "text-align:right;border:none}.cudamem-report td:first-child,.cudamem-report th:first-child{text-align:left}"
     ".cudamem-report .hint{color:#8a5300}.cudamem-report .note{color:#666}"
-    ".cudamem-report .err{color:#b00020}</style>"
+    ".cudamem-report .err{color:#b00020}.cudamem-report .leak{color:#b00020;font-weight:bold}"
+    ".cudamem-report .result{color:#2e7d32}</style>"
 )
 
 
@@ -49,6 +52,92 @@ def _rows(device: DeviceMeasurement) -> list[tuple[str, str, str]]:
     return rows
 
 
+_REMAINDER = (
+    "not reachable from any name: PyTorch's own caches (cuBLAS's workspace on a first matmul), tensors only "
+    "C++ code keeps, or objects the walk does not enter"
+)
+
+
+def _holder_head(holder: LeftHolder) -> tuple[str, str]:
+    """``(verdict, text)`` for one holder: ``leak``/``result`` and ``losses: list of 40 tensors ...``."""
+    verdict = "leak" if holder.leak else "result"
+    likely = ""
+    if holder.likely:
+        likely = " (likely: not in the fingerprint the cell started with, counted to explain what it left)"
+    where = f" via {holder.where}" if holder.where and holder.where not in holder.description else ""
+    also = f"; also reached from {', '.join(holder.also)}" if holder.also else ""
+    return verdict, f"{holder.name}: {holder.description}{where}{also}{likely}"
+
+
+def left_lines(left: LeftBehind) -> list[str]:
+    """The report's "left behind" section as text lines (indented for the cell report)."""
+    lines = [
+        f"  left behind: {format_bytes(left.left_bytes)} still allocated after the cell; "
+        f"{format_bytes(min(left.attributed_bytes, left.left_bytes))} attributed "
+        f"(in {left.elapsed_s * 1000:.0f} ms{', walk stopped at its bound' if left.truncated else ''})"
+    ]
+    for holder in left.holders:
+        verdict, text = _holder_head(holder)
+        lines.append(f"    {verdict:<6}{format_bytes(holder.nbytes):>11}  {text}")
+        lines.extend(f"    {'':<6}{'':>11}    → {advice}" for advice in holder.advice)
+    if left.smaller_bytes:
+        lines.append(f"    {'':<6}{format_bytes(left.smaller_bytes):>11}  {left.smaller_count} smaller holders")
+    if left.remainder_bytes:
+        lines.append(f"    {'':<6}{format_bytes(left.remainder_bytes):>11}  {_REMAINDER}")
+    return lines
+
+
+def left_summary(left: LeftBehind) -> str:
+    """One line for the every-cell mode: ``left 433 MiB: leak losses 420 MiB (autograd graph); ...``."""
+    parts = [
+        f"{'leak' if h.leak else 'result'} {h.name} {format_bytes(h.nbytes)} ({h.cause})" for h in left.holders[:3]
+    ]
+    if left.remainder_bytes:
+        parts.append(f"{format_bytes(left.remainder_bytes)} not attributed")
+    return f"left {format_bytes(left.left_bytes)}: " + "; ".join(parts or ["nothing attributed"])
+
+
+def _left_html(left: LeftBehind) -> str:
+    e = html.escape
+    rows = []
+    for holder in left.holders:
+        verdict, text = _holder_head(holder)
+        advice = "".join(f"<br>→ {e(item)}" for item in holder.advice)
+        rows.append(
+            f'<tr><td class="{verdict}">{verdict}</td><td>{e(format_bytes(holder.nbytes))}</td>'
+            f'<td style="text-align:left"><code>{e(holder.name)}</code>{e(text[len(holder.name):])}'
+            f'<span class="hint">{advice}</span></td></tr>'
+        )
+    if left.smaller_bytes:
+        rows.append(
+            f"<tr><td></td><td>{e(format_bytes(left.smaller_bytes))}</td>"
+            f'<td style="text-align:left">{left.smaller_count} smaller holders</td></tr>'
+        )
+    if left.remainder_bytes:
+        rows.append(
+            f"<tr><td></td><td>{e(format_bytes(left.remainder_bytes))}</td>"
+            f'<td style="text-align:left" class="note">{e(_REMAINDER)}</td></tr>'
+        )
+    head = (
+        f"left behind: {format_bytes(left.left_bytes)} still allocated after the cell; "
+        f"{format_bytes(min(left.attributed_bytes, left.left_bytes))} attributed (in {left.elapsed_s * 1000:.0f} ms)"
+    )
+    return f"<div><b>{e(head)}</b><table>{''.join(rows)}</table></div>"
+
+
+def _loop_text(growth: LoopGrowth) -> str:
+    code = f" → {growth.code.strip()}" if growth.code else ""
+    called = ""
+    if growth.called_from:
+        called = f", called from {growth.called_from}" + (
+            f" → {growth.called_from_code.strip()}" if growth.called_from_code else ""
+        )
+    return (
+        f"  grew in a loop: about {format_bytes(growth.per_iteration_bytes, signed=True)} per iteration over "
+        f"{growth.iterations} iterations ({format_bytes(growth.kept_bytes)} kept): {growth.location}{code}{called}"
+    )
+
+
 def one_line(measurement: Measurement, label: str = "") -> str:
     """The every-cell summary: ``cudamem [7] 1.2 s | cuda:0 peak 5.2 GiB (+4.2), Δalloc +0 B, Δreserved +6 GiB``."""
     parts = [f"cudamem {label}".rstrip(), format_seconds(measurement.wall_s)]
@@ -76,10 +165,12 @@ class CellReport(TextReport):
     label: str = ""
     traces: tuple[TraceSummary, ...] = ()
     hints: list[str] = field(default_factory=list)
+    left: LeftBehind | None = None
+    growth: RunGrowth | None = None
 
     def __post_init__(self) -> None:
         if not self.hints:
-            self.hints = measurement_hints(self.measurement)
+            self.hints = measurement_hints(self.measurement, left_attributed=self.left is not None)
 
     # Shortcuts for the common question "what was the peak?"
     @property
@@ -110,6 +201,10 @@ class CellReport(TextReport):
             lines.append(f"  {device.device.label} {device.device.name}")
             for metric, value, detail in _rows(device):
                 lines.append(f"    {metric:<15}{value:>12}   {detail}".rstrip())
+        if self.left is not None:
+            lines.extend(left_lines(self.left))
+        if self.growth is not None:
+            lines.append(f"  {self.growth.describe()}")
         for trace in self.traces:
             lines.extend(_trace_text(trace))
         lines.extend(f"  hint: {hint}" for hint in self.hints)
@@ -134,6 +229,10 @@ class CellReport(TextReport):
                     cells.append(f'<td title="{escape(detail)}">{escape(value)} <span class="note">{escape(detail)}</span></td>')
                 parts.append(f"<tr><td>{escape(metric)}</td>{''.join(cells)}</tr>")
             parts.append("</table>")
+        if self.left is not None:
+            parts.append(_left_html(self.left))
+        if self.growth is not None:
+            parts.append(f'<div class="hint">{escape(self.growth.describe())}</div>')
         for trace in self.traces:
             parts.append("<div>" + "<br>".join(escape(line.strip()) for line in _trace_text(trace)) + "</div>")
         parts.extend(f'<div class="hint">hint: {escape(hint)}</div>' for hint in self.hints)
@@ -149,6 +248,8 @@ def _trace_text(trace: TraceSummary) -> list[str]:
     for site in trace.sites:
         code = f"  →  {site.code.strip()}" if site.code else ""
         lines.append(f"    {format_bytes(site.bytes_at_peak):>11}  {site.location} ({site.allocations} alloc){code}")
+    if trace.growth is not None:
+        lines.append(_loop_text(trace.growth))
     if trace.snapshot_path:
         lines.append(f"    snapshot: {trace.snapshot_path} (open it at https://pytorch.org/memory_viz)")
     return lines

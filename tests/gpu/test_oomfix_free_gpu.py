@@ -46,7 +46,7 @@ CLEANUP = """
 from jupyter_cudamem.hardware import default_hardware
 from jupyter_cudamem.oomfix.cleanup import cleanup
 from jupyter_cudamem.oomfix.diagnosis import diagnose
-from jupyter_cudamem.oomfix.holders import find_holders
+from jupyter_cudamem.attribution.holders import find_holders
 from jupyter_cudamem.oomfix.ipython_state import ipython_references, last_failure, user_variables
 
 ip = get_ipython()
@@ -60,7 +60,7 @@ report = {
     "kind": oom.kind,
     "requested": oom.requested_bytes,
     "allowed": oom.allowed_bytes,
-    "holders": [[h.name, h.kind, h.cuda_bytes] for h in holders],
+    "holders": [[h.label, h.kind, h.cuda_bytes] for h in holders],
     "verdict": diagnosis.verdict,
     "explanation": diagnosis.explanation,
     "html_ok": "<table>" in diagnosis._repr_html_(),

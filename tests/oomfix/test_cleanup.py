@@ -10,7 +10,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.oomfix.cleanup import cleanup
-from jupyter_cudamem.oomfix.holders import reaches_cuda
+from jupyter_cudamem.attribution.holders import reaches_cuda
 from tests.fakes import GiB, MiB, FakeAllocator, FakeMachine, FakeNvml, fake_probe
 
 CELL = """

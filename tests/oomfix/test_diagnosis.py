@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jupyter_cudamem.oomfix.diagnosis import EXPANDABLE, diagnose
-from jupyter_cudamem.oomfix.holders import Holder, Holders
+from jupyter_cudamem.attribution.holders import EXCEPTION, FRAME, Holder, Holders
 from jupyter_cudamem.oomfix.parse import OomInfo, parse_oom
 from jupyter_cudamem.sources.base import AllocatorReading
 
@@ -69,7 +69,7 @@ def test_held_by_ipython_after_the_error() -> None:
 
 
 def test_the_failed_cells_own_frames_are_reported_but_do_not_make_the_verdict() -> None:
-    frame = Holder("frame of f() (from the failed cell's traceback)", "traceback", 4 * GiB, False, 4 * GiB, 1)
+    frame = Holder("f()", "traceback", 4 * GiB, False, 4 * GiB, 1, origin=FRAME)
     d = diagnose(
         parse_oom(oom_text("2.00 GiB", total="8.00 GiB", allocated="5.00 GiB")),
         holders(frame, ipython_only=4 * GiB, cache_only=0),
@@ -151,10 +151,10 @@ def test_the_failed_traceback_is_one_line_and_a_cap_is_named():
         total_bytes=80 * GiB, free_bytes=74 * GiB, allowed_bytes=4 * GiB, allocated_bytes=3 * GiB,
     )
     holders = [
-        Holder("sys.last_exc / sys.last_value", "traceback", 900 * MiB, False, 768 * MiB),
-        Holder("frame of relu() (from the failed cell's traceback)", "traceback", 512 * MiB, False),
-        Holder("frame of Module._call_impl() (from the failed cell's traceback)", "traceback", 140 * MiB, False),
-        Holder("frame of Module._call_impl() #2 (from the failed cell's traceback)", "traceback", 140 * MiB, False),
+        Holder("sys.last_exc / sys.last_value", "traceback", 900 * MiB, False, 768 * MiB, origin=EXCEPTION),
+        Holder("relu()", "traceback", 512 * MiB, False, origin=FRAME),
+        Holder("Module._call_impl()", "traceback", 140 * MiB, False, origin=FRAME),
+        Holder("Module._call_impl()", "traceback", 140 * MiB, False, origin=FRAME, occurrence=2),
         Holder("model", "module", 600 * MiB, True, 600 * MiB),
     ]
     d = diagnose(oom, holders, None)

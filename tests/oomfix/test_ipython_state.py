@@ -8,7 +8,7 @@ import sys
 import pytest
 from tests.oomfix.shells import shell_without_failures
 
-from jupyter_cudamem.oomfix.holders import find_holders, reaches_cuda
+from jupyter_cudamem.attribution.holders import find_holders, reaches_cuda
 from jupyter_cudamem.oomfix.ipython_state import (
     FailureRecorder,
     failed_execution,
@@ -74,10 +74,12 @@ def test_failed_cell_keeps_locals_alive_until_released(shell) -> None:
     assert alive(shell, "big") and alive(shell, "activations")
 
     refs = ipython_references(shell)
-    assert "frame of f() (from the failed cell's traceback)" in refs
-    assert "frame of step() (from the failed cell's traceback)" in refs
-    assert "sys.last_value" in refs and "InteractiveTB.tb" in refs
-    holders = {h.name: h for h in find_holders(user_variables(shell), refs, probe=fake_probe())}
+    labels = {ref.label for ref in refs}
+    assert "frame of f() (from the failed cell's traceback)" in labels
+    assert "frame of step() (from the failed cell's traceback)" in labels
+    assert "sys.last_value" in labels and "InteractiveTB.tb" in labels
+    assert {ref.origin for ref in refs if ref.name in ("f()", "step()")} == {"traceback frame"}
+    holders = {h.label: h for h in find_holders(user_variables(shell), refs, probe=fake_probe())}
     assert holders["frame of f() (from the failed cell's traceback)"].cuda_bytes == 4 * GiB  # its own locals
     assert holders["frame of step() (from the failed cell's traceback)"].cuda_bytes == 4 * GiB + 512 * MiB
     assert holders["model"].user_variable and holders["model"].cuda_bytes == 256 * MiB
@@ -129,7 +131,8 @@ def test_output_cache_entries_holding_cuda_are_released_others_kept(shell) -> No
     assert alive(shell, "out")
     assert shell.user_ns["Out"][out_number] is not None
     refs = ipython_references(shell)
-    assert f"Out[{out_number}]" in refs and f"_{out_number}" in refs
+    names = {ref.name: ref.origin for ref in refs}
+    assert names[f"Out[{out_number}]"] == names[f"_{out_number}"] == "output cache"
     holders = find_holders(user_variables(shell), refs, probe=fake_probe())
     assert holders[0].name.startswith(f"Out[{out_number}] / _{out_number}")
     assert holders[0].cuda_bytes == 1 * GiB and holders[0].kind == "ipython"

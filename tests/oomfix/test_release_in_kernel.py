@@ -22,7 +22,7 @@ CELLS = [
 import json, weakref
 from tests.fakes import FakeAllocator, FakeMachine, FakeNvml, FakeTensor, GiB, MiB, fake_probe
 from jupyter_cudamem.hardware import Hardware
-from jupyter_cudamem.oomfix.holders import find_holders, reaches_cuda
+from jupyter_cudamem.attribution.holders import find_holders, reaches_cuda
 from jupyter_cudamem.oomfix.ipython_state import FailureRecorder, ipython_references, last_failure, user_variables
 from jupyter_cudamem.oomfix.cleanup import cleanup
 from jupyter_cudamem.oomfix.diagnosis import diagnose
@@ -54,7 +54,7 @@ before = machine.gpus[0].allocated
 report = {
     "cell": failure.raw_cell,
     "held_after_oom": before - baseline,
-    "holders": [[h.name, h.cuda_bytes, h.user_variable] for h in holders],
+    "holders": [[h.label, h.cuda_bytes, h.user_variable] for h in holders],
     "verdict": diagnosis.verdict,
 }
 del failure

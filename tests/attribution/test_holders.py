@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 import warnings
 
-from jupyter_cudamem.oomfix.holders import find_holders
-from tests.fakes import MiB, FakeModule, FakeOptimizer, FakeTensor, fake_probe
+from jupyter_cudamem.attribution.holders import find_holders
+from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe
 
 
 def by_name(holders):
-    return {h.name: h for h in holders}
+    return {h.label: h for h in holders}
 
 
 def test_views_share_one_storage_and_cpu_tensors_do_not_count() -> None:
@@ -98,7 +98,7 @@ def test_ipython_references_are_grouped_and_measured_against_the_namespace() -> 
     refs = {
         "sys.last_value": exc,
         "sys.last_exc": exc,
-        "frame of train_step()": frame,
+        "train_step()": frame,
         "Out[3]": FakeTensor(7 * MiB),
         "_": None,
     }
@@ -108,7 +108,9 @@ def test_ipython_references_are_grouped_and_measured_against_the_namespace() -> 
     assert exc_holder.kind == "traceback" and not exc_holder.user_variable
     assert exc_holder.cuda_bytes == (4096 + 100) * MiB
     assert exc_holder.exclusive_bytes == 4096 * MiB  # `shared` stays reachable from the namespace
-    assert named["frame of train_step()"].cuda_bytes == (4096 + 100) * MiB
+    frame_holder = named["frame of train_step() (from the failed cell's traceback)"]
+    assert frame_holder.origin == "traceback frame" and frame_holder.name == "train_step()"
+    assert frame_holder.cuda_bytes == (4096 + 100) * MiB
     assert named["Out[3]"].kind == "ipython" and named["Out[3]"].cuda_bytes == 7 * MiB
     assert holders.ipython_only_bytes == (4096 + 7) * MiB
     assert holders.namespace_bytes == 100 * MiB
@@ -191,7 +193,7 @@ def test_handles_on_the_machinery_are_not_user_holders() -> None:
 def test_huge_plain_data_is_cheap_and_a_huge_graph_is_bounded() -> None:
     import time
 
-    from jupyter_cudamem.oomfix import holders as holders_module
+    from jupyter_cudamem.attribution import walk as holders_module
 
     floats = [float(i) for i in range(1_000_000)]
     nested = [[FakeTensor(1)] for _ in range(150_000)]  # 300k objects: more than one root may queue
@@ -201,4 +203,4 @@ def test_huge_plain_data_is_cheap_and_a_huge_graph_is_bounded() -> None:
     named = by_name(found)
     assert "floats" not in named and named["t"].cuda_bytes == 1 * MiB
     assert 0 < named["nested"].tensor_count < 150_000  # stopped at the budget, not the end
-    assert named["nested"].tensor_count <= holders_module._WALK_LIMIT
+    assert named["nested"].tensor_count <= holders_module.WALK_LIMIT

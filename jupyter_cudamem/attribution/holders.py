@@ -1,0 +1,347 @@
+"""Who holds device memory now: the user's variables and what IPython keeps, each with its bytes.
+
+Every root is walked by ``walk.walk`` (containers, objects, modules and their hooks, optimizers'
+state, exceptions and frames, autograd graphs); what each reaches is then compared across roots, so
+a holder also says how much of it no other root reaches (what deleting it would free). ``%oomfix``'s
+diagnosis lists these holders; ``left.left_behind`` starts from the same walk to name what one cell
+left.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..units import format_bytes
+from .probe import TensorProbe, default_probe, grad_of
+from .walk import (
+    ATOMS,
+    EXCEPTION_CODE,
+    FRAME_CODE,
+    GRAPH,
+    MACHINERY_PREFIXES,
+    MODULE_CODE,
+    OPAQUE,
+    OPTIMIZER_CODE,
+    TENSOR_CODE,
+    TRACEBACK_CODE,
+    Reach,
+    memo_by_type,
+    type_code,
+    walk,
+)
+
+# Names IPython itself puts in the user namespace: its output cache and input history are reported
+# under their own holders (from ``ipython_state.ipython_references``), the rest hold no tensors.
+_IPYTHON_NAMES = frozenset(
+    {"_", "__", "___", "_i", "_ii", "_iii", "_ih", "_oh", "_dh", "In", "Out", "exit", "quit", "get_ipython"}
+)
+_IPYTHON_NAME_PATTERN = re.compile(r"^_i?\d+$|^__\w+__$")
+
+# Where a root comes from.
+VARIABLE = "variable"
+OUTPUT_CACHE = "output cache"  # Out[N], _N, _, the last execution result's value
+EXCEPTION = "exception"  # sys.last_*, the execution result's error, InteractiveTB.tb, a cell's own error
+FRAME = "traceback frame"  # a function's frame on a failed cell's traceback
+IPYTHON_ORIGINS = (OUTPUT_CACHE, EXCEPTION, FRAME)
+
+
+@dataclass(slots=True)
+class Reference:
+    """Something IPython keeps that may hold the user's memory: its name, where it comes from, and it.
+
+    ``name`` is plain (``"Out[3]"``, ``"sys.last_value"``, ``"f()"`` for a frame of ``f``);
+    ``occurrence`` tells apart frames of one function (recursion, one frame per layer). Not frozen:
+    a snapshot lists them before every measured cell, and frozen dataclasses are slow to make.
+    """
+
+    name: str
+    origin: str
+    value: object = field(repr=False, compare=False)
+    occurrence: int = 1
+
+    @property
+    def label(self) -> str:
+        if self.origin == FRAME:
+            suffix = f" #{self.occurrence}" if self.occurrence > 1 else ""
+            return f"frame of {self.name}{suffix} (from the failed cell's traceback)"
+        return self.name
+
+
+def as_references(refs: Iterable[Reference] | Mapping[str, object]) -> list[Reference]:
+    """``Reference``s as given, or made from a ``{name: object}`` mapping (tracebacks and frames are
+    taken as the failed cell's, anything else as the output cache)."""
+    import types
+
+    if isinstance(refs, Mapping):
+        made = []
+        for name, value in refs.items():
+            if isinstance(value, types.FrameType):
+                origin = FRAME
+            elif isinstance(value, (BaseException, types.TracebackType)):
+                origin = EXCEPTION
+            else:
+                origin = OUTPUT_CACHE
+            made.append(Reference(name, origin, value))
+        return made
+    return list(refs)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """One root through which device memory is reachable.
+
+    ``name`` is the variable's name or the IPython reference's (several references to one object are
+    one holder, their names joined by `` / ``); ``origin`` where it comes from (``VARIABLE`` or one of
+    ``IPYTHON_ORIGINS``); ``kind`` what it is: ``"tensor"``, ``"module"``, ``"optimizer"``,
+    ``"gradient"``, ``"object"`` (a container or object reaching tensors), ``"ipython"`` (output cache,
+    execution result) or ``"traceback"`` (exceptions, tracebacks and their frames).
+
+    ``cuda_bytes`` counts each storage reachable through it once; ``graph_bytes`` is the part first
+    reached through autograd graphs (saved activations). ``exclusive_bytes`` is the part no other root
+    reaches: for a variable, storages no other variable reaches (what ``--del NAME`` plus the cleanup
+    would free); for what IPython holds, storages no variable reaches (what the cleanup frees).
+    """
+
+    name: str
+    kind: str
+    cuda_bytes: int
+    user_variable: bool
+    exclusive_bytes: int = 0
+    tensor_count: int = 0
+    detail: str = ""
+    origin: str = VARIABLE
+    occurrence: int = 1
+    graph_bytes: int = 0
+    type_name: str = ""
+
+    @property
+    def label(self) -> str:
+        """The name as shown: ``opt (Adam state)``, ``frame of f() #2 (from the failed cell's traceback)``."""
+        if self.kind == "optimizer" and self.type_name:
+            return f"{self.name} ({self.type_name} state)"
+        if self.origin == FRAME:
+            return Reference(self.name, FRAME, None, self.occurrence).label
+        return self.name
+
+    def describe(self) -> str:
+        """One line: name, size and what makes it up."""
+        extra = f" ({self.detail})" if self.detail else ""
+        return f"{self.label}: {format_bytes(self.cuda_bytes)}{extra}"
+
+
+class Holders(list[Holder]):
+    """The largest holders, plus totals that per-holder figures cannot give (they overlap).
+
+    ``namespace_bytes``: bytes reachable from the user's variables; ``ipython_only_bytes``: bytes
+    reachable only through what IPython keeps (what releasing it frees); ``cache_only_bytes``: the part
+    of those reachable through IPython's output cache and last result, as opposed to a failed cell's own
+    exception and traceback frames.
+    """
+
+    namespace_bytes: int = 0
+    ipython_only_bytes: int = 0
+    cache_only_bytes: int = 0
+
+
+def is_user_name(name: str, value: Any) -> bool:
+    """A variable of the user's own: not IPython's names, and not a handle on the machinery
+    (``ip = get_ipython()`` reaches every namespace; our own recorder or results are not the user's data)."""
+    if name in _IPYTHON_NAMES or (name[:1] == "_" and _IPYTHON_NAME_PATTERN.match(name)):
+        return False
+    return _is_user_type(type(value))
+
+
+@memo_by_type
+def _is_user_type(kind: type) -> bool:
+    if issubclass(kind, OPAQUE):
+        return False
+    module = getattr(kind, "__module__", "") or ""
+    return not module.startswith(MACHINERY_PREFIXES) and not module.startswith("jupyter_cudamem.")
+
+
+_ROOT_KINDS = {
+    TENSOR_CODE: "tensor",
+    MODULE_CODE: "module",
+    OPTIMIZER_CODE: "optimizer",
+    EXCEPTION_CODE: "traceback",
+    TRACEBACK_CODE: "traceback",
+    FRAME_CODE: "traceback",
+}
+
+
+def root_kind(value: Any, probe: TensorProbe) -> str:
+    return _ROOT_KINDS.get(type_code(type(value), probe), "object")
+
+
+def tensor_text(value: Any) -> str:
+    """``(4096, 1024), torch.float32`` for a tensor."""
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    return ", ".join(str(x) for x in (tuple(shape) if shape is not None else None, dtype) if x is not None)
+
+
+def _detail(kind: str, value: Any, reach: Reach) -> str:
+    count = len(reach.storages)
+    parts = reach.by_category()
+    graph = parts.get(GRAPH, 0)
+    graph_text = f"autograd graph {format_bytes(graph)} of saved tensors" if graph else ""
+    if kind == "module":
+        named = [
+            f"{label} {format_bytes(parts[label])}"
+            for label in ("parameters", "gradients", "buffers", "other tensors", "hooks", GRAPH)
+            if parts.get(label)
+        ]
+        return ", ".join(named)
+    if kind == "optimizer":
+        return f"{count} state tensor{'s' if count != 1 else ''}"
+    if kind in ("tensor", "gradient"):
+        return "; ".join(part for part in (tensor_text(value), graph_text) if part)
+    noun = type(value).__name__
+    text = f"{noun} reaching {count} CUDA storage{'s' if count != 1 else ''}"
+    return f"{text}; {graph_text}" if graph_text else text
+
+
+# The reach of a root not walked (yet): shared, never changed (a walk assigns a new one).
+NOT_WALKED = Reach()
+
+
+@dataclass
+class Root:
+    """A root as walked: the holder it becomes, before the figures that need every root are known."""
+
+    name: str
+    kind: str
+    value: Any
+    user_variable: bool
+    origin: str
+    occurrence: int
+    reach: Reach = field(default_factory=lambda: NOT_WALKED)
+
+
+def list_roots(
+    namespace: Mapping[str, Any],
+    refs: Iterable[Reference] | Mapping[str, object],
+    probe: TensorProbe,
+    split_gradients: bool = True,
+) -> list[Root]:
+    """Every user variable (with ``split_gradients``, a tensor's ``.grad`` as a root of its own) and
+    every IPython reference (references to one object grouped into one root), not walked yet."""
+    roots: list[Root] = []
+    for name, value in list(namespace.items()):
+        if not is_user_name(name, value):
+            continue
+        kind = root_kind(value, probe)
+        roots.append(Root(name, kind, value, True, VARIABLE, 1))
+        grad = grad_of(value) if kind == "tensor" and split_gradients else None
+        if grad is not None and probe.is_tensor(grad):
+            roots.append(Root(f"{name}.grad", "gradient", grad, True, VARIABLE, 1))
+    grouped: dict[int, list[Reference]] = {}
+    for reference in as_references(refs):
+        if reference.value is None or isinstance(reference.value, ATOMS):
+            continue
+        grouped.setdefault(id(reference.value), []).append(reference)
+    for group in grouped.values():
+        first = group[0]
+        kind = "traceback" if first.origin in (EXCEPTION, FRAME) else "ipython"
+        name = " / ".join(r.name if r.origin != FRAME else r.label for r in group) if len(group) > 1 else first.name
+        roots.append(Root(name, kind, first.value, False, first.origin, first.occurrence))
+    return roots
+
+
+def walk_roots(
+    namespace: Mapping[str, Any],
+    refs: Iterable[Reference] | Mapping[str, object],
+    probe: TensorProbe,
+    extra_skip: Iterable[int] = (),
+) -> list[Root]:
+    """``list_roots``, each walked on its own (a tensor's walk leaves out its ``.grad``, a root of its
+    own). Warnings raised while inspecting objects (torch.distributed deprecations) are silenced."""
+    skip = frozenset({id(namespace), id(refs), *extra_skip})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        roots = list_roots(namespace, refs, probe)
+        for root in roots:
+            root.reach = walk(root.value, probe, skip, root.kind != "tensor", root.name)
+    return roots
+
+
+def find_holders(
+    namespace: dict[str, Any],
+    ipython_refs: Iterable[Reference] | Mapping[str, object],
+    top: int = 10,
+    probe: TensorProbe | None = None,
+) -> Holders:
+    """The ``top`` largest holders of device memory, largest first; holders of nothing are left out.
+
+    ``namespace`` is the user's namespace (IPython's own names in it are skipped: they are reported
+    through ``ipython_refs``, ``Reference``s or a ``{"Out[3]": obj}`` mapping). ``probe`` defaults to
+    PyTorch's types; without torch imported there is nothing to find.
+    """
+    probe = probe if probe is not None else default_probe()
+    result = Holders()
+    if probe is None:
+        return result
+    roots = walk_roots(namespace, ipython_refs, probe)
+
+    user_reach: dict[Any, int] = {}  # storage -> how many user roots reach it
+    for root in roots:
+        if root.user_variable:
+            for key in root.reach.storages:
+                user_reach[key] = user_reach.get(key, 0) + 1
+    namespace_storages: dict[Any, int] = {}
+    ipython_only: dict[Any, int] = {}
+    cache_only: dict[Any, int] = {}
+    for root in roots:
+        for key, hit in root.reach.storages.items():
+            if root.user_variable:
+                namespace_storages[key] = hit.nbytes
+            elif key not in user_reach:
+                ipython_only[key] = hit.nbytes
+                if root.kind == "ipython":
+                    cache_only[key] = hit.nbytes
+
+    holders = []
+    for root in roots:
+        reach = root.reach
+        total = reach.total
+        if total == 0:
+            continue
+        if root.user_variable:
+            exclusive = sum(hit.nbytes for key, hit in reach.storages.items() if user_reach[key] == 1)
+        else:
+            exclusive = sum(hit.nbytes for key, hit in reach.storages.items() if key not in user_reach)
+        holders.append(
+            Holder(
+                name=root.name,
+                kind=root.kind,
+                cuda_bytes=total,
+                user_variable=root.user_variable,
+                exclusive_bytes=exclusive,
+                tensor_count=len(reach.storages),
+                detail=_detail(root.kind, root.value, reach) if root.user_variable else "",
+                origin=root.origin,
+                occurrence=root.occurrence,
+                graph_bytes=reach.by_category().get(GRAPH, 0),
+                type_name=type(root.value).__name__,
+            )
+        )
+    holders.sort(key=lambda h: (-h.cuda_bytes, not h.user_variable, h.name))
+    result.extend(holders[: max(top, 0)])
+    result.namespace_bytes = sum(namespace_storages.values())
+    result.ipython_only_bytes = sum(ipython_only.values())
+    result.cache_only_bytes = sum(cache_only.values())
+    return result
+
+
+def reaches_cuda(obj: Any, probe: TensorProbe | None = None) -> bool:
+    """Whether any device storage is reachable through ``obj`` (by the same walk as ``find_holders``)."""
+    probe = probe if probe is not None else default_probe()
+    if probe is None or obj is None or isinstance(obj, ATOMS):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return bool(walk(obj, probe).storages)

@@ -1,0 +1,439 @@
+"""The bounded walk from one root to the device storages it keeps alive.
+
+A root (a variable, a reference IPython keeps) is walked breadth first through containers, object
+attributes, modules (parameters, gradients, buffers, plain attributes and what their hooks captured),
+optimizers' state, exceptions, tracebacks and function frames' locals, and tensors' autograd graphs
+(see ``probe``). Each storage is counted once (by ``untyped_storage().data_ptr()``: a view and its base
+share one), with the category it was first reached as and the first two steps of the path to it.
+
+Bounds: the walk never enters a module-level frame's namespace (that is the user namespace itself),
+Python modules, classes or functions (except what a module's hook captured), nor objects of IPython,
+ipykernel and the like (they lead back to the shell); and it stops after ``WALK_LIMIT`` objects per
+root, so a huge object graph cannot stall the kernel. Atoms (numbers, strings) are never queued: a list
+of a million floats costs one pass over it.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
+
+from .probe import (
+    ModuleHook,
+    TensorProbe,
+    grad_fn_of,
+    grad_of,
+    graph_is_hooked,
+    module_attributes,
+    module_hooks,
+    next_nodes,
+    saved_by,
+)
+
+WALK_LIMIT = 200_000  # objects queued per root
+
+# What a storage was first reached as.
+TENSORS = "tensors"
+PARAMETERS = "parameters"
+GRADIENTS = "gradients"
+BUFFERS = "buffers"
+MODULE_ATTRIBUTES = "other tensors"
+STATE = "state"
+GRAPH = "autograd graph"
+HOOKS = "hooks"
+
+# A path step: (ITEM, index or key, position), (ATTRIBUTE, name, -1) or (HOOK, description, -1).
+ITEM, ATTRIBUTE, HOOK = 0, 1, 2
+NO_GRAPH, WITH_GRAPH, GRAPH_SCALAR = 0, 1, 2
+PATH_STEPS = 2
+
+ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview)
+OPAQUE = (
+    types.ModuleType,
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.CodeType,
+    types.GeneratorType,
+    types.CoroutineType,
+)
+# Objects of these packages are the machinery around the user, not the user's data; walking them
+# would lead back into the shell and its namespaces.
+MACHINERY_PREFIXES = ("IPython.", "ipykernel.", "traitlets.", "zmq.", "tornado.", "jupyter_client.", "asyncio.")
+
+Step = tuple[int, Any, int]
+
+
+def is_machinery(obj: Any) -> bool:
+    module = getattr(type(obj), "__module__", "") or ""
+    return module.startswith(MACHINERY_PREFIXES)
+
+
+class Hit(NamedTuple):
+    """One storage as reached from a root: its size, category, and where under the root.
+
+    ``position`` is the index of the root's own item it hangs under (a list's index, a dict's
+    insertion position), -1 when the root is not a sequence or mapping; ``path`` the first steps;
+    ``owner`` the index of the root it was reached from (in a walk of several roots). A named tuple:
+    the walk makes one per storage, and tuples are the cheapest to make.
+    """
+
+    nbytes: int
+    category: str
+    position: int
+    path: tuple[Step, ...]
+    graph: int = NO_GRAPH  # for a tensor met outside graphs: whether it carries one (GRAPH_SCALAR: a loss, a metric)
+    owner: int = 0
+
+
+@dataclass
+class Reach:
+    """Storages reached from one root (or several), and counts of the tensors met on the way.
+
+    ``late`` holds, in a walk of several roots with ``defer_hidden``, the storages met only through
+    what modules keep out of sight (hooks' captures, plain attributes), after everything else.
+    """
+
+    storages: dict[Any, Hit] = field(default_factory=dict)
+    tensors: int = 0  # tensors holding a counted storage, met outside graphs
+    graph_tensors: int = 0  # of those, how many carry an autograd graph
+    scalar_graph_tensors: int = 0  # of those, how many are single numbers (a loss, a metric)
+    hooks: list[ModuleHook] = field(default_factory=list)
+    truncated: bool = False
+    late: dict[Any, Hit] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(hit.nbytes for hit in self.storages.values())
+
+    def by_category(self) -> dict[str, int]:
+        sums: dict[str, int] = {}
+        for hit in self.storages.values():
+            sums[hit.category] = sums.get(hit.category, 0) + hit.nbytes
+        return sums
+
+
+def _numel(tensor: Any) -> int | None:
+    try:
+        return int(tensor.numel())
+    except Exception:
+        shape = getattr(tensor, "shape", None)
+        if shape is None:
+            return None
+        count = 1
+        for size in shape:
+            count *= int(size)
+        return count
+
+
+# What the walk does with an object, decided once per type (isinstance chains cost more than the walk).
+TENSOR_CODE, MODULE_CODE, OPTIMIZER_CODE, MAPPING_CODE, SEQUENCE_CODE, SET_CODE = range(6)
+TRACEBACK_CODE, FRAME_CODE, EXCEPTION_CODE, OPAQUE_CODE, MACHINERY_CODE, OBJECT_CODE = range(6, 12)
+_TENSOR, _MODULE, _OPTIMIZER, _MAPPING, _SEQUENCE, _SET = range(6)
+_TRACEBACK, _FRAME, _EXCEPTION, _OPAQUE, _MACHINERY, _OBJECT = range(6, 12)  # the same codes, short
+ATOM_TYPES = frozenset(ATOMS)
+
+
+R = TypeVar("R")
+_MEMO_LIMIT = 8192  # distinct types remembered; past it the memo starts again (classes redefined in a loop)
+
+
+def memo_by_type(function: Callable[[type], R]) -> Callable[[type], R]:
+    """``function`` computed once per type (an ``lru_cache`` that type checkers accept for types)."""
+    memo: dict[type, R] = {}
+
+    def cached(kind: type) -> R:
+        found = memo.get(kind, _MISSING)
+        if found is _MISSING:
+            if len(memo) >= _MEMO_LIMIT:
+                memo.clear()
+            found = memo[kind] = function(kind)
+        return found  # type: ignore[return-value]  # _MISSING never stays
+
+    return cached
+
+
+_MISSING: Any = object()
+_CODES: dict[tuple[type, tuple[type, ...], tuple[type, ...], tuple[type, ...]], int] = {}
+
+
+def type_code(kind: type, probe: TensorProbe) -> int:
+    """What the walk does with objects of this type (one of the ``*_CODE`` constants), cached."""
+    key = (kind, probe.tensor_types, probe.module_types, probe.optimizer_types)
+    code = _CODES.get(key)
+    if code is None:
+        if len(_CODES) >= _MEMO_LIMIT:
+            _CODES.clear()
+        code = _CODES[key] = _type_code(*key)
+    return code
+
+
+def _type_code(
+    kind: type, tensor_types: tuple[type, ...], module_types: tuple[type, ...], optimizer_types: tuple[type, ...]
+) -> int:
+    if issubclass(kind, tensor_types):
+        return _TENSOR
+    if module_types and issubclass(kind, module_types):
+        return _MODULE
+    if optimizer_types and issubclass(kind, optimizer_types):
+        return _OPTIMIZER
+    for code, bases in (
+        (_MAPPING, dict),
+        (_SEQUENCE, (list, tuple, deque)),
+        (_SET, (set, frozenset)),
+        (_TRACEBACK, types.TracebackType),
+        (_FRAME, types.FrameType),
+        (_EXCEPTION, BaseException),
+        (_OPAQUE, OPAQUE),
+    ):
+        if issubclass(kind, bases):
+            return code
+    module = getattr(kind, "__module__", "") or ""
+    return _MACHINERY if module.startswith(MACHINERY_PREFIXES) else _OBJECT
+
+
+@memo_by_type
+def _slots_of(kind: type) -> tuple[str, ...]:
+    names: list[str] = []
+    for klass in kind.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__") and slot not in names:
+                names.append(slot)
+    return tuple(names)
+
+
+class _Walker:
+    def __init__(
+        self,
+        probe: TensorProbe,
+        skip_ids: frozenset[int],
+        follow_grad: bool,
+        budget: int,
+        root_names: list[str],
+        defer_hidden: bool = False,
+    ):
+        self.probe = probe
+        self.types = (probe.tensor_types, probe.module_types, probe.optimizer_types)
+        self.skip_ids = skip_ids
+        self.follow_grad = follow_grad
+        self.budget = budget
+        self.root_names = root_names
+        self.defer_hidden = defer_hidden
+        self.seen: set[int] = set()
+        # Graph nodes and unpacked tensors are new Python objects: keep them alive while walking, or
+        # their ids could be reused by the next ones and those would be taken as already seen.
+        self.keep_alive: list[Any] = []
+        self.pending: deque[tuple[Any, str, int, tuple[Step, ...], bool, int]] = deque()
+        self.deferred: deque[tuple[Any, str, int, tuple[Step, ...], bool, int]] = deque()
+        self.storages: dict[Any, Hit] = {}
+        self.reach = Reach(storages=self.storages)
+        self.codes: dict[type, int] = {}
+        # Paths are only read for what a holder is named by; a walk of unchanged roots skips them
+        # until it reaches what modules keep out of sight.
+        self.track_paths = not defer_hidden
+
+    def push(
+        self, item: Any, category: str, position: int, path: tuple[Step, ...], owner: int, hidden: bool = False
+    ) -> None:
+        if type(item) in ATOM_TYPES:
+            return
+        if self.budget <= 0:
+            self.reach.truncated = True
+            return
+        self.budget -= 1
+        (self.deferred if hidden and self.defer_hidden else self.pending).append(
+            (item, category, position, path, False, owner)
+        )
+
+    def run(self, roots: list[Any]) -> Reach:
+        for owner, root in enumerate(roots):
+            self.pending.append((root, TENSORS, -1, (), True, owner))
+        self.drain()
+        if self.deferred:
+            # What modules keep out of sight is walked last: what anything else reaches was seen first.
+            self.storages = self.reach.late
+            self.pending, self.deferred = self.deferred, deque()
+            self.defer_hidden = False
+            self.track_paths = True
+            self.drain()
+        return self.reach
+
+    def drain(self) -> None:
+        pending, seen, skip = self.pending, self.seen, self.skip_ids
+        while pending:
+            obj, category, position, path, is_root, owner = pending.popleft()
+            ident = id(obj)
+            if ident in seen or ident in skip:
+                continue
+            seen.add(ident)
+            try:
+                self.visit(obj, category, position, path, is_root, owner)
+            except Exception:  # an object that cannot be inspected holds nothing we can name
+                continue
+
+    def visit(self, obj: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool, owner: int) -> None:
+        kind = type(obj)
+        code = self.codes.get(kind)
+        if code is None:
+            code = self.codes[kind] = type_code(kind, self.probe)
+        push = self.push
+        if code == _TENSOR:
+            self.visit_tensor(obj, category, position, path, is_root, owner)
+        elif code == _MODULE:
+            self.visit_module(obj, position, path, owner)
+        elif code == _OPTIMIZER:
+            # Only the state: the parameters in ``param_groups`` belong to the model.
+            for value in list(getattr(obj, "state", {}).values()):
+                push(value, STATE, position, path, owner)
+        elif code == _MAPPING:
+            deeper = self.track_paths and len(path) < PATH_STEPS
+            for index, (key, value) in enumerate(list(obj.items())):
+                step = path + ((ITEM, key, index),) if deeper else path
+                push(value, category, index if is_root else position, step, owner)
+        elif code == _SEQUENCE:
+            deeper = self.track_paths and len(path) < PATH_STEPS
+            for index, value in enumerate(list(obj)):
+                step = path + ((ITEM, index, index),) if deeper else path
+                push(value, category, index if is_root else position, step, owner)
+        elif code == _SET:
+            for value in list(obj):
+                push(value, category, position, path, owner)
+        elif code == _TRACEBACK:
+            push(obj.tb_frame, category, position, path, owner)
+            push(obj.tb_next, category, position, path, owner)
+        elif code == _FRAME:
+            # A module-level frame's locals are its globals: the user namespace, reported name by name.
+            if obj.f_code.co_name != "<module>" and obj.f_locals is not obj.f_globals:
+                for value in list(obj.f_locals.values()):
+                    push(value, category, position, path, owner)
+        elif code == _EXCEPTION:
+            for value in (obj.__traceback__, obj.__cause__, obj.__context__, *obj.args):
+                push(value, category, position, path, owner)
+            for value in list(getattr(obj, "__dict__", {}).values()):
+                push(value, category, position, path, owner)
+        elif code == _OBJECT or (code == _MACHINERY and is_root):
+            deeper = self.track_paths and len(path) < PATH_STEPS
+            attributes = getattr(obj, "__dict__", None)
+            if isinstance(attributes, dict):
+                for name, value in list(attributes.items()):
+                    push(value, category, position, path + ((ATTRIBUTE, name, -1),) if deeper else path, owner)
+            for slot in _slots_of(type(obj)):
+                if hasattr(obj, slot):
+                    step = path + ((ATTRIBUTE, slot, -1),) if deeper else path
+                    push(getattr(obj, slot), category, position, step, owner)
+
+    def visit_tensor(
+        self, tensor: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool, owner: int
+    ) -> None:
+        found = self.probe.device_storage(tensor)
+        node = grad_fn_of(tensor)
+        if found is not None:
+            key, size = found
+            graph = NO_GRAPH
+            if node is not None and category != GRAPH:
+                graph = GRAPH_SCALAR if _numel(tensor) == 1 else WITH_GRAPH
+                self.reach.graph_tensors += 1
+                self.reach.scalar_graph_tensors += graph == GRAPH_SCALAR
+            if key not in self.storages:
+                self.storages[key] = Hit(size, category, position, path, graph, owner)
+            if category != GRAPH:
+                self.reach.tensors += 1
+        if self.follow_grad or not is_root:
+            grad = grad_of(tensor)
+            if grad is not None:
+                self.push(grad, GRADIENTS, position, path, owner)
+        if node is not None:
+            self.visit_graph(node, position, path, owner)
+
+    def visit_graph(self, start: Any, position: int, path: tuple[Step, ...], owner: int) -> None:
+        """Every node not yet seen from ``start``, then what each keeps for its backward."""
+        nodes: list[Any] = []
+        frontier = [start]
+        while frontier and self.budget > 0:
+            node = frontier.pop()
+            if id(node) in self.seen:
+                continue
+            self.seen.add(id(node))
+            self.keep_alive.append(node)
+            nodes.append(node)
+            self.budget -= 1
+            frontier.extend(next_nodes(node))
+        if frontier:
+            self.reach.truncated = True
+        may_unpack = not graph_is_hooked(nodes)
+        for node in nodes:
+            for saved in saved_by(node, may_unpack):
+                self.keep_alive.append(saved)
+                self.push(saved, GRAPH, position, path, owner)
+
+    def visit_module(self, module: Any, position: int, path: tuple[Step, ...], owner: int) -> None:
+        deeper = len(path) < PATH_STEPS
+        parameters = list(module.parameters())
+        for parameter in parameters:
+            self.push(parameter, PARAMETERS, position, path, owner)
+        for parameter in parameters:
+            grad = grad_of(parameter)
+            if grad is not None:
+                self.push(grad, GRADIENTS, position, path, owner)
+        for buffer in module.buffers():
+            self.push(buffer, BUFFERS, position, path, owner)
+        label = describe_path(self.root_names[owner] or type(module).__name__, path)
+        for attribute_path, value in module_attributes(module, label):
+            step = path + ((ATTRIBUTE, attribute_path[len(label) + 1 :], -1),) if deeper else path
+            self.push(value, MODULE_ATTRIBUTES, position, step, owner, hidden=True)
+        for hook in module_hooks(module, label):
+            self.reach.hooks.append(hook)
+            step = path + ((HOOK, hook.describe(), -1),) if deeper else path
+            for captured in hook.captured:
+                self.push(captured, HOOKS, position, step, owner, hidden=True)
+
+
+def walk(
+    root: Any,
+    probe: TensorProbe,
+    skip_ids: frozenset[int] = frozenset(),
+    follow_grad: bool = True,
+    root_name: str = "",
+    limit: int = WALK_LIMIT,
+) -> Reach:
+    """The storages ``root`` keeps alive (see the module docstring). ``follow_grad`` False leaves a root
+    tensor's own ``.grad`` out (it is reported as a holder of its own)."""
+    walker = _Walker(probe, skip_ids, follow_grad, limit, [root_name])
+    reach = walker.run([root])
+    walker.keep_alive.clear()
+    return reach
+
+
+def walk_together(
+    roots: list[tuple[str, Any]],
+    probe: TensorProbe,
+    skip_ids: frozenset[int] = frozenset(),
+    limit: int = WALK_LIMIT,
+) -> Reach:
+    """One walk of many roots, each object visited once whichever root leads to it, with what modules
+    keep out of sight (hooks' captures, plain attributes) walked last, into ``Reach.late``: where those
+    are also reached otherwise, they are counted there. ``Hit.owner`` is the index of the root. Cheaper
+    than a walk per root when only the union matters (``left`` walks every unchanged name this way)."""
+    walker = _Walker(probe, skip_ids, True, limit, [name for name, _ in roots], defer_hidden=True)
+    reach = walker.run([value for _, value in roots])
+    walker.keep_alive.clear()
+    return reach
+
+
+def describe_path(root: str, path: tuple[Step, ...]) -> str:
+    """``losses[3]``, ``tracker.history``, ``model.fc.cache``, ``forward hook save on model.fc``."""
+    text = root
+    for kind, value, _ in path:
+        if kind == HOOK:
+            return str(value)
+        if kind == ATTRIBUTE:
+            text += f".{value}"
+        else:
+            shown = repr(value)
+            text += f"[{shown if len(shown) <= 24 else shown[:23] + '…'}]"
+    return text

@@ -1,0 +1,142 @@
+"""The walk's reading of autograd graphs and module hooks, with fake nodes for what only some PyTorch
+versions have, and real CPU tensors for the rest."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from jupyter_cudamem.attribution.probe import module_hooks, saved_by
+from jupyter_cudamem.attribution.walk import GRAPH, HOOKS, describe_path, walk
+from tests.fakes import FakeModule, FakeTensor, MiB, fake_probe, torch_cpu_probe
+
+
+class _Saved:
+    """A ``SavedTensor`` of PyTorch 2.4+: ``data`` without running the unpack hook."""
+
+    def __init__(self, data, hook=None):
+        self.data = data
+        self.unpack_hook = hook
+
+
+class _Node:
+    def __init__(self, *children, **saved):
+        self.next_functions = tuple((child, 0) for child in children)
+        for name, value in saved.items():
+            setattr(self, "_raw_saved_" + name, value)
+
+
+class _OldNode:
+    """A node of older PyTorch: ``_raw_saved_x`` without ``data``, the tensor only through ``_saved_x``."""
+
+    __slots__ = ("_tensor",)  # C++ nodes have no __dict__: only a custom Function's ctx has one
+    unpacked = 0
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    @property
+    def _raw_saved_self(self):
+        return object()
+
+    @property
+    def _saved_self(self):
+        type(self).unpacked += 1
+        return self._tensor
+
+
+class _NoopSaveInputsBackward:  # the marker of a non-reentrant checkpoint
+    next_functions = ()
+
+
+def test_saved_tensors_are_read_without_unpack_hooks_and_packed_data_is_walked():
+    kept = FakeTensor(3 * MiB)
+    offloaded = FakeTensor(5 * MiB, device="cpu")
+    node = _Node(_Node(other=_Saved(kept)), packed=_Saved((offloaded,), hook=lambda packed: 1 / 0))
+    loss = FakeTensor(4)
+    loss.grad_fn = node
+    reach = walk(loss, fake_probe())
+    categories = reach.by_category()
+    assert categories[GRAPH] == 3 * MiB  # the CPU copy a save_on_cpu hook made is not device memory
+    assert reach.graph_tensors == 1 and reach.scalar_graph_tensors == 1  # a one-element loss
+
+
+def test_old_pytorch_unpacks_saved_tensors_except_in_checkpointed_graphs():
+    kept = FakeTensor(2 * MiB)
+    loss = FakeTensor(4)
+    loss.grad_fn = _Node(_OldNode(kept))
+    _OldNode.unpacked = 0
+    assert walk(loss, fake_probe()).by_category()[GRAPH] == 2 * MiB
+    assert _OldNode.unpacked == 1
+
+    hooked = FakeTensor(4)
+    hooked.grad_fn = _Node(_OldNode(kept), _NoopSaveInputsBackward())
+    assert walk(hooked, fake_probe()).by_category().get(GRAPH, 0) == 0
+    assert _OldNode.unpacked == 1  # not unpacked: that would rerun the checkpointed forward
+
+
+def test_saved_tensors_freed_by_backward_count_nothing():
+    torch = pytest.importorskip("torch")
+    w = torch.randn(256, 256, requires_grad=True)
+    loss = (torch.randn(64, 256) @ w).relu().sum()
+    probe = torch_cpu_probe()
+    assert walk(loss, probe).by_category()[GRAPH] > 0
+    loss.backward()
+    node = loss.grad_fn.next_functions[0][0]
+    assert list(saved_by(node, may_unpack=True)) == []
+    assert GRAPH not in walk(loss, probe).by_category()
+
+
+def test_hooks_of_every_kind_with_what_they_captured():
+    store = [FakeTensor(2 * MiB)]
+
+    class Keeper:
+        def __init__(self):
+            self.kept = [FakeTensor(3 * MiB)]
+
+        def __call__(self, *args):
+            return None
+
+        def method(self, *args):
+            return None
+
+    def with_closure(*args):
+        return store
+
+    def plain(*args):
+        return acts  # noqa: F821 - a global it would append to
+
+    inner = FakeModule({"w": FakeTensor(MiB)})
+    inner._forward_hooks = {1: with_closure, 2: functools.partial(lambda box, *a: None, [FakeTensor(5 * MiB)])}
+    inner._backward_hooks = {3: Keeper().method}
+    model = FakeModule({}, {}, block=inner)
+    model._forward_pre_hooks = {4: Keeper(), 5: plain}
+    hooks = {hook.describe(): hook for hook in module_hooks(model, "model")}
+    assert set(hooks) == {
+        "forward hook test_hooks_of_every_kind_with_what_they_captured.<locals>.with_closure on model.block",
+        "forward hook test_hooks_of_every_kind_with_what_they_captured.<locals>.<lambda> on model.block",
+        "backward hook test_hooks_of_every_kind_with_what_they_captured.<locals>.Keeper.method on model.block",
+        "forward pre-hook Keeper on model",
+        "forward pre-hook test_hooks_of_every_kind_with_what_they_captured.<locals>.plain on model",
+    }
+    assert (
+        "acts"
+        in hooks[
+            "forward pre-hook test_hooks_of_every_kind_with_what_they_captured.<locals>.plain on model"
+        ].global_names
+    )
+    reach = walk(model, fake_probe(), root_name="model")
+    assert reach.by_category()[HOOKS] == (2 + 5 + 3 + 3) * MiB
+    assert reach.by_category()["parameters"] == MiB
+
+
+def test_paths_name_attributes_items_and_hooks():
+    class Tracker:
+        def __init__(self):
+            self.history = {"loss": [FakeTensor(MiB)]}
+
+    reach = walk(Tracker(), fake_probe(), root_name="tracker")
+    (hit,) = reach.storages.values()
+    assert describe_path("tracker", hit.path) == "tracker.history['loss']"
+    assert describe_path("x", ((2, "forward hook f on model", -1),)) == "forward hook f on model"
