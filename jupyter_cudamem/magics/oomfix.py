@@ -19,8 +19,8 @@ from traitlets import Bool, Float, Int, Unicode
 from ..errors import CudaMemError
 from ..oomfix.driver import Driver
 from ..oomfix.parse import OomInfo, is_cuda_oom, parse_oom
-from ..oomfix.rewrite import find_batch
-from ..oomfix.strategies import STRATEGIES, Outcome, parse_strategies
+from ..oomfix.outcome import Outcome
+from ..oomfix.strategies import STRATEGIES, parse_strategies
 from .base import CudaMemMagicsBase, one_line_errors
 
 _SIDE_EFFECTS = (
@@ -120,7 +120,8 @@ class OomFix(CudaMemMagicsBase):
         args = parse_argstring(self.oomfix, line)
         from ..oomfix.ipython_state import last_failure
 
-        self._require_gpu()
+        if not args.dry_run:
+            self._require_gpu()
         failure = last_failure(self.shell)
         if failure is None:
             raise CudaMemError("no failed cell to fix: run the cell first, or run it under %%oomfix")
@@ -132,7 +133,7 @@ class OomFix(CudaMemMagicsBase):
         if not failure.raw_cell:
             raise CudaMemError("the failed cell's source is not in IPython's history; rerun it under %%oomfix")
         started = next((r for cell, r in reversed(self._allocated_at_start) if cell == failure.raw_cell), None)
-        return self._fix(args, failure.raw_cell, failure.exception, oom, started)
+        return self._fix(args, failure.raw_cell, failure.exception, oom, started, failure.execution_count)
 
     # -- the cell magic ------------------------------------------------------------------------
     @magic_arguments()
@@ -142,14 +143,15 @@ class OomFix(CudaMemMagicsBase):
     def oomfix_cell(self, line: str, cell: str) -> Outcome | None:
         """Run this cell; if it runs out of GPU memory, fix it and rerun it as %oomfix does."""
         args = parse_argstring(self.oomfix_cell, line)
-        self._require_gpu()
+        if not args.dry_run:
+            self._require_gpu()
         started = self._allocated_now()
         error = self._run_source(cell)
         if error is None or not is_cuda_oom(error):
             return None  # it ran, or failed otherwise and IPython has shown that traceback
         oom = parse_oom(error)
         print(f"%%oomfix: the cell ran out of GPU memory ({type(error).__name__}); fixing it")
-        return self._fix(args, cell, error, oom, started)
+        return self._fix(args, cell, error, oom, started, getattr(self.shell, "execution_count", None))
 
     # -- shared ----------------------------------------------------------------------------------
     def _require_gpu(self) -> None:
@@ -175,13 +177,15 @@ class OomFix(CudaMemMagicsBase):
         error: BaseException | None,
         oom: OomInfo | None,
         allocated_at_start: dict[int, int] | None = None,
+        cell_number: int | None = None,
     ) -> Outcome | None:
         from ..oomfix import cleanup as cleanup_module
         from ..oomfix.diagnosis import diagnose
         from ..attribution.holders import find_holders, reaches_cuda
         from ..oomfix.ipython_state import ipython_references, user_variables
 
-        self._require_gpu()
+        if not args.dry_run:
+            self._require_gpu()
         max_tries = self.max_tries if args.max_tries is None else args.max_tries
         if max_tries < 1:
             raise CudaMemError(f"--max-tries must be at least 1, got {max_tries}")
@@ -189,14 +193,10 @@ class OomFix(CudaMemMagicsBase):
         missing = [name for name in args.delete if name not in self.shell.user_ns]
         if missing:
             raise CudaMemError(f"--del {missing[0]}: no such variable; nothing was deleted")
-        discovery = find_batch(source, self.shell.user_ns, self.shell.transform_cell)
-
         holders = find_holders(user_variables(self.shell), ipython_references(self.shell), probe=self.probe)
         diagnosis = diagnose(oom, holders, self._readings())
         if args.dry_run:
-            outcome = Outcome(source, None, None, (), batch_summary=discovery.summary(), dry_run=True,
-                              diagnosis=diagnosis)
-            return self._show(outcome, args)
+            return self._show(self._preview(source, oom, diagnosis, strategies, max_tries, cell_number), args)
         self._display(diagnosis)
         if not args.yes and self.confirm and not self._confirmed(max_tries):
             return None
@@ -227,6 +227,29 @@ class OomFix(CudaMemMagicsBase):
         if outcome.fitted:
             self._recorder.forget()
         return self._show(outcome, args)
+
+    def _preview(
+        self, source: str, oom: OomInfo | None, diagnosis: Any, strategies: tuple[str, ...], max_tries: int,
+        cell_number: int | None,
+    ) -> Outcome:
+        """``--dry-run``: the diagnosis and the plan (which knob, where it lives, the first try); no GPU needed."""
+        from ..batch import find_batch
+        from ..oomfix.driver import headroom_bytes
+        from ..oomfix.ipython_state import input_history
+        from ..oomfix.plan import budget_from_message, plan_batch, preview
+
+        shell: Any = self.shell
+        history = input_history(shell)
+        if cell_number is None:  # the failure was found without its count: the last time this source ran
+            cell_number = next((k for k in range(len(history) - 1, 0, -1) if history[k] == source), None)
+        finding = find_batch(source, shell.user_ns, shell.transform_cell, history=history, cell_number=cell_number)
+        device = oom.device_index if oom is not None and oom.device_index is not None else 0
+        measured = headroom_bytes(self.hardware, device) if self.hardware.allocator.status() is None else None
+        budget = measured if measured is not None else budget_from_message(oom)
+        plan = plan_batch(finding, shell.user_ns, history, budget, strategies,  # type: ignore[arg-type]
+                          max_tries=max_tries, margin=self.margin,
+                          budget_source="the measured" if measured is not None else "the error message's")
+        return preview(source, finding, plan, diagnosis, measured)
 
     def _readings(self) -> dict[int, Any] | None:
         """The allocator's readings now, per device, for the diagnosis (``None`` where unreadable)."""

@@ -21,6 +21,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+from .. import advice
+from ..advice import EXPANDABLE as EXPANDABLE  # re-exported: the diagnosis names this setting
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
@@ -29,7 +31,6 @@ from .parse import OomInfo
 
 VERDICTS = ("too big for the card", "fragmentation", "held by IPython after the error", "held by namespace")
 
-EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 _SIGNIFICANT_SHARE = 0.05
 _NAMESPACE_SHARE = 0.5
 
@@ -223,23 +224,14 @@ def diagnose(
             f"one allocation asked for {format_bytes(asked)}, more than {limit} allows "
             f"({format_bytes(capacity)}): no cleanup can make it fit; the computation must shrink."
         )
-        suggestions += [
-            "a smaller batch, shorter sequences or smaller images (%oomfix finds the batch size and reruns)",
-            'torch.autocast("cuda", dtype=torch.bfloat16) halves activations',
-        ]
-        if capped:
-            suggestions.append("raise the cap: torch.cuda.set_per_process_memory_fraction(...) set it")
+        suggestions += advice.too_big_advice(capped)
     elif oom.looks_fragmented:
         verdict = "fragmentation"
         explanation = (
             f"PyTorch had {format_bytes(oom.reserved_unallocated_bytes)} cached but unallocated, enough for the "
             f"{format_bytes(asked)} asked, but not in one piece."
         )
-        suggestions += [
-            f"set {EXPANDABLE} before CUDA starts (in the environment, or os.environ at the top of the "
-            "notebook, then restart the kernel) so the allocator can grow segments instead of splitting them",
-            "torch.cuda.empty_cache() between phases that allocate very different sizes",
-        ]
+        suggestions += advice.fragmentation_advice()
     elif significant(cache_only):
         verdict = "held by IPython after the error"
         keepers = [h.label for h in holders if h.kind == "ipython"][:3]
@@ -247,7 +239,7 @@ def diagnose(
             f"{format_bytes(cache_only)} is kept alive only by IPython's output cache "
             f"({'; '.join(keepers)}), not by any of your variables; the cleanup releases it."
         )
-        suggestions.append("%oomfix releases it (your variables are kept); %oomfix --dry-run only reports")
+        suggestions += advice.held_by_ipython_advice()
     elif capacity is not None and namespace >= _NAMESPACE_SHARE * capacity:
         verdict = "held by namespace"
         largest = [h for h in holders if h.user_variable][:3]
@@ -255,11 +247,9 @@ def diagnose(
             f"your variables hold {format_bytes(namespace)} of the {format_bytes(capacity)} this process may use "
             f"(largest: {', '.join(f'{h.label} {format_bytes(h.cuda_bytes)}' for h in largest)})."
         )
-        for holder in largest:
-            if holder.kind == "gradient":  # not a variable: deleting the tensor it belongs to frees it
-                continue
-            frees = format_bytes(holder.exclusive_bytes)
-            suggestions.append(f"%oomfix --del {holder.name} if you no longer need it (frees up to {frees})")
+        # A gradient is not a variable: deleting the tensor it belongs to frees it.
+        named = [(h.name, h.exclusive_bytes) for h in largest if h.kind != "gradient"]
+        suggestions += advice.held_by_namespace_advice(named)
     else:
         verdict = "too big for the card"
         if capped:
@@ -272,12 +262,7 @@ def diagnose(
         else:
             left = "was left"
         explanation = f"the cell needs more GPU memory than {left}; a smaller or cheaper computation must fit."
-        suggestions += [
-            "a smaller batch (%oomfix finds the batch size and reruns; gradient accumulation keeps the "
-            "effective batch)",
-            'torch.autocast("cuda", dtype=torch.bfloat16) for activations; torch.no_grad() for inference',
-            "activation checkpointing (torch.utils.checkpoint) for deep models",
-        ]
+        suggestions += advice.needs_more_advice()
     own = ipython_only - cache_only
     if own >= 1024**2:
         frames = [f"frame of {h.name}" for h in holders if h.origin == FRAME]
@@ -297,9 +282,7 @@ def diagnose(
         and capacity
         and (oom.reserved_unallocated_bytes >= _SIGNIFICANT_SHARE * capacity)
     ):
-        suggestions.append(
-            f"{EXPANDABLE} reduces the {format_bytes(oom.reserved_unallocated_bytes)} cached but unusable"
-        )
+        suggestions.append(advice.cached_unusable_advice(oom.reserved_unallocated_bytes))
     return Diagnosis(
         oom=oom,
         holders=_traceback_as_one(holders),

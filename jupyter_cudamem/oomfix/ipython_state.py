@@ -133,12 +133,18 @@ def _cell_number(shell: Any, filename: str) -> int | None:
     return None
 
 
-def _cell_source(shell: Any, number: int) -> str | None:
+def input_history(shell: Any) -> list[str]:
+    """The raw input history: index ``k`` holds the source of ``In[k]`` as the user typed it."""
     history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
     if history is None:
         history = shell.user_ns.get("In")
-    if isinstance(history, list) and 0 < number < len(history):
-        return str(history[number])
+    return [str(cell) for cell in history] if isinstance(history, list) else []
+
+
+def _cell_source(shell: Any, number: int) -> str | None:
+    history = input_history(shell)
+    if 0 < number < len(history):
+        return history[number]
     return None
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+from ..advice import measurement_hints
 from ..attribution.left import LeftBehind, LeftHolder
 from ..repeats import RunGrowth
-from ..hints import measurement_hints
 from ..measure import DeviceMeasurement, Measurement
 from ..trace import LoopGrowth, TraceSummary
 from ..units import format_bytes, format_seconds

@@ -1,4 +1,4 @@
-from jupyter_cudamem.hints import measurement_hints
+from jupyter_cudamem.advice import measurement_hints
 from jupyter_cudamem.measure import Meter
 
 GiB = 1024**3
@@ -52,3 +52,26 @@ def test_first_use_names_the_cuda_context(machine, hardware):
         "512.00 MiB more in use outside PyTorch's allocator (the CUDA context created on first use, "
         "cuBLAS/cuDNN workspaces, CuPy, JAX or other libraries)"
     ]
+
+
+def test_gradient_accumulation_goes_through_where_the_batch_lives():
+    from jupyter_cudamem.advice import build_suggestions
+    from jupyter_cudamem.batch import KnobKind
+    from jupyter_cudamem.cell.traits import cell_traits
+
+    trainer_cell = cell_traits("trainer.train()\n")  # the Trainer was built in an earlier cell
+    code = build_suggestions("", trainer_cell, 64, 24, None, False, False, batch_home=KnobKind.TRAINER)[0].code
+    assert code == "TrainingArguments(..., per_device_train_batch_size=22, gradient_accumulation_steps=3)"
+    fit = build_suggestions("", cell_traits("trainer.fit(model, datamodule=dm)\n"), 256, 100, None, False, False,
+                            batch_home=KnobKind.LIGHTNING)
+    assert "accumulate_grad_batches=3" in fit[0].code
+    assert build_suggestions("", trainer_cell, 64, 24, None, False, False)[0].code.startswith("accumulation_steps = 3")
+
+
+def test_diagnosis_advice_is_written_here():
+    from jupyter_cudamem.advice import EXPANDABLE, held_by_namespace_advice, too_big_advice
+
+    assert too_big_advice(capped=True)[-1].startswith("raise the cap")
+    assert held_by_namespace_advice([("old_model", 5 * GiB)]) == [
+        "%oomfix --del old_model if you no longer need it (frees up to 5.00 GiB)"]
+    assert EXPANDABLE == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"

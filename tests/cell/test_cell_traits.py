@@ -1,8 +1,8 @@
-"""What a cell's code says about it, for the advice ``%oomfix`` gives."""
+"""What a cell's code says about it, for the advice ``%oomfix`` gives (jupyter_cudamem/cell/traits.py)."""
 
 import pytest
 
-from jupyter_cudamem.oomfix.strategies import cell_traits
+from jupyter_cudamem.cell.traits import cell_traits
 
 
 @pytest.mark.parametrize(

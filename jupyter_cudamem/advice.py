@@ -1,0 +1,319 @@
+"""Every piece of advice the extension gives, in one room.
+
+Three callers, one vocabulary: ``%%cudamem`` turns a measurement into one-line hints
+(``measurement_hints``) and says what to change about each holder of what a cell left (``leak_advice``,
+matched to its cause); ``%oomfix``'s diagnosis says what to try for each verdict (``too_big_advice``,
+``fragmentation_advice``...); its outcome ends with advice that fits the cell and what fitted
+(``build_suggestions``: gradient accumulation through the place the batch lives, no_grad,
+checkpointing, a GradScaler, expandable segments). Pure text from numbers and facts: nothing here
+measures or decides a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .attribution.holders import VARIABLE
+from .attribution.left import (
+    DEFAULT_THRESHOLD_BYTES,
+    GRADIENTS_CAUSE,
+    GRAPH_CAUSE,
+    HOOK_CAUSE,
+    MODEL,
+    MODULE_ATTRIBUTES_CAUSE,
+    OPTIMIZER_STATE,
+    OUTPUT_CACHE_CAUSE,
+    TRACEBACK_CAUSE,
+    LeftHolder,
+    _plural,
+)
+from .attribution.walk import GRADIENTS
+from .batch.knobs import KnobKind
+from .cell.traits import CellTraits
+from .measure import DeviceMeasurement, Measurement
+from .units import format_bytes
+
+GiB = 1024**3
+CACHED_GROWTH_HINT_BYTES = 1 * GiB
+# Where %%cudamem names who holds what a cell left; the hint stands in for that report where none was made.
+LEFT_ALLOCATED_HINT_BYTES = DEFAULT_THRESHOLD_BYTES
+OUTSIDE_PYTORCH_HINT_BYTES = 256 * 1024**2
+NEAR_FULL_FRACTION = 0.85
+EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+# -- %%cudamem: hints from a measurement --------------------------------------------------------------
+def device_hints(measured: DeviceMeasurement, left_attributed: bool = False) -> list[str]:
+    """Hints for one device, most useful first; ``left_attributed`` when the report names who holds
+    what the cell left (then the left-allocated hint would only repeat it)."""
+    hints: list[str] = []
+    allocated = measured.allocated_delta_bytes or 0
+    reserved = measured.reserved_delta_bytes or 0
+    total = measured.total_bytes
+    peak = measured.peak_allocated_bytes
+    if peak is not None and total and peak / total >= NEAR_FULL_FRACTION:
+        hints.append(f"peak is {peak / total:.0%} of the card: close to out of memory")
+    if reserved - allocated >= CACHED_GROWTH_HINT_BYTES:
+        hints.append(
+            f"reserved grew {format_bytes(reserved - allocated)} more than allocated: cached blocks "
+            "PyTorch keeps for reuse; torch.cuda.empty_cache() returns them to the driver"
+        )
+    if allocated >= LEFT_ALLOCATED_HINT_BYTES and not left_attributed:
+        hints.append(
+            f"the cell left {format_bytes(allocated)} allocated: tensors still referenced by variables, autograd "
+            "graphs, module hooks or Out[...]; %%cudamem names who holds it past "
+            "%config CudaMem.attribute_threshold"
+        )
+    outside = measured.outside_pytorch_delta_bytes
+    if outside is not None and outside >= OUTSIDE_PYTORCH_HINT_BYTES:
+        first_use = measured.before.allocator is not None and measured.before.allocator.reserved_bytes == 0
+        cause = "the CUDA context created on first use, " if first_use and measured.before.process_bytes == 0 else ""
+        hints.append(
+            f"{format_bytes(outside)} more in use outside PyTorch's allocator ({cause}cuBLAS/cuDNN workspaces, "
+            "CuPy, JAX or other libraries)"
+        )
+    before, after = measured.before.allocator, measured.after.allocator
+    if before is not None and after is not None and after.num_alloc_retries > before.num_alloc_retries:
+        hints.append(
+            f"the allocator had to free its cache and retry {after.num_alloc_retries - before.num_alloc_retries} "
+            f"time(s): memory pressure or fragmentation; {EXPANDABLE} may help"
+        )
+    if not measured.peak_is_block_peak:
+        hints.append("peak counters were not reset (reset_peak is off): peak is since the last reset, not this cell's")
+    return hints
+
+
+def measurement_hints(measurement: Measurement, left_attributed: bool = False) -> list[str]:
+    hints: list[str] = []
+    if measurement.error in ("OutOfMemoryError", "OutOfMemory"):
+        hints.append("the cell ran out of GPU memory: run %oomfix in the next cell to diagnose and fix it")
+    for device in measurement.devices:
+        prefix = f"{device.device.label}: " if len(measurement.devices) > 1 else ""
+        hints.extend(prefix + hint for hint in device_hints(device, left_attributed))
+    return hints
+
+
+# -- %%cudamem: what to change about what a cell left behind ------------------------------------------
+def _del_names(holder: LeftHolder) -> str:
+    names = [holder.name] + [name for name in holder.also if name.isidentifier()]
+    return ", ".join(dict.fromkeys(names))
+
+
+def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
+    """What to change, matched to the cause; a result that is not a leak gets what to know about it."""
+    name = holder.name
+    free_now = f"free it now: del {_del_names(holder)}, then torch.cuda.empty_cache() returns it to the driver"
+    if holder.cause == GRAPH_CAUSE:
+        scalars = holder.scalar_graph_tensors
+        if holder.kind == "tensor" and scalars:
+            first = (
+                f"accumulate numbers, not graphs: {name} += value.item() (or value.detach()), so each step's "
+                "graph and the activations it saved are freed"
+            )
+        elif scalars and scalars * 2 >= max(holder.graph_tensors, 1):
+            first = (
+                f"keep numbers, not graphs: store loss.item() (a Python float) or loss.detach() in {name}, "
+                "so each step's graph with its saved activations is freed"
+            )
+        else:
+            first = (
+                "if nothing needs their gradients, compute them under `with torch.no_grad():` (or "
+                f"torch.inference_mode()); otherwise store .detach() in {name}, which drops the graph"
+            )
+        return (first, free_now)
+    if holder.cause == HOOK_CAUSE:
+        hook = holder.hooks[0] if holder.hooks else "a module hook"
+        fix = (
+            f"the {hook} keeps what it is given: store output.detach() (or a summary such as "
+            "output.mean().item()), or remove the hook when done (handle.remove() on what "
+            "register_forward_hook returned)"
+        )
+        if holder.origin == VARIABLE and holder.kind != "module":
+            return (fix, free_now)
+        return (fix, "removing the hook frees what it kept (its closure or object goes with it)")
+    if holder.cause == OUTPUT_CACHE_CAUSE:
+        fix = (
+            f"{name} keeps a cell's value: end the cell with ';' or assign the value to a name; "
+            "%reset -f out empties IPython's output cache"
+        )
+        return (fix,)
+    if holder.cause == TRACEBACK_CAUSE:
+        fix = (
+            "a failed cell's traceback keeps its frames' tensors until the next error replaces it; "
+            "after an out-of-memory error %oomfix releases them"
+        )
+        return (fix,)
+    if holder.cause == MODEL:
+        grads = " (and its gradients until zero_grad(set_to_none=True))" if holder.by_category.get(GRADIENTS) else ""
+        return (f"a model's weights{grads}: expected; it stays until the model is deleted",)
+    if holder.cause == OPTIMIZER_STATE:
+        note = (
+            "an optimizer's state, made on its first step (Adam: two tensors per parameter): expected, "
+            "it does not grow on later steps"
+        )
+        return (note,)
+    if holder.cause == GRADIENTS_CAUSE:
+        return ("gradients from backward(): expected; optimizer.zero_grad(set_to_none=True) frees them between steps",)
+    if holder.cause == MODULE_ATTRIBUTES_CAUSE:
+        return (f"tensors kept as module attributes ({holder.where or name}): expected if the module needs them",)
+    if holder.change == "grew":
+        fix = (
+            f"{name} gained {_plural(holder.tensors, 'tensor')} in this cell: a container that grows every run "
+            "fills the card; keep what you need as numbers (.item()) or on the CPU (.cpu())"
+        )
+        return (fix, free_now)
+    return (f"data on the GPU: expected if you meant to keep it; {free_now}",)
+
+
+# -- %oomfix's diagnosis: what to try for each verdict ------------------------------------------------
+_SMALLER = "a smaller batch, shorter sequences or smaller images (%oomfix finds the batch size and reruns)"
+_AUTOCAST = 'torch.autocast("cuda", dtype=torch.bfloat16) halves activations'
+
+
+def too_big_advice(capped: bool) -> list[str]:
+    """One allocation larger than the process may ever have."""
+    advice = [_SMALLER, _AUTOCAST]
+    if capped:
+        advice.append("raise the cap: torch.cuda.set_per_process_memory_fraction(...) set it")
+    return advice
+
+
+def fragmentation_advice() -> list[str]:
+    return [
+        (
+            f"set {EXPANDABLE} before CUDA starts (in the environment, or os.environ at the top of the "
+            "notebook, then restart the kernel) so the allocator can grow segments instead of splitting them"
+        ),
+        "torch.cuda.empty_cache() between phases that allocate very different sizes",
+    ]
+
+
+def held_by_ipython_advice() -> list[str]:
+    return ["%oomfix releases it (your variables are kept); %oomfix --dry-run only reports"]
+
+
+def held_by_namespace_advice(largest: list[tuple[str, int]]) -> list[str]:
+    """``largest``: (variable name, bytes only it holds) of the biggest holders among the user's variables."""
+    return [
+        f"%oomfix --del {name} if you no longer need it (frees up to {format_bytes(size)})" for name, size in largest
+    ]
+
+
+def needs_more_advice() -> list[str]:
+    """The cell needs more than is left: shrink or cheapen the computation."""
+    return [
+        "a smaller batch (%oomfix finds the batch size and reruns; gradient accumulation keeps the effective batch)",
+        'torch.autocast("cuda", dtype=torch.bfloat16) for activations; torch.no_grad() for inference',
+        "activation checkpointing (torch.utils.checkpoint) for deep models",
+    ]
+
+
+def cached_unusable_advice(reserved_unallocated_bytes: int) -> str:
+    return f"{EXPANDABLE} reduces the {format_bytes(reserved_unallocated_bytes)} cached but unusable"
+
+
+# -- %oomfix's outcome: advice with code that fits the cell -------------------------------------------
+@dataclass(frozen=True)
+class Suggestion:
+    """Advice with code the user can paste."""
+
+    title: str
+    why: str
+    code: str = ""
+
+
+def accumulation_plan(batch_before: int, batch_fits: int) -> tuple[int, int]:
+    """(micro batch, steps) with ``steps`` micro batches adding up to the original batch or just over.
+
+    The micro batch is the smallest that needs no more steps, so it stays at or under what fitted and
+    ``micro * steps`` equals the original batch whenever it divides evenly.
+    """
+    steps = max(math.ceil(batch_before / max(batch_fits, 1)), 1)
+    return math.ceil(batch_before / steps), steps
+
+
+def _accumulation_code(micro: int, steps: int, traits: CellTraits, batch_home: KnobKind | None) -> str:
+    if traits.hf_trainer or batch_home is KnobKind.TRAINER:
+        return f"TrainingArguments(..., per_device_train_batch_size={micro}, gradient_accumulation_steps={steps})"
+    if batch_home is KnobKind.LIGHTNING:
+        return f"L.Trainer(..., accumulate_grad_batches={steps})  # with the datamodule's batch_size={micro}"
+    return (
+        f"accumulation_steps = {steps}  # {steps} x {micro} = {steps * micro} samples per optimizer step\n"
+        f"for i, (x, y) in enumerate(loader):  # loader with batch_size={micro}\n"
+        f"    loss = loss_fn(model(x), y) / accumulation_steps\n"
+        f"    loss.backward()\n"
+        f"    if (i + 1) % accumulation_steps == 0:\n"
+        f"        optimizer.step()\n"
+        f"        optimizer.zero_grad()"
+    )
+
+
+def build_suggestions(
+    source: str,
+    traits: CellTraits,
+    batch_before: int | None,
+    batch_after: int | None,
+    autocast_dtype: str | None,
+    fragmented: bool,
+    autocast_fitted: bool,
+    batch_home: KnobKind | None = None,
+) -> tuple[Suggestion, ...]:
+    """Advice that fits the cell: keep the effective batch (through where the batch lives: a Trainer's
+    arguments, a Lightning Trainer, or a plain loop), save activations, beat fragmentation."""
+    found: list[Suggestion] = []
+    trains = traits.trains or batch_home in (KnobKind.TRAINER, KnobKind.LIGHTNING)
+    if batch_before and batch_after and batch_after < batch_before and trains:
+        micro, steps = accumulation_plan(batch_before, batch_after)
+        found.append(
+            Suggestion(
+                "gradient accumulation",
+                f"keeps the effective batch of {batch_before}: {steps} steps of {micro} per optimizer step"
+                + ("" if micro * steps == batch_before else f" ({micro * steps} samples, the nearest even split)"),
+                _accumulation_code(micro, steps, traits, batch_home),
+            )
+        )
+    if not trains and not traits.no_grad and traits.calls_model:
+        found.append(
+            Suggestion(
+                "torch.no_grad() for inference",
+                "the cell computes no gradients, yet autograd keeps every activation for a backward pass",
+                "with torch.inference_mode():  # or torch.no_grad()\n    outputs = model(inputs)",
+            )
+        )
+    if trains:
+        found.append(
+            Suggestion(
+                "activation checkpointing",
+                "recomputes activations in the backward pass instead of storing them: less memory for about a third more compute",
+                "from torch.utils.checkpoint import checkpoint\n"
+                "def forward(self, x):\n"
+                "    for block in self.blocks:\n"
+                "        x = checkpoint(block, x, use_reentrant=False)\n"
+                "    return x",
+            )
+        )
+    if autocast_fitted and autocast_dtype == "float16" and trains:
+        found.append(
+            Suggestion(
+                "GradScaler for float16 training",
+                "float16 gradients underflow without loss scaling (bfloat16 needs none; this card lacks it)",
+                'scaler = torch.amp.GradScaler("cuda")  # torch < 2.3: torch.cuda.amp.GradScaler()\n'
+                'with torch.autocast("cuda", dtype=torch.float16):\n'
+                "    loss = loss_fn(model(x), y)\n"
+                "scaler.scale(loss).backward()\n"
+                "scaler.step(optimizer)\n"
+                "scaler.update()\n"
+                "optimizer.zero_grad()",
+            )
+        )
+    if fragmented:
+        found.append(
+            Suggestion(
+                "expandable segments",
+                "the failure looks like fragmentation (much memory reserved but unallocated); this allocator "
+                "setting takes effect only in a fresh kernel, before CUDA is first used",
+                'import os\nos.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  # first cell, before import torch',
+            )
+        )
+    return tuple(found)

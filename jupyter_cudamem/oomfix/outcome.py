@@ -1,0 +1,207 @@
+"""What ``%oomfix`` did or would do: every try, what fitted, the cells to change, advice; and their renderings.
+
+``TryResult`` is one rerun; ``Outcome`` the whole fix (or, with ``dry_run``, the plan without running
+anything). Both are data for the driver to fill and the magic to show, as text and as HTML.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..advice import Suggestion
+from ..cell.edit import CellDiff, unified_diff
+from ..report.text import TextReport
+from ..units import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    from .plan import BatchPlan
+
+
+def _title(strategy: str) -> str:
+    from .strategies import STRATEGY_TITLES  # strategies re-exports this module's names: import it late
+
+    return STRATEGY_TITLES.get(strategy, strategy)
+
+
+@dataclass(frozen=True)
+class TryResult:
+    """One rerun: what ran, whether it fitted, and what it measured."""
+
+    number: int
+    strategy: str  # one of strategies.STRATEGIES (typed Strategy once the driver's loop is)
+    source: str
+    fitted: bool
+    out_of_memory: bool
+    peak_bytes: int | None  # peak allocated above what was allocated when the try started
+    wall_s: float
+    reason: str
+    batch: int | None = None
+    error: str | None = None  # one line for a failure that was not an OOM
+
+    @property
+    def verdict(self) -> str:
+        if self.fitted:
+            return "fitted"
+        if self.out_of_memory:
+            return "out of memory"
+        return f"failed: {self.error}"
+
+
+def diff_html(diff: str) -> str:
+    """A unified diff as HTML, added lines green and removed ones red."""
+    lines = []
+    for line in diff.splitlines():
+        style = ""
+        if line.startswith("+") and not line.startswith("+++"):
+            style = " style='background:#e6ffed'"
+        elif line.startswith("-") and not line.startswith("---"):
+            style = " style='background:#ffeef0'"
+        lines.append(f"<span{style}>{html.escape(line)}</span>")
+    return "<pre>" + "\n".join(lines) + "</pre>"
+
+
+@dataclass(frozen=True, repr=False)
+class Outcome(TextReport):
+    """What ``%oomfix`` did: every try, what fitted, the cells that should change, and advice.
+
+    ``cell_diffs`` holds one diff per cell whose text sets the batch (an earlier ``In[k]`` and the
+    failed cell); when empty, the diff is between the failed cell and the one that fitted. ``paste``
+    is the code ``--apply`` offers (by default the cell that fitted).
+    """
+
+    original_source: str
+    fixed_source: str | None
+    strategy: str | None  # the strategy that fitted, one of strategies.STRATEGIES
+    tries: tuple[TryResult, ...]
+    batch_before: int | None = None
+    batch_after: int | None = None
+    batch_summary: str = ""
+    budget_bytes: int | None = None
+    freed_bytes: int | None = None
+    suggestions: tuple[Suggestion, ...] = ()
+    notes: tuple[str, ...] = ()
+    dry_run: bool = False
+    diagnosis: object | None = field(default=None, compare=False)
+    cell_diffs: tuple[CellDiff, ...] = ()
+    paste_code: str | None = None
+    plan: BatchPlan | None = field(default=None, compare=False)
+
+    @property
+    def fitted(self) -> bool:
+        return self.fixed_source is not None
+
+    @property
+    def changed(self) -> bool:
+        if self.cell_diffs:
+            return any(d.changed for d in self.cell_diffs)
+        return self.fixed_source is not None and self.fixed_source != self.original_source
+
+    @property
+    def diff(self) -> str:
+        if self.cell_diffs:
+            return "".join(d.diff for d in self.cell_diffs)
+        if not self.changed:
+            return ""
+        return unified_diff(self.original_source, self.fixed_source or "")
+
+    @property
+    def paste(self) -> str | None:
+        """What ``--apply`` puts in the next input: the changed cells, or the cell that fitted."""
+        return self.paste_code if self.paste_code is not None else self.fixed_source
+
+    @property
+    def reruns(self) -> int:
+        return len(self.tries)
+
+    def headline(self) -> str:
+        if self.dry_run:
+            return "%oomfix --dry-run: diagnosis only, nothing was rerun"
+        count = f"{self.reruns} rerun{'s' if self.reruns != 1 else ''}"
+        if not self.fitted:
+            return f"%oomfix: nothing fitted after {count}"
+        if self.strategy == "batch":
+            return f"%oomfix: fits with batch {self.batch_after} (was {self.batch_before}) after {count}"
+        if self.strategy == "autocast":
+            return f"%oomfix: fits under autocast after {count}"
+        return f"%oomfix: fits unchanged after cleanup ({count})"
+
+    def _facts(self) -> list[str]:
+        """What the cleanup freed, the room measured and where the batch was found, for both renderings."""
+        facts = []
+        if self.freed_bytes is not None:
+            facts.append(f"cleanup freed {format_bytes(self.freed_bytes)}")
+        if self.budget_bytes is not None:
+            facts.append(f"room for the cell {format_bytes(self.budget_bytes)}")
+        if self.batch_summary and self.plan is None:
+            facts.append(self.batch_summary)
+        return facts
+
+    # -- text -----------------------------------------------------------------------------------
+    def text(self) -> str:
+        parts = [self.headline()]
+        if self.diagnosis is not None:
+            parts += ["", str(self.diagnosis)]
+        facts = self._facts()
+        if facts:
+            parts.append("; ".join(facts))
+        if self.plan is not None:
+            parts += [""] + self.plan.lines()
+        if self.tries:
+            parts.append("")
+            parts.append(" #  strategy        batch   result          peak        time   why")
+            for t in self.tries:
+                batch = "" if t.batch is None else str(t.batch)
+                parts.append(
+                    f"{t.number:>2}  {_title(t.strategy):<14} {batch:>6}   "
+                    f"{t.verdict:<14} {format_bytes(t.peak_bytes):>11} {format_seconds(t.wall_s):>8}   {t.reason}"
+                )
+        if self.diff:
+            parts += ["", self.diff.rstrip("\n")]
+        for note in self.notes:
+            parts.append(f"note: {note}")
+        for suggestion in self.suggestions:
+            parts += ["", f"- {suggestion.title}: {suggestion.why}"]
+            if suggestion.code:
+                parts += ["    " + line for line in suggestion.code.splitlines()]
+        return "\n".join(parts)
+
+    # -- HTML -----------------------------------------------------------------------------------
+    def _repr_html_(self) -> str:
+        e = html.escape
+        out = [f"<div class='cudamem-oomfix'><p><b>{e(self.headline())}</b></p>"]
+        if self.diagnosis is not None:
+            rich = getattr(self.diagnosis, "_repr_html_", None)
+            out.append(rich() if callable(rich) else f"<pre>{e(str(self.diagnosis))}</pre>")
+        facts = self._facts()
+        if facts:
+            out.append("<p>" + "; ".join(e(fact) for fact in facts) + "</p>")
+        if self.plan is not None:
+            out.append(self.plan.html())
+        if self.tries:
+            out.append(
+                "<table><thead><tr><th>#</th><th>strategy</th><th>batch</th><th>result</th>"
+                "<th>peak</th><th>time</th><th>why</th></tr></thead><tbody>"
+            )
+            for t in self.tries:
+                colour = "#2e7d32" if t.fitted else "#c62828"
+                out.append(
+                    f"<tr><td>{t.number}</td><td>{e(_title(t.strategy))}</td>"
+                    f"<td>{'' if t.batch is None else t.batch}</td>"
+                    f"<td style='color:{colour}'>{e(t.verdict)}</td><td>{e(format_bytes(t.peak_bytes))}</td>"
+                    f"<td>{e(format_seconds(t.wall_s))}</td><td>{e(t.reason)}</td></tr>"
+                )
+            out.append("</tbody></table>")
+        if self.diff:
+            out.append(diff_html(self.diff))
+        for note in self.notes:
+            out.append(f"<p><i>{e(note)}</i></p>")
+        if self.suggestions:
+            out.append("<ul>")
+            for s in self.suggestions:
+                code = f"<pre>{e(s.code)}</pre>" if s.code else ""
+                out.append(f"<li><b>{e(s.title)}</b>: {e(s.why)}{code}</li>")
+            out.append("</ul>")
+        out.append("</div>")
+        return "".join(out)

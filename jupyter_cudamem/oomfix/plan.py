@@ -1,0 +1,150 @@
+"""What ``%oomfix`` would do, without doing it: the plan ``--dry-run`` shows beside the diagnosis.
+
+Which knob sets the batch, where it lives and where it was written, and the first change the search
+would try, with the diff of every cell that change touches. Built from the finding, the free memory
+(measured, or as the error message reported it when no GPU can be read here) and the search's own
+first choice, so the preview says what a real run would do first. Runs nothing, changes nothing:
+it needs no GPU.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..batch import BatchChange, BatchFinding, Knob
+from ..cell.edit import CellDiff
+from .outcome import Outcome, diff_html
+from .parse import OomInfo
+from .search import BatchSearch
+from .strategies import STRATEGY_TITLES, Strategy
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The batch strategy's plan: the knob, its first try, and the cells that try changes."""
+
+    summary: str
+    knob: Knob | None
+    first_batch: int | None
+    first_reason: str
+    diffs: tuple[CellDiff, ...]
+    strategies: tuple[Strategy, ...]
+    notes: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        order = ", ".join(STRATEGY_TITLES[s] for s in self.strategies)
+        lines = [f"plan: {order}, in that order"]
+        if "batch" in self.strategies:
+            if self.knob is None:
+                lines.append(f"  smaller batch: nothing to shrink ({self.summary})")
+            else:
+                knob = self.knob
+                lines.append(
+                    f"  smaller batch: {knob.label} = {knob.value} "
+                    f"({knob.kind.value}, {knob.origin or 'origin unknown'})"
+                )
+                if knob.evidence:
+                    lines.append(f"    because it is {', '.join(knob.evidence)}")
+                if self.first_batch is not None:
+                    lines.append(f"    first try: {knob.label} = {self.first_batch} ({self.first_reason})")
+                else:
+                    lines.append(f"    first try: {self.first_reason}")
+                for diff in self.diffs:
+                    lines += ["    " + line for line in diff.diff.rstrip("\n").splitlines()]
+                others = self.summary.partition("; also seen: ")[2]
+                if others:
+                    lines.append(f"    also seen: {others}")
+        lines += [f"  note: {note}" for note in self.notes]
+        return lines
+
+    def html(self) -> str:
+        e = html.escape
+        order = ", ".join(STRATEGY_TITLES[s] for s in self.strategies)
+        parts = [f"<p><b>Plan</b>: {e(order)}, in that order.</p>"]
+        if "batch" in self.strategies:
+            if self.knob is None:
+                parts.append(f"<p>Smaller batch: nothing to shrink ({e(self.summary)}).</p>")
+            else:
+                knob = self.knob
+                first = (
+                    f"first try <code>{e(knob.label)} = {self.first_batch}</code> ({e(self.first_reason)})"
+                    if self.first_batch is not None
+                    else f"first try: {e(self.first_reason)}"
+                )
+                parts.append(
+                    f"<p>Smaller batch: <code>{e(knob.label)} = {knob.value}</code> ({e(knob.kind.value)}, "
+                    f"{e(knob.origin or 'origin unknown')}); {first}.</p>"
+                )
+                parts += [diff_html(d.diff) for d in self.diffs]
+        parts += [f"<p><i>{e(note)}</i></p>" for note in self.notes]
+        return "".join(parts)
+
+
+def budget_from_message(oom: OomInfo | None) -> int | None:
+    """What the error message says was free for the cell when it failed (free plus cached but unallocated):
+    a floor of the room after the cleanup, which frees what the failure held."""
+    if oom is None or oom.free_bytes is None:
+        return None
+    room = oom.free_bytes + (oom.reserved_unallocated_bytes or 0)
+    if oom.allowed_bytes is not None and oom.process_bytes is not None:
+        room = min(room, max(oom.allowed_bytes - oom.process_bytes, 0) + (oom.reserved_unallocated_bytes or 0))
+    return room
+
+
+def plan_batch(
+    finding: BatchFinding,
+    namespace: Mapping[str, Any] | None,
+    history: Sequence[str] | None,
+    budget_bytes: int | None,
+    strategies: tuple[Strategy, ...],
+    max_tries: int = 3,
+    margin: float = 0.04,
+    budget_source: str = "measured",
+) -> BatchPlan:
+    """The plan for a failed cell: its knob and the search's first try (nothing is changed)."""
+    knob = finding.chosen
+    notes = finding.notes
+    if knob is None or "batch" not in strategies:
+        return BatchPlan(finding.summary(), knob, None, "", (), strategies, notes)
+    if knob.value < 2:
+        return BatchPlan(
+            finding.summary(), knob, None, f"none: the batch is already {knob.value}", (), strategies, notes
+        )
+    if budget_bytes is None:
+        return BatchPlan(
+            finding.summary(),
+            knob,
+            None,
+            "chosen once the free memory is measured after the cleanup (it cannot be read here)",
+            (),
+            strategies,
+            notes,
+        )
+    first = BatchSearch(knob.value, budget_bytes, max_tries=max_tries, margin=margin).next_batch()
+    if first is None:
+        return BatchPlan(
+            finding.summary(), knob, None, "none: the search sees nothing smaller worth trying", (), strategies, notes
+        )
+    change = BatchChange(finding, knob, dict(namespace or {}), history)
+    reason = f"the search's first choice with {budget_source} free memory"
+    return BatchPlan(finding.summary(), knob, first, reason, change.diffs(first), strategies, notes)
+
+
+def preview(
+    source: str, finding: BatchFinding, plan: BatchPlan, diagnosis: object | None, budget_bytes: int | None
+) -> Outcome:
+    """The dry run's outcome: the diagnosis and the plan, no tries."""
+    return Outcome(
+        source,
+        None,
+        None,
+        (),
+        batch_summary=finding.summary(),
+        budget_bytes=budget_bytes,
+        dry_run=True,
+        diagnosis=diagnosis,
+        plan=plan,
+    )

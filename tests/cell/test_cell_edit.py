@@ -1,0 +1,87 @@
+"""Reading IPython input with raw positions and changing it in place (jupyter_cudamem/cell/source.py, edit.py)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from IPython.core.inputtransformer2 import TransformerManager
+
+from jupyter_cudamem.cell.edit import CellDiff, Edit, apply_edits, insert_line, unified_diff, wrap_in_autocast
+from jupyter_cudamem.cell.source import Span, parse_cell
+
+
+def test_spans_are_raw_characters_past_ipython_syntax_and_unicode():
+    source = "%%time\n!echo hi\ntitre = 'é'; bs = 48\n"
+    parsed = parse_cell(source)
+    assign = parsed.tree.body[-1]
+    span = parsed.span(assign.value)
+    assert parsed.text(span) == "48" and span.line == 3
+    assert parsed.body_line == 2
+    assert parsed.raw_line(parsed.tree.body[0]) is None  # !echo was rewritten by IPython: not editable
+
+
+def test_edits_on_one_line_keep_each_other_valid_and_line_endings_survive():
+    source = "x = f(64, 64)\r\ny = 2\r\n"
+    edited = apply_edits(source, [Edit(Span(1, 6, 8), "16"), Edit(Span(1, 10, 12), "8")])
+    assert edited == "x = f(16, 8)\r\ny = 2\r\n"
+    assert insert_line(source, 2, "z = 3") == "x = f(64, 64)\r\nz = 3\r\ny = 2\r\n"
+    with pytest.raises(ValueError, match="line 9"):
+        apply_edits(source, [Edit(Span(9, 0, 1), "")])
+
+
+def test_cell_diff_names_the_cell():
+    diff = CellDiff("In[3]", "batch_size = 64\n", "batch_size = 16\n", 3)
+    assert diff.changed and "--- In[3] (as run)" in diff.diff and "+batch_size = 16" in diff.diff
+    assert CellDiff("In[3]", "a\n", "a\n", 3).diff == ""
+    assert "-a\n+b\n" in unified_diff("a\n", "b\n")
+
+
+def test_autocast_wraps_the_body_and_keeps_ipython_syntax_and_strings():
+    source = '%%time\ndoc = """first\nsecond"""\n!echo hi\nfor i in range(2):\n    y = model(x)\n'
+    wrapped = wrap_in_autocast(source, "float16")
+    assert wrapped == (
+        '%%time\nimport torch\nwith torch.autocast("cuda", dtype=torch.float16):\n'
+        '    doc = """first\nsecond"""\n    !echo hi\n    for i in range(2):\n        y = model(x)\n'
+    )
+    body = wrapped.split("\n", 1)[1]
+    python = TransformerManager().transform_cell(body)
+    ast.parse(python)
+    namespace: dict = {}
+    runnable = python.replace("import torch\n", "").replace("get_ipython().system('echo hi')", "pass")
+    namespace["torch"] = _FakeTorch(namespace)
+    exec(compile(runnable.replace("model(x)", "1"), "<cell>", "exec"), namespace)
+    assert namespace["autocast"] == ("cuda", "float16")
+    assert namespace["doc"] == "first\nsecond"  # the string's second line was not indented
+
+
+def test_autocast_of_broken_cell_raises_syntax_error_and_rejects_bad_dtype():
+    with pytest.raises(SyntaxError):
+        wrap_in_autocast("for x in :\n")
+    with pytest.raises(ValueError):
+        wrap_in_autocast("x = 1\n", "float8")
+
+
+def test_autocast_without_import_and_of_an_empty_body():
+    assert wrap_in_autocast("", import_torch=False) == 'with torch.autocast("cuda", dtype=torch.bfloat16):\n    pass\n'
+
+
+class _FakeTorch:
+    """Just enough of ``torch`` to execute a wrapped cell without CUDA."""
+
+    float16 = "float16"
+
+    def __init__(self, record: dict):
+        self.record = record
+
+    def autocast(self, device: str, dtype: str):
+        record = self.record
+
+        class _Context:
+            def __enter__(self):
+                record["autocast"] = (device, dtype)
+
+            def __exit__(self, *exc):
+                return False
+
+        return _Context()
