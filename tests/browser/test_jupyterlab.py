@@ -226,7 +226,8 @@ def test_cudamem_report_and_history_render(page: Any, lab: jl.JupyterLab) -> Non
     history = jl.code_cell(page, 3).locator("table.cudamem-history")
     history.wait_for()
     header, *rows = table_rows(history)
-    assert header == ["cell", "source", "device", "peak", "Δ allocated", "Δ reserved", "Δ NVML", "time"]
+    assert header == ["cell", "source", "device", "peak", "Δ allocated", "Δ reserved", "Δ NVML", "time", "growing"]
+    assert [row[8] for row in rows] == ["", ""]  # neither cell was run again, so neither grows
     assert [row[:3] for row in rows] == [
         ["[2]", shown_as_html(source_head(MEASURED_CELL)), "cuda:0"],
         ["[3]", shown_as_html(source_head(RELEASE_CELL)), "cuda:0"],
