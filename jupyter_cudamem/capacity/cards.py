@@ -90,7 +90,10 @@ def _card(name: str, value: Any) -> Card:
             f"CudaMem.cards[{name!r}] = {memory!r}: give the card's memory as GiB (24) or a size ('46068MiB')"
         )
     if isinstance(memory, str):
-        gib = parse_size(memory) / GiB
+        try:
+            gib = parse_size(memory) / GiB
+        except CudaMemError as error:
+            raise CudaMemError(f"CudaMem.cards[{name!r}]: {error}") from None
     else:
         if memory <= 0:
             raise CudaMemError(f"CudaMem.cards[{name!r}] = {memory!r}: a card's memory must be positive")

@@ -141,11 +141,11 @@ class CapacityPlanMagics(CudaMemMagicsBase):
             judged.agreements, notes + measured.notes + list(judged.notes), traits.trains,
         )
         self.last_plan = plan
+        if measured.has_value and measured.value is not NO_VALUE:
+            shell.displayhook(measured.value)  # the cell's value first, as %%cudamem shows it
         display(plan)
         if args.output is not None:
             shell.user_ns[args.output] = plan
-        if measured.has_value and measured.value is not NO_VALUE:
-            shell.displayhook(measured.value)
 
     def _cudamem(self) -> Any:
         from .cudamem import CudaMem
