@@ -49,6 +49,7 @@ class Measured:
     has_value: bool = False
     total_bytes: int | None = None  # the card the runs used, as CUDA reports it
     device_name: str | None = None
+    torch_index: int | None = None
     non_pytorch_bytes: int = 0
     non_pytorch_how: str = ""
     notes: list[str] = field(default_factory=list)
@@ -138,6 +139,7 @@ class Runner:
         if device is not None:
             self.measured.total_bytes = device.device.total_bytes
             self.measured.device_name = device.device.name
+            self.measured.torch_index = device.device.torch_index
             if not oom:
                 amount, how = _non_pytorch(device)
                 if amount is not None:

@@ -132,9 +132,7 @@ class CapacityPlanMagics(CudaMemMagicsBase):
         if not how:
             why = self.hardware.nvml.status() or "NVML could not be read"
             how = f"NOT measured ({why}): counted as 0, so every card's usable memory is overstated by it"
-        this_card = None
-        if measured.total_bytes is not None:
-            this_card = (measured.device_name or "this card", measured.total_bytes)
+        this_card = self._this_card(measured)
         plan = build_plan(
             measured.runs, batch, knob.label if knob is not None else None, cards, margin,
             measured.non_pytorch_bytes, how, this_card, judged.line, judged.autocast_line, dtype,
@@ -146,6 +144,24 @@ class CapacityPlanMagics(CudaMemMagicsBase):
         display(plan)
         if args.output is not None:
             shell.user_ns[args.output] = plan
+
+    def _this_card(self, measured: Any) -> tuple[str, int] | None:
+        """The card the runs used, as a plan's card: under a per-process cap, what the cap leaves."""
+        if measured.total_bytes is None:
+            return None
+        name, total = measured.device_name or "this card", measured.total_bytes
+        fraction = None
+        if measured.torch_index is not None:
+            try:
+                fraction = self.hardware.allocator.memory_fraction(measured.torch_index)
+            except Exception:  # noqa: BLE001 - an unreadable cap is no cap we can plan with
+                fraction = None
+        if fraction is not None and fraction < 1:
+            # PyTorch may reserve ``fraction x total``; the memory outside PyTorch comes on top of it.
+            capped = int(fraction * total) + measured.non_pytorch_bytes
+            if capped < total:
+                return f"{name}, PyTorch capped at {fraction * total / 2**30:.1f} GiB", capped
+        return name, total
 
     def _cudamem(self) -> Any:
         from .cudamem import CudaMem

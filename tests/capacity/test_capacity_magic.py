@@ -259,3 +259,57 @@ def test_plan_html_carries_the_figure(plan_shell):
     assert "<table" in html and "data:image/png;base64," in html
     figure = shell.user_ns["plan"].figure()
     assert figure.axes[0].get_yscale() == "log"
+
+
+def test_memory_outside_pytorch_is_measured_not_assumed(plan_shell):
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].outside_bytes = 700 * MiB  # cuBLAS/cuDNN workspaces, CuPy...
+    shell.run_cell("%%cudamem_plan -o plan --cards T4\nstep(64)")
+    plan = shell.user_ns["plan"]
+    assert plan.non_pytorch_bytes == CONTEXT + 700 * MiB
+    assert plan.card("T4").largest_batch == largest_batch(
+        Line(PER_SAMPLE, WEIGHTS), usable_bytes(15 * GiB, CONTEXT + 700 * MiB, DEFAULT_MARGIN))
+    machine.gpus[0].outside_bytes = 0
+
+
+def test_without_process_listing_the_whole_card_counts_and_says_so(ip, machine):
+    from fakes import FakeNvml
+
+    magics.unload(ip)
+    machine.allocate(0, WEIGHTS)
+    machine.gpus[0].other_process_bytes = GiB
+    magics.load(ip, Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine, processes_visible=False),
+                             pid=machine.pid))
+    try:
+        ip.user_ns.update(step=Stepper(machine))
+        assert ip.run_cell("%%cudamem_plan -o plan\nstep(64)").success
+        plan = ip.user_ns["plan"]
+        assert plan.non_pytorch_bytes == CONTEXT + GiB and "other processes on the card count too" in plan.text()
+    finally:
+        magics.unload(ip)
+
+
+def test_without_nvml_the_plan_says_the_context_was_not_measured(ip, machine):
+    from fakes import FakeNvml
+
+    magics.unload(ip)
+    machine.allocate(0, WEIGHTS)
+    magics.load(ip, Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine, failure="NVML: no library"),
+                             pid=machine.pid))
+    try:
+        ip.user_ns.update(step=Stepper(machine))
+        assert ip.run_cell("%%cudamem_plan -o plan\nstep(64)").success
+        plan = ip.user_ns["plan"]
+        assert plan.non_pytorch_bytes == 0 and "NOT measured (NVML: no library)" in plan.text()
+    finally:
+        magics.unload(ip)
+
+
+def test_this_card_under_a_cap_is_what_the_cap_leaves(plan_shell):
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].fraction = 10 * GiB / machine.gpus[0].total_bytes
+    shell.run_cell("%%cudamem_plan -o plan --cards T4\nbatch_size = 512\nstep(batch_size)")
+    here = shell.user_ns["plan"].this_card
+    assert "capped at 10.0 GiB" in here.name
+    assert here.usable_bytes == int(10 * GiB * (1 - DEFAULT_MARGIN))
+    assert not here.fits and here.largest_batch == largest_batch(Line(PER_SAMPLE, WEIGHTS), here.usable_bytes)
