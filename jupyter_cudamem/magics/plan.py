@@ -3,7 +3,7 @@
 Thin: finds the batch with the finder ``%oomfix`` uses, hands the runs to ``capacity.runs`` (which
 runs the cell through the shell, like a plain cell), and shows ``capacity.plan``'s plan. The card
 table is extended with ``%config CudaMem.cards = {...}``; the margin defaults to
-``%config CapacityPlanMagics.margin``.
+``%config CudaMemPlan.margin``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from .cellrun import NO_VALUE, run_cell_body
 
 
 @magics_class
-class CapacityPlanMagics(CudaMemMagicsBase):
-    """The capacity plan. Configure with ``%config CapacityPlanMagics.margin = 0.05``."""
+class CudaMemPlan(CudaMemMagicsBase):
+    """The capacity plan. Configure with ``%config CudaMemPlan.margin = 0.05``."""
 
     margin = Float(
         DEFAULT_MARGIN,
@@ -40,7 +40,7 @@ class CapacityPlanMagics(CudaMemMagicsBase):
               help="Also run the cell at its batch under torch.autocast, to say what bfloat16/float16 buys.")
     @argument("--margin", type=float, default=None, metavar="FRACTION",
               help=f"Fraction of each card's memory for PyTorch left free (default {DEFAULT_MARGIN}, "
-              "or CapacityPlanMagics.margin).")
+              "or CudaMemPlan.margin).")
     @argument("--cards", default=None, metavar="NAME,NAME",
               help="Plan for these cards of the table only (add cards with %%config CudaMem.cards = {...}).")
     @argument("-o", "--output", default=None, metavar="NAME", help="Store the plan object in this variable.")
