@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 FIGURE_SIZE_IN = (8.0, 4.5)
 PNG_DPI = 100
 GiB = 1024**3
+LABEL_CLEARANCE = 1.12  # ratio of two card lines' heights below which their labels would overlap
 
 
 def plan_figure(plan: CapacityPlan) -> Any:
@@ -56,11 +57,21 @@ def plan_figure(plan: CapacityPlan) -> Any:
         axes.set_xlabel("batch size")
     axes.set_yscale("log")
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
+    slot, previous = 0, None
     for i, (usable, names) in enumerate(sorted(groups.items())):
         color = colors[i % len(colors)]
-        axes.axhline(usable / GiB, color=color, linewidth=1)
-        axes.annotate(f"{', '.join(names)}: {usable / GiB:.1f} GiB", xy=(0.01, usable / GiB), xycoords=("axes fraction", "data"),
-                      xytext=(0, 2), textcoords="offset points", fontsize=7, color=color)
+        level = usable / GiB
+        axes.axhline(level, color=color, linewidth=1)
+        # Labels of lines closer than ~12% would overlap at this height: move them along instead.
+        slot = slot + 1 if previous is not None and level / previous < LABEL_CLEARANCE else 0
+        previous = level
+        axes.annotate(f"{', '.join(names)}: {level:.1f} GiB", xy=(0.01 + 0.3 * (slot % 3), level),
+                      xycoords=("axes fraction", "data"), xytext=(0, 2), textcoords="offset points", fontsize=7,
+                      color=color)
+        if plan.line is not None and plan.line.slope_bytes > 0:
+            largest = max(int((usable - plan.line.intercept_bytes) // plan.line.slope_bytes), 0)
+            if largest >= 1:
+                axes.plot([largest], [plan.line.peak(largest) / GiB], "o", color=color, markersize=4)
     axes.set_ylabel("GiB (log scale)")
     axes.set_title("Peak memory against batch, and what each card leaves PyTorch", fontsize=10)
     axes.legend(loc="lower right", fontsize=8)

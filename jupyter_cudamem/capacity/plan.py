@@ -178,6 +178,7 @@ class CapacityPlan:
     autocast_dtype: str | None = None
     notes: tuple[str, ...] = field(default=())
     trains: bool = True  # whether the cell trains (accumulation steps) or only runs a model (chunks)
+    batch_where: str = ""  # where the batch lives, as the finder says it
 
     @property
     def per_sample_bytes(self) -> float | None:
@@ -237,6 +238,7 @@ def build_plan(
     agreements: Sequence[Agreement] = (),
     notes: Sequence[str] = (),
     trains: bool = True,
+    batch_where: str = "",
 ) -> CapacityPlan:
     """The plan for every card, from a fitted ``line`` (or the one peak of a cell with no batch)."""
     fixed_peak = None
@@ -251,5 +253,5 @@ def build_plan(
         here = plan_card(this_card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line, this_card=True)
     return CapacityPlan(
         tuple(runs), batch, knob, line, fixed_peak, non_pytorch_bytes, non_pytorch_how, margin, plans, here,
-        tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains,
+        tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains, batch_where,
     )

@@ -38,6 +38,8 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
         )
     else:
         lines.append(f"Capacity plan for {plan.knob} = {plan.batch}")
+        if plan.batch_where:
+            lines.append(f"  {plan.batch_where}")
         points = [r for r in plan.runs if r.label in ("smaller", "smaller still", "as written, again") and not r.oom]
         measured = ", ".join(f"{r.batch}: {format_bytes(r.peak_bytes)}" for r in points)
         lines.append(

@@ -271,7 +271,7 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
     agreements: list[Agreement] = []
     for run in measured.runs:
         if run.label == AS_WRITTEN and not warm_up and not run.oom and run.batch is not None and run.peak_bytes is not None:
-            agreements.append(Agreement("the first run (warm-up)", run.batch, run.peak_bytes, line.peak(run.batch)))
+            agreements.append(Agreement("the first run", run.batch, run.peak_bytes, line.peak(run.batch)))
     if history_peak is not None:
         label, peak = history_peak
         agreements.append(Agreement(label, batch, peak, line.peak(batch)))

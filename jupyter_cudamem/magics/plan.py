@@ -137,6 +137,7 @@ class CudaMemPlan(CudaMemMagicsBase):
             measured.runs, batch, knob.label if knob is not None else None, cards, margin,
             measured.non_pytorch_bytes, how, this_card, judged.line, judged.autocast_line, dtype,
             judged.agreements, notes + measured.notes + list(judged.notes), traits.trains,
+            finding.summary() if knob is not None else "",
         )
         self.last_plan = plan
         if measured.has_value and measured.value is not NO_VALUE:

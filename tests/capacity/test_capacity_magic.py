@@ -88,7 +88,7 @@ def test_plan_fits_the_line_and_plans_every_card(plan_shell, capsys):
     assert shell.user_ns["batch_size"] == 64 and shell.user_ns["ran_with"] == 64
     out = capsys.readouterr().out
     assert "Out[" in out and "64" in out and "Capacity plan for batch_size = 64" in out
-    assert "measured here through NVML" in out and "the first run (warm-up) at batch 64" in out
+    assert "measured here through NVML" in out and "the first run at batch 64" in out
 
 
 def test_a_batch_too_big_for_a_card_gets_exact_accumulation(plan_shell):
