@@ -65,7 +65,10 @@ GiB = 2**30
 
 
 def is_oom(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+    """PyTorch's OOM, or a library's allocation failing under the cap (cuDNN's RNN, cuBLAS)."""
+    text = str(error)
+    return (isinstance(error, torch.OutOfMemoryError) or "out of memory" in text.lower()
+            or "CUDNN_STATUS_ALLOC_FAILED" in text or "CUBLAS_STATUS_ALLOC_FAILED" in text)
 
 
 def release() -> None:

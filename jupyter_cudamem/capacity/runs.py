@@ -20,6 +20,7 @@ Knows nothing of IPython: ``run(source)`` runs IPython input and returns the las
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -160,6 +161,7 @@ class Runner:
 AS_WRITTEN = "as written"
 SMALLER = "smaller"
 SMALLEST = "smaller still"
+SMALLER_WARM_UP = "smaller (warm-up)"
 AUTOCAST = "autocast"
 AGAIN = "as written, again"
 
@@ -194,7 +196,12 @@ def measure_runs(
         smallest = max(small // 2, 1)
         if smallest == small:
             raise CudaMemError(f"the cell ran out of GPU memory at batch {batch} and only batch {small} fits here: no line")
-        runner.changed(change, SMALLEST, smallest)
+        third = runner.changed(change, SMALLEST, smallest)
+        if (third.start_bytes or 0) - (second.start_bytes or 0) > REPEAT_SLACK:
+            # The smaller run created what a first run creates (optimizer state), which the run that ran out
+            # of memory never reached: it was the warm-up. Measure it again, now in the steady state.
+            measured.runs[measured.runs.index(second)] = dataclasses.replace(second, label=SMALLER_WARM_UP)
+            runner.changed(change, SMALLER, small)
         measured.notes.append(
             f"batch {batch} ran out of GPU memory here, so the line goes through batches {small} and {smallest}; "
             f"the cell was not run at {batch} again (its values are set back to {batch})"
@@ -224,8 +231,10 @@ class Judged:
 def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] | None = None) -> Judged:
     """Fit the line and check the runs agree with it; ``CudaMemError`` (one line) when they do not."""
     runs = {r.label: r for r in measured.runs}
+    if all(r.peak_bytes is None for r in measured.runs):
+        raise CudaMemError("the cell used no GPU memory through PyTorch (or none could be read): nothing to plan")
     if any(r.peak_bytes is None for r in measured.runs if not r.oom):
-        raise CudaMemError("PyTorch's allocator could not be read during the runs: no plan")
+        raise CudaMemError("PyTorch's allocator could not be read during every run: no plan")
     notes: list[str] = []
     if batch is None:
         return Judged(None, (), None, ())
@@ -247,7 +256,7 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
             )
     points = [r for r in measured.runs if r.label in (SMALLER, SMALLEST, AGAIN) and not r.oom]
     if len({r.batch for r in points}) < 2:
-        raise CudaMemError("fewer than two batch sizes ran: no line")
+        raise CudaMemError("fewer than two batch sizes fitted here: no line; try a smaller second batch with --small N")
     starts = [r.start_bytes for r in points]
     if len(set(starts)) > 1 and max(starts) - min(starts) > REPEAT_SLACK:  # type: ignore[type-var,operator]
         raise CudaMemError(

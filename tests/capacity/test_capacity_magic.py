@@ -313,3 +313,22 @@ def test_this_card_under_a_cap_is_what_the_cap_leaves(plan_shell):
     assert "capped at 10.0 GiB" in here.name
     assert here.usable_bytes == int(10 * GiB * (1 - DEFAULT_MARGIN))
     assert not here.fits and here.largest_batch == largest_batch(Line(PER_SAMPLE, WEIGHTS), here.usable_bytes)
+
+
+def test_state_created_by_the_smaller_run_after_an_oom_is_a_warm_up(plan_shell):
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].fraction = 12 * GiB / machine.gpus[0].total_bytes
+    shell.user_ns["state"] = []
+    shell.user_ns["make_state"] = lambda: (machine.allocate(0, GiB), shell.user_ns["state"].append(1)) if not shell.user_ns["state"] else None
+    result = shell.run_cell("%%cudamem_plan -o plan\nbatch_size = 512\nstep(batch_size)\nmake_state()")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    assert stepper.calls == [512, 256, 128, 256]
+    assert [r.label for r in plan.runs] == ["as written", "smaller (warm-up)", "smaller still", "smaller"]
+    assert plan.line.intercept_bytes == pytest.approx(WEIGHTS + GiB)
+    assert plan.line.slope_bytes == pytest.approx(PER_SAMPLE)
+
+
+def test_a_cell_that_uses_no_gpu_memory_is_one_line(plan_shell):
+    shell, machine, stepper = plan_shell
+    assert "used no GPU memory" in usage_error(shell, "%%cudamem_plan\nbatch_size = 64\nx = [0] * batch_size")
