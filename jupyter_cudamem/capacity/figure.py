@@ -29,7 +29,8 @@ def plan_figure(plan: CapacityPlan) -> Any:
     for card in cards:
         name = f"this card ({card.name})" if card.this_card else card.name
         groups.setdefault(card.usable_bytes, []).append(name)
-    points = [r for r in plan.runs if not r.oom and r.peak_bytes is not None and r.batch is not None]
+    points = [(r.batch, r.peak_bytes, r.autocast) for r in plan.runs
+              if not r.oom and r.peak_bytes is not None and r.batch is not None]
     if plan.line is None:
         peak = (plan.fixed_peak_bytes or 0) / GiB
         axes.axhline(peak, color="black", linewidth=2, label=f"the cell's peak ({peak:.2f} GiB)")
@@ -37,19 +38,18 @@ def plan_figure(plan: CapacityPlan) -> Any:
         axes.set_xlabel("(no batch: planned as fixed-size)")
     else:
         line = plan.line
-        largest = [c.largest_batch for c in cards if c.largest_batch]
-        measured = [r.batch for r in points]
+        largest_batches = [c.largest_batch for c in cards if c.largest_batch]
+        measured = [batch for batch, _, _ in points]
         low = max(min(measured) / 2, 1)
-        high = max(largest + measured) * 1.3
+        high = max(largest_batches + measured) * 1.3
         xs = [low * (high / low) ** (i / 200) for i in range(201)]
         axes.plot(xs, [line.peak(x) / GiB for x in xs], color="black", linewidth=2,
                   label=f"peak = {line.intercept_bytes / GiB:.2f} GiB + {line.slope_bytes / 2**20:.2f} MiB x batch")
         if plan.autocast_line is not None:
             axes.plot(xs, [plan.autocast_line.peak(x) / GiB for x in xs], color="black", linestyle="--",
                       label=f"under autocast ({plan.autocast_dtype or 'reduced precision'})")
-        for run in points:
-            marker = "s" if run.autocast else "o"
-            axes.plot([run.batch], [run.peak_bytes / GiB], marker, color="#d62728", markersize=7)  # type: ignore[operator]
+        for batch, peak, autocast in points:
+            axes.plot([batch], [peak / GiB], "s" if autocast else "o", color="#d62728", markersize=7)
         axes.plot([], [], "o", color="#d62728", label="measured")
         if plan.batch is not None:
             axes.axvline(plan.batch, color="grey", linestyle=":", label=f"batch as written ({plan.batch})")

@@ -268,7 +268,7 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
     start = min(r.start_bytes or 0 for r in points)
     if line.slope_bytes <= 0:
         raise CudaMemError(
-            f"the peak did not grow with the batch ({', '.join(f'{r.batch}: {r.peak_bytes / 2**20:,.0f} MiB' for r in points)}): "
+            f"the peak did not grow with the batch ({', '.join(f'{r.batch}: {(r.peak_bytes or 0) / 2**20:,.0f} MiB' for r in points)}): "
             f"is {batch!r} really the cell's batch? Plan it as fixed-size by setting the batch in the cell"
         )
     if faster_than_linear(line, start, top.peak_bytes or 0):
