@@ -189,8 +189,9 @@ def measure_runs(
         raise CudaMemError(f"the cell ran out of GPU memory at both batch {batch} and {small}: no plan; try --small N")
     if second.oom:
         raise CudaMemError(
-            f"the cell ran out of GPU memory at the smaller batch {small} but not at {batch}: it is not repeatable "
-            "enough to plan (does it keep memory from run to run?)"
+            f"the cell ran out of GPU memory at batch {small} but not at {batch}: "
+            + ("pass a smaller --small N" if small > batch else
+               "it is not repeatable enough to plan (does it keep memory from run to run?)")
         )
     if first.oom:
         smallest = max(small // 2, 1)

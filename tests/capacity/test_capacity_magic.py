@@ -332,3 +332,10 @@ def test_state_created_by_the_smaller_run_after_an_oom_is_a_warm_up(plan_shell):
 def test_a_cell_that_uses_no_gpu_memory_is_one_line(plan_shell):
     shell, machine, stepper = plan_shell
     assert "used no GPU memory" in usage_error(shell, "%%cudamem_plan\nbatch_size = 64\nx = [0] * batch_size")
+
+
+def test_a_second_batch_larger_than_the_first_that_does_not_fit(plan_shell):
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].fraction = 8 * GiB / machine.gpus[0].total_bytes
+    message = usage_error(shell, "%%cudamem_plan --small 512\nstep(64)")
+    assert "at batch 512 but not at 64" in message and "--small" in message
