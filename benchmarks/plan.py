@@ -404,8 +404,10 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
             if fits(workload, real):
                 case["real_peak_at_real_batch_bytes"] = torch.cuda.max_memory_allocated(0)
         cases.append(case)
+        errors = (f"{case['predicted_error']:+.1%} vs {case['rule_of_thumb_error']:+.1%}" if real
+                  else "nothing fits under this cap")
         print(f"{name:12s} {gib:3d} GiB  predicted {predicted:6d}  real {real:6d}  rule of thumb {rot:6d}  "
-              f"({case['predicted_error']:+.1%} vs {case['rule_of_thumb_error']:+.1%}, {tries} tries)", flush=True)
+              f"({errors}, {tries} tries)", flush=True)
     torch.cuda.set_per_process_memory_fraction(1.0, 0)
     del workload
     release()
