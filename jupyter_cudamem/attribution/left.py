@@ -143,13 +143,13 @@ def _fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None =
         code = type_code(kind, probe)
         if codes is not None:
             codes[kind] = code
-    if code in _PLAIN_CODES:
-        return (ident,)
     try:
+        if code == TENSOR_CODE:  # the commonest first
+            return (ident, id(grad_of(value)))
+        if code in _PLAIN_CODES:
+            return (ident,)
         if code in _CONTAINER_CODES:
             return (ident, len(value))
-        if code == TENSOR_CODE:
-            return (ident, id(grad_of(value)))
         if code == MODULE_CODE:
             first = next(iter(value.parameters()), None)
             if first is None:

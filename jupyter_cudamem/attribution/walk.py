@@ -281,7 +281,7 @@ class _Walker:
         budget: each object queued counts one."""
         seen, skip, codes, probe = self.seen, self.skip_ids, self.codes, self.probe
         keys = self.reach.reached
-        storage_key = probe.storage_key
+        storage_key, on_device = probe.storage_key, probe.on_device
         atoms = ATOM_TYPES
         for owner, root in enumerate(roots):
             stack = [root]
@@ -297,17 +297,25 @@ class _Walker:
                     code = codes[kind] = type_code(kind, probe)
                 try:
                     if code == _TENSOR:
-                        key = storage_key(obj)
-                        if key is not None:
-                            keys.add(key)
+                        if on_device(obj):
+                            try:
+                                keys.add(("storage", obj.untyped_storage().data_ptr()))
+                            except Exception:
+                                key = storage_key(obj)
+                                if key is not None:
+                                    keys.add(key)
                         more = []
-                        grad = grad_of(obj)
-                        if grad is not None:
-                            more.append(grad)
-                        node = grad_fn_of(obj)
+                        # grad_of and grad_fn_of, inline: a namespace is mostly tensors
+                        if getattr(obj, "is_leaf", True) or getattr(obj, "retains_grad", False):
+                            grad = getattr(obj, "grad", None)
+                            if grad is not None:
+                                more.append(grad)
+                        node = getattr(obj, "grad_fn", None)
                         if node is not None:
                             more.extend(value for value in self.graph_saved(node) if type(value) not in atoms)
-                    elif code == _SEQUENCE or code == _SET:
+                    elif code == _SEQUENCE:
+                        more = [value for value in obj if type(value) not in atoms]
+                    elif code == _SET:
                         more = [value for value in list(obj) if type(value) not in atoms]
                     elif code == _MAPPING:
                         more = [value for value in list(obj.values()) if type(value) not in atoms]
