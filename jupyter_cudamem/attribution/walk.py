@@ -511,9 +511,9 @@ def walk_together(
 
     Only which storages are reached is kept of the first part, in ``Reach.reached``: ``storages`` holds
     ``Hit``s only for what went through the full visit (modules' own tensors, optimizers' state...).
-    Tensors, containers and plain objects, nearly all of a namespace, take a keys-only path (a tenth
-    of the cost per object: no categories, positions or paths), measured by ``benchmarks/leaks.py``
-    (part ``cost``)."""
+    Tensors, containers and plain objects, nearly all of a namespace, take a keys-only path (no
+    categories, positions or paths: about half the cost per object or less; ``benchmarks/leaks.py``,
+    part ``cost``, measures the whole attribution)."""
     walker = _Walker(probe, skip_ids, True, limit, [name for name, _ in roots], defer_hidden=True)
     reach = walker.run([value for _, value in roots], keys_only=True)
     walker.keep_alive.clear()
