@@ -8,12 +8,9 @@ import pytest
 
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.oomfix.driver import Driver, headroom_bytes
-from jupyter_cudamem.oomfix.strategies import (
-    accumulation_plan,
-    build_suggestions,
-    cell_traits,
-    parse_strategies,
-)
+from jupyter_cudamem.advice import accumulation_plan, build_suggestions
+from jupyter_cudamem.cell.traits import cell_traits
+from jupyter_cudamem.oomfix.options import check_max_tries, check_strategies
 from tests.fakes import FakeOutOfMemoryError, GiB, MiB
 from tests.oomfix.simulated import OutOfMemoryError, SimulatedCell, capped_machine, fake_hardware
 
@@ -185,10 +182,15 @@ def test_strategy_selection_and_bad_options():
     source = TRAINING_CELL.format(batch=4000)
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     assert [t.strategy for t in outcome.tries] == ["autocast"]
-    assert parse_strategies("batch, autocast") == ("batch", "autocast")
-    assert parse_strategies(None) == ("cleanup", "batch", "autocast")
-    with pytest.raises(ValueError, match="unknown strategy"):
-        parse_strategies("halve")
+    assert check_strategies("batch, autocast") == ("batch", "autocast")
+    assert check_strategies(None) == ("cleanup", "batch", "autocast")
+    assert check_strategies(["autocast", "batch", "autocast"]) == ("autocast", "batch")
+    with pytest.raises(CudaMemError, match="unknown strategy 'halve'; choose from cleanup, batch, autocast"):
+        check_strategies("halve")
+    assert check_max_tries(5) == 5 and check_max_tries("2") == 2
+    for bad in (0, -1, "x", 1.5):
+        with pytest.raises(CudaMemError, match="max_tries must be"):
+            check_max_tries(bad)
     with pytest.raises(CudaMemError):
         Driver(run, fake_hardware(machine), lambda e: None, max_tries=0)
 
@@ -298,5 +300,5 @@ def test_a_failed_try_leaves_nothing_behind():
 
     before = {"a": 1, "b": [2]}
     after = {"a": 1, "b": [3], "c": 4, "_": "output cache"}
-    assert sorted(undo_bindings(after, before)) == ["b", "c"]
-    assert after == {"a": 1, "b": [2], "_": "output cache"}
+    assert sorted(undo_bindings(after, before)) == ["_", "b", "c"]  # the output cache's "_" included
+    assert after == {"a": 1, "b": [2]}
