@@ -27,14 +27,18 @@ MiB = 2**20
 ALLOCATOR_BLOCK_BYTES = 2 * MiB
 """PyTorch's caching allocator rounds allocations above 1 MiB up to 2 MiB multiples (``kRoundLarge``)."""
 
-PEAK_UNCERTAINTY_BYTES = 8 * ALLOCATOR_BLOCK_BYTES
-"""How far one measured peak may sit from the line: one 2 MiB rounding for each of about 8 large tensors
-alive at the peak (a few activations, their gradients, a workspace). Small next to the hundreds of MiB a
-useful spread of batches covers, large enough that rounding alone never makes a predicted batch fail."""
+PEAK_UNCERTAINTY_BYTES = 2 * ALLOCATOR_BLOCK_BYTES
+"""How far one measured peak may sit from the line. Each large tensor alive at the peak is rounded up
+by less than a 2 MiB block, so with k of them the peak sits 0 to 2k MiB above the line, and the
+difference between two peaks (what a slope is made of) varies by about 2 MiB x sqrt(k / 6): 2.3 MiB
+for 8 tensors, 3.7 MiB for 20. Two blocks per point covers that at 1.5 to 2 standard deviations:
+enough that rounding alone rarely makes a predicted batch fail, small enough that a probe a few dozen
+samples wide still gives a usable slope (a larger allowance made the third try land 15-25% low when a
+model built in the cell fills half the budget; tests/oomfix/test_search.py)."""
 
-PEAK_UNCERTAINTY_FRACTION = 0.002
+PEAK_UNCERTAINTY_FRACTION = 0.001
 """The same, relative: peaks measured twice at one batch differ by a fraction of a percent (cuDNN or
-cuBLAS picking another algorithm and workspace); 0.2% of the peak covers that."""
+cuBLAS picking another algorithm and workspace); 0.1% of the peak covers that."""
 
 
 def uncertainty(peak_bytes: float) -> float:
@@ -90,9 +94,9 @@ def through_origin(batch: int, peak_bytes: float) -> Growth:
 def fit(points: Iterable[tuple[int, float]]) -> Growth | None:
     """The line through measured ``(batch, peak_bytes)`` points, least squares, with its steepest slope.
 
-    One point (or batches too close to tell a slope from rounding): the line through the origin.
-    A fitted fixed part below zero is noise: the line through the origin and the largest point
-    is then the steepest allowed and is used.
+    One point, or a slope the rounding allows to be as steep as the line through the origin: that line.
+    A fitted fixed part below zero is noise: the line through the origin and the largest point is then
+    the steepest allowed and is used.
     """
     usable = sorted({(int(b), float(p)) for b, p in points if b > 0 and p is not None and p >= 0})
     if not usable:
@@ -107,10 +111,13 @@ def fit(points: Iterable[tuple[int, float]]) -> Growth | None:
     sxx = sum((b - mean_b) ** 2 for b in batches)
     slope = sum((b - mean_b) * (p - mean_p) for b, p in usable) / sxx
     spread = max(batches) - min(batches)
+    # A slope below zero is rounding (a peak never shrinks with the batch): the points then say only
+    # that the slope is small, at most what the uncertainty of two points over their spread allows.
+    slope = max(slope, 0.0)
     # The steepest slope the points allow when each may sit ``uncertainty`` off the line.
     high = slope + (uncertainty(top[1]) + uncertainty(min(usable)[1])) / spread
     origin = top[1] / top[0]
-    if slope <= 0 or high >= origin:
+    if high >= origin:
         return through_origin(*top)  # rounding hides the slope: the origin line is the safe bound
     fixed = mean_p - slope * mean_b
     if fixed < 0:
