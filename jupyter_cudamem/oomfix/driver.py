@@ -112,6 +112,9 @@ class Driver:
         self._namespace: Mapping[str, Any] | None = None
         self._history: Sequence[str] | None = None
         self._stopped: str | None = None  # why no more tries are made (never an overwrite of max_tries)
+        self._aside = SetAside({})  # what is on the host until a try that fits binds it anew
+        self._kept_noted: set[str] = set()
+        self._transform: Callable[[str], str] | None = self.transform
 
     # -- one measured try -------------------------------------------------------------------------
     def _allocated(self, device: int) -> int | None:
@@ -121,6 +124,9 @@ class Driver:
 
     def _try(self, strategy: str, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
         namespace = self._namespace if isinstance(self._namespace, MutableMapping) else None
+        # What the last state bound and this try binds again (the failed cell's input, or a fitted
+        # try's) goes to the host first, so the try starts where the failed cell started.
+        self._set_aside(source, device)
         before = dict(namespace) if namespace is not None else None
         meter = Meter(self.hardware, devices=[device])
         baseline = meter.start()
@@ -140,6 +146,8 @@ class Driver:
         # let go of the exception: nothing of ours may keep its traceback.
         self.cleanup(error)
         error = None
+        if message is None and oom is None:
+            self._aside.drop()  # the try bound its own values: what was set aside is superseded
         left = self._allocated(device)
         result = TryResult(
             number=len(self._tries) + 1,
@@ -197,6 +205,8 @@ class Driver:
         """
         self._namespace = namespace
         self._history = history
+        if isinstance(namespace, MutableMapping):
+            self._aside = SetAside(namespace)
         if oom is None and error is not None:
             oom = parse_oom(error)
         if error is not None and oom is None:
@@ -206,7 +216,8 @@ class Driver:
         transform = self.transform or default_transform
         if finding is None and "batch" in self.strategies:
             finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number)
-        aside = self._set_aside(source, transform, device)
+        self._transform = transform
+        aside = self._set_aside(source, device)
         if allocated_before is None and freed_bytes is not None:
             # Unknown: at most what is allocated now plus what the cleanup and the set-aside freed
             # (both may include what was there before the cell), so the need it gives errs low.
@@ -236,12 +247,11 @@ class Driver:
                 fitted = self._autocast(source, traits, device, import_torch=not has_torch)
             if fitted is not None:
                 strategy = name
-        if fitted is None:
-            given = aside.give_back()
-            if given:
-                self._notes.append(f"nothing fitted: {', '.join(given)} bound again as the failed cell left them")
-        else:
-            aside.drop()
+        # Set aside and not bound again by a try that fitted since: give it back, so the variables hold
+        # what the last try that fitted left (or, when none did, what the failed cell left).
+        given = self._aside.give_back()
+        if given and fitted is None:
+            self._notes.append(f"nothing fitted: {', '.join(given)} bound again as the failed cell left them")
         if fitted is None and self._stopped is None and self._left() <= 0 and len(self.strategies) > 1:
             self._notes.append(f"stopped after --max-tries {self.max_tries} reruns")
         if self._tries and not self._tries[-1].fitted and fitted is not None:
@@ -270,22 +280,28 @@ class Driver:
             paste_code=paste if strategy == "batch" else None,
         )
 
-    def _set_aside(self, source: str, transform: Callable[[str], str], device: int) -> SetAside:
+    def _set_aside(self, source: str, device: int) -> SetAside:
+        """Set aside (``leftovers.set_aside``) what ``source`` binds again; kept with what earlier tries
+        set aside until a try that fits supersedes it or the fix ends."""
         namespace = self._namespace
         if not isinstance(namespace, MutableMapping):
-            return SetAside({})
+            return self._aside
         mover = self.mover if self.mover is not None else TorchMover()
         before = self._allocated(device)
-        aside = set_aside(namespace, source, mover, transform)
+        aside = set_aside(namespace, source, mover, self._transform)
         after = self._allocated(device)
         if before is not None and after is not None:
             aside.freed_bytes = max(before - after, 0)
-        if aside.names:
+        new = [name for name in aside.names if name not in self._aside.entries]
+        if new and not self._tries:
             self._notes.append(
-                f"set aside on the host before rerunning (the cell binds them again): {', '.join(aside.names)}"
+                f"set aside on the host before rerunning (the cell binds them again): {', '.join(new)}"
             )
-        if aside.kept:
-            self._notes.append(f"could not set aside {', '.join(aside.kept)}: their GPU memory stays held during the reruns")
+        for name in aside.kept:
+            if name not in self._kept_noted:
+                self._kept_noted.add(name)
+                self._notes.append(f"could not set aside {name}: its GPU memory stays held during the reruns")
+        self._aside.merge(aside)
         return aside
 
     # -- strategies ---------------------------------------------------------------------------------

@@ -93,12 +93,12 @@ def bound_before_read(source: str, transform: Callable[[str], str] | None = None
         return []
     read: set[str] = set()
     bound: list[str] = []
-    for statement in tree.body:
+    for statement in _in_order(tree.body, read):
         loads = {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
             loads.add(statement.target.id)
         stores: list[str] = []
-        if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.For, ast.With)):
+        if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.For)):
             targets: list[ast.AST] = []
             if isinstance(statement, ast.Assign):
                 targets = list(statement.targets)
@@ -106,8 +106,6 @@ def bound_before_read(source: str, transform: Callable[[str], str] | None = None
                 targets = [statement.target]
             elif isinstance(statement, ast.For):
                 targets = [statement.target]
-            elif isinstance(statement, ast.With):
-                targets = [item.optional_vars for item in statement.items if item.optional_vars is not None]
             for target in targets:
                 stores += [n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
         # The value is evaluated before the targets are bound: a name it reads is read first.
@@ -116,6 +114,20 @@ def bound_before_read(source: str, transform: Callable[[str], str] | None = None
             if name not in read and name not in bound:
                 bound.append(name)
     return bound
+
+
+def _in_order(body: list[ast.stmt], read: set[str]) -> list[ast.stmt]:
+    """The statements that always run, in order: a ``with`` block's body counts as the cell's own
+    (``%oomfix`` wraps a cell in ``with torch.autocast(...)``); what its header reads is read first."""
+    statements: list[ast.stmt] = []
+    for statement in body:
+        if isinstance(statement, ast.With):
+            for item in statement.items:
+                read |= {n.id for n in ast.walk(item) if isinstance(n, ast.Name)}
+            statements += _in_order(statement.body, read)
+        else:
+            statements.append(statement)
+    return statements
 
 
 @dataclass
@@ -143,6 +155,12 @@ class SetAside:
 
     def drop(self) -> None:
         self.entries.clear()
+
+    def merge(self, other: SetAside) -> None:
+        """Keep ``other``'s entries too (the first value set aside under a name wins: it is the oldest)."""
+        for name, entry in other.entries.items():
+            self.entries.setdefault(name, entry)
+        self.freed_bytes += other.freed_bytes
 
 
 def set_aside(
