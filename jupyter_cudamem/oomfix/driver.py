@@ -386,16 +386,17 @@ class Driver:
         if best is None or best.batch is None:
             change.restore()
             return None, knob.value, (), None
+        found = best.batch
         last_fitted = next((t for t in reversed(self._tries) if t.fitted), None)
-        source = change.apply(best.batch)  # the knob holds the best batch whether or not it is rerun
+        source = change.apply(found)  # the knob holds the best batch whether or not it is rerun
         if last_fitted is not best and self._left() > 0:
             # Failed tries are undone, so the variables hold the last try that fitted; when that is
             # not the best, rerun the best so they hold the run the outcome reports.
-            confirm = self._try("batch", source, "rerun of the largest batch that fitted", device, batch=best.batch)
+            confirm = self._try("batch", source, "rerun of the largest batch that fitted", device, batch=found)
             if confirm.fitted:
                 best = confirm
         change.forget_originals()
-        return best, knob.value, change.diffs(best.batch), change.paste_code(best.batch)
+        return best, knob.value, change.diffs(found), change.paste_code(found)
 
     def _autocast(self, source: str, traits: Any, device: int, import_torch: bool = True) -> TryResult | None:
         if traits.autocast:

@@ -5,14 +5,18 @@ before the batch's tensors, half after, as a model built in the cell and its opt
 few batch-sized tensors of random sizes, each rounded up to the allocator's 2 MiB blocks, and a 0.2%
 jitter between runs. A failure reports what it held and what it asked for, as an OOM message does.
 
-Measured with this file's grid (budget 6 GiB; largest fitting batch 40 to 20000; 1 to 20 tensors):
+Measured with this file's grid (budget 6 GiB; largest fitting batch 40 to 20000; 1 to 20 tensors;
+``grid`` below, 6 seeds a cell):
 - fixed part 0-30% of the budget, starts 1.5x-64x (the goal's region): min 0.91, median 0.95, every
-  case at 0.90 or better, at most 3 reruns, 2 when the fixed part is ~0 (the first prediction holds);
-- fixed part 45-60%, starts 1.2x-2x: min 0.63, median 0.80. The probe must fit at 64x, so at a low
-  start it is 1/40-1/80 of the largest fitting batch; the surest batch from it is then only 1/f
-  times larger, and the two peaks 30-100 MiB apart give a slope that the allocator's rounding
-  leaves 10-25% uncertain; the third try takes the steep end of that, so it lands low.
-- the whole grid (fixed 0-60%, starts 1.2x-200x): median 0.95; never a batch that does not fit.
+  case at 0.90 or better, at most 3 reruns, 2 when the fixed part is ~0 and the probe is large
+  enough for rounding not to matter (the first prediction holds);
+- fixed part 45-60%, starts 1.2x-2x: min 0.58, median 0.85 (1.5x-64x: min 0.60, median 0.90). The
+  probe must fit at 64x, so at a low start it is 1/40-1/80 of the largest fitting batch; the surest
+  batch from it is then only 1/f times larger, and two peaks 30-100 MiB apart give a slope that the
+  allocator's rounding leaves 10-25% uncertain; the third try takes the steep end of that and lands low;
+- starts of 200x (fixed 0-60%): median 0.95, min 0.19: the first probe fails, the second probe
+  (8x lower) fits, and with a large fixed part the surest batch from it is the last try;
+- the whole grid (fixed 0-60%, starts 1.2x-200x): median 0.93; never a batch that does not fit.
 """
 
 from __future__ import annotations
@@ -62,10 +66,10 @@ def test_the_goal_holds_where_the_fixed_part_is_up_to_30_percent():
     assert statistics.median(qualities) >= 0.95
 
 
-def test_the_whole_grid_never_reports_a_batch_that_does_not_fit_and_has_a_median_of_095():
+def test_the_whole_grid_never_reports_a_batch_that_does_not_fit_and_keeps_its_median():
     cases = grid([0.0, 0.3, 0.45, 0.6], [1.2, 1.5, 2, 4, 16, 64, 200], seeds=range(4))
     assert all(fits and reruns <= 3 for *_, reruns, fits in cases)
-    assert statistics.median(q for _, _, q, _, _ in cases) >= 0.93
+    assert statistics.median(q for _, _, q, _, _ in cases) >= 0.92
     # Documented in the module docstring: a large fixed part at a low start is the weak spot.
     low_start_heavy = [q for f, r, q, _, _ in cases if f >= 0.45 and r <= 2]
     assert min(low_start_heavy) >= 0.5
