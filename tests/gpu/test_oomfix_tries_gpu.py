@@ -39,9 +39,9 @@ torch.cuda.set_per_process_memory_fraction(2 * 2**30 / torch.cuda.get_device_pro
 """
 
 GRU = """gru = nn.GRU(64, 256, num_layers=2, batch_first=True).cuda()
-out, _ = gru(torch.randn(4, 256, 64, device="cuda"))
+out, hidden = gru(torch.randn(4, 256, 64, device="cuda"))
 out.square().mean().backward()
-del out
+del out, hidden
 gru.zero_grad(set_to_none=True)
 """
 
@@ -107,7 +107,7 @@ def test_tries_failing_in_forward_start_where_the_failed_cell_started():
 stages.append("start")
 x = torch.randn(batch_size, 256, 64, device="cuda")
 stages.append("forward")
-out, _ = gru(x)
+out, hidden = gru(x)
 stages.append("backward")
 out.square().mean().backward()
 gru.zero_grad(set_to_none=True)
