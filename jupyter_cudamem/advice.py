@@ -50,10 +50,11 @@ def device_hints(measured: DeviceMeasurement, left_attributed: bool = False) -> 
     hints: list[str] = []
     allocated = measured.allocated_delta_bytes or 0
     reserved = measured.reserved_delta_bytes or 0
-    total = measured.total_bytes
+    total = measured.limit_bytes  # the per-process cap where one is set: that is where this process runs out
     peak = measured.peak_allocated_bytes
     if peak is not None and total and peak / total >= NEAR_FULL_FRACTION:
-        hints.append(f"peak is {peak / total:.0%} of the card: close to out of memory")
+        whole = "the card" if measured.cap_bytes is None else f"the {format_bytes(total)} per-process cap"
+        hints.append(f"peak is {peak / total:.0%} of {whole}: close to out of memory")
     if reserved - allocated >= CACHED_GROWTH_HINT_BYTES:
         hints.append(
             f"reserved grew {format_bytes(reserved - allocated)} more than allocated: cached blocks "
