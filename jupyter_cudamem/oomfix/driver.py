@@ -23,6 +23,7 @@ from ..units import format_bytes
 from .parse import OomInfo, is_cuda_oom, parse_oom
 from .rewrite import BatchDiscovery, _default_transform, find_batch, rewrite_batch, wrap_in_autocast
 from .search import BatchSearch
+from .whole_data import whole_data_decision
 from .strategies import (
     STRATEGIES,
     Outcome,
@@ -203,7 +204,12 @@ class Driver:
                 needed = _needed_bytes(oom, allocated_before)
                 fitted = self._cleanup_alone(source, oom, freed_bytes, needed, budget, fragmented, device)
             elif name == "batch":
-                fitted, batch_before, batch_after = self._smaller_batch(discovery, budget, device)
+                # The batch is the data (inference over a whole tensor): chunks over all of it, or a refusal.
+                whole = whole_data_decision(discovery, namespace, transform)
+                self._notes.extend([whole.note] if whole is not None else [])
+                if whole is None or whole.chunked is not None:
+                    chosen = whole.chunked if whole is not None and whole.chunked is not None else discovery
+                    fitted, batch_before, batch_after = self._smaller_batch(chosen, budget, device)
             elif name == "autocast":
                 has_torch = namespace is not None and getattr(namespace.get("torch"), "autocast", None) is not None
                 fitted = self._autocast(source, traits, device, import_torch=not has_torch)
