@@ -202,3 +202,17 @@ def test_driver_refuses_rather_than_shrinking_a_metric_over_the_data():
     assert not any(t.strategy == "batch" for t in outcome.tries)
     [note] = [n for n in outcome.notes if "does not shrink the batch" in n]
     assert "fewer rows" in note
+
+
+def test_dry_run_plan_chunks_or_refuses():
+    from jupyter_cudamem.oomfix.plan import plan_batch
+
+    source = next(iter(WHOLE))
+    plan = plan_batch(find_batch(source, NAMESPACE), NAMESPACE, None, 4 * GiB, ("cleanup", "batch"))
+    assert plan.knob is not None and plan.knob.label == CHUNK_LABEL and plan.first_batch is not None
+    [diff] = plan.diffs
+    assert diff.before == source and f"features.split({plan.first_batch})" in diff.after
+    assert any("the batch is the data" in note for note in plan.notes)
+    refused = plan_batch(find_batch("x = torch.randn(4096, 8)\nz = x @ x.T\n", NAMESPACE), NAMESPACE, None, 4 * GiB,
+                         ("cleanup", "batch"))
+    assert refused.first_batch is None and any("does not shrink the batch" in note for note in refused.notes)
