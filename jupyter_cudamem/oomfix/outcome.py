@@ -62,6 +62,24 @@ def diff_html(diff: str) -> str:
     return "<pre>" + "\n".join(lines) + "</pre>"
 
 
+# The batch search's reasons in the user's words: how the batch was chosen, not the model behind it.
+_REASON_WORDS = (
+    ("line through origin", "predicted from the first measured peak"),
+    ("line through measured peaks", "predicted from the measured peaks"),
+    ("MiB per item", "MiB per sample"),
+    ("bisection", "halfway between what fitted and what failed"),
+    ("probe", "a small first try, to measure memory per sample"),
+)
+
+
+def user_reason(reason: str) -> str:
+    """A try's reason as the user reads it (the search names its own method otherwise)."""
+    for internal, words in _REASON_WORDS:
+        if reason.startswith(internal) or internal.startswith("MiB"):
+            reason = reason.replace(internal, words, 1)
+    return reason
+
+
 @dataclass(frozen=True, repr=False)
 class Outcome(TextReport):
     """What ``%oomfix`` did: every try, what fitted, the cells that should change, and advice.
@@ -87,6 +105,8 @@ class Outcome(TextReport):
     cell_diffs: tuple[CellDiff, ...] = ()
     paste_code: str | None = None
     plan: BatchPlan | None = field(default=None, compare=False)
+    # Why the cleanup freed more or less than the diagnosis listed (``Diagnosis.cleanup_explanation``).
+    cleanup_note: str = ""
 
     @property
     def fitted(self) -> bool:
@@ -131,7 +151,9 @@ class Outcome(TextReport):
         """What the cleanup freed, the room measured and where the batch was found, for both renderings."""
         facts = []
         if self.freed_bytes is not None:
-            facts.append(f"cleanup freed {format_bytes(self.freed_bytes)}")
+            explain = getattr(self.diagnosis, "cleanup_explanation", None)
+            why = self.cleanup_note or (explain(self.freed_bytes) if callable(explain) else "")
+            facts.append(f"cleanup freed {format_bytes(self.freed_bytes)}" + (f" ({why})" if why else ""))
         if self.budget_bytes is not None:
             facts.append(f"room for the cell {format_bytes(self.budget_bytes)}")
         if self.batch_summary and self.plan is None:
@@ -155,7 +177,7 @@ class Outcome(TextReport):
                 batch = "" if t.batch is None else str(t.batch)
                 parts.append(
                     f"{t.number:>2}  {_title(t.strategy):<14} {batch:>6}   "
-                    f"{t.verdict:<14} {format_bytes(t.peak_bytes):>11} {format_seconds(t.wall_s):>8}   {t.reason}"
+                    f"{t.verdict:<14} {format_bytes(t.peak_bytes):>11} {format_seconds(t.wall_s):>8}   {user_reason(t.reason)}"
                 )
         if self.diff:
             parts += ["", self.diff.rstrip("\n")]
@@ -190,7 +212,7 @@ class Outcome(TextReport):
                     f"<tr><td>{t.number}</td><td>{e(_title(t.strategy))}</td>"
                     f"<td>{'' if t.batch is None else t.batch}</td>"
                     f"<td style='color:{colour}'>{e(t.verdict)}</td><td>{e(format_bytes(t.peak_bytes))}</td>"
-                    f"<td>{e(format_seconds(t.wall_s))}</td><td>{e(t.reason)}</td></tr>"
+                    f"<td>{e(format_seconds(t.wall_s))}</td><td>{e(user_reason(t.reason))}</td></tr>"
                 )
             out.append("</tbody></table>")
         if self.diff:
