@@ -232,7 +232,7 @@ def test_outcome_renders_as_text_and_html():
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     text = repr(outcome)
     assert text.splitlines()[0] == outcome.headline()
-    assert "smaller batch" in text and "probe" in text and "+batch_size = " in text
+    assert "smaller batch" in text and "a small first try" in text and "+batch_size = " in text
     html = outcome._repr_html_()
     assert html.count("<tr>") == outcome.reruns + 1
     assert "background:#e6ffed" in html and "gradient accumulation" in html
