@@ -14,6 +14,7 @@ from ..advice import Suggestion
 from ..cell.edit import CellDiff, unified_diff
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
+from .whole_data import CHUNKED_NOTE
 
 if TYPE_CHECKING:
     from .plan import BatchPlan
@@ -141,6 +142,8 @@ class Outcome(TextReport):
         count = f"{self.reruns} rerun{'s' if self.reruns != 1 else ''}"
         if not self.fitted:
             return f"%oomfix: nothing fitted after {count}"
+        if self.strategy == "batch" and any(note.startswith(CHUNKED_NOTE) for note in self.notes):
+            return f"%oomfix: fits in chunks of {self.batch_after} rows (all {self.batch_before} computed) after {count}"
         if self.strategy == "batch":
             return f"%oomfix: fits with batch {self.batch_after} (was {self.batch_before}) after {count}"
         if self.strategy == "autocast":

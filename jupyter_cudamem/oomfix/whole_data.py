@@ -28,6 +28,7 @@ from ..batch.whole import WholeData, covers_whole_data
 from ..cell.source import Span, line_ending, split_lines
 
 CHUNK_LABEL = "rows per chunk"
+CHUNKED_NOTE = "the batch is the data: "  # how the note of a chunked fix begins (the outcome's headline reads it)
 _CHUNK_VARIABLE = "_chunk"
 
 
@@ -110,7 +111,7 @@ def whole_data_decision(
         ("a split size", "the batch is the data: chunks keep every row"),
     )
     note = (
-        f"the batch is the data: {whole.reason}; so %oomfix runs "
+        f"{CHUNKED_NOTE}{whole.reason}; so %oomfix runs "
         + ", ".join(f"{call.callee}(...)" for call in whole.calls)
         + " over chunks of the rows and joins them (torch.cat), shrinking the chunk instead: every row is computed"
     )

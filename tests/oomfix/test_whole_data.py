@@ -184,6 +184,7 @@ def test_driver_fixes_inference_with_chunks_and_every_row_computed():
     assert error is not None and "out of memory" in str(error)
     outcome = driver.fix(INFERENCE_CELL, error, namespace, freed_bytes=0)
     assert outcome.fitted and outcome.strategy == "batch", repr(outcome)
+    assert outcome.headline().startswith(f"%oomfix: fits in chunks of {outcome.batch_after} rows (all 32768 computed)")
     assert len(namespace["predictions"].rows) == len(namespace["features"].rows) == 32768
     assert "batch_size = 32768" in outcome.fixed_source and ".split(" in outcome.fixed_source
     assert "torch.cat([classifier(_chunk).detach() for _chunk in features.split(" in outcome.diff
