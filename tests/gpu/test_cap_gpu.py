@@ -32,6 +32,8 @@ def shell(torch, ip):
 
 @pytest.fixture
 def four_gib_cap(torch):
+    if not hasattr(torch.cuda, "get_per_process_memory_fraction"):
+        pytest.skip("this torch cannot report its per-process cap (get_per_process_memory_fraction)")
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(4 * GiB / total, 0)
