@@ -81,8 +81,8 @@ def _rows(device: DeviceMeasurement, limit_bytes: int | None = None) -> list[tup
 
 
 _REMAINDER = (
-    "not reachable from any name: PyTorch's own caches (cuBLAS's workspace on a first matmul), tensors only "
-    "C++ code keeps, or objects the walk does not enter"
+    "not reachable from any name: PyTorch's own caches (cuBLAS's workspace on a process's first matmul or "
+    "first backward), tensors only C++ code keeps, or objects the walk does not enter"
 )
 
 
