@@ -10,9 +10,10 @@ batch of four kinds of workload under caps playing 16, 24 and 40 GiB cards, and 
 where ``peak`` is PyTorch's allocated peak during the cell, *including* what was allocated when the
 cell started (a model and optimizer state built in earlier cells are there on any card).
 
-The line is ``oomfix.search.Line`` (the one model of how memory grows with the batch, used by
-``%oomfix``'s search too), fitted here exactly through the points: the capacity plan must not hide
-a line that disagrees with them, so none of the search's fallbacks apply.
+The line is fitted here exactly through the points. ``%oomfix``'s search models the same growth
+(``jupyter_cudamem.growth``) with a steepest slope the allocator's rounding allows, because it must
+not pick a batch that fails; the capacity plan must not hide a line that disagrees with its points,
+so none of the search's safety fallbacks apply.
 
 Pure arithmetic: sizes in bytes, no torch, no IPython.
 """
@@ -20,9 +21,8 @@ Pure arithmetic: sizes in bytes, no torch, no IPython.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import math
 from dataclasses import dataclass
-
-from ..oomfix.search import Line
 
 REPEAT_TOLERANCE = 0.03
 """Two runs of one cell at one batch agree when their peaks above the start differ by at most this
@@ -32,6 +32,23 @@ a few MiB, or a cell whose work changes run to run, which a line cannot plan."""
 
 REPEAT_SLACK_BYTES = 4 * 1024**2
 """Absolute slack for tiny cells, where one workspace of a few MiB is a large fraction."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """Peak as ``slope_bytes * batch + intercept_bytes``: bytes per sample and the batch-independent part."""
+
+    slope_bytes: float
+    intercept_bytes: float
+
+    def peak(self, batch: float) -> float:
+        return self.slope_bytes * batch + self.intercept_bytes
+
+    def largest_batch(self, budget_bytes: float) -> int:
+        """The largest batch whose peak stays within ``budget_bytes`` (0 when none does)."""
+        if self.slope_bytes <= 0:
+            return 0
+        return max(int(math.floor((budget_bytes - self.intercept_bytes) / self.slope_bytes)), 0)
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..oomfix.search import Line
 from .cards import Card
-from .fit import Agreement
+from .fit import Agreement, Line
 
 DEFAULT_MARGIN = 0.04
 """Fraction of the memory PyTorch may use on a card (its total less the non-PyTorch part) that a

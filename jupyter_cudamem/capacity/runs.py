@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
-from ..oomfix.search import Line
+from .fit import Line
 from .fit import Agreement, faster_than_linear, fit, same
 from .plan import Run
 

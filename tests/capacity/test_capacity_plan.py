@@ -18,7 +18,7 @@ from jupyter_cudamem.capacity.plan import (
     plan_card,
     usable_bytes,
 )
-from jupyter_cudamem.oomfix.search import Line
+from jupyter_cudamem.capacity.fit import Line
 
 GiB, MiB = 1024**3, 1024**2
 
