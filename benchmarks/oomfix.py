@@ -547,12 +547,6 @@ class ShellBench:
             result = self.shell.run_cell(source, store_history=store_history)
         return result.error_before_exec or result.error_in_exec
 
-    def run_ok(self, source: str) -> None:
-        error = self.run(source)
-        if error is not None:
-            raise RuntimeError(f"a setup cell failed: {type(error).__name__}: {str(error)[:300]}\n"
-                               f"{self.output.getvalue()[-1500:]}")
-
     def release(self) -> int:
         """Reset the namespace, unload the extension, free; return allocated bytes above the baseline."""
         from jupyter_cudamem import magics
@@ -581,18 +575,21 @@ class ShellBench:
         self.output = io.StringIO()
         return self._allocated() - self.baseline
 
-    def _setup(self, workload: Workload) -> None:
+    def _setup(self, workload: Workload, store_history: bool = False) -> None:
         self.shell.user_ns.update(self.inject)
         for cell in workload.setup_cells(self.dev):
-            self.run_ok(cell)
+            error = self.run(cell, store_history=store_history)
+            if error is not None:
+                raise RuntimeError(f"a setup cell failed: {type(error).__name__}: {str(error)[:300]}\n"
+                                   f"{self.output.getvalue()[-1500:]}")
 
     def fits(self, workload: Workload, batch: int) -> bool:
         """An oracle probe: fresh namespace, setup, knob and cell at ``batch``."""
         try:
             self._setup(workload)
             knob = workload.knob_at(batch, self.dev)
-            if knob:
-                self.run_ok(knob)
+            if knob and self.run(knob) is not None:
+                raise RuntimeError(f"the knob cell failed at batch {batch}: {self.output.getvalue()[-1500:]}")
             error = self.run(workload.cell_at(batch, self.dev))
             if error is not None and not _is_oom(error):
                 raise RuntimeError(f"the cell failed at batch {batch}: {type(error).__name__}: {str(error)[:300]}")
@@ -606,9 +603,10 @@ class ShellBench:
         """Fail the cell at ``start`` as a plain cell, then ``%oomfix --yes -o``; the outcome's record."""
         from jupyter_cudamem import magics
 
-        self._setup(workload)
+        # As a notebook does: the extension loaded first, every cell in IPython's history.
         with contextlib.redirect_stdout(self.output), contextlib.redirect_stderr(self.output):
             magics.load(self.shell, self.hardware)
+        self._setup(workload, store_history=True)
         knob = workload.knob_at(start, self.dev)
         if knob:
             error = self.run(knob, store_history=True)
@@ -742,6 +740,16 @@ def summarize(results: Mapping[str, Any]) -> dict[str, Any]:
         if f < GOAL_FRACTION
     ]
     summary["oomfix"]["cases_over_3_reruns"] = sum(r > 3 for r in _counts(cases, "oomfix"))
+    held = [(c["oomfix"].get("most_held_at_a_try_start_above_failed_cell_bytes"), c) for c in cases
+            if isinstance(c.get("oomfix"), Mapping)]
+    held = [(value, c) for value, c in held if value is not None]
+    if held:
+        value, case = max(held, key=lambda pair: pair[0])
+        summary["oomfix"]["most_held_at_a_try_start_mib"] = {
+            "mib": round(value / 2**20, 1), "case": f"{case['workload']} x{case['start_ratio']:g}",
+            "cases_over_2_mib": sum(v > BASELINE_TOLERANCE_BYTES for v, _ in held)}
+    summary["cases_memory_not_back"] = [f"{c['workload']} x{c['start_ratio']:g}" for c in cases
+                                        if c.get("memory_back_to_baseline") is False]
     return summary
 
 
@@ -756,6 +764,12 @@ def summary_text(summary: Mapping[str, Any]) -> str:
         )
     below = summary["oomfix"]["cases_below_goal"]
     lines.append("%oomfix below 0.90: " + ("; ".join(below) if below else "none"))
+    held = summary["oomfix"].get("most_held_at_a_try_start_mib")
+    if held:
+        lines.append(f"%oomfix: most held at a try's start above the failed cell's start {held['mib']} MiB "
+                     f"({held['case']}); cases over 2 MiB: {held['cases_over_2_mib']}")
+    if summary.get("cases_memory_not_back"):
+        lines.append("memory not back to baseline after: " + "; ".join(summary["cases_memory_not_back"]))
     return "\n".join(lines)
 
 

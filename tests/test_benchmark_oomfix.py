@@ -242,6 +242,8 @@ def test_the_sweep_runs_oomfix_and_the_peers_in_a_real_shell(tmp_path, capsys):
         assert 1 <= case["reruns"] <= 3
         assert len(case["oomfix"]["allocated_at_each_try_start_bytes"]) == case["reruns"]
         assert case["oomfix"]["allocated_when_failed_cell_started_bytes"] == 64 * MiB
+        # the simulated step frees what it allocated even when it fails: every try starts where the cell did
+        assert case["oomfix"]["most_held_at_a_try_start_above_failed_cell_bytes"] == 0
         # halving: the first of start, start/2, ... that fits
         half = case["halving"]
         batch, tries = case["start_batch"], 1
