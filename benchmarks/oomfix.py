@@ -533,6 +533,14 @@ class ShellBench:
         self.shell.events.register("pre_run_cell", self._note_allocated)
         self.baseline = self._allocated()
 
+    def close(self) -> None:
+        """Free everything and stop listening to the shell (it is the process's singleton)."""
+        self.release()
+        try:
+            self.shell.events.unregister("pre_run_cell", self._note_allocated)
+        except ValueError:
+            pass
+
     def _allocated(self) -> int:
         if self.read_allocated is not None:
             return int(self.read_allocated())
@@ -838,7 +846,7 @@ def dry_run_cpu(workloads: list[Workload]) -> int:
     """Each workload's cells once, on CPU, at batch 2, in a plain InteractiveShell: checks the code."""
     bench = ShellBench("cpu")
     failures = 0
-    for workload in workloads:
+    for workload in workloads:  # closed by the process's end
         reason = missing_module(workload)
         if reason is not None:
             say(f"{workload.name}: skipped ({reason})")
@@ -917,7 +925,10 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"oomfix sweep on {results['device']}, cap {args.cap_gib:g} GiB, part {args.part}: {', '.join(names)} "
         f"at x{', x'.join(f'{r:g}' for r in ratios)} -> {out}")
-    sweep(bench, selected, ratios, results, write)
+    try:
+        sweep(bench, selected, ratios, results, write)
+    finally:
+        bench.close()
     write()
     say(f"part {args.part} done in {time.perf_counter() - started:.1f} s")
     say(summary_text(summarize(merge(existing, results))))

@@ -227,7 +227,10 @@ def test_the_sweep_runs_oomfix_and_the_peers_in_a_real_shell(tmp_path, capsys):
         out.write_text(json.dumps(bench_module.merge(None, results)))
 
     ratios = (1.5, 16.0)  # accelerate's x0.9 from 64x is 40 tries, each with its own gc.collect(): slow on CPU
-    bench_module.sweep(bench, [workload], ratios, results, write)
+    try:
+        bench_module.sweep(bench, [workload], ratios, results, write)
+    finally:
+        bench.close()
     saved = json.loads(out.read_text())
     assert saved["workloads"]["simulated"]["oracle_batch"] == oracle
     assert [c["start_ratio"] for c in saved["cases"]] == list(ratios)
@@ -274,5 +277,5 @@ def test_a_peers_failed_try_leaves_no_binding_behind():
             assert "leftover" not in bench.shell.user_ns and bench.shell.user_ns["kept"] == "setup"
             assert run(10) is True and bench.shell.user_ns["leftover"] == 10
     finally:
-        bench.release()
+        bench.close()
     assert "kept" not in bench.shell.user_ns
