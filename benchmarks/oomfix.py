@@ -347,6 +347,10 @@ class PeerResult:
         return out
 
 
+class StartFitted(Exception):
+    """The cell fitted at its start batch (the oracle's one run said otherwise): the case is void."""
+
+
 class NotOutOfMemory(Exception):
     """A try failed with something other than an OOM: the search stops and the error is recorded."""
 
@@ -465,6 +469,9 @@ def run_case(bench: Any, workload: Workload, ratio: float, oracle: int) -> dict[
     started = time.perf_counter()
     try:
         ours = bench.oomfix(workload, start)
+    except StartFitted as error:
+        ours = {"found_batch": None, "reruns": None, "error": str(error)}
+        record["void"] = str(error)
     except Exception as error:  # a case that breaks is recorded; the sweep goes on
         ours = {"found_batch": None, "reruns": None, "error": f"{type(error).__name__}: {error}",
                 "traceback": traceback.format_exc()[-2000:]}
@@ -623,7 +630,7 @@ class ShellBench:
         self.allocated_at_cell_start = []
         error = self.run(workload.cell_at(start, self.dev), store_history=True)
         if error is None:
-            raise RuntimeError(f"the cell fitted at its start batch {start}: nothing to fix")
+            raise StartFitted(f"the cell fitted at its start batch {start}: nothing to fix")
         if not _is_oom(error):
             raise RuntimeError(f"the cell failed otherwise at {start}: {type(error).__name__}: {str(error)[:300]}")
         first_line = str(error).splitlines()[0][:300]
@@ -727,10 +734,13 @@ def _counts(cases: list[Mapping[str, Any]], finder: str) -> list[int]:
 def summarize(results: Mapping[str, Any]) -> dict[str, Any]:
     """Per finder: found/oracle min, median and max, cases at ``GOAL_FRACTION`` or better, reruns.
 
-    A case where a finder found nothing counts as 0.
+    A case where a finder found nothing counts as 0; a void case (the cell fitted at its start, so the
+    oracle's run was wrong there) is left out and listed.
     """
-    cases = [c for c in results.get("cases", []) if c.get("oracle_batch")]
-    summary: dict[str, Any] = {"cases": len(cases)}
+    void = [c for c in results.get("cases", []) if c.get("void")]
+    cases = [c for c in results.get("cases", []) if c.get("oracle_batch") and not c.get("void")]
+    summary: dict[str, Any] = {"cases": len(cases),
+                               "void_cases": [f"{c['workload']} x{c['start_ratio']:g}" for c in void]}
     for finder in ("oomfix", "accelerate", "halving"):
         fractions = _fractions(cases, finder)
         reruns = _counts(cases, finder)
@@ -776,6 +786,8 @@ def summary_text(summary: Mapping[str, Any]) -> str:
     if held:
         lines.append(f"%oomfix: most held at a try's start above the failed cell's start {held['mib']} MiB "
                      f"({held['case']}); cases over 2 MiB: {held['cases_over_2_mib']}")
+    if summary.get("void_cases"):
+        lines.append("left out (the cell fitted at its start batch): " + "; ".join(summary["void_cases"]))
     if summary.get("cases_memory_not_back"):
         lines.append("memory not back to baseline after: " + "; ".join(summary["cases_memory_not_back"]))
     return "\n".join(lines)

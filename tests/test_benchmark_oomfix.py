@@ -166,9 +166,10 @@ def test_summary_gives_min_median_and_cases_at_goal_per_finder():
         _case("a", 1.5, 100, 95, 2, 90, 5, 75, 2),
         _case("a", 64, 100, 50, 3, 99, 40, 0, 7),
         _case("b", 4, 200, None, 3, 190, 14, 100, 3),
+        {**_case("b", 1.5, 200, None, None, 300, 1, 300, 1), "void": "the cell fitted at its start batch 300"},
     ]}
     summary = bench_module.summarize(results)
-    assert summary["cases"] == 3
+    assert summary["cases"] == 3 and summary["void_cases"] == ["b x1.5"]
     ours = summary["oomfix"]
     assert ours["found_over_oracle_min"] == 0.0 and ours["found_over_oracle_median"] == 0.5
     assert ours["cases_at_goal"] == 1 and ours["reruns_max"] == 3 and len(ours["cases_below_goal"]) == 2
