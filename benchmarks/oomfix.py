@@ -410,8 +410,8 @@ def read_outcome(outcome: Any) -> dict[str, Any]:
     Relied on: ``outcome.tries`` (a sequence; its length is the reruns), each try's ``batch`` (``None``
     for a try that changed no batch) and ``fitted``. The found batch is the batch of the largest try
     that fitted, or ``outcome.batch_after`` where the tries give none. Recorded when present:
-    ``strategy``, ``notes``, each try's ``strategy``, ``peak_bytes``, ``reason``, and any try field
-    naming the allocated memory at its start.
+    ``strategy``, ``notes``, each try's ``strategy``, ``peak_bytes``, ``reason``, ``need_bytes``,
+    ``left_bytes``, and its field naming the allocated memory at its start (``allocated_at_start_bytes``).
     """
     if outcome is None:
         return {"found_batch": None, "reruns": None, "error": "%oomfix returned no outcome"}
@@ -441,6 +441,10 @@ def read_outcome(outcome: Any) -> dict[str, Any]:
             if isinstance(value, int):
                 entry["allocated_at_start_bytes"] = value
                 break
+        for name in ("need_bytes", "left_bytes"):  # the driver's figures for the try, where it gives them
+            value = getattr(t, name, None)
+            if isinstance(value, int):
+                entry[name] = value
         record["tries"].append(entry)
     return record
 
