@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
+import difflib
 import linecache
 import re
 import time
@@ -11,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from IPython.core.magic import line_cell_magic, line_magic, magics_class
+from IPython.core.magic import line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 from traitlets import Bool, Int, Unicode, Union
@@ -29,15 +32,21 @@ from ..report.table import DEFAULT_SHOWN_CELLS
 from ..trace import TraceSummary, save_snapshot, summarize
 from ..units import format_bytes, parse_size
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors, parse_devices
-from .cellrun import NO_VALUE, run_cell_body
+from .cellrun import NO_VALUE, Ran, run_cell_body
 
-# Options of %cudamem that take a value; the rest are flags. Used to split "%cudamem OPTIONS STATEMENT".
-_VALUE_OPTIONS = ("--device", "-d", "--limit", "-l")
 _OPTION = re.compile(r"\s*(--?[A-Za-z][\w-]*)")
 _OPTION_VALUE = re.compile(r"(?:=|\s+)(\S+)")
+MODES = ("on", "off", "status")
 
 
-def _split_options(line: str) -> tuple[str, str]:
+def _value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """The option strings of ``parser`` that take a value: the parser owns the option list."""
+    return frozenset(
+        option for action in parser._actions if action.nargs != 0 for option in action.option_strings
+    )
+
+
+def _split_options(line: str, value_options: frozenset[str]) -> tuple[str, str]:
     """Split ``-o --limit 2GiB x = f()`` into its options and the statement that follows them."""
     position = 0
     while True:
@@ -45,12 +54,20 @@ def _split_options(line: str) -> tuple[str, str]:
         if not match:
             break
         end = match.end()
-        if match.group(1) in _VALUE_OPTIONS:
+        if match.group(1) in value_options:
             value = _OPTION_VALUE.match(line, end)
             if value:
                 end = value.end()
         position = end
     return line[:position].strip(), line[position:].strip()
+
+
+def _parses(statement: str) -> bool:
+    try:
+        ast.parse(statement)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 @magics_class
@@ -195,6 +212,7 @@ class CudaMem(CudaMemMagicsBase):
     @argument(
         "--no-reset-peak", action="store_true", help="Do not reset PyTorch's peak counters (see CudaMem.reset_peak)."
     )
+    @no_var_expand  # the statement is the user's code: `{x}` and `$x` stay as written, as under %time
     @line_cell_magic
     @one_line_errors
     def cudamem(self, line: str, cell: str | None = None) -> Any:
@@ -212,9 +230,10 @@ class CudaMem(CudaMemMagicsBase):
         """
         __tracebackhide__ = True  # noqa: F841
         if cell is None:
-            options, statement = _split_options(line)
-            if statement in ("on", "off", "status") and not options:
-                return self._every_cell(statement)
+            options, statement = _split_options(line, _value_options(self.cudamem.parser))
+            mode = self._mode(options, statement)
+            if mode is not None:
+                return self._every_cell(mode)
             if not statement:
                 raise CudaMemError("nothing to measure: use %%cudamem as a cell magic, %cudamem STATEMENT, or %cudamem on")
             cell, line = statement, options
@@ -229,11 +248,37 @@ class CudaMem(CudaMemMagicsBase):
             raise CudaMemError(
                 f"--{'limit' if limit_bytes else 'trace'} needs PyTorch with a CUDA device: {self.hardware.allocator.status()}"
             )
-        report = self._measure(cell, meter, limit_bytes, args.trace)
-        if args.output:
+        report = self._measure(cell, meter, limit_bytes, args.trace, show=not args.quiet)
+        if report is None or args.output:
             return report
         if not args.quiet:
             display(report)
+        return None
+
+    def _mode(self, options: str, statement: str) -> str | None:
+        """``on``/``off``/``status`` of the line form; one line saying what to type for a near miss.
+
+        A name the user defined (``ON = 1``) is theirs to measure; so is any statement that parses.
+        """
+        if statement in MODES and not options:
+            return statement
+        words = statement.split()
+        if not words:
+            return None
+        first = words[0].lower()
+        if statement.isidentifier():
+            if statement in self.shell.user_ns or hasattr(builtins, statement):
+                return None
+            close = difflib.get_close_matches(statement.lower(), MODES, n=1, cutoff=0.75)
+            if close:
+                extra = " (no options)" if options else ""
+                raise CudaMemError(
+                    f"{statement!r} is not defined; to switch every-cell measurement type %cudamem {close[0]}{extra} "
+                    f"(one of {', '.join(MODES)}, lower case)"
+                )
+            return None
+        if first in MODES and not _parses(statement):
+            raise CudaMemError(f"%cudamem {first} takes nothing after it: type %cudamem {first}")
         return None
 
     def _parse_cudamem_options(self, line: str) -> Any:
@@ -245,35 +290,55 @@ class CudaMem(CudaMemMagicsBase):
                 self._parsed_options[line] = cached
         return argparse.Namespace(**vars(cached))
 
-    def _measure(self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool) -> CellReport:
+    def _measure(
+        self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool, show: bool = True
+    ) -> CellReport | None:
+        """Run ``cell`` as a plain cell, measured; ``None`` when it failed (its error shown as a plain cell's).
+
+        A body that does not compile gets no report: nothing ran. When reading the counters after a
+        failed cell fails too (a sticky CUDA error makes ``synchronize()`` raise again), the user's
+        error is still the one shown, after a one-line note.
+        """
         __tracebackhide__ = True  # noqa: F841
         count = current_cell_number(self.shell)
         label = f"[{count}]"
         snapshot = self._snapshot()
-        with ExitStack() as stack:
-            cap_note = stack.enter_context(self._capped(limit_bytes, meter.devices)) if limit_bytes else None
-            tracing = stack.enter_context(self._tracing()) if trace else None
-            baseline = meter.start()
-            error: BaseException | None = None
-            value: Any = NO_VALUE
-            self._inside_magic = True
-            try:
-                value = run_cell_body(self.shell, cell)
-            except BaseException as exc:  # the user's error or Ctrl-C: measure, report, re-raise
-                error = exc
-            finally:
-                self._inside_magic = False
-            measurement = meter.stop(baseline, error=None if error is None else type(error).__name__, limit_bytes=cap_note)
+        ran: Ran | None = None
+        measurement: Measurement | None = None
+        tracing: list[TraceSummary] | None = None
+        try:
+            with ExitStack() as stack:
+                cap_note = stack.enter_context(self._capped(limit_bytes, meter.devices)) if limit_bytes else None
+                tracing = stack.enter_context(self._tracing()) if trace else None
+                baseline = meter.start()
+                self._inside_magic = True
+                try:
+                    ran = run_cell_body(self.shell, cell)
+                finally:
+                    self._inside_magic = False
+                if ran.started:
+                    error_name = None if ran.error is None else type(ran.error).__name__
+                    measurement = meter.stop(baseline, error=error_name, limit_bytes=cap_note)
+        except Exception as failure:
+            if ran is None or ran.error is None:
+                raise
+            self.note(f"could not read GPU memory after the cell ({type(failure).__name__}: {failure}); your error follows")
+            ran.fail(self.shell)
+            return None
+        if measurement is None:  # it did not compile: a plain cell's SyntaxError, nothing measured
+            ran.fail(self.shell)
+            return None
         traces = tuple(tracing or ())
-        left = self._left_behind(measurement, snapshot, value, error)
+        left = self._left_behind(measurement, snapshot, ran.value, ran.error)
         record = self._record(count, cell, measurement)
         report = CellReport(measurement, label=label, traces=traces, left=left, growth=record.growth)
         del left, snapshot
-        if error is not None:
-            display(report)
-            raise error
-        if value is not NO_VALUE:
-            self.shell.displayhook(value)
+        ran.show_values(self.shell)
+        if ran.error is not None:
+            if show:
+                display(report)
+            ran.fail(self.shell)
+            return None
         return report
 
     @contextmanager
