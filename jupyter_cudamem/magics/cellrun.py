@@ -47,7 +47,7 @@ _RAISED = "raised"  # anything else, KeyboardInterrupt included: the full traceb
 class Ran:
     """What running a body did: its displayable values and its error, not yet shown."""
 
-    started: bool  # False when the body never ran a statement (it did not parse or transform)
+    started: bool  # False when the body ran no statement: it did not transform, parse or compile
     values: list[Any] = field(default_factory=list)
     quiet: bool = False  # a trailing ';' (IPython's rule): show no value
     error: BaseException | None = None
@@ -66,11 +66,12 @@ class Ran:
         for value in self.values:
             shell.displayhook(value)
 
-    def fail(self, shell: Any) -> None:
+    def fail(self, shell: Any, frames: bool = True) -> None:
         """Show the error as a plain cell shows it and mark the running cell as failed.
 
-        Outside a running cell (the magic called from code) the error is raised instead, so it is
-        never lost.
+        ``frames=False`` shows the exception's line only (its frames were cleared to free what they
+        held). Outside a running cell (the magic called from code) the error is raised instead, so it
+        is never lost.
         """
         __tracebackhide__ = True  # noqa: F841 - hides this frame in IPython tracebacks
         error, kind, traceback = self.error, self.kind, self.traceback
@@ -91,10 +92,13 @@ class Ran:
             elif kind == _EXIT:
                 shell.showtraceback((type(error), error, traceback), exception_only=True)
                 warnings.warn("To exit: use 'exit', 'quit', or Ctrl-D.", stacklevel=1)
+            elif not frames:
+                shell.showtraceback((type(error), error, traceback), tb_offset=0, exception_only=True)
             elif kind == _CUSTOM:
                 shell.CustomTB(type(error), error, traceback)
             elif kind == _RAISED:
-                shell.showtraceback((type(error), error, traceback), running_compiled_code=True)
+                # tb_offset=0: the traceback starts at the cell's own frame already (see ``_from_cell``).
+                shell.showtraceback((type(error), error, traceback), tb_offset=0, running_compiled_code=True)
         finally:
             error.__traceback__ = traceback  # the frame of the raise above is ours, not the user's
 
@@ -195,7 +199,7 @@ def run_cell_body(shell: Any, raw_cell: str) -> Ran:
         tree = shell.transform_ast(tree)
     except Exception as error:  # InputRejected, or a transformer's own failure
         return Ran(False, error=error, kind=_BEFORE, traceback=error.__traceback__)
-    ran = Ran(True, quiet=semicolon_at_end(transformed))
+    ran = Ran(False, quiet=semicolon_at_end(transformed))
     executed, shown = _split(shell, list(tree.body))
     flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0) if getattr(shell, "autoawait", False) else 0
     steps: list[tuple[ast.stmt, str]] = [(node, "exec") for node in executed] + [(node, "single") for node in shown]
@@ -207,6 +211,7 @@ def run_cell_body(shell: Any, raw_cell: str) -> Ran:
         except BaseException as error:  # a statement that parses but does not compile: stop here
             ran.error, ran.kind, ran.traceback = error, _BEFORE, error.__traceback__
             return ran
+        ran.started = True
         if not _execute(shell, code, ran, capture=ran.values.append if mode == "single" else None):
             return ran
     return ran
@@ -214,7 +219,8 @@ def run_cell_body(shell: Any, raw_cell: str) -> Ran:
 
 def _execute(shell: Any, code: CodeType, ran: Ran, capture: Callable[[Any], None] | None) -> bool:
     """IPython's ``run_code`` with the error kept for later: True when the statement ran."""
-    __tracebackhide__ = True  # noqa: F841 - hides this frame in IPython tracebacks
+    # IPython's own marker (its ``run_code`` has it): this frame and all above are hidden, silently.
+    __tracebackhide__ = "__ipython_bottom__"  # noqa: F841
     is_async = bool(code.co_flags & inspect.CO_COROUTINE)
     old_excepthook, sys.excepthook = sys.excepthook, shell.excepthook
     old_displayhook = sys.displayhook
@@ -240,5 +246,16 @@ def _execute(shell: Any, code: CodeType, ran: Ran, capture: Callable[[Any], None
         ran.error, ran.kind = error, (_CUSTOM if custom and isinstance(error, custom) else _RAISED)
     else:
         return True
-    ran.traceback = ran.error.__traceback__
+    ran.traceback = _from_cell(ran.error.__traceback__, code.co_filename)
     return False
+
+
+def _from_cell(traceback: TracebackType | None, filename: str) -> TracebackType | None:
+    """The traceback from the cell's first frame on: a plain cell's shows none of the machinery that
+    ran it (IPython hides its own ``run_code``; ours would read as a hidden frame)."""
+    entry = traceback
+    while entry is not None:
+        if entry.tb_frame.f_code.co_filename == filename:
+            return entry
+        entry = entry.tb_next
+    return traceback
