@@ -82,25 +82,26 @@ class Ran:
             raise error.with_traceback(traceback)
         result.error_in_exec = error
         _failed_after_all(shell)
-        try:
-            raise error.with_traceback(traceback)  # makes it sys.exc_info(), which IPython's printers read
-        except BaseException:
-            if kind == _SYNTAX:
-                shell.showsyntaxerror()
-            elif kind == _BEFORE:
-                shell.showtraceback()
-            elif kind == _EXIT:
-                shell.showtraceback((type(error), error, traceback), exception_only=True)
-                warnings.warn("To exit: use 'exit', 'quit', or Ctrl-D.", stacklevel=1)
-            elif not frames:
-                shell.showtraceback((type(error), error, traceback), tb_offset=0, exception_only=True)
-            elif kind == _CUSTOM:
-                shell.CustomTB(type(error), error, traceback)
-            elif kind == _RAISED:
-                # tb_offset=0: the traceback starts at the cell's own frame already (see ``_from_cell``).
-                shell.showtraceback((type(error), error, traceback), tb_offset=0, running_compiled_code=True)
-        finally:
-            error.__traceback__ = traceback  # the frame of the raise above is ours, not the user's
+        # IPython's printers read the error from sys.exc_info(), else from sys.last_*: set the latter
+        # (as showing it would), so they show the user's error wherever this is called from.
+        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, traceback
+        if sys.version_info >= (3, 12):
+            sys.last_exc = error
+        exc_tuple = (type(error), error, traceback)
+        if kind == _SYNTAX:
+            shell.showsyntaxerror()
+        elif kind == _BEFORE:
+            shell.showtraceback(exc_tuple)
+        elif kind == _EXIT:
+            shell.showtraceback(exc_tuple, exception_only=True)
+            warnings.warn("To exit: use 'exit', 'quit', or Ctrl-D.", stacklevel=1)
+        elif not frames:
+            shell.showtraceback(exc_tuple, tb_offset=0, exception_only=True)
+        elif kind == _CUSTOM:
+            shell.CustomTB(*exc_tuple)
+        elif kind == _RAISED:
+            # tb_offset=0: the traceback starts at the cell's own frame already (see ``_from_cell``).
+            shell.showtraceback(exc_tuple, tb_offset=0, running_compiled_code=True)
 
 
 def _failed_after_all(shell: Any) -> None:
@@ -172,8 +173,10 @@ def _split(shell: Any, nodes: list[ast.stmt]) -> tuple[list[ast.stmt], list[ast.
 def _run_coroutine(shell: Any, coroutine: Any) -> Any:
     """Top-level ``await``: IPython's loop runner, where no event loop is already running this thread."""
     try:
-        asyncio.get_running_loop()
+        running = asyncio.get_running_loop()
     except RuntimeError:
+        running = None
+    if running is None:  # outside the `except` above, so the user's errors carry no context of ours
         return shell.loop_runner(coroutine)
     coroutine.close()
     raise CudaMemError(

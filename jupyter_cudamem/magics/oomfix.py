@@ -177,13 +177,15 @@ class OomFix(CudaMemMagicsBase):
             return self._fix(args, cell, None, oom, started, getattr(shell, "execution_count", None))
         print(f"%%oomfix: the cell ran out of GPU memory ({type(error).__name__}); fixing it")
         self.last_outcome = None
+        failure: BaseException | None = None
         try:
             shown = self._fix(args, cell, error, oom, started, getattr(shell, "execution_count", None))
-        except BaseException:
-            ran.fail(shell)  # the user's out-of-memory error first; then ours (one line) or their Ctrl-C
-            raise
-        finally:
-            del error
+        except BaseException as raised:  # ours (one line) or their Ctrl-C: after the user's own error
+            failure = raised
+        del error
+        if failure is not None:
+            ran.fail(shell)
+            raise failure
         outcome = self.last_outcome
         if outcome is None or not outcome.fitted:
             # Declined: the traceback is intact. Tried and failed: the cleanup cleared its frames to free
