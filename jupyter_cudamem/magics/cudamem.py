@@ -17,7 +17,7 @@ from typing import Any
 from IPython.core.magic import line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
-from traitlets import Bool, Int, Unicode, Union
+from traitlets import Bool, Int, TraitError, Unicode, Union, observe, validate
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
 from ..attribution.probe import default_probe
@@ -62,6 +62,35 @@ def _split_options(line: str, value_options: frozenset[str]) -> tuple[str, str]:
     return line[:position].strip(), line[position:].strip()
 
 
+_OFF_WORDS = ("", "0", "off", "none")
+
+
+def size_setting(option: str, value: Any, allowed: str) -> int | None:
+    """The bytes of a size option (``None``: off); a ``TraitError`` naming ``option`` and what it takes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise TraitError(f"{option} takes {allowed}; got {value!r}")
+        return value or None
+    if isinstance(value, str):
+        if value.strip().lower() in _OFF_WORDS:
+            return None
+        try:
+            return parse_size(value)
+        except CudaMemError:
+            pass
+    raise TraitError(f"{option} takes {allowed}; got {value!r}")
+
+
+_AUTO_ALLOWED = "a size such as 1MiB, 512KB or 4096 (bytes), or 0 for a line after every cell"
+_ATTRIBUTE_ALLOWED = "a size such as 64MiB or 1GB, or 'off' (or 0) to never name holders"
+
+
+def _positive_int(option: str, value: int, what: str) -> int:
+    if value < 1:
+        raise TraitError(f"{option} takes {what} (a whole number, at least 1); got {value!r}")
+    return value
+
+
 def _parses(statement: str) -> bool:
     try:
         ast.parse(statement)
@@ -98,6 +127,38 @@ class CudaMem(CudaMemMagicsBase):
         "leak and what to change. 'off' (or 0) never does.",
     ).tag(config=True)
 
+    # Every option is checked when it is set (``%config`` prints the one line) and applies from the
+    # next cell on; history_size resizes the history at once.
+    @validate("auto_threshold")
+    def _check_auto_threshold(self, proposal: Any) -> Any:
+        size_setting("CudaMem.auto_threshold", proposal["value"], _AUTO_ALLOWED)
+        return proposal["value"]
+
+    @validate("attribute_threshold")
+    def _check_attribute_threshold(self, proposal: Any) -> Any:
+        size_setting("CudaMem.attribute_threshold", proposal["value"], _ATTRIBUTE_ALLOWED)
+        return proposal["value"]
+
+    @validate("history_size")
+    def _check_history_size(self, proposal: Any) -> int:
+        return _positive_int("CudaMem.history_size", proposal["value"], "the number of measured cells kept")
+
+    @validate("trace_max_entries")
+    def _check_trace_max_entries(self, proposal: Any) -> int:
+        return _positive_int("CudaMem.trace_max_entries", proposal["value"], "the most allocation events --trace records")
+
+    @validate("trace_dir")
+    def _check_trace_dir(self, proposal: Any) -> str:
+        if not proposal["value"].strip():
+            raise TraitError("CudaMem.trace_dir takes a folder for --trace's snapshots, such as 'cudamem_traces'; got ''")
+        return proposal["value"]
+
+    @observe("history_size")
+    def _resize_history(self, change: Any) -> None:
+        history = getattr(self, "history", None)
+        if history is not None:
+            history.max_records = change["new"]
+
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell, hardware, extension, **kwargs)
         self.history = History(self.history_size)
@@ -105,7 +166,7 @@ class CudaMem(CudaMemMagicsBase):
         self._auto_baseline: Any = None
         self._inside_magic = False
         self._parsed_options: dict[str, Any] = {}
-        self._threshold_text: str | None = None
+        self._threshold_text: str | int | None = None
         self._cell_depth = 0
         self._threshold_value = 0
         self._attribute_text: str | int | None = None
@@ -138,15 +199,7 @@ class CudaMem(CudaMemMagicsBase):
         """The attribution threshold in bytes, ``None`` when it is off."""
         setting = self.attribute_threshold
         if setting != self._attribute_text:  # parsed once per setting, not once per cell
-            if isinstance(setting, int):
-                value = setting if setting > 0 else None
-            elif setting.strip().lower() in ("", "0", "off", "none"):
-                value = None
-            else:
-                try:
-                    value = parse_size(setting)
-                except CudaMemError as error:
-                    raise CudaMemError(f"CudaMem.attribute_threshold: {error}") from None
+            value = size_setting("CudaMem.attribute_threshold", setting, _ATTRIBUTE_ALLOWED)
             self._attribute_text, self._attribute_value = setting, value
         return self._attribute_value
 
@@ -421,10 +474,8 @@ class CudaMem(CudaMemMagicsBase):
 
     def _threshold_bytes(self) -> int:
         threshold = self.auto_threshold
-        if isinstance(threshold, int):
-            return max(threshold, 0)
         if threshold != self._threshold_text:  # parsed once per setting, not once per cell
-            self._threshold_value = parse_size(threshold) if threshold.strip() not in ("", "0") else 0
+            self._threshold_value = size_setting("CudaMem.auto_threshold", threshold, _AUTO_ALLOWED) or 0
             self._threshold_text = threshold
         return self._threshold_value
 

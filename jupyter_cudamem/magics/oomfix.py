@@ -14,7 +14,7 @@ from typing import Any
 
 from IPython.core.magic import cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Bool, Float, Int, Unicode
+from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
 from ..errors import CudaMemError
 from ..oomfix.driver import Driver
@@ -66,6 +66,32 @@ class OomFix(CudaMemMagicsBase):
     autocast = Bool(True, help="Whether autocast is among the strategies.").tag(config=True)
     confirm = Bool(True, help="Ask before rerunning a cell (its side effects repeat); --yes skips it.").tag(config=True)
     margin = Float(0.04, help="Fraction of the free memory a predicted batch leaves unused.").tag(config=True)
+
+    # Checked when set (``%config`` prints the one line); every option is read at the next %oomfix.
+    @validate("max_tries")
+    def _check_max_tries(self, proposal: Any) -> int:
+        try:
+            return check_max_tries(proposal["value"])
+        except CudaMemError as error:
+            raise TraitError(f"OomFix.{error}") from None
+
+    @validate("strategies")
+    def _check_strategies(self, proposal: Any) -> str:
+        try:
+            check_strategies(proposal["value"])
+        except CudaMemError as error:
+            raise TraitError(f"OomFix.strategies: {error}") from None
+        return proposal["value"]
+
+    @validate("margin")
+    def _check_margin(self, proposal: Any) -> float:
+        value = proposal["value"]
+        if not 0.0 <= value < 1.0:
+            raise TraitError(
+                f"OomFix.margin takes the fraction of free memory a predicted batch leaves unused, "
+                f"from 0 up to (not including) 1, such as 0.04; got {value!r}"
+            )
+        return value
 
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
