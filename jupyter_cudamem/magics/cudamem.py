@@ -65,6 +65,18 @@ def _split_options(line: str, value_options: frozenset[str]) -> tuple[str, str]:
 _OFF_WORDS = ("", "0", "off", "none")
 
 
+def _saved(path: str, save: Any) -> Any:
+    """``--save PATH`` for records and plots alike: missing folders are created; a path that cannot be
+    written is one line."""
+    target = Path(path).expanduser()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return save(target)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise CudaMemError(f"cannot write {str(target)!r}: {reason}; choose --save a path you can write") from None
+
+
 def size_setting(option: str, value: Any, allowed: str) -> int | None:
     """The bytes of a size option (``None``: off); a ``TraitError`` naming ``option`` and what it takes."""
     if isinstance(value, int) and not isinstance(value, bool):
@@ -89,6 +101,16 @@ def _positive_int(option: str, value: int, what: str) -> int:
     if value < 1:
         raise TraitError(f"{option} takes {what} (a whole number, at least 1); got {value!r}")
     return value
+
+
+def _assigns(statement: str, name: str) -> bool:
+    """Whether ``statement`` binds ``name`` first (``on = 3``), so it is code, not a mode word."""
+    try:
+        first = ast.parse(statement).body[0]
+    except (SyntaxError, ValueError, IndexError):
+        return False
+    targets = first.targets if isinstance(first, ast.Assign) else [getattr(first, "target", None)]
+    return any(isinstance(target, ast.Name) and target.id == name for target in targets)
 
 
 def _parses(statement: str) -> bool:
@@ -330,8 +352,11 @@ class CudaMem(CudaMemMagicsBase):
                     f"(one of {', '.join(MODES)}, lower case)"
                 )
             return None
-        if first in MODES and not _parses(statement):
-            raise CudaMemError(f"%cudamem {first} takes nothing after it: type %cudamem {first}")
+        if first in MODES:
+            name = re.match(r"\w*", statement).group()  # type: ignore[union-attr]
+            defined = name in self.shell.user_ns or hasattr(builtins, name)
+            if not _parses(statement) or not (defined or _assigns(statement, name)):
+                raise CudaMemError(f"%cudamem {first} takes nothing after it: type %cudamem {first}")
         return None
 
     def _parse_cudamem_options(self, line: str) -> Any:
@@ -585,11 +610,11 @@ class CudaMem(CudaMemMagicsBase):
         if args.plot:
             plot = HistoryPlot(records)
             if args.save:
-                print(plot.save(args.save))
+                print(_saved(args.save, plot.save))
             display(plot)
             return None
         if args.save:
-            print(save_records(records, args.save))
+            print(_saved(args.save, lambda path: save_records(records, path)))
         if args.output:
             return flat_rows(records)
         if not args.save:
