@@ -1,6 +1,6 @@
 """Benchmark: how close to the largest fitting batch, in how many reruns, %oomfix's search vs its peers.
 
-Same workloads and budget as FACTS.md's table: a small CNN on 64x64 images and a 4-layer transformer
+The workloads and budget of the linearity measurement (jupyter_cudamem/oomfix/search.py): a small CNN on 64x64 images and a 4-layer transformer
 encoder (d=256, seq 128), one full Adam step each, PyTorch capped at 6 GiB with
 ``set_per_process_memory_fraction``, starting at 8x the largest batch that fits. The largest fitting
 batch is found first by exponential then binary search with real steps. Then, side by side in this
