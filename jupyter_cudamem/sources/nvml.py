@@ -146,8 +146,8 @@ class NvmlSession:
 
     # -- queries ---------------------------------------------------------------------------
     def status(self) -> str | None:
-        if self._ready:  # the common case, read without the lock: a stale True only delays an error
-            return None
+        if self._ready and not self._closing:  # the common case, read without the lock: a stale
+            return None  # answer only delays an error to the call itself
         with self._condition:
             if self._closing:
                 return "NVML is shutting down (the extension is being unloaded)"

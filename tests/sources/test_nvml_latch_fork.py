@@ -26,19 +26,21 @@ def test_calls_that_come_while_closing_are_turned_away_then_it_opens_again(fake_
     session = NvmlSession()
     session.memory(0)
     fake_pynvml.gate.clear()  # the next call stays inside NVML
-    in_flight = threading.Thread(target=session.memory, args=(0,))
+    in_flight = threading.Thread(target=session.memory, args=(0,), daemon=True)
     in_flight.start()
     while session._in_flight == 0:
         time.sleep(0.001)
-    closer = threading.Thread(target=session.close)
+    closer = threading.Thread(target=session.close, daemon=True)
     closer.start()
-    while not session._closing:
-        time.sleep(0.001)
-    with pytest.raises(CudaMemError, match="shutting down"):
-        session.memory(1)
-    assert "shutting down" in session.status()
-    assert "shutdown" not in fake_pynvml.log  # not while a call is inside NVML
-    fake_pynvml.gate.set()
+    try:
+        while not session._closing:
+            time.sleep(0.001)
+        with pytest.raises(CudaMemError, match="shutting down"):
+            session.memory(1)
+        assert "shutting down" in session.status()
+        assert "shutdown" not in fake_pynvml.log  # not while a call is inside NVML
+    finally:
+        fake_pynvml.gate.set()
     in_flight.join(5)
     closer.join(5)
     assert fake_pynvml.log[-1] == "shutdown"
@@ -58,6 +60,8 @@ def test_a_forked_child_starts_afresh_even_with_the_lock_held(fake_pynvml):
             try:
                 fresh = not session._ready and not session._handles and session._devices is None
                 free = session._condition.acquire(timeout=1)
+                if free:
+                    session._condition.release()
                 session.memory(0)  # initialises NVML again, in the child
                 again = session._ready
                 os.write(write, b"ok" if (fresh and free and again) else b"no")
