@@ -169,7 +169,7 @@ class OomFix(CudaMemMagicsBase):
     @magic_arguments()
     @_options
     @no_var_expand
-    @cell_magic("oomfix")
+    @cell_magic("oomfix")  # type: ignore[arg-type]  # IPython annotates cell_magic("name") as taking Never
     @one_line_errors
     def oomfix_cell(self, line: str, cell: str) -> Outcome | None:
         """Run this cell; if it runs out of GPU memory, fix it and rerun it as %oomfix does.
@@ -353,14 +353,14 @@ class OomFix(CudaMemMagicsBase):
                 return None
             return original(*args, **kwargs)
 
-        shell.showtraceback = showtraceback
+        vars(shell)["showtraceback"] = showtraceback
         try:
             yield
         finally:
             if before is _ABSENT:
                 vars(shell).pop("showtraceback", None)  # the class's method shows again
             else:
-                shell.showtraceback = before  # what was there before us
+                vars(shell)["showtraceback"] = before  # what was there before us
 
     def _run_source(self, source: str) -> BaseException | None:
         """Run IPython input through the shell (so ``!cmd`` and magics work); return its exception."""

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..units import GiB
 from ..report.plot import figure_png
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
 from .poller import MonitorState, Sample
 from .render import DEFAULT_ALERT_FRACTION
 
-GiB = 1024**3
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def _needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | No
 
 
 # IPython's own names in a user namespace: its caches are the cleanup's business, not the undo's.
-_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
+from ..ipython_names import IPYTHON_NAMES as _IPYTHON_NAMES  # noqa: E402 - one list with attribution
 
 
 def undo_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import CudaMemError
 from .base import GpuIdentity, NvmlMemory, ProcessMemory
@@ -60,7 +60,7 @@ class _Call:
     def __enter__(self) -> Any:
         return self._session._enter()
 
-    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> Literal[False]:
         self._session._exit(error)  # raises the translated error for an NVML failure
         return False
 
