@@ -251,13 +251,11 @@ class OomFix(CudaMemMagicsBase):
         from ..oomfix import cleanup as cleanup_module
         from ..oomfix.diagnosis import diagnose
         from ..attribution.holders import find_holders, reaches_cuda
-        from ..oomfix.ipython_state import ipython_references, user_variables
+        from ..oomfix.ipython_state import input_history, ipython_references, user_variables
 
         if not args.dry_run:
             self._require_gpu()
-        max_tries = self.max_tries if args.max_tries is None else args.max_tries
-        if max_tries < 1:
-            raise CudaMemError(f"--max-tries must be at least 1, got {max_tries}")
+        max_tries = check_max_tries(self.max_tries if args.max_tries is None else args.max_tries)
         strategies = self._strategies(args)
         missing = [name for name in args.delete if name not in self.shell.user_ns]
         if missing:
@@ -289,7 +287,7 @@ class OomFix(CudaMemMagicsBase):
             device = oom.device_index if oom is not None and oom.device_index is not None else 0
             before = None if allocated_at_start is None else allocated_at_start.get(device)
             outcome = driver.fix(source, None, self.shell.user_ns, freed_bytes=cleaned.freed_bytes, oom=oom,
-                                 allocated_before=before)
+                                 allocated_before=before, history=input_history(self.shell), cell_number=cell_number)
         finally:
             # Our reruns are not the user's failures: the record stays the cell they ran.
             self._recorder.last = saved_failure
@@ -378,7 +376,7 @@ class OomFix(CudaMemMagicsBase):
         self._display(outcome)
         if outcome.changed:
             if args.apply:
-                self.shell.set_next_input(outcome.fixed_source, replace=False)
+                self.shell.set_next_input(outcome.paste, replace=False)
                 print("%oomfix: the cell that fitted is in the next input; run it to keep it")
             elif not outcome.dry_run:
                 print("%oomfix: add --apply to get the cell that fitted as the next input")
