@@ -262,3 +262,13 @@ def _from_cell(traceback: TracebackType | None, filename: str) -> TracebackType 
             return entry
         entry = entry.tb_next
     return traceback
+
+
+def run_or_raise(shell: Any, raw_cell: str) -> Any:
+    """For a magic that handles the user's error itself (``%%cudamem_plan``): the value the body would
+    display (``NO_VALUE`` for none), or the body's error raised with its own traceback."""
+    __tracebackhide__ = True  # noqa: F841
+    ran = run_cell_body(shell, raw_cell)
+    if ran.error is not None:
+        raise ran.error.with_traceback(ran.traceback)
+    return ran.value
