@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 MIN_VENV ?= .venv-min
 MIN_BIN := $(MIN_VENV)/bin
 
-.PHONY: demo test test-min test-gpu test-browser docs-images clean
+.PHONY: demo test test-min test-gpu test-browser docs-images typecheck clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	touch $@
+
+# mypy (the `dev` extra) over the package, configured in pyproject.toml's [tool.mypy].
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/python -m mypy
 
 # The browser test's tools (jupyterlab, playwright), on top of the dev environment. The browser itself is
 # the system's Chromium: `apt-get install chromium` on Debian (CHROMIUM=/path/to/chromium picks another).

@@ -6,13 +6,21 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 from .errors import CudaMemError
 from .units import format_bytes, parse_size
 
 __version__ = "0.1.0"
-__all__ = ["CudaMemError", "format_bytes", "parse_size", "load_ipython_extension", "unload_ipython_extension"]
+__all__ = [
+    "CudaMemError",
+    "format_bytes",
+    "parse_size",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+    "monitor",
+]
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -25,3 +33,22 @@ def unload_ipython_extension(ipython: Any) -> None:
     from .magics import unload
 
     unload(ipython)
+
+
+class _CallableMonitor(types.ModuleType):
+    """``from jupyter_cudamem import monitor; monitor()``: the ``monitor`` package, callable.
+
+    The name is the subpackage's (Python sets it on import), so the call is given to the subpackage
+    here, at the top, where the magics are known; the monitor package itself stays free of them.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from .magics.monitor import monitor as front_end
+
+        return front_end(*args, **kwargs)
+
+
+from . import monitor  # noqa: E402 - after the names above; a light package (its modules load on use)
+
+monitor.__class__ = _CallableMonitor
+

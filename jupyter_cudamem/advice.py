@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .units import GiB
 from .attribution.holders import VARIABLE
 from .attribution.left import (
     DEFAULT_THRESHOLD_BYTES,
@@ -34,7 +35,6 @@ from .cell.traits import CellTraits
 from .measure import DeviceMeasurement, Measurement
 from .units import format_bytes
 
-GiB = 1024**3
 CACHED_GROWTH_HINT_BYTES = 1 * GiB
 # Where %%cudamem names who holds what a cell left; the hint stands in for that report where none was made.
 LEFT_ALLOCATED_HINT_BYTES = DEFAULT_THRESHOLD_BYTES

@@ -10,9 +10,17 @@ import re
 
 from .errors import CudaMemError
 
-_FACTORS = {
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+TiB = 1024**4
+
+# The one table of unit names (lower case) to bytes: people's sizes here, and the sizes in PyTorch's
+# and other libraries' error messages (``oomfix.parse``: "0 bytes", "3.19 MiB").
+UNIT_FACTORS = {
     "": 1,
     "b": 1,
+    "bytes": 1,
     "k": 1000,
     "kb": 1000,
     "m": 1000**2,
@@ -25,7 +33,9 @@ _FACTORS = {
     "mib": 1024**2,
     "gib": 1024**3,
     "tib": 1024**4,
+    "pib": 1024**5,
 }
+_FACTORS = UNIT_FACTORS
 
 _SIZE_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 

@@ -9,7 +9,6 @@ left.
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -36,10 +35,8 @@ from .walk import (
 
 # Names IPython itself puts in the user namespace: its output cache and input history are reported
 # under their own holders (from ``ipython_state.ipython_references``), the rest hold no tensors.
-_IPYTHON_NAMES = frozenset(
-    {"_", "__", "___", "_i", "_ii", "_iii", "_ih", "_oh", "_dh", "In", "Out", "exit", "quit", "get_ipython"}
-)
-_IPYTHON_NAME_PATTERN = re.compile(r"^_i?\d+$|^__\w+__$")
+from ..ipython_names import IPYTHON_NAME_PATTERN as _IPYTHON_NAME_PATTERN
+from ..ipython_names import IPYTHON_NAMES as _IPYTHON_NAMES
 
 # Where a root comes from.
 VARIABLE = "variable"

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..units import MiB
 from ..units import format_bytes
 from .holders import (
     EXCEPTION,
@@ -85,7 +86,6 @@ from .walk import (
     walk_together,
 )
 
-MiB = 1024**2
 # Why 64 MiB: below it a cell's leftovers are the normal small change of a notebook (a loss, a batch
 # of indices, cuBLAS's workspace on the first matmul: 8-32 MiB), and a leak that small needs over a
 # hundred runs to fill even an 8 GiB card, where the across-runs growth flag catches it anyway. At

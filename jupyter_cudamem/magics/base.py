@@ -59,6 +59,8 @@ def parse_devices(text: str | Sequence[int], option: str = "--devices") -> tuple
 class CudaMemMagicsBase(Magics):
     """A ``Magics`` that measures through a shared ``Hardware`` and can be closed on unload."""
 
+    shell: Any  # the InteractiveShell (IPython types it Optional; ours always have one)
+
     def __init__(self, shell: Any, hardware: Hardware, extension: Any = None, **kwargs: Any):
         super().__init__(shell=shell, **kwargs)
         self.hardware = hardware

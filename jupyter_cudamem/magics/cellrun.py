@@ -1,51 +1,274 @@
-"""Run a cell body inside a magic the way IPython runs a cell.
+"""Run a cell body inside a magic exactly the way IPython runs a plain cell.
 
-Like ``%%time``: IPython syntax is transformed (``!cmd``, ``%magic``), AST transformers apply, the
-code is compiled under the cell's cached name so tracebacks show its lines, and the last expression
-is evaluated separately so its value can be displayed. Exceptions propagate unchanged.
+IPython's own steps, in its order (``InteractiveShell.run_cell_async``, ``run_ast_nodes``, ``run_code``):
+IPython syntax is transformed (``!cmd``, ``%magic``), the source is parsed under the cell's cached name
+(so tracebacks show its lines), AST transformers apply, then each top-level statement is compiled and
+run on its own: a statement that does not compile (``return`` outside a function) stops the cell after
+the ones before it ran, as in a plain cell. The last expression is compiled in ``single`` mode, and
+top-level ``await`` is allowed where IPython allows it.
+
+What differs from ``run_cell`` is only *when* things are shown: the caller measures between running
+and showing. ``Ran.show_values`` shows the last expression's value through the display hook (with
+IPython's own rule for a trailing ``;``), ``Ran.fail`` shows the user's error the way a plain cell
+shows it (same traceback, same ``SystemExit`` note) and marks the running cell as failed, so
+``error_in_exec`` is set and a notebook run that stops on errors stops there.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import bdb
+import inspect
+import io
+import sys
+import tokenize
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import CodeType, TracebackType
 from typing import Any
 
+from ..errors import CudaMemError
 from .base import current_cell_number
 
 NO_VALUE = object()
 
-# Characters that start IPython syntax (magics, shell escapes, help). A cell without any of them that
-# parses as Python is left alone by IPython's token transforms, so we can skip their cost (~150 µs).
-_IPYTHON_SYNTAX = ("%", "!", "?")
+# How a plain cell shows each kind of failure (see ``Ran.fail``).
+_SYNTAX = "syntax"  # the cell did not parse: showsyntaxerror(), no frames
+_BEFORE = "before"  # a statement did not compile, or the input transformers failed: showtraceback()
+_EXIT = "exit"  # SystemExit: the exception only, and IPython's "To exit" note
+_QUIT = "quit"  # bdb.BdbQuit: shown by the debugger already
+_CUSTOM = "custom"  # one of shell.custom_exceptions: the user's handler
+_RAISED = "raised"  # anything else, KeyboardInterrupt included: the full traceback
 
 
-def _transform(shell: Any, raw_cell: str) -> str:
-    if not shell.input_transformers_post and not any(mark in raw_cell for mark in _IPYTHON_SYNTAX):
+@dataclass
+class Ran:
+    """What running a body did: its displayable values and its error, not yet shown."""
+
+    started: bool  # False when the body ran no statement: it did not transform, parse or compile
+    values: list[Any] = field(default_factory=list)
+    quiet: bool = False  # a trailing ';' (IPython's rule): show no value
+    error: BaseException | None = None
+    kind: str = ""
+    traceback: TracebackType | None = None
+
+    @property
+    def value(self) -> Any:
+        """The last value the body would display (``NO_VALUE`` for none or a trailing ``;``)."""
+        return self.values[-1] if self.values and not self.quiet else NO_VALUE
+
+    def show_values(self, shell: Any) -> None:
+        """Display the values as a plain cell does: ``Out[N]``, ``_`` and the rest through the display hook."""
+        if self.quiet:
+            return
+        for value in self.values:
+            shell.displayhook(value)
+
+    def fail(self, shell: Any, frames: bool = True) -> None:
+        """Show the error as a plain cell shows it and mark the running cell as failed.
+
+        ``frames=False`` shows the exception's line only (its frames were cleared to free what they
+        held). Outside a running cell (the magic called from code) the error is raised instead, so it
+        is never lost.
+        """
+        __tracebackhide__ = True  # noqa: F841 - hides this frame in IPython tracebacks
+        error, kind, traceback = self.error, self.kind, self.traceback
+        if error is None:
+            return
+        result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+        if result is None:
+            raise error.with_traceback(traceback)
+        result.error_in_exec = error
+        _failed_after_all(shell)
+        # IPython's printers read the error from sys.exc_info(), else from sys.last_*: set the latter
+        # (as showing it would), so they show the user's error wherever this is called from.
+        sys.last_type, sys.last_value, sys.last_traceback = type(error), error, traceback
+        if sys.version_info >= (3, 12):
+            sys.last_exc = error
+        exc_tuple = (type(error), error, traceback)
+        if kind == _SYNTAX:
+            shell.showsyntaxerror()
+        elif kind == _BEFORE:
+            shell.showtraceback(exc_tuple)
+        elif kind == _EXIT:
+            shell.showtraceback(exc_tuple, exception_only=True)
+            warnings.warn("To exit: use 'exit', 'quit', or Ctrl-D.", stacklevel=1)
+        elif not frames:
+            shell.showtraceback(exc_tuple, tb_offset=0, exception_only=True)
+        elif kind == _CUSTOM:
+            shell.CustomTB(*exc_tuple)
+        elif kind == _RAISED:
+            # tb_offset=0: the traceback starts at the cell's own frame already (see ``_from_cell``).
+            shell.showtraceback(exc_tuple, tb_offset=0, running_compiled_code=True)
+
+
+def _failed_after_all(shell: Any) -> None:
+    """IPython sets ``last_execution_succeeded`` from its own view of the cell after the magic
+    returns; correct it once the cell ends."""
+
+    def correct(*_: Any) -> None:
+        shell.last_execution_succeeded = False
         try:
-            ast.parse(raw_cell)
-        except SyntaxError:
-            pass  # maybe indented or prompt-prefixed input: IPython's transforms fix those
-        else:
-            return raw_cell
-    return shell.transform_cell(raw_cell)
+            shell.events.unregister("post_run_cell", correct)
+        except ValueError:
+            pass
+
+    try:
+        shell.events.register("post_run_cell", correct)
+    except Exception:  # an events manager without post_run_cell: the result itself is marked
+        pass
 
 
-def run_cell_body(shell: Any, raw_cell: str) -> Any:
-    """Execute ``raw_cell`` in the user namespace; return the last expression's value or ``NO_VALUE``."""
+def semicolon_at_end(source: str) -> bool:
+    """IPython's display hook rule: the last token that is not a comment or newline is ``;``.
+
+    IPython 8.14 and later have it as ``DisplayHook.semicolon_at_end_of_expression``; 8.12 keeps the
+    same loop inside ``DisplayHook.quiet``, which reads the cell that holds our magic, not its body.
+    """
+    from IPython.core.displayhook import DisplayHook
+
+    rule = getattr(DisplayHook, "semicolon_at_end_of_expression", None)
+    try:
+        if rule is not None:
+            return bool(rule(source))
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    for token in reversed(tokens):
+        if token.type in (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT):
+            continue
+        return token.type == tokenize.OP and token.string == ";"
+    return False
+
+
+def _split(shell: Any, nodes: list[ast.stmt]) -> tuple[list[ast.stmt], list[ast.stmt]]:
+    """IPython's ``ast_node_interactivity``: which statements run in ``single`` mode (shown)."""
+    interactivity = getattr(shell, "ast_node_interactivity", "last_expr")
+    if not nodes:
+        return [], []
+    if interactivity == "last_expr_or_assign":
+        last = nodes[-1]
+        target: ast.expr | None = None
+        if isinstance(last, ast.Assign) and len(last.targets) == 1:
+            target = last.targets[0]
+        elif isinstance(last, (ast.AugAssign, ast.AnnAssign)):
+            target = last.target
+        if isinstance(target, ast.Name):
+            shown = ast.Expr(ast.Name(target.id, ast.Load()))
+            ast.copy_location(shown, last)
+            ast.fix_missing_locations(shown)
+            nodes = [*nodes, shown]
+        interactivity = "last_expr"
+    if interactivity == "last_expr":
+        interactivity = "last" if isinstance(nodes[-1], ast.Expr) else "none"
+    if interactivity == "all":
+        return [], nodes
+    if interactivity == "last":
+        return nodes[:-1], nodes[-1:]
+    return nodes, []
+
+
+def _run_coroutine(shell: Any, coroutine: Any) -> Any:
+    """Top-level ``await``: IPython's loop runner, where no event loop is already running this thread."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is None:  # outside the `except` above, so the user's errors carry no context of ours
+        return shell.loop_runner(coroutine)
+    coroutine.close()
+    raise CudaMemError(
+        "top-level await cannot run inside a cell magic here: the kernel's event loop is running this cell; "
+        "put the await in a plain cell (or in an async function you run with asyncio)"
+    )
+
+
+def run_cell_body(shell: Any, raw_cell: str) -> Ran:
+    """Run ``raw_cell`` in the user namespace as a plain cell would; show nothing yet (see ``Ran``)."""
     __tracebackhide__ = True  # noqa: F841 - hides this frame in IPython tracebacks
-    transformed = _transform(shell, raw_cell)
-    filename = shell.compile.cache(transformed, current_cell_number(shell) or 0, raw_code=raw_cell)
-    tree = shell.compile.ast_parse(transformed, filename=filename)
-    tree = shell.transform_ast(tree)
-    last_expression = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last_expression = ast.Expression(tree.body.pop().value)
-    namespace = shell.user_ns
-    if tree.body:
-        exec(shell.compile(tree, filename, "exec"), namespace)
-    if last_expression is None:
-        return NO_VALUE
-    value = eval(shell.compile(last_expression, filename, "eval"), namespace)
-    if raw_cell.rstrip().endswith(";"):
-        return NO_VALUE
-    return value
+    try:
+        transformed = shell.transform_cell(raw_cell)
+    except Exception as error:
+        return Ran(False, error=error, kind=_BEFORE, traceback=error.__traceback__)
+    compiler = shell.compile
+    filename = compiler.cache(transformed, current_cell_number(shell) or 0, raw_code=raw_cell)
+    try:
+        tree = compiler.ast_parse(transformed, filename=filename)
+    except (OverflowError, SyntaxError, ValueError, TypeError, MemoryError) as error:
+        return Ran(False, error=error, kind=_SYNTAX, traceback=error.__traceback__)
+    try:
+        tree = shell.transform_ast(tree)
+    except Exception as error:  # InputRejected, or a transformer's own failure
+        return Ran(False, error=error, kind=_BEFORE, traceback=error.__traceback__)
+    ran = Ran(False, quiet=semicolon_at_end(transformed))
+    executed, shown = _split(shell, list(tree.body))
+    flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0) if getattr(shell, "autoawait", False) else 0
+    steps: list[tuple[ast.stmt, str]] = [(node, "exec") for node in executed] + [(node, "single") for node in shown]
+    for node, mode in steps:
+        module: ast.mod = ast.Module([node], []) if mode == "exec" else ast.Interactive([node])
+        try:
+            with compiler.extra_flags(flags):
+                code = compiler(module, filename, mode)
+        except BaseException as error:  # a statement that parses but does not compile: stop here
+            ran.error, ran.kind, ran.traceback = error, _BEFORE, error.__traceback__
+            return ran
+        ran.started = True
+        if not _execute(shell, code, ran, capture=ran.values.append if mode == "single" else None):
+            return ran
+    return ran
+
+
+def _execute(shell: Any, code: CodeType, ran: Ran, capture: Callable[[Any], None] | None) -> bool:
+    """IPython's ``run_code`` with the error kept for later: True when the statement ran."""
+    # IPython's own marker (its ``run_code`` has it): this frame and all above are hidden, silently.
+    __tracebackhide__ = "__ipython_bottom__"  # noqa: F841
+    is_async = bool(code.co_flags & inspect.CO_COROUTINE)
+    old_excepthook, sys.excepthook = sys.excepthook, shell.excepthook
+    old_displayhook = sys.displayhook
+    if capture is not None:  # `single` mode prints through sys.displayhook: keep the value instead
+        sys.displayhook = lambda value: None if value is None else capture(value)
+    try:
+        try:
+            if is_async:
+                _run_coroutine(shell, eval(code, shell.user_global_ns, shell.user_ns))
+            else:
+                exec(code, shell.user_global_ns, shell.user_ns)
+        finally:
+            sys.excepthook = old_excepthook
+            sys.displayhook = old_displayhook
+    except CudaMemError:
+        raise  # ours (top-level await in a kernel): one line, not the user's error
+    except SystemExit as error:
+        ran.error, ran.kind = error, _EXIT
+    except bdb.BdbQuit as error:
+        ran.error, ran.kind = error, _QUIT
+    except BaseException as error:
+        custom = tuple(getattr(shell, "custom_exceptions", ()) or ())
+        ran.error, ran.kind = error, (_CUSTOM if custom and isinstance(error, custom) else _RAISED)
+    else:
+        return True
+    ran.traceback = _from_cell(ran.error.__traceback__, code.co_filename)
+    return False
+
+
+def _from_cell(traceback: TracebackType | None, filename: str) -> TracebackType | None:
+    """The traceback from the cell's first frame on: a plain cell's shows none of the machinery that
+    ran it (IPython hides its own ``run_code``; ours would read as a hidden frame)."""
+    entry = traceback
+    while entry is not None:
+        if entry.tb_frame.f_code.co_filename == filename:
+            return entry
+        entry = entry.tb_next
+    return traceback
+
+
+def run_or_raise(shell: Any, raw_cell: str) -> Any:
+    """For a magic that handles the user's error itself (``%%cudamem_plan``): the value the body would
+    display (``NO_VALUE`` for none), or the body's error raised with its own traceback."""
+    __tracebackhide__ = True  # noqa: F841
+    ran = run_cell_body(shell, raw_cell)
+    if ran.error is not None:
+        raise ran.error.with_traceback(ran.traceback)
+    return ran.value

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
+import difflib
 import linecache
 import re
 import time
@@ -11,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from IPython.core.magic import line_cell_magic, line_magic, magics_class
+from IPython.core.magic import line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
-from traitlets import Bool, Dict, Int, Unicode, Union
+from traitlets import Bool, Dict, Int, TraitError, Unicode, Union, observe, validate
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
 from ..attribution.probe import default_probe
@@ -29,15 +32,21 @@ from ..report.table import DEFAULT_SHOWN_CELLS
 from ..trace import TraceSummary, save_snapshot, summarize
 from ..units import format_bytes, parse_size
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors, parse_devices
-from .cellrun import NO_VALUE, run_cell_body
+from .cellrun import NO_VALUE, Ran, run_cell_body
 
-# Options of %cudamem that take a value; the rest are flags. Used to split "%cudamem OPTIONS STATEMENT".
-_VALUE_OPTIONS = ("--device", "-d", "--limit", "-l")
 _OPTION = re.compile(r"\s*(--?[A-Za-z][\w-]*)")
 _OPTION_VALUE = re.compile(r"(?:=|\s+)(\S+)")
+MODES = ("on", "off", "status")
 
 
-def _split_options(line: str) -> tuple[str, str]:
+def _value_options(parser: argparse.ArgumentParser) -> frozenset[str]:
+    """The option strings of ``parser`` that take a value: the parser owns the option list."""
+    return frozenset(
+        option for action in parser._actions if action.nargs != 0 for option in action.option_strings
+    )
+
+
+def _split_options(line: str, value_options: frozenset[str]) -> tuple[str, str]:
     """Split ``-o --limit 2GiB x = f()`` into its options and the statement that follows them."""
     position = 0
     while True:
@@ -45,12 +54,71 @@ def _split_options(line: str) -> tuple[str, str]:
         if not match:
             break
         end = match.end()
-        if match.group(1) in _VALUE_OPTIONS:
+        if match.group(1) in value_options:
             value = _OPTION_VALUE.match(line, end)
             if value:
                 end = value.end()
         position = end
     return line[:position].strip(), line[position:].strip()
+
+
+_OFF_WORDS = ("", "0", "off", "none")
+
+
+def _saved(path: str, save: Any) -> Any:
+    """``--save PATH`` for records and plots alike: missing folders are created; a path that cannot be
+    written is one line."""
+    target = Path(path).expanduser()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return save(target)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise CudaMemError(f"cannot write {str(target)!r}: {reason}; choose --save a path you can write") from None
+
+
+def size_setting(option: str, value: Any, allowed: str) -> int | None:
+    """The bytes of a size option (``None``: off); a ``TraitError`` naming ``option`` and what it takes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise TraitError(f"{option} takes {allowed}; got {value!r}")
+        return value or None
+    if isinstance(value, str):
+        if value.strip().lower() in _OFF_WORDS:
+            return None
+        try:
+            return parse_size(value)
+        except CudaMemError:
+            pass
+    raise TraitError(f"{option} takes {allowed}; got {value!r}")
+
+
+_AUTO_ALLOWED = "a size such as 1MiB, 512KB or 4096 (bytes), or 0 for a line after every cell"
+_ATTRIBUTE_ALLOWED = "a size such as 64MiB or 1GB, or 'off' (or 0) to never name holders"
+
+
+def _positive_int(option: str, value: int, what: str) -> int:
+    if value < 1:
+        raise TraitError(f"{option} takes {what} (a whole number, at least 1); got {value!r}")
+    return value
+
+
+def _assigns(statement: str, name: str) -> bool:
+    """Whether ``statement`` binds ``name`` first (``on = 3``), so it is code, not a mode word."""
+    try:
+        first = ast.parse(statement).body[0]
+    except (SyntaxError, ValueError, IndexError):
+        return False
+    targets = first.targets if isinstance(first, ast.Assign) else [getattr(first, "target", None)]
+    return any(isinstance(target, ast.Name) and target.id == name for target in targets)
+
+
+def _parses(statement: str) -> bool:
+    try:
+        ast.parse(statement)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 @magics_class
@@ -83,6 +151,38 @@ class CudaMem(CudaMemMagicsBase):
         "leak and what to change. 'off' (or 0) never does.",
     ).tag(config=True)
 
+    # Every option is checked when it is set (``%config`` prints the one line) and applies from the
+    # next cell on; history_size resizes the history at once.
+    @validate("auto_threshold")
+    def _check_auto_threshold(self, proposal: Any) -> Any:
+        size_setting("CudaMem.auto_threshold", proposal["value"], _AUTO_ALLOWED)
+        return proposal["value"]
+
+    @validate("attribute_threshold")
+    def _check_attribute_threshold(self, proposal: Any) -> Any:
+        size_setting("CudaMem.attribute_threshold", proposal["value"], _ATTRIBUTE_ALLOWED)
+        return proposal["value"]
+
+    @validate("history_size")
+    def _check_history_size(self, proposal: Any) -> int:
+        return _positive_int("CudaMem.history_size", proposal["value"], "the number of measured cells kept")
+
+    @validate("trace_max_entries")
+    def _check_trace_max_entries(self, proposal: Any) -> int:
+        return _positive_int("CudaMem.trace_max_entries", proposal["value"], "the most allocation events --trace records")
+
+    @validate("trace_dir")
+    def _check_trace_dir(self, proposal: Any) -> str:
+        if not proposal["value"].strip():
+            raise TraitError("CudaMem.trace_dir takes a folder for --trace's snapshots, such as 'cudamem_traces'; got ''")
+        return proposal["value"]
+
+    @observe("history_size")
+    def _resize_history(self, change: Any) -> None:
+        history = getattr(self, "history", None)
+        if history is not None:
+            history.max_records = change["new"]
+
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell, hardware, extension, **kwargs)
         self.history = History(self.history_size)
@@ -90,7 +190,7 @@ class CudaMem(CudaMemMagicsBase):
         self._auto_baseline: Any = None
         self._inside_magic = False
         self._parsed_options: dict[str, Any] = {}
-        self._threshold_text: str | None = None
+        self._threshold_text: str | int | None = None
         self._cell_depth = 0
         self._threshold_value = 0
         self._attribute_text: str | int | None = None
@@ -123,15 +223,7 @@ class CudaMem(CudaMemMagicsBase):
         """The attribution threshold in bytes, ``None`` when it is off."""
         setting = self.attribute_threshold
         if setting != self._attribute_text:  # parsed once per setting, not once per cell
-            if isinstance(setting, int):
-                value = setting if setting > 0 else None
-            elif setting.strip().lower() in ("", "0", "off", "none"):
-                value = None
-            else:
-                try:
-                    value = parse_size(setting)
-                except CudaMemError as error:
-                    raise CudaMemError(f"CudaMem.attribute_threshold: {error}") from None
+            value = size_setting("CudaMem.attribute_threshold", setting, _ATTRIBUTE_ALLOWED)
             self._attribute_text, self._attribute_value = setting, value
         return self._attribute_value
 
@@ -197,6 +289,7 @@ class CudaMem(CudaMemMagicsBase):
     @argument(
         "--no-reset-peak", action="store_true", help="Do not reset PyTorch's peak counters (see CudaMem.reset_peak)."
     )
+    @no_var_expand  # the statement is the user's code: `{x}` and `$x` stay as written, as under %time
     @line_cell_magic
     @one_line_errors
     def cudamem(self, line: str, cell: str | None = None) -> Any:
@@ -214,9 +307,10 @@ class CudaMem(CudaMemMagicsBase):
         """
         __tracebackhide__ = True  # noqa: F841
         if cell is None:
-            options, statement = _split_options(line)
-            if statement in ("on", "off", "status") and not options:
-                return self._every_cell(statement)
+            options, statement = _split_options(line, _value_options(self.cudamem.parser))
+            mode = self._mode(options, statement)
+            if mode is not None:
+                return self._every_cell(mode)
             if not statement:
                 raise CudaMemError("nothing to measure: use %%cudamem as a cell magic, %cudamem STATEMENT, or %cudamem on")
             cell, line = statement, options
@@ -231,11 +325,40 @@ class CudaMem(CudaMemMagicsBase):
             raise CudaMemError(
                 f"--{'limit' if limit_bytes else 'trace'} needs PyTorch with a CUDA device: {self.hardware.allocator.status()}"
             )
-        report = self._measure(cell, meter, limit_bytes, args.trace)
-        if args.output:
+        report = self._measure(cell, meter, limit_bytes, args.trace, show=not args.quiet)
+        if report is None or args.output:
             return report
         if not args.quiet:
             display(report)
+        return None
+
+    def _mode(self, options: str, statement: str) -> str | None:
+        """``on``/``off``/``status`` of the line form; one line saying what to type for a near miss.
+
+        A name the user defined (``ON = 1``) is theirs to measure; so is any statement that parses.
+        """
+        if statement in MODES and not options:
+            return statement
+        words = statement.split()
+        if not words:
+            return None
+        first = words[0].lower()
+        if statement.isidentifier():
+            if statement in self.shell.user_ns or hasattr(builtins, statement):
+                return None
+            close = difflib.get_close_matches(statement.lower(), MODES, n=1, cutoff=0.75)
+            if close:
+                extra = " (no options)" if options else ""
+                raise CudaMemError(
+                    f"{statement!r} is not defined; to switch every-cell measurement type %cudamem {close[0]}{extra} "
+                    f"(one of {', '.join(MODES)}, lower case)"
+                )
+            return None
+        if first in MODES:
+            name = re.match(r"\w*", statement).group()  # type: ignore[union-attr]
+            defined = name in self.shell.user_ns or hasattr(builtins, name)
+            if not _parses(statement) or not (defined or _assigns(statement, name)):
+                raise CudaMemError(f"%cudamem {first} takes nothing after it: type %cudamem {first}")
         return None
 
     def _parse_cudamem_options(self, line: str) -> Any:
@@ -247,35 +370,55 @@ class CudaMem(CudaMemMagicsBase):
                 self._parsed_options[line] = cached
         return argparse.Namespace(**vars(cached))
 
-    def _measure(self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool) -> CellReport:
+    def _measure(
+        self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool, show: bool = True
+    ) -> CellReport | None:
+        """Run ``cell`` as a plain cell, measured; ``None`` when it failed (its error shown as a plain cell's).
+
+        A body that does not compile gets no report: nothing ran. When reading the counters after a
+        failed cell fails too (a sticky CUDA error makes ``synchronize()`` raise again), the user's
+        error is still the one shown, after a one-line note.
+        """
         __tracebackhide__ = True  # noqa: F841
         count = current_cell_number(self.shell)
         label = f"[{count}]"
         snapshot = self._snapshot()
-        with ExitStack() as stack:
-            cap_note = stack.enter_context(self._capped(limit_bytes, meter.devices)) if limit_bytes else None
-            tracing = stack.enter_context(self._tracing()) if trace else None
-            baseline = meter.start()
-            error: BaseException | None = None
-            value: Any = NO_VALUE
-            self._inside_magic = True
-            try:
-                value = run_cell_body(self.shell, cell)
-            except BaseException as exc:  # the user's error or Ctrl-C: measure, report, re-raise
-                error = exc
-            finally:
-                self._inside_magic = False
-            measurement = meter.stop(baseline, error=None if error is None else type(error).__name__, limit_bytes=cap_note)
+        ran: Ran | None = None
+        measurement: Measurement | None = None
+        tracing: list[TraceSummary] | None = None
+        try:
+            with ExitStack() as stack:
+                cap_note = stack.enter_context(self._capped(limit_bytes, meter.devices)) if limit_bytes else None
+                tracing = stack.enter_context(self._tracing()) if trace else None
+                baseline = meter.start()
+                self._inside_magic = True
+                try:
+                    ran = run_cell_body(self.shell, cell)
+                finally:
+                    self._inside_magic = False
+                if ran.started:
+                    error_name = None if ran.error is None else type(ran.error).__name__
+                    measurement = meter.stop(baseline, error=error_name, limit_bytes=cap_note)
+        except Exception as failure:
+            if ran is None or ran.error is None:
+                raise
+            self.note(f"could not read GPU memory after the cell ({type(failure).__name__}: {failure}); your error follows")
+            ran.fail(self.shell)
+            return None
+        if measurement is None:  # it did not compile: a plain cell's SyntaxError, nothing measured
+            ran.fail(self.shell)
+            return None
         traces = tuple(tracing or ())
-        left = self._left_behind(measurement, snapshot, value, error)
+        left = self._left_behind(measurement, snapshot, ran.value, ran.error)
         record = self._record(count, cell, measurement)
         report = CellReport(measurement, label=label, traces=traces, left=left, growth=record.growth)
         del left, snapshot
-        if error is not None:
-            display(report)
-            raise error
-        if value is not NO_VALUE:
-            self.shell.displayhook(value)
+        ran.show_values(self.shell)
+        if ran.error is not None:
+            if show:
+                display(report)
+            ran.fail(self.shell)
+            return None
         return report
 
     @contextmanager
@@ -358,10 +501,8 @@ class CudaMem(CudaMemMagicsBase):
 
     def _threshold_bytes(self) -> int:
         threshold = self.auto_threshold
-        if isinstance(threshold, int):
-            return max(threshold, 0)
         if threshold != self._threshold_text:  # parsed once per setting, not once per cell
-            self._threshold_value = parse_size(threshold) if threshold.strip() not in ("", "0") else 0
+            self._threshold_value = size_setting("CudaMem.auto_threshold", threshold, _AUTO_ALLOWED) or 0
             self._threshold_text = threshold
         return self._threshold_value
 
@@ -471,11 +612,11 @@ class CudaMem(CudaMemMagicsBase):
         if args.plot:
             plot = HistoryPlot(records)
             if args.save:
-                print(plot.save(args.save))
+                print(_saved(args.save, plot.save))
             display(plot)
             return None
         if args.save:
-            print(save_records(records, args.save))
+            print(_saved(args.save, lambda path: save_records(records, path)))
         if args.output:
             return flat_rows(records)
         if not args.save:

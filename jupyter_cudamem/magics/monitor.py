@@ -12,15 +12,18 @@ from typing import Any
 
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Bool, Float, observe
+import math
+
+from traitlets import Bool, Float, TraitError, observe, validate
 
 from ..errors import CudaMemError
 from ..monitor.poller import (
     DEFAULT_HISTORY_S,
     DEFAULT_INTERVAL_S,
     DEFAULT_MAX_UPDATES_PER_S,
+    MAX_SAMPLES_PER_DEVICE,
+    MIN_INTERVAL_S,
     Poller,
-    validate_settings,
 )
 from ..monitor.render import DEFAULT_ALERT_FRACTION, text_line
 from ..monitor.snapshot import Snapshot
@@ -28,6 +31,31 @@ from ..monitor.widget import MonitorView, make_view
 from .base import CudaMemMagicsBase, one_line_errors, parse_devices
 
 ACTIONS = ("start", "stop", "snapshot")
+
+# How each front end spells the timing options, so an error names what the user typed.
+MAGIC_NAMES = {"interval_s": "--interval", "history_s": "--history", "max_updates_per_s": "CudaMemMonitor.max_updates_per_s"}
+PYTHON_NAMES = {"interval_s": "interval_s", "history_s": "history_s", "max_updates_per_s": "CudaMemMonitor.max_updates_per_s"}
+CONFIG_NAMES = {name: f"CudaMemMonitor.{name}" for name in MAGIC_NAMES}
+
+
+def check_timing(interval_s: float, history_s: float, max_updates_per_s: float, names: dict[str, str]) -> None:
+    """The poller's limits, with the option named as the user wrote it (``names``)."""
+    if not math.isfinite(interval_s) or interval_s < MIN_INTERVAL_S:
+        raise CudaMemError(
+            f"{names['interval_s']} takes seconds between readings, at least {MIN_INTERVAL_S}; got {interval_s:g} "
+            "(for example 0.5)"
+        )
+    if not math.isfinite(history_s) or history_s <= 0:
+        raise CudaMemError(
+            f"{names['history_s']} takes a positive number of seconds of history; got {history_s:g} (for example 600)"
+        )
+    if history_s / interval_s > MAX_SAMPLES_PER_DEVICE:
+        raise CudaMemError(
+            f"{names['history_s']} {history_s:g} at {names['interval_s']} {interval_s:g} keeps more than "
+            f"{MAX_SAMPLES_PER_DEVICE} samples per device; raise the interval or shorten the history"
+        )
+    if not math.isfinite(max_updates_per_s) or max_updates_per_s <= 0:
+        raise CudaMemError(f"{names['max_updates_per_s']} takes a positive number; got {max_updates_per_s:g}")
 
 
 @magics_class
@@ -39,14 +67,36 @@ class CudaMemMonitor(CudaMemMagicsBase):
         DEFAULT_HISTORY_S, help="Seconds of history kept for the sparkline and the snapshot (--history)."
     ).tag(config=True)
     alert_fraction = Float(
-        DEFAULT_ALERT_FRACTION, min=0.0, max=1.0, help="Fraction of the card's memory past which the bar turns red."
+        DEFAULT_ALERT_FRACTION, help="Fraction of the card's memory past which the bar turns red."
     ).tag(config=True)
     max_updates_per_s = Float(
         DEFAULT_MAX_UPDATES_PER_S, help="Most updates a second sent to the frontend, whatever the interval."
     ).tag(config=True)
     use_widgets = Bool(
-        True, help="Show the ipywidgets panel in a kernel; False shows a live line of text instead."
+        True,
+        help="Show the ipywidgets panel in a kernel; False shows a live line of text instead. Applies to the "
+        "next view shown (%cudamem_monitor again).",
     ).tag(config=True)
+
+    # Checked when set (``%config`` prints the one line); the running monitor takes every valid change at once.
+    @validate("interval_s", "history_s", "max_updates_per_s")
+    def _check_timing(self, proposal: Any) -> float:
+        values = {name: getattr(self, name) for name in CONFIG_NAMES}
+        values[proposal["trait"].name] = proposal["value"]
+        try:
+            check_timing(values["interval_s"], values["history_s"], values["max_updates_per_s"], CONFIG_NAMES)
+        except CudaMemError as error:
+            raise TraitError(str(error)) from None
+        return proposal["value"]
+
+    @validate("alert_fraction")
+    def _check_alert_fraction(self, proposal: Any) -> float:
+        value = proposal["value"]
+        if not 0.0 <= value <= 1.0:
+            raise TraitError(
+                f"CudaMemMonitor.alert_fraction takes a fraction of the card's memory from 0 to 1, such as 0.9; got {value!r}"
+            )
+        return value
 
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         # Set before the base class loads the shell's config, which calls the observers below.
@@ -95,8 +145,10 @@ class CudaMemMonitor(CudaMemMagicsBase):
         interval_s: float | None = None,
         devices: str | Sequence[int] | None = None,
         history_s: float | None = None,
+        names: dict[str, str] = MAGIC_NAMES,
     ) -> Snapshot | None:
-        """What ``%cudamem_monitor`` and ``jupyter_cudamem.monitor.monitor()`` do."""
+        """What ``%cudamem_monitor`` and ``jupyter_cudamem.monitor()`` do; ``names`` spells the options
+        in errors as the caller's user wrote them."""
         action = action or "start"
         if action not in ACTIONS:
             raise CudaMemError(f"unknown monitor action {action!r}; use one of {', '.join(ACTIONS)}")
@@ -107,7 +159,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
             return None
         if action == "snapshot":
             return self.snapshot()
-        self.start(interval_s=interval_s, devices=devices, history_s=history_s)
+        self.start(interval_s=interval_s, devices=devices, history_s=history_s, names=names)
         return None
 
     # -- actions ------------------------------------------------------------------------------
@@ -124,13 +176,15 @@ class CudaMemMonitor(CudaMemMagicsBase):
         interval_s: float | None = None,
         devices: str | Sequence[int] | None = None,
         history_s: float | None = None,
+        names: dict[str, str] = MAGIC_NAMES,
     ) -> Poller:
         """Start the shell's poller (or change the running one's options) and show a view of it."""
         if interval_s is not None or history_s is not None:
-            validate_settings(
+            check_timing(
                 self.interval_s if interval_s is None else interval_s,
                 self.history_s if history_s is None else history_s,
                 self.max_updates_per_s,
+                names,
             )
         selection = None if devices is None else parse_devices(devices)
         unavailable = self.hardware.nvml.status()
@@ -219,3 +273,34 @@ class CudaMemMonitor(CudaMemMagicsBase):
         if self.view is not None:
             self.view.alert_fraction = change["new"]
             self.view.render()
+
+
+def monitor(
+    action: str | None = None,
+    *,
+    interval_s: float | None = None,
+    devices: str | Sequence[int] | None = None,
+    history_s: float | None = None,
+) -> Snapshot | None:
+    """Start (or show again), stop, or snapshot the live GPU monitor of the current IPython shell.
+
+    ``from jupyter_cudamem import monitor; monitor()`` does what ``%cudamem_monitor`` does. Loads the
+    extension if needed, so the monitor shares the NVML session and the devices of ``%%cudamem``.
+    ``action`` is ``None``/``"start"``, ``"stop"`` or ``"snapshot"`` (which returns a ``Snapshot``:
+    ``.figure()`` is a matplotlib figure). Sizes are bytes, times seconds.
+    """
+    from IPython import get_ipython
+
+    from . import loaded
+
+    shell = get_ipython()
+    if shell is None:
+        raise CudaMemError("monitor() shows its panel in IPython or Jupyter; call it from a notebook or IPython")
+    if loaded(shell) is None:
+        shell.extension_manager.load_extension("jupyter_cudamem")
+    extension = loaded(shell)
+    magics = extension.get(CudaMemMonitor) if extension is not None else None
+    if not isinstance(magics, CudaMemMonitor):
+        raise CudaMemError("the monitor is not registered in this shell: run %load_ext jupyter_cudamem")
+    return magics.run(action, interval_s=interval_s, devices=devices, history_s=history_s, names=PYTHON_NAMES)
+

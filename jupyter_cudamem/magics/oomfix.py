@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from IPython.core.magic import cell_magic, line_magic, magics_class
+from IPython.core.magic import cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Bool, Float, Int, Unicode
+from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
 from ..errors import CudaMemError
 from ..oomfix.driver import Driver
@@ -25,6 +25,9 @@ from ..oomfix.outcome import Outcome
 from ..oomfix.options import check_max_tries, check_strategies
 from ..oomfix.strategies import STRATEGIES
 from .base import CudaMemMagicsBase, one_line_errors
+from .cellrun import run_cell_body
+
+_ABSENT = object()
 
 _SIDE_EFFECTS = (
     "%oomfix reruns the cell (up to {tries} times): anything it does besides computing (writing files, "
@@ -65,6 +68,32 @@ class OomFix(CudaMemMagicsBase):
     autocast = Bool(True, help="Whether autocast is among the strategies.").tag(config=True)
     confirm = Bool(True, help="Ask before rerunning a cell (its side effects repeat); --yes skips it.").tag(config=True)
     margin = Float(0.04, help="Fraction of the free memory a predicted batch leaves unused.").tag(config=True)
+
+    # Checked when set (``%config`` prints the one line); every option is read at the next %oomfix.
+    @validate("max_tries")
+    def _check_max_tries(self, proposal: Any) -> int:
+        try:
+            return check_max_tries(proposal["value"])
+        except CudaMemError as error:
+            raise TraitError(f"OomFix.{error}") from None
+
+    @validate("strategies")
+    def _check_strategies(self, proposal: Any) -> str:
+        try:
+            check_strategies(proposal["value"])
+        except CudaMemError as error:
+            raise TraitError(f"OomFix.strategies: {error}") from None
+        return proposal["value"]
+
+    @validate("margin")
+    def _check_margin(self, proposal: Any) -> float:
+        value = proposal["value"]
+        if not 0.0 <= value < 1.0:
+            raise TraitError(
+                f"OomFix.margin takes the fraction of free memory a predicted batch leaves unused, "
+                f"from 0 up to (not including) 1, such as 0.04; got {value!r}"
+            )
+        return value
 
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
@@ -141,26 +170,68 @@ class OomFix(CudaMemMagicsBase):
     # -- the cell magic ------------------------------------------------------------------------
     @magic_arguments()
     @_options
-    @cell_magic("oomfix")
+    @no_var_expand
+    @cell_magic("oomfix")  # type: ignore[arg-type]  # IPython annotates cell_magic("name") as taking Never
     @one_line_errors
     def oomfix_cell(self, line: str, cell: str) -> Outcome | None:
-        """Run this cell; if it runs out of GPU memory, fix it and rerun it as %oomfix does."""
+        """Run this cell; if it runs out of GPU memory, fix it and rerun it as %oomfix does.
+
+        The body runs as a plain cell. An error that is not fixed (any error but a CUDA out-of-memory
+        one, an out-of-memory error under --dry-run, a fix declined or not found) fails the cell exactly
+        as a plain cell fails: the same traceback, and a notebook run that stops on errors stops here.
+        Without a CUDA device the body runs as a plain cell after a one-line note.
+        """
+        __tracebackhide__ = True  # noqa: F841
         args = parse_argstring(self.oomfix_cell, line)
-        if not args.dry_run:
-            self._require_gpu()
+        self._check_options(args)  # before running the body: a typo in the options must not cost a run
+        shell = self.shell
+        reason = self.hardware.allocator.status()
+        if reason is not None and not args.dry_run:
+            self.note(f"%%oomfix cannot fix out-of-memory here ({reason}); the cell runs as a plain cell")
+            plain = run_cell_body(shell, cell)
+            plain.show_values(shell)
+            plain.fail(shell)
+            return None
         started = self._allocated_now()
-        error = self._run_source(cell)
+        ran = run_cell_body(shell, cell)
+        ran.show_values(shell)
+        error = ran.error
         if error is None or not is_cuda_oom(error):
-            return None  # it ran, or failed otherwise and IPython has shown that traceback
+            ran.fail(shell)  # no error: nothing; another error: as a plain cell
+            return None
         oom = parse_oom(error)
+        if args.dry_run:
+            ran.fail(shell)  # --dry-run fixes nothing: the cell fails, then the plan is shown
+            return self._fix(args, cell, None, oom, started, getattr(shell, "execution_count", None))
         print(f"%%oomfix: the cell ran out of GPU memory ({type(error).__name__}); fixing it")
-        return self._fix(args, cell, error, oom, started, getattr(self.shell, "execution_count", None))
+        self.last_outcome = None
+        failure: BaseException | None = None
+        try:
+            shown = self._fix(args, cell, error, oom, started, getattr(shell, "execution_count", None))
+        except BaseException as raised:  # ours (one line) or their Ctrl-C: after the user's own error
+            failure = raised
+        del error
+        if failure is not None:
+            ran.fail(shell)
+            raise failure
+        outcome = self.last_outcome
+        if outcome is None or not outcome.fitted:
+            # Declined: the traceback is intact. Tried and failed: the cleanup cleared its frames to free
+            # their memory, so the error is shown without them.
+            ran.fail(shell, frames=outcome is None)
+        return shown
 
     # -- shared ----------------------------------------------------------------------------------
     def _require_gpu(self) -> None:
         reason = self.hardware.allocator.status()
         if reason is not None:
             raise CudaMemError(f"%oomfix needs a CUDA device: {reason}")
+
+    def _check_options(self, args: Any) -> None:
+        """The options' values, checked before anything runs; each error is one line."""
+        if args.max_tries is not None:
+            check_max_tries(args.max_tries)
+        self._strategies(args)
 
     def _strategies(self, args: Any) -> tuple[str, ...]:
         chosen = check_strategies(args.strategy if args.strategy is not None else self.strategies)
@@ -274,6 +345,7 @@ class OomFix(CudaMemMagicsBase):
     def _quiet_oom_tracebacks(self) -> Iterator[None]:
         """While rerunning, an OOM is an expected outcome of a try: record it, do not print its traceback."""
         shell = self.shell
+        before = vars(shell).get("showtraceback", _ABSENT)  # an instance attribute someone set, or none
         original = shell.showtraceback
 
         def showtraceback(*args: Any, **kwargs: Any) -> Any:
@@ -282,11 +354,14 @@ class OomFix(CudaMemMagicsBase):
                 return None
             return original(*args, **kwargs)
 
-        shell.showtraceback = showtraceback
+        vars(shell)["showtraceback"] = showtraceback
         try:
             yield
         finally:
-            del shell.showtraceback  # the instance attribute; the class's method shows again
+            if before is _ABSENT:
+                vars(shell).pop("showtraceback", None)  # the class's method shows again
+            else:
+                vars(shell)["showtraceback"] = before  # what was there before us
 
     def _run_source(self, source: str) -> BaseException | None:
         """Run IPython input through the shell (so ``!cmd`` and magics work); return its exception."""

@@ -18,7 +18,7 @@ from traitlets import Float
 from ..capacity.plan import DEFAULT_MARGIN
 from ..errors import CudaMemError
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
-from .cellrun import NO_VALUE, run_cell_body
+from .cellrun import NO_VALUE, run_or_raise
 
 
 @magics_class
@@ -118,7 +118,7 @@ class CudaMemPlan(CudaMemMagicsBase):
 
         change = BatchChange(finding, knob, shell.user_ns, history) if knob is not None else None
         meter = Meter(self.hardware, reset_peak=True)
-        runner = Runner(meter, run=lambda source: run_cell_body(shell, source), is_oom=is_cuda_oom,
+        runner = Runner(meter, run=lambda source: run_or_raise(shell, source), is_oom=is_cuda_oom,
                         release=self.hardware.allocator.empty_cache, quiet=capture_output)
         measured = measure_runs(runner, cell, batch, change, args.small, autocast_source)
         gc.collect()

@@ -23,13 +23,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..units import MiB
 from ..devices import Device
 from ..errors import CudaMemError
 from ..hardware import Hardware
 
 logger = logging.getLogger(__name__)
 
-MiB = 1024**2
 PROCESS_NOT_AVAILABLE = "per-process memory not available here"
 NOT_IN_NVML = "not found among NVML's devices, so not monitored"
 DEFAULT_INTERVAL_S = 1.0

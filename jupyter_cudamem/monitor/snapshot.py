@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..units import GiB
 from ..report.plot import figure_png
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
 from .poller import MonitorState, Sample
 from .render import DEFAULT_ALERT_FRACTION
 
-GiB = 1024**3
 # The y-axis shows the whole card only when the data reaches this share of it; below, it zooms to the
 # data, or a story of a few GiB on an 80 GiB card sits in the bottom few percent of the plot. Half:
 # at or above it the data fills at least half of a whole-card axis, readable as it is, and the card's

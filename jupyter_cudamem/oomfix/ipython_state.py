@@ -16,7 +16,8 @@ recorder knows nothing and ``last_failure`` falls back to ``shell.last_execution
 ``sys.last_exc``/``sys.last_value``, finding the cell from the traceback's cell filename through the
 compiler's filename map and the input history.
 
-**What keeps memory alive** after a failed cell (measured in a real kernel, FACTS.md): the
+**What keeps memory alive** after a failed cell (measured in a real kernel on
+the GPU machine; tests/gpu/test_oomfix_free_gpu.py checks it): the
 exception through ``sys.last_exc``/``last_value``/``last_traceback``, the last execution result's
 ``error_in_exec``, ``InteractiveTB.tb``; the exception's traceback holds the frames of every function
 on the failing stack, and their locals hold the tensors; a tensor a cell returned stays in the output
@@ -426,7 +427,7 @@ def _release_output_cache(shell: Any, holds_cuda: Callable[[object], bool]) -> l
             if user_ns.get(name) is value:
                 user_ns[name] = ""
             # ``shell.push(..., interactive=False)`` also records them in ``user_ns_hidden``, which
-            # ``displayhook.flush()`` forgets: that copy alone kept a returned tensor alive (FACTS.md).
+            # ``displayhook.flush()`` forgets: that copy alone kept a returned tensor alive (tests/gpu/test_oomfix_free_gpu.py).
             if hidden.get(name) is value:
                 hidden[name] = ""
             released.append(f"{name} (output cache)")

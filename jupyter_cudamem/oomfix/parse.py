@@ -27,21 +27,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..units import UNIT_FACTORS as _FACTORS
+
 # Sizes as PyTorch's ``format_size`` and other libraries print them: "0 bytes", "3.19 MiB", "1,024 bytes".
 _SIZE = r"([0-9][0-9,]*(?:\.[0-9]+)?)\s*(bytes|B|KiB|MiB|GiB|TiB|PiB|KB|MB|GB|TB)\b"
-_FACTORS = {
-    "bytes": 1,
-    "b": 1,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-    "pib": 1024**5,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-}
 
 # Kinds, most informative first: when an exception chain matches several, the first kind here wins.
 _KIND_ORDER = ("allocator", "cublas", "cudnn", "driver", "other")

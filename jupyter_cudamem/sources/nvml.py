@@ -3,13 +3,18 @@
 One ``NvmlSession`` is shared by ``%%cudamem`` and the monitor thread. It initialises NVML lazily
 under a lock, turns NVML's exceptions into one-line reasons, and on ``close()`` waits for calls in
 flight before ``nvmlShutdown()``: shutting down while another thread is inside NVML is a
-use-after-free that can take the interpreter down.
+use-after-free that can take the interpreter down. While it closes, a latch turns new calls away
+(they would make the wait endless, or run into the shutdown), and a forked child (DataLoader workers
+fork on Linux) starts from a fresh session: the parent's lock may be held by a thread that does not
+exist in the child, and its handles belong to the parent's initialisation.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-from typing import Any
+import weakref
+from typing import Any, Literal
 
 from ..errors import CudaMemError
 from .base import GpuIdentity, NvmlMemory, ProcessMemory
@@ -55,7 +60,7 @@ class _Call:
     def __enter__(self) -> Any:
         return self._session._enter()
 
-    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> bool:
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> Literal[False]:
         self._session._exit(error)  # raises the translated error for an NVML failure
         return False
 
@@ -64,15 +69,21 @@ class NvmlSession:
     """The process-wide NVML connection; thread-safe, lazily initialised, safe to close."""
 
     def __init__(self) -> None:
+        self._call = _Call(self)
+        self._fresh()
+        _sessions.add(self)
+
+    def _fresh(self) -> None:
+        """The state of a session that has not initialised NVML (new, or in a forked child)."""
         self._condition = threading.Condition(threading.Lock())
         self._in_flight = 0
+        self._closing = False  # the latch: set while close() waits and shuts down
         self._ready = False
         self._failure: str | None = None
         self._pynvml: Any = None
         self._handles: dict[int, Any] = {}
         self._devices: list[GpuIdentity] | None = None
         self._memory_v2: bool | None = None  # unknown until the first call
-        self._call = _Call(self)
 
     # -- lifecycle -------------------------------------------------------------------------
     def _initialise_locked(self) -> None:
@@ -97,6 +108,8 @@ class NvmlSession:
     def _enter(self) -> Any:
         """Count a call in flight (``close`` waits for it) and return the pynvml module."""
         with self._condition:
+            if self._closing:
+                raise CudaMemError("NVML is shutting down (the extension is being unloaded)")
             self._initialise_locked()
             if not self._ready:
                 raise CudaMemError(self._failure or "NVML is not available")
@@ -112,24 +125,32 @@ class NvmlSession:
             raise CudaMemError(_reason(error, self._pynvml)) from error
 
     def close(self) -> None:
+        """Wait for calls in flight (new ones are turned away meanwhile), shut NVML down, and leave
+        the session ready to initialise again on its next use."""
         with self._condition:
-            self._condition.wait_for(lambda: self._in_flight == 0, timeout=_CLOSE_WAIT_S)
-            if self._ready and self._in_flight == 0:
-                try:
-                    self._pynvml.nvmlShutdown()
-                except Exception:  # already shut down elsewhere: nothing left to release
-                    pass
-            self._ready = False
-            self._failure = None
-            self._handles.clear()
-            self._devices = None
-            self._memory_v2 = None
+            self._closing = True
+            try:
+                self._condition.wait_for(lambda: self._in_flight == 0, timeout=_CLOSE_WAIT_S)
+                if self._ready and self._in_flight == 0:
+                    try:
+                        self._pynvml.nvmlShutdown()
+                    except Exception:  # already shut down elsewhere: nothing left to release
+                        pass
+                self._ready = False
+                self._failure = None
+                self._handles.clear()
+                self._devices = None
+                self._memory_v2 = None
+            finally:
+                self._closing = False
 
     # -- queries ---------------------------------------------------------------------------
     def status(self) -> str | None:
-        if self._ready:  # the common case, read without the lock: a stale True only delays an error
-            return None
+        if self._ready and not self._closing:  # the common case, read without the lock: a stale
+            return None  # answer only delays an error to the call itself
         with self._condition:
+            if self._closing:
+                return "NVML is shutting down (the extension is being unloaded)"
             self._initialise_locked()
             return None if self._ready else self._failure
 
@@ -204,6 +225,23 @@ class NvmlSession:
 
 _shared_session: NvmlSession | None = None
 _shared_lock = threading.Lock()
+_sessions: weakref.WeakSet[NvmlSession] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts every session afresh: no lock held by a parent's thread, no parent handles.
+
+    NVML itself is initialised again on the child's first call; nothing is shut down here, since
+    the parent still uses its own initialisation.
+    """
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    for session in list(_sessions):
+        session._fresh()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shared_session() -> NvmlSession:

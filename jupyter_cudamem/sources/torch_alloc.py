@@ -2,7 +2,9 @@
 
 One statistics read per sample gives allocated, reserved and both peaks together; the convenience
 functions (``memory_allocated()``, ``max_memory_allocated()``...) each rebuild the whole statistics
-dict, three times the cost (see FACTS.md: 140 µs vs 430 µs).
+dict, three times the cost (on an H100: 140 µs for one ``memory_stats()`` against 430 µs for
+``memory_allocated()``, ``max_memory_allocated()`` and ``memory_reserved()``; benchmarks/overhead.py
+measures what a measured cell costs).
 
 Measured on an H100 (benchmarks/profile_every_cell.py): the public ``memory_stats_as_nested_dict(i)``
 and ``synchronize(i)`` spend more time resolving the device index and switching device context

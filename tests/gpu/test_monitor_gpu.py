@@ -70,7 +70,7 @@ def test_poller_reads_real_nvml_and_sees_a_1_gib_allocation():
         after = wait_for(risen)
         assert after is not None, "NVML never showed the 1 GiB allocation"
         assert abs(after.used_bytes - before.used_bytes - GiB) <= 0.05 * GiB
-        if before.process_bytes is not None:  # FACTS.md: NVML sees this process on the GPU machine
+        if before.process_bytes is not None:  # NVML sees this process on the GPU machine
             assert abs(after.process_bytes - before.process_bytes - GiB) <= 0.05 * GiB
         assert poller.state().error is None
         assert poller.state().devices[0].peak_used_bytes >= after.used_bytes

@@ -1,5 +1,5 @@
 """On the GPU, in a real kernel through nbclient: after a cell OOMs inside ``f()``, the 4 GiB ``f``
-allocated stays allocated (FACTS.md), and a tensor a cell returned stays in ``Out``; the oomfix
+allocated stays allocated (as measured on the GPU machine), and a tensor a cell returned stays in ``Out``; the oomfix
 cleanup (library API) brings allocated memory back to the baseline within 1 MiB.
 """
 
@@ -98,7 +98,7 @@ def test_cleanup_frees_what_the_failed_cell_and_the_output_cache_hold() -> None:
     failed = [o for o in nb.cells[1].outputs if o.output_type == "error"]
     assert failed and failed[0].ename.endswith("OutOfMemoryError"), nb.cells[1].outputs
     held = _json_from(nb.cells[3])["held"]
-    # As FACTS.md records: the failed f() keeps its 4 GiB; the returned tensor adds 256 MiB in Out.
+    # As measured on the GPU machine: the failed f() keeps its 4 GiB; the returned tensor adds 256 MiB in Out.
     assert abs(held - (4 * GiB + 256 * MiB)) <= MiB, held
 
     report = _json_from(nb.cells[4])

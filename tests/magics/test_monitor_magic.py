@@ -131,8 +131,8 @@ def test_unload_ext_stops_the_thread_and_closes_nvml(loaded):
     [
         ("bogus", "invalid choice: 'bogus'"),
         ("--interval abc", "invalid float value: 'abc'"),
-        ("--interval 0", "interval must be at least 0.05 s, got 0; for example --interval 0.5"),
-        ("--history -5", "history must be a positive number of seconds, got -5"),
+        ("--interval 0", "--interval takes seconds between readings, at least 0.05; got 0"),
+        ("--history -5", "--history takes a positive number of seconds of history; got -5"),
         ("--interval 0.05 --history 1e9", "raise the interval or shorten the history"),
         ("--devices x", "--devices takes CUDA device numbers separated by commas, such as --devices 0,1; got 'x'"),
         ("--devices 0,7", "no cuda:7 here; this process sees cuda:0, cuda:1"),
@@ -229,7 +229,7 @@ def test_no_gpu_says_so_in_one_line_and_starts_nothing(no_gpu):
 
 
 def test_monitor_function_drives_the_same_poller(loaded):
-    from jupyter_cudamem.monitor import monitor
+    from jupyter_cudamem import monitor
 
     monitor(interval_s=0.05)
     poller = loaded.magics.poller
@@ -268,7 +268,7 @@ def test_monitor_function_loads_the_extension_when_needed(monkeypatch):
         allocator=FakeAllocator(machine), nvml=FakeNvml(machine), pid=machine.pid, pid_exists=lambda p: True
     )
     monkeypatch.setattr(magics, "default_hardware", lambda: hardware)
-    from jupyter_cudamem.monitor import monitor
+    from jupyter_cudamem import monitor
 
     try:
         with capture_output():

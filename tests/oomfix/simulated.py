@@ -29,7 +29,7 @@ def _size(value: float) -> str:
 
 def torch_oom_message(requested: int, total: int, free: int, process: int, allowed: int | None,
                       allocated: int, reserved_unallocated: int, device: int = 0) -> str:
-    """The text of a ``torch.OutOfMemoryError`` as torch 2.11 words it (FACTS.md)."""
+    """The text of a ``torch.OutOfMemoryError`` as torch 2.11 words it (read from a real OOM on the H100)."""
     cap = f" {_size(allowed)} allowed;" if allowed is not None else ""
     return (
         f"CUDA out of memory. Tried to allocate {_size(requested)}. GPU {device} has a total capacity of "

@@ -14,7 +14,7 @@ from jupyter_cudamem.oomfix.options import check_max_tries, check_strategies
 from tests.fakes import FakeOutOfMemoryError, GiB, MiB
 from tests.oomfix.simulated import OutOfMemoryError, SimulatedCell, capped_machine, fake_hardware
 
-CNN = lambda b: 7.05 * MiB * b + 30 * MiB  # noqa: E731  FACTS.md's CNN, one Adam step
+CNN = lambda b: 7.05 * MiB * b + 30 * MiB  # noqa: E731  the CNN measured on an H100, one Adam step
 
 TRAINING_CELL = """batch_size = {batch}
 train_step(batch_size)

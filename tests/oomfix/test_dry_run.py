@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from jupyter_cudamem import magics
+from jupyter_cudamem.magics.oomfix import OomFix
 from jupyter_cudamem.hardware import Hardware
 from tests.fakes import FakeAllocator, FakeNvml, GiB, MiB
 from tests.oomfix.shells import shell_without_failures
@@ -53,11 +54,13 @@ def test_line_magic_shows_the_plan_and_changes_nothing(shell, capsys):
     assert shell.user_ns["config"]["batch_size"] == 256
 
 
-def test_cell_magic_dry_run_too(shell, capsys):
+def test_cell_magic_dry_run_too_and_the_cell_still_fails(shell, capsys):
     shell, _ = shell
-    outcome = shell.run_cell_magic(
-        "oomfix", "--dry-run -o", "x = torch.randn(config['batch_size'], 10)\ntrain_step(x)\n"
+    result = shell.run_cell(
+        "%%oomfix --dry-run -o\nx = torch.randn(config['batch_size'], 10)\ntrain_step(x)\n", store_history=True
     )
+    assert type(result.error_in_exec).__name__ == "OutOfMemoryError"  # --dry-run fixes nothing
+    outcome = magics.loaded(shell).get(OomFix).last_outcome
     assert outcome.dry_run and outcome.plan.knob.value == 256
     assert shell.user_ns["config"]["batch_size"] == 256
 

@@ -8,7 +8,7 @@ from jupyter_cudamem.oomfix.parse import OomInfo, is_cuda_oom, parse_oom
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
-# torch 2.11 on the H100 (FACTS.md): an allocation larger than the card.
+# torch 2.11 on the H100, copied from a real OOM: an allocation larger than the card.
 TORCH_2_11 = (
     "CUDA out of memory. Tried to allocate 200.00 GiB. GPU 0 has a total capacity of 79.18 GiB of which "
     "78.66 GiB is free. Including non-PyTorch memory, this process has 518.00 MiB memory in use. Of the "
@@ -17,7 +17,7 @@ TORCH_2_11 = (
     "avoid fragmentation.  See documentation for Memory Management  "
     "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
 )
-# torch 2.11 with set_per_process_memory_fraction(0.02) (FACTS.md): the "allowed;" clause.
+# torch 2.11 with set_per_process_memory_fraction(0.02), copied from a real OOM: the "allowed;" clause.
 TORCH_2_11_CAPPED = (
     "CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which "
     "77.10 GiB is free. Including non-PyTorch memory, this process has 2.01 GiB memory in use. 1.58 GiB "
