@@ -365,3 +365,21 @@ def test_the_budget_is_enforced():
     assert budget_problems(talkative, 0)
     assert budget_problems(_notebook(), BUDGET["bytes"] + 1)
     assert budget_problems(_notebook(_cell(outputs=[_stream("line\n")])), 100) == []
+
+
+def test_the_runner_tidies_what_would_break_these_promises():
+    from tests.notebook_runner import tidy_outputs
+
+    frames = ["\x1b[0;31mOutOfMemoryError\x1b[0m Traceback", "File /root/.venv/lib/python3.12/site-packages/torch/nn/modules/module.py:1"]
+    warning = "/root/.venv/lib/python3.12/site-packages/transformers/training_args.py:10: FutureWarning: old\n"
+    notebook = _notebook(
+        _cell("expected", [_error(traceback=frames)], tags=["raises-exception"]),
+        _cell("warns", [_stream(warning, name="stderr")]),
+        _cell("unexpected", [_error("ValueError", "bad", traceback=frames)]),
+    )
+    tidy_outputs(notebook)
+    expected, warns, unexpected = notebook.cells
+    assert expected.outputs[0].traceback == ["OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB."]
+    assert warns.outputs[0].text == "transformers/training_args.py:10: FutureWarning: old\n"
+    assert unexpected.outputs[0].traceback == frames  # someone has to debug it
+    assert path_problems(_notebook(expected, warns)) == []
