@@ -101,11 +101,12 @@ def tidy_outputs(notebook) -> None:
                 output.text = _SITE_PACKAGES.sub("", output.text)
 
 
-def execute_notebook(path: Path, timeout: int = 300, kernel: str = "python3"):
+def execute_notebook(path: Path, timeout: int = 300, kernel: str = "python3", without_tag: str | None = None):
     """Run the notebook at ``path`` top to bottom in a fresh kernel, in its own folder, with this checkout first
     on ``PYTHONPATH``. Returns ``(notebook, error, seconds)``: ``error`` is the ``CellExecutionError`` of a cell
     that failed without the ``raises-exception`` tag (nbclient stops there), else ``None``. Cells tagged
-    ``skip-execution`` are not run. Outputs are tidied (``tidy_outputs``) either way.
+    ``skip-execution`` are not run; cells tagged ``without_tag`` (``"gpu"`` on a machine without one) are left out
+    of the returned notebook altogether. Outputs are tidied (``tidy_outputs``) either way.
     """
     import time
 
@@ -114,6 +115,8 @@ def execute_notebook(path: Path, timeout: int = 300, kernel: str = "python3"):
     from nbclient.exceptions import CellExecutionError
 
     notebook = nbformat.read(path, as_version=4)
+    if without_tag is not None:
+        notebook.cells = [cell for cell in notebook.cells if without_tag not in tags(cell)]
     client = NotebookClient(
         notebook, kernel_name=kernel, timeout=timeout, resources={"metadata": {"path": str(Path(path).parent)}}
     )
