@@ -37,6 +37,9 @@ STEPS_OF = re.compile(rf"\b{NUMBER} (?:accumulation |micro[- ]?batch )?steps of 
 TIMES_EQUALS = re.compile(rf"\b{NUMBER}\s*[x×*]\s*{NUMBER}\s*=\s*{NUMBER}")
 MICRO_EQUALS = re.compile(rf"\b{NUMBER} micro[- ]?batch(?:es)? of {NUMBER}\s*=\s*{NUMBER}", re.IGNORECASE)
 DIAGNOSIS_HEAD = re.compile(r"^[ \t]*CUDA out of memory on ", re.MULTILINE)
+# A line that says plainly that the effective batch changes ("5 steps of 205: the effective batch becomes 1025")
+# is the honest answer when no micro-batch divides it; it is not checked against the batch it no longer keeps.
+SAYS_IT_CHANGES = re.compile(r"\b(?:becomes|changes?|changed|instead of|not exactly)\b", re.IGNORECASE)
 REPEATED_BLOCK = 3  # lines: a block this long printed twice in one output is a repetition, not a coincidence
 MIN_BLOCK_CHARS = 60  # ...unless it is short (three blank-ish table rules, say)
 
@@ -131,18 +134,21 @@ def accumulation_problems_in(text: str) -> list[str]:
             + [(m.start(), "sum", m) for m in MICRO_EQUALS.finditer(paragraph)],
             key=lambda event: event[0],
         )
-        for _, kind, match in events:
+        for position, kind, match in events:
+            line_start = paragraph.rfind("\n", 0, position) + 1
+            line_end = paragraph.find("\n", position)
+            line = paragraph[line_start : None if line_end < 0 else line_end]
             if kind == "effective":
                 effective = _int(match.group(1))
             elif kind == "steps":
                 steps, micro = _int(match.group(1)), _int(match.group(2))
-                if effective is not None and steps * micro != effective:
+                if effective is not None and steps * micro != effective and not SAYS_IT_CHANGES.search(line):
                     problems.append(f"{match.group(0)!r} is {steps * micro} samples, not the effective batch of {effective}")
             else:
                 steps, micro, total = (_int(group) for group in match.groups())
                 if steps * micro != total:
                     problems.append(f"{match.group(0)!r}: {steps} x {micro} is {steps * micro}")
-                elif effective is not None and total != effective:
+                elif effective is not None and total != effective and not SAYS_IT_CHANGES.search(line):
                     problems.append(f"{match.group(0)!r}: {total} samples, not the effective batch of {effective}")
     return problems
 
@@ -322,6 +328,12 @@ def test_relative_paths_pass():
 )
 def test_inexact_accumulation_is_caught(text):
     assert accumulation_problems(_notebook(_cell(outputs=[_plain_output(text)])))
+
+
+def test_saying_plainly_that_the_effective_batch_changes_passes():
+    text = "keeps the effective batch of 1024 where a divisor fits; here none does: 5 steps of 205, so the effective batch becomes 1025"
+    assert accumulation_problems_in(text) == []
+    assert accumulation_problems_in("effective batch of 1024: 5 x 205 = 1024 (the effective batch becomes 1025)")  # wrong sum
 
 
 def test_accumulation_checks_each_paragraph_on_its_own():
