@@ -46,3 +46,35 @@ def test_cpu_smoke_run_names_every_case(tmp_path):
     assert results["goals"]["no_result_called_a_leak"]
     assert all(cost["named"] == ["leaked"] for cost in results["cost"].values())
     assert "[11/11]" in done.stdout
+
+
+CHECK_IN_A_SHELL = r"""
+import contextlib, io, json, sys
+sys.path[:0] = ["tests", "tests/gpu", "."]
+from benchmarks.leaks import CASES, PRELUDE, _run, _shell
+from test_leaks_gpu import CHECK
+
+shell, _ = _shell(cpu_smoke=True)
+case = next(c for c in CASES if c.name == "losses_list")
+_run(shell, PRELUDE.format(dev="cpu", batch=128, width=256))
+_run(shell, "%%cudamem -o\n7 * 6")  # a body ending in an expression: displayed, and the report is the result
+assert type(shell.user_ns["_"]).__name__ == "CellReport" and shell.user_ns["__"] == 42
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    shell.run_cell("%reset -f out", store_history=True)
+    shell.run_cell("%%cudamem -o\n" + case.cell, store_history=True)
+    shell.run_cell(CHECK.format(name=case.name), store_history=True)
+print(json.dumps({"underscore": repr(shell.user_ns["_"]), "text": out.getvalue()}))
+"""
+
+
+def test_the_gpu_tests_check_cell_finds_the_report_when_the_cell_binds_underscore():
+    """``for _ in range(20)`` binds ``_``, after which IPython no longer updates it: the GPU test's check
+    cell must find ``%%cudamem -o``'s report in ``Out`` instead (run here in a shell on CPU tensors)."""
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", CHECK_IN_A_SHELL], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    shown = json.loads(done.stdout.strip().splitlines()[-1])
+    assert shown["underscore"] == "19"  # the user's own _, as IPython leaves it
+    record = json.loads(next(line for line in shown["text"].splitlines() if line.startswith("RESULT "))[7:])
+    assert record["passed"] and record["named_holders"][0]["name"] == "losses", record

@@ -79,6 +79,7 @@ from .walk import (
     Hit,
     Reach,
     describe_path,
+    gc_paused,
     type_code,
     walk,
     walk_together,
@@ -142,13 +143,13 @@ def _fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None =
         code = type_code(kind, probe)
         if codes is not None:
             codes[kind] = code
-    if code in _PLAIN_CODES:
-        return (ident,)
     try:
+        if code == TENSOR_CODE:  # the commonest first
+            return (ident, id(grad_of(value)))
+        if code in _PLAIN_CODES:
+            return (ident,)
         if code in _CONTAINER_CODES:
             return (ident, len(value))
-        if code == TENSOR_CODE:
-            return (ident, id(grad_of(value)))
         if code == MODULE_CODE:
             first = next(iter(value.parameters()), None)
             if first is None:
@@ -188,7 +189,7 @@ class NamespaceSnapshot:
         probe = probe if probe is not None else default_probe()
         if probe is None:
             return cls({}, frozenset())
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), gc_paused():
             warnings.simplefilter("ignore")
             codes: dict[type, int] = {}
             names = {name: _fingerprint(value, probe, codes) for name, value in list(namespace.items())}
@@ -361,11 +362,13 @@ def _judge(
     judged: list[_Judged] = []
     unchanged: list[tuple[str, Any, Root | None]] = []
     roots: list[Root] = []
+    codes: dict[type, int] = {}
+    earlier = before.names
     for name, value in list(namespace.items()):
         if not is_user_name(name, value):
             continue
-        old = before.names.get(name)
-        if old is not None and old[0] == id(value) and _fingerprint(value, probe) == old:
+        old = earlier.get(name)
+        if old is not None and old[0] == id(value) and _fingerprint(value, probe, codes) == old:
             unchanged.append((name, value, None))  # most names: decided without a second look
         else:
             roots.append(Root(name, root_kind(value, probe), value, True, VARIABLE, 1))
@@ -382,13 +385,14 @@ def _judge(
         novelty = {key: _novelty_of(hit, change, detail) for key, hit in root.reach.storages.items()}
         judged.append(_Judged(root, change, novelty))
     together = walk_together([(name, value) for name, value, _ in unchanged], probe, skip)
-    for key in together.storages:
-        for entry in judged:
-            if key in entry.novelty:
+    reached = together.reached
+    for entry in judged:
+        for key in entry.novelty:
+            if key in reached:
                 entry.novelty[key] = OLD
     hidden: dict[int, dict[Any, Hit]] = {}
     for key, hit in together.late.items():
-        if key not in together.storages:
+        if key not in together.reached:
             hidden.setdefault(hit.owner, {})[key] = hit
     for owner, hits in hidden.items():
         name, value, made = unchanged[owner]
@@ -546,7 +550,7 @@ def left_behind(
     if probe is None:
         return LeftBehind(left_bytes, (), elapsed_s=time.perf_counter() - started)
     skip = frozenset({id(namespace), *(id(obj) for obj in skip_objects)})
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), gc_paused():
         warnings.simplefilter("ignore")
         judged, hooks = _judge(namespace, references, before, probe, skip)
 

@@ -75,6 +75,16 @@ class TensorProbe:
             except Exception:
                 return None
 
+    def storage_key(self, tensor: Any) -> Any:
+        """``device_storage``'s key alone (what a walk that only asks *which* storages needs), or ``None``."""
+        if not self.on_device(tensor):
+            return None
+        try:
+            return ("storage", int(tensor.untyped_storage().data_ptr()))
+        except Exception:
+            found = self.device_storage(tensor)
+            return found[0] if found is not None else None
+
     # Older name, kept for callers that still say CUDA.
     cuda_storage = device_storage
 

@@ -15,9 +15,11 @@ of a million floats costs one pass over it.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import types
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
@@ -105,6 +107,9 @@ class Reach:
     hooks: list[ModuleHook] = field(default_factory=list)
     truncated: bool = False
     late: dict[Any, Hit] = field(default_factory=dict)
+    # In a walk of several roots: every storage reached outside what modules keep out of sight,
+    # including those a keys-only pass met without making a ``Hit`` (see ``walk_together``).
+    reached: set[Any] = field(default_factory=set)
 
     @property
     def total(self) -> int:
@@ -250,10 +255,14 @@ class _Walker:
             (item, category, position, path, False, owner)
         )
 
-    def run(self, roots: list[Any]) -> Reach:
-        for owner, root in enumerate(roots):
-            self.pending.append((root, TENSORS, -1, (), True, owner))
+    def run(self, roots: list[Any], keys_only: bool = False) -> Reach:
+        if keys_only:
+            self.collect_keys(roots)
+        else:
+            for owner, root in enumerate(roots):
+                self.pending.append((root, TENSORS, -1, (), True, owner))
         self.drain()
+        self.reach.reached.update(self.storages)
         if self.deferred:
             # What modules keep out of sight is walked last: what anything else reaches was seen first.
             self.storages = self.reach.late
@@ -262,6 +271,79 @@ class _Walker:
             self.track_paths = True
             self.drain()
         return self.reach
+
+    def collect_keys(self, roots: list[Any]) -> None:
+        """The first pass of a walk of unchanged roots, where only which storages are reached matters:
+        tensors, containers and plain objects are handled here on a stack of bare objects, without the
+        categories, positions and paths a ``Hit`` records; everything else (modules, optimizers,
+        tracebacks, frames, exceptions, a root of the machinery) goes through ``visit`` as in any walk,
+        so the outcome is the same set of storages, modules' hidden parts deferred the same way. Same
+        budget: each object queued counts one."""
+        seen, skip, codes, probe = self.seen, self.skip_ids, self.codes, self.probe
+        keys = self.reach.reached
+        storage_key, on_device = probe.storage_key, probe.on_device
+        atoms = ATOM_TYPES
+        for owner, root in enumerate(roots):
+            stack = [root]
+            while stack:
+                obj = stack.pop()
+                ident = id(obj)
+                if ident in seen or ident in skip:
+                    continue
+                seen.add(ident)
+                kind = type(obj)
+                code = codes.get(kind)
+                if code is None:
+                    code = codes[kind] = type_code(kind, probe)
+                try:
+                    if code == _TENSOR:
+                        if on_device(obj):
+                            try:
+                                keys.add(("storage", obj.untyped_storage().data_ptr()))
+                            except Exception:
+                                key = storage_key(obj)
+                                if key is not None:
+                                    keys.add(key)
+                        more = []
+                        # grad_of and grad_fn_of, inline: a namespace is mostly tensors
+                        if getattr(obj, "is_leaf", True) or getattr(obj, "retains_grad", False):
+                            grad = getattr(obj, "grad", None)
+                            if grad is not None:
+                                more.append(grad)
+                        node = getattr(obj, "grad_fn", None)
+                        if node is not None:
+                            more.extend(value for value in self.graph_saved(node) if type(value) not in atoms)
+                    elif code == _SEQUENCE:
+                        more = [value for value in obj if type(value) not in atoms]
+                    elif code == _SET:
+                        more = [value for value in list(obj) if type(value) not in atoms]
+                    elif code == _MAPPING:
+                        more = [value for value in list(obj.values()) if type(value) not in atoms]
+                    elif code == _OBJECT:
+                        attributes = getattr(obj, "__dict__", None)
+                        more = (
+                            [value for value in list(attributes.values()) if type(value) not in atoms]
+                            if isinstance(attributes, dict)
+                            else []
+                        )
+                        for slot in _slots_of(kind):
+                            if hasattr(obj, slot):
+                                value = getattr(obj, slot)
+                                if type(value) not in atoms:
+                                    more.append(value)
+                    elif code == _OPAQUE or (code == _MACHINERY and obj is not root):
+                        continue
+                    else:
+                        self.visit(obj, TENSORS, -1, (), obj is root, owner)
+                        continue
+                except Exception:  # an object that cannot be inspected holds nothing we can name
+                    continue
+                if more:
+                    if len(more) > self.budget:
+                        self.reach.truncated = True
+                        more = more[: max(self.budget, 0)]
+                    self.budget -= len(more)
+                    stack.extend(more)
 
     def drain(self) -> None:
         pending, seen, skip = self.pending, self.seen, self.skip_ids
@@ -352,6 +434,11 @@ class _Walker:
 
     def visit_graph(self, start: Any, position: int, path: tuple[Step, ...], owner: int) -> None:
         """Every node not yet seen from ``start``, then what each keeps for its backward."""
+        for saved in self.graph_saved(start):
+            self.push(saved, GRAPH, position, path, owner)
+
+    def graph_saved(self, start: Any) -> list[Any]:
+        """What the graph nodes not yet seen from ``start`` keep for their backward (kept alive)."""
         nodes: list[Any] = []
         frontier = [start]
         while frontier and self.budget > 0:
@@ -366,10 +453,12 @@ class _Walker:
         if frontier:
             self.reach.truncated = True
         may_unpack = not graph_is_hooked(nodes)
+        found: list[Any] = []
         for node in nodes:
             for saved in saved_by(node, may_unpack):
                 self.keep_alive.append(saved)
-                self.push(saved, GRAPH, position, path, owner)
+                found.append(saved)
+        return found
 
     def visit_module(self, module: Any, position: int, path: tuple[Step, ...], owner: int) -> None:
         deeper = len(path) < PATH_STEPS
@@ -418,11 +507,33 @@ def walk_together(
     """One walk of many roots, each object visited once whichever root leads to it, with what modules
     keep out of sight (hooks' captures, plain attributes) walked last, into ``Reach.late``: where those
     are also reached otherwise, they are counted there. ``Hit.owner`` is the index of the root. Cheaper
-    than a walk per root when only the union matters (``left`` walks every unchanged name this way)."""
+    than a walk per root when only the union matters (``left`` walks every unchanged name this way).
+
+    Only which storages are reached is kept of the first part, in ``Reach.reached``: ``storages`` holds
+    ``Hit``s only for what went through the full visit (modules' own tensors, optimizers' state...).
+    Tensors, containers and plain objects, nearly all of a namespace, take a keys-only path (no
+    categories, positions or paths: about half the cost per object or less; ``benchmarks/leaks.py``,
+    part ``cost``, measures the whole attribution)."""
     walker = _Walker(probe, skip_ids, True, limit, [name for name, _ in roots], defer_hidden=True)
-    reach = walker.run([value for _, value in roots])
+    reach = walker.run([value for _, value in roots], keys_only=True)
     walker.keep_alive.clear()
     return reach
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Hold off Python's cyclic garbage collector while attributing. A walk makes small tuples and
+    lists by the thousand; each few hundred would start a collection, and now and then one that scans
+    every object of the process (with 10,000 tensors in the namespace, as long as the walk itself:
+    the spread between the median and the fastest run in ``benchmarks/leaks.py``'s part ``cost``).
+    Nothing is lost: the collector runs as usual after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def describe_path(root: str, path: tuple[Step, ...]) -> str:

@@ -53,8 +53,8 @@ def _rows(device: DeviceMeasurement) -> list[tuple[str, str, str]]:
 
 
 _REMAINDER = (
-    "not reachable from any name: PyTorch's own caches (cuBLAS's workspace on a first matmul), tensors only "
-    "C++ code keeps, or objects the walk does not enter"
+    "not reachable from any name: PyTorch's own caches (cuBLAS's workspace on a process's first matmul or "
+    "first backward), tensors only C++ code keeps, or objects the walk does not enter"
 )
 
 

@@ -310,3 +310,52 @@ def test_without_torch_there_is_nothing_to_attribute(monkeypatch):
     snapshot = NamespaceSnapshot.take({"x": 1})
     assert snapshot.names == {}
     assert left_behind({"x": 1}, (), snapshot, MiB).holders == ()
+
+
+def test_memory_an_unchanged_container_holds_deep_down_is_old_when_a_new_name_reaches_it():
+    """Unchanged names are walked by a keys-only pass: what they reach, however deep, still makes a
+    new name's alias of it old, and a new tensor beside it new."""
+    probe = fake_probe()
+    deep = FakeTensor(8 * MiB)
+    ns = {f"v{index}": [FakeTensor(MiB // 16), index] for index in range(2000)}
+    ns["data"] = {"runs": [(1, {"kept": _Holder(deep)})]}
+    before = NamespaceSnapshot.take(ns, (), probe)
+    ns["alias"] = [deep.view()]  # new name, old memory
+    ns["fresh"] = [deep.view(), FakeTensor(4 * MiB)]  # new name: one old storage, one new
+    left = left_behind(ns, (), before, 4 * MiB, probe)
+    assert [h.name for h in left.holders] == ["fresh"] and left.holders[0].nbytes == 4 * MiB
+    assert left.remainder_bytes == 0 and not left.truncated
+
+
+class _Holder:
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def test_attributing_holds_off_the_garbage_collector_and_restores_it():
+    import gc
+
+    from jupyter_cudamem.attribution import left as left_module
+
+    seen = []
+    real = left_module._judge
+
+    def judge(*args):
+        seen.append(gc.isenabled())
+        return real(*args)
+
+    probe = fake_probe()
+    ns = {"t": FakeTensor(MiB)}
+    before = NamespaceSnapshot.take(ns, (), probe)
+    original = left_module._judge
+    left_module._judge = judge
+    try:
+        assert gc.isenabled()
+        left_behind(ns, (), before, MiB, probe)
+        assert seen == [False] and gc.isenabled()
+        gc.disable()
+        left_behind(ns, (), before, MiB, probe)
+        assert not gc.isenabled()  # left as it was found
+    finally:
+        gc.enable()
+        left_module._judge = original

@@ -140,3 +140,83 @@ def test_paths_name_attributes_items_and_hooks():
     (hit,) = reach.storages.values()
     assert describe_path("tracker", hit.path) == "tracker.history['loss']"
     assert describe_path("x", ((2, "forward hook f on model", -1),)) == "forward hook f on model"
+
+
+# -- the keys-only first pass of a walk of unchanged names --------------------------------------
+class _Slotted:
+    __slots__ = ("kept", "other")
+
+    def __init__(self, kept, other=None):
+        self.kept = kept
+        self.other = other
+
+
+class _Plain:
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+
+def _full_union(roots, probe):
+    keys = set()
+    for name, value in roots:
+        keys.update(walk(value, probe, root_name=name).storages)
+    return keys
+
+
+def _fake_roots():
+    from tests.fakes import FakeOptimizer
+
+    shared = FakeTensor(MiB)
+    hooked = FakeTensor(2 * MiB)
+    model = FakeModule({"w": FakeTensor(MiB, grad=FakeTensor(MiB))}, child=FakeModule({"b": FakeTensor(MiB)}))
+    model._forward_hooks = {0: functools.partial(lambda kept, *a: None, [hooked])}
+    model.cache = FakeTensor(3 * MiB)  # a plain attribute: out of the fingerprint's sight
+    opt = FakeOptimizer(model.parameters())
+    opt.step()
+    return [
+        ("t", FakeTensor(MiB, grad=FakeTensor(MiB))),
+        ("cpu", FakeTensor(MiB, device="cpu")),
+        ("nested", [1, "a", (shared, [FakeTensor(MiB)]), {"k": {"deeper": FakeTensor(MiB)}}]),
+        ("tags", {frozenset({1, 2}), (FakeTensor(MiB),)}),
+        ("slotted", _Slotted(FakeTensor(MiB), _Plain(inner=[shared.view()]))),
+        ("model", model),
+        ("opt", opt),
+        ("error", ValueError(FakeTensor(MiB))),
+    ]
+
+
+def test_the_keys_only_pass_reaches_what_a_full_walk_of_each_root_reaches():
+    from jupyter_cudamem.attribution.walk import walk_together
+
+    probe = fake_probe()
+    roots = _fake_roots()
+    together = walk_together(roots, probe)
+    assert together.reached | set(together.late) == _full_union(roots, probe)
+    assert not together.truncated
+    # what modules keep out of sight is met last, with its owner and path: the hook's capture, model.cache
+    late = {hit.owner: hit for hit in together.late.values()}
+    assert [name for name, _ in roots][next(iter(late))] == "model"
+    assert {hit.category for hit in together.late.values()} == {HOOKS, "other tensors"}
+
+
+def test_the_keys_only_pass_follows_graphs_of_real_tensors():
+    torch = pytest.importorskip("torch")
+    from jupyter_cudamem.attribution.walk import walk_together
+
+    probe = torch_cpu_probe()
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64)
+    loss = (x @ w).relu().pow(2).mean()
+    roots = [("kept", {"history": [loss, (x @ w).tanh()]}), ("w", w), ("obj", _Slotted((x * 2).exp()))]
+    together = walk_together(roots, probe)
+    assert together.reached | set(together.late) == _full_union(roots, probe)
+    assert len(together.reached) >= 6  # x, w, relu's and tanh's results, the exp, the slotted tensor
+
+
+def test_the_keys_only_pass_stops_at_its_budget_and_says_so():
+    from jupyter_cudamem.attribution.walk import walk_together
+
+    roots = [("many", [FakeTensor(MiB) for _ in range(100)])]
+    together = walk_together(roots, fake_probe(), limit=20)
+    assert together.truncated and len(together.reached) == 20
+    assert not walk_together(roots, fake_probe(), limit=100).truncated

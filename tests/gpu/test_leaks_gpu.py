@@ -19,11 +19,20 @@ from notebook_runner import html_of, json_line, run_cells, text_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.notebook]
 
+# The report is read from ``Out``, not from ``_``: IPython stops updating ``_`` (for every cell, not
+# only ours) once the user's code binds ``_`` itself, as ``for _ in range(20)`` in the cases does.
+# ``%%cudamem -o`` returns its report as the cell's result, so IPython caches it in ``Out`` like any
+# cell's value; ``%reset -f`` cleared ``Out`` at the start of the case, so the report found is this
+# case's, and exactly one must be there.
 CHECK = """
 import json
 from benchmarks.leaks import CASES, _judge
+from jupyter_cudamem.report import CellReport
 _case = next(c for c in CASES if c.name == {name!r})
-_record = _judge(_case, _)
+_reports = [value for value in Out.values() if isinstance(value, CellReport)]
+assert len(_reports) == 1, f"%%cudamem -o left {{len(_reports)}} reports in Out: {{sorted(map(type, Out.values()), key=str)}}"
+_record = _judge(_case, _reports[0])
+del _reports
 print("RESULT " + json.dumps(_record))
 """
 
