@@ -16,8 +16,9 @@ def _magic_classes() -> list[type[CudaMemMagicsBase]]:
     from .cudamem import CudaMem
     from .monitor import CudaMemMonitor
     from .oomfix import OomFix
+    from .plan import CudaMemPlan
 
-    return [CudaMem, CudaMemMonitor, OomFix]
+    return [CudaMem, CudaMemMonitor, OomFix, CudaMemPlan]
 
 
 class Extension:

@@ -14,7 +14,7 @@ from typing import Any
 from IPython.core.magic import line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
-from traitlets import Bool, Int, Unicode, Union
+from traitlets import Bool, Dict, Int, Unicode, Union
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
 from ..attribution.probe import default_probe
@@ -73,6 +73,8 @@ class CudaMem(CudaMemMagicsBase):
     trace_dir = Unicode("cudamem_traces", help="Where --trace saves allocator snapshots.").tag(config=True)
     trace_max_entries = Int(200_000, help="Allocation events --trace records at most.").tag(config=True)
     history_size = Int(10_000, help="Measured cells kept in the history.").tag(config=True)
+    cards = Dict(help="Cards %%cudamem_plan plans for, beside its built-in table: {'name': GiB or '46068MiB' or "
+                 "{'memory': ..., 'ecc': True}}; a built-in name overrides it, None removes it.").tag(config=True)
     attribute_threshold = Union(
         [Int(), Unicode()],
         default_value=f"{DEFAULT_THRESHOLD_BYTES // 1024**2}MiB",

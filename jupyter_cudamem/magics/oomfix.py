@@ -20,7 +20,8 @@ from ..errors import CudaMemError
 from ..oomfix.driver import Driver
 from ..oomfix.parse import OomInfo, is_cuda_oom, parse_oom
 from ..oomfix.outcome import Outcome
-from ..oomfix.strategies import STRATEGIES, parse_strategies
+from ..oomfix.options import check_max_tries, check_strategies
+from ..oomfix.strategies import STRATEGIES
 from .base import CudaMemMagicsBase, one_line_errors
 
 _SIDE_EFFECTS = (
@@ -160,10 +161,7 @@ class OomFix(CudaMemMagicsBase):
             raise CudaMemError(f"%oomfix needs a CUDA device: {reason}")
 
     def _strategies(self, args: Any) -> tuple[str, ...]:
-        try:
-            chosen = parse_strategies(args.strategy if args.strategy is not None else self.strategies)
-        except ValueError as error:
-            raise CudaMemError(str(error)) from None
+        chosen = check_strategies(args.strategy if args.strategy is not None else self.strategies)
         if args.no_autocast or not self.autocast:
             chosen = tuple(s for s in chosen if s != "autocast")
         if not chosen:
@@ -182,13 +180,11 @@ class OomFix(CudaMemMagicsBase):
         from ..oomfix import cleanup as cleanup_module
         from ..oomfix.diagnosis import diagnose
         from ..attribution.holders import find_holders, reaches_cuda
-        from ..oomfix.ipython_state import ipython_references, user_variables
+        from ..oomfix.ipython_state import input_history, ipython_references, user_variables
 
         if not args.dry_run:
             self._require_gpu()
-        max_tries = self.max_tries if args.max_tries is None else args.max_tries
-        if max_tries < 1:
-            raise CudaMemError(f"--max-tries must be at least 1, got {max_tries}")
+        max_tries = check_max_tries(self.max_tries if args.max_tries is None else args.max_tries)
         strategies = self._strategies(args)
         missing = [name for name in args.delete if name not in self.shell.user_ns]
         if missing:
@@ -220,7 +216,7 @@ class OomFix(CudaMemMagicsBase):
             device = oom.device_index if oom is not None and oom.device_index is not None else 0
             before = None if allocated_at_start is None else allocated_at_start.get(device)
             outcome = driver.fix(source, None, self.shell.user_ns, freed_bytes=cleaned.freed_bytes, oom=oom,
-                                 allocated_before=before)
+                                 allocated_before=before, history=input_history(self.shell), cell_number=cell_number)
         finally:
             # Our reruns are not the user's failures: the record stays the cell they ran.
             self._recorder.last = saved_failure
@@ -305,7 +301,7 @@ class OomFix(CudaMemMagicsBase):
         self._display(outcome)
         if outcome.changed:
             if args.apply:
-                self.shell.set_next_input(outcome.fixed_source, replace=False)
+                self.shell.set_next_input(outcome.paste, replace=False)
                 print("%oomfix: the cell that fitted is in the next input; run it to keep it")
             elif not outcome.dry_run:
                 print("%oomfix: add --apply to get the cell that fitted as the next input")

@@ -2,8 +2,9 @@
 
 ``parse`` reads OOM messages, ``ipython_state`` (what IPython keeps; ``attribution`` says who holds memory) is the
 only module that knows IPython's attribute names, ``cleanup`` frees and measures, ``diagnosis`` turns
-it into a verdict; ``search`` picks the next batch, ``strategies`` names the ways to fit and the driver
-runs them, recording each try in ``outcome``; ``plan`` is what ``--dry-run`` shows. Where the batch lives
-and changing it there is ``jupyter_cudamem.batch``'s, advice ``jupyter_cudamem.advice``'s; ``rewrite`` adapts
-the finder to today's driver until it uses ``batch.BatchChange``.
+it into a verdict; ``search`` picks the next batch (the memory model is ``jupyter_cudamem.growth``),
+``strategies`` names the ways to fit, ``options`` checks their settings, and the driver runs them,
+recording each try in ``outcome``; ``leftovers`` makes sure a failed try leaves nothing; ``plan`` is
+what ``--dry-run`` shows. Where the batch lives and changing it there is ``jupyter_cudamem.batch``'s,
+advice ``jupyter_cudamem.advice``'s.
 """

@@ -7,12 +7,18 @@ tests pass a simulated cell and fake hardware (``tests/oomfix/simulated.py``).
 
 Tries stop at ``max_tries``, at the first try that fits (for a batch search: once the search says a
 larger batch will not fit), and at any error that is not an OOM: that one is the user's to see.
+
+The batch is changed where it lives (``batch.BatchChange``: the cell's text, a variable or config of an
+earlier cell, a DataLoader, a Trainer's arguments), found once per fix and kept at the best batch that
+fitted, or put back when none did. Every try starts with what the failed cell started with: what the
+failed cell bound and binds again is set aside first (``leftovers``), and each failed try is undone.
+The OOM of each try is parsed once, and only its figures are kept (``TryResult``), never the exception.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,16 +26,17 @@ from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..measure import Meter
 from ..units import format_bytes
-from .parse import OomInfo, is_cuda_oom, parse_oom
-from .rewrite import BatchDiscovery, _default_transform, find_batch, rewrite_batch, wrap_in_autocast
-from .search import BatchSearch
-from .strategies import (
-    STRATEGIES,
-    Outcome,
-    TryResult,
-    build_suggestions,
-    cell_traits,
-)
+from ..advice import build_suggestions
+from ..batch import BatchChange, BatchFinding, Knob, find_batch
+from ..cell.edit import CellDiff, wrap_in_autocast
+from ..cell.source import default_transform
+from ..cell.traits import cell_traits
+from .leftovers import Mover, SetAside, TorchMover, restore_bindings, set_aside
+from .options import check_max_tries, check_strategies
+from .outcome import Outcome, TryResult
+from .parse import OomInfo, parse_oom
+from .search import BatchSearch, Observation
+from .strategies import STRATEGIES
 
 RunSource = Callable[[str], "BaseException | None"]
 Cleanup = Callable[["BaseException | None"], Any]
@@ -58,41 +65,17 @@ def headroom_bytes(hardware: Hardware, torch_index: int) -> int | None:
     return max(room, 0) + reading.reserved_unallocated_bytes
 
 
-def _needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | None:
-    """A lower bound of what the failed cell needs: what it had allocated when it failed, plus the ask."""
+def needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | None:
+    """A lower bound of what the failed cell needs above what it started with: what it had allocated
+    when it failed (less what was allocated when it started), plus the allocation that failed."""
     if oom is None or allocated_before is None or oom.allocated_bytes is None or oom.requested_bytes is None:
         return None
     return max(oom.allocated_bytes - allocated_before, 0) + oom.requested_bytes
 
 
-# IPython's own names in a user namespace: its caches are the cleanup's business, not the undo's.
-_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
-
-
 def undo_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:
-    """Put ``namespace`` back as it was in ``before``: names the run bound anew are removed, rebound
-    names get their old object back. Returns the names changed.
-
-    A try that fails half-way leaves what it already assigned: a ``loss`` whose ``backward()`` ran
-    out of memory keeps its whole autograd graph (every saved activation) alive, which then shrinks
-    the room for the next try. Seen on the H100: a failed try's graph made the next, smaller try
-    fail too, and stayed allocated after ``%oomfix`` ended.
-    """
-    changed = []
-    for name in list(namespace):
-        if name.startswith("_") or name in _IPYTHON_NAMES:
-            continue
-        if name not in before:
-            del namespace[name]
-            changed.append(name)
-        elif namespace[name] is not before[name]:
-            namespace[name] = before[name]
-            changed.append(name)
-    for name, value in before.items():
-        if name not in namespace and not name.startswith("_"):
-            namespace[name] = value
-            changed.append(name)
-    return changed
+    """``leftovers.restore_bindings``: put the namespace back as it was before a failed try."""
+    return restore_bindings(namespace, before)
 
 
 def _one_line(error: BaseException) -> str:
@@ -105,33 +88,49 @@ def _one_line(error: BaseException) -> str:
 
 @dataclass
 class Driver:
-    """Runs the strategies in order for one failed cell; see the module docstring."""
+    """Runs the strategies in order for one failed cell; see the module docstring.
+
+    ``mover`` moves what the failed cell bound to the host before the reruns (``leftovers``);
+    ``None`` uses PyTorch's (``leftovers.TorchMover``), tests pass fakes.
+    """
 
     run_source: RunSource
     hardware: Hardware
     cleanup: Cleanup
     max_tries: int = 3
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = tuple(STRATEGIES)
     autocast_dtype: Callable[[], str] | None = None
     transform: Callable[[str], str] | None = None
     margin: float = 0.04
+    mover: Mover | None = None
 
     def __post_init__(self) -> None:
-        if self.max_tries < 1:
-            raise CudaMemError(f"--max-tries must be at least 1, got {self.max_tries}")
-        unknown = [s for s in self.strategies if s not in STRATEGIES]
-        if unknown:
-            raise CudaMemError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(STRATEGIES)}")
+        self.max_tries = check_max_tries(self.max_tries)
+        self.strategies = check_strategies(self.strategies)
         self._tries: list[TryResult] = []
         self._notes: list[str] = []
         self._namespace: Mapping[str, Any] | None = None
+        self._history: Sequence[str] | None = None
+        self._stopped: str | None = None  # why no more tries are made (never an overwrite of max_tries)
+        self._aside = SetAside({})  # what is on the host until a try that fits binds it anew
+        self._kept_noted: set[str] = set()
+        self._transform: Callable[[str], str] | None = self.transform
 
     # -- one measured try -------------------------------------------------------------------------
+    def _allocated(self, device: int) -> int | None:
+        readings = self.hardware.allocator_readings()
+        reading = readings.get(device) if readings else None
+        return None if reading is None else reading.allocated_bytes
+
     def _try(self, strategy: str, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
         namespace = self._namespace if isinstance(self._namespace, MutableMapping) else None
+        # What the last state bound and this try binds again (the failed cell's input, or a fitted
+        # try's) goes to the host first, so the try starts where the failed cell started.
+        self._set_aside(source, device)
         before = dict(namespace) if namespace is not None else None
         meter = Meter(self.hardware, devices=[device])
         baseline = meter.start()
+        at_start = self._allocated(device)
         started = time.perf_counter()
         error = self.run_source(source)
         wall_s = time.perf_counter() - started
@@ -139,28 +138,46 @@ class Driver:
         if error is not None and namespace is not None and before is not None:
             # A failed try leaves nothing behind: the variables are as the last try that fitted left them.
             undo_bindings(namespace, before)
-        del before
+        before = None
         peak = next((d.peak_above_start_bytes for d in measurement.devices), None)
-        oom = error is not None and is_cuda_oom(error)
+        oom = parse_oom(error) if error is not None else None  # parsed once; only its figures are kept
+        message = None if error is None or oom is not None else _one_line(error)
+        # Free what this try left (a failed try holds its frames like the original failure did), then
+        # let go of the exception: nothing of ours may keep its traceback.
+        self.cleanup(error)
+        error = None
+        if message is None and oom is None:
+            self._aside.drop()  # the try bound its own values: what was set aside is superseded
+        left = self._allocated(device)
         result = TryResult(
             number=len(self._tries) + 1,
             strategy=strategy,
             source=source,
-            fitted=error is None,
-            out_of_memory=oom,
+            fitted=message is None and oom is None,
+            out_of_memory=oom is not None,
             peak_bytes=peak,
             wall_s=wall_s,
             reason=reason,
             batch=batch,
-            error=None if error is None or oom else _one_line(error),
+            error=message,
+            allocated_at_start_bytes=at_start,
+            need_bytes=needed_bytes(oom, at_start),
+            left_bytes=None if left is None or at_start is None else left - at_start,
         )
         self._tries.append(result)
-        # Free what this try left (a failed try holds its frames like the original failure did).
-        self.cleanup(error)
+        if message is not None:
+            # A changed cell that fails otherwise (a shape that needed the old batch...) is not ours
+            # to keep retrying; spend no more tries.
+            self._stop(f"rerun #{result.number} failed with {message}; stopped")
         return result
 
     def _left(self) -> int:
-        return self.max_tries - len(self._tries)
+        return 0 if self._stopped is not None else self.max_tries - len(self._tries)
+
+    def _stop(self, reason: str) -> None:
+        if self._stopped is None:
+            self._stopped = reason
+            self._notes.append(reason)
 
     # -- the whole fix ------------------------------------------------------------------------------
     def fix(
@@ -172,44 +189,70 @@ class Driver:
         diagnosis: object | None = None,
         oom: OomInfo | None = None,
         allocated_before: int | None = None,
+        history: Sequence[str] | None = None,
+        cell_number: int | None = None,
+        finding: BatchFinding | None = None,
     ) -> Outcome:
         """Try the strategies on ``source``, which failed with ``error``; cleanup has already run.
 
         ``oom`` is the failure as parsed (pass it when the exception itself was released by the
-        cleanup); ``error`` and ``oom`` both ``None`` means the cell has not run yet (``%%oomfix``).
-        ``allocated_before`` is what PyTorch had allocated when the failed cell started: with the
-        OOM's figures it bounds what the cell needs, which decides whether a plain rerun can fit.
-        ``freed_bytes`` is what the cleanup freed (the fallback for that decision).
+        cleanup; it is parsed from ``error`` otherwise, once); ``error`` and ``oom`` both ``None`` means
+        the cell has not run yet (``%%oomfix``). ``allocated_before`` is what PyTorch had allocated
+        when the failed cell started: with the OOM's figures it bounds what the cell needs, which
+        decides whether a plain rerun can fit and where the batch search starts. ``history`` is
+        IPython's input history (``In``) and ``cell_number`` the failed cell's ``k``, so the batch is
+        found in the earlier cells that set it; ``finding`` a finding already made for this cell.
         """
         self._namespace = namespace
+        self._history = history
+        if isinstance(namespace, MutableMapping):
+            self._aside = SetAside(namespace)
         if oom is None and error is not None:
             oom = parse_oom(error)
         if error is not None and oom is None:
             raise CudaMemError(f"the last failure was not a GPU out-of-memory error ({_one_line(error)}); %oomfix does nothing for it")
+        error = None  # the figures are all we keep
         device = oom.device_index if oom is not None and oom.device_index is not None else 0
-        transform = self.transform or _default_transform
+        transform = self.transform or default_transform
+        if finding is None and "batch" in self.strategies:
+            finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number)
+        self._transform = transform
+        aside = self._set_aside(source, device)
+        if allocated_before is None and freed_bytes is not None:
+            # Unknown: at most what is allocated now plus what the cleanup and the set-aside freed
+            # (both may include what was there before the cell), so the need it gives errs low.
+            now = self._allocated(device)
+            if now is not None:
+                allocated_before = now + freed_bytes + aside.freed_bytes
         budget = headroom_bytes(self.hardware, device)
-        discovery = find_batch(source, namespace, transform)
+        need = needed_bytes(oom, allocated_before)
         traits = cell_traits(source, transform)
         fragmented = bool(oom is not None and oom.looks_fragmented)
         fitted: TryResult | None = None
         strategy: str | None = None
         batch_before = batch_after = None
+        cell_diffs: tuple[CellDiff, ...] = ()
+        paste: str | None = None
 
         for name in self.strategies:
             if fitted is not None or self._left() <= 0:
                 break
             if name == "cleanup":
-                needed = _needed_bytes(oom, allocated_before)
-                fitted = self._cleanup_alone(source, oom, freed_bytes, needed, budget, fragmented, device)
-            elif name == "batch":
-                fitted, batch_before, batch_after = self._smaller_batch(discovery, budget, device)
+                fitted = self._cleanup_alone(source, oom, freed_bytes, need, budget, fragmented, device)
+            elif name == "batch" and finding is not None:
+                fitted, batch_before, cell_diffs, paste = self._smaller_batch(finding, budget, need, device)
+                batch_after = None if fitted is None else fitted.batch
             elif name == "autocast":
                 has_torch = namespace is not None and getattr(namespace.get("torch"), "autocast", None) is not None
                 fitted = self._autocast(source, traits, device, import_torch=not has_torch)
             if fitted is not None:
                 strategy = name
-        if fitted is None and self._left() <= 0 and len(self.strategies) > 1:
+        # Set aside and not bound again by a try that fitted since: give it back, so the variables hold
+        # what the last try that fitted left (or, when none did, what the failed cell left).
+        given = self._aside.give_back()
+        if given and fitted is None:
+            self._notes.append(f"nothing fitted: {', '.join(given)} bound again as the failed cell left them")
+        if fitted is None and self._stopped is None and self._left() <= 0 and len(self.strategies) > 1:
             self._notes.append(f"stopped after --max-tries {self.max_tries} reruns")
         if self._tries and not self._tries[-1].fitted and fitted is not None:
             self._notes.append(
@@ -227,13 +270,39 @@ class Driver:
             tries=tuple(self._tries),
             batch_before=batch_before,
             batch_after=batch_after,
-            batch_summary=discovery.summary() if "batch" in self.strategies else "",
+            batch_summary=finding.summary() if finding is not None and "batch" in self.strategies else "",
             budget_bytes=budget,
             freed_bytes=freed_bytes,
             suggestions=suggestions,
             notes=tuple(self._notes),
             diagnosis=diagnosis,
+            cell_diffs=cell_diffs if strategy == "batch" else (),
+            paste_code=paste if strategy == "batch" else None,
         )
+
+    def _set_aside(self, source: str, device: int) -> SetAside:
+        """Set aside (``leftovers.set_aside``) what ``source`` binds again; kept with what earlier tries
+        set aside until a try that fits supersedes it or the fix ends."""
+        namespace = self._namespace
+        if not isinstance(namespace, MutableMapping):
+            return self._aside
+        mover = self.mover if self.mover is not None else TorchMover()
+        before = self._allocated(device)
+        aside = set_aside(namespace, source, mover, self._transform)
+        after = self._allocated(device)
+        if before is not None and after is not None:
+            aside.freed_bytes = max(before - after, 0)
+        new = [name for name in aside.names if name not in self._aside.entries]
+        if new and not self._tries:
+            self._notes.append(
+                f"set aside on the host before rerunning (the cell binds them again): {', '.join(new)}"
+            )
+        for name in aside.kept:
+            if name not in self._kept_noted:
+                self._kept_noted.add(name)
+                self._notes.append(f"could not set aside {name}: its GPU memory stays held during the reruns")
+        self._aside.merge(aside)
+        return aside
 
     # -- strategies ---------------------------------------------------------------------------------
     def _cleanup_alone(
@@ -241,7 +310,7 @@ class Driver:
         source: str,
         oom: OomInfo | None,
         freed_bytes: int | None,
-        needed_bytes: int | None,
+        needed: int | None,
         budget: int | None,
         fragmented: bool,
         device: int,
@@ -250,14 +319,14 @@ class Driver:
             reason = "as written"  # the cell has not failed yet (``%%oomfix``)
         elif fragmented:
             reason = "the failure looked like fragmentation"
-        elif needed_bytes is not None and budget is not None:
-            if needed_bytes > budget:
+        elif needed is not None and budget is not None:
+            if needed > budget:
                 self._notes.append(
-                    f"skipped a plain rerun: the cell needs at least {format_bytes(needed_bytes)} "
+                    f"skipped a plain rerun: the cell needs at least {format_bytes(needed)} "
                     f"(what it held when it failed plus the allocation that failed), {format_bytes(budget)} is free"
                 )
                 return None
-            reason = f"at least {format_bytes(needed_bytes)} needed, {format_bytes(budget)} free now"
+            reason = f"at least {format_bytes(needed)} needed, {format_bytes(budget)} free now"
         else:
             # What the cell held when it failed is unknown: a plain rerun is worth it only when the
             # cleanup freed more than the allocation that failed.
@@ -270,43 +339,64 @@ class Driver:
                 return None
             reason = "cleanup freed more than the allocation that failed"
         result = self._try("cleanup", source, reason, device)
-        return result if result.fitted else self._stop_on_error(result)
+        return result if result.fitted else None
+
+    def _batch_knob(self, finding: BatchFinding) -> Knob | None:
+        """The knob the batch strategy changes: the one place where it is chosen (a check that a knob
+        must not be shrunk belongs here). ``None``, with a note saying why, when there is none."""
+        knob = finding.chosen
+        if knob is None:
+            self._notes.append(finding.summary())
+            return None
+        if knob.value < 2:
+            self._notes.append(f"the batch size is already {knob.value}; it cannot shrink")
+            return None
+        return knob
 
     def _smaller_batch(
-        self, discovery: BatchDiscovery, budget: int | None, device: int
-    ) -> tuple[TryResult | None, int | None, int | None]:
-        chosen = discovery.chosen
-        if chosen is None:
-            self._notes.append(discovery.summary())
-            return None, None, None
-        if chosen.value < 2:
-            self._notes.append(f"the batch size is already {chosen.value}; it cannot shrink")
-            return None, chosen.value, None
+        self, finding: BatchFinding, budget: int | None, need: int | None, device: int
+    ) -> tuple[TryResult | None, int | None, tuple[CellDiff, ...], str | None]:
+        knob = self._batch_knob(finding)
+        if knob is None:
+            return None, None if finding.chosen is None else finding.chosen.value, (), None
         if budget is None:
             self._notes.append("the free memory could not be read, so the batch search has no budget")
-            return None, chosen.value, None
-        search = BatchSearch(chosen.value, budget, max_tries=self._left(), margin=self.margin)
+            return None, knob.value, (), None
+        namespace = self._namespace if isinstance(self._namespace, MutableMapping) else {}
+        change = BatchChange(finding, knob, namespace, list(self._history or []))
+        search = BatchSearch(knob.value, budget, max_tries=self._left(), margin=self.margin, need_bytes=need)
         best: TryResult | None = None
-        while True:
-            choice = search._choose()
-            if choice is None:
+        while self._left() > 0 and (batch := search.next()) is not None:
+            try:
+                source = change.apply(batch)
+            except CudaMemError as problem:
+                self._stop(f"could not set the batch: {problem}")
                 break
-            batch, reason = choice
-            result = self._try("batch", rewrite_batch(discovery, batch), reason, device, batch=batch)
-            search.record(batch, result.fitted, result.peak_bytes, reason)
+            result = self._try("batch", source, search.reason, device, batch=batch)
+            search.record(batch, Observation(
+                result.fitted,
+                peak_bytes=result.peak_bytes if result.fitted else None,
+                need_bytes=result.need_bytes,
+                held_bytes=None if result.fitted else result.peak_bytes,
+            ))
             if result.fitted and (best is None or batch > (best.batch or 0)):
                 best = result
-            if not result.fitted and not result.out_of_memory:
-                self._stop_on_error(result)
-                break
+            if self._stopped is not None:
+                search.stop(self._stopped)
+        if best is None or best.batch is None:
+            change.restore()
+            return None, knob.value, (), None
+        found = best.batch
         last_fitted = next((t for t in reversed(self._tries) if t.fitted), None)
-        if best is not None and last_fitted is not best and self._left() > 0:
+        source = change.apply(found)  # the knob holds the best batch whether or not it is rerun
+        if last_fitted is not best and self._left() > 0:
             # Failed tries are undone, so the variables hold the last try that fitted; when that is
             # not the best, rerun the best so they hold the run the outcome reports.
-            confirm = self._try("batch", best.source, "rerun of the largest batch that fitted", device, batch=best.batch)
+            confirm = self._try("batch", source, "rerun of the largest batch that fitted", device, batch=found)
             if confirm.fitted:
                 best = confirm
-        return best, chosen.value, None if best is None else best.batch
+        change.forget_originals()
+        return best, knob.value, change.diffs(found), change.paste_code(found)
 
     def _autocast(self, source: str, traits: Any, device: int, import_torch: bool = True) -> TryResult | None:
         if traits.autocast:
@@ -319,7 +409,7 @@ class Driver:
             self._notes.append(f"could not wrap the cell in autocast: it does not parse ({error.msg})")
             return None
         result = self._try("autocast", wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", device)
-        return result if result.fitted else self._stop_on_error(result)
+        return result if result.fitted else None
 
     def _dtype(self) -> str:
         if self.autocast_dtype is not None:
@@ -327,11 +417,3 @@ class Driver:
         from .strategies import default_autocast_dtype
 
         return default_autocast_dtype()
-
-    def _stop_on_error(self, result: TryResult) -> None:
-        if not result.fitted and not result.out_of_memory:
-            # A rewritten cell that fails otherwise (a shape that needed the old batch...) is not
-            # ours to keep retrying; spend no more tries.
-            self._notes.append(f"rerun #{result.number} failed with {result.error}; stopped")
-            self.max_tries = len(self._tries)
-        return None

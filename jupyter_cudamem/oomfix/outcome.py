@@ -39,6 +39,12 @@ class TryResult:
     reason: str
     batch: int | None = None
     error: str | None = None  # one line for a failure that was not an OOM
+    # What PyTorch had allocated when the try started; the least it needed (for an OOM: what it held
+    # when it failed, above its start, plus the allocation that failed); and what it left allocated
+    # above its start once undone and cleaned up (0 when it leaves nothing).
+    allocated_at_start_bytes: int | None = None
+    need_bytes: int | None = None
+    left_bytes: int | None = None
 
     @property
     def verdict(self) -> str:

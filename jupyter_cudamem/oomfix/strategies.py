@@ -16,36 +16,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-# Names that lived here before each got its room; the driver imports them from here until it takes
-# them from their rooms (issue 10's integration).
-from ..advice import Suggestion as Suggestion
-from ..advice import accumulation_plan as accumulation_plan
-from ..advice import build_suggestions as build_suggestions
-from ..cell.traits import CellTraits as CellTraits
-from ..cell.traits import cell_traits as cell_traits
-from .outcome import Outcome as Outcome
-from .outcome import TryResult as TryResult
-
 Strategy = Literal["cleanup", "batch", "autocast"]
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 STRATEGY_TITLES: dict[str, str] = {"cleanup": "cleanup alone", "batch": "smaller batch", "autocast": "autocast"}
-
-
-def parse_strategies(text: str | None) -> tuple[Strategy, ...]:
-    """``"batch,autocast"`` -> ``("batch", "autocast")`` in the given order; ``None``/``"all"`` -> all."""
-    if text is None or text.strip() in ("", "all"):
-        return STRATEGIES
-    chosen: list[Strategy] = []
-    for part in text.replace(" ", ",").split(","):
-        name = part.strip().lower()
-        if not name:
-            continue
-        if name not in STRATEGIES:
-            raise ValueError(f"unknown strategy {part!r}; choose from {', '.join(STRATEGIES)} (comma-separated)")
-        strategy: Strategy = name  # type: ignore[assignment]
-        if strategy not in chosen:
-            chosen.append(strategy)
-    return tuple(chosen) or STRATEGIES
 
 
 def default_autocast_dtype() -> str:

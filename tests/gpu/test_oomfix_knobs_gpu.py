@@ -7,15 +7,11 @@ the batch must be smaller, in place where it lives (the dict's value, the rebuil
 Trainer's arguments and its copy), equal to what the rerun trained with, and the report must show the
 diff of the earlier cell that sets it.
 
-These need the driver to change knobs where they live (``batch.BatchChange``, issue 10's
-integration into the driver's try loop); until then they skip, saying so. Run them on the GPU
-machine with ``pytest -m gpu tests/gpu/test_oomfix_knobs_gpu.py`` (about 3-4 minutes: the Trainer
+Run them on the GPU machine with ``pytest -m gpu tests/gpu/test_oomfix_knobs_gpu.py`` (about 3-4 minutes: the Trainer
 notebook imports transformers).
 """
 
 from __future__ import annotations
-
-import inspect
 
 import pytest
 
@@ -25,20 +21,10 @@ pytest.importorskip("nbclient")
 from tests.notebook_runner import REPO, json_line, run_cells, text_of  # noqa: E402
 
 
-def _driver_changes_knobs_where_they_live() -> bool:
-    from jupyter_cudamem.oomfix import driver
-
-    return "BatchChange" in inspect.getsource(driver)
-
-
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.notebook,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"),
-    pytest.mark.skipif(
-        not _driver_changes_knobs_where_they_live(),
-        reason="needs the driver to change the batch where it lives (batch.BatchChange): issue 10's integration",
-    ),
 ]
 
 SETUP = f"""

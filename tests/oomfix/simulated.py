@@ -120,3 +120,80 @@ class SimulatedCell:
             return None
 
         return run
+
+
+BLOCK = 2 * MiB  # PyTorch's caching allocator rounds allocations above 1 MiB up to 2 MiB multiples
+
+
+def _rounded(size: float) -> int:
+    size = int(size)
+    return -(-size // BLOCK) * BLOCK if size > MiB else size
+
+
+class MemoryModel:
+    """A step's allocations as a function of its batch, for the search alone (no machine).
+
+    ``fixed_bytes`` is allocated whatever the batch, half before the batch-sized tensors (weights built
+    in the cell) and half after them (gradients of weights, optimizer state made at the first step);
+    ``per_sample`` lists the per-sample bytes of the tensors alive at the peak, each allocation
+    rounded up to the allocator's 2 MiB blocks; ``noise`` a relative jitter of each run's peak (another
+    cuDNN algorithm, another workspace). A try fails at the first allocation past ``usable_bytes``,
+    reporting what it held and what it asked for, as an OOM message does.
+    """
+
+    def __init__(self, fixed_bytes: float, per_sample: list[float], usable_bytes: float, noise: float = 0.0,
+                 seed: int = 0):
+        import random
+
+        self.fixed_bytes = fixed_bytes
+        self.per_sample = per_sample
+        self.usable_bytes = usable_bytes
+        self.noise = noise
+        self.rng = random.Random(seed)
+
+    def allocations(self, batch: int) -> list[int]:
+        jitter = 1 + self.rng.uniform(-self.noise, self.noise)
+        half = _rounded(self.fixed_bytes / 2)
+        return [half] + [_rounded(a * batch * jitter) for a in self.per_sample] + [half]
+
+    def peak(self, batch: int) -> int:
+        return sum(self.allocations(batch))
+
+    def fits(self, batch: int) -> bool:
+        half = _rounded(self.fixed_bytes / 2)
+        return 2 * half + sum(_rounded(a * batch) for a in self.per_sample) <= self.usable_bytes * (1 - self.noise)
+
+    def largest_fitting(self, upper: int) -> int:
+        low, high = 0, upper + 1  # fits(low) (0 by convention), not fits(high)
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.fits(middle):
+                low = middle
+            else:
+                high = middle
+        return low
+
+    def run(self, batch: int) -> tuple[bool, int, int | None]:
+        """``(fitted, peak or held bytes, need lower bound for a failure)``."""
+        held = 0
+        for size in self.allocations(batch):
+            if held + size > self.usable_bytes:
+                return False, held, held + size
+            held += size
+        return True, held, None
+
+
+def search_outcome(model: MemoryModel, start: int, budget_bytes: float, max_tries: int = 3):
+    """Run ``oomfix.search.BatchSearch`` on ``model`` from a failure at ``start``: ``(found, reruns, search)``."""
+    from jupyter_cudamem.oomfix.search import BatchSearch, Observation
+
+    fitted, held, need = model.run(start)
+    assert not fitted, "the start must fail"
+    search = BatchSearch(start, int(budget_bytes), max_tries=max_tries, need_bytes=need)
+
+    def try_batch(batch: int) -> Observation:
+        ok, held, need = model.run(batch)
+        return Observation(True, held) if ok else Observation(False, need_bytes=need, held_bytes=held)
+
+    found = search.run(try_batch)
+    return found, len(search.attempts), search

@@ -8,12 +8,9 @@ import pytest
 
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.oomfix.driver import Driver, headroom_bytes
-from jupyter_cudamem.oomfix.strategies import (
-    accumulation_plan,
-    build_suggestions,
-    cell_traits,
-    parse_strategies,
-)
+from jupyter_cudamem.advice import accumulation_plan, build_suggestions
+from jupyter_cudamem.cell.traits import cell_traits
+from jupyter_cudamem.oomfix.options import check_max_tries, check_strategies
 from tests.fakes import FakeOutOfMemoryError, GiB, MiB
 from tests.oomfix.simulated import OutOfMemoryError, SimulatedCell, capped_machine, fake_hardware
 
@@ -185,10 +182,15 @@ def test_strategy_selection_and_bad_options():
     source = TRAINING_CELL.format(batch=4000)
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     assert [t.strategy for t in outcome.tries] == ["autocast"]
-    assert parse_strategies("batch, autocast") == ("batch", "autocast")
-    assert parse_strategies(None) == ("cleanup", "batch", "autocast")
-    with pytest.raises(ValueError, match="unknown strategy"):
-        parse_strategies("halve")
+    assert check_strategies("batch, autocast") == ("batch", "autocast")
+    assert check_strategies(None) == ("cleanup", "batch", "autocast")
+    assert check_strategies(["autocast", "batch", "autocast"]) == ("autocast", "batch")
+    with pytest.raises(CudaMemError, match="unknown strategy 'halve'; choose from cleanup, batch, autocast"):
+        check_strategies("halve")
+    assert check_max_tries(5) == 5 and check_max_tries("2") == 2
+    for bad in (0, -1, "x", 1.5):
+        with pytest.raises(CudaMemError, match="max_tries must be"):
+            check_max_tries(bad)
     with pytest.raises(CudaMemError):
         Driver(run, fake_hardware(machine), lambda e: None, max_tries=0)
 
@@ -298,5 +300,58 @@ def test_a_failed_try_leaves_nothing_behind():
 
     before = {"a": 1, "b": [2]}
     after = {"a": 1, "b": [3], "c": 4, "_": "output cache"}
-    assert sorted(undo_bindings(after, before)) == ["b", "c"]
-    assert after == {"a": 1, "b": [2], "_": "output cache"}
+    assert sorted(undo_bindings(after, before)) == ["_", "b", "c"]  # the output cache's "_" included
+    assert after == {"a": 1, "b": [2]}
+
+
+CONFIG_CELL = 'config = {"lr": 1e-3,\n          "batch_size": 8192}\n'
+CONFIG_USE = 'train_step(config["batch_size"])\nlast_batch = config["batch_size"]\n'
+
+
+def test_a_batch_in_an_earlier_cell_is_changed_where_it_lives_and_shown_as_its_cell_diff():
+    machine, cell, namespace, run, driver, _ = setup()
+    namespace["config"] = {"lr": 1e-3, "batch_size": 8192}
+    history = ["", CONFIG_CELL, CONFIG_USE]
+    true_max = cell.largest_fitting(20000)
+    outcome = driver.fix(CONFIG_USE, fail_first(run, CONFIG_USE), namespace, freed_bytes=0,
+                         history=history, cell_number=2)
+    assert outcome.fitted and outcome.strategy == "batch" and outcome.reruns <= 3
+    assert 0.9 * true_max <= outcome.batch_after <= true_max
+    assert namespace["config"]["batch_size"] == outcome.batch_after == namespace["last_batch"]
+    assert [d.label for d in outcome.cell_diffs] == ["In[1]"]
+    assert f'+          "batch_size": {outcome.batch_after}}}' in outcome.diff
+    assert outcome.paste.startswith("# In[1] with batch") and f'"batch_size": {outcome.batch_after}}}' in outcome.paste
+    assert outcome.fixed_source == CONFIG_USE  # the failed cell itself is unchanged
+
+
+def test_when_no_batch_fits_the_value_is_put_back_where_it_lives():
+    _, cell, namespace, run, driver, _ = setup(peak=lambda b: 100 * GiB, max_tries=2)
+    namespace["config"] = {"lr": 1e-3, "batch_size": 8192}
+    outcome = driver.fix(CONFIG_USE, fail_first(run, CONFIG_USE), namespace, freed_bytes=0,
+                         history=["", CONFIG_CELL, CONFIG_USE], cell_number=2)
+    assert not outcome.fitted and outcome.reruns == 2
+    assert namespace["config"]["batch_size"] == 8192 and outcome.cell_diffs == () and outcome.paste is None
+
+
+def test_the_oom_is_parsed_once_per_try_and_the_finder_runs_once(monkeypatch):
+    from jupyter_cudamem.oomfix import driver as driver_module
+
+    calls = {"parse": 0, "find": 0}
+    real_parse, real_find = driver_module.parse_oom, driver_module.find_batch
+
+    def parse(error):
+        calls["parse"] += 1
+        return real_parse(error)
+
+    def find(*args, **kwargs):
+        calls["find"] += 1
+        return real_find(*args, **kwargs)
+
+    monkeypatch.setattr(driver_module, "parse_oom", parse)
+    monkeypatch.setattr(driver_module, "find_batch", find)
+    _, cell, namespace, run, driver, _ = setup(hidden_limit=5 * GiB)
+    source = TRAINING_CELL.format(batch=6000)
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    failed = sum(1 for t in outcome.tries if not t.fitted)
+    assert calls["find"] == 1
+    assert calls["parse"] == 1 + failed  # the original failure once, each failed try once

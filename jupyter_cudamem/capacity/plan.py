@@ -1,0 +1,256 @@
+"""The capacity plan: from measured runs of a cell, which cards it fits and at which batch.
+
+For each card:
+
+    usable = (card total - non-PyTorch part) x (1 - margin)
+    largest batch = floor((usable - fixed) / per sample)
+
+The **non-PyTorch part** is what this process holds on the GPU outside PyTorch's pools: the CUDA
+context, cuDNN/cuBLAS handles and library workspaces, anything allocated by CuPy or NCCL. It is
+measured on this machine (NVML's memory of this process minus what PyTorch has reserved), not
+assumed, and the plan says so; another card's driver and architecture move it by some tens of MiB.
+
+The **margin** (``DEFAULT_MARGIN``) is kept free of the memory PyTorch may use: the line is fitted on
+allocated bytes, but a card is limited by what the caching allocator *reserves*, which rounds blocks
+up and cannot always reuse a cached block for a request of another size; and the driver keeps
+0.5-1.7% of the nominal memory (see ``cards``). It is %oomfix's margin (``OomFix.margin``) too, so
+both features leave the same room.
+
+For the batch as written: it fits, or the plan gives the largest micro-batch that both fits and
+divides the batch, with the gradient-accumulation steps that keep the effective batch exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .cards import Card
+from .fit import Agreement, Line
+
+DEFAULT_MARGIN = 0.04
+"""Fraction of the memory PyTorch may use on a card (its total less the non-PyTorch part) that a
+plan leaves free: the allocator's rounding and blocks it cannot reuse, and the driver's share that
+the card table does not subtract. The same fraction %oomfix leaves (``OomFix.margin``);
+``benchmarks/plan.py`` measures whether it is enough, card by card."""
+
+CLOSE_DIVISOR = 0.75
+"""A divisor of the batch at least this fraction of the largest batch that fits is "close": below it,
+exact accumulation wastes a quarter or more of the card, and the plan says so."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run of the cell. Sizes in bytes; ``None`` where it could not be read.
+
+    ``peak_bytes`` is PyTorch's allocated peak during the run (counters reset as it started);
+    ``start_bytes`` what was allocated as it started; ``non_pytorch_bytes`` what the process held
+    outside PyTorch's pools when it ended; ``oom`` whether it ran out of GPU memory.
+    """
+
+    label: str
+    batch: int | None
+    peak_bytes: int | None
+    start_bytes: int | None
+    non_pytorch_bytes: int | None = None
+    oom: bool = False
+    autocast: bool = False
+
+
+def usable_bytes(total_bytes: int, non_pytorch_bytes: int, margin: float) -> int:
+    """What a plan lets PyTorch use on a card of ``total_bytes``."""
+    return max(int((total_bytes - non_pytorch_bytes) * (1 - margin)), 0)
+
+
+def largest_batch(line: Line, usable: float) -> int:
+    """The largest batch whose predicted peak stays within ``usable`` bytes (0: not even one)."""
+    if line.slope_bytes <= 0:
+        raise ValueError("a line whose peak does not grow with the batch has no largest batch")
+    return max(int(math.floor((usable - line.intercept_bytes) / line.slope_bytes)), 0)
+
+
+def accumulation(effective: int, largest: int) -> tuple[int, int]:
+    """``(micro_batch, steps)`` with ``micro_batch * steps == effective`` exactly and the largest
+    such micro-batch at or below ``largest`` (``largest >= 1``)."""
+    if effective < 1 or largest < 1:
+        raise ValueError("both the effective batch and the largest fitting batch must be at least 1")
+    if effective <= largest:
+        return effective, 1
+    best = 1
+    for low in range(1, math.isqrt(effective) + 1):
+        if effective % low == 0:
+            for divisor in (low, effective // low):
+                if best < divisor <= largest:
+                    best = divisor
+    return best, effective // best
+
+
+@dataclass(frozen=True)
+class CardPlan:
+    """One card's answer. ``largest_batch`` is ``None`` for a cell with no batch."""
+
+    name: str
+    total_bytes: int
+    usable_bytes: int
+    predicted_peak_bytes: float  # at the batch as written (or the fixed cell's peak)
+    fits: bool  # the batch as written
+    largest_batch: int | None = None
+    micro_batch: int | None = None  # when it does not fit: the micro-batch and accumulation steps
+    steps: int | None = None
+    largest_autocast_batch: int | None = None
+    this_card: bool = False
+
+    @property
+    def divisor_close(self) -> bool:
+        """Whether the exact micro-batch is close to the largest that fits (``CLOSE_DIVISOR``)."""
+        if self.micro_batch is None or not self.largest_batch:
+            return True
+        return self.micro_batch >= CLOSE_DIVISOR * self.largest_batch
+
+    def advice(self, batch: int | None, trains: bool = True) -> str:
+        """What to do on this card, in words: gradient accumulation for a training cell, chunks otherwise."""
+        if self.fits:
+            return "fits as written"
+        if batch is None:
+            return "does not fit"
+        if not self.largest_batch:
+            return "does not fit even at batch 1: the part that does not depend on the batch is too large"
+        steps = "accumulation steps" if trains else "chunks"
+        text = f"batch {self.micro_batch} x {self.steps} {steps}"
+        if not self.divisor_close:
+            text += (
+                f" (no divisor of {batch} is close to {self.largest_batch}; or change the effective batch to a "
+                f"multiple of {self.largest_batch})"
+            )
+        return text
+
+
+def plan_card(
+    card: Card | tuple[str, int],
+    line: Line | None,
+    fixed_peak_bytes: int | None,
+    batch: int | None,
+    non_pytorch_bytes: int,
+    margin: float,
+    autocast_line: Line | None = None,
+    this_card: bool = False,
+) -> CardPlan:
+    """One card's plan from the line (or, for a cell with no batch, its one measured peak)."""
+    name, total = (card.name, card.total_bytes) if isinstance(card, Card) else card
+    usable = usable_bytes(total, non_pytorch_bytes, margin)
+    if line is None or batch is None:
+        peak = float(fixed_peak_bytes or 0)
+        return CardPlan(name, total, usable, peak, peak <= usable, this_card=this_card)
+    largest = largest_batch(line, usable)
+    peak = line.peak(batch)
+    fits = batch <= largest
+    micro = steps = None
+    if not fits and largest >= 1:
+        micro, steps = accumulation(batch, largest)
+    autocast_largest = None
+    if autocast_line is not None and autocast_line.slope_bytes > 0:
+        autocast_largest = largest_batch(autocast_line, usable)
+    return CardPlan(name, total, usable, peak, fits, largest, micro, steps, autocast_largest, this_card)
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """What ``%%cudamem_plan`` measured and predicts. Sizes in bytes.
+
+    ``line`` is ``None`` for a cell with no batch (``fixed_peak_bytes`` is then its one peak);
+    ``cards`` holds one ``CardPlan`` per card of the table, ``this_card`` the card it ran on.
+    """
+
+    runs: tuple[Run, ...]
+    batch: int | None
+    knob: str | None
+    line: Line | None
+    fixed_peak_bytes: int | None
+    non_pytorch_bytes: int
+    non_pytorch_how: str
+    margin: float
+    cards: tuple[CardPlan, ...]
+    this_card: CardPlan | None
+    agreements: tuple[Agreement, ...] = ()
+    autocast_line: Line | None = None
+    autocast_dtype: str | None = None
+    notes: tuple[str, ...] = field(default=())
+    trains: bool = True  # whether the cell trains (accumulation steps) or only runs a model (chunks)
+    batch_where: str = ""  # where the batch lives, as the finder says it
+
+    @property
+    def per_sample_bytes(self) -> float | None:
+        return None if self.line is None else self.line.slope_bytes
+
+    @property
+    def fixed_bytes(self) -> float | None:
+        return self.fixed_peak_bytes if self.line is None else self.line.intercept_bytes
+
+    @property
+    def predicted(self) -> dict[str, int | None]:
+        """Card name -> largest batch that fits (``None`` for a cell with no batch)."""
+        return {card.name: card.largest_batch for card in self.cards}
+
+    def card(self, name: str) -> CardPlan:
+        for card in self.cards:
+            if card.name == name:
+                return card
+        raise KeyError(name)
+
+    # -- presentation (``render``) ---------------------------------------------------------------
+    def text(self) -> str:
+        from .render import plan_text
+
+        return plan_text(self)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:  # type: ignore[no-untyped-def]
+        printer.text("CapacityPlan(...)" if cycle else self.text())
+
+    def _repr_html_(self) -> str:
+        from .render import plan_html
+
+        return plan_html(self)
+
+    def figure(self):  # type: ignore[no-untyped-def]
+        """A matplotlib figure: peak against batch, the measured points, each card's usable memory."""
+        from .figure import plan_figure
+
+        return plan_figure(self)
+
+
+def build_plan(
+    runs: Sequence[Run],
+    batch: int | None,
+    knob: str | None,
+    cards: Sequence[Card],
+    margin: float,
+    non_pytorch_bytes: int,
+    non_pytorch_how: str,
+    this_card: tuple[str, int] | None = None,
+    line: Line | None = None,
+    autocast_line: Line | None = None,
+    autocast_dtype: str | None = None,
+    agreements: Sequence[Agreement] = (),
+    notes: Sequence[str] = (),
+    trains: bool = True,
+    batch_where: str = "",
+) -> CapacityPlan:
+    """The plan for every card, from a fitted ``line`` (or the one peak of a cell with no batch)."""
+    fixed_peak = None
+    if line is None:
+        peaks = [r.peak_bytes for r in runs if not r.oom and not r.autocast and r.peak_bytes is not None]
+        fixed_peak = max(peaks) if peaks else None
+    plans = tuple(
+        plan_card(card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line) for card in cards
+    )
+    here = None
+    if this_card is not None:
+        here = plan_card(this_card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line, this_card=True)
+    return CapacityPlan(
+        tuple(runs), batch, knob, line, fixed_peak, non_pytorch_bytes, non_pytorch_how, margin, plans, here,
+        tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains, batch_where,
+    )

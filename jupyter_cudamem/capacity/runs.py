@@ -1,0 +1,318 @@
+"""Run a cell at its batch and at a smaller one, measuring each run, and judge the runs.
+
+The order is chosen so the namespace ends as after a normal run of the cell at its own batch:
+
+1. at the batch as written: a warm-up that creates what a first run creates (optimizer state,
+   cuDNN's plans), so later peaks are the steady state's;
+2. at the smaller batch, changed where the batch lives (``batch.BatchChange``) and put back;
+3. under ``torch.autocast`` at the batch as written, when asked;
+4. at the batch as written again, last: its value is the cell's, and with run 1 it says whether the
+   cell is repeatable.
+
+The line goes through runs 2 and 4. A cell with no batch is run once. When the batch as written runs
+out of memory here, the second point is a quarter of it (half the smaller batch) and the cell is not
+run at its own batch again.
+
+Knows nothing of IPython: ``run(source)`` runs IPython input and returns the last expression's value
+(raising the cell's own errors); ``quiet()`` silences the cell's output for the extra runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..errors import CudaMemError
+from ..measure import DeviceMeasurement, Measurement, Meter
+from .fit import Line
+from .fit import Agreement, faster_than_linear, fit, same
+from .plan import Run
+
+
+class Change(Protocol):
+    """What ``batch.BatchChange`` offers: set the batch where it lives, and put it back."""
+
+    def apply(self, batch: int) -> str: ...
+
+    def restore(self) -> None: ...
+
+
+@dataclass
+class Measured:
+    """The runs, what the last one returned, and what the device looked like."""
+
+    runs: list[Run] = field(default_factory=list)
+    value: Any = None
+    has_value: bool = False
+    total_bytes: int | None = None  # the card the runs used, as CUDA reports it
+    device_name: str | None = None
+    torch_index: int | None = None
+    non_pytorch_bytes: int = 0
+    non_pytorch_how: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def get(self, label: str) -> Run | None:
+        return next((r for r in self.runs if r.label == label), None)
+
+
+def smaller_batch(batch: int) -> int:
+    """Half the batch: far enough from it that the slope is not noise (the points span half the
+    batch), near enough that the smaller run costs half the cell's time and stays in the regime
+    the batch as written is in."""
+    return max(batch // 2, 1)
+
+
+def _device(measurement: Measurement) -> DeviceMeasurement | None:
+    measured = [d for d in measurement.devices if d.peak_allocated_bytes is not None]
+    return max(measured, key=lambda d: d.peak_allocated_bytes or 0) if measured else None
+
+
+def _non_pytorch(device: DeviceMeasurement) -> tuple[int | None, str]:
+    after = device.after
+    reserved = after.allocator.reserved_bytes if after.allocator is not None else None
+    if reserved is None or after.nvml is None:
+        return None, ""
+    if after.process_bytes is not None:
+        return max(after.process_bytes - reserved, 0), (
+            "measured here through NVML: this process's GPU memory less what PyTorch reserved"
+        )
+    return max(after.nvml.used_bytes - reserved, 0), (
+        "measured here through NVML: the card's used memory less what PyTorch reserved (NVML does not list "
+        "this process here, so other processes on the card count too)"
+    )
+
+
+class Runner:
+    """Measures runs of one cell through a ``Meter``."""
+
+    def __init__(
+        self,
+        meter: Meter,
+        run: Callable[[str], Any],
+        is_oom: Callable[[BaseException], bool],
+        release: Callable[[], None] = lambda: None,
+        quiet: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    ):
+        self.meter = meter
+        self.run = run
+        self.is_oom = is_oom
+        self.release = release  # returns cached blocks after a run that ran out of memory
+        self.quiet = quiet
+        self.measured = Measured()
+
+    def once(self, label: str, source: str, batch: int | None, autocast: bool = False, last: bool = False) -> Run:
+        """One measured run; the cell's own errors (anything but running out of memory) propagate."""
+        baseline = self.meter.start()
+        oom = False
+        value: Any = None
+        try:
+            with contextlib.nullcontext() if last else self.quiet():
+                value = self.run(source)
+        except BaseException as error:  # noqa: BLE001 - the cell's error: measured, then re-raised unless an OOM
+            if not self.is_oom(error):
+                self.meter.stop(baseline, error=type(error).__name__)
+                raise
+            oom = True
+            # The exception's frames hold the failed run's tensors: drop them before measuring on.
+            with contextlib.suppress(Exception):
+                import traceback
+
+                traceback.clear_frames(error.__traceback__)
+            del error
+        measurement = self.meter.stop(baseline, error="OutOfMemoryError" if oom else None)
+        if oom:
+            gc.collect()
+            self.release()
+        device = _device(measurement)
+        run = Run(
+            label,
+            batch,
+            None if device is None else device.peak_allocated_bytes,
+            None if device is None or device.before.allocator is None else device.before.allocator.allocated_bytes,
+            None if device is None else _non_pytorch(device)[0],
+            oom,
+            autocast,
+        )
+        if device is not None:
+            self.measured.total_bytes = device.device.total_bytes
+            self.measured.device_name = device.device.name
+            self.measured.torch_index = device.device.torch_index
+            if not oom:
+                amount, how = _non_pytorch(device)
+                if amount is not None:
+                    self.measured.non_pytorch_bytes, self.measured.non_pytorch_how = amount, how
+        if last and not oom:
+            self.measured.value, self.measured.has_value = value, True
+        self.measured.runs.append(run)
+        return run
+
+    def changed(self, change: Change, label: str, batch: int) -> Run:
+        try:
+            source = change.apply(batch)
+            return self.once(label, source, batch)
+        finally:
+            change.restore()
+
+
+AS_WRITTEN = "as written"
+SMALLER = "smaller"
+SMALLEST = "smaller still"
+SMALLER_WARM_UP = "smaller (warm-up)"
+AUTOCAST = "autocast"
+AGAIN = "as written, again"
+
+
+def measure_runs(
+    runner: Runner,
+    source: str,
+    batch: int | None,
+    change: Change | None,
+    small: int | None = None,
+    autocast_source: str | None = None,
+) -> Measured:
+    """The runs described in the module docstring. Raises ``CudaMemError`` (one line) when they
+    cannot make a plan; the cell's own errors propagate as they are."""
+    measured = runner.measured
+    if batch is None or change is None:
+        run = runner.once(AS_WRITTEN, source, None, last=True)
+        if run.oom:
+            raise CudaMemError("the cell ran out of GPU memory here, and it has no batch to make smaller: no plan")
+        return measured
+    small = smaller_batch(batch) if small is None else small
+    first = runner.once(AS_WRITTEN, source, batch)
+    second = runner.changed(change, SMALLER, small)
+    if first.oom and second.oom:
+        raise CudaMemError(f"the cell ran out of GPU memory at both batch {batch} and {small}: no plan; try --small N")
+    if second.oom:
+        raise CudaMemError(
+            f"the cell ran out of GPU memory at batch {small} but not at {batch}: "
+            + ("pass a smaller --small N" if small > batch else
+               "it is not repeatable enough to plan (does it keep memory from run to run?)")
+        )
+    if first.oom:
+        smallest = max(small // 2, 1)
+        if smallest == small:
+            raise CudaMemError(f"the cell ran out of GPU memory at batch {batch} and only batch {small} fits here: no line")
+        third = runner.changed(change, SMALLEST, smallest)
+        if (third.start_bytes or 0) - (second.start_bytes or 0) > REPEAT_SLACK:
+            # The smaller run created what a first run creates (optimizer state), which the run that ran out
+            # of memory never reached: it was the warm-up. Measure it again, now in the steady state.
+            measured.runs[measured.runs.index(second)] = dataclasses.replace(second, label=SMALLER_WARM_UP)
+            runner.changed(change, SMALLER, small)
+        measured.notes.append(
+            f"batch {batch} ran out of GPU memory here, so the line goes through batches {small} and {smallest}; "
+            f"the cell was not run at {batch} again (its values are set back to {batch})"
+        )
+        return measured
+    if autocast_source is not None:
+        runner.once(AUTOCAST, autocast_source, batch, autocast=True)
+    last = runner.once(AGAIN, source, batch, last=True)
+    if last.oom:
+        raise CudaMemError(
+            f"the cell fitted at batch {batch} once and ran out of GPU memory the next time: it is not repeatable "
+            "enough to plan (does it keep memory from run to run?)"
+        )
+    return measured
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The line (``None`` for a cell with no batch) and the agreements the plan reports."""
+
+    line: Line | None
+    agreements: tuple[Agreement, ...]
+    autocast_line: Line | None
+    notes: tuple[str, ...]
+
+
+def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] | None = None) -> Judged:
+    """Fit the line and check the runs agree with it; ``CudaMemError`` (one line) when they do not."""
+    runs = {r.label: r for r in measured.runs}
+    if all(r.peak_bytes is None for r in measured.runs):
+        raise CudaMemError("the cell used no GPU memory through PyTorch (or none could be read): nothing to plan")
+    if any(r.peak_bytes is None for r in measured.runs if not r.oom):
+        raise CudaMemError("PyTorch's allocator could not be read during every run: no plan")
+    notes: list[str] = []
+    if batch is None:
+        return Judged(None, (), None, ())
+    first, again = runs.get(AS_WRITTEN), runs.get(AGAIN)
+    warm_up = False
+    if first is not None and again is not None and not first.oom:
+        assert first.peak_bytes is not None and again.peak_bytes is not None
+        assert first.start_bytes is not None and again.start_bytes is not None
+        warm_up = again.start_bytes - first.start_bytes > REPEAT_SLACK
+        if warm_up:
+            notes.append(
+                f"the first run kept {(again.start_bytes - first.start_bytes) / 2**20:,.0f} MiB (optimizer state, "
+                "caches): it counts as a warm-up"
+            )
+        elif not same(first.peak_bytes, again.peak_bytes, first.start_bytes):
+            raise CudaMemError(
+                f"the cell is not repeatable: two runs at batch {batch} peaked at {first.peak_bytes / 2**20:,.0f} "
+                f"and {again.peak_bytes / 2**20:,.0f} MiB; a plan needs a cell that does the same work each run"
+            )
+    points = [r for r in measured.runs if r.label in (SMALLER, SMALLEST, AGAIN) and not r.oom]
+    if len({r.batch for r in points}) < 2:
+        raise CudaMemError("fewer than two batch sizes fitted here: no line; try a smaller second batch with --small N")
+    starts = [r.start_bytes for r in points]
+    if len(set(starts)) > 1 and max(starts) - min(starts) > REPEAT_SLACK:  # type: ignore[type-var,operator]
+        raise CudaMemError(
+            "the cell is not repeatable: each run started with more memory allocated than the one before "
+            "(it keeps memory from run to run); a plan needs a cell that leaves memory as it found it"
+        )
+    line = fit([(r.batch, r.peak_bytes) for r in points])  # type: ignore[misc]
+    top = max(points, key=lambda r: r.batch or 0)
+    start = min(r.start_bytes or 0 for r in points)
+    if line.slope_bytes <= 0:
+        raise CudaMemError(
+            f"the peak did not grow with the batch ({', '.join(f'{r.batch}: {(r.peak_bytes or 0) / 2**20:,.0f} MiB' for r in points)}): "
+            f"is {batch!r} really the cell's batch? Plan it as fixed-size by setting the batch in the cell"
+        )
+    if faster_than_linear(line, start, top.peak_bytes or 0):
+        raise CudaMemError(
+            f"the peak grows faster than the batch ({line.slope_bytes / 2**20:,.2f} MiB per sample from two runs puts "
+            f"the part that does not depend on the batch at {line.intercept_bytes / 2**20:,.0f} MiB, below the "
+            f"{start / 2**20:,.0f} MiB held before the cell): a line would promise batches that do not fit"
+        )
+    agreements: list[Agreement] = []
+    for run in measured.runs:
+        if run.label == AS_WRITTEN and not warm_up and not run.oom and run.batch is not None and run.peak_bytes is not None:
+            agreements.append(Agreement("the first run", run.batch, run.peak_bytes, line.peak(run.batch)))
+    if history_peak is not None:
+        label, peak = history_peak
+        agreements.append(Agreement(label, batch, peak, line.peak(batch)))
+    autocast_line = None
+    autocast = runs.get(AUTOCAST)
+    if autocast is not None and autocast.batch:
+        if autocast.oom or autocast.peak_bytes is None:
+            notes.append("the run under autocast ran out of memory: nothing to say about what it buys")
+        else:
+            slope = (autocast.peak_bytes - line.intercept_bytes) / autocast.batch
+            if slope > 0:
+                # Under autocast the weights, their gradients and the optimizer state stay float32: the
+                # part that does not depend on the batch is the same; the activations shrink.
+                autocast_line = Line(slope, line.intercept_bytes)
+            else:
+                notes.append("under autocast the peak fell below the part that does not depend on the batch: "
+                             "no line for it")
+    return Judged(line, tuple(agreements), autocast_line, tuple(notes))
+
+
+REPEAT_SLACK = 4 * 1024**2
+"""Allocated bytes at a run's start that may differ between runs without meaning the cell kept
+memory (a cached index tensor, a counter on the GPU)."""
+
+
+def history_match(records: Any, key: str, batch: int | None) -> Iterator[tuple[str, int]]:
+    """Earlier measurements (``%%cudamem``'s history) of the cell ``key`` that ran without error."""
+    for record in reversed(list(records)):
+        if getattr(record, "source_key", None) != key:
+            continue
+        measurement = record.measurement
+        if measurement.error is not None or measurement.peak_allocated_bytes is None:
+            continue
+        yield f"%%cudamem {record.label}", int(measurement.peak_allocated_bytes)

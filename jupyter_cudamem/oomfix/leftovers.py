@@ -1,0 +1,218 @@
+"""A failed try leaves nothing: what the failed cell bound is set aside before the reruns, and nothing of a
+failed try stays alive on our side.
+
+**Before the first rerun.** The failed cell may have bound values before it failed that it will bind
+again (its input ``x = torch.randn(batch, ...)``): left bound, the rerun builds the new one while the
+old one still holds its memory. Seen on an H100 with a GRU started at batch 8192: the failed cell's
+1 GiB input was still allocated when the first try began, and a try at a batch that needs 1.2 GiB
+failed. ``set_aside`` finds the names the cell binds *before reading them* (so the rerun cannot need
+the old value) whose value holds GPU memory, moves tensors and modules to the host and unbinds the
+names. If every try fails, ``give_back`` binds them again, moved back where they were; if a try fits,
+the rerun has bound new values and the set-aside ones are dropped.
+
+**After each failed try.** The driver keeps of a try only its figures and a one-line message (never the
+exception: its traceback holds the frames of the forward or backward that failed, with their
+activations), and ``restore_bindings`` puts the namespace back as it was before the try, IPython's
+output-cache names (``_``, ``__``, ``___``) included. The cleanup the driver is given then releases what
+IPython keeps of the failure.
+
+Knows nothing of IPython: it works on a namespace (a mutable mapping) and the cell's source. Moving to
+the host is a ``Mover`` (``TorchMover`` for PyTorch; tests pass fakes).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+# IPython's own names in a user namespace: the cleanup's business, not ours.
+_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
+OUTPUT_CACHE_NAMES = ("_", "__", "___")
+
+
+class Mover(Protocol):
+    """How values holding GPU memory are recognised and moved to the host and back."""
+
+    def holds_gpu(self, value: object) -> bool: ...
+
+    def to_host(self, value: object) -> tuple[object, Callable[[], object]] | None:
+        """``(host value, give back)`` where ``give back()`` returns the value on its device again;
+        ``None`` when this value cannot be moved (it is then left bound)."""
+        ...
+
+
+class TorchMover:
+    """PyTorch tensors (copied to the host) and modules (moved in place, as ``module.cpu()`` does)."""
+
+    def holds_gpu(self, value: object) -> bool:
+        if getattr(value, "is_cuda", False) is True:
+            return True
+        parameters = getattr(value, "parameters", None)
+        if callable(parameters) and hasattr(value, "to"):
+            try:
+                return any(getattr(p, "is_cuda", False) for p in parameters())
+            except Exception:
+                return False
+        return False
+
+    def to_host(self, value: object) -> tuple[object, Callable[[], object]] | None:
+        import torch
+
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            device = value.device
+            host = value.detach().to("cpu")
+            requires_grad = value.requires_grad and value.is_leaf
+
+            def back() -> object:
+                moved = host.to(device)
+                return moved.requires_grad_(True) if requires_grad else moved
+
+            return host, back
+        if isinstance(value, torch.nn.Module):
+            devices = {p.device for p in value.parameters()} | {b.device for b in value.buffers()}
+            cuda = [d for d in devices if d.type == "cuda"]
+            if len(cuda) != 1 or len(devices) != 1:
+                return None  # spread over devices: moving it back could not restore it exactly
+            device = cuda[0]
+            value.to("cpu")
+            return value, lambda: value.to(device)
+        return None
+
+
+def bound_before_read(source: str, transform: Callable[[str], str] | None = None) -> list[str]:
+    """Names the cell's top level binds before any statement reads them, in order of binding.
+
+    A name read before it is bound (``x = x.cuda()``, ``h += 1``), or bound only inside a function, a
+    class or a branch whose condition reads it, is not listed: the rerun needs its old value.
+    """
+    try:
+        tree = ast.parse(transform(source) if transform is not None else source)
+    except (SyntaxError, ValueError):
+        return []
+    read: set[str] = set()
+    bound: list[str] = []
+    for statement in _in_order(tree.body, read):
+        loads = {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
+            loads.add(statement.target.id)
+        stores: list[str] = []
+        if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.For)):
+            targets: list[ast.AST] = []
+            if isinstance(statement, ast.Assign):
+                targets = list(statement.targets)
+            elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+                targets = [statement.target]
+            elif isinstance(statement, ast.For):
+                targets = [statement.target]
+            for target in targets:
+                stores += [n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+        # The value is evaluated before the targets are bound: a name it reads is read first.
+        read |= loads
+        for name in stores:
+            if name not in read and name not in bound:
+                bound.append(name)
+    return bound
+
+
+def _in_order(body: list[ast.stmt], read: set[str]) -> list[ast.stmt]:
+    """The statements that always run, in order: a ``with`` block's body counts as the cell's own
+    (``%oomfix`` wraps a cell in ``with torch.autocast(...)``); what its header reads is read first."""
+    statements: list[ast.stmt] = []
+    for statement in body:
+        if isinstance(statement, ast.With):
+            for item in statement.items:
+                read |= {n.id for n in ast.walk(item) if isinstance(n, ast.Name)}
+            statements += _in_order(statement.body, read)
+        else:
+            statements.append(statement)
+    return statements
+
+
+@dataclass
+class SetAside:
+    """What ``set_aside`` took out of the namespace: ``give_back()`` if no try fits, ``drop()`` if one did."""
+
+    namespace: MutableMapping[str, Any]
+    entries: dict[str, tuple[object, Callable[[], object]]] = field(default_factory=dict)
+    kept: tuple[str, ...] = ()  # names holding GPU memory that could not be moved (left bound)
+    freed_bytes: int = 0  # what setting them aside freed, where the caller measured it
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.entries)
+
+    def give_back(self) -> list[str]:
+        """Bind each set-aside name again, moved back to its device (names a try bound since are left alone)."""
+        given = []
+        for name, (_, back) in self.entries.items():
+            if name not in self.namespace:
+                self.namespace[name] = back()
+                given.append(name)
+        self.entries.clear()
+        return given
+
+    def drop(self) -> None:
+        self.entries.clear()
+
+    def merge(self, other: SetAside) -> None:
+        """Keep ``other``'s entries too (the first value set aside under a name wins: it is the oldest)."""
+        for name, entry in other.entries.items():
+            self.entries.setdefault(name, entry)
+        self.freed_bytes += other.freed_bytes
+
+
+def set_aside(
+    namespace: MutableMapping[str, Any],
+    source: str,
+    mover: Mover,
+    transform: Callable[[str], str] | None = None,
+) -> SetAside:
+    """Move to the host and unbind what the failed cell bound and will bind again (see the module docstring)."""
+    aside = SetAside(namespace)
+    kept = []
+    for name in bound_before_read(source, transform):
+        if name.startswith("_") or name in _IPYTHON_NAMES or name not in namespace:
+            continue
+        value = namespace[name]
+        try:
+            if not mover.holds_gpu(value):
+                continue
+            moved = mover.to_host(value)
+        except Exception:
+            moved = None
+        if moved is None:
+            kept.append(name)
+            continue
+        aside.entries[name] = moved
+        del namespace[name]
+        del value
+    aside.kept = tuple(kept)
+    return aside
+
+
+def restore_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:
+    """Put ``namespace`` back as it was in ``before``: names the run bound anew are removed, rebound
+    names get their old object back. Returns the names changed.
+
+    A try that fails half-way leaves what it already assigned: a ``loss`` whose ``backward()`` ran out
+    of memory keeps its whole autograd graph (every saved activation) alive, which then shrinks the room
+    for the next try. The output cache's ``_``, ``__``, ``___`` are put back too (a try that displayed a
+    tensor before failing would otherwise keep it); ``In``/``Out`` are IPython's cleanup's business.
+    """
+    changed = []
+    for name in list(namespace):
+        if name in _IPYTHON_NAMES or (name.startswith("_") and name not in OUTPUT_CACHE_NAMES):
+            continue
+        if name not in before:
+            del namespace[name]
+            changed.append(name)
+        elif namespace[name] is not before[name]:
+            namespace[name] = before[name]
+            changed.append(name)
+    for name, value in before.items():
+        if name not in namespace and (not name.startswith("_") or name in OUTPUT_CACHE_NAMES):
+            namespace[name] = value
+            changed.append(name)
+    return changed

@@ -1,0 +1,341 @@
+"""``%%cudamem_plan`` in a real InteractiveShell over the fake hardware (jupyter_cudamem/magics/plan.py).
+
+The cells call ``step(batch)``, which allocates ``peak(batch)`` on the fake card and frees it, as a
+training step's activations come and go; ``m`` is the fake machine, so tests hold memory "before the
+cell" (weights) with ``m.allocate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+from IPython.core.error import UsageError
+
+from fakes import FakeAllocator, GiB, MiB
+from jupyter_cudamem import magics
+from jupyter_cudamem.capacity.cards import card_table
+from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, largest_batch, usable_bytes
+from jupyter_cudamem.hardware import Hardware
+from jupyter_cudamem.capacity.fit import Line
+
+WEIGHTS = 2 * GiB
+PER_SAMPLE = 30 * MiB
+CONTEXT = 512 * MiB  # FakeGpu.context_bytes: what NVML sees beyond PyTorch's pools
+
+
+class Stepper:
+    """``step(batch)``: allocate ``per_sample x batch`` (or a chosen function of it) and free it."""
+
+    def __init__(self, machine, peak=lambda b: PER_SAMPLE * b):
+        self.machine = machine
+        self.peak = peak
+        self.calls: list[int] = []
+        self.autocast = False
+
+    def __call__(self, batch: int) -> None:
+        self.calls.append(batch)
+        size = int(self.peak(batch) * (0.5 if self.autocast else 1))
+        try:
+            self.machine.allocate(0, size)
+        except Exception as error:
+            raise type("OutOfMemoryError", (RuntimeError,), {})(
+                "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 80.00 GiB"
+            ) from error
+        self.machine.free(0, size)
+        return self
+
+    def backward(self) -> None:
+        """Lets a cell read as training (``step(b).backward()``)."""
+
+
+@pytest.fixture
+def plan_shell(shell, machine):
+    machine.allocate(0, WEIGHTS)
+    stepper = Stepper(machine)
+    shell.user_ns.update(step=stepper, MiB=MiB)
+    yield shell, machine, stepper
+    machine.free(0, machine.gpus[0].allocated)
+    shell.run_cell("%config CudaMem.cards = {}")
+
+
+def usage_error(shell, cell):
+    result = shell.run_cell(cell)
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    message = str(result.error_in_exec)
+    assert "\n" not in message
+    return message
+
+
+def expected_largest(total_bytes, margin=DEFAULT_MARGIN, per_sample=PER_SAMPLE):
+    return largest_batch(Line(per_sample, WEIGHTS), usable_bytes(total_bytes, CONTEXT, margin))
+
+
+def test_plan_fits_the_line_and_plans_every_card(plan_shell, capsys):
+    shell, machine, stepper = plan_shell
+    shell.run_cell("batch_size = 64")
+    result = shell.run_cell("%%cudamem_plan -o plan\nstep(batch_size)\nran_with = batch_size\nbatch_size")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    assert plan.line.slope_bytes == pytest.approx(PER_SAMPLE) and plan.line.intercept_bytes == pytest.approx(WEIGHTS)
+    assert plan.non_pytorch_bytes == CONTEXT
+    for card in card_table():
+        assert plan.predicted[card.name] == expected_largest(card.total_bytes)
+    assert plan.this_card.largest_batch == expected_largest(80 * GiB)
+    # runs: as written (warm-up), half, then as written last; the value and the namespace are the last run's
+    assert stepper.calls == [64, 32, 64]
+    assert shell.user_ns["batch_size"] == 64 and shell.user_ns["ran_with"] == 64
+    out = capsys.readouterr().out
+    assert "Out[" in out and "64" in out and "Capacity plan for batch_size = 64" in out
+    assert "measured here through NVML" in out and "the first run at batch 64" in out
+
+
+def test_a_batch_too_big_for_a_card_gets_exact_accumulation(plan_shell):
+    shell, machine, stepper = plan_shell
+    shell.run_cell("%%cudamem_plan -o plan --cards T4,H100\nbatch_size = 768\nstep(batch_size)")
+    plan = shell.user_ns["plan"]
+    t4 = plan.card("T4")
+    assert not t4.fits and t4.largest_batch == expected_largest(15 * GiB)
+    assert t4.micro_batch * t4.steps == 768 and t4.micro_batch <= t4.largest_batch
+    assert plan.card("H100 80GB").fits
+    assert [c.name for c in plan.cards] == ["T4", "H100 80GB"]
+    assert "batch 384 x 2 chunks" in plan.text()  # the cell only runs a model: chunks
+    assert shell.user_ns["batch_size"] == 768  # the cell's own number: the last run used it
+    shell.run_cell("%%cudamem_plan -o plan --cards T4\nbatch_size = 768\nstep(batch_size).backward()")
+    assert "batch 384 x 2 accumulation steps" in shell.user_ns["plan"].text()  # a training cell: accumulation
+
+
+def test_config_cards_and_margin(plan_shell):
+    shell, machine, stepper = plan_shell
+    shell.run_cell("%config CudaMem.cards = {'Mine': 12, 'T4': None}")
+    shell.run_cell("%%cudamem_plan -o plan --margin 0.1\nstep(64)")
+    plan = shell.user_ns["plan"]
+    assert "T4" not in plan.predicted and plan.predicted["Mine"] == expected_largest(12 * GiB, 0.1)
+    assert plan.margin == 0.1
+    assert "not in the table" in usage_error(shell, "%%cudamem_plan --cards T4\nstep(64)")
+    assert "--margin" in usage_error(shell, "%%cudamem_plan --margin 1.5\nstep(64)")
+    shell.run_cell("%config CudaMem.cards = {'Bad': 'lots'}")
+    assert "CudaMem.cards['Bad']" in usage_error(shell, "%%cudamem_plan\nstep(64)")
+
+
+def test_small_overrides_the_second_batch(plan_shell):
+    shell, machine, stepper = plan_shell
+    shell.run_cell("%%cudamem_plan --small 16 -o plan\nstep(64)")
+    assert stepper.calls == [64, 16, 64]
+    assert shell.user_ns["plan"].line.slope_bytes == pytest.approx(PER_SAMPLE)
+    assert "--small" in usage_error(shell, "%%cudamem_plan --small 64\nstep(64)")
+
+
+def test_no_gpu_is_one_line_and_runs_nothing(ip, machine):
+    magics.unload(ip)
+    hardware = Hardware(allocator=FakeAllocator(machine, status="no CUDA device (torch.cuda.is_available() is False)"),
+                        nvml=__import__("fakes").FakeNvml(machine, failure="NVML: no driver"), pid=machine.pid)
+    magics.load(ip, hardware)
+    try:
+        ip.user_ns["ran"] = []
+        message = usage_error(ip, "%%cudamem_plan\nran.append(1)")
+        assert "needs a CUDA device" in message and ip.user_ns["ran"] == []
+    finally:
+        magics.unload(ip)
+
+
+def test_out_of_memory_at_both_sizes(plan_shell):
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].fraction = 3 * GiB / machine.gpus[0].total_bytes
+    message = usage_error(shell, "batch_size = 256\nstep(batch_size)".join(["%%cudamem_plan\n", ""]))
+    assert "both batch 256 and 128" in message
+
+
+def test_out_of_memory_as_written_plans_from_two_smaller_batches(plan_shell):
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].fraction = 8 * GiB / machine.gpus[0].total_bytes  # 2 GiB weights + 30 MiB x 200 fits, 256 not
+    result = shell.run_cell("%%cudamem_plan -o plan\nbatch_size = 256\nstep(batch_size)")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    assert stepper.calls == [256, 128, 64]
+    assert plan.line.slope_bytes == pytest.approx(PER_SAMPLE)
+    assert any("ran out of GPU memory here" in note for note in plan.notes)
+
+
+def test_peak_growing_faster_than_the_batch_is_refused(plan_shell):
+    shell, machine, stepper = plan_shell
+    stepper.peak = lambda b: 4 * MiB * b + 0.5 * MiB * b * b  # a batch x batch matrix
+    assert "grows faster than the batch" in usage_error(shell, "%%cudamem_plan\nstep(128)")
+
+
+def test_a_cell_that_is_not_repeatable_is_refused(plan_shell):
+    shell, machine, stepper = plan_shell
+    grow = iter(range(1, 100))
+    stepper.peak = lambda b: PER_SAMPLE * b * next(grow)
+    assert "not repeatable" in usage_error(shell, "%%cudamem_plan\nstep(64)")
+
+
+def test_a_cell_that_keeps_memory_is_refused(plan_shell):
+    shell, machine, stepper = plan_shell
+    shell.user_ns["keep"] = lambda: machine.allocate(0, 300 * MiB)
+    assert "not repeatable" in usage_error(shell, "%%cudamem_plan\nstep(64)\nkeep()")
+
+
+def test_first_run_that_creates_state_is_a_warm_up(plan_shell):
+    shell, machine, stepper = plan_shell
+    shell.user_ns["state"] = []
+    shell.user_ns["make_state"] = lambda: (machine.allocate(0, GiB), shell.user_ns["state"].append(1)) if not shell.user_ns["state"] else None
+    result = shell.run_cell("%%cudamem_plan -o plan\nstep(64)\nmake_state()")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    assert plan.line.intercept_bytes == pytest.approx(WEIGHTS + GiB)  # the optimizer-like state is part of the fixed part
+    assert any("warm-up" in note for note in plan.notes)
+
+
+def test_the_cells_own_error_behaves_as_a_plain_cells(plan_shell):
+    shell, machine, stepper = plan_shell
+    shell.run_cell("batch_size = 64")
+    result = shell.run_cell("%%cudamem_plan\nstep(batch_size)\nraise ValueError('mine')")
+    assert isinstance(result.error_in_exec, ValueError) and str(result.error_in_exec) == "mine"
+    assert shell.user_ns["batch_size"] == 64
+    # an error only at the smaller batch: the batch is put back all the same
+    result = shell.run_cell("%%cudamem_plan\nstep(batch_size)\nassert batch_size == 64, 'only 64'")
+    assert isinstance(result.error_in_exec, AssertionError)
+    assert shell.user_ns["batch_size"] == 64
+
+
+def test_a_cell_with_no_batch_is_measured_once(plan_shell, capsys):
+    shell, machine, stepper = plan_shell
+    shell.user_ns["calls"] = []
+    result = shell.run_cell("%%cudamem_plan -o plan\ncalls.append(1)\nm.allocate(0, 3 * GiB); m.free(0, 3 * GiB)")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    assert shell.user_ns["calls"] == [1] and plan.line is None
+    assert plan.fixed_bytes == WEIGHTS + 3 * GiB
+    assert plan.card("T4").fits and "fixed-size" in capsys.readouterr().out
+
+
+def test_extra_runs_are_quiet(plan_shell, capsys):
+    shell, machine, stepper = plan_shell
+    shell.run_cell("%%cudamem_plan\nstep(64)\nprint('hello from the cell')")
+    assert capsys.readouterr().out.count("hello from the cell") == 1
+
+
+def test_autocast_run_says_what_it_buys(plan_shell):
+    shell, machine, stepper = plan_shell
+
+    class FakeTorch:
+        float16 = bfloat16 = "half"
+
+        @staticmethod
+        @contextlib.contextmanager
+        def autocast(device, dtype=None):
+            stepper.autocast = True
+            try:
+                yield
+            finally:
+                stepper.autocast = False
+
+    shell.user_ns["torch"] = FakeTorch
+    result = shell.run_cell("%%cudamem_plan --autocast -o plan\nstep(64)")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    assert plan.autocast_line.slope_bytes == pytest.approx(PER_SAMPLE / 2)
+    t4 = plan.card("T4")
+    assert t4.largest_autocast_batch == expected_largest(15 * GiB, per_sample=PER_SAMPLE / 2)
+    assert "under autocast" in plan.text() and stepper.calls == [64, 32, 64, 64]
+
+
+def test_history_measurement_of_the_same_cell_is_compared(plan_shell):
+    shell, machine, stepper = plan_shell
+    shell.run_cell("%%cudamem -q\nstep(64)")
+    shell.run_cell("%%cudamem_plan -o plan\nstep(64)")
+    labels = [a.label for a in shell.user_ns["plan"].agreements]
+    assert any(label.startswith("%%cudamem") for label in labels)
+    agreement = shell.user_ns["plan"].agreements[-1]
+    assert abs(agreement.relative) < 0.01
+
+
+def test_plan_html_carries_the_figure(plan_shell):
+    shell, machine, stepper = plan_shell
+    shell.run_cell("%%cudamem_plan -o plan\nstep(64)")
+    html = shell.user_ns["plan"]._repr_html_()
+    assert "<table" in html and "data:image/png;base64," in html
+    figure = shell.user_ns["plan"].figure()
+    assert figure.axes[0].get_yscale() == "log"
+
+
+def test_memory_outside_pytorch_is_measured_not_assumed(plan_shell):
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].outside_bytes = 700 * MiB  # cuBLAS/cuDNN workspaces, CuPy...
+    shell.run_cell("%%cudamem_plan -o plan --cards T4\nstep(64)")
+    plan = shell.user_ns["plan"]
+    assert plan.non_pytorch_bytes == CONTEXT + 700 * MiB
+    assert plan.card("T4").largest_batch == largest_batch(
+        Line(PER_SAMPLE, WEIGHTS), usable_bytes(15 * GiB, CONTEXT + 700 * MiB, DEFAULT_MARGIN))
+    machine.gpus[0].outside_bytes = 0
+
+
+def test_without_process_listing_the_whole_card_counts_and_says_so(ip, machine):
+    from fakes import FakeNvml
+
+    magics.unload(ip)
+    machine.allocate(0, WEIGHTS)
+    machine.gpus[0].other_process_bytes = GiB
+    magics.load(ip, Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine, processes_visible=False),
+                             pid=machine.pid))
+    try:
+        ip.user_ns.update(step=Stepper(machine))
+        assert ip.run_cell("%%cudamem_plan -o plan\nstep(64)").success
+        plan = ip.user_ns["plan"]
+        assert plan.non_pytorch_bytes == CONTEXT + GiB and "other processes on the card count too" in plan.text()
+    finally:
+        magics.unload(ip)
+
+
+def test_without_nvml_the_plan_says_the_context_was_not_measured(ip, machine):
+    from fakes import FakeNvml
+
+    magics.unload(ip)
+    machine.allocate(0, WEIGHTS)
+    magics.load(ip, Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine, failure="NVML: no library"),
+                             pid=machine.pid))
+    try:
+        ip.user_ns.update(step=Stepper(machine))
+        assert ip.run_cell("%%cudamem_plan -o plan\nstep(64)").success
+        plan = ip.user_ns["plan"]
+        assert plan.non_pytorch_bytes == 0 and "NOT measured (NVML: no library)" in plan.text()
+    finally:
+        magics.unload(ip)
+
+
+def test_this_card_under_a_cap_is_what_the_cap_leaves(plan_shell):
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].fraction = 10 * GiB / machine.gpus[0].total_bytes
+    shell.run_cell("%%cudamem_plan -o plan --cards T4\nbatch_size = 512\nstep(batch_size)")
+    here = shell.user_ns["plan"].this_card
+    assert "capped at 10.0 GiB" in here.name
+    assert here.usable_bytes == int(10 * GiB * (1 - DEFAULT_MARGIN))
+    assert not here.fits and here.largest_batch == largest_batch(Line(PER_SAMPLE, WEIGHTS), here.usable_bytes)
+
+
+def test_state_created_by_the_smaller_run_after_an_oom_is_a_warm_up(plan_shell):
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].fraction = 12 * GiB / machine.gpus[0].total_bytes
+    shell.user_ns["state"] = []
+    shell.user_ns["make_state"] = lambda: (machine.allocate(0, GiB), shell.user_ns["state"].append(1)) if not shell.user_ns["state"] else None
+    result = shell.run_cell("%%cudamem_plan -o plan\nbatch_size = 512\nstep(batch_size)\nmake_state()")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    assert stepper.calls == [512, 256, 128, 256]
+    assert [r.label for r in plan.runs] == ["as written", "smaller (warm-up)", "smaller still", "smaller"]
+    assert plan.line.intercept_bytes == pytest.approx(WEIGHTS + GiB)
+    assert plan.line.slope_bytes == pytest.approx(PER_SAMPLE)
+
+
+def test_a_cell_that_uses_no_gpu_memory_is_one_line(plan_shell):
+    shell, machine, stepper = plan_shell
+    assert "used no GPU memory" in usage_error(shell, "%%cudamem_plan\nbatch_size = 64\nx = [0] * batch_size")
+
+
+def test_a_second_batch_larger_than_the_first_that_does_not_fit(plan_shell):
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].fraction = 8 * GiB / machine.gpus[0].total_bytes
+    message = usage_error(shell, "%%cudamem_plan --small 512\nstep(64)")
+    assert "at batch 512 but not at 64" in message and "--small" in message

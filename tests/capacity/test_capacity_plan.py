@@ -1,0 +1,118 @@
+"""The planning arithmetic: usable memory, largest batch, exact accumulation, the line and its checks."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from jupyter_cudamem.capacity.cards import Card
+from jupyter_cudamem.capacity.fit import faster_than_linear, fit, same
+from jupyter_cudamem.capacity.plan import (
+    CLOSE_DIVISOR,
+    Run,
+    accumulation,
+    build_plan,
+    largest_batch,
+    plan_card,
+    usable_bytes,
+)
+from jupyter_cudamem.capacity.fit import Line
+
+GiB, MiB = 1024**3, 1024**2
+
+
+def test_usable_is_card_less_outside_less_margin():
+    assert usable_bytes(16 * GiB, GiB, 0.0) == 15 * GiB
+    assert usable_bytes(16 * GiB, GiB, 0.1) == int(15 * GiB * 0.9)
+    assert usable_bytes(GiB, 2 * GiB, 0.1) == 0
+
+
+def test_largest_batch_is_the_last_that_fits():
+    line = Line(10 * MiB, 2 * GiB)
+    usable = 6 * GiB
+    best = largest_batch(line, usable)
+    assert line.peak(best) <= usable < line.peak(best + 1)
+    assert largest_batch(line, GiB) == 0
+    with pytest.raises(ValueError):
+        largest_batch(Line(0, GiB), usable)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_accumulation_keeps_the_effective_batch_exactly(seed):
+    rng = random.Random(seed)
+    effective = rng.randint(2, 5000)
+    largest = rng.randint(1, effective)
+    micro, steps = accumulation(effective, largest)
+    assert micro * steps == effective and micro <= largest
+    # no divisor of the batch between the micro-batch and the largest that fits
+    assert not any(effective % d == 0 for d in range(micro + 1, largest + 1))
+
+
+def test_accumulation_when_it_fits_or_the_batch_is_prime():
+    assert accumulation(64, 100) == (64, 1)
+    assert accumulation(256, 100) == (64, 4)
+    assert accumulation(97, 50) == (1, 97)  # prime: only 1 divides it
+
+
+def test_card_plan_for_a_batch_that_does_not_fit():
+    line = Line(100 * MiB, 2 * GiB)
+    plan = plan_card(Card("Small", 8), line, None, 256, 512 * MiB, 0.0)
+    expected = math.floor((8 * GiB - 512 * MiB - 2 * GiB) / (100 * MiB))
+    assert plan.largest_batch == expected and not plan.fits
+    assert plan.micro_batch * plan.steps == 256 and plan.micro_batch <= expected
+    assert "accumulation steps" in plan.advice(256) and "chunks" in plan.advice(256, trains=False)
+
+
+def test_a_prime_batch_says_no_divisor_is_close():
+    line = Line(100 * MiB, 2 * GiB)
+    plan = plan_card(Card("Small", 8), line, None, 257, 512 * MiB, 0.0)
+    assert plan.micro_batch == 1 and plan.steps == 257
+    assert not plan.divisor_close and "no divisor of 257 is close" in plan.advice(257)
+    assert CLOSE_DIVISOR * plan.largest_batch > 1
+
+
+def test_a_card_too_small_for_the_fixed_part():
+    plan = plan_card(Card("Tiny", 2), Line(MiB, 3 * GiB), None, 8, 0, 0.0)
+    assert plan.largest_batch == 0 and not plan.fits and plan.micro_batch is None
+    assert "even at batch 1" in plan.advice(8)
+
+
+def test_fixed_size_cell_fits_or_not():
+    runs = [Run("as written", None, 10 * GiB, GiB)]
+    plan = build_plan(runs, None, None, [Card("Big", 16), Card("Small", 8)], 0.04, 512 * MiB, "measured")
+    assert plan.line is None and plan.fixed_bytes == 10 * GiB
+    assert [c.fits for c in plan.cards] == [True, False]
+    assert plan.predicted == {"Big": None, "Small": None}
+    assert "fixed-size" in plan.text()
+
+
+def test_fit_recovers_a_line_and_judges_it():
+    line = fit([(32, 2 * GiB + 32 * 7 * MiB), (64, 2 * GiB + 64 * 7 * MiB)])
+    assert line.slope_bytes == pytest.approx(7 * MiB) and line.intercept_bytes == pytest.approx(2 * GiB)
+    assert not faster_than_linear(line, start_bytes=2 * GiB, peak_bytes=int(line.peak(64)))
+    quadratic = lambda b: GiB + 4 * MiB * b + 0.2 * MiB * b * b  # noqa: E731
+    curved = fit([(32, int(quadratic(32))), (64, int(quadratic(64)))])
+    assert faster_than_linear(curved, start_bytes=GiB, peak_bytes=int(quadratic(64)))
+    with pytest.raises(ValueError):
+        fit([(64, GiB), (64, GiB)])
+
+
+def test_same_allows_small_noise_only():
+    assert same(2 * GiB, 2 * GiB + MiB, start_bytes=GiB)
+    assert not same(2 * GiB, 2 * GiB + 200 * MiB, start_bytes=GiB)
+
+
+def test_plan_object_text_html_and_predicted():
+    line = Line(10 * MiB, GiB)
+    runs = [Run("smaller", 32, int(line.peak(32)), GiB), Run("as written, again", 64, int(line.peak(64)), GiB)]
+    plan = build_plan(runs, 64, "batch_size", [Card("T4", 16, ecc=True), Card("Big", 80)], 0.04, 512 * MiB,
+                      "measured here through NVML", this_card=("Fake", 40 * GiB), line=line)
+    assert plan.per_sample_bytes == 10 * MiB and plan.fixed_bytes == GiB
+    assert plan.predicted["T4"] == largest_batch(line, usable_bytes(15 * GiB, 512 * MiB, 0.04))
+    text = plan.text()
+    assert "batch_size = 64" in text and "measured here through NVML" in text and "this card (Fake)" in text
+    html = plan._repr_html_()
+    assert "<table" in html and "data:image/png;base64," in html
+    assert repr(plan) == text

@@ -1,0 +1,133 @@
+"""A failed try of ``%oomfix`` leaves nothing: every try starts at the level the failed cell started at.
+
+In a real kernel, PyTorch capped with ``set_per_process_memory_fraction`` to emulate a small card: a
+setup cell builds the model and warms it up (so cuBLAS/cuDNN workspaces are already allocated), a
+cell records ``torch.cuda.memory_allocated()``, the next cell binds a batch-sized input and fails with
+a CUDA OOM, and ``%oomfix --yes -o`` fixes it. Each try's ``allocated_at_start_bytes`` must be within
+2 MiB of the recorded level (the failed cell's own input set aside, no failed try's graph or frames
+alive), for a GRU whose tries fail in forward and an MLP whose tries fail in backward.
+
+Run on the GPU machine: ``pytest -m gpu tests/gpu/test_oomfix_tries_gpu.py -v`` (about 1 minute: two
+kernels, each a few small reruns).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("nbclient")
+
+from tests.notebook_runner import REPO, json_line, run_cells, text_of  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.notebook,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"),
+]
+
+TOLERANCE = 2 * 2**20
+
+SETUP = f"""
+import sys
+sys.path.insert(0, {str(REPO)!r})
+import json
+import torch
+from torch import nn
+%load_ext jupyter_cudamem
+torch.cuda.set_per_process_memory_fraction(2 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
+"""
+
+GRU = """gru = nn.GRU(64, 256, num_layers=2, batch_first=True).cuda()
+out, hidden = gru(torch.randn(4, 256, 64, device="cuda"))
+out.square().mean().backward()
+del out, hidden
+gru.zero_grad(set_to_none=True)
+"""
+
+# The forward is cheap; the backward of ``Heavy`` allocates 256 KiB per sample: tries fail in backward.
+MLP = """class Heavy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        scratch = torch.ones(grad.shape[0], 65536, device=grad.device)
+        return grad * 2 + scratch[:, : grad.shape[1]] * 0
+
+mlp = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 1024)).cuda()
+Heavy.apply(mlp(torch.randn(4, 1024, device="cuda"))).sum().backward()
+mlp.zero_grad(set_to_none=True)
+"""
+
+# ``stages`` is mutated, not bound, by the failing cell: it keeps the stages of every run, reruns included.
+LEVEL = "stages = []\nstart_level = torch.cuda.memory_allocated()\n"
+
+REPORT = """print("RESULT " + json.dumps({
+    "start": start_level,
+    "tries": [[t.batch, t.fitted, t.allocated_at_start_bytes, t.left_bytes] for t in outcome.tries],
+    "fitted": outcome.fitted,
+    "stages": stages,
+}))
+"""
+
+
+def tries_of(model: str, failing: str) -> tuple[str, dict]:
+    cells = [SETUP, model, LEVEL, failing, "outcome = %oomfix --yes -o", REPORT]
+    notebook = run_cells(cells, timeout=600, allow_errors_in={3})
+    outputs = notebook.cells
+    assert "OutOfMemoryError" in text_of(outputs[3]), text_of(outputs[3])
+    report = text_of(outputs[4])
+    return report, json_line(outputs[5])
+
+
+def runs(stages: list[str]) -> list[str]:
+    """Where each run (the failed cell, then every try) ended: the last stage it reached."""
+    ended, current = [], None
+    for stage in stages:
+        if stage == "start" and current is not None:
+            ended.append(current)
+        current = stage
+    return ended + ([current] if current is not None else [])
+
+
+def check(report: str, result: dict, stage: str) -> None:
+    ended = runs(result["stages"])
+    assert ended[0] == stage, (ended, report)  # the failed cell failed where this test says
+    assert len(ended) == 1 + len(result["tries"]) and result["fitted"], (ended, report)
+    for (batch, fitted, at_start, left), where in zip(result["tries"], ended[1:]):
+        assert abs(at_start - result["start"]) <= TOLERANCE, (batch, where, at_start, result["start"], report)
+        if not fitted:
+            assert left is not None and abs(left) <= TOLERANCE, (batch, where, left, report)
+
+
+def test_tries_failing_in_forward_start_where_the_failed_cell_started():
+    failing = """batch_size = 8192
+stages.append("start")
+x = torch.randn(batch_size, 256, 64, device="cuda")
+stages.append("forward")
+out, hidden = gru(x)
+stages.append("backward")
+out.square().mean().backward()
+gru.zero_grad(set_to_none=True)
+stages.append("done")
+"""
+    report, result = tries_of(GRU, failing)
+    check(report, result, "forward")
+    assert "set aside on the host" in report and "x" in report, report
+
+
+def test_tries_failing_in_backward_start_where_the_failed_cell_started():
+    failing = """batch_size = 16384
+stages.append("start")
+x = torch.randn(batch_size, 1024, device="cuda")
+stages.append("forward")
+loss = Heavy.apply(mlp(x)).sum()
+stages.append("backward")
+loss.backward()
+mlp.zero_grad(set_to_none=True)
+stages.append("done")
+"""
+    report, result = tries_of(MLP, failing)
+    check(report, result, "backward")

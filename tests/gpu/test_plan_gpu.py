@@ -1,0 +1,132 @@
+"""``%%cudamem_plan`` on a real GPU: a training cell whose batch lives in an earlier cell.
+
+The plan's line must match PyTorch's own peaks, the memory outside PyTorch must be measured (the CUDA
+context alone is hundreds of MiB), the batch must be put back, and the prediction for a card played by
+a cap must fit under that cap and be close to the largest batch that really fits. Run on the GPU
+machine with ``pytest -m gpu tests/gpu/test_plan_gpu.py`` (about 30-60 s).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+GiB = 1024**3
+MiB = 1024**2
+
+SETUP = """
+import torch
+from torch import nn
+model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).cuda()
+optimizer = torch.optim.Adam(model.parameters())
+batch_size = 64
+
+def step(batch):
+    x = torch.randn(batch, 3, 64, 64, device="cuda")
+    y = torch.randint(0, 10, (batch,), device="cuda")
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def torch():
+    import torch
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    return torch
+
+
+@pytest.fixture
+def shell(torch, ip):
+    from jupyter_cudamem import magics
+
+    magics.unload(ip)
+    ip.run_line_magic("load_ext", "jupyter_cudamem")
+    assert ip.run_cell(SETUP).success
+    yield ip
+    ip.run_line_magic("unload_ext", "jupyter_cudamem")
+    for name in ("model", "optimizer", "plan", "step"):
+        ip.user_ns.pop(name, None)
+    gc.collect()
+    torch.cuda.set_per_process_memory_fraction(1.0, 0)
+    torch.cuda.empty_cache()
+
+
+def fits(torch, step, batch: int) -> bool:
+    try:
+        step(batch)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def test_plan_on_a_real_gpu_predicts_a_capped_card(shell, torch, capsys):
+    result = shell.run_cell("%%cudamem_plan -o plan --cards T4\nstep(batch_size)\nbatch_size")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    out = capsys.readouterr().out
+    assert "Capacity plan for batch_size = 64" in out and "measured here through NVML" in out
+    assert shell.user_ns["batch_size"] == 64
+    assert plan.line.slope_bytes > 0
+    assert 100 * MiB < plan.non_pytorch_bytes < 4 * GiB  # the CUDA context at least, measured
+    # The line agrees with PyTorch's own peak at the batch as written.
+    torch.cuda.reset_peak_memory_stats(0)
+    shell.user_ns["step"](64)
+    assert torch.cuda.max_memory_allocated(0) == pytest.approx(plan.line.peak(64), rel=0.03)
+
+    # A 4 GiB card, played by a cap that leaves PyTorch what such a card leaves it.
+    from jupyter_cudamem.capacity.plan import largest_batch, usable_bytes
+
+    card_bytes = 4 * GiB
+    predicted = largest_batch(plan.line, usable_bytes(card_bytes, plan.non_pytorch_bytes, plan.margin))
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((card_bytes - plan.non_pytorch_bytes) / total, 0)
+    torch.cuda.empty_cache()
+    step = shell.user_ns["step"]
+    assert fits(torch, step, predicted), f"the predicted batch {predicted} does not fit the 4 GiB card"
+    over = int(predicted * 1.15) + 1
+    assert not fits(torch, step, over), f"batch {over}, 15% above the prediction {predicted}, fits too: too cautious"
+
+
+def test_plan_when_the_batch_as_written_does_not_fit(shell, torch):
+    step = shell.user_ns["step"]
+    step(64)  # optimizer state exists, as after the setup's first step
+    peaks = {}
+    for batch in (32, 64):
+        torch.cuda.reset_peak_memory_stats(0)
+        step(batch)
+        peaks[batch] = torch.cuda.max_memory_allocated(0)
+    per_sample = (peaks[64] - peaks[32]) / 32
+    fixed = peaks[64] - 64 * per_sample
+    # A cap under which batch 1024 cannot fit and batch 512 fits with room to spare.
+    cap = fixed + 0.75 * 1024 * per_sample
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(cap / total, 0)
+    torch.cuda.empty_cache()
+    shell.run_cell("batch_size = 1024")
+    result = shell.run_cell("%%cudamem_plan -o plan\nstep(batch_size)")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    assert shell.user_ns["batch_size"] == 1024
+    assert any("ran out of GPU memory here" in note for note in plan.notes)
+    assert plan.line.slope_bytes == pytest.approx(per_sample, rel=0.05)
+    # this card, as capped: the batch as written does not fit, and the plan says how to keep it
+    assert not plan.this_card.fits and plan.this_card.micro_batch * plan.this_card.steps == 1024
+    assert 512 <= plan.this_card.largest_batch < 1024
+
+
+def test_not_a_gpu_cell_with_no_batch_is_fixed_size(shell, torch):
+    result = shell.run_cell("%%cudamem_plan -o plan\nweights = torch.empty(256 * 2**20, device='cuda')\ndel weights")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    assert plan.line is None and plan.fixed_bytes >= GiB

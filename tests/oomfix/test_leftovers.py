@@ -1,0 +1,130 @@
+"""A failed try leaves nothing (jupyter_cudamem/oomfix/leftovers.py, and the driver's use of it).
+
+Fake tensors (``tests.fakes.FakeTensor`` on a ``FakeMachine``) hold fake GPU memory as long as they
+live, as PyTorch's tensors hold the caching allocator's; a fake mover copies them to the host.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from jupyter_cudamem.oomfix.driver import Driver
+from jupyter_cudamem.oomfix.leftovers import bound_before_read, restore_bindings, set_aside
+from tests.fakes import FakeOutOfMemoryError, FakeTensor, GiB, MiB
+from tests.oomfix.simulated import OutOfMemoryError, capped_machine, fake_hardware, torch_oom_message
+
+
+class FakeMover:
+    def __init__(self, machine):
+        self.machine = machine
+        self.moved = []
+
+    def holds_gpu(self, value):
+        return getattr(value, "is_cuda", False) is True
+
+    def to_host(self, value):
+        if not isinstance(value, FakeTensor):
+            return None
+        nbytes = value.untyped_storage().nbytes()
+        self.moved.append(nbytes)
+        return FakeTensor(nbytes, device="cpu"), lambda: FakeTensor(nbytes, machine=self.machine)
+
+
+def test_names_bound_before_they_are_read():
+    source = (
+        "x = torch.randn(batch_size, 256, device='cuda')\n"
+        "h = h.detach()\n"  # read first: its old value is needed
+        "out, hidden = model(x, h)\n"
+        "loss = out.sum()\n"
+        "loss.backward()\n"
+        "total += loss.item()\n"  # augmented: read first
+        "for step in range(2):\n    y = step\n"
+    )
+    assert bound_before_read(source) == ["x", "out", "hidden", "loss"]
+    wrapped = "with torch.autocast('cuda', dtype=torch.bfloat16):\n    x = make(8)\n    y = model(x)\n"
+    assert bound_before_read(wrapped) == ["x", "y"]
+    assert bound_before_read("x = x.cuda()\n") == []
+    assert bound_before_read("def f(:\n") == []
+
+
+def test_set_aside_moves_what_the_cell_binds_again_and_gives_it_back():
+    machine = capped_machine(4 * GiB)
+    namespace = {"x": FakeTensor(1 * GiB, machine=machine), "model": FakeTensor(100 * MiB, machine=machine),
+                 "h": FakeTensor(10 * MiB, machine=machine), "_": FakeTensor(1 * MiB, machine=machine)}
+    mover = FakeMover(machine)
+    aside = set_aside(namespace, "x = make(batch)\nh = h * 2\nout = model(x)\n", mover)
+    gc.collect()
+    assert aside.names == ("x",) and "x" not in namespace
+    assert machine.gpus[0].allocated == 111 * MiB  # the 1 GiB input is on the host now
+    assert aside.give_back() == ["x"]
+    assert namespace["x"].is_cuda and machine.gpus[0].allocated == 111 * MiB + 1 * GiB
+
+
+def test_restore_bindings_puts_back_the_output_cache_too():
+    before = {"a": 1, "_": "older output"}
+    after = {"a": 2, "_": "the failed try's tensor", "__": "x", "Out": {}, "_i3": "cell"}
+    assert sorted(restore_bindings(after, before)) == ["_", "__", "a"]
+    assert after == {"a": 1, "_": "older output", "Out": {}, "_i3": "cell"}
+
+
+class _Cell:
+    """A training cell on a fake machine: binds its input ``x`` (1 MiB per sample), then a forward that
+    needs ``forward`` MiB per sample, then a backward; fails with a PyTorch-worded OOM."""
+
+    def __init__(self, machine, namespace, forward_mib=4, backward_mib=2):
+        self.machine = machine
+        self.namespace = namespace
+        self.forward_mib = forward_mib
+        self.backward_mib = backward_mib
+
+    def run(self, source):
+        ns = self.namespace
+        batch = int(source.split("=", 1)[1].split("\n", 1)[0])
+        gpu = self.machine.gpus[0]
+        try:
+            ns["x"] = FakeTensor(batch * MiB, machine=self.machine)
+            ns["loss"] = FakeTensor(batch * self.forward_mib * MiB, machine=self.machine)  # the graph
+            workspace = batch * self.backward_mib * MiB
+            self.machine.allocate(0, workspace)
+            self.machine.free(0, workspace)
+            ns["loss"] = 0.5
+            ns["trained"] = batch
+            return None
+        except FakeOutOfMemoryError:
+            allowed = int(gpu.fraction * gpu.total_bytes)
+            return OutOfMemoryError(torch_oom_message(batch * MiB, gpu.total_bytes, gpu.total_bytes - gpu.reserved,
+                                                      gpu.reserved, allowed, gpu.allocated, 0))
+
+
+def _fix(forward_mib, backward_mib, cap=2 * GiB, held=300 * MiB, max_tries=3):
+    machine = capped_machine(cap, held_bytes=held)
+    namespace: dict = {"kept": FakeTensor(0, device="cpu")}
+    cell = _Cell(machine, namespace, forward_mib, backward_mib)
+    source = "batch_size = 1024\nx = make(batch_size)\nloss = train(x)\n"
+    started = machine.gpus[0].allocated
+    error = cell.run(source)
+    assert error is not None and namespace["x"].is_cuda  # the failed cell bound its 1 GiB input, then failed
+    driver = Driver(cell.run, fake_hardware(machine), lambda failed: machine.empty_cache(),
+                    strategies=("batch",), max_tries=max_tries, mover=FakeMover(machine))
+    outcome = driver.fix(source, error, namespace, freed_bytes=0, allocated_before=started)
+    return outcome, machine, namespace, started
+
+
+def test_every_try_starts_where_the_failed_cell_started_when_tries_fail_in_forward_and_backward():
+    for forward_mib, backward_mib in ((60, 1), (2, 60)):  # fails in forward / in backward
+        outcome, machine, namespace, started = _fix(forward_mib, backward_mib)
+        assert outcome.fitted, outcome.text()
+        assert any(not t.fitted for t in outcome.tries) or len(outcome.tries) <= 2
+        for t in outcome.tries:
+            assert t.allocated_at_start_bytes == started, (forward_mib, t)
+            if not t.fitted:
+                assert t.left_bytes == 0 and t.need_bytes is not None
+        assert namespace["trained"] == outcome.batch_after
+
+
+def test_when_every_try_fails_the_set_aside_input_is_given_back():
+    outcome, machine, namespace, started = _fix(4000, 1, max_tries=2)  # nothing fits
+    assert not outcome.fitted
+    assert all(t.allocated_at_start_bytes == started for t in outcome.tries)
+    assert namespace["x"].is_cuda  # bound again, on the device, as the failed cell left it
+    assert any("bound again" in note for note in outcome.notes)
