@@ -50,10 +50,11 @@ def device_hints(measured: DeviceMeasurement, left_attributed: bool = False) -> 
     hints: list[str] = []
     allocated = measured.allocated_delta_bytes or 0
     reserved = measured.reserved_delta_bytes or 0
-    total = measured.total_bytes
+    total = measured.limit_bytes  # the per-process cap where one is set: that is where this process runs out
     peak = measured.peak_allocated_bytes
     if peak is not None and total and peak / total >= NEAR_FULL_FRACTION:
-        hints.append(f"peak is {peak / total:.0%} of the card: close to out of memory")
+        whole = "the card" if measured.cap_bytes is None else f"the {format_bytes(total)} per-process cap"
+        hints.append(f"peak is {peak / total:.0%} of {whole}: close to out of memory")
     if reserved - allocated >= CACHED_GROWTH_HINT_BYTES:
         hints.append(
             f"reserved grew {format_bytes(reserved - allocated)} more than allocated: cached blocks "
@@ -223,21 +224,103 @@ class Suggestion:
     code: str = ""
 
 
-def accumulation_plan(batch_before: int, batch_fits: int) -> tuple[int, int]:
-    """(micro batch, steps) with ``steps`` micro batches adding up to the original batch or just over.
+# A divisor of the effective batch is "close" to the batch that fitted when it is at least this fraction
+# of it. Accumulating with micro-batch d takes effective/d passes where ceil(effective/fitted) is the
+# fewest possible: a divisor of at least half of what fitted costs at most about twice the passes (each
+# still at least half as full as the one that fitted). Below half, the exact split costs more than the
+# user would choose knowingly (1021, a prime, with 300 fitting: 1021 passes of 1), so we say plainly what
+# changes instead: an uneven last step (same effective batch) or a rounded effective batch.
+CLOSE_DIVISOR_FRACTION = 0.5
 
-    The micro batch is the smallest that needs no more steps, so it stays at or under what fitted and
-    ``micro * steps`` equals the original batch whenever it divides evenly.
+
+@dataclass(frozen=True)
+class AccumulationPlan:
+    """How to keep an effective batch of ``effective`` samples per optimizer step with micro-batches of
+    at most ``fitted``.
+
+    ``exact``: ``micro`` divides ``effective`` and ``micro * steps == effective``. Otherwise no divisor
+    is close (see ``CLOSE_DIVISOR_FRACTION``): ``steps - 1`` micro-batches of ``micro`` and a last one
+    of ``last`` still add up to ``effective`` (``(steps - 1) * micro + last == effective``), and
+    ``rounded_effective = steps * micro`` is the alternative with equal steps.
     """
-    steps = max(math.ceil(batch_before / max(batch_fits, 1)), 1)
-    return math.ceil(batch_before / steps), steps
+
+    effective: int
+    fitted: int
+    micro: int
+    steps: int
+    last: int
+    exact: bool
+
+    @property
+    def rounded_effective(self) -> int:
+        return self.micro * self.steps
+
+    def sentence(self) -> str:
+        """What the plan keeps and, where it cannot keep everything, what changes, with the arithmetic."""
+        if self.exact:
+            return (
+                f"keeps the effective batch of {self.effective} exactly: {self.steps} steps of {self.micro} "
+                f"per optimizer step ({self.steps} x {self.micro} = {self.effective})"
+            )
+        smallest_close = math.ceil(self.fitted * CLOSE_DIVISOR_FRACTION)
+        best = largest_divisor_at_most(self.effective, self.fitted)
+        return (
+            f"no micro-batch between {smallest_close} and {self.fitted} divides the effective batch of "
+            f"{self.effective} (the largest divisor that fits is {best}), so something changes: either the "
+            f"last step is smaller ({self.steps - 1} x {self.micro} + {self.last} = {self.effective}; scale each "
+            f"step's loss by its size / {self.effective} instead of 1 / {self.steps}) or the effective batch "
+            f"changes to {self.rounded_effective} ({self.steps} x {self.micro})"
+        )
 
 
-def _accumulation_code(micro: int, steps: int, traits: CellTraits, batch_home: KnobKind | None) -> str:
+def largest_divisor_at_most(number: int, limit: int) -> int:
+    """The largest divisor of ``number`` that is at most ``limit`` (1 at least)."""
+    best = 1
+    root = math.isqrt(number)
+    for small in range(1, root + 1):
+        if number % small == 0:
+            for divisor in (small, number // small):
+                if best < divisor <= limit:
+                    best = divisor
+    return best
+
+
+def accumulation_plan(batch_before: int, batch_fits: int) -> AccumulationPlan:
+    """Keep the effective batch ``batch_before`` with micro-batches of at most ``batch_fits``.
+
+    The micro-batch is the largest divisor of ``batch_before`` at or below ``batch_fits``, so
+    ``micro * steps == batch_before`` exactly; when that divisor is below ``CLOSE_DIVISOR_FRACTION`` of
+    what fitted, the plan uses micro-batches of ``batch_fits`` with a smaller last one, and says so.
+    """
+    effective = max(batch_before, 1)
+    fitted = max(min(batch_fits, effective), 1)
+    divisor = largest_divisor_at_most(effective, fitted)
+    if divisor >= fitted * CLOSE_DIVISOR_FRACTION:
+        return AccumulationPlan(effective, fitted, divisor, effective // divisor, divisor, exact=True)
+    steps = math.ceil(effective / fitted)
+    return AccumulationPlan(effective, fitted, fitted, steps, effective - (steps - 1) * fitted, exact=False)
+
+
+def _accumulation_code(plan: AccumulationPlan, traits: CellTraits, batch_home: KnobKind | None) -> str:
+    micro, steps = plan.micro, plan.steps
+    if not plan.exact:
+        # Libraries' accumulation takes equal steps: their code is the rounded effective batch, said so.
+        rounded = f"  # effective batch {plan.rounded_effective}, not {plan.effective}"
+    else:
+        rounded = ""
     if traits.hf_trainer or batch_home is KnobKind.TRAINER:
-        return f"TrainingArguments(..., per_device_train_batch_size={micro}, gradient_accumulation_steps={steps})"
+        return f"TrainingArguments(..., per_device_train_batch_size={micro}, gradient_accumulation_steps={steps}){rounded}"
     if batch_home is KnobKind.LIGHTNING:
-        return f"L.Trainer(..., accumulate_grad_batches={steps})  # with the datamodule's batch_size={micro}"
+        return f"L.Trainer(..., accumulate_grad_batches={steps})  # with the datamodule's batch_size={micro}{rounded.replace('  #', ';')}"
+    if not plan.exact:
+        return (
+            f"for x, y in loader:  # loader with batch_size={plan.effective}, as before\n"
+            f"    for xs, ys in zip(x.split({micro}), y.split({micro})):  # {steps - 1} x {micro} + {plan.last}\n"
+            f"        loss = loss_fn(model(xs), ys) * (len(xs) / len(x))  # weight by the step's share\n"
+            f"        loss.backward()\n"
+            f"    optimizer.step()\n"
+            f"    optimizer.zero_grad()"
+        )
     return (
         f"accumulation_steps = {steps}  # {steps} x {micro} = {steps * micro} samples per optimizer step\n"
         f"for i, (x, y) in enumerate(loader):  # loader with batch_size={micro}\n"
@@ -264,14 +347,9 @@ def build_suggestions(
     found: list[Suggestion] = []
     trains = traits.trains or batch_home in (KnobKind.TRAINER, KnobKind.LIGHTNING)
     if batch_before and batch_after and batch_after < batch_before and trains:
-        micro, steps = accumulation_plan(batch_before, batch_after)
+        plan = accumulation_plan(batch_before, batch_after)
         found.append(
-            Suggestion(
-                "gradient accumulation",
-                f"keeps the effective batch of {batch_before}: {steps} steps of {micro} per optimizer step"
-                + ("" if micro * steps == batch_before else f" ({micro * steps} samples, the nearest even split)"),
-                _accumulation_code(micro, steps, traits, batch_home),
-            )
+            Suggestion("gradient accumulation", plan.sentence(), _accumulation_code(plan, traits, batch_home))
         )
     if not trains and not traits.no_grad and traits.calls_model:
         found.append(

@@ -52,6 +52,8 @@ class DeviceMeasurement:
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
     peak_is_block_peak: bool  # False when peak counters were not reset: peak since an earlier reset
+    # torch.cuda.set_per_process_memory_fraction's value at the end of the block; None where unread.
+    memory_fraction: float | None = None
 
     @property
     def allocated_delta_bytes(self) -> int | None:
@@ -96,14 +98,43 @@ class DeviceMeasurement:
         return driver - reserved
 
     @property
+    def cap_bytes(self) -> int | None:
+        """PyTorch's per-process cap in bytes (``set_per_process_memory_fraction``), ``None`` when none is set."""
+        if self.memory_fraction is None or self.memory_fraction >= 1.0 or self.device.torch_index is None:
+            return None
+        return int(self.total_bytes * self.memory_fraction)
+
+    @property
+    def limit_bytes(self) -> int:
+        """What this process's PyTorch may hold on the device: the cap where one is set, else the card."""
+        return self.cap_bytes if self.cap_bytes is not None else self.total_bytes
+
+    @property
     def free_after_bytes(self) -> int | None:
-        return None if self.after.nvml is None else self.after.nvml.free_bytes
+        """Free at the end: NVML's free; under a cap, what PyTorch may still reserve under it (the cap less
+        what it has reserved), or NVML's free where that is less (other processes count)."""
+        nvml_free = None if self.after.nvml is None else self.after.nvml.free_bytes
+        cap = self.cap_bytes
+        if cap is None or self.after.allocator is None:
+            return nvml_free
+        under_cap = max(cap - self.after.allocator.reserved_bytes, 0)
+        return under_cap if nvml_free is None else min(under_cap, nvml_free)
 
     @property
     def total_bytes(self) -> int:
-        if self.after.nvml is not None:
-            return self.after.nvml.total_bytes
-        return self.device.total_bytes
+        """The card's one total: PyTorch's (``total_memory``, what CUDA lets processes allocate) where
+        PyTorch sees the device, else NVML's. See ``nvml_extra_bytes`` for why NVML's may be larger."""
+        if self.device.torch_index is not None or self.after.nvml is None:
+            return self.device.total_bytes
+        return self.after.nvml.total_bytes
+
+    @property
+    def nvml_extra_bytes(self) -> int:
+        """How much more NVML's total says than PyTorch's: memory the driver keeps for itself (page
+        tables, ECC, reserved regions), which no process can allocate. 0 when they agree or one is unknown."""
+        if self.after.nvml is None or self.device.torch_index is None:
+            return 0
+        return self.after.nvml.total_bytes - self.device.total_bytes
 
     @property
     def touched(self) -> bool:
@@ -255,6 +286,7 @@ class Meter:
                 peak_allocated_bytes=None if after_reading is None else after_reading.peak_allocated_bytes,
                 peak_reserved_bytes=None if after_reading is None else after_reading.peak_reserved_bytes,
                 peak_is_block_peak=baseline.peak_reset,
+                memory_fraction=None if after_reading is None else self._memory_fraction(device.torch_index),
             )
             if self.devices is not None or result.touched or (error is not None and after_reading is not None):
                 measured.append(result)
@@ -265,6 +297,14 @@ class Meter:
             error=error,
             limit_bytes=limit_bytes,
         )
+
+    def _memory_fraction(self, torch_index: int | None) -> float | None:
+        if torch_index is None:
+            return None
+        try:
+            return self.hardware.allocator.memory_fraction(torch_index)
+        except Exception:  # a torch without the getter, or a device it cannot query: no cap is known
+            return None
 
     @contextmanager
     def measure(self) -> Iterator[list[Measurement]]:

@@ -47,6 +47,9 @@ class FakeGpu:
     num_ooms: int = 0
     has_context: bool = False
     utilization: int = 0
+    # NVML's total counts memory the driver keeps for itself that PyTorch's total does not (an H100:
+    # 79.65 GiB to NVML, 79.18 GiB to torch); 0 plays a card whose two totals agree.
+    driver_reserved_bytes: int = 0
 
 
 class FakeMachine:
@@ -180,7 +183,7 @@ class FakeNvml:
     def devices(self) -> list[GpuIdentity]:
         self._check()
         return [
-            GpuIdentity(index, gpu.name, gpu.uuid, gpu.pci_bus_id, gpu.total_bytes)
+            GpuIdentity(index, gpu.name, gpu.uuid, gpu.pci_bus_id, gpu.total_bytes + gpu.driver_reserved_bytes)
             for index, gpu in enumerate(self.machine.gpus)
         ]
 
@@ -192,8 +195,9 @@ class FakeNvml:
     def memory(self, nvml_index: int) -> NvmlMemory:
         self._check()
         gpu = self.machine.gpus[nvml_index]
-        used = self._own_bytes(gpu) + gpu.other_process_bytes
-        return NvmlMemory(used_bytes=used, free_bytes=gpu.total_bytes - used, total_bytes=gpu.total_bytes)
+        used = self._own_bytes(gpu) + gpu.other_process_bytes + gpu.driver_reserved_bytes
+        total = gpu.total_bytes + gpu.driver_reserved_bytes
+        return NvmlMemory(used_bytes=used, free_bytes=total - used, total_bytes=total)
 
     def processes(self, nvml_index: int) -> list[ProcessMemory] | None:
         self._check()

@@ -61,11 +61,11 @@ def test_gradient_accumulation_goes_through_where_the_batch_lives():
 
     trainer_cell = cell_traits("trainer.train()\n")  # the Trainer was built in an earlier cell
     code = build_suggestions("", trainer_cell, 64, 24, None, False, False, batch_home=KnobKind.TRAINER)[0].code
-    assert code == "TrainingArguments(..., per_device_train_batch_size=22, gradient_accumulation_steps=3)"
+    assert code == "TrainingArguments(..., per_device_train_batch_size=16, gradient_accumulation_steps=4)"
     fit = build_suggestions("", cell_traits("trainer.fit(model, datamodule=dm)\n"), 256, 100, None, False, False,
                             batch_home=KnobKind.LIGHTNING)
-    assert "accumulate_grad_batches=3" in fit[0].code
-    assert build_suggestions("", trainer_cell, 64, 24, None, False, False)[0].code.startswith("accumulation_steps = 3")
+    assert "accumulate_grad_batches=4" in fit[0].code and "batch_size=64" in fit[0].code
+    assert build_suggestions("", trainer_cell, 64, 24, None, False, False)[0].code.startswith("accumulation_steps = 4")
 
 
 def test_diagnosis_advice_is_written_here():
@@ -75,3 +75,55 @@ def test_diagnosis_advice_is_written_here():
     assert held_by_namespace_advice([("old_model", 5 * GiB)]) == [
         "%oomfix --del old_model if you no longer need it (frees up to 5.00 GiB)"]
     assert EXPANDABLE == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+
+
+def test_accumulation_keeps_the_effective_batch_exactly_or_says_what_changes():
+    """Over many (effective, fitted) pairs: an exact plan multiplies back to the effective batch with a
+    micro-batch at or below what fitted and no smaller than the close fraction of it; otherwise the
+    sentence states the arithmetic of both ways out, and that arithmetic holds."""
+    import random
+    import re
+
+    from jupyter_cudamem.advice import CLOSE_DIVISOR_FRACTION, accumulation_plan, largest_divisor_at_most
+
+    pairs = [(1024, 205), (1024, 342), (1024, 300), (512, 200), (1021, 300), (997, 2), (6, 5), (2, 1), (7, 6)]
+    chooser = random.Random(15)
+    pairs += [(chooser.randint(2, 70_000), 0) for _ in range(1500)]
+    pairs = [(e, f if f else chooser.randint(1, e - 1)) for e, f in pairs]
+    exact = uneven = 0
+    for effective, fitted in pairs:
+        plan = accumulation_plan(effective, fitted)
+        assert 1 <= plan.micro <= fitted, (effective, fitted, plan)
+        sentence = plan.sentence()
+        if plan.exact:
+            exact += 1
+            assert plan.micro * plan.steps == effective and effective % plan.micro == 0
+            assert plan.micro == largest_divisor_at_most(effective, fitted)
+            assert plan.micro >= fitted * CLOSE_DIVISOR_FRACTION
+            assert f"{plan.steps} x {plan.micro} = {effective}" in sentence and "exactly" in sentence
+        else:
+            uneven += 1
+            assert largest_divisor_at_most(effective, fitted) < fitted * CLOSE_DIVISOR_FRACTION
+            # the plain statement: a smaller last step (same effective batch) or a changed effective batch
+            last = re.search(r"\((\d+) x (\d+) \+ (\d+) = (\d+);", sentence)
+            assert last is not None, sentence
+            steps, micro, rest, total = map(int, last.groups())
+            assert steps * micro + rest == total == effective and 0 < rest < micro
+            changed = re.search(r"effective batch changes to (\d+) \((\d+) x (\d+)\)", sentence)
+            assert changed is not None, sentence
+            assert int(changed[1]) == int(changed[2]) * int(changed[3]) != effective
+        assert "nearest even split" not in sentence
+    assert exact and uneven  # both branches were exercised
+
+
+def test_accumulation_divisor_is_the_largest_that_fits():
+    from jupyter_cudamem.advice import accumulation_plan, largest_divisor_at_most
+
+    for number in range(1, 400):
+        for limit in range(1, number + 1):
+            expected = max(d for d in range(1, limit + 1) if number % d == 0)
+            assert largest_divisor_at_most(number, limit) == expected
+    plan = accumulation_plan(1024, 342)  # the tutorial's case: 3 x 342 = 1026 was offered before
+    assert (plan.micro, plan.steps, plan.exact) == (256, 4, True)
+    prime = accumulation_plan(1021, 300)
+    assert not prime.exact and (prime.micro, prime.steps, prime.last) == (300, 4, 121)

@@ -117,6 +117,9 @@ class Holder:
     occurrence: int = 1
     graph_bytes: int = 0
     type_name: str = ""
+    # Python's and IPython's own names for what holds it (``sys.last_exc``, a frame of
+    # ``Module._call_impl()``): kept for ``-o`` and a report's collapsed details, never in its text.
+    internals: str = ""
 
     @property
     def label(self) -> str:

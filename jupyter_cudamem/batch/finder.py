@@ -73,6 +73,7 @@ from .libraries import (
 )
 from .names import batch_like, generation_count, name_score, phase_of
 from .provenance import History, Trace, path_of
+from .whole import covers_whole_data
 
 
 class Use(Enum):
@@ -1579,13 +1580,14 @@ def find_batch(
         _merge([k for k in knobs if k.score > 0 or k.problem]),
         key=lambda k: (-k.score if k.changeable else 1, k.line or parsed.body_line),
     )
+    whole = covers_whole_data(BatchFinding(source, tuple(ranked)), namespace, transform, parsed)
     if not any(k.changeable for k in ranked):
         problem = (
             "no batch size in the cell: no integer named or used like a batch size, no tensor with a literal "
             "batch dimension, no DataLoader, Trainer or config it reads from an earlier cell"
         )
-        return BatchFinding(source, tuple(ranked), problem, parsed.body_line, notes)
-    return BatchFinding(source, tuple(ranked), None, parsed.body_line, notes)
+        return BatchFinding(source, tuple(ranked), problem, parsed.body_line, notes, whole)
+    return BatchFinding(source, tuple(ranked), None, parsed.body_line, notes, whole)
 
 
 def _feeds_sequence_first_model(scan: _Scan) -> bool:

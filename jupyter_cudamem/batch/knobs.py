@@ -11,9 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..cell.source import Span
+
+if TYPE_CHECKING:
+    from .whole import WholeData
 
 
 class KnobKind(Enum):
@@ -211,6 +214,13 @@ class BatchFinding:
     problem: str | None = None  # a one-line reason when nothing can be shrunk
     body_line: int = 1  # the first line after any cell-magic header
     notes: tuple[str, ...] = ()  # what was seen but cannot be changed (a custom batch_sampler...)
+    # Set when the batch is the data itself (inference or a metric over a whole tensor): a smaller
+    # batch would compute a smaller result. ``whole_data.reason`` says how that was decided (``whole``).
+    whole_data: WholeData | None = None
+
+    @property
+    def covers_whole_data(self) -> bool:
+        return self.whole_data is not None
 
     @property
     def chosen(self) -> Knob | None:

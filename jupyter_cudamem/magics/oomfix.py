@@ -7,6 +7,8 @@ and hands the work to ``oomfix.diagnosis``, ``oomfix.cleanup`` and ``oomfix.driv
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -220,6 +222,7 @@ class OomFix(CudaMemMagicsBase):
         finally:
             # Our reruns are not the user's failures: the record stays the cell they ran.
             self._recorder.last = saved_failure
+        outcome = dataclasses.replace(outcome, cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes))
         if outcome.fitted:
             self._recorder.forget()
         return self._show(outcome, args)

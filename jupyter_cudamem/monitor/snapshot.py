@@ -16,6 +16,22 @@ from .poller import MonitorState, Sample
 from .render import DEFAULT_ALERT_FRACTION
 
 GiB = 1024**3
+# The y-axis shows the whole card only when the data reaches this share of it; below, it zooms to the
+# data, or a story of a few GiB on an 80 GiB card sits in the bottom few percent of the plot. Half:
+# at or above it the data fills at least half of a whole-card axis, readable as it is, and the card's
+# total (how close it came to running out) is the point of the plot.
+WHOLE_CARD_FROM = 0.5
+# Room above the highest point when zoomed, so the peak marker and the legend do not touch it.
+HEADROOM = 1.25
+
+
+def y_top(data_top_gib: float, total_gib: float) -> float:
+    """The y-axis' upper end in GiB: the card's total (plus 5%) when the data reaches ``WHOLE_CARD_FROM`` of
+    it, else the data's highest point plus ``HEADROOM`` (never above the whole-card scale, never zero)."""
+    whole = total_gib * 1.05
+    if total_gib <= 0 or data_top_gib >= WHOLE_CARD_FROM * total_gib:
+        return whole if total_gib > 0 else max(data_top_gib * HEADROOM, 1.0)
+    return min(max(data_top_gib * HEADROOM, 1 / 1024), whole)  # 1 MiB at least: an empty plot still has a scale
 
 
 @dataclass(frozen=True)
@@ -85,21 +101,34 @@ class Snapshot(TextReport):
                     color="#2ca02c",
                 )
             total = samples[-1].total_bytes / GiB
-            axes.axhline(total, color="#555", linestyle="-", linewidth=0.8, label=f"total {total:.1f} GiB")
-            axes.axhline(
-                total * self.alert_fraction,
-                color="#d62728",
-                linestyle="--",
-                linewidth=0.8,
-                label=f"alert {self.alert_fraction:.0%}",
-            )
+            alert = total * self.alert_fraction
+            drawn = [s.used_bytes for s in samples] + [s.process_bytes or 0 for s in samples]
+            drawn.append(device.peak_used_bytes or 0)
+            top = y_top(max(drawn) / GiB, total)
+            off_scale: list[str] = []
+            if total <= top:
+                axes.axhline(total, color="#555", linestyle="-", linewidth=0.8, label=f"total {total:.1f} GiB")
+            else:
+                off_scale.append(f"card total {total:.1f} GiB")
+            if alert <= top:
+                axes.axhline(
+                    alert, color="#d62728", linestyle="--", linewidth=0.8, label=f"alert {self.alert_fraction:.0%}"
+                )
+            else:
+                off_scale.append(f"alert {self.alert_fraction:.0%} at {alert:.1f} GiB")
             if device.peak_used_bytes is not None and device.peak_time_s is not None:
                 axes.plot(
                     [device.peak_time_s - start], [device.peak_used_bytes / GiB], "v", color="#d62728", label="peak"
                 )
+            if off_scale:
+                # The scale follows the data; the card's total stays in sight as a label at the top.
+                axes.text(
+                    0.99, 0.97, "↑ " + ", ".join(off_scale) + ": above this scale", ha="right", va="top",
+                    fontsize=8, color="#555", transform=axes.transAxes,
+                )
             axes.set_title(f"{device.label} {device.name}", fontsize=10)
             axes.set_ylabel("GiB")
-            axes.set_ylim(0, total * 1.05)
+            axes.set_ylim(0, top)
             axes.legend(loc="upper left", fontsize=8)
         axes_list[-1].set_xlabel("seconds since the first recorded sample")
         return figure

@@ -18,15 +18,16 @@ Verdicts, checked in this order (the first that applies is the one acted on):
 
 from __future__ import annotations
 
+import copy
 import html
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import advice
 from ..advice import EXPANDABLE as EXPANDABLE  # re-exported: the diagnosis names this setting
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
-from ..attribution.holders import FRAME, Holder
+from ..attribution.holders import EXCEPTION, FRAME, Holder
 from .parse import OomInfo
 
 VERDICTS = ("too big for the card", "fragmentation", "held by IPython after the error", "held by namespace")
@@ -84,6 +85,34 @@ class Diagnosis(TextReport):
             lines.extend(f"    - {suggestion}" for suggestion in self.suggestions)
         return "\n".join(lines)
 
+    def cleanup_explanation(self, freed_bytes: int | None) -> str:
+        """Why what the cleanup freed differs from what the holders above listed, or "" when they agree.
+
+        The cleanup frees what only IPython and the failed cell's traceback hold (``ipython_only_bytes``):
+        memory they share with a variable stays, and memory no name reaches (the failed computation's
+        intermediate results, autograd's saved activations, reachable only through the frames'
+        internals) is freed too, though no holder could be listed for it.
+        """
+        if freed_bytes is None:
+            return ""
+        listed = max((h.cuda_bytes for h in self.holders if not h.user_variable), default=0)
+        only = self.ipython_only_bytes
+        slack = max(1024**2, int(0.1 * max(listed, freed_bytes)))
+        if listed - only > slack and freed_bytes <= only + slack:
+            shared = listed - only
+            return (
+                f"{format_bytes(shared)} of the {format_bytes(listed)} listed under the failed cell's traceback is "
+                "also held by your variables, so it stays until they are deleted (%oomfix --del NAME frees one "
+                "you no longer need)"
+            )
+        if freed_bytes > only + slack:
+            rest = freed_bytes - only
+            return (
+                f"{format_bytes(rest)} more than the holders listed: tensors only the failed computation reached "
+                "(its intermediate results and autograd's saved activations), which no name holds"
+            )
+        return ""
+
     def _repr_html_(self) -> str:
         e = html.escape
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
@@ -105,7 +134,7 @@ class Diagnosis(TextReport):
                 f"<td style='text-align:left'>{'variable' if h.user_variable else 'IPython'}, {e(h.kind)}</td>"
                 f"<td style='text-align:right'>{e(format_bytes(h.cuda_bytes))}</td>"
                 f"<td style='text-align:right'>{e(format_bytes(h.exclusive_bytes))}</td>"
-                f"<td style='text-align:left'>{e(h.detail)}</td>"
+                f"<td style='text-align:left'>{e(h.detail)}{_internals_html(h)}</td>"
                 "</tr>"
                 for h in self.holders
             )
@@ -119,6 +148,27 @@ class Diagnosis(TextReport):
             parts.append(f"<p>Try:</p><ul>{items}</ul>")
         parts.append("</div>")
         return "".join(parts)
+
+
+def _internals_html(holder: Holder) -> str:
+    """Python's and IPython's own names for a holder, one click away (collapsed)."""
+    if not holder.internals:
+        return ""
+    return (
+        "<details style='display:inline'><summary>Python's names</summary>"
+        f"<code>{html.escape(holder.internals)}</code></details>"
+    )
+
+
+def _in_user_words(holder: Holder) -> Holder:
+    """An output-cache holder named by what the user knows (``Out[3] / _3``), IPython's own names kept aside."""
+    if holder.kind != "ipython":
+        return holder
+    parts = holder.name.split(" / ")
+    shown = [part for part in parts if not is_internal_name(part)]
+    if len(shown) == len(parts):
+        return holder
+    return replace(holder, name=" / ".join(shown) or "the last cell's result", internals=holder.name)
 
 
 def _figures(oom: OomInfo, readings: dict[int, AllocatorReading] | None) -> tuple[tuple[str, str], ...]:
@@ -159,33 +209,50 @@ def _namespace(holders: list[Holder]) -> int:
     return max((h.cuda_bytes for h in holders if h.user_variable), default=0)
 
 
+def is_internal_name(name: str) -> bool:
+    """Whether a name is Python's, IPython's or a library's own rather than the user's: a private part
+    (``Module._call_impl()``, ``Conv2d._conv_forward()``) or IPython's and Python's keepers of the last
+    error (``sys.last_exc``, ``InteractiveTB.tb``, ``last_execution_result.error_in_exec``)."""
+    if name.startswith(("sys.", "last_execution_result", "InteractiveTB", "SyntaxTB")):
+        return True
+    return any(part.startswith("_") for part in name.rstrip("()").split("."))
+
+
+def _user_frames(names: list[str]) -> list[str]:
+    """The frames a user can recognise (their functions, a model's ``forward()``), internals left out."""
+    return [name for name in dict.fromkeys(names) if not is_internal_name(name)]
+
+
 def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
-    """The failed cell's exception, traceback and every frame on it, shown as one holder.
+    """The failed cell's exception, traceback and every frame on it, shown as one holder in the user's words.
 
     They keep the same tensors alive through each other (a frame of ``Module._call_impl()`` per layer,
-    ``sys.last_value``, ``InteractiveTB.tb``...), so listing each repeats one figure many times.
+    ``sys.last_value``, ``InteractiveTB.tb``...), so listing each repeats one figure many times; the
+    names Python and IPython give them go to ``Holder.internals`` (``-o``, the HTML's details).
     """
     parts = [h for h in holders if h.kind == "traceback"]
-    if len(parts) < 2:
+    if not parts:
         return list(holders)
     frames: list[str] = []
     others: list[str] = []
     for holder in sorted(parts, key=lambda h: -h.cuda_bytes):
         if holder.origin == FRAME:
-            name = f"frame of {holder.name}"
-            if name not in frames:
-                frames.append(name)
+            if holder.name not in frames:
+                frames.append(holder.name)
         elif holder.name not in others:
             others.append(holder.name)
-    shown = frames[:4] + ([f"{len(frames) - 4} more frames"] if len(frames) > 4 else [])
+    shown = _user_frames(frames)
+    where = f" (in {', '.join(shown[:3])}{', ...' if len(shown) > 3 else ''})" if shown else ""
+    internals = [f"frame of {name}" for name in frames] + others
     merged = Holder(
-        name="the failed cell's traceback (" + ", ".join(shown + others) + ")",
+        name=f"the failed cell's traceback{where}",
         kind="traceback",
         cuda_bytes=max(h.cuda_bytes for h in parts),
         user_variable=False,
         exclusive_bytes=max(h.exclusive_bytes for h in parts),
         tensor_count=max(h.tensor_count for h in parts),
-        origin=parts[0].origin,
+        origin=EXCEPTION,
+        internals="; ".join(internals),
     )
     result: list[Holder] = []
     for holder in holders:
@@ -203,6 +270,9 @@ def diagnose(
 ) -> Diagnosis:
     """Decide the verdict (see the module docstring) from the OOM's figures, the holders and the
     allocator's readings taken after the failure (``None`` where there is no GPU to read)."""
+    renamed = copy.copy(holders)  # a ``Holders`` keeps its totals; the caller's list is left as it was
+    renamed[:] = [_in_user_words(h) for h in holders]
+    holders = renamed
     capacity = oom.capacity_bytes
     asked = oom.requested_bytes
     ipython_only = _ipython_only(holders, "ipython_only_bytes", ("ipython", "traceback"))
@@ -265,8 +335,8 @@ def diagnose(
         suggestions += advice.needs_more_advice()
     own = ipython_only - cache_only
     if own >= 1024**2:
-        frames = [f"frame of {h.name}" for h in holders if h.origin == FRAME]
-        where = f" ({', '.join(frames[:3])})" if frames else ""
+        frames = _user_frames([h.name for h in holders if h.origin == FRAME])
+        where = f" (in {', '.join(frames[:3])})" if frames else ""
         explanation += (
             f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "
             "the cleanup frees it."

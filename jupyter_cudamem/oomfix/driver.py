@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import CudaMemError
@@ -37,6 +37,7 @@ from .outcome import Outcome, TryResult
 from .parse import OomInfo, parse_oom
 from .search import BatchSearch, Observation
 from .strategies import STRATEGIES
+from .whole_data import whole_data_decision
 
 RunSource = Callable[[str], "BaseException | None"]
 Cleanup = Callable[["BaseException | None"], Any]
@@ -240,8 +241,19 @@ class Driver:
             if name == "cleanup":
                 fitted = self._cleanup_alone(source, oom, freed_bytes, need, budget, fragmented, device)
             elif name == "batch" and finding is not None:
-                fitted, batch_before, cell_diffs, paste = self._smaller_batch(finding, budget, need, device)
-                batch_after = None if fitted is None else fitted.batch
+                # The batch is the data (inference over a whole tensor): chunks over all of it, or a refusal.
+                whole = whole_data_decision(finding, namespace, transform)
+                if whole is not None:
+                    self._notes.append(whole.note)
+                if whole is None or whole.chunked is not None:
+                    chosen = whole.chunked if whole is not None and whole.chunked is not None else finding
+                    fitted, batch_before, cell_diffs, paste = self._smaller_batch(chosen, budget, need, device)
+                    batch_after = None if fitted is None else fitted.batch
+                    if chosen is not finding:
+                        # The chunked cell's diff starts from the cell as the user wrote it.
+                        cell_diffs = tuple(
+                            replace(d, before=source) if d.cell_number is None else d for d in cell_diffs
+                        )
             elif name == "autocast":
                 has_torch = namespace is not None and getattr(namespace.get("torch"), "autocast", None) is not None
                 fitted = self._autocast(source, traits, device, import_torch=not has_torch)

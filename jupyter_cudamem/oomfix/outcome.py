@@ -14,6 +14,7 @@ from ..advice import Suggestion
 from ..cell.edit import CellDiff, unified_diff
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
+from .whole_data import CHUNKED_NOTE
 
 if TYPE_CHECKING:
     from .plan import BatchPlan
@@ -68,6 +69,24 @@ def diff_html(diff: str) -> str:
     return "<pre>" + "\n".join(lines) + "</pre>"
 
 
+# The batch search's reasons in the user's words: how the batch was chosen, not the model behind it.
+_REASON_WORDS = (
+    ("line through origin", "predicted from the first measured peak"),
+    ("line through measured peaks", "predicted from the measured peaks"),
+    ("MiB per item", "MiB per sample"),
+    ("bisection", "halfway between what fitted and what failed"),
+    ("probe", "a small first try, to measure memory per sample"),
+)
+
+
+def user_reason(reason: str) -> str:
+    """A try's reason as the user reads it (the search names its own method otherwise)."""
+    for internal, words in _REASON_WORDS:
+        if reason.startswith(internal) or internal.startswith("MiB"):
+            reason = reason.replace(internal, words, 1)
+    return reason
+
+
 @dataclass(frozen=True, repr=False)
 class Outcome(TextReport):
     """What ``%oomfix`` did: every try, what fitted, the cells that should change, and advice.
@@ -93,6 +112,8 @@ class Outcome(TextReport):
     cell_diffs: tuple[CellDiff, ...] = ()
     paste_code: str | None = None
     plan: BatchPlan | None = field(default=None, compare=False)
+    # Why the cleanup freed more or less than the diagnosis listed (``Diagnosis.cleanup_explanation``).
+    cleanup_note: str = ""
 
     @property
     def fitted(self) -> bool:
@@ -127,6 +148,8 @@ class Outcome(TextReport):
         count = f"{self.reruns} rerun{'s' if self.reruns != 1 else ''}"
         if not self.fitted:
             return f"%oomfix: nothing fitted after {count}"
+        if self.strategy == "batch" and any(note.startswith(CHUNKED_NOTE) for note in self.notes):
+            return f"%oomfix: fits in chunks of {self.batch_after} rows (all {self.batch_before} computed) after {count}"
         if self.strategy == "batch":
             return f"%oomfix: fits with batch {self.batch_after} (was {self.batch_before}) after {count}"
         if self.strategy == "autocast":
@@ -137,7 +160,9 @@ class Outcome(TextReport):
         """What the cleanup freed, the room measured and where the batch was found, for both renderings."""
         facts = []
         if self.freed_bytes is not None:
-            facts.append(f"cleanup freed {format_bytes(self.freed_bytes)}")
+            explain = getattr(self.diagnosis, "cleanup_explanation", None)
+            why = self.cleanup_note or (explain(self.freed_bytes) if callable(explain) else "")
+            facts.append(f"cleanup freed {format_bytes(self.freed_bytes)}" + (f" ({why})" if why else ""))
         if self.budget_bytes is not None:
             facts.append(f"room for the cell {format_bytes(self.budget_bytes)}")
         if self.batch_summary and self.plan is None:
@@ -161,7 +186,7 @@ class Outcome(TextReport):
                 batch = "" if t.batch is None else str(t.batch)
                 parts.append(
                     f"{t.number:>2}  {_title(t.strategy):<14} {batch:>6}   "
-                    f"{t.verdict:<14} {format_bytes(t.peak_bytes):>11} {format_seconds(t.wall_s):>8}   {t.reason}"
+                    f"{t.verdict:<14} {format_bytes(t.peak_bytes):>11} {format_seconds(t.wall_s):>8}   {user_reason(t.reason)}"
                 )
         if self.diff:
             parts += ["", self.diff.rstrip("\n")]
@@ -196,7 +221,7 @@ class Outcome(TextReport):
                     f"<tr><td>{t.number}</td><td>{e(_title(t.strategy))}</td>"
                     f"<td>{'' if t.batch is None else t.batch}</td>"
                     f"<td style='color:{colour}'>{e(t.verdict)}</td><td>{e(format_bytes(t.peak_bytes))}</td>"
-                    f"<td>{e(format_seconds(t.wall_s))}</td><td>{e(t.reason)}</td></tr>"
+                    f"<td>{e(format_seconds(t.wall_s))}</td><td>{e(user_reason(t.reason))}</td></tr>"
                 )
             out.append("</tbody></table>")
         if self.diff:

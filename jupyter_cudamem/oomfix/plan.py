@@ -20,6 +20,7 @@ from .outcome import Outcome, diff_html
 from .parse import OomInfo
 from .search import BatchSearch
 from .strategies import STRATEGY_TITLES, Strategy
+from .whole_data import whole_data_decision
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,13 @@ def plan_batch(
     """The plan for a failed cell: its knob and the search's first try (nothing is changed)."""
     knob = finding.chosen
     notes = finding.notes
+    original = finding.source
+    whole = whole_data_decision(finding, namespace) if "batch" in strategies else None
+    if whole is not None:  # the batch is the data: chunks over all of it, or no batch try at all
+        notes = notes + (whole.note,)
+        if whole.chunked is None:
+            return BatchPlan(finding.summary(), knob, None, "none: the batch is the data", (), strategies, notes)
+        finding, knob = whole.chunked, whole.chunked.chosen
     if knob is None or "batch" not in strategies:
         return BatchPlan(finding.summary(), knob, None, "", (), strategies, notes)
     if knob.value < 2:
@@ -130,7 +138,10 @@ def plan_batch(
         )
     change = BatchChange(finding, knob, dict(namespace or {}), history)
     reason = f"the search's first choice with {budget_source} free memory"
-    return BatchPlan(finding.summary(), knob, first, reason, change.diffs(first), strategies, notes)
+    diffs = change.diffs(first)
+    if whole is not None:  # the diff is from the cell as the user wrote it, not from our chunked form
+        diffs = (CellDiff("the failed cell", original, change.source_for(first), None),)
+    return BatchPlan(finding.summary(), knob, first, reason, diffs, strategies, notes)
 
 
 def preview(

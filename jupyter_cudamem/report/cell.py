@@ -29,12 +29,38 @@ def _percent(part: int | None, whole: int | None) -> str:
     return f"{part / whole:.1%}"
 
 
-def _rows(device: DeviceMeasurement) -> list[tuple[str, str, str]]:
-    """(metric, value, detail) for one device; metrics a source could not measure are left out."""
+def cap_name(device: DeviceMeasurement, limit_bytes: int | None = None) -> str:
+    """``the 4.00 GiB cap (set_per_process_memory_fraction)``: the cap a report measures against, named
+    by what set it (``%%cudamem --limit`` or the user's own call); "" when no cap is set."""
+    cap = device.cap_bytes
+    if cap is None:
+        return ""
+    setter = "--limit" if limit_bytes else "set_per_process_memory_fraction"
+    return f"the {format_bytes(cap)} cap ({setter})"
+
+
+def total_footnote(device: DeviceMeasurement) -> str:
+    """Why NVML's total differs from the one the report uses, or "" when they agree."""
+    extra = device.nvml_extra_bytes
+    if not extra:
+        return ""
+    assert device.after.nvml is not None
+    return (
+        f"the card's total is PyTorch's {format_bytes(device.total_bytes)} (what CUDA lets processes allocate); "
+        f"NVML says {format_bytes(device.after.nvml.total_bytes)}, {format_bytes(abs(extra))} "
+        f"{'more' if extra > 0 else 'less'}: memory the driver keeps for itself, which no process can use"
+    )
+
+
+def _rows(device: DeviceMeasurement, limit_bytes: int | None = None) -> list[tuple[str, str, str]]:
+    """(metric, value, detail) for one device; metrics a source could not measure are left out. Shares
+    are of the per-process cap where one is set (named), else of the card."""
     rows: list[tuple[str, str, str]] = []
     after = device.after.allocator
+    cap = cap_name(device, limit_bytes)
     if device.peak_allocated_bytes is not None:
-        detail = f"+{format_bytes(device.peak_above_start_bytes)} above start, {_percent(device.peak_allocated_bytes, device.total_bytes)} of card"
+        share = _percent(device.peak_allocated_bytes, device.limit_bytes)
+        detail = f"+{format_bytes(device.peak_above_start_bytes)} above start, {share} of {cap or 'card'}"
         if not device.peak_is_block_peak:
             detail += " (since last reset)"
         rows.append(("peak allocated", format_bytes(device.peak_allocated_bytes), detail))
@@ -48,7 +74,9 @@ def _rows(device: DeviceMeasurement) -> list[tuple[str, str, str]]:
             detail += ("; " if detail else "") + "whole device (per-process memory not available here)"
         rows.append(("Δ NVML used", format_bytes(device.nvml_used_delta_bytes, signed=True), detail))
     if device.free_after_bytes is not None:
-        rows.append(("free at end", format_bytes(device.free_after_bytes), f"of {format_bytes(device.total_bytes)}"))
+        total = format_bytes(device.total_bytes) + ("¹" if device.nvml_extra_bytes else "")
+        where = f"under {cap}, on a {total} card" if cap else f"of {total}"
+        rows.append(("free at end", format_bytes(device.free_after_bytes), where))
     return rows
 
 
@@ -191,6 +219,8 @@ class CellReport(TextReport):
 
     def _notes(self) -> list[str]:
         notes = [f"not measured: {reason}" for reason in self.measurement.unavailable]
+        footnotes = dict.fromkeys(total_footnote(d) for d in self.measurement.devices)
+        notes.extend(f"¹ {footnote}" for footnote in footnotes if footnote)
         if not self.measurement.devices and not self.measurement.unavailable:
             notes.append("no GPU memory activity in this cell")
         return notes
@@ -199,7 +229,7 @@ class CellReport(TextReport):
         lines = [self._title()]
         for device in self.measurement.devices:
             lines.append(f"  {device.device.label} {device.device.name}")
-            for metric, value, detail in _rows(device):
+            for metric, value, detail in _rows(device, self.measurement.limit_bytes):
                 lines.append(f"    {metric:<15}{value:>12}   {detail}".rstrip())
         if self.left is not None:
             lines.extend(left_lines(self.left))
@@ -216,7 +246,8 @@ class CellReport(TextReport):
         parts = [_STYLE, '<div class="cudamem-report">', f"<b>{escape(self._title())}</b>"]
         devices = self.measurement.devices
         if devices:
-            rows = [{metric: (value, detail) for metric, value, detail in _rows(d)} for d in devices]
+            limit = self.measurement.limit_bytes
+            rows = [{metric: (value, detail) for metric, value, detail in _rows(d, limit)} for d in devices]
             metrics: list[str] = []
             for device_rows in rows:
                 metrics.extend(metric for metric in device_rows if metric not in metrics)

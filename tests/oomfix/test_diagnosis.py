@@ -76,7 +76,7 @@ def test_the_failed_cells_own_frames_are_reported_but_do_not_make_the_verdict() 
         None,
     )
     assert d.verdict == "too big for the card"
-    assert "traceback still holds 4.00 GiB of its own tensors (frame of f())" in d.explanation
+    assert "traceback still holds 4.00 GiB of its own tensors (in f())" in d.explanation
 
 
 def test_ipython_share_below_the_request_is_not_the_verdict() -> None:
@@ -159,9 +159,13 @@ def test_the_failed_traceback_is_one_line_and_a_cap_is_named():
     ]
     d = diagnose(oom, holders, None)
     assert [h.name for h in d.holders] == [
-        "the failed cell's traceback (frame of relu(), frame of Module._call_impl(), sys.last_exc / sys.last_value)",
+        "the failed cell's traceback (in relu())",
         "model",
     ]
+    # Python's own names are one click (HTML details) or -o (Holder.internals) away, never in the text.
+    assert d.holders[0].internals == "frame of relu(); frame of Module._call_impl(); sys.last_exc / sys.last_value"
+    assert "_call_impl" not in d.text() and "sys.last" not in d.text()
+    assert "<details" in d._repr_html_() and "Module._call_impl()" in d._repr_html_()
     assert d.holders[0].cuda_bytes == 900 * MiB
     assert "per-process cap allows (4.00 GiB" in d.explanation
     assert "74.00 GiB was free" not in d.explanation

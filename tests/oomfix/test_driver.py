@@ -204,9 +204,9 @@ def test_headroom_is_the_cap_less_what_is_held():
 
 
 def test_gradient_accumulation_keeps_the_effective_batch():
-    assert accumulation_plan(512, 200) == (171, 3)
-    assert accumulation_plan(512, 128) == (128, 4)
-    assert accumulation_plan(512, 256) == (256, 2)
+    assert (accumulation_plan(512, 200).micro, accumulation_plan(512, 200).steps) == (128, 4)
+    assert (accumulation_plan(512, 128).micro, accumulation_plan(512, 128).steps) == (128, 4)
+    assert (accumulation_plan(512, 256).micro, accumulation_plan(512, 256).steps) == (256, 2)
     traits = cell_traits("loss = model(x).sum()\nloss.backward()\noptimizer.step()\n")
     suggestions = build_suggestions("", traits, 512, 128, "bfloat16", fragmented=False, autocast_fitted=False)
     accumulation = next(s for s in suggestions if s.title == "gradient accumulation")
@@ -214,7 +214,7 @@ def test_gradient_accumulation_keeps_the_effective_batch():
     assert "4 steps of 128" in accumulation.why
     hf = cell_traits("args = TrainingArguments('o', per_device_train_batch_size=64)\ntrainer.train()\n")
     code = build_suggestions("", hf, 64, 24, None, False, False)[0].code
-    assert code == "TrainingArguments(..., per_device_train_batch_size=22, gradient_accumulation_steps=3)"
+    assert code == "TrainingArguments(..., per_device_train_batch_size=16, gradient_accumulation_steps=4)"
 
 
 def test_advice_fits_the_cell():
@@ -234,7 +234,7 @@ def test_outcome_renders_as_text_and_html():
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     text = repr(outcome)
     assert text.splitlines()[0] == outcome.headline()
-    assert "smaller batch" in text and "probe" in text and "+batch_size = " in text
+    assert "smaller batch" in text and "a small first try" in text and "+batch_size = " in text
     html = outcome._repr_html_()
     assert html.count("<tr>") == outcome.reruns + 1
     assert "background:#e6ffed" in html and "gradient accumulation" in html
