@@ -5,18 +5,31 @@ Runs on the GPU machine: ``python3 benchmarks/overhead.py``. Each mode runs the 
 in rounds so drift hits all alike. Reports the median wall time per cell and the median added over
 the bare cell. Writes benchmarks/results/overhead.json.
 
+Part ``namespaces``: the same three of ours (bare, ``%%cudamem``, every-cell mode) on namespaces of 0,
+1,000 and 10,000 user names (``NAMESPACE_MIX``: tensors on the device, lists and dicts of them, objects
+holding one, a small module per hundred names, plain numbers, strings and lists), since the every-cell
+mode fingerprints every name before each cell (``attribution.left.NamespaceSnapshot``). Fewer cells
+for the bigger namespaces (``NAMESPACE_CELLS``): a cell there costs up to ~15 ms, and the median of 100
+is already steady. Also the snapshot alone per size (``snapshot_ms``).
+
+``python3 benchmarks/overhead.py`` runs both parts (about 2 minutes on the H100 machine);
+``--part namespaces`` only the second (under a minute) and merges its keys into the existing
+overhead.json; ``--quick`` runs fewer cells (a smoke run, figures not for the README).
+
 Peers, where they install: ipython-autotime (``%load_ext autotime``) and ipyexperiments' per-cell
 logger (``IPyExperimentsPytorch``). A peer that fails to load is recorded with its error.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +40,14 @@ CELLS = {
 }
 ROUNDS = 5
 CELLS_PER_ROUND = 120  # 600 cells per mode and kind
+NAMESPACE_SIZES = (0, 1_000, 10_000)
+# Cells per mode, kind and size, over ROUNDS rounds: fewer where each cell costs more.
+NAMESPACE_CELLS = {0: 300, 1_000: 200, 10_000: 100}
+NAMESPACE_MIX = (
+    "per 10 names: 3 device tensors (1 KiB), a list of 2 device tensors, a dict of 2, an object holding "
+    "one (plus an int attribute), an int, a str, a list of 3 ints, and a float or (one name in 100) a "
+    "Linear(8, 8) on the device"
+)
 
 
 def environment() -> dict:
@@ -62,12 +83,188 @@ class Mode:
         self.error: str | None = None
 
 
-def main() -> None:
+class _Holder:
+    """A plain user object keeping a tensor, as notebooks' small classes do."""
+
+    def __init__(self, tensor, step):
+        self.tensor = tensor
+        self.step = step
+
+
+def user_names(count: int, device: str = "cuda") -> dict:
+    """``count`` names of the NAMESPACE_MIX (what a long notebook session accumulates)."""
+    import torch
+
+    def tensor():
+        return torch.empty(256, device=device)
+
+    names: dict = {}
+    for index in range(count):
+        kind = index % 10
+        if kind < 3:
+            value = tensor()
+        elif kind == 3:
+            value = [tensor(), tensor()]
+        elif kind == 4:
+            value = {"w": tensor(), "b": tensor()}
+        elif kind == 5:
+            value = _Holder(tensor(), index)
+        elif kind == 6:
+            value = index
+        elif kind == 7:
+            value = f"name {index}"
+        elif kind == 8:
+            value = [index, index + 1, index + 2]
+        else:
+            value = torch.nn.Linear(8, 8).to(device) if index % 100 == 9 else index * 0.5
+        names[f"v{index}"] = value
+    return names
+
+
+def _stats(samples: list[float], bare: list[float] | None) -> dict:
+    median = statistics.median(samples)
+    entry = {
+        "n": len(samples),
+        "median_ms": round(median * 1e3, 4),
+        "p90_ms": round(sorted(samples)[int(0.9 * len(samples))] * 1e3, 4),
+    }
+    if bare:
+        entry["added_median_ms"] = round((median - statistics.median(bare)) * 1e3, 4)
+    return entry
+
+
+def run_namespaces(shell, quick: bool, device: str = "cuda") -> dict:
+    """Part ``namespaces``: bare, %%cudamem and the every-cell mode over namespaces of each size."""
+    from jupyter_cudamem.attribution.left import NamespaceSnapshot
+    from jupyter_cudamem.attribution.probe import default_probe
+    from jupyter_cudamem.oomfix.ipython_state import ipython_references
+
+    def load():
+        shell.run_line_magic("load_ext", "jupyter_cudamem")
+
+    def unload():
+        shell.run_line_magic("unload_ext", "jupyter_cudamem")
+
+    def every_cell_on():
+        load()
+        shell.run_line_magic("cudamem", "on")
+
+    def every_cell_off():
+        shell.run_line_magic("cudamem", "off")
+        unload()
+
+    modes = [
+        Mode("bare"),
+        Mode("cudamem_cell_magic", enable=load, disable=unload, wrap=lambda cell: "%%cudamem --quiet\n" + cell),
+        Mode("cudamem_every_cell", enable=every_cell_on, disable=every_cell_off),
+    ]
+    probe = default_probe()
+    out: dict = {"mix": NAMESPACE_MIX, "sizes": {}}
+    sink = io.StringIO()
+    for size in NAMESPACE_SIZES:
+        names = user_names(size, device)
+        shell.user_ns.update(names)
+        per_round = max(NAMESPACE_CELLS[size] // ROUNDS // (10 if quick else 1), 2)
+        times = {m.name: {k: [] for k in CELLS} for m in modes}
+        for _ in range(ROUNDS):
+            for mode in modes:
+                if mode.error:
+                    continue
+                with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                    try:
+                        if mode.enable:
+                            mode.enable()
+                    except Exception as error:
+                        mode.error = f"{type(error).__name__}: {error}"
+                        continue
+                    try:
+                        for kind, cell in CELLS.items():
+                            source = mode.wrap(cell)
+                            for _ in range(per_round):
+                                started = time.perf_counter()
+                                shell.run_cell(source, store_history=False)
+                                times[mode.name][kind].append(time.perf_counter() - started)
+                    finally:
+                        if mode.disable:
+                            try:
+                                mode.disable()
+                            except Exception as error:
+                                mode.error = f"disable failed: {type(error).__name__}: {error}"
+                sink.seek(0)
+                sink.truncate()
+        snapshots = []
+        for _ in range(max(per_round * ROUNDS, 10)):
+            started = time.perf_counter()
+            NamespaceSnapshot.take(shell.user_ns, ipython_references(shell), probe)
+            snapshots.append(time.perf_counter() - started)
+        entry: dict = {"user_names": size, "cells_per_mode_and_kind": per_round * ROUNDS,
+                       "snapshot_ms": _stats(snapshots, None), "modes": {}}
+        for mode in modes:
+            entry["modes"][mode.name] = {"error": mode.error}
+            for kind in CELLS:
+                if times[mode.name][kind]:
+                    entry["modes"][mode.name][kind] = _stats(times[mode.name][kind], times["bare"][kind])
+        out["sizes"][str(size)] = entry
+        for name in names:
+            shell.user_ns.pop(name, None)
+        del names
+        print(f"namespace of {size} names: snapshot median {entry['snapshot_ms']['median_ms']} ms; every-cell adds "
+              f"{entry['modes']['cudamem_every_cell'].get('trivial', {}).get('added_median_ms')} ms (trivial cell)",
+              file=sys.stderr)
+    return out
+
+
+def namespace_goals(part: dict) -> dict:
+    goals = {}
+    for size, entry in part["sizes"].items():
+        for ours in ("cudamem_cell_magic", "cudamem_every_cell"):
+            for kind in CELLS:
+                added = entry["modes"][ours].get(kind, {}).get("added_median_ms")
+                goals[f"{ours}/{kind}/{size}_names"] = {
+                    "added_median_ms": added,
+                    "under_1ms": added is not None and added < 1.0,
+                }
+    return goals
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("all", "peers", "namespaces"), default="all",
+                        help="peers: the near-empty namespace beside the peers; namespaces: 0/1,000/10,000 names")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the cells (smoke run; not for the README)")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="part namespaces on CPU tensors, to check the plumbing (no GPU figures)")
+    parser.add_argument("--out", default=None, help="where to write (default: benchmarks/results/overhead.json; "
+                        "with --quick or --cpu-smoke a file in the temporary directory)")
+    args = parser.parse_args(argv)
+
     from IPython.core.interactiveshell import InteractiveShell
 
     import torch
 
+    if args.cpu_smoke:
+        args.part = "namespaces"
+    elif not torch.cuda.is_available():
+        parser.error("no CUDA device: run on the GPU machine, or pass --cpu-smoke")
+    default = Path(__file__).parent / "results" / "overhead.json"
+    if args.quick or args.cpu_smoke:
+        default = Path(tempfile.gettempdir()) / "overhead-smoke.json"
+    out = Path(args.out) if args.out else default
     shell = InteractiveShell.instance()
+    if args.part == "namespaces":
+        device = "cpu" if args.cpu_smoke else "cuda"
+        shell.user_ns["torch"] = torch
+        shell.run_cell(f"a = torch.randn(256, 256, device='{device}')")
+        results = json.loads(out.read_text()) if out.exists() else {"goals": {}}
+        results["namespace_environment"] = environment()
+        results["namespaces"] = run_namespaces(shell, args.quick, device)
+        results.setdefault("goals", {}).update(namespace_goals(results["namespaces"]))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+        json.dump(results["namespaces"], sys.stdout, indent=1)
+        print()
+        return
+    rounds_cells = CELLS_PER_ROUND // (10 if args.quick else 1)
     shell.user_ns["torch"] = torch
     shell.run_cell("a = torch.randn(256, 256, device='cuda'); torch.cuda.synchronize()")
 
@@ -127,7 +324,7 @@ def main() -> None:
                 try:
                     for kind, cell in CELLS.items():
                         source = mode.wrap(cell)
-                        for _ in range(CELLS_PER_ROUND):
+                        for _ in range(rounds_cells):
                             started = time.perf_counter()
                             shell.run_cell(source, store_history=False)
                             times[mode.name][kind].append(time.perf_counter() - started)
@@ -140,7 +337,7 @@ def main() -> None:
             sink.seek(0)
             sink.truncate()
 
-    results = {"environment": environment(), "rounds": ROUNDS, "cells_per_mode_and_kind": ROUNDS * CELLS_PER_ROUND,
+    results = {"environment": environment(), "rounds": ROUNDS, "cells_per_mode_and_kind": ROUNDS * rounds_cells,
                "cells": CELLS, "modes": {}}
     for mode in modes:
         entry: dict = {"error": mode.error}
@@ -205,9 +402,18 @@ def main() -> None:
                 "under_1ms": added is not None and added < 1.0,
                 "lower_than_peers": {name: added is not None and added < value for name, value in peers.items()},
             }
+    if args.part == "all":
+        results["namespace_environment"] = results["environment"]
+        results["namespaces"] = run_namespaces(shell, args.quick)
+        goals.update(namespace_goals(results["namespaces"]))
+    elif out.exists():  # keep the other part's figures from an earlier run
+        earlier = json.loads(out.read_text())
+        for key in ("namespace_environment", "namespaces"):
+            if key in earlier:
+                results[key] = earlier[key]
+        goals.update({k: v for k, v in earlier.get("goals", {}).items() if k.endswith("_names")})
     results["goals"] = goals
-    out = Path(__file__).parent / "results" / "overhead.json"
-    out.parent.mkdir(exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     json.dump(results, sys.stdout, indent=1)
     print()
