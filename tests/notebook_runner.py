@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,3 +71,62 @@ def json_line(cell, marker: str = "RESULT "):
         if line.startswith(marker):
             return json.loads(line[len(marker) :])
     raise AssertionError(f"no {marker!r} line in cell output:\n{text_of(cell)}")
+
+
+# -- whole tutorial notebooks (scripts/run_notebook.py and tests/gpu/test_notebooks_gpu.py) ------------------
+
+EXPECTED_ERROR_TAG = "raises-exception"
+_SITE_PACKAGES = re.compile(r"(?:[A-Za-z]:)?[^\s'\"]*[/\\](?:site|dist)-packages[/\\]")
+
+
+def tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def tidy_outputs(notebook) -> None:
+    """Keep what a reader needs and nothing of the machine that ran it.
+
+    An expected error (a cell tagged ``raises-exception``) keeps only its last line, ``Name: message``:
+    the frames of its traceback name files on that machine. A warning on stderr names the library file that
+    raised it by its path under ``site-packages``; the path is cut to the package (``torch/nn/...``). An
+    unexpected error keeps its whole traceback: it is what someone has to debug.
+    """
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        for output in cell.get("outputs", []):
+            if output.output_type == "error" and EXPECTED_ERROR_TAG in tags(cell):
+                output.traceback = [f"{output.ename}: {output.evalue}"]
+            elif output.output_type == "stream" and output.get("name") == "stderr":
+                output.text = _SITE_PACKAGES.sub("", output.text)
+
+
+def execute_notebook(path: Path, timeout: int = 300, kernel: str = "python3", without_tag: str | None = None):
+    """Run the notebook at ``path`` top to bottom in a fresh kernel, in its own folder, with this checkout first
+    on ``PYTHONPATH``. Returns ``(notebook, error, seconds)``: ``error`` is the ``CellExecutionError`` of a cell
+    that failed without the ``raises-exception`` tag (nbclient stops there), else ``None``. Cells tagged
+    ``skip-execution`` are not run; cells tagged ``without_tag`` (``"gpu"`` on a machine without one) are left out
+    of the returned notebook altogether. Outputs are tidied (``tidy_outputs``) either way.
+    """
+    import time
+
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    notebook = nbformat.read(path, as_version=4)
+    if without_tag is not None:
+        notebook.cells = [cell for cell in notebook.cells if without_tag not in tags(cell)]
+    client = NotebookClient(
+        notebook, kernel_name=kernel, timeout=timeout, resources={"metadata": {"path": str(Path(path).parent)}}
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    started = time.monotonic()
+    error = None
+    try:
+        client.execute(env=env)
+    except CellExecutionError as failure:
+        error = failure
+    seconds = time.monotonic() - started
+    tidy_outputs(notebook)
+    return notebook, error, seconds

@@ -1,0 +1,397 @@
+"""The committed tutorial notebooks keep the promises their outputs make (CPU; reads outputs, runs nothing).
+
+- a cell that fails on purpose carries the tag ``raises-exception``, and no other cell shows an error;
+- no output shows a path of the machine that ran it;
+- gradient-accumulation arithmetic is exact: "N steps of M" beside "effective batch of E" needs N*M == E;
+  "N x M = T" and "N micro batches of M = T" need N*M == T (and T == E where E was named);
+- no cell's output prints the same diagnosis (or any block of lines) twice, and no two cells of one notebook
+  print the same out-of-memory diagnosis;
+- each notebook stays within a budget of cells, output lines and bytes (``BUDGET``).
+
+Cells whose outputs were cleared count as having none. The checks themselves are tested on small synthetic
+notebooks holding each defect the tutorials once had.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+EXPECTED_ERROR_TAG = "raises-exception"
+
+# The budget keeps each tutorial readable in one sitting: notebook 3 of the first release had 60 cells and about
+# 350 lines of output and taught five things at once. A notebook past it should be split (docs/tutorials.md).
+BUDGET = {"cells": 50, "output_lines": 400, "bytes": 1_000_000}
+
+MACHINE_PATH = re.compile(r"/home/|/tmp/|/root/|/work/|/Users/|/var/folders/|site-packages|dist-packages|\b[A-Za-z]:\\")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+NUMBER = r"(\d[\d,]*)"
+EFFECTIVE = re.compile(rf"effective batch (?:of|size of|size) {NUMBER}", re.IGNORECASE)
+STEPS_OF = re.compile(rf"\b{NUMBER} (?:accumulation |micro[- ]?batch )?steps of {NUMBER}", re.IGNORECASE)
+TIMES_EQUALS = re.compile(rf"\b{NUMBER}\s*[x×*]\s*{NUMBER}\s*=\s*{NUMBER}")
+MICRO_EQUALS = re.compile(rf"\b{NUMBER} micro[- ]?batch(?:es)? of {NUMBER}\s*=\s*{NUMBER}", re.IGNORECASE)
+DIAGNOSIS_HEAD = re.compile(r"^[ \t]*CUDA out of memory on ", re.MULTILINE)
+# A line that says plainly that the effective batch changes ("5 steps of 205: the effective batch becomes 1025")
+# is the honest answer when no micro-batch divides it; it is not checked against the batch it no longer keeps.
+SAYS_IT_CHANGES = re.compile(r"\b(?:becomes|changes?|changed|instead of|not exactly)\b", re.IGNORECASE)
+REPEATED_BLOCK = 3  # lines: a block this long printed twice in one output is a repetition, not a coincidence
+MIN_BLOCK_CHARS = 60  # ...unless it is short (three blank-ish table rules, say)
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def output_texts(cell, tracebacks: bool = True) -> list[str]:
+    """The text of each output of a code cell: streams, text/plain and text/html, error lines and tracebacks."""
+    texts = []
+    for output in cell.get("outputs", []):
+        kind = output.get("output_type")
+        if kind == "stream":
+            texts.append(output.get("text", ""))
+        elif kind in ("execute_result", "display_data"):
+            data = output.get("data", {})
+            texts.extend(str(data[mime]) for mime in ("text/plain", "text/html", "text/markdown") if mime in data)
+        elif kind == "error":
+            texts.append(f"{output.get('ename')}: {output.get('evalue')}")
+            if tracebacks:
+                texts.append(ANSI.sub("", "\n".join(output.get("traceback", []))))
+    return texts
+
+
+def _plain(cell) -> str:
+    """What a reader reads as text (no HTML twin of the same report, no traceback frames)."""
+    parts = []
+    for output in cell.get("outputs", []):
+        kind = output.get("output_type")
+        if kind == "stream":
+            parts.append(output.get("text", ""))
+        elif kind in ("execute_result", "display_data") and "text/plain" in output.get("data", {}):
+            parts.append(str(output["data"]["text/plain"]))
+        elif kind == "error":
+            parts.append(f"{output.get('ename')}: {output.get('evalue')}")
+    return "\n".join(parts)
+
+
+def _code_cells(notebook) -> list:
+    return [cell for cell in notebook.cells if cell.cell_type == "code"]
+
+
+def _where(index: int, cell) -> str:
+    first = cell.source.splitlines()[0] if cell.source else ""
+    return f"cell {index} ({first[:50]!r})"
+
+
+# -- the checks ------------------------------------------------------------------------------------------------
+def error_problems(notebook) -> list[str]:
+    problems = []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code" or not cell.get("outputs"):
+            continue
+        failed = any(output.get("output_type") == "error" for output in cell.outputs)
+        tagged = EXPECTED_ERROR_TAG in _tags(cell)
+        if failed and not tagged:
+            problems.append(f"{_where(index, cell)} shows an error but is not tagged {EXPECTED_ERROR_TAG}")
+        if tagged and not failed:
+            problems.append(f"{_where(index, cell)} is tagged {EXPECTED_ERROR_TAG} but did not fail")
+    return problems
+
+
+def path_problems(notebook) -> list[str]:
+    problems = []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        for text in output_texts(cell):
+            match = MACHINE_PATH.search(text)
+            if match:
+                line = next(line for line in text.splitlines() if match.group(0) in line)
+                problems.append(f"{_where(index, cell)} shows a machine path: {line.strip()[:120]!r}")
+                break
+    return problems
+
+
+def accumulation_problems_in(text: str) -> list[str]:
+    """Accumulation arithmetic in one output, paragraph by paragraph (an effective batch named in a paragraph
+    holds for the steps and sums in it)."""
+    problems = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        effective = None
+        events = sorted(
+            [(m.start(), "effective", m) for m in EFFECTIVE.finditer(paragraph)]
+            + [(m.start(), "steps", m) for m in STEPS_OF.finditer(paragraph)]
+            + [(m.start(), "sum", m) for m in TIMES_EQUALS.finditer(paragraph)]
+            + [(m.start(), "sum", m) for m in MICRO_EQUALS.finditer(paragraph)],
+            key=lambda event: event[0],
+        )
+        for position, kind, match in events:
+            line_start = paragraph.rfind("\n", 0, position) + 1
+            line_end = paragraph.find("\n", position)
+            line = paragraph[line_start : None if line_end < 0 else line_end]
+            if kind == "effective":
+                effective = _int(match.group(1))
+            elif kind == "steps":
+                steps, micro = _int(match.group(1)), _int(match.group(2))
+                if effective is not None and steps * micro != effective and not SAYS_IT_CHANGES.search(line):
+                    problems.append(f"{match.group(0)!r} is {steps * micro} samples, not the effective batch of {effective}")
+            else:
+                steps, micro, total = (_int(group) for group in match.groups())
+                if steps * micro != total:
+                    problems.append(f"{match.group(0)!r}: {steps} x {micro} is {steps * micro}")
+                elif effective is not None and total != effective and not SAYS_IT_CHANGES.search(line):
+                    problems.append(f"{match.group(0)!r}: {total} samples, not the effective batch of {effective}")
+    return problems
+
+
+def accumulation_problems(notebook) -> list[str]:
+    problems = [
+        f"{_where(index, cell)}: {problem}"
+        for index, cell in enumerate(notebook.cells)
+        if cell.cell_type == "code"
+        for text in output_texts(cell, tracebacks=False)
+        for problem in accumulation_problems_in(text)
+    ]
+    return list(dict.fromkeys(problems))  # a report's text and HTML forms say the same
+
+
+def repeated_block(text: str) -> str | None:
+    """A block of ``REPEATED_BLOCK`` consecutive non-blank lines that the text prints twice, if any."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    seen: dict[tuple[str, ...], int] = {}
+    for start in range(len(lines) - REPEATED_BLOCK + 1):
+        block = tuple(lines[start : start + REPEATED_BLOCK])
+        if sum(len(line) for line in block) < MIN_BLOCK_CHARS:
+            continue
+        if block in seen and start >= seen[block] + REPEATED_BLOCK:
+            return "\n".join(block)
+        seen.setdefault(block, start)
+    return None
+
+
+def diagnoses(text: str) -> list[str]:
+    """Each out-of-memory diagnosis in the text: its headline, explanation and figures (the lines up to the holders,
+    the advice or a blank line), which are the same whenever the same failure is diagnosed again."""
+    found = []
+    for match in DIAGNOSIS_HEAD.finditer(text):
+        lines = []
+        for line in text[match.start() :].strip().splitlines():
+            if not line.strip() or line.strip().startswith(("largest holders", "try:")):
+                break
+            lines.append(line.strip())
+        found.append("\n".join(lines))
+    return found
+
+
+def duplication_problems(notebook) -> list[str]:
+    problems = []
+    first_seen: dict[str, int] = {}
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        text = _plain(cell)
+        block = repeated_block(text)
+        if block is not None:
+            problems.append(f"{_where(index, cell)} prints the same lines twice:\n{block}")
+        found = diagnoses(text)
+        if len(found) != len(set(found)):
+            problems.append(f"{_where(index, cell)} prints the same diagnosis twice")
+        for diagnosis in set(found):
+            if diagnosis in first_seen:
+                problems.append(f"{_where(index, cell)} repeats the diagnosis of cell {first_seen[diagnosis]}")
+            first_seen.setdefault(diagnosis, index)
+    return problems
+
+
+def budget_problems(notebook, size_bytes: int) -> list[str]:
+    lines = sum(len(_plain(cell).splitlines()) for cell in _code_cells(notebook))
+    measured = {"cells": len(notebook.cells), "output_lines": lines, "bytes": size_bytes}
+    return [f"{name} {measured[name]:,} over the budget of {limit:,}" for name, limit in BUDGET.items() if measured[name] > limit]
+
+
+def all_problems(notebook, size_bytes: int = 0) -> list[str]:
+    return (
+        error_problems(notebook)
+        + path_problems(notebook)
+        + accumulation_problems(notebook)
+        + duplication_problems(notebook)
+        + budget_problems(notebook, size_bytes)
+    )
+
+
+# -- the committed notebooks -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_committed_notebook_keeps_its_promises(path):
+    notebook = nbformat.read(path, as_version=4)
+    assert all_problems(notebook, path.stat().st_size) == []
+
+
+def test_there_are_notebooks_to_check():
+    assert len(NOTEBOOKS) >= 5
+
+
+# -- the checks catch the defects they are for ------------------------------------------------------------------
+def _notebook(*cells):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = list(cells)
+    return notebook
+
+
+def _cell(source="x", outputs=(), tags=()):
+    cell = nbformat.v4.new_code_cell(source)
+    cell.outputs = list(outputs)
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def _stream(text, name="stdout"):
+    return nbformat.v4.new_output("stream", name=name, text=text)
+
+
+def _plain_output(text, html=None):
+    data = {"text/plain": text}
+    if html is not None:
+        data["text/html"] = html
+    return nbformat.v4.new_output("display_data", data=data)
+
+
+def _error(ename="OutOfMemoryError", evalue="CUDA out of memory. Tried to allocate 4.00 GiB.", traceback=()):
+    return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=list(traceback))
+
+
+def test_a_clean_notebook_passes():
+    notebook = _notebook(
+        nbformat.v4.new_markdown_cell("# A tutorial"),
+        _cell("batch_size = 1024", [_error(traceback=["OutOfMemoryError: CUDA out of memory."])], tags=["gpu", "raises-exception"]),
+        _cell("%oomfix --yes", [_plain_output(
+            "- gradient accumulation: keeps the effective batch of 1024: 4 steps of 256 per optimizer step\n"
+            "    accumulation_steps = 4  # 4 x 256 = 1024 samples per optimizer step"
+        )]),
+        _cell("print(...)", [_stream("we train with 4 micro batches of 256 = 1024 samples per optimizer step\n")]),
+        _cell("cleared", [], tags=["raises-exception"]),  # outputs cleared: nothing to check
+    )
+    assert all_problems(notebook) == []
+
+
+def test_an_error_in_an_untagged_cell_is_caught():
+    notebook = _notebook(_cell("1 / 0", [_error("ZeroDivisionError", "division by zero")]))
+    assert "not tagged raises-exception" in " ".join(error_problems(notebook))
+
+
+def test_a_tagged_cell_that_did_not_fail_is_caught():
+    notebook = _notebook(_cell("x = 1", [_stream("fine\n")], tags=["raises-exception"]))
+    assert "did not fail" in " ".join(error_problems(notebook))
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        _stream("Writing /tmp/tmpxeezuvf3/fragmentation_demo.py\n"),
+        _plain_output("report", html="<pre>/home/someone/project/cell.py</pre>"),
+        _stream("/usr/lib/python3/site-packages/torch/nn/modules/module.py:1: FutureWarning: x\n", name="stderr"),
+        _error(traceback=["\x1b[0;32mFile /root/.venv/lib/python3.12/torch/nn/functional.py:10\x1b[0m"]),
+        _plain_output("snapshot saved to C:\\Users\\someone\\trace.pickle"),
+        _stream("/work/main/jupyter_cudamem/__init__.py\n"),
+    ],
+    ids=["tmp", "home-in-html", "site-packages", "traceback-root", "windows", "work"],
+)
+def test_machine_paths_are_caught(output):
+    assert path_problems(_notebook(_cell(outputs=[output])))
+
+
+def test_relative_paths_pass():
+    output = _stream("snapshot: cudamem_traces/cell14-20261123.pickle (open it at https://pytorch.org/memory_viz)\n")
+    assert path_problems(_notebook(_cell(outputs=[output]))) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # The tutorials' first release, word for word: advice that did not keep the effective batch.
+        "- gradient accumulation: keeps the effective batch of 1024: 5 steps of 205 per optimizer step (1025 samples, the nearest even split)",
+        "- gradient accumulation: keeps the effective batch of 1024: 3 steps of 342 per optimizer step (1026 samples, the nearest even split)",
+        "keeps the effective batch of 1024\n    accumulation_steps = 3  # 3 x 342 = 1026 samples per optimizer step",
+        "accumulation_steps = 3  # 3 x 342 = 1024 samples per optimizer step",
+        "we train with 4 micro batches of 250 = 1024 samples per optimizer step",
+        "effective batch of 1,024: 8 accumulation steps of 127",
+    ],
+)
+def test_inexact_accumulation_is_caught(text):
+    assert accumulation_problems(_notebook(_cell(outputs=[_plain_output(text)])))
+
+
+def test_saying_plainly_that_the_effective_batch_changes_passes():
+    text = "keeps the effective batch of 1024 where a divisor fits; here none does: 5 steps of 205, so the effective batch becomes 1025"
+    assert accumulation_problems_in(text) == []
+    assert accumulation_problems_in("effective batch of 1024: 5 x 205 = 1024 (the effective batch becomes 1025)")  # wrong sum
+
+
+def test_accumulation_checks_each_paragraph_on_its_own():
+    text = "keeps the effective batch of 1024: 4 steps of 256\n\na different plan: 3 steps of 100 per optimizer step"
+    assert accumulation_problems_in(text) == []
+
+
+def test_a_diagnosis_printed_twice_in_one_output_is_caught():
+    diagnosis = (
+        "CUDA out of memory on GPU 0 (PyTorch's allocator): too big for the card\n"
+        "  figures:\n    asked for                         4.00 GiB\n    per-process cap                   4.00 GiB\n"
+    )
+    notebook = _notebook(_cell("%oomfix", [_plain_output(diagnosis), _plain_output(diagnosis + "\n%oomfix: fits")]))
+    problems = duplication_problems(notebook)
+    assert any("same diagnosis twice" in problem for problem in problems)
+    assert any("same lines twice" in problem for problem in problems)
+
+
+def test_the_same_diagnosis_in_two_cells_is_caught():
+    diagnosis = (
+        "CUDA out of memory on GPU 0 (PyTorch's allocator): held by IPython after the error\n"
+        "  figures:\n    asked for                         990.00 MiB\n"
+    )
+    notebook = _notebook(
+        _cell("%oomfix --dry-run", [_plain_output("%oomfix --dry-run: diagnosis only, nothing was rerun\n\n" + diagnosis)]),
+        _cell("%oomfix --yes", [_plain_output(diagnosis)]),
+    )
+    assert any("repeats the diagnosis of cell 0" in problem for problem in duplication_problems(notebook))
+
+
+def test_a_report_beside_its_html_twin_is_not_a_repetition():
+    report = "cudamem [2] · 232 ms\n  cuda:0 NVIDIA H100 80GB HBM3\n    peak allocated   224.00 MiB   +224.00 MiB above start\n"
+    notebook = _notebook(_cell("%%cudamem", [_plain_output(report, html=f"<pre>{report}</pre>")]))
+    assert duplication_problems(notebook) == []
+
+
+def test_the_budget_is_enforced():
+    many = _notebook(*[nbformat.v4.new_markdown_cell("text") for _ in range(BUDGET["cells"] + 1)])
+    assert budget_problems(many, 0)
+    talkative = _notebook(_cell(outputs=[_stream("line\n" * (BUDGET["output_lines"] + 1))]))
+    assert budget_problems(talkative, 0)
+    assert budget_problems(_notebook(), BUDGET["bytes"] + 1)
+    assert budget_problems(_notebook(_cell(outputs=[_stream("line\n")])), 100) == []
+
+
+def test_the_runner_tidies_what_would_break_these_promises():
+    from tests.notebook_runner import tidy_outputs
+
+    frames = ["\x1b[0;31mOutOfMemoryError\x1b[0m Traceback", "File /root/.venv/lib/python3.12/site-packages/torch/nn/modules/module.py:1"]
+    warning = "/root/.venv/lib/python3.12/site-packages/transformers/training_args.py:10: FutureWarning: old\n"
+    notebook = _notebook(
+        _cell("expected", [_error(traceback=frames)], tags=["raises-exception"]),
+        _cell("warns", [_stream(warning, name="stderr")]),
+        _cell("unexpected", [_error("ValueError", "bad", traceback=frames)]),
+    )
+    tidy_outputs(notebook)
+    expected, warns, unexpected = notebook.cells
+    assert expected.outputs[0].traceback == ["OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB."]
+    assert warns.outputs[0].text == "transformers/training_args.py:10: FutureWarning: old\n"
+    assert unexpected.outputs[0].traceback == frames  # someone has to debug it
+    assert path_problems(_notebook(expected, warns)) == []
