@@ -54,7 +54,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from jupyter_cudamem.capacity.cards import Card  # noqa: E402
-from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, build_plan  # noqa: E402
+from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, build_plan, largest_batch  # noqa: E402
 from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs  # noqa: E402
 from jupyter_cudamem.hardware import default_hardware  # noqa: E402
 from jupyter_cudamem.measure import Meter  # noqa: E402
@@ -267,7 +267,8 @@ def make_plan(workload: Workload, cards: list[Card], margin: float) -> Any:
     measured = measure_runs(runner, "step(batch)", workload.batch, NamespaceBatch(namespace, workload.batch))
     judged = judge(measured, workload.batch)
     plan = build_plan(measured.runs, workload.batch, "batch", cards, margin, measured.non_pytorch_bytes,
-                      measured.non_pytorch_how or "not measured", line=judged.line, notes=judged.notes)
+                      measured.non_pytorch_how or "not measured", line=judged.line, notes=judged.notes,
+                      reserved_line=judged.reserved_line)
     return plan, measured
 
 
@@ -364,10 +365,15 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
         "description": workload.notes,
         "parameters": workload.parameters,
         "batch_as_written": workload.batch,
-        "runs": [{"label": r.label, "batch": r.batch, "peak_bytes": r.peak_bytes, "start_bytes": r.start_bytes}
-                 for r in measured.runs],
+        "runs": [{"label": r.label, "batch": r.batch, "peak_bytes": r.peak_bytes, "start_bytes": r.start_bytes,
+                  "peak_reserved_bytes": r.peak_reserved_bytes} for r in measured.runs],
         "per_sample_bytes": line.slope_bytes,
         "fixed_bytes": line.intercept_bytes,
+        "reserved_per_sample_bytes": None if plan.reserved_line is None else plan.reserved_line.slope_bytes,
+        "reserved_fixed_bytes": None if plan.reserved_line is None else plan.reserved_line.intercept_bytes,
+        "largest_by_allocated_line": {c.name: largest_batch(line, c.usable_bytes, margin) for c in plan.cards},
+        "largest_by_reserved_line": None if plan.reserved_line is None else
+        {c.name: largest_batch(plan.reserved_line, c.usable_bytes) for c in plan.cards},
         "non_pytorch_bytes": plan.non_pytorch_bytes,
         "non_pytorch_how": plan.non_pytorch_how,
         "agreements": [{"label": a.label, "relative": a.relative} for a in plan.agreements],
@@ -400,9 +406,11 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
             "search_s": round(time.perf_counter() - t0, 2),
         }
         if real:
+            release()
             torch.cuda.reset_peak_memory_stats(0)
             if fits(workload, real):
                 case["real_peak_at_real_batch_bytes"] = torch.cuda.max_memory_allocated(0)
+                case["real_peak_reserved_at_real_batch_bytes"] = torch.cuda.max_memory_reserved(0)
         cases.append(case)
         errors = (f"{case['predicted_error']:+.1%} vs {case['rule_of_thumb_error']:+.1%}" if real
                   else "nothing fits under this cap")

@@ -61,18 +61,20 @@ class FakeMachine:
         self.lock = threading.Lock()
 
     # Helpers tests use to play the role of user code.
-    def allocate(self, index: int, size: int) -> None:
+    def allocate(self, index: int, size: int, slack: int = 0) -> None:
+        """``slack``: bytes the allocator reserves beyond the request and cannot use for anything else
+        while it lives (rounding, the free part of a segment that holds it); a cap limits reserved memory."""
         gpu = self.gpus[index]
         with self.lock:
             gpu.has_context = True
-            if gpu.allocated + size > gpu.fraction * gpu.total_bytes:
+            if gpu.allocated + size + slack > gpu.fraction * gpu.total_bytes:
                 gpu.num_ooms += 1
                 raise FakeOutOfMemoryError(
                     f"CUDA out of memory. Tried to allocate {size / GiB:.2f} GiB. GPU {index} has a total "
                     f"capacity of {gpu.total_bytes / GiB:.2f} GiB"
                 )
             gpu.allocated += size
-            gpu.reserved = max(gpu.reserved, gpu.allocated)
+            gpu.reserved = max(gpu.reserved, gpu.allocated + slack)
             gpu.peak_allocated = max(gpu.peak_allocated, gpu.allocated)
             gpu.peak_reserved = max(gpu.peak_reserved, gpu.reserved)
 

@@ -2,19 +2,31 @@
 
 For each card:
 
-    usable = (card total - non-PyTorch part) x (1 - margin)
-    largest batch = floor((usable - fixed) / per sample)
+    room = card total - non-PyTorch part - fixed
+    largest batch = min(floor(room x (1 - margin) / per sample),          # the allocated line
+                        floor(room_reserved / per sample reserved))       # the reserved line
+
+The margin is taken from the room above the fixed part, so it costs the same share of the batch on
+every card and for every cell: the plan's batch is ``1 - margin`` of the batch the allocated line
+allows, whatever the fixed part (a share of the card's total would cost a cell whose fixed part is
+half the card twice the margin in batch terms).
+
+A card limits what PyTorch's caching allocator **reserves**, not what it has allocated: blocks are
+rounded up, and a free part of a segment that still holds a live block cannot be given back, so a
+request can fail with less allocated than the cap. Each run is therefore measured from an empty cache
+(``Runner`` releases it before the run) and a second line is fitted to the runs' reserved peaks; the
+plan takes the smaller batch of the two lines. Where the allocator wastes little, the allocated line
+with its margin is the smaller and decides (a convnet, a transformer); where it wastes more than the
+margin (a cuDNN LSTM's large buffers leave 2 GB of a 16 GB cap unusable, ``benchmarks/plan.py``), the
+reserved line decides. The reserved line needs no margin for the allocator: it measured it.
 
 The **non-PyTorch part** is what this process holds on the GPU outside PyTorch's pools: the CUDA
 context, cuDNN/cuBLAS handles and library workspaces, anything allocated by CuPy or NCCL. It is
 measured on this machine (NVML's memory of this process minus what PyTorch has reserved), not
 assumed, and the plan says so; another card's driver and architecture move it by some tens of MiB.
 
-The **margin** (``DEFAULT_MARGIN``) is kept free of the memory PyTorch may use: the line is fitted on
-allocated bytes, but a card is limited by what the caching allocator *reserves*, which rounds blocks
-up and cannot always reuse a cached block for a request of another size; and the driver keeps
-0.5-1.7% of the nominal memory (see ``cards``). It is %oomfix's margin (``OomFix.margin``) too, so
-both features leave the same room.
+The **margin** (``DEFAULT_MARGIN``) covers what the allocated line does not see: the allocator's
+rounding and the driver's 0.5-1.7% of the nominal memory (see ``cards``).
 
 For the batch as written: it fits, or the plan gives the largest micro-batch that both fits and
 divides the batch, with the gradient-accumulation steps that keep the effective batch exactly.
@@ -30,10 +42,11 @@ from .cards import Card
 from .fit import Agreement, Line
 
 DEFAULT_MARGIN = 0.04
-"""Fraction of the memory PyTorch may use on a card (its total less the non-PyTorch part) that a
-plan leaves free: the allocator's rounding and blocks it cannot reuse, and the driver's share that
-the card table does not subtract. The same fraction %oomfix leaves (``OomFix.margin``);
-``benchmarks/plan.py`` measures whether it is enough, card by card."""
+"""Fraction of the room above the fixed part (the card less the non-PyTorch part less the fixed part)
+that a plan leaves free, so the plan's batch is at most ``1 - margin`` of what the allocated line
+allows: the allocator's rounding and the driver's share that the card table does not subtract. The
+same figure as %oomfix's margin (``OomFix.margin``); ``benchmarks/plan.py`` measures whether it is
+enough, card by card."""
 
 CLOSE_DIVISOR = 0.75
 """A divisor of the batch at least this fraction of the largest batch that fits is "close": below it,
@@ -45,6 +58,7 @@ class Run:
     """One measured run of the cell. Sizes in bytes; ``None`` where it could not be read.
 
     ``peak_bytes`` is PyTorch's allocated peak during the run (counters reset as it started);
+    ``peak_reserved_bytes`` its reserved peak (the cache emptied as it started);
     ``start_bytes`` what was allocated as it started; ``non_pytorch_bytes`` what the process held
     outside PyTorch's pools when it ended; ``oom`` whether it ran out of GPU memory.
     """
@@ -56,18 +70,35 @@ class Run:
     non_pytorch_bytes: int | None = None
     oom: bool = False
     autocast: bool = False
+    peak_reserved_bytes: int | None = None
 
 
-def usable_bytes(total_bytes: int, non_pytorch_bytes: int, margin: float) -> int:
-    """What a plan lets PyTorch use on a card of ``total_bytes``."""
+def usable_bytes(total_bytes: int, non_pytorch_bytes: int, margin: float = 0.0) -> int:
+    """What PyTorch may use on a card of ``total_bytes``: its total less the non-PyTorch part. ``margin``
+    is kept for callers that plan a fixed-size cell (no batch to take the margin from): it is then taken
+    from the whole."""
     return max(int((total_bytes - non_pytorch_bytes) * (1 - margin)), 0)
 
 
-def largest_batch(line: Line, usable: float) -> int:
-    """The largest batch whose predicted peak stays within ``usable`` bytes (0: not even one)."""
+def largest_batch(line: Line, usable: float, margin: float = 0.0) -> int:
+    """The largest batch whose predicted peak stays within ``usable`` bytes with ``margin`` of the room
+    above the fixed part left free (0: not even one)."""
     if line.slope_bytes <= 0:
         raise ValueError("a line whose peak does not grow with the batch has no largest batch")
-    return max(int(math.floor((usable - line.intercept_bytes) / line.slope_bytes)), 0)
+    room = usable - line.intercept_bytes
+    if room <= 0:
+        return 0
+    # A hair of tolerance so a budget that is exactly k samples' worth is k, not k - 1 by rounding.
+    return max(int(math.floor(room * (1 - margin) / line.slope_bytes + 1e-9)), 0)
+
+
+def plan_largest(line: Line, usable: float, margin: float, reserved_line: Line | None = None) -> int:
+    """The smaller largest batch of the allocated line (with ``margin``) and the reserved line (without:
+    it measured the allocator's overhead); see the module docstring."""
+    largest = largest_batch(line, usable, margin)
+    if reserved_line is not None and reserved_line.slope_bytes > 0:
+        largest = min(largest, largest_batch(reserved_line, usable))
+    return largest
 
 
 def accumulation(effective: int, largest: int) -> tuple[int, int]:
@@ -135,14 +166,16 @@ def plan_card(
     margin: float,
     autocast_line: Line | None = None,
     this_card: bool = False,
+    reserved_line: Line | None = None,
 ) -> CardPlan:
     """One card's plan from the line (or, for a cell with no batch, its one measured peak)."""
     name, total = (card.name, card.total_bytes) if isinstance(card, Card) else card
-    usable = usable_bytes(total, non_pytorch_bytes, margin)
     if line is None or batch is None:
+        usable = usable_bytes(total, non_pytorch_bytes, margin)
         peak = float(fixed_peak_bytes or 0)
         return CardPlan(name, total, usable, peak, peak <= usable, this_card=this_card)
-    largest = largest_batch(line, usable)
+    usable = usable_bytes(total, non_pytorch_bytes)
+    largest = plan_largest(line, usable, margin, reserved_line)
     peak = line.peak(batch)
     fits = batch <= largest
     micro = steps = None
@@ -150,7 +183,7 @@ def plan_card(
         micro, steps = accumulation(batch, largest)
     autocast_largest = None
     if autocast_line is not None and autocast_line.slope_bytes > 0:
-        autocast_largest = largest_batch(autocast_line, usable)
+        autocast_largest = largest_batch(autocast_line, usable, margin)
     return CardPlan(name, total, usable, peak, fits, largest, micro, steps, autocast_largest, this_card)
 
 
@@ -178,6 +211,7 @@ class CapacityPlan:
     notes: tuple[str, ...] = field(default=())
     trains: bool = True  # whether the cell trains (accumulation steps) or only runs a model (chunks)
     batch_where: str = ""  # where the batch lives, as the finder says it
+    reserved_line: Line | None = None  # the line through the runs' reserved peaks (``None``: not read)
 
     @property
     def per_sample_bytes(self) -> float | None:
@@ -238,6 +272,7 @@ def build_plan(
     notes: Sequence[str] = (),
     trains: bool = True,
     batch_where: str = "",
+    reserved_line: Line | None = None,
 ) -> CapacityPlan:
     """The plan for every card, from a fitted ``line`` (or the one peak of a cell with no batch)."""
     fixed_peak = None
@@ -245,12 +280,15 @@ def build_plan(
         peaks = [r.peak_bytes for r in runs if not r.oom and not r.autocast and r.peak_bytes is not None]
         fixed_peak = max(peaks) if peaks else None
     plans = tuple(
-        plan_card(card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line) for card in cards
+        plan_card(card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line,
+                  reserved_line=reserved_line)
+        for card in cards
     )
     here = None
     if this_card is not None:
-        here = plan_card(this_card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line, this_card=True)
+        here = plan_card(this_card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line, this_card=True,
+                         reserved_line=reserved_line)
     return CapacityPlan(
         tuple(runs), batch, knob, line, fixed_peak, non_pytorch_bytes, non_pytorch_how, margin, plans, here,
-        tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains, batch_where,
+        tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains, batch_where, reserved_line,
     )

@@ -61,9 +61,21 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
         f"  outside PyTorch: {format_bytes(plan.non_pytorch_bytes)} (CUDA context and library workspaces), "
         f"{plan.non_pytorch_how}"
     )
+    if plan.line is None:
+        lines.append(
+            f"  usable = card memory - outside PyTorch - {plan.margin:.0%} margin (the allocator's rounding, the driver's share)"
+        )
+        return lines
     lines.append(
-        f"  usable = card memory - outside PyTorch - {plan.margin:.0%} margin (the allocator's rounding, the driver's share)"
+        f"  usable = card memory - outside PyTorch; the largest batch leaves {plan.margin:.0%} of the room above "
+        "the fixed part free (the allocator's rounding, the driver's share)"
     )
+    if plan.reserved_line is not None:
+        lines.append(
+            f"  reserved by PyTorch's cache: {format_bytes(plan.reserved_line.intercept_bytes)} + "
+            f"{format_bytes(plan.reserved_line.slope_bytes)} x batch; a card limits what is reserved, so the "
+            "largest batch is the smaller of the two lines'"
+        )
     return lines
 
 

@@ -9,7 +9,20 @@ The order is chosen so the namespace ends as after a normal run of the cell at i
 4. at the batch as written again, last: its value is the cell's, and with run 1 it says whether the
    cell is repeatable.
 
-The line goes through runs 2 and 4. A cell with no batch is run once. When the batch as written runs
+The line goes through runs 2 and 4. A cell with no batch is run once.
+
+Each run starts clean, as the same cell run fresh on another card would:
+
+- **Leftovers of the run before.** A cell that binds names it creates (``x = torch.randn(batch, ...)``,
+  ``preds = model(x)``) would otherwise build the next run's ``x`` while the previous run's ``x`` and
+  ``preds`` still hold their memory: the smaller run would carry the batch as written's tensors, and
+  its peak (and the line's slope) would be wrong by them. Before each run the names the cell binds
+  before reading them are set aside (moved to the host and unbound: ``oomfix.leftovers``, as %oomfix
+  does between tries); a run that binds them again supersedes them, and a run that fails gives them
+  back.
+- **The allocator's cache.** The cache is emptied before each run (``release``), so the run's
+  reserved peak is its own and not the larger run's before it (PyTorch's reserved peak, once reset,
+  starts from what is reserved, cached blocks included). When the batch as written runs
 out of memory here, the second point is a quarter of it (half the smaller batch) and the cell is not
 run at its own batch again.
 
@@ -96,16 +109,23 @@ class Runner:
         is_oom: Callable[[BaseException], bool],
         release: Callable[[], None] = lambda: None,
         quiet: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        set_aside: Callable[[str], Any] | None = None,
     ):
         self.meter = meter
         self.run = run
         self.is_oom = is_oom
-        self.release = release  # returns cached blocks after a run that ran out of memory
+        self.release = release  # returns cached blocks: before each run, and after one that ran out of memory
         self.quiet = quiet
+        # ``set_aside(source)`` unbinds what the cell will bind again and returns an object with
+        # ``give_back()`` and ``drop()`` (``oomfix.leftovers.SetAside``); see the module docstring.
+        self.set_aside = set_aside
         self.measured = Measured()
 
     def once(self, label: str, source: str, batch: int | None, autocast: bool = False, last: bool = False) -> Run:
         """One measured run; the cell's own errors (anything but running out of memory) propagate."""
+        aside = self.set_aside(source) if self.set_aside is not None else None
+        gc.collect()
+        self.release()
         baseline = self.meter.start()
         oom = False
         value: Any = None
@@ -113,6 +133,8 @@ class Runner:
             with contextlib.nullcontext() if last else self.quiet():
                 value = self.run(source)
         except BaseException as error:  # noqa: BLE001 - the cell's error: measured, then re-raised unless an OOM
+            if aside is not None:
+                aside.give_back()
             if not self.is_oom(error):
                 self.meter.stop(baseline, error=type(error).__name__)
                 raise
@@ -124,6 +146,8 @@ class Runner:
                 traceback.clear_frames(error.__traceback__)
             del error
         measurement = self.meter.stop(baseline, error="OutOfMemoryError" if oom else None)
+        if aside is not None and not oom:
+            aside.drop()  # the run bound those names again
         if oom:
             gc.collect()
             self.release()
@@ -136,6 +160,7 @@ class Runner:
             None if device is None else _non_pytorch(device)[0],
             oom,
             autocast,
+            None if device is None else device.peak_reserved_bytes,
         )
         if device is not None:
             self.measured.total_bytes = device.device.total_bytes
@@ -227,6 +252,7 @@ class Judged:
     agreements: tuple[Agreement, ...]
     autocast_line: Line | None
     notes: tuple[str, ...]
+    reserved_line: Line | None = None  # through the same runs' reserved peaks; ``None`` when not read
 
 
 def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] | None = None) -> Judged:
@@ -299,7 +325,15 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
             else:
                 notes.append("under autocast the peak fell below the part that does not depend on the batch: "
                              "no line for it")
-    return Judged(line, tuple(agreements), autocast_line, tuple(notes))
+    reserved_line = None
+    reserved = [(r.batch, r.peak_reserved_bytes) for r in points if r.peak_reserved_bytes is not None]
+    if len(reserved) == len(points):
+        candidate = fit(reserved)  # type: ignore[arg-type]
+        # Reserved covers allocated: a reserved line below the allocated one at the batch as written is a
+        # misreading (the allocator's counters from another device, say), never a smaller need.
+        if candidate.slope_bytes > 0 and candidate.peak(batch) >= line.peak(batch):
+            reserved_line = candidate
+    return Judged(line, tuple(agreements), autocast_line, tuple(notes), reserved_line)
 
 
 REPEAT_SLACK = 4 * 1024**2

@@ -19,6 +19,16 @@ from ..capacity.plan import DEFAULT_MARGIN
 from ..errors import CudaMemError
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, run_or_raise
+from ..oomfix.leftovers import TorchMover, set_aside
+
+
+class TensorsOnly(TorchMover):
+    """Sets aside tensors only. A module is moved in place, so whatever else refers to it (a list of
+    models, an optimizer) would see it on the host in the next run; a plan must leave the cell's
+    objects as they were, so a module the cell binds again is left bound (it is the cell's fixed part)."""
+
+    def to_host(self, value: object) -> Any:
+        return super().to_host(value) if getattr(value, "is_cuda", False) is True else None
 
 
 @magics_class
@@ -119,7 +129,8 @@ class CudaMemPlan(CudaMemMagicsBase):
         change = BatchChange(finding, knob, shell.user_ns, history) if knob is not None else None
         meter = Meter(self.hardware, reset_peak=True)
         runner = Runner(meter, run=lambda source: run_or_raise(shell, source), is_oom=is_cuda_oom,
-                        release=self.hardware.allocator.empty_cache, quiet=capture_output)
+                        release=self.hardware.allocator.empty_cache, quiet=capture_output,
+                        set_aside=lambda source: set_aside(shell.user_ns, source, TensorsOnly(), shell.transform_cell))
         measured = measure_runs(runner, cell, batch, change, args.small, autocast_source)
         gc.collect()
 
@@ -137,7 +148,7 @@ class CudaMemPlan(CudaMemMagicsBase):
             measured.runs, batch, knob.label if knob is not None else None, cards, margin,
             measured.non_pytorch_bytes, how, this_card, judged.line, judged.autocast_line, dtype,
             judged.agreements, notes + measured.notes + list(judged.notes), traits.trains,
-            finding.summary() if knob is not None else "",
+            finding.summary() if knob is not None else "", judged.reserved_line,
         )
         self.last_plan = plan
         if measured.has_value and measured.value is not NO_VALUE:

@@ -69,7 +69,8 @@ def usage_error(shell, cell):
 
 
 def expected_largest(total_bytes, margin=DEFAULT_MARGIN, per_sample=PER_SAMPLE):
-    return largest_batch(Line(per_sample, WEIGHTS), usable_bytes(total_bytes, CONTEXT, margin))
+    """The margin is taken from the room above the fixed part: (card - outside - fixed) x (1 - margin)."""
+    return math.floor((total_bytes - CONTEXT - WEIGHTS) * (1 - margin) / per_sample)
 
 
 def test_plan_fits_the_line_and_plans_every_card(plan_shell, capsys):
@@ -268,7 +269,8 @@ def test_memory_outside_pytorch_is_measured_not_assumed(plan_shell):
     plan = shell.user_ns["plan"]
     assert plan.non_pytorch_bytes == CONTEXT + 700 * MiB
     assert plan.card("T4").largest_batch == largest_batch(
-        Line(PER_SAMPLE, WEIGHTS), usable_bytes(15 * GiB, CONTEXT + 700 * MiB, DEFAULT_MARGIN))
+        Line(PER_SAMPLE, WEIGHTS), usable_bytes(15 * GiB, CONTEXT + 700 * MiB), DEFAULT_MARGIN)
+    assert plan.card("T4").largest_batch == expected_largest(15 * GiB - 700 * MiB)
     machine.gpus[0].outside_bytes = 0
 
 
@@ -311,8 +313,8 @@ def test_this_card_under_a_cap_is_what_the_cap_leaves(plan_shell):
     shell.run_cell("%%cudamem_plan -o plan --cards T4\nbatch_size = 512\nstep(batch_size)")
     here = shell.user_ns["plan"].this_card
     assert "capped at 10.0 GiB" in here.name
-    assert here.usable_bytes == int(10 * GiB * (1 - DEFAULT_MARGIN))
-    assert not here.fits and here.largest_batch == largest_batch(Line(PER_SAMPLE, WEIGHTS), here.usable_bytes)
+    assert here.usable_bytes == 10 * GiB  # the margin is taken from the room above the fixed part
+    assert not here.fits and here.largest_batch == math.floor((10 * GiB - WEIGHTS) * (1 - DEFAULT_MARGIN) / PER_SAMPLE)
 
 
 def test_state_created_by_the_smaller_run_after_an_oom_is_a_warm_up(plan_shell):

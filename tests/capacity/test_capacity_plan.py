@@ -39,6 +39,38 @@ def test_largest_batch_is_the_last_that_fits():
         largest_batch(Line(0, GiB), usable)
 
 
+@pytest.mark.parametrize("fixed_gib", [0.5, 4, 10])
+def test_the_margin_costs_the_same_share_of_the_batch_whatever_the_fixed_part(fixed_gib):
+    """The margin is taken from the room above the fixed part: the plan's batch is 1 - margin of the
+    line's largest batch on every card, so "never above by more than the margin" holds in batch terms;
+    a margin taken from the whole card would cost a cell with a large fixed part a larger share."""
+    line = Line(10 * MiB, int(fixed_gib * GiB))
+    usable = 16 * GiB
+    full = largest_batch(line, usable)
+    planned = largest_batch(line, usable, 0.04)
+    assert planned == math.floor((usable - line.intercept_bytes) * 0.96 / line.slope_bytes)
+    assert 0.96 * full - 1 <= planned <= 0.96 * (full + 1)
+    # what the old rule (4% of the whole) would give: a larger share lost as the fixed part grows
+    old = largest_batch(line, usable * 0.96)
+    assert old <= planned
+
+
+def test_a_reserved_line_that_needs_more_than_the_margin_decides():
+    """A card limits what PyTorch reserves: where the reserved line leaves fewer samples than the
+    allocated line with its margin, it decides; where it is within the margin, the allocated line does."""
+    line = Line(20 * MiB, GiB)
+    usable = 15 * GiB
+    by_allocated = largest_batch(line, usable, 0.04)
+    wasteful = Line(20 * MiB * 1.15, GiB * 1.05)  # 15% more reserved than allocated per sample
+    card = plan_card(("16 GiB", 15 * GiB), line, None, 64, 0, 0.04, reserved_line=wasteful)
+    assert card.largest_batch == largest_batch(wasteful, usable) < by_allocated
+    thrifty = Line(20 * MiB * 1.01, GiB * 1.01)  # 1%: within the margin
+    card = plan_card(("16 GiB", 15 * GiB), line, None, 64, 0, 0.04, reserved_line=thrifty)
+    assert card.largest_batch == by_allocated
+    plan = build_plan([], 64, "b", [Card("T4", 16, ecc=True)], 0.04, 0, "x", line=line, reserved_line=wasteful)
+    assert plan.predicted["T4"] == largest_batch(wasteful, 15 * GiB) and "reserved by PyTorch's cache" in plan.text()
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_accumulation_keeps_the_effective_batch_exactly(seed):
     rng = random.Random(seed)
@@ -110,7 +142,7 @@ def test_plan_object_text_html_and_predicted():
     plan = build_plan(runs, 64, "batch_size", [Card("T4", 16, ecc=True), Card("Big", 80)], 0.04, 512 * MiB,
                       "measured here through NVML", this_card=("Fake", 40 * GiB), line=line)
     assert plan.per_sample_bytes == 10 * MiB and plan.fixed_bytes == GiB
-    assert plan.predicted["T4"] == largest_batch(line, usable_bytes(15 * GiB, 512 * MiB, 0.04))
+    assert plan.predicted["T4"] == math.floor((15 * GiB - 512 * MiB - GiB) * 0.96 / (10 * MiB))
     text = plan.text()
     assert "batch_size = 64" in text and "measured here through NVML" in text and "this card (Fake)" in text
     html = plan._repr_html_()

@@ -85,10 +85,11 @@ def test_plan_on_a_real_gpu_predicts_a_capped_card(shell, torch, capsys):
     assert torch.cuda.max_memory_allocated(0) == pytest.approx(plan.line.peak(64), rel=0.03)
 
     # A 4 GiB card, played by a cap that leaves PyTorch what such a card leaves it.
-    from jupyter_cudamem.capacity.plan import largest_batch, usable_bytes
+    from jupyter_cudamem.capacity.plan import plan_card
 
     card_bytes = 4 * GiB
-    predicted = largest_batch(plan.line, usable_bytes(card_bytes, plan.non_pytorch_bytes, plan.margin))
+    predicted = plan_card(("4 GiB", card_bytes), plan.line, None, 64, plan.non_pytorch_bytes, plan.margin,
+                          reserved_line=plan.reserved_line).largest_batch
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction((card_bytes - plan.non_pytorch_bytes) / total, 0)
     torch.cuda.empty_cache()
