@@ -314,7 +314,7 @@ class CudaMem(CudaMemMagicsBase):
             if not statement:
                 raise CudaMemError("nothing to measure: use %%cudamem as a cell magic, %cudamem STATEMENT, or %cudamem on")
             cell, line = statement, options
-        args = self._parse_cudamem_options(line)
+        args = self._parse_cudamem_options(self._expand_options(line))
         devices = None if args.device is None else list(parse_devices(args.device, option="--device"))
         meter = self._meter(devices, reset_peak=False if args.no_reset_peak else None)
         gpu_present = self._gpu_present()
@@ -331,6 +331,19 @@ class CudaMem(CudaMemMagicsBase):
         if not args.quiet:
             display(report)
         return None
+
+    def _expand_options(self, options: str) -> str:
+        """``{x}`` and ``$x`` in the options (never in the code measured) expand from the user's namespace,
+        as IPython expands a magic's line: ``%%cudamem --limit {cap}``. Left as written when they do not
+        expand, as IPython leaves them."""
+        if "{" not in options and "$" not in options:
+            return options
+        from IPython.utils.text import DollarFormatter
+
+        try:
+            return DollarFormatter().vformat(options, args=[], kwargs=dict(self.shell.user_ns))
+        except Exception:
+            return options
 
     def _mode(self, options: str, statement: str) -> str | None:
         """``on``/``off``/``status`` of the line form; one line saying what to type for a near miss.

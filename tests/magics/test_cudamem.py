@@ -239,3 +239,13 @@ def test_every_cell_mode_measures_only_the_outermost_of_nested_cells(shell, caps
     assert len(lines) == 1 and "Δalloc +3.00 GiB" in lines[0]
     records = cudamem(shell).history.records
     assert [r.source_head for r in records] == ["m.allocate(0, GiB)"]
+
+
+def test_options_expand_from_the_namespace_but_the_code_does_not(shell):
+    """``%%cudamem --limit {cap}`` takes the user's value; the measured code keeps ``{x}`` as written."""
+
+    shell.user_ns["cap"] = "1GiB"
+    shell.user_ns["x"] = 5
+    result = shell.run_cell("%%cudamem -q --limit {cap}\ns = '{x}'")
+    assert result.success, result.error_in_exec
+    assert shell.user_ns["s"] == "{x}"
