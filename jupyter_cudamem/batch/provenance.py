@@ -508,7 +508,7 @@ class History:
                         return self._number(default, value, number, parsed, 0)
         return None
 
-    def _string_source(self, name: str):  # type: ignore[no-untyped-def]
+    def _string_source(self, name: str):
         """A name bound to a string literal (YAML text), as a function tracing a key path through it."""
         for number in self.numbers():
             parsed = self.parsed(number)

@@ -241,7 +241,7 @@ class CapacityPlan:
     def __repr__(self) -> str:
         return self.text()
 
-    def _repr_pretty_(self, printer, cycle: bool) -> None:  # type: ignore[no-untyped-def]
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
         printer.text("CapacityPlan(...)" if cycle else self.text())
 
     def _repr_html_(self) -> str:
@@ -249,7 +249,7 @@ class CapacityPlan:
 
         return plan_html(self)
 
-    def figure(self):  # type: ignore[no-untyped-def]
+    def figure(self):
         """A matplotlib figure: peak against batch, the measured points, each card's usable memory."""
         from .figure import plan_figure
 

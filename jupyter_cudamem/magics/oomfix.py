@@ -263,6 +263,8 @@ class OomFix(CudaMemMagicsBase):
         if missing:
             raise CudaMemError(f"--del {missing[0]}: no such variable; nothing was deleted")
         holders = find_holders(user_variables(self.shell), ipython_references(self.shell), probe=self.probe)
+        if oom is None:  # an OOM whose message says nothing we parse: diagnose from the holders alone
+            oom = OomInfo("other", "" if error is None else str(error))
         diagnosis = diagnose(oom, holders, self._readings())
         if args.dry_run:
             return self._show(self._preview(source, oom, diagnosis, strategies, max_tries, cell_number), args)

@@ -57,7 +57,7 @@ class CudaMemPlan(CudaMemMagicsBase):
     @argument("--small", type=int, default=None, metavar="N",
               help="The second batch to measure (default: half the batch as written).")
     @no_var_expand
-    @cell_magic("cudamem_plan")
+    @cell_magic("cudamem_plan")  # type: ignore[arg-type]  # IPython annotates cell_magic("name") as taking Never
     @one_line_errors
     def cudamem_plan(self, line: str, cell: str) -> None:
         """Run the cell at its batch and at a smaller one, fit peak = fixed + per sample x batch, and say

@@ -386,7 +386,7 @@ def release_ipython_references(
 
     for handler in ("InteractiveTB", "SyntaxTB"):
         owner = getattr(shell, handler, None)
-        if getattr(owner, "tb", None) is not None:
+        if owner is not None and getattr(owner, "tb", None) is not None:
             owner.tb = None
             released.append(f"{handler}.tb")
     if getattr(shell, "_last_traceback", None) is not None:

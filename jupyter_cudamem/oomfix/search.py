@@ -282,7 +282,7 @@ class BatchSearch:
         estimate = (floor + failed_at) / 2
         self._usable_bytes = min(self.usable_bytes, estimate)
 
-    def run(self, try_batch) -> int | None:  # type: ignore[no-untyped-def]
+    def run(self, try_batch) -> int | None:
         """Drive the whole search with ``try_batch(batch) -> Observation``; return the best batch.
         (The driver runs the same loop with its own tries; this is for tests and benchmarks.)"""
         while (batch := self.next()) is not None:
