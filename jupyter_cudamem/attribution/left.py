@@ -35,8 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..units import MiB
-from ..units import format_bytes
+from ..collector import collector_paused
+from ..units import MiB, format_bytes
 from .holders import (
     EXCEPTION,
     FRAME,
@@ -80,7 +80,6 @@ from .walk import (
     Hit,
     Reach,
     describe_path,
-    gc_paused,
     type_code,
     walk,
     walk_together,
@@ -228,7 +227,7 @@ class NamespaceSnapshot:
         probe = probe if probe is not None else default_probe()
         if probe is None:
             return cls({}, frozenset())
-        with warnings.catch_warnings(), gc_paused():
+        with warnings.catch_warnings(), collector_paused():
             warnings.simplefilter("ignore")
             names = _fingerprints(list(namespace.items()), probe)
         return cls(names, frozenset(id(reference.value) for reference in references))
@@ -623,7 +622,7 @@ def left_behind(
     if probe is None:
         return LeftBehind(left_bytes, (), elapsed_s=time.perf_counter() - started)
     skip = frozenset({id(namespace), *(id(obj) for obj in skip_objects)})
-    with warnings.catch_warnings(), gc_paused():
+    with warnings.catch_warnings(), collector_paused():
         warnings.simplefilter("ignore")
         judged, hooks = _judge(namespace, references, before, probe, skip)
 

@@ -15,11 +15,9 @@ of a million floats costs one pass over it.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import types
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
@@ -520,20 +518,6 @@ def walk_together(
     return reach
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Hold off Python's cyclic garbage collector while attributing. A walk makes small tuples and
-    lists by the thousand; each few hundred would start a collection, and now and then one that scans
-    every object of the process (with 10,000 tensors in the namespace, as long as the walk itself:
-    the spread between the median and the fastest run in ``benchmarks/leaks.py``'s part ``cost``).
-    Nothing is lost: the collector runs as usual after."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def describe_path(root: str, path: tuple[Step, ...]) -> str:

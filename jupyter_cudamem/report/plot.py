@@ -13,15 +13,14 @@ still shows.
 
 from __future__ import annotations
 
-import gc
 import io
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..collector import collector_paused
 from ..errors import CudaMemError
 from ..history import CellRecord
 from ..units import format_bytes
@@ -269,22 +268,6 @@ def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS)
     return figure
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Hold off Python's cyclic garbage collector while a figure is made, then let it run as before.
-
-    Importing matplotlib and drawing allocate enough objects to trigger full collections, and a full
-    collection walks every object the kernel holds: a 100,000-cell history alone is about 700,000. Measured
-    by benchmarks/history.py, those passes were 0.35-0.55 s of a first plot taking 1.7 s. The work inside is
-    bounded (a fixed number of bins and artists), so the garbage it leaves is small and collected later.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def figure_png(figure: Any, dpi: int = PNG_DPI) -> bytes:
@@ -310,7 +293,7 @@ class HistoryPlot(TextReport):
 
     def png(self) -> bytes:
         if self._png is None:
-            with _collector_paused():
+            with collector_paused():
                 self._png = figure_png(self.figure())
         return self._png
 
