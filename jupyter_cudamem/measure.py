@@ -8,8 +8,6 @@ counters are reset at the start (unless ``reset_peak=False``) so "peak" is the b
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .devices import Device
@@ -35,7 +33,6 @@ class Baseline:
     """Readings at the start of a block, keyed by NVML index and by PyTorch index."""
 
     started_s: float
-    torch_initialized: bool
     allocator: dict[int, AllocatorReading]
     nvml: dict[int, NvmlMemory]
     process: dict[int, int | None]
@@ -247,7 +244,6 @@ class Meter:
         nvml_memory, process = self._read_nvml()
         return Baseline(
             started_s=time.perf_counter(),
-            torch_initialized=initialized,
             allocator=allocator_readings,
             nvml=nvml_memory,
             process=process,
@@ -305,17 +301,3 @@ class Meter:
             return self.hardware.allocator.memory_fraction(torch_index)
         except Exception:  # a torch without the getter, or a device it cannot query: no cap is known
             return None
-
-    @contextmanager
-    def measure(self) -> Iterator[list[Measurement]]:
-        """``with meter.measure() as result:`` — ``result[0]`` holds the measurement afterwards."""
-        holder: list[Measurement] = []
-        baseline = self.start()
-        error: str | None = None
-        try:
-            yield holder
-        except BaseException as exc:
-            error = type(exc).__name__
-            raise
-        finally:
-            holder.append(self.stop(baseline, error=error))

@@ -142,14 +142,13 @@ def test_per_process_memory_unknown_in_containers(machine):
     assert device.nvml_used_delta_bytes == GiB  # falls back to the whole device
 
 
-def test_measure_context_records_the_error(machine, hardware):
+def test_a_failed_block_records_the_error_and_what_it_allocated(machine, hardware):
     meter = Meter(hardware)
-    with pytest.raises(ZeroDivisionError):
-        with meter.measure() as result:
-            machine.allocate(0, GiB)
-            1 / 0
-    assert result[0].error == "ZeroDivisionError"
-    assert result[0].devices[0].allocated_delta_bytes == GiB
+    baseline = meter.start()
+    machine.allocate(0, GiB)
+    measurement = meter.stop(baseline, error="ZeroDivisionError")
+    assert measurement.error == "ZeroDivisionError"
+    assert measurement.devices[0].allocated_delta_bytes == GiB
 
 
 def test_failed_block_reports_devices_even_untouched(machine, hardware):

@@ -43,8 +43,6 @@ VARIABLE = "variable"
 OUTPUT_CACHE = "output cache"  # Out[N], _N, _, the last execution result's value
 EXCEPTION = "exception"  # sys.last_*, the execution result's error, InteractiveTB.tb, a cell's own error
 FRAME = "traceback frame"  # a function's frame on a failed cell's traceback
-IPYTHON_ORIGINS = (OUTPUT_CACHE, EXCEPTION, FRAME)
-
 
 @dataclass(slots=True)
 class Reference:
@@ -93,7 +91,7 @@ class Holder:
 
     ``name`` is the variable's name or the IPython reference's (several references to one object are
     one holder, their names joined by `` / ``); ``origin`` where it comes from (``VARIABLE`` or one of
-    ``IPYTHON_ORIGINS``); ``kind`` what it is: ``"tensor"``, ``"module"``, ``"optimizer"``,
+    ``OUTPUT_CACHE``, ``EXCEPTION``, ``FRAME``); ``kind`` what it is: ``"tensor"``, ``"module"``, ``"optimizer"``,
     ``"gradient"``, ``"object"`` (a container or object reaching tensors), ``"ipython"`` (output cache,
     execution result) or ``"traceback"`` (exceptions, tracebacks and their frames).
 

@@ -68,11 +68,6 @@ MACHINERY_PREFIXES = ("IPython.", "ipykernel.", "traitlets.", "zmq.", "tornado."
 Step = tuple[int, Any, int]
 
 
-def is_machinery(obj: Any) -> bool:
-    module = getattr(type(obj), "__module__", "") or ""
-    return module.startswith(MACHINERY_PREFIXES)
-
-
 class Hit(NamedTuple):
     """One storage as reached from a root: its size, category, and where under the root.
 

@@ -70,8 +70,3 @@ def phase_of(name: str) -> Literal["train", "eval"] | None:
     if words & _TRAIN_WORDS:
         return "train"
     return None
-
-
-def option_dest(option: str) -> str:
-    """The attribute argparse stores ``--batch-size`` under: ``batch_size``."""
-    return option.lstrip("-").replace("-", "_")

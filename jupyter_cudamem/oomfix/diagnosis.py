@@ -30,7 +30,6 @@ from ..units import format_bytes
 from ..attribution.holders import EXCEPTION, FRAME, Holder
 from .parse import OomInfo
 
-VERDICTS = ("too big for the card", "fragmentation", "held by IPython after the error", "held by namespace")
 
 _SIGNIFICANT_SHARE = 0.05
 _NAMESPACE_SHARE = 0.5
