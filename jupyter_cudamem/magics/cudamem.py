@@ -171,6 +171,16 @@ class CudaMem(CudaMemMagicsBase):
     def _check_trace_max_entries(self, proposal: Any) -> int:
         return _positive_int("CudaMem.trace_max_entries", proposal["value"], "the most allocation events --trace records")
 
+    @validate("cards")
+    def _check_cards(self, proposal: Any) -> Any:
+        from ..capacity.cards import card_table
+
+        try:
+            card_table(proposal["value"])  # the same check %%cudamem_plan makes, now, when it is set
+        except CudaMemError as error:
+            raise TraitError(str(error)) from None
+        return proposal["value"]
+
     @validate("trace_dir")
     def _check_trace_dir(self, proposal: Any) -> str:
         if not proposal["value"].strip():

@@ -116,8 +116,9 @@ def test_config_cards_and_margin(plan_shell):
     assert plan.margin == 0.1
     assert "not in the table" in usage_error(shell, "%%cudamem_plan --cards T4\nstep(64)")
     assert "--margin" in usage_error(shell, "%%cudamem_plan --margin 1.5\nstep(64)")
-    shell.run_cell("%config CudaMem.cards = {'Bad': 'lots'}")
-    assert "CudaMem.cards['Bad']" in usage_error(shell, "%%cudamem_plan\nstep(64)")
+    shell.run_cell("%config CudaMem.cards = {'Bad': 'lots'}")  # refused when set (one line), the table kept
+    shell.run_cell("%%cudamem_plan -o plan --margin 0.1\nstep(64)")
+    assert "Bad" not in shell.user_ns["plan"].predicted and "Mine" in shell.user_ns["plan"].predicted
 
 
 def test_small_overrides_the_second_batch(plan_shell):
