@@ -133,6 +133,41 @@ def _stats(samples: list[float], bare: list[float] | None) -> dict:
     return entry
 
 
+def time_modes(shell, modes: list, cells_per_round: int) -> dict[str, dict[str, list[float]]]:
+    """Each mode in turn, ``ROUNDS`` times (interleaved, so drift in the machine hits every mode alike):
+    enable it, run every cell of ``CELLS`` ``cells_per_round`` times, disable it; the seconds per cell.
+    A mode that fails to enable or disable is recorded in ``mode.error`` and left out of later rounds."""
+    times: dict[str, dict[str, list[float]]] = {m.name: {k: [] for k in CELLS} for m in modes}
+    sink = io.StringIO()
+    for _ in range(ROUNDS):
+        for mode in modes:
+            if mode.error:
+                continue
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                try:
+                    if mode.enable:
+                        mode.enable()
+                except Exception as error:
+                    mode.error = f"{type(error).__name__}: {error}"
+                    continue
+                try:
+                    for kind, cell in CELLS.items():
+                        source = mode.wrap(cell)
+                        for _ in range(cells_per_round):
+                            started = time.perf_counter()
+                            shell.run_cell(source, store_history=False)
+                            times[mode.name][kind].append(time.perf_counter() - started)
+                finally:
+                    if mode.disable:
+                        try:
+                            mode.disable()
+                        except Exception as error:
+                            mode.error = f"disable failed: {type(error).__name__}: {error}"
+            sink.seek(0)
+            sink.truncate()
+    return times
+
+
 def run_namespaces(shell, quick: bool, device: str = "cuda") -> dict:
     """Part ``namespaces``: bare, %%cudamem and the every-cell mode over namespaces of each size."""
     from jupyter_cudamem.attribution.left import NamespaceSnapshot
@@ -160,38 +195,11 @@ def run_namespaces(shell, quick: bool, device: str = "cuda") -> dict:
     ]
     probe = default_probe()
     out: dict = {"mix": NAMESPACE_MIX, "sizes": {}}
-    sink = io.StringIO()
     for size in NAMESPACE_SIZES:
         names = user_names(size, device)
         shell.user_ns.update(names)
         per_round = max(NAMESPACE_CELLS[size] // ROUNDS // (10 if quick else 1), 2)
-        times = {m.name: {k: [] for k in CELLS} for m in modes}
-        for _ in range(ROUNDS):
-            for mode in modes:
-                if mode.error:
-                    continue
-                with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                    try:
-                        if mode.enable:
-                            mode.enable()
-                    except Exception as error:
-                        mode.error = f"{type(error).__name__}: {error}"
-                        continue
-                    try:
-                        for kind, cell in CELLS.items():
-                            source = mode.wrap(cell)
-                            for _ in range(per_round):
-                                started = time.perf_counter()
-                                shell.run_cell(source, store_history=False)
-                                times[mode.name][kind].append(time.perf_counter() - started)
-                    finally:
-                        if mode.disable:
-                            try:
-                                mode.disable()
-                            except Exception as error:
-                                mode.error = f"disable failed: {type(error).__name__}: {error}"
-                sink.seek(0)
-                sink.truncate()
+        times = time_modes(shell, modes, per_round)
         snapshots = []
         for _ in range(max(per_round * ROUNDS, 10)):
             started = time.perf_counter()
@@ -308,34 +316,7 @@ def main(argv: list[str] | None = None) -> None:
         Mode("ipython_autotime", enable=autotime_on, disable=autotime_off),
         Mode("ipyexperiments", enable=ipyexperiments_on, disable=ipyexperiments_off),
     ]
-    times: dict[str, dict[str, list[float]]] = {m.name: {k: [] for k in CELLS} for m in modes}
-    sink = io.StringIO()
-    for round_index in range(ROUNDS):
-        for mode in modes:
-            if mode.error:
-                continue
-            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                try:
-                    if mode.enable:
-                        mode.enable()
-                except Exception as error:
-                    mode.error = f"{type(error).__name__}: {error}"
-                    continue
-                try:
-                    for kind, cell in CELLS.items():
-                        source = mode.wrap(cell)
-                        for _ in range(rounds_cells):
-                            started = time.perf_counter()
-                            shell.run_cell(source, store_history=False)
-                            times[mode.name][kind].append(time.perf_counter() - started)
-                finally:
-                    if mode.disable:
-                        try:
-                            mode.disable()
-                        except Exception as error:
-                            mode.error = f"disable failed: {type(error).__name__}: {error}"
-            sink.seek(0)
-            sink.truncate()
+    times = time_modes(shell, modes, rounds_cells)
 
     results = {"environment": environment(), "rounds": ROUNDS, "cells_per_mode_and_kind": ROUNDS * rounds_cells,
                "cells": CELLS, "modes": {}}
