@@ -12,7 +12,6 @@ from typing import Any
 
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-import math
 
 from traitlets import Bool, Float, TraitError, observe, validate
 
@@ -21,9 +20,8 @@ from ..monitor.poller import (
     DEFAULT_HISTORY_S,
     DEFAULT_INTERVAL_S,
     DEFAULT_MAX_UPDATES_PER_S,
-    MAX_SAMPLES_PER_DEVICE,
-    MIN_INTERVAL_S,
     Poller,
+    validate_settings,
 )
 from ..monitor.render import DEFAULT_ALERT_FRACTION, text_line
 from ..monitor.snapshot import Snapshot
@@ -36,26 +34,6 @@ ACTIONS = ("start", "stop", "snapshot")
 MAGIC_NAMES = {"interval_s": "--interval", "history_s": "--history", "max_updates_per_s": "CudaMemMonitor.max_updates_per_s"}
 PYTHON_NAMES = {"interval_s": "interval_s", "history_s": "history_s", "max_updates_per_s": "CudaMemMonitor.max_updates_per_s"}
 CONFIG_NAMES = {name: f"CudaMemMonitor.{name}" for name in MAGIC_NAMES}
-
-
-def check_timing(interval_s: float, history_s: float, max_updates_per_s: float, names: dict[str, str]) -> None:
-    """The poller's limits, with the option named as the user wrote it (``names``)."""
-    if not math.isfinite(interval_s) or interval_s < MIN_INTERVAL_S:
-        raise CudaMemError(
-            f"{names['interval_s']} takes seconds between readings, at least {MIN_INTERVAL_S}; got {interval_s:g} "
-            "(for example 0.5)"
-        )
-    if not math.isfinite(history_s) or history_s <= 0:
-        raise CudaMemError(
-            f"{names['history_s']} takes a positive number of seconds of history; got {history_s:g} (for example 600)"
-        )
-    if history_s / interval_s > MAX_SAMPLES_PER_DEVICE:
-        raise CudaMemError(
-            f"{names['history_s']} {history_s:g} at {names['interval_s']} {interval_s:g} keeps more than "
-            f"{MAX_SAMPLES_PER_DEVICE} samples per device; raise the interval or shorten the history"
-        )
-    if not math.isfinite(max_updates_per_s) or max_updates_per_s <= 0:
-        raise CudaMemError(f"{names['max_updates_per_s']} takes a positive number; got {max_updates_per_s:g}")
 
 
 @magics_class
@@ -80,11 +58,11 @@ class CudaMemMonitor(CudaMemMagicsBase):
 
     # Checked when set (``%config`` prints the one line); the running monitor takes every valid change at once.
     @validate("interval_s", "history_s", "max_updates_per_s")
-    def _check_timing(self, proposal: Any) -> float:
+    def _validate_settings(self, proposal: Any) -> float:
         values = {name: getattr(self, name) for name in CONFIG_NAMES}
         values[proposal["trait"].name] = proposal["value"]
         try:
-            check_timing(values["interval_s"], values["history_s"], values["max_updates_per_s"], CONFIG_NAMES)
+            validate_settings(values["interval_s"], values["history_s"], values["max_updates_per_s"], CONFIG_NAMES)
         except CudaMemError as error:
             raise TraitError(str(error)) from None
         return proposal["value"]
@@ -180,7 +158,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
     ) -> Poller:
         """Start the shell's poller (or change the running one's options) and show a view of it."""
         if interval_s is not None or history_s is not None:
-            check_timing(
+            validate_settings(
                 self.interval_s if interval_s is None else interval_s,
                 self.history_s if history_s is None else history_s,
                 self.max_updates_per_s,

@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..units import MiB
@@ -87,25 +87,34 @@ class MonitorState:
 Listener = Callable[[MonitorState], None]
 
 
+OWN_NAMES = {"interval_s": "interval_s", "history_s": "history_s", "max_updates_per_s": "max_updates_per_s"}
+"""The settings as ``Poller`` spells them; a front end passes its own spelling (``--interval``) instead."""
+
+
 def validate_settings(
-    interval_s: float, history_s: float, max_updates_per_s: float = DEFAULT_MAX_UPDATES_PER_S
+    interval_s: float,
+    history_s: float,
+    max_updates_per_s: float = DEFAULT_MAX_UPDATES_PER_S,
+    names: Mapping[str, str] = OWN_NAMES,
 ) -> None:
-    """Raise ``CudaMemError`` with what to do when the settings make no sense."""
+    """Raise ``CudaMemError`` with what to do when the settings make no sense, each setting named as
+    ``names`` spells it (so an error names what the user typed)."""
     if not math.isfinite(interval_s) or interval_s < MIN_INTERVAL_S:
         raise CudaMemError(
-            f"interval must be at least {MIN_INTERVAL_S} s, got {interval_s:g}; for example --interval 0.5"
+            f"{names['interval_s']} takes seconds between readings, at least {MIN_INTERVAL_S}; got {interval_s:g} "
+            "(for example 0.5)"
         )
     if not math.isfinite(history_s) or history_s <= 0:
         raise CudaMemError(
-            f"history must be a positive number of seconds, got {history_s:g}; for example --history 600"
+            f"{names['history_s']} takes a positive number of seconds of history; got {history_s:g} (for example 600)"
         )
     if history_s / interval_s > MAX_SAMPLES_PER_DEVICE:
         raise CudaMemError(
-            f"--history {history_s:g} at --interval {interval_s:g} keeps more than {MAX_SAMPLES_PER_DEVICE} "
-            "samples per device; raise the interval or shorten the history"
+            f"{names['history_s']} {history_s:g} at {names['interval_s']} {interval_s:g} keeps more than "
+            f"{MAX_SAMPLES_PER_DEVICE} samples per device; raise the interval or shorten the history"
         )
     if not math.isfinite(max_updates_per_s) or max_updates_per_s <= 0:
-        raise CudaMemError(f"max_updates_per_s must be positive, got {max_updates_per_s:g}")
+        raise CudaMemError(f"{names['max_updates_per_s']} takes a positive number; got {max_updates_per_s:g}")
 
 
 def _history_length(interval_s: float, history_s: float) -> int:
