@@ -10,24 +10,6 @@ pytestmark = pytest.mark.gpu
 GiB = 1024**3
 
 
-@pytest.fixture(scope="module")
-def torch():
-    import torch
-
-    torch.cuda.init()
-    torch.empty(1, device="cuda")  # the context exists before the measured cells
-    return torch
-
-
-@pytest.fixture
-def shell(torch, ip):
-    from jupyter_cudamem import magics
-
-    magics.unload(ip)
-    ip.run_line_magic("load_ext", "jupyter_cudamem")
-    ip.user_ns["torch"] = torch
-    yield ip
-    ip.run_line_magic("unload_ext", "jupyter_cudamem")
 
 
 @pytest.fixture

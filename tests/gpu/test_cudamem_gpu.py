@@ -10,14 +10,6 @@ GiB = 1024**3
 MiB = 1024**2
 
 
-@pytest.fixture(scope="module")
-def torch():
-    import torch
-
-    torch.cuda.init()
-    torch.empty(1, device="cuda")  # create the context outside the measured cells
-    return torch
-
 
 @pytest.fixture
 def real_hardware(torch):
@@ -25,16 +17,6 @@ def real_hardware(torch):
 
     return default_hardware()
 
-
-@pytest.fixture
-def shell(torch, ip):
-    from jupyter_cudamem import magics
-
-    magics.unload(ip)
-    ip.run_line_magic("load_ext", "jupyter_cudamem")
-    ip.user_ns["torch"] = torch
-    yield ip
-    ip.run_line_magic("unload_ext", "jupyter_cudamem")
 
 
 def test_torch_device_is_matched_to_nvml_by_uuid(real_hardware, torch):

@@ -34,14 +34,6 @@ def step(batch):
 """
 
 
-@pytest.fixture(scope="module")
-def torch():
-    import torch
-
-    torch.cuda.init()
-    torch.empty(1, device="cuda")
-    return torch
-
 
 @pytest.fixture
 def shell(torch, ip):
