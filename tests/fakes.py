@@ -379,3 +379,22 @@ def torch_cpu_probe():
         optimizer_types=(torch.optim.Optimizer,),
         on_device=lambda tensor: tensor.device.type == "cpu",
     )
+
+
+class FakeMover:
+    """``oomfix.leftovers``' mover over fake tensors: a device tensor goes to the host as a CPU fake of the
+    same size and comes back as a device fake allocated on ``machine``; ``moved`` lists the bytes moved."""
+
+    def __init__(self, machine):
+        self.machine = machine
+        self.moved = []
+
+    def holds_gpu(self, value):
+        return getattr(value, "is_cuda", False) is True
+
+    def to_host(self, value):
+        if not isinstance(value, FakeTensor):
+            return None
+        nbytes = value.untyped_storage().nbytes()
+        self.moved.append(nbytes)
+        return FakeTensor(nbytes, device="cpu"), lambda: FakeTensor(nbytes, machine=self.machine)

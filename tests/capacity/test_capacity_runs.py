@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from fakes import FakeTensor, GiB, MiB
+from fakes import FakeMover, FakeTensor, GiB, MiB
 from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, build_plan
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs
@@ -21,20 +21,6 @@ from jupyter_cudamem.oomfix.leftovers import set_aside
 
 PER_SAMPLE = 20 * MiB
 WEIGHTS = GiB
-
-
-class FakeMover:
-    def __init__(self, machine):
-        self.machine = machine
-
-    def holds_gpu(self, value):
-        return getattr(value, "is_cuda", False) is True
-
-    def to_host(self, value):
-        if not isinstance(value, FakeTensor):
-            return None
-        nbytes = value.untyped_storage().nbytes()
-        return FakeTensor(nbytes, device="cpu"), lambda: FakeTensor(nbytes, machine=self.machine)
 
 
 class NamespaceBatch:

@@ -10,24 +10,8 @@ import gc
 
 from jupyter_cudamem.oomfix.driver import Driver
 from jupyter_cudamem.oomfix.leftovers import bound_before_read, restore_bindings, set_aside
-from tests.fakes import FakeOutOfMemoryError, FakeTensor, GiB, MiB
+from tests.fakes import FakeMover, FakeOutOfMemoryError, FakeTensor, GiB, MiB
 from tests.oomfix.simulated import OutOfMemoryError, capped_machine, fake_hardware, torch_oom_message
-
-
-class FakeMover:
-    def __init__(self, machine):
-        self.machine = machine
-        self.moved = []
-
-    def holds_gpu(self, value):
-        return getattr(value, "is_cuda", False) is True
-
-    def to_host(self, value):
-        if not isinstance(value, FakeTensor):
-            return None
-        nbytes = value.untyped_storage().nbytes()
-        self.moved.append(nbytes)
-        return FakeTensor(nbytes, device="cpu"), lambda: FakeTensor(nbytes, machine=self.machine)
 
 
 def test_names_bound_before_they_are_read():
