@@ -196,10 +196,10 @@ class OomFix(CudaMemMagicsBase):
         ran = run_cell_body(shell, cell)
         ran.show_values(shell)
         error = ran.error
-        if error is None or not is_cuda_oom(error):
+        oom = None if error is None else parse_oom(error)  # parsed once: None is no OOM
+        if oom is None:
             ran.fail(shell)  # no error: nothing; another error: as a plain cell
             return None
-        oom = parse_oom(error)
         if args.dry_run:
             ran.fail(shell)  # --dry-run fixes nothing: the cell fails, then the plan is shown
             return self._fix(args, cell, None, oom, started, getattr(shell, "execution_count", None))
