@@ -405,7 +405,16 @@ class Driver:
         change = BatchChange(finding, knob, namespace, list(self._history or []))
         search = BatchSearch(knob.value, budget, max_tries=self._left(), margin=self.margin, need_bytes=need)
         best: TryResult | None = None
-        while self._left() > 0 and (batch := search.next()) is not None:
+        while self._left() > 0:
+            if self._tries:
+                # What the last try bound goes to the host now (the names do not depend on the batch),
+                # so the search knows where the next try starts.
+                self._set_aside(self._tries[-1].source, device)
+            level = self._allocated(device)
+            if level is not None and self._reference is not None:
+                search.set_level(level - self._reference)
+            if (batch := search.next()) is None:
+                break
             try:
                 source = change.apply(batch)
             except CudaMemError as problem:

@@ -60,8 +60,9 @@ class TryResult:
             return None if value is None else value + offset
 
         if self.fitted:
-            return Observation(True, peak_bytes=shifted(self.peak_bytes))
-        return Observation(False, need_bytes=shifted(self.need_bytes), held_bytes=shifted(self.peak_bytes))
+            return Observation(True, peak_bytes=shifted(self.peak_bytes), start_bytes=offset)
+        return Observation(False, need_bytes=shifted(self.need_bytes), held_bytes=shifted(self.peak_bytes),
+                           start_bytes=offset)
 
     @property
     def verdict(self) -> str:
