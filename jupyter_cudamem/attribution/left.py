@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from ..collector import collector_paused
@@ -52,6 +54,7 @@ from .holders import (
 from .probe import ModuleHook, TensorProbe, default_probe, grad_of
 from .walk import (
     ATOM_TYPES,
+    memo_by_type,
     ATTRIBUTE,
     BUFFERS,
     EXCEPTION_CODE,
@@ -125,6 +128,27 @@ def _sized(value: Any) -> int:
 
 _CONTAINER_CODES = frozenset({MAPPING_CODE, SEQUENCE_CODE, SET_CODE})
 _SIZED_TYPES = (list, tuple, dict, set)
+# Why 64: a container's or object's first 64 children are fingerprinted (ids, and lengths of the
+# containers among them) so that growth one level down is seen; past 64, a name is a big collection
+# whose growth shows in its own length, and reading more would cost every cell (the snapshot is taken
+# before each one) for what a notebook rarely does.
+_CHILDREN_FINGERPRINTED = 64
+
+
+@memo_by_type
+def _grows_in_place(kind: type) -> bool:
+    """Children whose length the fingerprint records: lists, tuples, dicts and deques (and subclasses:
+    ``defaultdict(list)``), whose growth inside an unchanged container is what a leak looks like."""
+    return issubclass(kind, (list, tuple, dict, deque))
+
+
+def _inner_sizes(children: Iterable[Any], count: int) -> tuple[tuple[int, int], ...]:
+    """``(id, length)`` of the containers among the first ``_CHILDREN_FINGERPRINTED`` ``children``
+    (``count`` of them): what lets ``history['losses'].append(...)`` be seen in ``history``."""
+    if count > _CHILDREN_FINGERPRINTED:
+        children = islice(children, _CHILDREN_FINGERPRINTED)
+    grows = _grows_in_place
+    return tuple([(id(child), len(child)) for child in children if grows(type(child))])
 
 
 _PLAIN_CODES = frozenset({OPAQUE_CODE, MACHINERY_CODE, EXCEPTION_CODE, TRACEBACK_CODE, FRAME_CODE})
@@ -148,8 +172,14 @@ def _fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None =
             return _tensor_fingerprint(value)
         if code in _PLAIN_CODES:
             return (ident,)
-        if code in _CONTAINER_CODES:
+        if code == SET_CODE:
             return (ident, len(value))
+        if code == MAPPING_CODE:
+            size = len(value)
+            return (ident, size, _inner_sizes(value.values(), size))
+        if code == SEQUENCE_CODE:
+            size = len(value)
+            return (ident, size, _inner_sizes(value, size))
         if code == MODULE_CODE:
             first = _first_parameter(value)
             if first is None:
@@ -243,6 +273,7 @@ def _fingerprints(items: list[tuple[str, Any]], probe: TensorProbe) -> dict[str,
     """
     codes: dict[type, int] = {}
     names: dict[str, tuple[Any, ...]] = {}
+    grows = _grows_in_place
     for name, value in items:
         kind = type(value)
         code = codes.get(kind)
@@ -258,9 +289,13 @@ def _fingerprints(items: list[tuple[str, Any]], probe: TensorProbe) -> dict[str,
             except Exception:
                 grad = grad_of(value)
             names[name] = (id(value), id(grad))
-        elif code in _CONTAINER_CODES:
-            try:
-                names[name] = (id(value), len(value))
+        elif code == SEQUENCE_CODE or code == MAPPING_CODE:
+            try:  # _fingerprint's, inline
+                size = len(value)
+                children = value.values() if code == MAPPING_CODE else value
+                if size > _CHILDREN_FINGERPRINTED:
+                    children = islice(children, _CHILDREN_FINGERPRINTED)
+                names[name] = (id(value), size, tuple([(id(c), len(c)) for c in children if grows(type(c))]))
             except Exception:
                 names[name] = _fingerprint(value, probe, codes)
         else:
@@ -350,6 +385,7 @@ class _Judged:
     root: Root
     change: str
     novelty: dict[Any, int]  # storage -> NEW / OLD / UNKNOWN as this root reaches it
+    detail: Any = None  # what ``_variable_change`` said besides the change
 
 
 def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: TensorProbe) -> tuple[str, Any]:
@@ -366,9 +402,11 @@ def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: T
         return "rebound", None
     if now == old:
         return "unchanged", None
+    if len(now) == 3 and len(old) == 3 and type_code(type(value), probe) in (SEQUENCE_CODE, MAPPING_CODE):
+        return _container_change(value, now, old)
     if isinstance(value, (list, tuple, dict)) or type(value).__name__ == "deque":
         grown = len(now) > 1 and len(old) > 1 and now[1] > old[1]
-        return ("grew", old[1]) if grown else ("changed", None)
+        return ("grew", (old[1], {})) if grown else ("changed", None)
     if isinstance(value, (set, frozenset)):
         return "changed", None
     if isinstance(value, probe.module_types):
@@ -391,13 +429,47 @@ def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: T
     return "unchanged", None
 
 
+def _container_change(value: Any, now: tuple[Any, ...], old: tuple[Any, ...]) -> tuple[str, Any]:
+    """A list, tuple, dict or deque whose fingerprint changed: ``("grew", (old length, {position: old
+    length of the child there, or -1 for a container that was not there}))`` when it gained items or
+    a child container grew in place (``history['losses'].append(...)``); ``("changed", None)`` when it
+    shrank (what it holds can no longer be told apart by position); ``("unchanged", None)`` when only a
+    child shrank or was replaced by something that is not a container."""
+    old_length, old_children = old[1], dict(old[2])
+    if now[1] < old_length:
+        return "changed", None
+    grown: dict[int, int] = {}
+    children = value.values() if isinstance(value, Mapping) else value
+    for position, child in enumerate(islice(children, min(old_length, _CHILDREN_FINGERPRINTED))):
+        if not _grows_in_place(type(child)):
+            continue
+        length_before = old_children.get(id(child))
+        if length_before is None:
+            grown[position] = -1  # a container put where something else was: all it holds is new
+        elif _sized(child) > length_before:
+            grown[position] = length_before
+    if now[1] > old_length or grown:
+        return "grew", (old_length, grown)
+    return "unchanged", None
+
+
 def _novelty_of(hit: Hit, change: str, detail: Any) -> int:
     if change in ("new", "rebound"):
         return NEW
     if change == "unchanged":
         return UNKNOWN if _hidden(hit) else OLD
     if change == "grew":
-        return NEW if hit.position >= detail else OLD
+        old_length, children = detail
+        if hit.position >= old_length:
+            return NEW  # an item the container gained
+        length_before = children.get(hit.position)
+        if length_before is None:
+            return OLD
+        if length_before < 0:
+            return NEW
+        if len(hit.path) < 2 or hit.path[1][0] != ITEM:
+            return OLD  # not told where in the child: counted as what was there
+        return NEW if hit.path[1][2] >= length_before else OLD
     # changed in place
     if detail == "moved":
         return UNKNOWN if _hidden(hit) else NEW
@@ -455,7 +527,7 @@ def _judge(
             continue
         root.reach = walk(root.value, probe, skip, True, root.name)
         novelty = {key: _novelty_of(hit, change, detail) for key, hit in root.reach.storages.items()}
-        judged.append(_Judged(root, change, novelty))
+        judged.append(_Judged(root, change, novelty, detail))
     together = walk_together([(name, value) for name, value, _ in unchanged], probe, skip)
     reached = together.reached
     for entry in judged:
@@ -489,6 +561,29 @@ def _container_kind(value: Any) -> str | None:
         if isinstance(value, kind):
             return kind.__name__
     return "deque" if type(value).__name__ == "deque" else None
+
+
+def _grown_child(entry: _Judged, hits: list[Hit], probe: TensorProbe) -> Root | None:
+    """The child of an unchanged-identity container that all of its counted memory hangs under, when
+    that child grew in place (``history['losses']`` after ``history['losses'].append(loss)``), as a
+    root named by its path; else ``None`` (the container is the holder)."""
+    if entry.change != "grew" or not isinstance(entry.detail, tuple) or not entry.root.user_variable:
+        return None
+    old_length, children = entry.detail
+    positions = {hit.position for hit in hits}
+    if len(positions) != 1:
+        return None
+    position = positions.pop()
+    if position >= old_length or position not in children:
+        return None
+    step = next((hit.path[0] for hit in hits if hit.path), None)
+    if step is None or step[0] != ITEM:
+        return None
+    try:
+        child = entry.root.value[step[1]]  # the dict's key, the list's index
+    except Exception:
+        return None
+    return Root(describe_path(entry.root.name, (step,)), root_kind(child, probe), child, True, VARIABLE, 1)
 
 
 def _linked_hooks(root: Root, hooks: Sequence[ModuleHook]) -> tuple[str, ...]:
@@ -704,17 +799,19 @@ def left_behind(
         graph_direct = sum(hit.nbytes for hit in holder["hits"] if hit.category == TENSORS and hit.graph != NO_GRAPH)
         direct = categories.get(TENSORS, 0)
         cause = _cause(root, categories, graph_direct, direct, linked, holder["hits"])
-        where = _largest_path(root, holder["hits"])
+        # A container's new memory all under one child that grew in place is named by its path.
+        shown = _grown_child(judged[index], holder["hits"], probe) or root
+        where = _largest_path(shown, holder["hits"])
         hook_steps = tuple(
             dict.fromkeys(str(hit.path[0][1]) for hit in holder["hits"] if hit.path and hit.path[0][0] == HOOK)
         )
         made = LeftHolder(
-            name=root.name,
+            name=shown.name,
             origin=root.origin,
-            kind=_container_kind(root.value) or root.kind if root.user_variable else root.kind,
+            kind=_container_kind(shown.value) or shown.kind if root.user_variable else root.kind,
             nbytes=nbytes,
             cause=cause,
-            description=_description(root, cause, holder),
+            description=_description(shown, cause, holder),
             change=judged[index].change,
             by_category=dict(categories),
             tensors=holder["tensors"],
