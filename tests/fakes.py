@@ -378,6 +378,7 @@ def torch_cpu_probe():
         module_types=(torch.nn.Module,),
         optimizer_types=(torch.optim.Optimizer,),
         on_device=lambda tensor: tensor.device.type == "cpu",
+        storage_address=getattr(torch._C, "_storage_address", None),  # as default_probe reads it
     )
 
 

@@ -153,6 +153,18 @@ def is_user_name(name: str, value: Any) -> bool:
     return _is_user_type(type(value))
 
 
+def user_items(namespace: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``(name, value)`` of the namespace's user variables (``is_user_name``), in its order; one pass,
+    with the per-type answer looked up, not recomputed (run on every name after a measured cell)."""
+    user_type = _is_user_type
+    names, pattern = _IPYTHON_NAMES, _IPYTHON_NAME_PATTERN
+    return [
+        (name, value)
+        for name, value in list(namespace.items())
+        if user_type(type(value)) and name not in names and not (name[:1] == "_" and pattern.match(name))
+    ]
+
+
 @memo_by_type
 def _is_user_type(kind: type) -> bool:
     if issubclass(kind, OPAQUE):

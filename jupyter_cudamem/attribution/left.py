@@ -34,7 +34,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import islice, repeat
 from typing import Any
 
 from ..collector import collector_paused
@@ -46,8 +46,8 @@ from .holders import (
     VARIABLE,
     Reference,
     Root,
-    is_user_name,
     list_roots,
+    user_items,
     root_kind,
     tensor_text,
 )
@@ -142,17 +142,36 @@ def _grows_in_place(kind: type) -> bool:
     return issubclass(kind, (list, tuple, dict, deque))
 
 
+# Types whose values the fingerprint records no length of (tensors, numbers, plain objects): where a
+# container's children or an object's attributes are all of these, which is most of a namespace, its
+# fingerprint is made by C loops (``issuperset``, ``zip``, ``map(id, ...)``) with no Python per child.
+_LENGTHLESS: set[type] = set(ATOM_TYPES)
+_CONTAINER_TYPES = (dict, list, tuple, deque, set, frozenset)
+
+
+def _learn_lengthless(children: Iterable[Any]) -> None:
+    if len(_LENGTHLESS) >= 8192:  # classes redefined in a loop: start again
+        _LENGTHLESS.clear()
+        _LENGTHLESS.update(ATOM_TYPES)
+    for child in children:
+        if not issubclass(type(child), _CONTAINER_TYPES):
+            _LENGTHLESS.add(type(child))
+
+
 def _inner_sizes(children: Iterable[Any], count: int) -> tuple[tuple[int, int], ...]:
     """``(id, length)`` of the containers among the first ``_CHILDREN_FINGERPRINTED`` ``children``
     (``count`` of them): what lets ``history['losses'].append(...)`` be seen in ``history``."""
-    if count > _CHILDREN_FINGERPRINTED:
-        children = islice(children, _CHILDREN_FINGERPRINTED)
+    first = list(islice(children, _CHILDREN_FINGERPRINTED)) if count > _CHILDREN_FINGERPRINTED else list(children)
+    if _LENGTHLESS.issuperset(map(type, first)):
+        return ()
+    _learn_lengthless(first)
     grows = _grows_in_place
-    return tuple([(id(child), len(child)) for child in children if grows(type(child))])
+    return tuple([(id(child), len(child)) for child in first if grows(type(child))])
 
 
 _PLAIN_CODES = frozenset({OPAQUE_CODE, MACHINERY_CODE, EXCEPTION_CODE, TRACEBACK_CODE, FRAME_CODE})
 _PLAIN = -1  # a code of our own: atoms and the plain codes, whose fingerprint is their id alone
+_DUCK_TENSOR = -2  # and another: tensor types without PyTorch's attributes (fakes, tensor-likes)
 
 
 def _fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None = None) -> tuple[Any, ...]:
@@ -273,12 +292,14 @@ def _fingerprints(items: list[tuple[str, Any]], probe: TensorProbe) -> dict[str,
     """
     codes: dict[type, int] = {}
     names: dict[str, tuple[Any, ...]] = {}
-    grows = _grows_in_place
+    lengthless = _LENGTHLESS.issuperset
     for name, value in items:
         kind = type(value)
         code = codes.get(kind)
         if code is None:
             code = _PLAIN if kind in ATOM_TYPES else type_code(kind, probe)
+            if code == TENSOR_CODE and not all(hasattr(kind, name) for name in ("is_leaf", "retains_grad", "grad")):
+                code = _DUCK_TENSOR  # read through grad_of: a failed attribute read costs more than getattr
             codes[kind] = _PLAIN if code in _PLAIN_CODES else code
             code = codes[kind]
         if code == _PLAIN:
@@ -289,15 +310,26 @@ def _fingerprints(items: list[tuple[str, Any]], probe: TensorProbe) -> dict[str,
             except Exception:
                 grad = grad_of(value)
             names[name] = (id(value), id(grad))
+        elif code == _DUCK_TENSOR:
+            names[name] = (id(value), id(grad_of(value)))
         elif code == SEQUENCE_CODE or code == MAPPING_CODE:
             try:  # _fingerprint's, inline
                 size = len(value)
                 children = value.values() if code == MAPPING_CODE else value
-                if size > _CHILDREN_FINGERPRINTED:
-                    children = islice(children, _CHILDREN_FINGERPRINTED)
-                names[name] = (id(value), size, tuple([(id(c), len(c)) for c in children if grows(type(c))]))
+                if size <= _CHILDREN_FINGERPRINTED and lengthless(map(type, children)):
+                    names[name] = (id(value), size, ())
+                else:
+                    names[name] = (id(value), size, _inner_sizes(children, size))
             except Exception:
                 names[name] = _fingerprint(value, probe, codes)
+        elif code == OBJECT_CODE:
+            attributes = getattr(value, "__dict__", None)
+            if type(attributes) is dict and len(attributes) <= _ATTRIBUTES_FINGERPRINTED:
+                values = attributes.values()
+                if lengthless(map(type, values)):  # _attribute_fingerprint's, by C loops
+                    names[name] = (id(value), tuple(zip(attributes, map(id, values), repeat(-1))))
+                    continue
+            names[name] = _fingerprint(value, probe, codes)
         else:
             names[name] = _fingerprint(value, probe, codes)
     return names
@@ -506,13 +538,12 @@ def _judge(
     judged: list[_Judged] = []
     unchanged: list[tuple[str, Any, Root | None]] = []
     roots: list[Root] = []
-    codes: dict[type, int] = {}
     earlier = before.names
-    for name, value in list(namespace.items()):
-        if not is_user_name(name, value):
-            continue
+    items = user_items(namespace)
+    now = _fingerprints(items, probe)  # the snapshot's own loop: a name costs here what it cost there
+    for name, value in items:
         old = earlier.get(name)
-        if old is not None and old[0] == id(value) and _fingerprint(value, probe, codes) == old:
+        if old is not None and now[name] == old:
             unchanged.append((name, value, None))  # most names: decided without a second look
         else:
             roots.append(Root(name, root_kind(value, probe), value, True, VARIABLE, 1))

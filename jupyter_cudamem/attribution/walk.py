@@ -3,7 +3,7 @@
 A root (a variable, a reference IPython keeps) is walked breadth first through containers, object
 attributes, modules (parameters, gradients, buffers, plain attributes and what their hooks captured),
 optimizers' state, exceptions, tracebacks and function frames' locals, and tensors' autograd graphs
-(see ``probe``). Each storage is counted once (by ``untyped_storage().data_ptr()``: a view and its base
+(see ``probe``). Each storage is counted once (by ``TensorProbe.storage_key``: a view and its base
 share one), with the category it was first reached as and the first two steps of the path to it.
 
 Bounds: the walk never enters a module-level frame's namespace (that is the user namespace itself),
@@ -291,12 +291,15 @@ class _Walker:
         keys = self.reach.reached
         storage_key, on_device = probe.storage_key, probe.on_device
         is_cuda_attribute = on_device is _is_cuda
+        address = probe.storage_address
         atoms = ATOM_TYPES
         direct_reads: dict[type, bool] = {}
         graph_saved = self.graph_saved
+        slots_of: dict[type, tuple[str, ...]] = {}
+        self.budget += len(roots)  # roots are not queued: they do not count
         for owner, root in enumerate(roots):
-            stack: list[Any] = [root]
-            more: Any = ()
+            stack: list[Any] = []
+            more: Any = (root,)
             while True:
                 budget = self.budget
                 for value in more:
@@ -321,22 +324,26 @@ class _Walker:
                         direct = direct_reads.get(kind)
                         if direct is None:
                             direct = direct_reads[kind] = all(
-                                hasattr(kind, name) for name in ("grad_fn", "is_leaf", "retains_grad", "grad")
+                                hasattr(kind, name) for name in ("grad_fn", "is_cuda", "retains_grad", "grad")
                             )
                         if is_cuda_attribute:
-                            counted = bool(getattr(value, "is_cuda", False))
+                            counted = value.is_cuda if direct else getattr(value, "is_cuda", False)
                         else:
                             counted = on_device(value)
                         if counted:
                             try:
-                                keys.add(("storage", value.untyped_storage().data_ptr()))
+                                if address is not None:
+                                    keys.add(("storage", address(value)))
+                                else:
+                                    keys.add(("storage", value.untyped_storage().data_ptr()))
                             except Exception:
                                 key = storage_key(value)
                                 if key is not None:
                                     keys.add(key)
                         if direct:
+                            # PyTorch: a tensor is a leaf exactly when it has no grad_fn
                             node = value.grad_fn
-                            grad = value.grad if value.is_leaf or value.retains_grad else None
+                            grad = value.grad if node is None or value.retains_grad else None
                         else:
                             node = getattr(value, "grad_fn", None)
                             grad = (
@@ -380,7 +387,10 @@ class _Walker:
                     elif code == _OBJECT:
                         attributes = getattr(obj, "__dict__", None)
                         more = list(attributes.values()) if isinstance(attributes, dict) else []
-                        for slot in _slots_of(kind):
+                        slots = slots_of.get(kind)
+                        if slots is None:
+                            slots = slots_of[kind] = _slots_of(kind)
+                        for slot in slots:
                             if hasattr(obj, slot):
                                 more.append(getattr(obj, slot))
                     elif code == _OPAQUE or (code == _MACHINERY and obj is not root):
