@@ -316,10 +316,8 @@ class _Walker:
                     if code != _TENSOR:
                         stack.append(value)
                         continue
-                    ident = id(value)
-                    if ident in seen:
-                        continue
-                    seen.add(ident)
+                    # Not asked whether seen: a tensor met twice adds its key twice, and what it leads
+                    # to (its gradient, its graph's nodes) is asked when met.
                     try:
                         direct = direct_reads.get(kind)
                         if direct is None:
