@@ -1,8 +1,9 @@
 """On the GPU, in a real kernel through nbclient: ``%%cudamem`` names what a cell left behind.
 
-The cases are the leaks benchmark's (``benchmarks/leaks.py``): seven classic leaks (losses kept in a
+The cases are the leaks benchmark's (``benchmarks/leaks.py``): eight classic leaks (losses kept in a
 list, a summed loss, a metric accumulated without ``.item()`` in a training loop, a forward hook
-storing outputs in a list and in its closure, a dict cache of outputs, tensors kept by ``Out``) and
+storing outputs in a list and in its closure, a dict cache of outputs, losses appended to a list
+inside a dict made in an earlier cell, tensors kept by ``Out``) and
 four results that are not leaks (a model built, a dataset moved to the GPU, Adam's first step,
 predictions under ``no_grad``). Each must be named with its cause and advice, with at least 90% of
 what a leak left attributed, and no result called a leak. Also: a cell run again that leaves memory
