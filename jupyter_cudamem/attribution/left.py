@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, repeat
+from operator import itemgetter
 from typing import Any
 
 from ..collector import collector_paused
@@ -542,12 +543,15 @@ def _judge(
     earlier = before.names
     items = user_items(namespace)
     now = _fingerprints(items, probe)  # the snapshot's own loop: a name costs here what it cost there
+    try:  # the names whose fingerprint is new or changed, by C set arithmetic (fingerprints hash)
+        changed = set(map(itemgetter(0), now.items() - earlier.items()))
+    except TypeError:  # an unhashable fingerprint: name by name
+        changed = {name for name, print_now in now.items() if earlier.get(name) != print_now}
     for name, value in items:
-        old = earlier.get(name)
-        if old is not None and now[name] == old:
-            unchanged.append((name, value, None))  # most names: decided without a second look
-        else:
+        if name in changed:
             roots.append(Root(name, root_kind(value, probe), value, True, VARIABLE, 1))
+        else:
+            unchanged.append((name, value, None))  # most names: decided without a second look
     roots.extend(list_roots({}, references, probe))
     for root in roots:
         if root.user_variable:

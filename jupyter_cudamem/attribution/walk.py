@@ -283,9 +283,9 @@ class _Walker:
 
         A namespace is mostly tensors and small containers of tensors, so a tensor met in a container
         is read where it is met, never queued: its storage's key, its ``.grad`` and its graph (each
-        queued only where there is one). Tensor types whose class defines ``grad_fn``, ``is_leaf``,
+        queued only where there is one). Tensor types whose class defines ``grad_fn``, ``is_cuda``,
         ``retains_grad`` and ``grad`` (PyTorch's) are read by plain attribute access, a third of what
-        ``getattr`` with a default costs; others (fakes, tensor-likes) through ``getattr``."""
+        ``getattr`` with a default costs; others (tensor-likes) through ``getattr``."""
         seen, codes, probe = self.seen, self.codes, self.probe
         seen.update(self.skip_ids)  # one set to ask instead of two; ``drain`` asks both anyway
         keys = self.reach.reached
@@ -368,13 +368,13 @@ class _Walker:
                 code = codes.get(kind)
                 if code is None:  # a root
                     code = codes[kind] = type_code(kind, probe)
-                if code == _TENSOR:  # a gradient or a saved tensor: through the loop above
+                if ident in seen:
+                    continue
+                seen.add(ident)  # tensors too: a gradient or saved tensor met again is not read again
+                if code == _TENSOR:  # through the loop above
                     more = (obj,)
                     self.budget += 1  # counted when queued
                     continue
-                if ident in seen:
-                    continue
-                seen.add(ident)
                 try:
                     if code == _SEQUENCE:
                         more = list(obj)
