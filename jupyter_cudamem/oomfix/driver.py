@@ -35,7 +35,7 @@ from .leftovers import Mover, SetAside, TorchMover, restore_bindings, set_aside
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
 from .parse import OomInfo, parse_oom
-from .search import BatchSearch, Observation
+from .search import BatchSearch
 from .strategies import STRATEGIES
 from .whole_data import whole_data_decision
 
@@ -116,6 +116,7 @@ class Driver:
         self._aside = SetAside({})  # what is on the host until a try that fits binds it anew
         self._kept_noted: set[str] = set()
         self._transform: Callable[[str], str] | None = self.transform
+        self._reference: int | None = None  # allocated bytes every try's figures are taken from
 
     # -- one measured try -------------------------------------------------------------------------
     def _allocated(self, device: int) -> int | None:
@@ -148,8 +149,11 @@ class Driver:
         self.cleanup(error)
         error = None
         if message is None and oom is None:
-            self._aside.drop()  # the try bound its own values: what was set aside is superseded
+            self._aside.drop_rebound()  # the try bound its own values: what was set aside is superseded
         left = self._allocated(device)
+        # Above the fix's reference level (see ``fix``): what the try started with counts as its own.
+        offset = 0 if at_start is None or self._reference is None else at_start - self._reference
+        need = needed_bytes(oom, at_start)
         result = TryResult(
             number=len(self._tries) + 1,
             strategy=strategy,
@@ -162,8 +166,9 @@ class Driver:
             batch=batch,
             error=message,
             allocated_at_start_bytes=at_start,
-            need_bytes=needed_bytes(oom, at_start),
+            need_bytes=need,
             left_bytes=None if left is None or at_start is None else left - at_start,
+            start_above_reference_bytes=offset,
         )
         self._tries.append(result)
         if message is not None:
@@ -226,6 +231,10 @@ class Driver:
             if now is not None:
                 allocated_before = now + freed_bytes + aside.freed_bytes
         budget = headroom_bytes(self.hardware, device)
+        # Every try's figures are taken from this level, not from the try's own start: a try that fits
+        # leaves state the user keeps (gradients, an optimizer's first-step state, cuBLAS's workspace),
+        # so later tries start higher, and a peak measured from a higher start would mix two scales.
+        self._reference = self._allocated(device)
         need = needed_bytes(oom, allocated_before)
         traits = cell_traits(source, transform)
         fragmented = bool(oom is not None and oom.looks_fragmented)
@@ -239,7 +248,8 @@ class Driver:
             if fitted is not None or self._left() <= 0:
                 break
             if name == "cleanup":
-                fitted = self._cleanup_alone(source, oom, freed_bytes, need, budget, fragmented, device)
+                fitted = self._cleanup_alone(source, oom, freed_bytes, need, budget, fragmented, device,
+                                             allocated_before)
             elif name == "batch" and finding is not None:
                 # The batch is the data (inference over a whole tensor): chunks over all of it, or a refusal.
                 whole = whole_data_decision(finding, namespace, transform)
@@ -326,23 +336,35 @@ class Driver:
         budget: int | None,
         fragmented: bool,
         device: int,
+        allocated_before: int | None = None,
     ) -> TryResult | None:
+        gained = self._room_gained(allocated_before, device)
+        asked = None if oom is None else oom.requested_bytes
         if oom is None:
             reason = "as written"  # the cell has not failed yet (``%%oomfix``)
+        elif needed is not None and budget is not None and needed > budget:
+            self._notes.append(
+                f"skipped a plain rerun: the cell needs at least {format_bytes(needed)} "
+                f"(what it held when it failed plus the allocation that failed), {format_bytes(budget)} is free"
+            )
+            return None
+        elif gained is not None and asked is not None and gained < asked:
+            # The cell would start where it started when it failed, under the same cap: run again, it
+            # makes the same allocations and fails the same way, fragmentation included (before raising
+            # an OOM, PyTorch's allocator has already released its unused cached blocks and retried).
+            self._notes.append(
+                f"skipped a plain rerun: it would start with what the failed cell started with "
+                f"(freed {format_bytes(max(gained, 0))}, less than the {format_bytes(asked)} "
+                "allocation that failed) and fail the same way"
+            )
+            return None
         elif fragmented:
             reason = "the failure looked like fragmentation"
         elif needed is not None and budget is not None:
-            if needed > budget:
-                self._notes.append(
-                    f"skipped a plain rerun: the cell needs at least {format_bytes(needed)} "
-                    f"(what it held when it failed plus the allocation that failed), {format_bytes(budget)} is free"
-                )
-                return None
             reason = f"at least {format_bytes(needed)} needed, {format_bytes(budget)} free now"
         else:
             # What the cell held when it failed is unknown: a plain rerun is worth it only when the
             # cleanup freed more than the allocation that failed.
-            asked = oom.requested_bytes
             if freed_bytes is None or asked is None or freed_bytes < asked:
                 self._notes.append(
                     f"skipped a plain rerun: cleanup freed {format_bytes(freed_bytes)}, less than the "
@@ -352,6 +374,11 @@ class Driver:
             reason = "cleanup freed more than the allocation that failed"
         result = self._try("cleanup", source, reason, device)
         return result if result.fitted else None
+
+    def _room_gained(self, allocated_before: int | None, device: int) -> int | None:
+        """How much less is allocated now than when the failed cell started (``None`` when unknown)."""
+        now = self._allocated(device)
+        return None if allocated_before is None or now is None else allocated_before - now
 
     def _batch_knob(self, finding: BatchFinding) -> Knob | None:
         """The knob the batch strategy changes: the one place where it is chosen (a check that a knob
@@ -378,19 +405,23 @@ class Driver:
         change = BatchChange(finding, knob, namespace, list(self._history or []))
         search = BatchSearch(knob.value, budget, max_tries=self._left(), margin=self.margin, need_bytes=need)
         best: TryResult | None = None
-        while self._left() > 0 and (batch := search.next()) is not None:
+        while self._left() > 0:
+            if self._tries:
+                # What the last try bound goes to the host now (the names do not depend on the batch),
+                # so the search knows where the next try starts.
+                self._set_aside(self._tries[-1].source, device)
+            level = self._allocated(device)
+            if level is not None and self._reference is not None:
+                search.set_level(level - self._reference)
+            if (batch := search.next()) is None:
+                break
             try:
                 source = change.apply(batch)
             except CudaMemError as problem:
                 self._stop(f"could not set the batch: {problem}")
                 break
             result = self._try("batch", source, search.reason, device, batch=batch)
-            search.record(batch, Observation(
-                result.fitted,
-                peak_bytes=result.peak_bytes if result.fitted else None,
-                need_bytes=result.need_bytes,
-                held_bytes=None if result.fitted else result.peak_bytes,
-            ))
+            search.record(batch, result.observation())
             if result.fitted and (best is None or batch > (best.batch or 0)):
                 best = result
             if self._stopped is not None:

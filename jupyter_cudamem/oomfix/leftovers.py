@@ -44,11 +44,15 @@ class Mover(Protocol):
 
 
 class TorchMover:
-    """PyTorch tensors (copied to the host) and modules (moved in place, as ``module.cpu()`` does)."""
+    """PyTorch tensors (copied to the host), modules (moved in place, as ``module.cpu()`` does) and
+    optimizers (their state moved in place: a cell that builds its model and optimizer binds both again,
+    and an optimizer's state, Adam's two moments, is twice its parameters)."""
 
     def holds_gpu(self, value: object) -> bool:
         if getattr(value, "is_cuda", False) is True:
             return True
+        if _optimizer_state(value) is not None:
+            return any(getattr(t, "is_cuda", False) for t in _state_tensors(value))
         parameters = getattr(value, "parameters", None)
         if callable(parameters) and hasattr(value, "to"):
             try:
@@ -78,14 +82,52 @@ class TorchMover:
             device = cuda[0]
             value.to("cpu")
             return value, lambda: value.to(device)
+        if isinstance(value, torch.optim.Optimizer):
+            return _move_optimizer_state(value)
         return None
 
 
-def bound_before_read(source: str, transform: Callable[[str], str] | None = None) -> list[str]:
-    """Names the cell's top level binds before any statement reads them, in order of binding.
+def _optimizer_state(value: object) -> Any:
+    state = getattr(value, "state", None)
+    return state if isinstance(state, Mapping) and hasattr(value, "param_groups") else None
 
-    A name read before it is bound (``x = x.cuda()``, ``h += 1``), or bound only inside a function, a
-    class or a branch whose condition reads it, is not listed: the rerun needs its old value.
+
+def _state_tensors(value: object) -> list[Any]:
+    state = _optimizer_state(value)
+    if state is None:
+        return []
+    return [t for entry in state.values() if isinstance(entry, Mapping) for t in entry.values()]
+
+
+def _move_optimizer_state(optimizer: Any) -> tuple[object, Callable[[], object]] | None:
+    """Move each CUDA tensor of ``optimizer.state`` to the host in place; give back moves them back."""
+    moved: list[tuple[dict[Any, Any], Any, Any]] = []  # (state entry, key, device)
+    for entry in optimizer.state.values():
+        if not isinstance(entry, dict):
+            return None
+        for key, tensor in entry.items():
+            if getattr(tensor, "is_cuda", False):
+                moved.append((entry, key, tensor.device))
+    for entry, key, _ in moved:
+        entry[key] = entry[key].detach().to("cpu")
+
+    def back() -> object:
+        for entry, key, device in moved:
+            entry[key] = entry[key].to(device)
+        return optimizer
+
+    return optimizer, back
+
+
+def bound_before_read(source: str, transform: Callable[[str], str] | None = None) -> list[str]:
+    """Names the cell binds before any statement reads them, in order of binding.
+
+    A name read before it is bound (``x = x.cuda()``, ``h += 1``) or bound only inside a function or a
+    class is not listed: the rerun needs its old value. Names bound inside a loop, a branch or a
+    ``try`` (a training loop's ``logits``, ``loss``) are listed when nothing after that statement reads
+    them: whether or not the body runs, the old value is never read again. Seen on an H100 with an LSTM
+    whose loop bound 1 GiB of ``logits`` (``benchmarks/oomfix.py``): left bound, each try started with
+    the last one's.
     """
     try:
         tree = ast.parse(transform(source) if transform is not None else source)
@@ -93,27 +135,74 @@ def bound_before_read(source: str, transform: Callable[[str], str] | None = None
         return []
     read: set[str] = set()
     bound: list[str] = []
-    for statement in _in_order(tree.body, read):
-        loads = {n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-        if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
-            loads.add(statement.target.id)
-        stores: list[str] = []
-        if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.For)):
-            targets: list[ast.AST] = []
-            if isinstance(statement, ast.Assign):
-                targets = list(statement.targets)
-            elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
-                targets = [statement.target]
-            elif isinstance(statement, ast.For):
-                targets = [statement.target]
-            for target in targets:
-                stores += [n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
-        # The value is evaluated before the targets are bound: a name it reads is read first.
-        read |= loads
-        for name in stores:
+    top = _in_order(tree.body, read)
+    loads_after: list[set[str]] = [set() for _ in top]  # names read by the top-level statements after each
+    later: set[str] = set()
+    for index in range(len(top) - 1, -1, -1):
+        loads_after[index] = set(later)
+        later |= _loads(top[index])
+    for index, statement in enumerate(top):
+        if isinstance(statement, _BLOCKS):
+            inner: list[str] = []
+            _walk_block(statement, read, inner)
+            bound += [name for name in inner if name not in loads_after[index] and name not in bound]
+            continue
+        _bind(statement, read, bound)
+    return bound
+
+
+_BLOCKS = (ast.For, ast.AsyncFor, ast.While, ast.If, ast.Try, ast.With, ast.AsyncWith)
+if hasattr(ast, "TryStar"):  # Python 3.11+
+    _BLOCKS = _BLOCKS + (ast.TryStar,)
+
+
+def _loads(node: ast.AST) -> set[str]:
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    names |= {n.target.id for n in ast.walk(node) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)}
+    return names
+
+
+def _bind(statement: ast.stmt, read: set[str], bound: list[str]) -> None:
+    """One simple statement: what it reads is read first, then what it binds is bound."""
+    stores: list[str] = []
+    targets: list[ast.AST] = []
+    if isinstance(statement, ast.Assign):
+        targets = list(statement.targets)
+    elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+        targets = [statement.target]
+    for target in targets:
+        stores += [n.id for n in ast.walk(target) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    read |= _loads(statement)
+    for name in stores:
+        if name not in read and name not in bound:
+            bound.append(name)
+
+
+def _walk_block(statement: ast.stmt, read: set[str], bound: list[str]) -> None:
+    """A compound statement in the order it runs: its header's reads, its target, then its bodies."""
+    if isinstance(statement, (ast.For, ast.AsyncFor)):
+        read |= _loads(statement.iter)
+        for name in (n.id for n in ast.walk(statement.target) if isinstance(n, ast.Name)):
             if name not in read and name not in bound:
                 bound.append(name)
-    return bound
+        bodies = [statement.body, statement.orelse]
+    elif isinstance(statement, (ast.While, ast.If)):
+        read |= _loads(statement.test)
+        bodies = [statement.body, statement.orelse]
+    elif isinstance(statement, (ast.With, ast.AsyncWith)):
+        for item in statement.items:
+            read |= _loads(item.context_expr)
+        bodies = [statement.body]
+    else:  # try / try*
+        bodies = [statement.body] + [h.body for h in statement.handlers] + [statement.orelse, statement.finalbody]
+    for body in bodies:
+        for inner in body:
+            if isinstance(inner, _BLOCKS):
+                _walk_block(inner, read, bound)
+            elif isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                read |= _loads(inner)
+            else:
+                _bind(inner, read, bound)
 
 
 def _in_order(body: list[ast.stmt], read: set[str]) -> list[ast.stmt]:
@@ -155,6 +244,12 @@ class SetAside:
 
     def drop(self) -> None:
         self.entries.clear()
+
+    def drop_rebound(self) -> None:
+        """Forget the names a try that fitted bound anew; the others (bound in a loop or branch the try
+        did not run) stay set aside, to be given back when the fix ends."""
+        for name in [n for n in self.entries if n in self.namespace]:
+            del self.entries[name]
 
     def merge(self, other: SetAside) -> None:
         """Keep ``other``'s entries too (the first value set aside under a name wins: it is the oldest)."""

@@ -14,6 +14,7 @@ from ..advice import Suggestion
 from ..cell.edit import CellDiff, unified_diff
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
+from .search import Observation
 from .whole_data import CHUNKED_NOTE
 
 if TYPE_CHECKING:
@@ -46,6 +47,22 @@ class TryResult:
     allocated_at_start_bytes: int | None = None
     need_bytes: int | None = None
     left_bytes: int | None = None
+    # How far above the fix's reference level (what was allocated when the reruns began) the try
+    # started: state an earlier try left that the user keeps (gradients, optimizer state).
+    start_above_reference_bytes: int = 0
+
+    def observation(self) -> Observation:
+        """What the batch search learns from this try, measured from the fix's reference level (a peak
+        from a later, higher start and one from the first start are then on one scale)."""
+        offset = self.start_above_reference_bytes
+
+        def shifted(value: int | None) -> int | None:
+            return None if value is None else value + offset
+
+        if self.fitted:
+            return Observation(True, peak_bytes=shifted(self.peak_bytes), start_bytes=offset)
+        return Observation(False, need_bytes=shifted(self.need_bytes), held_bytes=shifted(self.peak_bytes),
+                           start_bytes=offset)
 
     @property
     def verdict(self) -> str:

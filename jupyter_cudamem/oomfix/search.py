@@ -77,13 +77,16 @@ its batch for nothing (weights are allocated once, in one place, and do not vary
 
 @dataclass(frozen=True)
 class Observation:
-    """What one try showed: whether it fitted; for a fit its peak above the start, for an OOM the
-    least it needed (what it held when it failed plus what it asked for) and what it held."""
+    """What one try showed: whether it fitted; for a fit its peak, for an OOM the least it needed
+    (what it held when it failed plus what it asked for) and what it held. All above the search's
+    reference level (what was allocated when the reruns began); ``start_bytes`` is how far above it
+    the try started (state an earlier try left: gradients, optimizer state)."""
 
     fitted: bool
     peak_bytes: int | None = None
     need_bytes: int | None = None
     held_bytes: int | None = None
+    start_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,7 @@ class BatchSearch:
     _usable_bytes: float | None = None  # the budget, lowered when a try fails where the line said it fits
     _contradictions: int = 0
     _pending: tuple[int, str, float | None] | None = None  # (batch, reason, predicted peak)
+    level_bytes: int = 0  # allocated above the reference now, where the next try starts (``set_level``)
 
     def __post_init__(self) -> None:
         if self.failed_batch < 2:
@@ -158,9 +162,36 @@ class BatchSearch:
             points.append((self.failed_batch, float(self.need_bytes)))
         return points
 
+    def set_level(self, level_bytes: int) -> None:
+        """Where the next try starts, above the reference level: what earlier tries left that stays
+        allocated whatever the batch (it is part of every later peak)."""
+        self.level_bytes = level_bytes
+
     def growth(self) -> Growth | None:
-        """The memory model the fitted tries give (``None`` before any fit was measured)."""
-        return fit(self._fitted_points())
+        """The memory model the fitted tries give (``None`` before any fit was measured), for a try
+        starting at ``level_bytes``.
+
+        One point bounds the slope by its peak above its own start over its batch (the batch-independent
+        part of that peak is never negative), on top of what the next try starts with. Two or more are
+        fitted as measured from the reference: a state an earlier try created after its peak (Adam's
+        moments, made in ``step()``) then steepens the line, which errs toward batches that fit. The
+        anchor is raised by whatever more the next try starts with than the anchor's try did."""
+        fitted = [a for a in self.attempts if a.fitted and a.observation.peak_bytes is not None]
+        if not fitted:
+            return None
+        if len({a.batch for a in fitted}) == 1:
+            top = max(fitted, key=lambda a: a.observation.peak_bytes or 0)
+            own = float(top.observation.peak_bytes or 0) - top.observation.start_bytes
+            slope = max(own, 0.0) / top.batch
+            return Growth(float(self.level_bytes), slope, slope, (top.batch, self.level_bytes + slope * top.batch))
+        growth = fit(self._fitted_points())
+        if growth is None:
+            return None
+        anchor_batch, anchor_peak = growth.anchor
+        started = max((a.observation.start_bytes for a in fitted if a.batch == anchor_batch), default=0)
+        raise_by = max(self.level_bytes - started, 0)
+        return Growth(growth.fixed_bytes + raise_by, growth.per_sample_bytes, growth.per_sample_high_bytes,
+                      (anchor_batch, anchor_peak + raise_by))
 
     def _need_at(self, batch: int) -> float | None:
         needs = [n for b, n in self._failed_points() if b == batch]
@@ -239,7 +270,7 @@ class BatchSearch:
         elif predicted <= low * (1 + self.min_gain):
             self.stop(f"the measured line puts the largest batch that fits at about {low}, already tried")
             return None
-        if growth.fixed_bytes == 0 and len(self._fitted_points()) == 1:
+        if len(self._fitted_points()) == 1:
             how = f"surest from {growth.anchor[0]}'s peak (line through it and zero)"
         else:
             how = (f"line through measured peaks: {growth.fixed_bytes / 2**20:.0f} MiB fixed + "

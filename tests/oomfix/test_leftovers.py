@@ -24,11 +24,42 @@ def test_names_bound_before_they_are_read():
         "total += loss.item()\n"  # augmented: read first
         "for step in range(2):\n    y = step\n"
     )
-    assert bound_before_read(source) == ["x", "out", "hidden", "loss"]
+    assert bound_before_read(source) == ["x", "out", "hidden", "loss", "step", "y"]
     wrapped = "with torch.autocast('cuda', dtype=torch.bfloat16):\n    x = make(8)\n    y = model(x)\n"
     assert bound_before_read(wrapped) == ["x", "y"]
     assert bound_before_read("x = x.cuda()\n") == []
     assert bound_before_read("def f(:\n") == []
+
+
+def test_names_bound_in_a_loop_are_listed_unless_read_after_it():
+    training_loop = (
+        "for step in range(2):\n"
+        "    tokens = torch.randint(0, 10000, (bs, 129), device=dev)\n"
+        "    logits = lm(tokens[:, :-1])\n"
+        "    loss = loss_fn(logits, tokens)\n"
+        "    loss.backward()\n"
+    )
+    assert bound_before_read(training_loop) == ["step", "tokens", "logits", "loss"]
+    # Read after the loop: if the loop ran no step, the old value is what is read, so it stays bound.
+    assert bound_before_read(training_loop + "print(loss.item())\n") == ["step", "tokens", "logits"]
+    # Read in the loop before this iteration binds it: the previous value is needed.
+    assert bound_before_read("for i in range(3):\n    if i:\n        use(prev)\n    prev = f(i)\n") == ["i"]
+    # A branch and a try are walked in order too.
+    assert bound_before_read("if big:\n    out = model(x)\nelse:\n    out = None\n") == ["out"]
+    assert bound_before_read("try:\n    y = g(x)\nexcept E:\n    y = None\nz = y\n") == ["z"]
+    # A function's body binds nothing at the top level, and what it reads is read.
+    assert bound_before_read("for i in r:\n    def f():\n        return w\n    w = 1\n") == ["i"]
+
+
+def test_a_name_bound_in_a_loop_the_fitted_try_did_not_run_is_given_back():
+    machine = capped_machine(4 * GiB)
+    namespace = {"out": FakeTensor(100 * MiB, machine=machine), "x": FakeTensor(10 * MiB, machine=machine)}
+    aside = set_aside(namespace, "x = make(b)\nfor _ in range(n):\n    out = model(x)\n", FakeMover(machine))
+    assert aside.names == ("x", "out")
+    namespace["x"] = FakeTensor(10 * MiB, machine=machine)  # a try that fitted bound x, ran no step
+    aside.drop_rebound()
+    assert aside.names == ("out",)
+    assert aside.give_back() == ["out"] and namespace["out"].is_cuda
 
 
 def test_set_aside_moves_what_the_cell_binds_again_and_gives_it_back():
@@ -112,3 +143,39 @@ def test_when_every_try_fails_the_set_aside_input_is_given_back():
     assert all(t.allocated_at_start_bytes == started for t in outcome.tries)
     assert namespace["x"].is_cuda  # bound again, on the device, as the failed cell left it
     assert any("bound again" in note for note in outcome.notes)
+
+
+def test_an_optimizer_rebound_by_the_cell_has_its_state_set_aside_and_given_back():
+    """A cell that builds its model and optimizer binds both again: the old Adam state (twice the
+    weights) must not stay on the device during the reruns. Its tensors go to the host in place."""
+    import torch
+
+    from jupyter_cudamem.oomfix.leftovers import TorchMover
+
+    class DeviceTensor:  # stands in for a CUDA tensor on a machine without one
+        is_cuda = True
+        device = "cuda:0"
+
+        def __init__(self, where=None):
+            self.where = where or "cuda:0"
+            self.is_cuda = self.where != "cpu"
+
+        def detach(self):
+            return self
+
+        def to(self, where):
+            return DeviceTensor(str(where))
+
+    weight = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.Adam([weight])
+    optimizer.state[weight] = {"exp_avg": DeviceTensor(), "exp_avg_sq": DeviceTensor(), "step": torch.tensor(1.0)}
+    mover = TorchMover()
+    assert mover.holds_gpu(optimizer)
+    namespace = {"opt": optimizer}
+    aside = set_aside(namespace, "opt = torch.optim.Adam(params)\n", mover)
+    assert aside.names == ("opt",) and "opt" not in namespace
+    assert not any(getattr(t, "is_cuda", False) for t in optimizer.state[weight].values())
+    assert not mover.holds_gpu(optimizer)
+    assert aside.give_back() == ["opt"] and namespace["opt"] is optimizer
+    assert optimizer.state[weight]["exp_avg"].is_cuda and optimizer.state[weight]["step"].item() == 1.0
+    assert not mover.holds_gpu(torch.optim.SGD([weight], lr=0.1))  # no state: nothing to move

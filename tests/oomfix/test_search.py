@@ -150,3 +150,34 @@ def test_growth_fits_a_line_with_an_intercept_and_bounds_its_slope():
     assert steep == through_origin(11, 110 * MiB)
     assert fit([]) is None
     assert lowest_slope([(10, 100.0)], [(20, 300.0)]) == 20.0
+
+
+def test_what_the_next_try_starts_with_counts_against_the_surest_batch():
+    # The probe measured 6 MiB per sample above its own start; it left 1 GiB (optimizer state) that the
+    # next try starts with. The surest batch must fit on top of it, not in the whole budget.
+    per_sample = 6 * MiB
+
+    def after_probe(level):
+        search = BatchSearch(6400, BUDGET, need_bytes=BUDGET + GiB)
+        probe = search.next()
+        search.record(probe, Observation(True, peak_bytes=probe * per_sample))
+        search.set_level(level)
+        return search.next()
+
+    empty, after_state = after_probe(0), after_probe(1 * GiB)
+    assert per_sample * empty <= BUDGET and 1 * GiB + per_sample * after_state <= BUDGET
+    assert empty - after_state >= 0.95 * GiB / per_sample  # the state's worth of samples less
+    assert 1 * GiB + per_sample * after_state >= 0.93 * BUDGET  # still near the budget
+
+
+def test_a_line_through_tries_that_started_higher_is_read_from_one_level():
+    # The probe started at the reference; the second try started 500 MiB higher (state the probe left)
+    # and its peak is given above the reference. The line through both never predicts past the budget.
+    search = BatchSearch(20000, BUDGET, need_bytes=BUDGET + GiB)
+    first = search.next()
+    search.record(first, Observation(True, peak_bytes=first * 4 * MiB + 100 * MiB))
+    search.set_level(500 * MiB)
+    second = search.next()
+    search.record(second, Observation(True, peak_bytes=500 * MiB + 100 * MiB + second * 4 * MiB, start_bytes=500 * MiB))
+    third = search.next()
+    assert third is not None and 600 * MiB + third * 4 * MiB <= BUDGET
