@@ -55,6 +55,7 @@ from .holders import (
 from .probe import ModuleHook, TensorProbe, default_probe, grad_of
 from .walk import (
     ATOM_TYPES,
+    ATOMS,
     memo_by_type,
     ATTRIBUTE,
     BUFFERS,
@@ -146,14 +147,14 @@ def _grows_in_place(kind: type) -> bool:
 # Types whose values the fingerprint records no length of (tensors, numbers, plain objects): where a
 # container's children or an object's attributes are all of these, which is most of a namespace, its
 # fingerprint is made by C loops (``issuperset``, ``zip``, ``map(id, ...)``) with no Python per child.
-_LENGTHLESS: set[type] = set(ATOM_TYPES)
+_LENGTHLESS: set[type] = set(ATOMS)
 _CONTAINER_TYPES = (dict, list, tuple, deque, set, frozenset)
 
 
 def _learn_lengthless(children: Iterable[Any]) -> None:
     if len(_LENGTHLESS) >= 8192:  # classes redefined in a loop: start again
         _LENGTHLESS.clear()
-        _LENGTHLESS.update(ATOM_TYPES)
+        _LENGTHLESS.update(ATOMS)
     for child in children:
         if not issubclass(type(child), _CONTAINER_TYPES):
             _LENGTHLESS.add(type(child))

@@ -141,7 +141,7 @@ R = TypeVar("R")
 _MEMO_LIMIT = 8192  # distinct types remembered; past it the memo starts again (classes redefined in a loop)
 
 
-class _TypeMemo(dict):  # type: ignore[type-arg]
+class _TypeMemo(dict):
     """A dict from type to ``function(type)``, filled on first use; called like the function. Calling
     it is ``dict.__getitem__`` (C, with ``__missing__`` only for a type not seen yet), a fraction of
     the cost of a Python wrapper: it runs once per name of a namespace, before every cell."""
