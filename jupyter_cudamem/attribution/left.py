@@ -34,8 +34,8 @@ import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice, repeat
-from operator import itemgetter
+from itertools import compress, islice, repeat
+from operator import itemgetter, not_
 from typing import Any
 
 from ..collector import collector_paused
@@ -539,8 +539,7 @@ def _judge(
     """Walk the roots whose fingerprint changed one by one, and the unchanged ones in one walk: their
     storages are old, except what only their modules' hooks and attributes reach (unknown)."""
     judged: list[_Judged] = []
-    unchanged: list[tuple[str, Any, Root | None]] = []
-    roots: list[Root] = []
+    made: dict[int, Root] = {}  # position in ``unchanged`` -> the root already made for it
     earlier = before.names
     items = user_items(namespace)
     now = _fingerprints(items, probe)  # the snapshot's own loop: a name costs here what it cost there
@@ -548,11 +547,10 @@ def _judge(
         changed = set(map(itemgetter(0), now.items() - earlier.items()))
     except TypeError:  # an unhashable fingerprint: name by name
         changed = {name for name, print_now in now.items() if earlier.get(name) != print_now}
-    for name, value in items:
-        if name in changed:
-            roots.append(Root(name, root_kind(value, probe), value, True, VARIABLE, 1))
-        else:
-            unchanged.append((name, value, None))  # most names: decided without a second look
+    # most names are decided here without a second look, and split by C loops
+    flags = list(map(changed.__contains__, map(itemgetter(0), items)))
+    unchanged = list(compress(items, map(not_, flags)))
+    roots = [Root(name, root_kind(value, probe), value, True, VARIABLE, 1) for name, value in compress(items, flags)]
     roots.extend(list_roots({}, references, probe))
     for root in roots:
         if root.user_variable:
@@ -560,12 +558,13 @@ def _judge(
         else:
             change, detail = ("unchanged" if id(root.value) in before.references else "new"), None
         if change == "unchanged":
-            unchanged.append((root.name, root.value, root))
+            made[len(unchanged)] = root
+            unchanged.append((root.name, root.value))
             continue
         root.reach = walk(root.value, probe, skip, True, root.name)
         novelty = {key: _novelty_of(hit, change, detail) for key, hit in root.reach.storages.items()}
         judged.append(_Judged(root, change, novelty, detail))
-    together = walk_together([(name, value) for name, value, _ in unchanged], probe, skip)
+    together = walk_together(unchanged, probe, skip)
     reached = together.reached
     for entry in judged:
         for key in entry.novelty:
@@ -576,8 +575,8 @@ def _judge(
         if key not in together.reached:
             hidden.setdefault(hit.owner, {})[key] = hit
     for owner, hits in hidden.items():
-        name, value, made = unchanged[owner]
-        root = made or Root(name, root_kind(value, probe), value, True, VARIABLE, 1)
+        name, value = unchanged[owner]
+        root = made.get(owner) or Root(name, root_kind(value, probe), value, True, VARIABLE, 1)
         root.reach = Reach(storages=hits, hooks=together.hooks, truncated=together.truncated)
         judged.append(_Judged(root, "unchanged", dict.fromkeys(hits, UNKNOWN)))
     hooks = list(together.hooks) + [hook for entry in judged for hook in entry.root.reach.hooks]
