@@ -160,17 +160,15 @@ def _learn_lengthless(children: Iterable[Any]) -> None:
             _LENGTHLESS.add(type(child))
 
 
-def _children(children: Iterable[Any], count: int) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
-    """The ids of the first ``_CHILDREN_FINGERPRINTED`` ``children`` (``count`` of them), and ``(id,
-    length)`` of the containers among them: what lets ``history['losses'].append(...)`` and
-    ``models['main'] = model`` be seen in ``history`` and ``models``."""
+def _inner_sizes(children: Iterable[Any], count: int) -> tuple[tuple[int, int], ...]:
+    """``(id, length)`` of the lists, dicts and deques among the first ``_CHILDREN_FINGERPRINTED``
+    ``children`` (``count`` of them): what lets ``history['losses'].append(...)`` be seen in ``history``."""
     first = list(islice(children, _CHILDREN_FINGERPRINTED)) if count > _CHILDREN_FINGERPRINTED else list(children)
-    ids = tuple(map(id, first))
     if _LENGTHLESS.issuperset(map(type, first)):
-        return ids, ()
+        return ()
     _learn_lengthless(first)
     grows = _grows_in_place
-    return ids, tuple([(id(child), len(child)) for child in first if grows(type(child))])
+    return tuple([(id(child), len(child)) for child in first if grows(type(child))])
 
 
 _PLAIN_CODES = frozenset({OPAQUE_CODE, MACHINERY_CODE, EXCEPTION_CODE, TRACEBACK_CODE, FRAME_CODE})
@@ -199,10 +197,10 @@ def _fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None =
             return (ident, len(value))
         if code == MAPPING_CODE:
             size = len(value)
-            return (ident, size, *_children(value.values(), size))
+            return (ident, size, _inner_sizes(value.values(), size))
         if code == SEQUENCE_CODE:
             size = len(value)
-            return (ident, size, *_children(value, size))
+            return (ident, size, _inner_sizes(value, size))
         if code == MODULE_CODE:
             first = _first_parameter(value)
             if first is None:
@@ -321,9 +319,9 @@ def _fingerprints(items: list[tuple[str, Any]], probe: TensorProbe) -> dict[str,
                 size = len(value)
                 children = value.values() if code == MAPPING_CODE else value
                 if size <= _CHILDREN_FINGERPRINTED and lengthless(map(type, children)):
-                    names[name] = (id(value), size, tuple(map(id, children)), ())
+                    names[name] = (id(value), size, ())
                 else:
-                    names[name] = (id(value), size, *_children(children, size))
+                    names[name] = (id(value), size, _inner_sizes(children, size))
             except Exception:
                 names[name] = _fingerprint(value, probe, codes)
         elif code == OBJECT_CODE:
@@ -438,7 +436,7 @@ def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: T
         return "rebound", None
     if now == old:
         return "unchanged", None
-    if len(now) == 4 and len(old) == 4 and type_code(type(value), probe) in (SEQUENCE_CODE, MAPPING_CODE):
+    if len(now) == 3 and len(old) == 3 and type_code(type(value), probe) in (SEQUENCE_CODE, MAPPING_CODE):
         return _container_change(value, now, old)
     if isinstance(value, (list, tuple, dict)) or type(value).__name__ == "deque":
         grown = len(now) > 1 and len(old) > 1 and now[1] > old[1]
@@ -467,22 +465,23 @@ def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: T
 
 def _container_change(value: Any, now: tuple[Any, ...], old: tuple[Any, ...]) -> tuple[str, Any]:
     """A list, tuple, dict or deque whose fingerprint changed: ``("grew", (old length, {position: old
-    length of the container there, or -1 for a child that was not there}))`` when it gained items, a
-    child was put in place of another (``models['main'] = model``) or a child container grew in place
-    (``history['losses'].append(...)``); ``("changed", None)`` when it shrank (what it holds can no
-    longer be told apart by position); ``("unchanged", None)`` when only a child shrank."""
-    old_length, old_ids, old_sizes = old[1], set(old[2]), dict(old[3])
+    length of the child container there, or -1 for one that was not there}))`` when it gained items or
+    a child container grew in place or was put where something else was (``history['losses'].append``,
+    ``history['best'] = [...]``); ``("changed", None)`` when it shrank (what it holds can no longer be
+    told apart by position); ``("unchanged", None)`` when only a child shrank or went."""
+    old_length, old_sizes = old[1], dict(old[2])
     if now[1] < old_length:
         return "changed", None
     grown: dict[int, int] = {}
     children = value.values() if isinstance(value, Mapping) else value
     for position, child in enumerate(islice(children, min(old_length, _CHILDREN_FINGERPRINTED))):
-        if id(child) not in old_ids:
-            grown[position] = -1  # put where something else was: all it holds is new
-        elif _grows_in_place(type(child)):
-            length_before = old_sizes.get(id(child), -1)
-            if length_before >= 0 and _sized(child) > length_before:
-                grown[position] = length_before
+        if not _grows_in_place(type(child)):
+            continue
+        length_before = old_sizes.get(id(child))
+        if length_before is None:
+            grown[position] = -1  # a container put where something else was: all it holds is new
+        elif _sized(child) > length_before:
+            grown[position] = length_before
     if now[1] > old_length or grown:
         return "grew", (old_length, grown)
     return "unchanged", None

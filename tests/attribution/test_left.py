@@ -398,13 +398,13 @@ def test_an_object_attribute_grown_in_place_names_its_path_in_the_advice():
 
 
 def test_results_kept_inside_an_unchanged_dict_are_not_leaks():
-    ns = namespace(results={"preds": []}, models={"main": None})
+    ns = namespace(results={"preds": []}, models={})
     left = run(ns, "with torch.no_grad():\n    for _ in range(4):\n        results['preds'].append((x @ W).relu())",
                4 * ACTIVATION)
     preds = only(left, "results['preds']")
     assert not preds.leak and preds.cause == "data" and "gained 4 tensors" in preds.advice[0]
     left = run(ns, "models['main'] = torch.nn.Linear(1024, 1024)", 1024 * 1024 * 4 + 4096)
-    assert not left.has_leak and [h.cause for h in left.holders] == ["model"]
+    assert not left.has_leak and [(h.name, h.cause) for h in left.holders] == [("models", "model")]
 
 
 def test_a_child_that_shrank_or_was_replaced_is_judged_by_what_it_holds_now():

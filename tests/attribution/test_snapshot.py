@@ -201,11 +201,12 @@ def test_a_container_that_raises_on_length_is_fingerprinted_by_its_id():
     assert NamespaceSnapshot.take({"broken": broken}, (), probe).names["broken"] == (id(broken),)
 
 
-def test_a_container_fingerprint_holds_its_childrens_ids_and_the_lengths_of_the_containers_among_them():
+def test_a_container_fingerprint_holds_the_lengths_of_the_containers_among_its_children():
     probe = torch_cpu_probe()
     losses, tensor = [1, 2], torch.zeros(1)
     history = {"losses": losses, "t": tensor, "step": 3}
-    assert _fingerprint(history, probe) == (id(history), 3, (id(losses), id(tensor), id(3)), ((id(losses), 2),))
+    assert _fingerprint(history, probe) == (id(history), 3, ((id(losses), 2),))
+    assert _fingerprint({"t": tensor, "step": 3}, probe)[2] == ()
     long = [[index] for index in range(100)]
     fingerprint = _fingerprint(long, probe)
-    assert fingerprint[1] == 100 and len(fingerprint[2]) == len(fingerprint[3]) == 64  # the first 64 only
+    assert fingerprint[1] == 100 and len(fingerprint[2]) == 64  # the first 64 only
