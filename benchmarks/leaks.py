@@ -2,7 +2,8 @@
 
 Part ``cases``: classic leaks (losses kept in a list, a summed loss, a metric accumulated without
 ``.item()`` in a training loop, a forward hook storing outputs in a list and in its closure, a dict
-cache of outputs, tensors kept by ``Out``) and results that are not leaks (a model built, a dataset
+cache of outputs, losses appended to a list inside a dict made in an earlier cell, tensors kept by
+``Out``) and results that are not leaks (a model built, a dataset
 moved to the GPU, Adam's first step, predictions made under ``no_grad``). Each case runs in one
 IPython shell with the extension loaded: ``%reset -f``, the shared setup, the case's setup (not
 measured), then the case's cell under ``%%cudamem -o``. A case passes when the report names the
@@ -151,6 +152,16 @@ CASES = (
         ("autograd graph",),
         "torch.no_grad()",
         "cache = {}\nfor i in range(20):\n    cache[i] = model(x)",
+    ),
+    Case(
+        "dict_held_list",
+        True,
+        "history['losses']",
+        ("autograd graph",),
+        "loss.item()",
+        # the dict is the same object before and after: only the list inside it grew
+        "for _ in range(20):\n    history['losses'].append(model(x).pow(2).mean())",
+        setup="history = {'losses': [], 'epoch': 0}",
     ),
     Case(
         "out_cache",

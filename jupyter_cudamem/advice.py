@@ -106,6 +106,7 @@ def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
     name = holder.name
     free_now = f"free it now: del {_del_names(holder)}, then torch.cuda.empty_cache() returns it to the driver"
     if holder.cause == GRAPH_CAUSE:
+        name = holder.where or name  # tracker.outputs, where an object's attribute keeps them
         scalars = holder.scalar_graph_tensors
         if holder.kind == "tensor" and scalars:
             first = (

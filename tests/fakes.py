@@ -301,7 +301,16 @@ class FakeStorage:
 
 
 class FakeTensor:
-    """Stands in for ``torch.Tensor``: ``is_cuda``, ``untyped_storage()``, ``grad``, ``shape``, weak-referenceable."""
+    """Stands in for ``torch.Tensor``: ``is_cuda``, ``untyped_storage()``, ``grad``, ``shape``, weak-referenceable.
+
+    Like a tensor made without gradients it is a leaf with no ``grad_fn``; as on ``torch.Tensor`` these are
+    attributes of the class, so code that reads them directly where the class has them reads them here too.
+    """
+
+    grad_fn = None
+    is_leaf = True
+    retains_grad = False
+    grad: "FakeTensor | None" = None
 
     def __init__(self, nbytes: int = 0, *, device: str = "cuda", storage: FakeStorage | None = None,
                  grad: "FakeTensor | None" = None, machine: FakeMachine | None = None):
@@ -378,6 +387,7 @@ def torch_cpu_probe():
         module_types=(torch.nn.Module,),
         optimizer_types=(torch.optim.Optimizer,),
         on_device=lambda tensor: tensor.device.type == "cpu",
+        storage_address=getattr(torch._C, "_storage_address", None),  # as default_probe reads it
     )
 
 

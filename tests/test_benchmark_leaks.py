@@ -29,7 +29,7 @@ def test_cpu_smoke_run_names_every_case(tmp_path):
     cases = {case["case"]: case for case in results["cases"]}
     assert len(cases) >= 10 and all(case["passed"] for case in cases.values())
     leaks = [case for case in cases.values() if case["leak"]]
-    assert len(leaks) >= 6 and all(case["flagged_leak"] for case in leaks)
+    assert len(leaks) >= 7 and all(case["flagged_leak"] for case in leaks)
     assert not any(case["flagged_leak"] for case in cases.values() if not case["leak"])
     for case in cases.values():
         assert {
@@ -45,7 +45,8 @@ def test_cpu_smoke_run_names_every_case(tmp_path):
     assert results["goals"]["every_leak_named_with_90_percent_attributed"]
     assert results["goals"]["no_result_called_a_leak"]
     assert all(cost["named"] == ["leaked"] for cost in results["cost"].values())
-    assert "[11/11]" in done.stdout
+    assert "[12/12]" in done.stdout
+    assert cases["dict_held_list"]["named_holders"][0]["name"] == "history['losses']"
 
 
 CHECK_IN_A_SHELL = r"""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
+from itertools import compress, repeat
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +153,22 @@ def is_user_name(name: str, value: Any) -> bool:
     if name in _IPYTHON_NAMES or (name[:1] == "_" and _IPYTHON_NAME_PATTERN.match(name)):
         return False
     return _is_user_type(type(value))
+
+
+def user_items(namespace: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``(name, value)`` of the namespace's user variables (``is_user_name``), in its order.
+
+    Run on every name after a measured cell, so by C loops (``map``, ``compress``): the per-type answer
+    is looked up, and only names starting with ``_`` (few) are matched against IPython's patterns."""
+    items = list(namespace.items())
+    keys = list(map(itemgetter(0), items))
+    keep = list(map(_is_user_type, map(type, map(itemgetter(1), items))))
+    for index in compress(range(len(keys)), map(str.startswith, keys, repeat("_"))):
+        if _IPYTHON_NAME_PATTERN.match(keys[index]) or keys[index] in _IPYTHON_NAMES:
+            keep[index] = False
+    for name in _IPYTHON_NAMES.intersection(keys):
+        keep[keys.index(name)] = False
+    return list(compress(items, keep))
 
 
 @memo_by_type

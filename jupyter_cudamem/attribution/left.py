@@ -31,8 +31,11 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, islice, repeat
+from operator import itemgetter, not_
 from typing import Any
 
 from ..collector import collector_paused
@@ -44,14 +47,16 @@ from .holders import (
     VARIABLE,
     Reference,
     Root,
-    is_user_name,
     list_roots,
+    user_items,
     root_kind,
     tensor_text,
 )
 from .probe import ModuleHook, TensorProbe, default_probe, grad_of
 from .walk import (
     ATOM_TYPES,
+    ATOMS,
+    memo_by_type,
     ATTRIBUTE,
     BUFFERS,
     EXCEPTION_CODE,
@@ -125,10 +130,50 @@ def _sized(value: Any) -> int:
 
 _CONTAINER_CODES = frozenset({MAPPING_CODE, SEQUENCE_CODE, SET_CODE})
 _SIZED_TYPES = (list, tuple, dict, set)
+# Why 64: a container's or object's first 64 children are fingerprinted (ids, and lengths of the
+# containers among them) so that growth one level down is seen; past 64, a name is a big collection
+# whose growth shows in its own length, and reading more would cost every cell (the snapshot is taken
+# before each one) for what a notebook rarely does.
+_CHILDREN_FINGERPRINTED = 64
+
+
+@memo_by_type
+def _grows_in_place(kind: type) -> bool:
+    """Children whose length the fingerprint records: lists, tuples, dicts and deques (and subclasses:
+    ``defaultdict(list)``), whose growth inside an unchanged container is what a leak looks like."""
+    return issubclass(kind, (list, tuple, dict, deque))
+
+
+# Types whose values the fingerprint records no length of (tensors, numbers, plain objects): where a
+# container's children or an object's attributes are all of these, which is most of a namespace, its
+# fingerprint is made by C loops (``issuperset``, ``zip``, ``map(id, ...)``) with no Python per child.
+_LENGTHLESS: set[type] = set(ATOMS)
+_CONTAINER_TYPES = (dict, list, tuple, deque, set, frozenset)
+
+
+def _learn_lengthless(children: Iterable[Any]) -> None:
+    if len(_LENGTHLESS) >= 8192:  # classes redefined in a loop: start again
+        _LENGTHLESS.clear()
+        _LENGTHLESS.update(ATOMS)
+    for child in children:
+        if not issubclass(type(child), _CONTAINER_TYPES):
+            _LENGTHLESS.add(type(child))
+
+
+def _inner_sizes(children: Iterable[Any], count: int) -> tuple[tuple[int, int], ...]:
+    """``(id, length)`` of the lists, dicts and deques among the first ``_CHILDREN_FINGERPRINTED``
+    ``children`` (``count`` of them): what lets ``history['losses'].append(...)`` be seen in ``history``."""
+    first = list(islice(children, _CHILDREN_FINGERPRINTED)) if count > _CHILDREN_FINGERPRINTED else list(children)
+    if _LENGTHLESS.issuperset(map(type, first)):
+        return ()
+    _learn_lengthless(first)
+    grows = _grows_in_place
+    return tuple([(id(child), len(child)) for child in first if grows(type(child))])
 
 
 _PLAIN_CODES = frozenset({OPAQUE_CODE, MACHINERY_CODE, EXCEPTION_CODE, TRACEBACK_CODE, FRAME_CODE})
 _PLAIN = -1  # a code of our own: atoms and the plain codes, whose fingerprint is their id alone
+_DUCK_TENSOR = -2  # and another: tensor types without PyTorch's attributes (fakes, tensor-likes)
 
 
 def _fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None = None) -> tuple[Any, ...]:
@@ -148,8 +193,14 @@ def _fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None =
             return _tensor_fingerprint(value)
         if code in _PLAIN_CODES:
             return (ident,)
-        if code in _CONTAINER_CODES:
+        if code == SET_CODE:
             return (ident, len(value))
+        if code == MAPPING_CODE:
+            size = len(value)
+            return (ident, size, _inner_sizes(value.values(), size))
+        if code == SEQUENCE_CODE:
+            size = len(value)
+            return (ident, size, _inner_sizes(value, size))
         if code == MODULE_CODE:
             first = _first_parameter(value)
             if first is None:
@@ -243,11 +294,14 @@ def _fingerprints(items: list[tuple[str, Any]], probe: TensorProbe) -> dict[str,
     """
     codes: dict[type, int] = {}
     names: dict[str, tuple[Any, ...]] = {}
+    lengthless = _LENGTHLESS.issuperset
     for name, value in items:
         kind = type(value)
         code = codes.get(kind)
         if code is None:
             code = _PLAIN if kind in ATOM_TYPES else type_code(kind, probe)
+            if code == TENSOR_CODE and not all(hasattr(kind, name) for name in ("is_leaf", "retains_grad", "grad")):
+                code = _DUCK_TENSOR  # read through grad_of: a failed attribute read costs more than getattr
             codes[kind] = _PLAIN if code in _PLAIN_CODES else code
             code = codes[kind]
         if code == _PLAIN:
@@ -258,11 +312,26 @@ def _fingerprints(items: list[tuple[str, Any]], probe: TensorProbe) -> dict[str,
             except Exception:
                 grad = grad_of(value)
             names[name] = (id(value), id(grad))
-        elif code in _CONTAINER_CODES:
-            try:
-                names[name] = (id(value), len(value))
+        elif code == _DUCK_TENSOR:
+            names[name] = (id(value), id(grad_of(value)))
+        elif code == SEQUENCE_CODE or code == MAPPING_CODE:
+            try:  # _fingerprint's, inline
+                size = len(value)
+                children = value.values() if code == MAPPING_CODE else value
+                if size <= _CHILDREN_FINGERPRINTED and lengthless(map(type, children)):
+                    names[name] = (id(value), size, ())
+                else:
+                    names[name] = (id(value), size, _inner_sizes(children, size))
             except Exception:
                 names[name] = _fingerprint(value, probe, codes)
+        elif code == OBJECT_CODE:
+            attributes = getattr(value, "__dict__", None)
+            if type(attributes) is dict and len(attributes) <= _ATTRIBUTES_FINGERPRINTED:
+                values = attributes.values()
+                if lengthless(map(type, values)):  # _attribute_fingerprint's, by C loops
+                    names[name] = (id(value), tuple(zip(attributes, map(id, values), repeat(-1))))
+                    continue
+            names[name] = _fingerprint(value, probe, codes)
         else:
             names[name] = _fingerprint(value, probe, codes)
     return names
@@ -350,6 +419,7 @@ class _Judged:
     root: Root
     change: str
     novelty: dict[Any, int]  # storage -> NEW / OLD / UNKNOWN as this root reaches it
+    detail: Any = None  # what ``_variable_change`` said besides the change
 
 
 def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: TensorProbe) -> tuple[str, Any]:
@@ -366,9 +436,11 @@ def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: T
         return "rebound", None
     if now == old:
         return "unchanged", None
+    if len(now) == 3 and len(old) == 3 and type_code(type(value), probe) in (SEQUENCE_CODE, MAPPING_CODE):
+        return _container_change(value, now, old)
     if isinstance(value, (list, tuple, dict)) or type(value).__name__ == "deque":
         grown = len(now) > 1 and len(old) > 1 and now[1] > old[1]
-        return ("grew", old[1]) if grown else ("changed", None)
+        return ("grew", (old[1], {})) if grown else ("changed", None)
     if isinstance(value, (set, frozenset)):
         return "changed", None
     if isinstance(value, probe.module_types):
@@ -391,13 +463,47 @@ def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: T
     return "unchanged", None
 
 
+def _container_change(value: Any, now: tuple[Any, ...], old: tuple[Any, ...]) -> tuple[str, Any]:
+    """A list, tuple, dict or deque whose fingerprint changed: ``("grew", (old length, {position: old
+    length of the child container there, or -1 for one that was not there}))`` when it gained items or
+    a child container grew in place or was put where something else was (``history['losses'].append``,
+    ``history['best'] = [...]``); ``("changed", None)`` when it shrank (what it holds can no longer be
+    told apart by position); ``("unchanged", None)`` when only a child shrank or went."""
+    old_length, old_sizes = old[1], dict(old[2])
+    if now[1] < old_length:
+        return "changed", None
+    grown: dict[int, int] = {}
+    children = value.values() if isinstance(value, Mapping) else value
+    for position, child in enumerate(islice(children, min(old_length, _CHILDREN_FINGERPRINTED))):
+        if not _grows_in_place(type(child)):
+            continue
+        length_before = old_sizes.get(id(child))
+        if length_before is None:
+            grown[position] = -1  # a container put where something else was: all it holds is new
+        elif _sized(child) > length_before:
+            grown[position] = length_before
+    if now[1] > old_length or grown:
+        return "grew", (old_length, grown)
+    return "unchanged", None
+
+
 def _novelty_of(hit: Hit, change: str, detail: Any) -> int:
     if change in ("new", "rebound"):
         return NEW
     if change == "unchanged":
         return UNKNOWN if _hidden(hit) else OLD
     if change == "grew":
-        return NEW if hit.position >= detail else OLD
+        old_length, children = detail
+        if hit.position >= old_length:
+            return NEW  # an item the container gained
+        length_before = children.get(hit.position)
+        if length_before is None:
+            return OLD
+        if length_before < 0:
+            return NEW
+        if len(hit.path) < 2 or hit.path[1][0] != ITEM:
+            return OLD  # not told where in the child: counted as what was there
+        return NEW if hit.path[1][2] >= length_before else OLD
     # changed in place
     if detail == "moved":
         return UNKNOWN if _hidden(hit) else NEW
@@ -432,18 +538,18 @@ def _judge(
     """Walk the roots whose fingerprint changed one by one, and the unchanged ones in one walk: their
     storages are old, except what only their modules' hooks and attributes reach (unknown)."""
     judged: list[_Judged] = []
-    unchanged: list[tuple[str, Any, Root | None]] = []
-    roots: list[Root] = []
-    codes: dict[type, int] = {}
+    made: dict[int, Root] = {}  # position in ``unchanged`` -> the root already made for it
     earlier = before.names
-    for name, value in list(namespace.items()):
-        if not is_user_name(name, value):
-            continue
-        old = earlier.get(name)
-        if old is not None and old[0] == id(value) and _fingerprint(value, probe, codes) == old:
-            unchanged.append((name, value, None))  # most names: decided without a second look
-        else:
-            roots.append(Root(name, root_kind(value, probe), value, True, VARIABLE, 1))
+    items = user_items(namespace)
+    now = _fingerprints(items, probe)  # the snapshot's own loop: a name costs here what it cost there
+    try:  # the names whose fingerprint is new or changed, by C set arithmetic (fingerprints hash)
+        changed = set(map(itemgetter(0), now.items() - earlier.items()))
+    except TypeError:  # an unhashable fingerprint: name by name
+        changed = {name for name, print_now in now.items() if earlier.get(name) != print_now}
+    # most names are decided here without a second look, and split by C loops
+    flags = list(map(changed.__contains__, map(itemgetter(0), items)))
+    unchanged = list(compress(items, map(not_, flags)))
+    roots = [Root(name, root_kind(value, probe), value, True, VARIABLE, 1) for name, value in compress(items, flags)]
     roots.extend(list_roots({}, references, probe))
     for root in roots:
         if root.user_variable:
@@ -451,12 +557,13 @@ def _judge(
         else:
             change, detail = ("unchanged" if id(root.value) in before.references else "new"), None
         if change == "unchanged":
-            unchanged.append((root.name, root.value, root))
+            made[len(unchanged)] = root
+            unchanged.append((root.name, root.value))
             continue
         root.reach = walk(root.value, probe, skip, True, root.name)
         novelty = {key: _novelty_of(hit, change, detail) for key, hit in root.reach.storages.items()}
-        judged.append(_Judged(root, change, novelty))
-    together = walk_together([(name, value) for name, value, _ in unchanged], probe, skip)
+        judged.append(_Judged(root, change, novelty, detail))
+    together = walk_together(unchanged, probe, skip)
     reached = together.reached
     for entry in judged:
         for key in entry.novelty:
@@ -467,8 +574,8 @@ def _judge(
         if key not in together.reached:
             hidden.setdefault(hit.owner, {})[key] = hit
     for owner, hits in hidden.items():
-        name, value, made = unchanged[owner]
-        root = made or Root(name, root_kind(value, probe), value, True, VARIABLE, 1)
+        name, value = unchanged[owner]
+        root = made.get(owner) or Root(name, root_kind(value, probe), value, True, VARIABLE, 1)
         root.reach = Reach(storages=hits, hooks=together.hooks, truncated=together.truncated)
         judged.append(_Judged(root, "unchanged", dict.fromkeys(hits, UNKNOWN)))
     hooks = list(together.hooks) + [hook for entry in judged for hook in entry.root.reach.hooks]
@@ -489,6 +596,29 @@ def _container_kind(value: Any) -> str | None:
         if isinstance(value, kind):
             return kind.__name__
     return "deque" if type(value).__name__ == "deque" else None
+
+
+def _grown_child(entry: _Judged, hits: list[Hit], probe: TensorProbe) -> Root | None:
+    """The child of an unchanged-identity container that all of its counted memory hangs under, when
+    that child grew in place (``history['losses']`` after ``history['losses'].append(loss)``), as a
+    root named by its path; else ``None`` (the container is the holder)."""
+    if entry.change != "grew" or not isinstance(entry.detail, tuple) or not entry.root.user_variable:
+        return None
+    old_length, children = entry.detail
+    positions = {hit.position for hit in hits}
+    if len(positions) != 1:
+        return None
+    position = positions.pop()
+    if position >= old_length or position not in children:
+        return None
+    step = next((hit.path[0] for hit in hits if hit.path), None)
+    if step is None or step[0] != ITEM:
+        return None
+    try:
+        child = entry.root.value[step[1]]  # the dict's key, the list's index
+    except Exception:
+        return None
+    return Root(describe_path(entry.root.name, (step,)), root_kind(child, probe), child, True, VARIABLE, 1)
 
 
 def _linked_hooks(root: Root, hooks: Sequence[ModuleHook]) -> tuple[str, ...]:
@@ -704,17 +834,19 @@ def left_behind(
         graph_direct = sum(hit.nbytes for hit in holder["hits"] if hit.category == TENSORS and hit.graph != NO_GRAPH)
         direct = categories.get(TENSORS, 0)
         cause = _cause(root, categories, graph_direct, direct, linked, holder["hits"])
-        where = _largest_path(root, holder["hits"])
+        # A container's new memory all under one child that grew in place is named by its path.
+        shown = _grown_child(judged[index], holder["hits"], probe) or root
+        where = _largest_path(shown, holder["hits"])
         hook_steps = tuple(
             dict.fromkeys(str(hit.path[0][1]) for hit in holder["hits"] if hit.path and hit.path[0][0] == HOOK)
         )
         made = LeftHolder(
-            name=root.name,
+            name=shown.name,
             origin=root.origin,
-            kind=_container_kind(root.value) or root.kind if root.user_variable else root.kind,
+            kind=_container_kind(shown.value) or shown.kind if root.user_variable else root.kind,
             nbytes=nbytes,
             cause=cause,
-            description=_description(root, cause, holder),
+            description=_description(shown, cause, holder),
             change=judged[index].change,
             by_category=dict(categories),
             tensors=holder["tensors"],

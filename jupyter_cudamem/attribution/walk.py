@@ -3,7 +3,7 @@
 A root (a variable, a reference IPython keeps) is walked breadth first through containers, object
 attributes, modules (parameters, gradients, buffers, plain attributes and what their hooks captured),
 optimizers' state, exceptions, tracebacks and function frames' locals, and tensors' autograd graphs
-(see ``probe``). Each storage is counted once (by ``untyped_storage().data_ptr()``: a view and its base
+(see ``probe``). Each storage is counted once (by ``TensorProbe.storage_key``: a view and its base
 share one), with the category it was first reached as and the first two steps of the path to it.
 
 Bounds: the walk never enters a module-level frame's namespace (that is the user namespace itself),
@@ -23,6 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from .probe import (
     ModuleHook,
+    _is_cuda,
     TensorProbe,
     grad_fn_of,
     grad_of,
@@ -140,22 +141,29 @@ R = TypeVar("R")
 _MEMO_LIMIT = 8192  # distinct types remembered; past it the memo starts again (classes redefined in a loop)
 
 
+class _TypeMemo(dict):
+    """A dict from type to ``function(type)``, filled on first use; called like the function. Calling
+    it is ``dict.__getitem__`` (C, with ``__missing__`` only for a type not seen yet), a fraction of
+    the cost of a Python wrapper: it runs once per name of a namespace, before every cell."""
+
+    def __init__(self, function: Callable[[type], Any]) -> None:
+        super().__init__()
+        self.function = function
+
+    def __missing__(self, kind: type) -> Any:
+        if len(self) >= _MEMO_LIMIT:
+            self.clear()
+        found = self[kind] = self.function(kind)
+        return found
+
+    __call__ = dict.__getitem__
+
+
 def memo_by_type(function: Callable[[type], R]) -> Callable[[type], R]:
     """``function`` computed once per type (an ``lru_cache`` that type checkers accept for types)."""
-    memo: dict[type, R] = {}
-
-    def cached(kind: type) -> R:
-        found = memo.get(kind, _MISSING)
-        if found is _MISSING:
-            if len(memo) >= _MEMO_LIMIT:
-                memo.clear()
-            found = memo[kind] = function(kind)
-        return found  # _MISSING never stays
-
-    return cached
+    return _TypeMemo(function)
 
 
-_MISSING: Any = object()
 _CODES: dict[tuple[type, tuple[type, ...], tuple[type, ...], tuple[type, ...]], int] = {}
 
 
@@ -271,72 +279,124 @@ class _Walker:
         categories, positions and paths a ``Hit`` records; everything else (modules, optimizers,
         tracebacks, frames, exceptions, a root of the machinery) goes through ``visit`` as in any walk,
         so the outcome is the same set of storages, modules' hidden parts deferred the same way. Same
-        budget: each object queued counts one."""
-        seen, skip, codes, probe = self.seen, self.skip_ids, self.codes, self.probe
+        budget: each object queued counts one.
+
+        A namespace is mostly tensors and small containers of tensors, so a tensor met in a container
+        is read where it is met, never queued: its storage's key, its ``.grad`` and its graph (each
+        queued only where there is one). Tensor types whose class defines ``grad_fn``, ``is_cuda``,
+        ``retains_grad`` and ``grad`` (PyTorch's) are read by plain attribute access, a third of what
+        ``getattr`` with a default costs; others (tensor-likes) through ``getattr``."""
+        seen, codes, probe = self.seen, self.codes, self.probe
+        seen.update(self.skip_ids)  # one set to ask instead of two; ``drain`` asks both anyway
         keys = self.reach.reached
         storage_key, on_device = probe.storage_key, probe.on_device
+        is_cuda_attribute = on_device is _is_cuda
+        address = probe.storage_address
         atoms = ATOM_TYPES
+        direct_reads: dict[type, bool] = {}
+        graph_saved = self.graph_saved
+        slots_of: dict[type, tuple[str, ...]] = {}
+        self.budget += len(roots)  # roots are not queued: they do not count
         for owner, root in enumerate(roots):
-            stack = [root]
-            while stack:
-                obj = stack.pop()
-                ident = id(obj)
-                if ident in seen or ident in skip:
-                    continue
-                seen.add(ident)
-                kind = type(obj)
-                code = codes.get(kind)
-                if code is None:
-                    code = codes[kind] = type_code(kind, probe)
-                try:
-                    if code == _TENSOR:
-                        if on_device(obj):
+            stack: list[Any] = []
+            more: Any = (root,)
+            while True:
+                budget = self.budget
+                for value in more:
+                    kind = type(value)
+                    if kind in atoms:
+                        continue
+                    if budget <= 0:
+                        self.reach.truncated = True
+                        break
+                    budget -= 1
+                    code = codes.get(kind)
+                    if code is None:
+                        code = codes[kind] = type_code(kind, probe)
+                    if code != _TENSOR:
+                        stack.append(value)
+                        continue
+                    # Not asked whether seen: a tensor met twice adds its key twice, and what it leads
+                    # to (its gradient, its graph's nodes) is asked when met.
+                    try:
+                        direct = direct_reads.get(kind)
+                        if direct is None:
+                            direct = direct_reads[kind] = all(
+                                hasattr(kind, name) for name in ("grad_fn", "is_cuda", "retains_grad", "grad")
+                            )
+                        if is_cuda_attribute:
+                            counted = value.is_cuda if direct else getattr(value, "is_cuda", False)
+                        else:
+                            counted = on_device(value)
+                        if counted:
                             try:
-                                keys.add(("storage", obj.untyped_storage().data_ptr()))
+                                if address is not None:
+                                    keys.add(("storage", address(value)))
+                                else:
+                                    keys.add(("storage", value.untyped_storage().data_ptr()))
                             except Exception:
-                                key = storage_key(obj)
+                                key = storage_key(value)
                                 if key is not None:
                                     keys.add(key)
-                        more = []
-                        # grad_of and grad_fn_of, inline: a namespace is mostly tensors
-                        if getattr(obj, "is_leaf", True) or getattr(obj, "retains_grad", False):
-                            grad = getattr(obj, "grad", None)
-                            if grad is not None:
-                                more.append(grad)
-                        node = getattr(obj, "grad_fn", None)
-                        if node is not None:
-                            more.extend(value for value in self.graph_saved(node) if type(value) not in atoms)
-                    elif code == _SEQUENCE:
-                        more = [value for value in obj if type(value) not in atoms]
-                    elif code == _SET:
-                        more = [value for value in list(obj) if type(value) not in atoms]
+                        if direct:
+                            # PyTorch: a tensor is a leaf exactly when it has no grad_fn
+                            node = value.grad_fn
+                            grad = value.grad if node is None or value.retains_grad else None
+                        else:
+                            node = getattr(value, "grad_fn", None)
+                            grad = (
+                                getattr(value, "grad", None)
+                                if getattr(value, "is_leaf", True) or getattr(value, "retains_grad", False)
+                                else None
+                            )
+                    except Exception:  # a tensor that cannot be inspected holds nothing we can name
+                        continue
+                    if grad is not None and budget > 0:
+                        budget -= 1
+                        stack.append(grad)
+                    if node is not None:
+                        self.budget = budget
+                        stack.extend(saved for saved in graph_saved(node) if type(saved) not in atoms)
+                        budget = self.budget
+                self.budget = budget
+                if not stack:
+                    break
+                obj = stack.pop()
+                more = ()
+                ident = id(obj)
+                kind = type(obj)
+                code = codes.get(kind)
+                if code is None:  # a root
+                    code = codes[kind] = type_code(kind, probe)
+                if ident in seen:
+                    continue
+                seen.add(ident)  # tensors too: a gradient or saved tensor met again is not read again
+                if code == _TENSOR:  # through the loop above
+                    more = (obj,)
+                    self.budget += 1  # counted when queued
+                    continue
+                try:
+                    if code == _SEQUENCE:
+                        more = list(obj)
                     elif code == _MAPPING:
-                        more = [value for value in list(obj.values()) if type(value) not in atoms]
+                        more = list(obj.values())
+                    elif code == _SET:
+                        more = list(obj)
                     elif code == _OBJECT:
                         attributes = getattr(obj, "__dict__", None)
-                        more = (
-                            [value for value in list(attributes.values()) if type(value) not in atoms]
-                            if isinstance(attributes, dict)
-                            else []
-                        )
-                        for slot in _slots_of(kind):
+                        more = list(attributes.values()) if isinstance(attributes, dict) else []
+                        slots = slots_of.get(kind)
+                        if slots is None:
+                            slots = slots_of[kind] = _slots_of(kind)
+                        for slot in slots:
                             if hasattr(obj, slot):
-                                value = getattr(obj, slot)
-                                if type(value) not in atoms:
-                                    more.append(value)
+                                more.append(getattr(obj, slot))
                     elif code == _OPAQUE or (code == _MACHINERY and obj is not root):
                         continue
                     else:
                         self.visit(obj, TENSORS, -1, (), obj is root, owner)
-                        continue
                 except Exception:  # an object that cannot be inspected holds nothing we can name
-                    continue
-                if more:
-                    if len(more) > self.budget:
-                        self.reach.truncated = True
-                        more = more[: max(self.budget, 0)]
-                    self.budget -= len(more)
-                    stack.extend(more)
+                    more = ()
 
     def drain(self) -> None:
         pending, seen, skip = self.pending, self.seen, self.skip_ids

@@ -359,3 +359,86 @@ def test_attributing_holds_off_the_garbage_collector_and_restores_it():
     finally:
         gc.enable()
         left_module._judge = original
+
+
+# -- growth inside a container or object that is the same object before and after ---------------
+def test_a_list_grown_inside_an_unchanged_dict_is_named_by_its_path():
+    ns = namespace(history={"losses": [], "epoch": 0})
+    expected = 40 * (ACTIVATION + 4)
+    left = run(ns, "for _ in range(40):\n    history['losses'].append(step())", expected)
+    losses = only(left, "history['losses']")
+    assert losses.leak and losses.cause == GRAPH_CAUSE and losses.change == "grew" and losses.kind == "list"
+    assert losses.nbytes == expected and losses.graph_tensors == 40
+    assert losses.description == "list of 40 tensors holding their autograd graphs, 10.00 MiB of saved activations"
+    assert "loss.item()" in losses.advice[0] and "history['losses']" in losses.advice[0]
+    assert left.remainder_bytes == 0 and [h.name for h in left.holders] == ["history['losses']"]
+    # run again: only what the second run appended
+    left = run(ns, "for _ in range(10):\n    history['losses'].append(step())", 10 * (ACTIVATION + 4))
+    assert only(left, "history['losses']").nbytes == 10 * (ACTIVATION + 4)
+
+
+def test_tensors_added_to_a_dict_inside_an_unchanged_dict_and_a_list_inside_a_list():
+    ns = namespace(state={"acts": {}, "step": 0}, runs=[[], []])
+    # pow saves its input: each entry keeps relu's result (an activation) through its graph
+    left = run(ns, "for i in range(6):\n    state['acts'][i] = (x @ W).relu().pow(2)", 12 * ACTIVATION)
+    acts = only(left, "state['acts']")
+    assert acts.leak and acts.cause == GRAPH_CAUSE and acts.kind == "dict" and acts.nbytes == 12 * ACTIVATION
+    left = run(ns, "for _ in range(6):\n    runs[1].append(step())", 6 * (ACTIVATION + 4))
+    assert only(left, "runs[1]").nbytes == 6 * (ACTIVATION + 4)
+
+
+def test_an_object_attribute_grown_in_place_names_its_path_in_the_advice():
+    ns = namespace()
+    exec("class Tracker:\n    def __init__(self):\n        self.outputs = []\n        self.name = 'run'\n"
+         "tracker = Tracker()", ns)
+    left = run(ns, "for _ in range(8):\n    tracker.outputs.append(step())", 8 * (ACTIVATION + 4))
+    tracker = only(left, "tracker")
+    assert tracker.cause == GRAPH_CAUSE and tracker.where == "tracker.outputs" and tracker.nbytes == 8 * (ACTIVATION + 4)
+    assert "tracker.outputs" in tracker.advice[0]
+
+
+def test_results_kept_inside_an_unchanged_dict_are_not_leaks():
+    ns = namespace(results={"preds": []}, models={})
+    left = run(ns, "with torch.no_grad():\n    for _ in range(4):\n        results['preds'].append((x @ W).relu())",
+               4 * ACTIVATION)
+    preds = only(left, "results['preds']")
+    assert not preds.leak and preds.cause == "data" and "gained 4 tensors" in preds.advice[0]
+    left = run(ns, "models['main'] = torch.nn.Linear(1024, 1024)", 1024 * 1024 * 4 + 4096)
+    assert not left.has_leak and [(h.name, h.cause) for h in left.holders] == [("models", "model")]
+
+
+def test_a_child_that_shrank_or_was_replaced_is_judged_by_what_it_holds_now():
+    probe = fake_probe()
+    old = [FakeTensor(8 * MiB) for _ in range(3)]
+    history = {"losses": list(old), "best": [FakeTensor(8 * MiB)]}
+    ns = {"history": history}
+    before = NamespaceSnapshot.take(ns, (), probe)
+    history["losses"].pop()  # shrank: what stays was there before
+    history["best"] = [FakeTensor(16 * MiB)]  # replaced by a new list: all it holds is new
+    left = left_behind(ns, (), before, 16 * MiB, probe)
+    assert [(h.name, h.nbytes, h.change) for h in left.holders] == [("history['best']", 16 * MiB, "grew")]
+    assert left.remainder_bytes == 0
+
+    before = NamespaceSnapshot.take(ns, (), probe)
+    history["losses"].clear()  # only shrank: nothing new, nothing named
+    left = left_behind(ns, (), before, 8 * MiB, probe)
+    assert left.holders == () and left.remainder_bytes == 8 * MiB
+
+
+def test_a_defaultdict_of_lists_grown_in_place_and_growth_in_two_children():
+    import collections
+
+    probe = fake_probe()
+    history = collections.defaultdict(list)
+    history["train"].append(FakeTensor(MiB))
+    history["val"].append(FakeTensor(MiB))
+    ns = {"history": history}
+    before = NamespaceSnapshot.take(ns, (), probe)
+    history["train"].append(FakeTensor(32 * MiB))
+    left = left_behind(ns, (), before, 32 * MiB, probe)
+    assert [(h.name, h.nbytes) for h in left.holders] == [("history['train']", 32 * MiB)]
+    before = NamespaceSnapshot.take(ns, (), probe)
+    history["train"].append(FakeTensor(32 * MiB))
+    history["val"].append(FakeTensor(32 * MiB))  # two children grew: the dict is the holder
+    left = left_behind(ns, (), before, 64 * MiB, probe)
+    assert [(h.name, h.nbytes, h.change) for h in left.holders] == [("history", 64 * MiB, "grew")]

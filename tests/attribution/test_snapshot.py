@@ -51,6 +51,9 @@ def _namespace():
         "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
         "holder": _Object(tensor=torch.zeros(2), history=[1, 2], step=3, name="run"),
         "wide": _Object(**{f"a{index}": [index] for index in range(100)}),
+        "nested": {"losses": [1, 2], "t": torch.zeros(1), "acts": {}},
+        "long": [[index] for index in range(100)],
+        "runs": [[], collections.deque([1]), collections.defaultdict(list)],
         "number": 1.5,
         "text": "hello",
         "none": None,
@@ -196,3 +199,14 @@ def test_a_container_that_raises_on_length_is_fingerprinted_by_its_id():
     probe = torch_cpu_probe()
     broken = _NoLength([1])
     assert NamespaceSnapshot.take({"broken": broken}, (), probe).names["broken"] == (id(broken),)
+
+
+def test_a_container_fingerprint_holds_the_lengths_of_the_containers_among_its_children():
+    probe = torch_cpu_probe()
+    losses, tensor = [1, 2], torch.zeros(1)
+    history = {"losses": losses, "t": tensor, "step": 3}
+    assert _fingerprint(history, probe) == (id(history), 3, ((id(losses), 2),))
+    assert _fingerprint({"t": tensor, "step": 3}, probe)[2] == ()
+    long = [[index] for index in range(100)]
+    fingerprint = _fingerprint(long, probe)
+    assert fingerprint[1] == 100 and len(fingerprint[2]) == 64  # the first 64 only

@@ -220,3 +220,28 @@ def test_the_keys_only_pass_stops_at_its_budget_and_says_so():
     together = walk_together(roots, fake_probe(), limit=20)
     assert together.truncated and len(together.reached) == 20
     assert not walk_together(roots, fake_probe(), limit=100).truncated
+
+
+class _DuckTensor:
+    """A tensor-like with what the walk needs as instance attributes only (no class-level grad_fn...)."""
+
+    def __init__(self, nbytes, grad=None):
+        from tests.fakes import FakeStorage
+
+        self._storage = FakeStorage(nbytes)
+        self.is_cuda = True
+        self.grad = grad
+
+    def untyped_storage(self):
+        return self._storage
+
+
+def test_the_keys_only_pass_reads_tensor_likes_without_pytorchs_class_attributes():
+    from jupyter_cudamem.attribution import TensorProbe
+    from jupyter_cudamem.attribution.walk import walk, walk_together
+
+    probe = TensorProbe(tensor_types=(_DuckTensor,))
+    roots = [("kept", [_DuckTensor(MiB, grad=_DuckTensor(2 * MiB))]), ("alone", _DuckTensor(MiB))]
+    together = walk_together(roots, probe)
+    union = set().union(*(walk(value, probe).storages for _, value in roots))
+    assert together.reached == union and len(union) == 3
