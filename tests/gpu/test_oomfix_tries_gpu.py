@@ -107,7 +107,8 @@ def check(report: str, result: dict, stage: str | None, kept_bytes: int = 0) -> 
         assert -TOLERANCE <= at_start - result["start"] <= allowed + TOLERANCE, (
             batch, where, at_start, result["start"], report)
         if not fitted:
-            assert left is not None and abs(left) <= TOLERANCE, (batch, where, left, report)
+            # Nothing more than it started with (less is fine: a failed try's ``opt.zero_grad()`` freed gradients).
+            assert left is not None and left <= TOLERANCE, (batch, where, left, report)
 
 
 def test_tries_failing_in_forward_start_where_the_failed_cell_started():
@@ -194,7 +195,9 @@ loss.backward()
 adam.step()
 stages.append("done")
 """
-    cells = [SETUP, "pass", LEVEL, failing, "outcome = %oomfix --yes -o", REPORT]
+    # cuBLAS's workspace is made by the first matmul and kept by the library: made here, before the level.
+    warm = "nn.Linear(8, 8).cuda()(torch.randn(2, 8, device='cuda')).sum().backward()\n"
+    cells = [SETUP, warm, LEVEL, failing, "outcome = %oomfix --yes -o", REPORT]
     notebook = run_cells(cells, timeout=600, allow_errors_in={3})
     assert "OutOfMemoryError" in text_of(notebook.cells[3]), text_of(notebook.cells[3])
     check(text_of(notebook.cells[4]), json_line(notebook.cells[5]), None)
