@@ -10,7 +10,9 @@ What it uses, all measured (``jupyter_cudamem.growth`` holds the memory model):
   started, plus the allocation it asked for, is a lower bound of the failed batch's need
   (``need_bytes``); each failed try gives the same, and what it held before failing;
 - **the budget**: what the cell may allocate above what is allocated when it starts (the headroom
-  measured after the cleanup);
+  measured after the cleanup). Every figure is read from that one reference level: a try that fits
+  leaves state the user keeps (gradients, an optimizer's first-step state), so later tries start higher
+  (``set_level``), and that state counts against them;
 - **the batch-independent part** (weights, optimizer state or a model built in the cell): never
   assumed zero. One measured peak bounds it from above only (it is at most that peak), so the first
   prediction is the line through the origin and that point, which fits whatever the fixed part is;
