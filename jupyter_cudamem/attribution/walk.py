@@ -299,7 +299,8 @@ class _Walker:
         tensor_reads: dict[type, int] = {}  # tensor type -> _DIRECT or _DUCK
         graph_saved = self.graph_saved
         slots_of: dict[type, tuple[str, ...]] = {}
-        self.budget += len(roots)  # roots are not queued: they do not count
+        # Roots are not queued, so they do not count (the loop below counts what it meets, atoms aside).
+        self.budget += len(roots) - sum(map(atoms.__contains__, map(type, roots)))
         for owner, root in enumerate(roots):
             stack: list[Any] = []
             more: Any = (root,)
