@@ -155,9 +155,9 @@ def _learn_lengthless(children: Iterable[Any]) -> None:
     if len(_LENGTHLESS) >= 8192:  # classes redefined in a loop: start again
         _LENGTHLESS.clear()
         _LENGTHLESS.update(ATOMS)
-    for child in children:
-        if not issubclass(type(child), _CONTAINER_TYPES):
-            _LENGTHLESS.add(type(child))
+    for kind in set(map(type, children)).difference(_LENGTHLESS):  # the types not met before only
+        if not issubclass(kind, _CONTAINER_TYPES):
+            _LENGTHLESS.add(kind)
 
 
 def _inner_sizes(children: Iterable[Any], count: int) -> tuple[tuple[int, int], ...]:
