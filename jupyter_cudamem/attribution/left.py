@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, islice, repeat
-from operator import itemgetter, not_
+from operator import ne, not_
 from typing import Any
 
 from ..collector import collector_paused
@@ -155,9 +155,9 @@ def _learn_lengthless(children: Iterable[Any]) -> None:
     if len(_LENGTHLESS) >= 8192:  # classes redefined in a loop: start again
         _LENGTHLESS.clear()
         _LENGTHLESS.update(ATOMS)
-    for child in children:
-        if not issubclass(type(child), _CONTAINER_TYPES):
-            _LENGTHLESS.add(type(child))
+    for kind in set(map(type, children)).difference(_LENGTHLESS):  # the types not met before only
+        if not issubclass(kind, _CONTAINER_TYPES):
+            _LENGTHLESS.add(kind)
 
 
 def _inner_sizes(children: Iterable[Any], count: int) -> tuple[tuple[int, int], ...]:
@@ -542,12 +542,9 @@ def _judge(
     earlier = before.names
     items = user_items(namespace)
     now = _fingerprints(items, probe)  # the snapshot's own loop: a name costs here what it cost there
-    try:  # the names whose fingerprint is new or changed, by C set arithmetic (fingerprints hash)
-        changed = set(map(itemgetter(0), now.items() - earlier.items()))
-    except TypeError:  # an unhashable fingerprint: name by name
-        changed = {name for name, print_now in now.items() if earlier.get(name) != print_now}
-    # most names are decided here without a second look, and split by C loops
-    flags = list(map(changed.__contains__, map(itemgetter(0), items)))
+    # Most names are decided here without a second look, by C loops: whether each fingerprint differs
+    # from the one before the cell (a name that is new has ``None`` there), then the split by that.
+    flags = list(map(ne, now.values(), map(earlier.get, now)))
     unchanged = list(compress(items, map(not_, flags)))
     roots = [Root(name, root_kind(value, probe), value, True, VARIABLE, 1) for name, value in compress(items, flags)]
     roots.extend(list_roots({}, references, probe))

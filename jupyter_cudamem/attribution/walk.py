@@ -213,6 +213,9 @@ def _slots_of(kind: type) -> tuple[str, ...]:
     return tuple(names)
 
 
+_DIRECT, _DUCK = 1, 2  # how the keys-only pass reads a tensor type: plain attributes, or getattr with defaults
+
+
 class _Walker:
     def __init__(
         self,
@@ -293,10 +296,11 @@ class _Walker:
         is_cuda_attribute = on_device is _is_cuda
         address = probe.storage_address
         atoms = ATOM_TYPES
-        direct_reads: dict[type, bool] = {}
+        tensor_reads: dict[type, int] = {}  # tensor type -> _DIRECT or _DUCK
         graph_saved = self.graph_saved
         slots_of: dict[type, tuple[str, ...]] = {}
-        self.budget += len(roots)  # roots are not queued: they do not count
+        # Roots are not queued, so they do not count (the loop below counts what it meets, atoms aside).
+        self.budget += len(roots) - sum(map(atoms.__contains__, map(type, roots)))
         for owner, root in enumerate(roots):
             stack: list[Any] = []
             more: Any = (root,)
@@ -304,28 +308,34 @@ class _Walker:
                 budget = self.budget
                 for value in more:
                     kind = type(value)
-                    if kind in atoms:
-                        continue
+                    reads = tensor_reads.get(kind)  # tensors first: most of what a namespace holds
+                    if reads is None:
+                        if kind in atoms:
+                            continue
+                        code = codes.get(kind)
+                        if code is None:
+                            code = codes[kind] = type_code(kind, probe)
+                        if code != _TENSOR:
+                            if budget <= 0:
+                                self.reach.truncated = True
+                                break
+                            budget -= 1
+                            stack.append(value)
+                            continue
+                        reads = tensor_reads[kind] = (
+                            _DIRECT
+                            if all(hasattr(kind, name) for name in ("grad_fn", "is_cuda", "retains_grad", "grad"))
+                            else _DUCK
+                        )
                     if budget <= 0:
                         self.reach.truncated = True
                         break
                     budget -= 1
-                    code = codes.get(kind)
-                    if code is None:
-                        code = codes[kind] = type_code(kind, probe)
-                    if code != _TENSOR:
-                        stack.append(value)
-                        continue
                     # Not asked whether seen: a tensor met twice adds its key twice, and what it leads
                     # to (its gradient, its graph's nodes) is asked when met.
                     try:
-                        direct = direct_reads.get(kind)
-                        if direct is None:
-                            direct = direct_reads[kind] = all(
-                                hasattr(kind, name) for name in ("grad_fn", "is_cuda", "retains_grad", "grad")
-                            )
                         if is_cuda_attribute:
-                            counted = value.is_cuda if direct else getattr(value, "is_cuda", False)
+                            counted = value.is_cuda if reads == _DIRECT else getattr(value, "is_cuda", False)
                         else:
                             counted = on_device(value)
                         if counted:
@@ -338,7 +348,7 @@ class _Walker:
                                 key = storage_key(value)
                                 if key is not None:
                                     keys.add(key)
-                        if direct:
+                        if reads == _DIRECT:
                             # PyTorch: a tensor is a leaf exactly when it has no grad_fn
                             node = value.grad_fn
                             grad = value.grad if node is None or value.retains_grad else None
