@@ -151,9 +151,8 @@ def bound_before_read(source: str, transform: Callable[[str], str] | None = None
     return bound
 
 
-_BLOCKS = (ast.For, ast.AsyncFor, ast.While, ast.If, ast.Try, ast.With, ast.AsyncWith)
-if hasattr(ast, "TryStar"):  # Python 3.11+
-    _BLOCKS = _BLOCKS + (ast.TryStar,)
+_BLOCKS: tuple[type[ast.stmt], ...] = (ast.For, ast.AsyncFor, ast.While, ast.If, ast.Try, ast.TryStar,
+                                       ast.With, ast.AsyncWith)
 
 
 def _loads(node: ast.AST) -> set[str]:
@@ -193,8 +192,10 @@ def _walk_block(statement: ast.stmt, read: set[str], bound: list[str]) -> None:
         for item in statement.items:
             read |= _loads(item.context_expr)
         bodies = [statement.body]
-    else:  # try / try*
+    elif isinstance(statement, (ast.Try, ast.TryStar)):
         bodies = [statement.body] + [h.body for h in statement.handlers] + [statement.orelse, statement.finalbody]
+    else:
+        return
     for body in bodies:
         for inner in body:
             if isinstance(inner, _BLOCKS):
