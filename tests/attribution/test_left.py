@@ -442,3 +442,31 @@ def test_a_defaultdict_of_lists_grown_in_place_and_growth_in_two_children():
     history["val"].append(FakeTensor(32 * MiB))  # two children grew: the dict is the holder
     left = left_behind(ns, (), before, 64 * MiB, probe)
     assert [(h.name, h.nbytes, h.change) for h in left.holders] == [("history", 64 * MiB, "grew")]
+
+
+def test_the_rest_of_the_namespace_is_walked_only_when_the_new_names_do_not_account_for_what_was_left(monkeypatch):
+    """On a large namespace the walk of every unchanged name is most of the cost: it is skipped when the
+    new storages under the changed names account for all the cell left (less than 512 bytes a storage
+    short, PyTorch's rounding), and made otherwise: memory held out of sight, or a storage counted as new
+    that an unchanged name holds (the graphs below save ``W``, which is old)."""
+    from jupyter_cudamem.attribution import left as left_module
+
+    walks = []
+    real = left_module.walk_together
+
+    def counting(roots, *args, **kwargs):
+        walks.append(sum(value is not None for _, value in roots))
+        return real(roots, *args, **kwargs)
+
+    monkeypatch.setattr(left_module, "walk_together", counting)
+    bystanders = {f"v{i}": torch.zeros(16) for i in range(50)}
+    ns = namespace(kept=[], **bystanders)
+    code = "kept.append(torch.ones(16 * B, H))"  # 4 MiB
+    found = run(ns, code, 16 * ACTIVATION)  # exactly what the new item holds
+    assert only(found, "kept").nbytes == 16 * ACTIVATION and len(walks) == 1  # the unchanged modules only (none)
+    walks.clear()
+    found = run(ns, code, 16 * ACTIVATION + 8 * MiB)  # 8 MiB no name holds: everything is walked
+    assert only(found, "kept").nbytes == 16 * ACTIVATION and len(walks) == 2 and walks[1] >= 50
+    walks.clear()
+    found = run(ns, "losses = [step() for _ in range(4)]", 4 * (ACTIVATION + 4))  # graphs save W (old)
+    assert len(walks) == 2 and only(found, "losses").nbytes == 4 * (ACTIVATION + 4)
