@@ -567,22 +567,22 @@ def _judge(
         root.reach = walk(root.value, probe, skip, True, root.name)
         novelty = {key: _novelty_of(hit, change, detail) for key, hit in root.reach.storages.items()}
         judged.append(_Judged(root, change, novelty, detail))
-    modules = probe.module_types
-    # Positions are kept (``Hit.owner`` is one): what the first walk leaves out is a ``None`` in its place.
-    walks = [walk_together([(name, value if isinstance(value, modules) else None) for name, value in unchanged],
-                           probe, skip)]
-    _mark_old(judged, walks[0].reached)
+    is_module = [isinstance(value, probe.module_types) for _, value in unchanged]
+    # Each walk is of a part of ``unchanged``; ``positions`` maps its ``Hit.owner`` back to the whole.
+    positions = list(compress(range(len(unchanged)), is_module))
+    walks = [(walk_together([unchanged[i] for i in positions], probe, skip), positions)]
+    _mark_old(judged, walks[0][0].reached)
     if not _explained(judged, left_bytes):
-        walks.append(walk_together([(name, None if isinstance(value, modules) else value) for name, value in unchanged],
-                                   probe, skip))
-        _mark_old(judged, walks[1].reached)
-    reached = set().union(*(w.reached for w in walks))
+        positions = list(compress(range(len(unchanged)), map(not_, is_module)))
+        walks.append((walk_together([unchanged[i] for i in positions], probe, skip), positions))
+        _mark_old(judged, walks[1][0].reached)
+    reached = set().union(*(w.reached for w, _ in walks))
     hidden: dict[int, dict[Any, Hit]] = {}
-    for together in walks:
-        for key, hit in together.late.items():
+    for part, where in walks:
+        for key, hit in part.late.items():
             if key not in reached:
-                hidden.setdefault(hit.owner, {})[key] = hit
-    together = Reach(hooks=[hook for w in walks for hook in w.hooks], truncated=any(w.truncated for w in walks))
+                hidden.setdefault(where[hit.owner], {})[key] = hit
+    together = Reach(hooks=[hook for w, _ in walks for hook in w.hooks], truncated=any(w.truncated for w, _ in walks))
     for owner, hits in hidden.items():
         name, value = unchanged[owner]
         root = made.get(owner) or Root(name, root_kind(value, probe), value, True, VARIABLE, 1)

@@ -455,7 +455,7 @@ def test_the_rest_of_the_namespace_is_walked_only_when_the_new_names_do_not_acco
     real = left_module.walk_together
 
     def counting(roots, *args, **kwargs):
-        walks.append(sum(value is not None for _, value in roots))
+        walks.append(len(roots))
         return real(roots, *args, **kwargs)
 
     monkeypatch.setattr(left_module, "walk_together", counting)
