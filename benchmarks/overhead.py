@@ -168,11 +168,8 @@ def time_modes(shell, modes: list, cells_per_round: int) -> dict[str, dict[str, 
     return times
 
 
-def run_namespaces(shell, quick: bool, device: str = "cuda") -> dict:
-    """Part ``namespaces``: bare, %%cudamem and the every-cell mode over namespaces of each size."""
-    from jupyter_cudamem.attribution.left import NamespaceSnapshot
-    from jupyter_cudamem.attribution.probe import default_probe
-    from jupyter_cudamem.oomfix.ipython_state import ipython_references
+def our_modes(shell) -> list[Mode]:
+    """The extension's two ways of measuring: ``%%cudamem --quiet`` on each cell, and every-cell mode."""
 
     def load():
         shell.run_line_magic("load_ext", "jupyter_cudamem")
@@ -188,11 +185,19 @@ def run_namespaces(shell, quick: bool, device: str = "cuda") -> dict:
         shell.run_line_magic("cudamem", "off")
         unload()
 
-    modes = [
-        Mode("bare"),
+    return [
         Mode("cudamem_cell_magic", enable=load, disable=unload, wrap=lambda cell: "%%cudamem --quiet\n" + cell),
         Mode("cudamem_every_cell", enable=every_cell_on, disable=every_cell_off),
     ]
+
+
+def run_namespaces(shell, quick: bool, device: str = "cuda") -> dict:
+    """Part ``namespaces``: bare, %%cudamem and the every-cell mode over namespaces of each size."""
+    from jupyter_cudamem.attribution.left import NamespaceSnapshot
+    from jupyter_cudamem.attribution.probe import default_probe
+    from jupyter_cudamem.oomfix.ipython_state import ipython_references
+
+    modes = [Mode("bare"), *our_modes(shell)]
     probe = default_probe()
     out: dict = {"mix": NAMESPACE_MIX, "sizes": {}}
     for size in NAMESPACE_SIZES:
@@ -276,17 +281,6 @@ def main(argv: list[str] | None = None) -> None:
     shell.user_ns["torch"] = torch
     shell.run_cell("a = torch.randn(256, 256, device='cuda'); torch.cuda.synchronize()")
 
-    def load_ours():
-        shell.run_line_magic("load_ext", "jupyter_cudamem")
-
-    def every_cell_on():
-        load_ours()
-        shell.run_line_magic("cudamem", "on")
-
-    def every_cell_off():
-        shell.run_line_magic("cudamem", "off")
-        shell.run_line_magic("unload_ext", "jupyter_cudamem")
-
     def autotime_on():
         shell.run_line_magic("load_ext", "autotime")
 
@@ -308,9 +302,7 @@ def main(argv: list[str] | None = None) -> None:
 
     modes = [
         Mode("bare"),
-        Mode("cudamem_cell_magic", enable=load_ours, disable=lambda: shell.run_line_magic("unload_ext", "jupyter_cudamem"),
-             wrap=lambda cell: "%%cudamem --quiet\n" + cell),
-        Mode("cudamem_every_cell", enable=every_cell_on, disable=every_cell_off),
+        *our_modes(shell),
         # Not a peer: IPython's own %%time, to show what running any cell magic costs.
         Mode("reference_ipython_time_cell_magic", wrap=lambda cell: "%%time\n" + cell),
         Mode("ipython_autotime", enable=autotime_on, disable=autotime_off),
@@ -323,17 +315,8 @@ def main(argv: list[str] | None = None) -> None:
     for mode in modes:
         entry: dict = {"error": mode.error}
         for kind in CELLS:
-            samples = times[mode.name][kind]
-            if not samples:
-                continue
-            median = statistics.median(samples)
-            bare = statistics.median(times["bare"][kind])
-            entry[kind] = {
-                "n": len(samples),
-                "median_ms": round(median * 1e3, 4),
-                "p90_ms": round(sorted(samples)[int(0.9 * len(samples))] * 1e3, 4),
-                "added_median_ms": round((median - bare) * 1e3, 4),
-            }
+            if times[mode.name][kind]:
+                entry[kind] = _stats(times[mode.name][kind], times["bare"][kind])
         results["modes"][mode.name] = entry
 
     # The core alone, no IPython: one Meter start+stop (what each measured cell pays at least).
