@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 
@@ -12,14 +11,7 @@ import pytest
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.sources.nvml import NvmlSession
 
-from tests.sources.test_nvml import _fake_pynvml
-
-
-@pytest.fixture
-def fake_pynvml(monkeypatch):
-    module = _fake_pynvml()
-    monkeypatch.setitem(sys.modules, "pynvml", module)
-    return module
+from tests.sources.test_nvml import fake_pynvml  # noqa: F401  the fixture: a fake NVML module as ``pynvml``
 
 
 def test_calls_that_come_while_closing_are_turned_away_then_it_opens_again(fake_pynvml):
