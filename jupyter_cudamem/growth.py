@@ -70,6 +70,12 @@ class Growth:
         b, p = self.anchor
         return p + uncertainty(p) + self.per_sample_high_bytes * max(batch - b, 0)
 
+    def raised(self, by_bytes: float) -> Growth:
+        """The same line for a step that starts ``by_bytes`` higher (state kept from earlier steps)."""
+        batch, peak = self.anchor
+        return Growth(self.fixed_bytes + by_bytes, self.per_sample_bytes, self.per_sample_high_bytes,
+                      (batch, peak + by_bytes))
+
     def largest_batch(self, budget_bytes: float, sure: bool = True) -> int:
         """The largest batch whose peak stays within ``budget_bytes``: with the steepest slope allowed
         (``sure``) or the fitted one."""

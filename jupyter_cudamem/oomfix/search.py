@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..growth import Growth, fit, lowest_slope
+from ..growth import Growth, fit, lowest_slope, through_origin
 
 FIRST_PROBE_DIVISOR = 64
 """The first probe is the failed batch over 64 (times budget/need when the failure's figures show the
@@ -181,19 +181,18 @@ class BatchSearch:
         fitted = [a for a in self.attempts if a.fitted and a.observation.peak_bytes is not None]
         if not fitted:
             return None
-        if len({a.batch for a in fitted}) == 1:
+        if self._one_batch_measured():
             top = max(fitted, key=lambda a: a.observation.peak_bytes or 0)
             own = float(top.observation.peak_bytes or 0) - top.observation.start_bytes
-            slope = max(own, 0.0) / top.batch
-            return Growth(float(self.level_bytes), slope, slope, (top.batch, self.level_bytes + slope * top.batch))
+            return through_origin(top.batch, max(own, 0.0)).raised(self.level_bytes)
         growth = fit(self._fitted_points())
         if growth is None:
             return None
-        anchor_batch, anchor_peak = growth.anchor
-        started = max((a.observation.start_bytes for a in fitted if a.batch == anchor_batch), default=0)
-        raise_by = max(self.level_bytes - started, 0)
-        return Growth(growth.fixed_bytes + raise_by, growth.per_sample_bytes, growth.per_sample_high_bytes,
-                      (anchor_batch, anchor_peak + raise_by))
+        started = max(a.observation.start_bytes for a in fitted if a.batch == growth.anchor[0])
+        return growth.raised(max(self.level_bytes - started, 0))
+
+    def _one_batch_measured(self) -> bool:
+        return len({b for b, _ in self._fitted_points()}) == 1
 
     def _need_at(self, batch: int) -> float | None:
         needs = [n for b, n in self._failed_points() if b == batch]
@@ -265,14 +264,14 @@ class BatchSearch:
             anchor_batch, anchor_peak = growth.anchor
             predicted = min(predicted, int(math.floor(anchor_batch + (self.usable_bytes - anchor_peak) / slowest)))
         predicted = min(predicted, high - 1)
-        if len(self._fitted_points()) == 1 and growth.anchor[1] < target:
+        if self._one_batch_measured() and growth.anchor[1] < target:
             # One point bounds the growth, it does not estimate it: below the budget there is room to
             # measure a second point, and the line through both says more than any gain rule.
             predicted = max(predicted, low + 1)
         elif predicted <= low * (1 + self.min_gain):
             self.stop(f"the measured line puts the largest batch that fits at about {low}, already tried")
             return None
-        if len(self._fitted_points()) == 1:
+        if self._one_batch_measured():
             how = f"surest from {growth.anchor[0]}'s peak (line through it and zero)"
         else:
             how = (f"line through measured peaks: {growth.fixed_bytes / 2**20:.0f} MiB fixed + "
