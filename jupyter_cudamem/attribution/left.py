@@ -568,28 +568,32 @@ def _judge(
         novelty = {key: _novelty_of(hit, change, detail) for key, hit in root.reach.storages.items()}
         judged.append(_Judged(root, change, novelty, detail))
     is_module = [isinstance(value, probe.module_types) for _, value in unchanged]
-    # Each walk is of a part of ``unchanged``; ``positions`` maps its ``Hit.owner`` back to the whole.
-    positions = list(compress(range(len(unchanged)), is_module))
-    walks = [(walk_together([unchanged[i] for i in positions], probe, skip), positions)]
-    _mark_old(judged, walks[0][0].reached)
+
+    def walk_part(chosen: Iterable[bool]) -> tuple[Reach, list[int]]:
+        """One walk of the chosen part of ``unchanged``; the positions map its ``Hit.owner`` back."""
+        positions = list(compress(range(len(unchanged)), chosen))
+        part = walk_together([unchanged[i] for i in positions], probe, skip)
+        _mark_old(judged, part.reached)
+        return part, positions
+
+    walks = [walk_part(is_module)]
     if not _explained(judged, left_bytes):
-        positions = list(compress(range(len(unchanged)), map(not_, is_module)))
-        walks.append((walk_together([unchanged[i] for i in positions], probe, skip), positions))
-        _mark_old(judged, walks[1][0].reached)
-    reached = set().union(*(w.reached for w, _ in walks))
+        walks.append(walk_part(map(not_, is_module)))
+    reached = set().union(*(part.reached for part, _ in walks))
+    walked_hooks = [hook for part, _ in walks for hook in part.hooks]
+    truncated = any(part.truncated for part, _ in walks)
     hidden: dict[int, dict[Any, Hit]] = {}
-    for part, where in walks:
+    for part, positions in walks:
         for key, hit in part.late.items():
             if key not in reached:
-                hidden.setdefault(where[hit.owner], {})[key] = hit
-    together = Reach(hooks=[hook for w, _ in walks for hook in w.hooks], truncated=any(w.truncated for w, _ in walks))
+                hidden.setdefault(positions[hit.owner], {})[key] = hit
     for owner, hits in hidden.items():
         name, value = unchanged[owner]
         root = made.get(owner) or Root(name, root_kind(value, probe), value, True, VARIABLE, 1)
-        root.reach = Reach(storages=hits, hooks=together.hooks, truncated=together.truncated)
+        root.reach = Reach(storages=hits, hooks=walked_hooks, truncated=truncated)
         judged.append(_Judged(root, "unchanged", dict.fromkeys(hits, UNKNOWN)))
-    hooks = list(together.hooks) + [hook for entry in judged for hook in entry.root.reach.hooks]
-    if together.truncated and judged:
+    hooks = walked_hooks + [hook for entry in judged for hook in entry.root.reach.hooks]
+    if truncated and judged:
         judged[0].root.reach.truncated = True
     return judged, hooks
 
