@@ -2,7 +2,7 @@
 
 For every workload of ``benchmarks/oomfix.py`` (same setup cells, same cell), PyTorch capped at 6 GiB as in
 the sweep, the cell runs in a plain namespace at fixed fractions of the sweep's largest fitting batch
-(``ORACLE``, from ``benchmarks/results/oomfix_sweep.json``), each run after ``gc.collect()`` and
+(read from ``benchmarks/results/oomfix_sweep.json``), each run after ``gc.collect()`` and
 ``empty_cache()`` with the peak statistics reset. Recorded per run: whether it fitted, the allocated,
 reserved, active and inactive-split peaks, PyTorch's count of allocation retries (the allocator freeing
 its cache under the cap and trying again), and the error.
@@ -40,24 +40,27 @@ from benchmarks.oomfix import WORKLOADS, missing_module  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "usable_memory.json"
 CAP_BYTES = 6 * 2**30
-ORACLE = {"resnet18_model_from_earlier_cell": 3390, "bert_from_config_adamw_in_cell": 640,
-          "resnet50_autocast_bf16": 746, "gru_config_dict_from_earlier_cell": 1009,
-          "resnet50_inference_without_no_grad": 222, "mlp_builds_own_model": 73472,
-          "timm_efficientnet_name_from_earlier_cell": 379, "lstm_language_model": 231,
-          "cnn_dataloader_from_earlier_cell": 360}
-"""The sweep's largest fitting batch per workload (its oracle, a bisection in an IPython shell)."""
+SWEEP = REPO / "benchmarks" / "results" / "oomfix_sweep.json"
+
+
+def sweep_oracles() -> dict[str, int]:
+    """The sweep's largest fitting batch per workload (its oracle, a bisection in an IPython shell)."""
+    workloads = json.loads(SWEEP.read_text())["workloads"]
+    return {name: info["oracle_batch"] for name, info in workloads.items() if "oracle_batch" in info}
+
+
 FRACTIONS = (0.05, 0.3, 0.6, 0.85, 0.95, 1.0, 1.04)
 """From a probe-sized batch to just past the sweep's largest: where the search's tries land."""
 
 
-def run_workload(workload, dev: str = "cuda") -> list[dict]:
+def run_workload(workload, oracle: int, dev: str = "cuda") -> list[dict]:
     namespace: dict = {}
     for cell in workload.setup_cells(dev):
         exec(cell, namespace)
     keep = set(namespace)
     rows = []
     for fraction in FRACTIONS:
-        batch = max(1, round(ORACLE[workload.name] * fraction))
+        batch = max(1, round(oracle * fraction))
         for name in [n for n in namespace if n not in keep]:
             del namespace[name]
         gc.collect()
@@ -95,7 +98,8 @@ def run_workload(workload, dev: str = "cuda") -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    names = argv[0].split(",") if argv else list(ORACLE)
+    oracles = sweep_oracles()
+    names = argv[0].split(",") if argv else list(oracles)
     torch.cuda.init()
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(CAP_BYTES / total, 0)
@@ -104,13 +108,14 @@ def main(argv: list[str]) -> int:
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cap_bytes": CAP_BYTES,
+        "oracle_batches": oracles,
         "workloads": {},
     }
     for workload in WORKLOADS:
-        if workload.name not in names:
+        if workload.name not in names or workload.name not in oracles:
             continue
         reason = missing_module(workload)
-        results["workloads"][workload.name] = {"skipped": reason} if reason else run_workload(workload)
+        results["workloads"][workload.name] = {"skipped": reason} if reason else run_workload(workload, oracles[workload.name])
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
     return 0
