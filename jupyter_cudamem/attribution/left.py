@@ -574,7 +574,7 @@ def _judge(
     def walk_part(chosen: Iterable[bool]) -> tuple[Reach, list[int]]:
         """One walk of the chosen part of ``unchanged``; the positions map its ``Hit.owner`` back."""
         positions = list(compress(range(len(unchanged)), chosen))
-        part = walk_together([unchanged[i] for i in positions], probe, skip)
+        part = walk_together(list(map(unchanged.__getitem__, positions)), probe, skip)
         _mark_old(judged, part.reached)
         return part, positions
 
