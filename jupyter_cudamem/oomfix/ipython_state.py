@@ -32,11 +32,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..ipython_names import OUTPUT_CACHE_NAMES
 from ..attribution.holders import EXCEPTION, FRAME, OUTPUT_CACHE, Reference, reaches_cuda
 from .parse import OomInfo, describe_chain, exception_chain, is_cuda_oom, parse_oom
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
-_UNDERS = ("_", "__", "___")
 # IPython's own frames (``run_code``) are cleared too but not worth naming in a report.
 _MACHINERY_MODULES = ("IPython.", "ipykernel.")
 
@@ -273,7 +273,7 @@ def ipython_references(shell: Any) -> list[Reference]:
             if shell.user_ns.get(f"_{number}") is value:
                 refs.append(Reference(f"_{number}", OUTPUT_CACHE, value))
     displayhook = getattr(shell, "displayhook", None)
-    for name in _UNDERS:
+    for name in OUTPUT_CACHE_NAMES:
         value = getattr(displayhook, name, None)
         if value is not None and not isinstance(value, str):
             refs.append(Reference(name, OUTPUT_CACHE, value))
@@ -418,7 +418,7 @@ def _release_output_cache(shell: Any, holds_cuda: Callable[[object], bool]) -> l
             if hidden.get(key) is value:
                 del hidden[key]
             released.append(f"Out[{number}]" + (f" (also {', '.join(also)})" if also else ""))
-    for name in _UNDERS:
+    for name in OUTPUT_CACHE_NAMES:
         value = getattr(displayhook, name, None)
         if value is None or isinstance(value, str):
             continue

@@ -27,9 +27,13 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-# IPython's own names in a user namespace: the cleanup's business, not ours.
-_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
-OUTPUT_CACHE_NAMES = ("_", "__", "___")
+from ..ipython_names import OUTPUT_CACHE_NAMES, is_ipython_name
+
+
+def _kept_as_the_try_left(name: str) -> bool:
+    """IPython's own names (``ipython_names``: the cleanup's business) and private names: what a failed
+    try bound to them is not undone, except the output cache's ``_``, ``__``, ``___``."""
+    return name not in OUTPUT_CACHE_NAMES and (name.startswith("_") or is_ipython_name(name))
 
 
 class Mover(Protocol):
@@ -269,7 +273,7 @@ def set_aside(
     aside = SetAside(namespace)
     kept = []
     for name in bound_before_read(source, transform):
-        if name.startswith("_") or name in _IPYTHON_NAMES or name not in namespace:
+        if name.startswith("_") or is_ipython_name(name) or name not in namespace:
             continue
         value = namespace[name]
         try:
@@ -299,7 +303,7 @@ def restore_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, A
     """
     changed = []
     for name in list(namespace):
-        if name in _IPYTHON_NAMES or (name.startswith("_") and name not in OUTPUT_CACHE_NAMES):
+        if _kept_as_the_try_left(name):
             continue
         if name not in before:
             del namespace[name]
