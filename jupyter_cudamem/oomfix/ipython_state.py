@@ -183,31 +183,6 @@ def last_failure(shell: Any) -> Failure | None:
     return Failure.of(error, source, number)
 
 
-def failed_execution(shell: Any) -> tuple[BaseException | None, str | None]:
-    """``(exception, failed cell's source)`` of the last failed cell, ``(None, None)`` when none is known.
-
-    The exception is ``None`` (with the source still given) once a cleanup released it; then
-    ``last_failure(shell).oom()`` still reads the OOM from the recorded text.
-    """
-    failure = last_failure(shell)
-    if failure is None:
-        return None, None
-    return failure.exception or _live_exception(shell, failure), failure.raw_cell
-
-
-def _live_exception(shell: Any, failure: Failure) -> BaseException | None:
-    """The recorded failure's exception where IPython still holds it (the recorder keeps only OOMs)."""
-    result = getattr(shell, "last_execution_result", None)
-    for candidate in (
-        getattr(sys, "last_exc", None),
-        getattr(sys, "last_value", None),
-        getattr(result, "error_in_exec", None),
-    ):
-        if isinstance(candidate, BaseException) and describe_chain(candidate) == failure.text:
-            return candidate
-    return None
-
-
 def user_variables(shell: Any) -> dict[str, Any]:
     """The user's namespace without what IPython put there at start-up (``user_ns_hidden``)."""
     hidden = getattr(shell, "user_ns_hidden", {})
