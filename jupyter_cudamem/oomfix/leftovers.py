@@ -23,7 +23,7 @@ the host is a ``Mover`` (``TorchMover`` for PyTorch; tests pass fakes).
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -137,6 +137,11 @@ def bound_before_read(source: str, transform: Callable[[str], str] | None = None
         tree = ast.parse(transform(source) if transform is not None else source)
     except (SyntaxError, ValueError):
         return []
+    return names_bound_before_read(tree)
+
+
+def names_bound_before_read(tree: ast.Module) -> list[str]:
+    """``bound_before_read`` of a cell already parsed (``tree`` is what IPython runs)."""
     read: set[str] = set()
     bound: list[str] = []
     top = _in_order(tree.body, read)
@@ -268,11 +273,15 @@ def set_aside(
     source: str,
     mover: Mover,
     transform: Callable[[str], str] | None = None,
+    names: Sequence[str] | None = None,
 ) -> SetAside:
-    """Move to the host and unbind what the failed cell bound and will bind again (see the module docstring)."""
+    """Move to the host and unbind what the failed cell bound and will bind again (see the module docstring).
+
+    ``names`` is ``bound_before_read(source, transform)`` where the caller has it already (the source is
+    then not parsed again)."""
     aside = SetAside(namespace)
     kept = []
-    for name in bound_before_read(source, transform):
+    for name in bound_before_read(source, transform) if names is None else names:
         if name.startswith("_") or is_ipython_name(name) or name not in namespace:
             continue
         value = namespace[name]
