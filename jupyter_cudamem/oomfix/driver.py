@@ -93,7 +93,9 @@ class Driver:
     """Runs the strategies in order for one failed cell; see the module docstring.
 
     ``mover`` moves what the failed cell bound to the host before the reruns (``leftovers``);
-    ``None`` uses PyTorch's (``leftovers.TorchMover``), tests pass fakes.
+    ``None`` uses PyTorch's (``leftovers.TorchMover``), tests pass fakes. ``oom_of`` reads a try's OOM
+    from its exception (``parse.parse_oom`` when ``None``): a caller that has parsed it already (the
+    magic, to hide a try's OOM traceback) hands that over, so each try's OOM is parsed once.
     """
 
     run_source: RunSource
@@ -105,6 +107,7 @@ class Driver:
     transform: Callable[[str], str] | None = None
     margin: float = 0.04
     mover: Mover | None = None
+    oom_of: Callable[[BaseException], OomInfo | None] | None = None
 
     def __post_init__(self) -> None:
         self.max_tries = check_max_tries(self.max_tries)
@@ -144,7 +147,8 @@ class Driver:
             undo_bindings(namespace, before)
         before = None
         peak = next((d.peak_above_start_bytes for d in measurement.devices), None)
-        oom = parse_oom(error) if error is not None else None  # parsed once; only its figures are kept
+        # Parsed once (here or by ``oom_of``'s owner); only its figures are kept.
+        oom = None if error is None else (self.oom_of or parse_oom)(error)
         message = None if error is None or oom is not None else _one_line(error)
         # Free what this try left (a failed try holds its frames like the original failure did), then
         # let go of the exception: nothing of ours may keep its traceback.
