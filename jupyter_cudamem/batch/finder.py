@@ -1589,8 +1589,8 @@ def find_batch(
             "no batch size in the cell: no integer named or used like a batch size, no tensor with a literal "
             "batch dimension, no DataLoader, Trainer or config it reads from an earlier cell"
         )
-        return BatchFinding(source, tuple(ranked), problem, parsed.body_line, notes, whole)
-    return BatchFinding(source, tuple(ranked), None, parsed.body_line, notes, whole)
+        return BatchFinding(source, tuple(ranked), problem, parsed.body_line, notes, whole, True)
+    return BatchFinding(source, tuple(ranked), None, parsed.body_line, notes, whole, True)
 
 
 def _feeds_sequence_first_model(scan: _Scan) -> bool:

@@ -88,11 +88,12 @@ def whole_data_decision(
     parsed: ParsedCell | None = None,
 ) -> WholeDataDecision | None:
     """``None`` when a smaller batch is a fix; else chunks over all the data, or a refusal (see the module
-    docstring). ``finding.whole_data`` is used when it was decided for the knob chosen now; ``parsed`` is
-    the finding's source already parsed."""
+    docstring). ``finding.whole_data`` is used when it was decided for the knob chosen now (as ``find_batch``
+    decides it); ``parsed`` is the finding's source already parsed."""
     whole = finding.whole_data
     chosen = finding.chosen
-    if whole is None or whole.knob != (chosen.label if chosen is not None else whole.knob):
+    stale = whole is not None and chosen is not None and whole.knob != chosen.label
+    if stale or (whole is None and not finding.whole_data_decided):
         whole = covers_whole_data(finding, namespace, transform, parsed)
     if whole is None:
         return None

@@ -387,10 +387,18 @@ def test_when_no_batch_fits_the_value_is_put_back_where_it_lives():
 
 
 def test_the_oom_is_parsed_once_per_try_and_the_finder_runs_once(monkeypatch):
-    from jupyter_cudamem.oomfix import driver as driver_module
+    from jupyter_cudamem.batch import finder
+    from jupyter_cudamem.oomfix import driver as driver_module, whole_data
 
-    calls = {"parse": 0, "find": 0}
-    real_parse, real_find = driver_module.parse_oom, driver_module.find_batch
+    calls = {"parse": 0, "find": 0, "whole data": 0}
+    real_parse, real_find, real_whole = driver_module.parse_oom, driver_module.find_batch, finder.covers_whole_data
+
+    def whole(*args, **kwargs):
+        calls["whole data"] += 1
+        return real_whole(*args, **kwargs)
+
+    monkeypatch.setattr(finder, "covers_whole_data", whole)
+    monkeypatch.setattr(whole_data, "covers_whole_data", whole)
 
     def parse(error):
         calls["parse"] += 1
@@ -406,7 +414,7 @@ def test_the_oom_is_parsed_once_per_try_and_the_finder_runs_once(monkeypatch):
     source = TRAINING_CELL.format(batch=6000)
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     failed = sum(1 for t in outcome.tries if not t.fitted)
-    assert calls["find"] == 1
+    assert calls["find"] == 1 and calls["whole data"] == 1  # the finder decides whether the batch is the data
     assert calls["parse"] == 1 + failed  # the original failure once, each failed try once
 
 
