@@ -162,7 +162,9 @@ def user_items(namespace: Mapping[str, Any]) -> list[tuple[str, Any]]:
     is looked up, and only names starting with ``_`` (few) are matched against IPython's patterns."""
     items = list(namespace.items())
     keys = list(map(itemgetter(0), items))
-    keep = list(map(_is_user_type, map(type, map(itemgetter(1), items))))
+    kinds = list(map(type, map(itemgetter(1), items)))
+    user_types = set(filter(_is_user_type, set(kinds)))  # a few types: one call each, not one per name
+    keep = list(map(user_types.__contains__, kinds))
     for index in compress(range(len(keys)), map(str.startswith, keys, repeat("_"))):
         if _IPYTHON_NAME_PATTERN.match(keys[index]) or keys[index] in _IPYTHON_NAMES:
             keep[index] = False

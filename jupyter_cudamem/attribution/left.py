@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, islice, repeat
-from operator import ne, not_
+from operator import itemgetter, ne, not_
 from typing import Any
 
 from ..collector import collector_paused
@@ -567,7 +567,9 @@ def _judge(
         root.reach = walk(root.value, probe, skip, True, root.name)
         novelty = {key: _novelty_of(hit, change, detail) for key, hit in root.reach.storages.items()}
         judged.append(_Judged(root, change, novelty, detail))
-    is_module = [isinstance(value, probe.module_types) for _, value in unchanged]
+    kinds = list(map(type, map(itemgetter(1), unchanged)))
+    module_kinds = {kind for kind in set(kinds) if issubclass(kind, probe.module_types)}
+    is_module = list(map(module_kinds.__contains__, kinds))
 
     def walk_part(chosen: Iterable[bool]) -> tuple[Reach, list[int]]:
         """One walk of the chosen part of ``unchanged``; the positions map its ``Hit.owner`` back."""

@@ -245,3 +245,134 @@ def test_the_keys_only_pass_reads_tensor_likes_without_pytorchs_class_attributes
     together = walk_together(roots, probe)
     union = set().union(*(walk(value, probe).storages for _, value in roots))
     assert together.reached == union and len(union) == 3
+
+
+# -- the keys-only pass's bulk lane against its one-object-at-a-time loop ----------------------------
+def _walk_both_ways(roots, probe, monkeypatch, limit=None):
+    """``walk_together`` as it runs, and with ``fast_lane`` handing every root back to the loop."""
+    from jupyter_cudamem.attribution import walk as walk_module
+
+    kwargs = {} if limit is None else {"limit": limit}
+    fast = walk_module.walk_together(roots, probe, **kwargs)
+    with monkeypatch.context() as patched:
+        patched.setattr(
+            walk_module._Walker,
+            "fast_lane",
+            lambda self, values: [
+                (owner, value, True) for owner, value in enumerate(values) if type(value) not in walk_module.ATOM_TYPES
+            ],
+        )
+        slow = walk_module.walk_together(roots, probe, **kwargs)
+    return fast, slow
+
+
+def _late(reach):
+    return {key: (hit.owner, hit.category, hit.path) for key, hit in reach.late.items()}
+
+
+def _assert_same(fast, slow):
+    assert fast.reached == slow.reached
+    assert _late(fast) == _late(slow)
+    assert sorted(hook.describe() for hook in fast.hooks) == sorted(hook.describe() for hook in slow.hooks)
+    assert fast.truncated == slow.truncated
+
+
+class _Holder:
+    def __init__(self, tensor, step=0):
+        self.tensor = tensor
+        self.step = step
+
+
+class _NoDict:
+    __slots__ = ()
+
+
+class _OddDict:
+    """An object whose ``__dict__`` is not a dict: the bulk read hands it back to the loop."""
+
+    @property
+    def __dict__(self):  # type: ignore[override]
+        return [FakeTensor(MiB)]
+
+
+def _mixed_roots():
+    from collections import OrderedDict, deque, namedtuple
+
+    shared_list = [FakeTensor(MiB), FakeTensor(MiB)]
+    shared_tensor = FakeTensor(MiB)
+    hooked = FakeTensor(2 * MiB)
+    inner = FakeModule({"w": FakeTensor(MiB)})
+    inner._forward_hooks = {0: functools.partial(lambda kept, *a: None, [hooked])}
+    inner.cache = FakeTensor(3 * MiB)
+    pair = namedtuple("pair", "a b")
+    cycle: list = [FakeTensor(MiB)]
+    cycle.append(cycle)
+    return [
+        ("flat", [FakeTensor(MiB), 3, "x", None]),
+        ("same_list_again", shared_list),
+        ("shared_list", shared_list),
+        ("twice_in_one", [shared_list, shared_list, shared_tensor, shared_tensor]),
+        ("ordered", OrderedDict(a=FakeTensor(MiB), b=[FakeTensor(MiB), {"c": shared_tensor}])),
+        ("queue", deque([FakeTensor(MiB), pair(FakeTensor(MiB), 1)])),
+        ("holder", _Holder(FakeTensor(MiB, grad=FakeTensor(MiB)))),
+        ("holders", [_Holder(FakeTensor(MiB)) for _ in range(5)]),
+        ("trainer", _Holder({"model": inner, "history": [FakeTensor(MiB)]})),  # a module below the roots
+        ("slotted", _Slotted(FakeTensor(MiB), _Plain(inner=[shared_tensor]))),
+        ("dictless", [_NoDict(), len, int, object()]),
+        ("odd", _OddDict()),
+        ("cycle", cycle),
+        ("tags", {frozenset({1, 2}), (FakeTensor(MiB),)}),
+        ("atom", 5),
+        ("cpu", FakeTensor(MiB, device="cpu", grad=FakeTensor(MiB))),
+    ]
+
+
+def test_the_bulk_lane_reaches_what_the_loop_reaches_with_the_same_owners(monkeypatch):
+    for roots in (_fake_roots(), _mixed_roots(), _fake_roots() + _mixed_roots()):
+        fast, slow = _walk_both_ways(roots, fake_probe(), monkeypatch)
+        _assert_same(fast, slow)
+    # the module under ``trainer`` keeps a hook's capture and a plain attribute: named by that root
+    roots = _mixed_roots()
+    fast, _ = _walk_both_ways(roots, fake_probe(), monkeypatch)
+    owners = {roots[hit.owner][0] for hit in fast.late.values()}
+    assert owners == {"trainer"}
+
+
+def test_the_bulk_lane_counts_each_object_as_the_loop_does(monkeypatch):
+    """Same count per object queued: both are cut at the same limit, and by it alone."""
+    roots = _mixed_roots()
+    fast, slow = _walk_both_ways(roots, fake_probe(), monkeypatch)
+    assert not fast.truncated and not slow.truncated
+    cut = {}
+    for limit in range(1, 80):
+        fast, slow = _walk_both_ways(roots, fake_probe(), monkeypatch, limit=limit)
+        assert fast.truncated == slow.truncated, limit
+        cut[limit] = fast.truncated
+    assert cut[1] and not cut[79]  # the test spans the limit where the walk stops being cut
+
+
+def test_the_bulk_lane_over_real_tensors_with_graphs_and_gradients(monkeypatch):
+    torch = pytest.importorskip("torch")
+    probe = torch_cpu_probe()
+    w = torch.randn(16, 16, requires_grad=True)
+    x = torch.randn(8, 16)
+    (x @ w).sum().backward()  # w.grad
+    kept = (x @ w).tanh()
+    kept.retain_grad()
+    kept.sum().backward()
+    sparse = torch.randn(4, 4).to_sparse()  # no single storage: the bulk read hands its part back
+    model = torch.nn.Linear(4, 4)
+    stored = []
+    model.register_forward_hook(lambda module, args, out: stored.append(out))
+    model(torch.randn(2, 4))
+    roots = [
+        ("w", w),
+        ("values", [x, kept, {"loss": (x @ w).pow(2).mean()}, [w.grad]]),
+        ("sparse", [sparse, torch.zeros(3)]),
+        ("objects", [_Holder(x * 2) for _ in range(3)]),
+        ("wrapped", _Holder(model)),
+        ("params", list(model.parameters())),
+    ]
+    fast, slow = _walk_both_ways(roots, probe, monkeypatch)
+    _assert_same(fast, slow)
+    assert len(fast.reached) >= 10 and fast.late  # the hook's outputs are met late, under ``wrapped``
