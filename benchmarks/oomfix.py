@@ -69,6 +69,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks import bisect_batch  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "oomfix_sweep.json"
 CAP_GIB = 6.0
 RATIOS = (1.5, 4.0, 16.0, 64.0)
@@ -298,33 +300,9 @@ def missing_module(workload: Workload) -> str | None:
 # -- searches: pure logic over "does batch b fit?" ------------------------------------------------
 def largest_fitting(fits: Callable[[int], bool], first: int = ORACLE_FIRST_PROBE,
                     limit: int = ORACLE_MAX_BATCH) -> tuple[int, list[tuple[int, bool]]]:
-    """The largest batch that fits, by doubling from ``first`` then bisection; with every probe.
-
-    Returns 0 when not even a batch of 1 fits. Assumes fitting is monotone in the batch (a probe is
-    a real run, so a batch near the limit that fits once may fail once: the oracle is one run's word).
-    """
-    probes: list[tuple[int, bool]] = []
-
-    def probe(batch: int) -> bool:
-        fitted = fits(batch)
-        probes.append((batch, fitted))
-        return fitted
-
-    if probe(first):
-        low, high = first, 2 * first
-        while high <= limit and probe(high):
-            low, high = high, 2 * high
-        if high > limit:
-            raise RuntimeError(f"still fits at {low}: the batch knob does not reach the cell")
-    else:
-        low, high = 0, first
-    while high - low > 1:
-        middle = (low + high) // 2
-        if probe(middle):
-            low = middle
-        else:
-            high = middle
-    return low, probes
+    """The largest batch that fits, by doubling from ``first`` then bisection; with every probe
+    (``bisect_batch.largest_fitting``: 0 when not even a batch of 1 fits, monotone fitting assumed)."""
+    return bisect_batch.largest_fitting(fits, first, up=lambda batch: 2 * batch, limit=limit)
 
 
 @dataclass

@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from benchmarks import bisect_batch  # noqa: E402
 from jupyter_cudamem.capacity.cards import Card  # noqa: E402
 from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, build_plan, largest_batch  # noqa: E402
 from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs  # noqa: E402
@@ -286,40 +287,16 @@ def fits(workload: Workload, batch: int) -> bool:
 
 
 def real_largest(workload: Workload, guess: int) -> tuple[int, int]:
-    """The largest batch that fits under the current cap, and how many steps finding it took."""
-    tries = 0
-
-    def ok(batch: int) -> bool:
-        nonlocal tries
-        tries += 1
-        return fits(workload, batch)
-
-    guess = max(guess, 1)
-    if ok(guess):
-        low, high = guess, None
-        while high is None:
-            candidate = max(int(low * 1.25), low + 1)
-            if ok(candidate):
-                low = candidate
-            else:
-                high = candidate
-    else:
-        low, high = 0, guess
-        while low == 0:
-            candidate = max(int(high / 1.25), 1) if high > 1 else 0
-            if candidate == 0:
-                return 0, tries
-            if ok(candidate):
-                low = candidate
-            else:
-                high = candidate
-    while high - low > 1:
-        middle = (low + high) // 2
-        if ok(middle):
-            low = middle
-        else:
-            high = middle
-    return low, tries
+    """The largest batch that fits under the current cap, and how many steps finding it took: from the
+    prediction, up or down by 25% (at least one) until the answer flips, then bisection
+    (``bisect_batch.largest_fitting``)."""
+    found, runs = bisect_batch.largest_fitting(
+        lambda batch: fits(workload, batch),
+        max(guess, 1),
+        up=lambda batch: max(int(batch * 1.25), batch + 1),
+        down=lambda batch: max(int(batch / 1.25), 1) if batch > 1 else 0,
+    )
+    return found, len(runs)
 
 
 def rule_of_thumb(workload: Workload, peak_bytes: int, card_bytes: int) -> int:

@@ -1,7 +1,8 @@
 """The names IPython itself puts in a user namespace, in one place.
 
 ``attribution.holders`` leaves them out of "your variables" (the output cache and input history are
-reported under their own holders) and ``oomfix.driver`` leaves them out of what a rerun may change.
+reported under their own holders); ``oomfix.leftovers`` never sets them aside, and undoes a failed
+try's bindings of them only for the output cache (``OUTPUT_CACHE_NAMES``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import re
 IPYTHON_NAMES = frozenset(
     {"_", "__", "___", "_i", "_ii", "_iii", "_ih", "_oh", "_dh", "In", "Out", "exit", "quit", "get_ipython"}
 )
+# The output cache's last three values: a try that displayed a tensor keeps it there.
+OUTPUT_CACHE_NAMES = ("_", "__", "___")
 # ``_12`` and ``_i12`` (an output and an input of cell 12), and dunder names such as ``__builtins__``.
 IPYTHON_NAME_PATTERN = re.compile(r"^_i?\d+$|^__\w+__$")
 

@@ -1536,16 +1536,19 @@ def find_batch(
     *,
     history: list[str] | None = None,
     cell_number: int | None = None,
+    parsed: ParsedCell | None = None,
 ) -> BatchFinding:
     """Every place the failed cell's batch size may live, most plausible first (see the module docstring).
 
     ``namespace`` is the user's; ``history`` IPython's raw input history (``In``: index ``k`` holds
     ``In[k]``) and ``cell_number`` the failed cell's ``k`` (cells from it on are ignored). ``transform``
-    turns IPython input into Python (the shell's ``transform_cell``; IPython's own by default). Never
-    raises for bad input: ``problem`` says what is wrong.
+    turns IPython input into Python (the shell's ``transform_cell``; IPython's own by default);
+    ``parsed`` is ``source`` already parsed with it, so it is not parsed again. Never raises for bad
+    input: ``problem`` says what is wrong.
     """
     try:
-        parsed = parse_cell(source, transform)
+        if parsed is None or parsed.source != source:
+            parsed = parse_cell(source, transform)
     except SyntaxError as error:
         return BatchFinding(
             source,
@@ -1586,8 +1589,8 @@ def find_batch(
             "no batch size in the cell: no integer named or used like a batch size, no tensor with a literal "
             "batch dimension, no DataLoader, Trainer or config it reads from an earlier cell"
         )
-        return BatchFinding(source, tuple(ranked), problem, parsed.body_line, notes, whole)
-    return BatchFinding(source, tuple(ranked), None, parsed.body_line, notes, whole)
+        return BatchFinding(source, tuple(ranked), problem, parsed.body_line, notes, whole, True)
+    return BatchFinding(source, tuple(ranked), None, parsed.body_line, notes, whole, True)
 
 
 def _feeds_sequence_first_model(scan: _Scan) -> bool:

@@ -217,6 +217,9 @@ class BatchFinding:
     # Set when the batch is the data itself (inference or a metric over a whole tensor): a smaller
     # batch would compute a smaller result. ``whole_data.reason`` says how that was decided (``whole``).
     whole_data: WholeData | None = None
+    # Whether ``whole_data`` was decided for ``chosen`` (``find_batch`` decides it): then ``None`` means a
+    # smaller batch is a fix, and nothing decides it again.
+    whole_data_decided: bool = False
 
     @property
     def covers_whole_data(self) -> bool:

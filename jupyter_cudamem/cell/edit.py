@@ -13,7 +13,7 @@ import tokenize
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .source import Span, Transform, line_ending, parse_cell, split_lines
+from .source import ParsedCell, Span, Transform, line_ending, parse_cell, split_lines
 
 
 @dataclass(frozen=True)
@@ -94,17 +94,19 @@ def wrap_in_autocast(
     dtype: str = "bfloat16",
     import_torch: bool = True,
     transform: Transform | None = None,
+    parsed: ParsedCell | None = None,
 ) -> str:
     """``source`` with its body inside ``with torch.autocast("cuda", dtype=torch.<dtype>):``.
 
     A cell-magic header stays first. Lines are indented by four spaces except lines inside a
     multi-line string (found by tokenizing what IPython would run, so ``!cmd`` lines do not confuse
     it); IPython accepts indented ``!cmd`` and ``%magic`` lines. Raises ``SyntaxError`` when the
-    cell does not parse, so a broken cell is never wrapped.
+    cell does not parse, so a broken cell is never wrapped. ``parsed`` is ``source`` already parsed.
     """
     if dtype not in {"bfloat16", "float16"}:
         raise ValueError(f"autocast dtype must be bfloat16 or float16, got {dtype!r}")
-    parsed = parse_cell(source, transform)
+    if parsed is None or parsed.source != source:
+        parsed = parse_cell(source, transform)
     raw_lines = split_lines(source)
     header, body = raw_lines[: parsed.header_lines], raw_lines[parsed.header_lines :]
     newline = line_ending(source)

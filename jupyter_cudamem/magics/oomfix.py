@@ -20,7 +20,7 @@ from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
 from ..errors import CudaMemError
 from ..oomfix.driver import Driver
-from ..oomfix.parse import OomInfo, is_cuda_oom, parse_oom
+from ..oomfix.parse import OomInfo, parse_oom
 from ..oomfix.outcome import Outcome
 from ..oomfix.options import check_max_tries, check_strategies
 from ..oomfix.strategies import STRATEGIES
@@ -112,6 +112,9 @@ class OomFix(CudaMemMagicsBase):
         shell.events.register("pre_run_cell", self._note_cell_start)
         # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
         self.probe: Any = None
+        # The last rerun's exception (by id: no reference to its frames) and its OOM, parsed once by the
+        # hook that hides its traceback, for the driver to read (``_oom_of``).
+        self._try_oom: tuple[int, OomInfo | None] | None = None
 
     def close(self) -> None:
         if self._owns_recorder:
@@ -285,16 +288,18 @@ class OomFix(CudaMemMagicsBase):
             strategies=strategies,
             transform=self.shell.transform_cell,
             margin=self.margin,
+            oom_of=self._oom_of,
         )
-        saved_failure = self._recorder.last
+        device = oom.device_index if oom is not None and oom.device_index is not None else 0
+        before = None if allocated_at_start is None else allocated_at_start.get(device)
         try:
-            device = oom.device_index if oom is not None and oom.device_index is not None else 0
-            before = None if allocated_at_start is None else allocated_at_start.get(device)
-            outcome = driver.fix(source, None, self.shell.user_ns, freed_bytes=cleaned.freed_bytes, oom=oom,
-                                 allocated_before=before, history=input_history(self.shell), cell_number=cell_number)
-        finally:
             # Our reruns are not the user's failures: the record stays the cell they ran.
-            self._recorder.last = saved_failure
+            with self._recorder.paused():
+                outcome = driver.fix(source, None, self.shell.user_ns, freed_bytes=cleaned.freed_bytes, oom=oom,
+                                     allocated_before=before, history=input_history(self.shell),
+                                     cell_number=cell_number)
+        finally:
+            self._try_oom = None
         outcome = dataclasses.replace(outcome, cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes))
         if outcome.fitted:
             self._recorder.forget()
@@ -352,7 +357,10 @@ class OomFix(CudaMemMagicsBase):
 
         def showtraceback(*args: Any, **kwargs: Any) -> Any:
             error = sys.exc_info()[1]
-            if error is not None and is_cuda_oom(error):
+            oom = None if error is None else parse_oom(error)
+            if error is not None:
+                self._try_oom = (id(error), oom)  # the driver reads it next (``_oom_of``)
+            if oom is not None:
                 return None
             return original(*args, **kwargs)
 
@@ -364,6 +372,12 @@ class OomFix(CudaMemMagicsBase):
                 vars(shell).pop("showtraceback", None)  # the class's method shows again
             else:
                 vars(shell)["showtraceback"] = before  # what was there before us
+
+    def _oom_of(self, error: BaseException) -> OomInfo | None:
+        """A rerun's OOM as ``showtraceback`` parsed it (the driver still holds ``error``, so its id is
+        its own), else parsed now; read once."""
+        seen, self._try_oom = self._try_oom, None
+        return seen[1] if seen is not None and seen[0] == id(error) else parse_oom(error)
 
     def _run_source(self, source: str) -> BaseException | None:
         """Run IPython input through the shell (so ``!cmd`` and magics work); return its exception."""

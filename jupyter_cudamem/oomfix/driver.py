@@ -12,7 +12,8 @@ The batch is changed where it lives (``batch.BatchChange``: the cell's text, a v
 earlier cell, a DataLoader, a Trainer's arguments), found once per fix and kept at the best batch that
 fitted, or put back when none did. Every try starts with what the failed cell started with: what the
 failed cell bound and binds again is set aside first (``leftovers``), and each failed try is undone.
-The OOM of each try is parsed once, and only its figures are kept (``TryResult``), never the exception.
+The OOM of each try is parsed once, and only its figures are kept (``TryResult``), never the exception;
+each source (the failed cell's, each try's) is parsed once per fix, and every reader gets that tree.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from ..units import format_bytes
 from ..advice import build_suggestions
 from ..batch import BatchChange, BatchFinding, Knob, find_batch
 from ..cell.edit import CellDiff, wrap_in_autocast
-from ..cell.source import default_transform
+from ..cell.source import ParsedCell, default_transform, parse_cell
 from ..cell.traits import cell_traits
-from .leftovers import Mover, SetAside, TorchMover, restore_bindings, set_aside
+from .leftovers import Mover, SetAside, TorchMover, names_bound_before_read, restore_bindings, set_aside
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
 from .parse import OomInfo, parse_oom
@@ -92,7 +93,9 @@ class Driver:
     """Runs the strategies in order for one failed cell; see the module docstring.
 
     ``mover`` moves what the failed cell bound to the host before the reruns (``leftovers``);
-    ``None`` uses PyTorch's (``leftovers.TorchMover``), tests pass fakes.
+    ``None`` uses PyTorch's (``leftovers.TorchMover``), tests pass fakes. ``oom_of`` reads a try's OOM
+    from its exception (``parse.parse_oom`` when ``None``): a caller that has parsed it already (the
+    magic, to hide a try's OOM traceback) hands that over, so each try's OOM is parsed once.
     """
 
     run_source: RunSource
@@ -104,6 +107,7 @@ class Driver:
     transform: Callable[[str], str] | None = None
     margin: float = 0.04
     mover: Mover | None = None
+    oom_of: Callable[[BaseException], OomInfo | None] | None = None
 
     def __post_init__(self) -> None:
         self.max_tries = check_max_tries(self.max_tries)
@@ -117,6 +121,7 @@ class Driver:
         self._kept_noted: set[str] = set()
         self._transform: Callable[[str], str] | None = self.transform
         self._reference: int | None = None  # allocated bytes every try's figures are taken from
+        self._cells: dict[str, ParsedCell | None] = {}  # every source of this fix, parsed once (``_parsed``)
 
     # -- one measured try -------------------------------------------------------------------------
     def _allocated(self, device: int) -> int | None:
@@ -142,7 +147,8 @@ class Driver:
             undo_bindings(namespace, before)
         before = None
         peak = next((d.peak_above_start_bytes for d in measurement.devices), None)
-        oom = parse_oom(error) if error is not None else None  # parsed once; only its figures are kept
+        # Parsed once (here or by ``oom_of``'s owner); only its figures are kept.
+        oom = None if error is None else (self.oom_of or parse_oom)(error)
         message = None if error is None or oom is not None else _one_line(error)
         # Free what this try left (a failed try holds its frames like the original failure did), then
         # let go of the exception: nothing of ours may keep its traceback.
@@ -219,10 +225,10 @@ class Driver:
             raise CudaMemError(f"the last failure was not a GPU out-of-memory error ({_one_line(error)}); %oomfix does nothing for it")
         error = None  # the figures are all we keep
         device = oom.device_index if oom is not None and oom.device_index is not None else 0
-        transform = self.transform or default_transform
+        transform = self._transform = self.transform or default_transform
         if finding is None and "batch" in self.strategies:
-            finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number)
-        self._transform = transform
+            finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number,
+                                 parsed=self._parsed(source))
         aside = self._set_aside(source, device)
         if allocated_before is None and freed_bytes is not None:
             # Unknown: at most what is allocated now plus what the cleanup and the set-aside freed
@@ -236,7 +242,7 @@ class Driver:
         # so later tries start higher, and a peak measured from a higher start would mix two scales.
         self._reference = self._allocated(device)
         need = needed_bytes(oom, allocated_before)
-        traits = cell_traits(source, transform)
+        traits = cell_traits(source, transform, self._parsed(source))
         fragmented = bool(oom is not None and oom.looks_fragmented)
         fitted: TryResult | None = None
         strategy: str | None = None
@@ -252,7 +258,7 @@ class Driver:
                                              allocated_before)
             elif name == "batch" and finding is not None:
                 # The batch is the data (inference over a whole tensor): chunks over all of it, or a refusal.
-                whole = whole_data_decision(finding, namespace, transform)
+                whole = whole_data_decision(finding, namespace, transform, self._parsed(finding.source))
                 if whole is not None:
                     self._notes.append(whole.note)
                 if whole is None or whole.chunked is not None:
@@ -310,7 +316,7 @@ class Driver:
             return self._aside
         mover = self.mover if self.mover is not None else TorchMover()
         before = self._allocated(device)
-        aside = set_aside(namespace, source, mover, self._transform)
+        aside = set_aside(namespace, source, mover, names=self._bound_again(source))
         after = self._allocated(device)
         if before is not None and after is not None:
             aside.freed_bytes = max(before - after, 0)
@@ -325,6 +331,22 @@ class Driver:
                 self._notes.append(f"could not set aside {name}: its GPU memory stays held during the reruns")
         self._aside.merge(aside)
         return aside
+
+    def _parsed(self, source: str) -> ParsedCell | None:
+        """``source`` as IPython runs it (``parse_cell``), parsed once per fix; ``None`` when it does not
+        parse (each reader then says so in its own words)."""
+        if source not in self._cells:
+            try:
+                self._cells[source] = parse_cell(source, self._transform)
+            except Exception:  # noqa: BLE001  SyntaxError, or IPython's transformer on odd input
+                self._cells[source] = None
+        return self._cells[source]
+
+    def _bound_again(self, source: str) -> list[str]:
+        """``leftovers.bound_before_read`` of ``source`` from its tree parsed once. A cell under a cell
+        magic (``%%time``) runs as one call of it: it binds no name of its own."""
+        parsed = self._parsed(source)
+        return [] if parsed is None or parsed.header_lines else names_bound_before_read(parsed.tree)
 
     # -- strategies ---------------------------------------------------------------------------------
     def _cleanup_alone(
@@ -447,7 +469,8 @@ class Driver:
             return None
         dtype = self._dtype()
         try:
-            wrapped = wrap_in_autocast(source, dtype, import_torch=import_torch, transform=self.transform)
+            wrapped = wrap_in_autocast(source, dtype, import_torch=import_torch, transform=self.transform,
+                                       parsed=self._parsed(source))
         except SyntaxError as error:
             self._notes.append(f"could not wrap the cell in autocast: it does not parse ({error.msg})")
             return None

@@ -6,8 +6,9 @@ while ``%oomfix`` runs it still describes the cell before; but a frontend's sile
 (variable explorers run code with ``silent=True``) replace it too, and a cell run in between (say
 ``!nvidia-smi``) hides the failure. So ``%oomfix`` relies first on ``FailureRecorder``, a
 ``post_run_cell`` callback that remembers the last failed cell the user ran (``post_run_cell`` does not
-fire for silent executions): its source, execution count and the chain's text (so the OOM can still
-be read after the exception is released), and a GPU OOM's exception itself until released (see
+fire for silent executions): its source, execution count, the chain's text and the OOM's figures
+(parsed once, when it is recorded, so they can still be read after the exception is released), and a
+GPU OOM's exception itself until released (see
 ``Failure``: exceptions cannot be weakly referenced, and holding one holds its traceback's frames and
 the tensors in them). Later successful
 cells do not hide it; a later failure replaces it; a ``UsageError`` (a mistyped magic) is not a
@@ -29,21 +30,23 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..ipython_names import OUTPUT_CACHE_NAMES
 from ..attribution.holders import EXCEPTION, FRAME, OUTPUT_CACHE, Reference, reaches_cuda
-from .parse import OomInfo, describe_chain, exception_chain, is_cuda_oom, parse_oom
+from .parse import OomInfo, describe_chain, exception_chain, parse_oom
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
-_UNDERS = ("_", "__", "___")
 # IPython's own frames (``run_code``) are cleared too but not worth naming in a report.
 _MACHINERY_MODULES = ("IPython.", "ipykernel.")
 
 
 @dataclass(frozen=True)
 class Failure:
-    """One failed cell: its source, count, the chain's text, and the exception until it is released.
+    """One failed cell: its source, count, the chain's text, its OOM as parsed once (``None`` when it is
+    not one), and the exception until it is released.
 
     Exceptions cannot be weakly referenced, so the recorder keeps a GPU OOM's exception (and so its
     traceback) only as long as IPython itself would (``sys.last_value`` keeps it until the next
@@ -56,14 +59,22 @@ class Failure:
     exception_type: str
     text: str
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+    parsed_oom: OomInfo | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, error: BaseException, raw_cell: str | None, execution_count: int | None, keep: bool = True) -> Failure:
-        return cls(raw_cell, execution_count, type(error).__qualname__, describe_chain(error), error if keep else None)
+    def of(
+        cls, error: BaseException, raw_cell: str | None, execution_count: int | None, keep_any: bool = True
+    ) -> Failure:
+        """The failure of ``error``, its OOM parsed here once; the exception is kept when it is a GPU
+        OOM, or whatever it is with ``keep_any``."""
+        oom = parse_oom(error)
+        keep = keep_any or oom is not None
+        return cls(raw_cell, execution_count, type(error).__qualname__, describe_chain(error),
+                   error if keep else None, oom)
 
     def oom(self) -> OomInfo | None:
-        """The OOM in this failure, read from the exception while held, else from its text."""
-        return parse_oom(self.exception) if self.exception is not None else parse_oom(self.text)
+        """The OOM in this failure (``None`` when it is none), as parsed when it was recorded."""
+        return self.parsed_oom
 
     def without_exception(self) -> Failure:
         return replace(self, exception=None)
@@ -80,6 +91,16 @@ class FailureRecorder:
 
     def __init__(self) -> None:
         self.last: Failure | None = None
+        self._paused = 0
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Record nothing meanwhile: ``%oomfix``'s own reruns are not the user's failures."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     def attach(self, shell: Any) -> None:
         shell.events.register("post_run_cell", self.post_run_cell)
@@ -100,15 +121,13 @@ class FailureRecorder:
     def post_run_cell(self, result: Any = None) -> None:
         # A callback must never raise into the kernel: a result we cannot read is simply not recorded.
         try:
-            if result is None:  # ipykernel passes None when the cell was cancelled
+            if result is None or self._paused:  # ipykernel passes None when the cell was cancelled
                 return
             error = result.error_in_exec if result.error_in_exec is not None else result.error_before_exec
             if error is None or _is_usage_error(error):
                 return
             info = getattr(result, "info", None)
-            self.last = Failure.of(
-                error, getattr(info, "raw_cell", None), result.execution_count, keep=is_cuda_oom(error)
-            )
+            self.last = Failure.of(error, getattr(info, "raw_cell", None), result.execution_count, keep_any=False)
         except Exception:
             return
 
@@ -183,31 +202,6 @@ def last_failure(shell: Any) -> Failure | None:
     return Failure.of(error, source, number)
 
 
-def failed_execution(shell: Any) -> tuple[BaseException | None, str | None]:
-    """``(exception, failed cell's source)`` of the last failed cell, ``(None, None)`` when none is known.
-
-    The exception is ``None`` (with the source still given) once a cleanup released it; then
-    ``last_failure(shell).oom()`` still reads the OOM from the recorded text.
-    """
-    failure = last_failure(shell)
-    if failure is None:
-        return None, None
-    return failure.exception or _live_exception(shell, failure), failure.raw_cell
-
-
-def _live_exception(shell: Any, failure: Failure) -> BaseException | None:
-    """The recorded failure's exception where IPython still holds it (the recorder keeps only OOMs)."""
-    result = getattr(shell, "last_execution_result", None)
-    for candidate in (
-        getattr(sys, "last_exc", None),
-        getattr(sys, "last_value", None),
-        getattr(result, "error_in_exec", None),
-    ):
-        if isinstance(candidate, BaseException) and describe_chain(candidate) == failure.text:
-            return candidate
-    return None
-
-
 def user_variables(shell: Any) -> dict[str, Any]:
     """The user's namespace without what IPython put there at start-up (``user_ns_hidden``)."""
     hidden = getattr(shell, "user_ns_hidden", {})
@@ -273,7 +267,7 @@ def ipython_references(shell: Any) -> list[Reference]:
             if shell.user_ns.get(f"_{number}") is value:
                 refs.append(Reference(f"_{number}", OUTPUT_CACHE, value))
     displayhook = getattr(shell, "displayhook", None)
-    for name in _UNDERS:
+    for name in OUTPUT_CACHE_NAMES:
         value = getattr(displayhook, name, None)
         if value is not None and not isinstance(value, str):
             refs.append(Reference(name, OUTPUT_CACHE, value))
@@ -418,7 +412,7 @@ def _release_output_cache(shell: Any, holds_cuda: Callable[[object], bool]) -> l
             if hidden.get(key) is value:
                 del hidden[key]
             released.append(f"Out[{number}]" + (f" (also {', '.join(also)})" if also else ""))
-    for name in _UNDERS:
+    for name in OUTPUT_CACHE_NAMES:
         value = getattr(displayhook, name, None)
         if value is None or isinstance(value, str):
             continue

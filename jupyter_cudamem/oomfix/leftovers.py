@@ -23,13 +23,17 @@ the host is a ``Mover`` (``TorchMover`` for PyTorch; tests pass fakes).
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-# IPython's own names in a user namespace: the cleanup's business, not ours.
-_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit"})
-OUTPUT_CACHE_NAMES = ("_", "__", "___")
+from ..ipython_names import OUTPUT_CACHE_NAMES, is_ipython_name
+
+
+def _kept_as_the_try_left(name: str) -> bool:
+    """IPython's own names (``ipython_names``: the cleanup's business) and private names: what a failed
+    try bound to them is not undone, except the output cache's ``_``, ``__``, ``___``."""
+    return name not in OUTPUT_CACHE_NAMES and (name.startswith("_") or is_ipython_name(name))
 
 
 class Mover(Protocol):
@@ -133,6 +137,11 @@ def bound_before_read(source: str, transform: Callable[[str], str] | None = None
         tree = ast.parse(transform(source) if transform is not None else source)
     except (SyntaxError, ValueError):
         return []
+    return names_bound_before_read(tree)
+
+
+def names_bound_before_read(tree: ast.Module) -> list[str]:
+    """``bound_before_read`` of a cell already parsed (``tree`` is what IPython runs)."""
     read: set[str] = set()
     bound: list[str] = []
     top = _in_order(tree.body, read)
@@ -264,12 +273,16 @@ def set_aside(
     source: str,
     mover: Mover,
     transform: Callable[[str], str] | None = None,
+    names: Sequence[str] | None = None,
 ) -> SetAside:
-    """Move to the host and unbind what the failed cell bound and will bind again (see the module docstring)."""
+    """Move to the host and unbind what the failed cell bound and will bind again (see the module docstring).
+
+    ``names`` is ``bound_before_read(source, transform)`` where the caller has it already (the source is
+    then not parsed again)."""
     aside = SetAside(namespace)
     kept = []
-    for name in bound_before_read(source, transform):
-        if name.startswith("_") or name in _IPYTHON_NAMES or name not in namespace:
+    for name in bound_before_read(source, transform) if names is None else names:
+        if name.startswith("_") or is_ipython_name(name) or name not in namespace:
             continue
         value = namespace[name]
         try:
@@ -299,7 +312,7 @@ def restore_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, A
     """
     changed = []
     for name in list(namespace):
-        if name in _IPYTHON_NAMES or (name.startswith("_") and name not in OUTPUT_CACHE_NAMES):
+        if _kept_as_the_try_left(name):
             continue
         if name not in before:
             del namespace[name]

@@ -387,10 +387,18 @@ def test_when_no_batch_fits_the_value_is_put_back_where_it_lives():
 
 
 def test_the_oom_is_parsed_once_per_try_and_the_finder_runs_once(monkeypatch):
-    from jupyter_cudamem.oomfix import driver as driver_module
+    from jupyter_cudamem.batch import finder
+    from jupyter_cudamem.oomfix import driver as driver_module, whole_data
 
-    calls = {"parse": 0, "find": 0}
-    real_parse, real_find = driver_module.parse_oom, driver_module.find_batch
+    calls = {"parse": 0, "find": 0, "whole data": 0}
+    real_parse, real_find, real_whole = driver_module.parse_oom, driver_module.find_batch, finder.covers_whole_data
+
+    def whole(*args, **kwargs):
+        calls["whole data"] += 1
+        return real_whole(*args, **kwargs)
+
+    monkeypatch.setattr(finder, "covers_whole_data", whole)
+    monkeypatch.setattr(whole_data, "covers_whole_data", whole)
 
     def parse(error):
         calls["parse"] += 1
@@ -406,5 +414,48 @@ def test_the_oom_is_parsed_once_per_try_and_the_finder_runs_once(monkeypatch):
     source = TRAINING_CELL.format(batch=6000)
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     failed = sum(1 for t in outcome.tries if not t.fitted)
-    assert calls["find"] == 1
+    assert calls["find"] == 1 and calls["whole data"] == 1  # the finder decides whether the batch is the data
     assert calls["parse"] == 1 + failed  # the original failure once, each failed try once
+
+
+def _count_parses(monkeypatch):
+    """Every ``ast.parse`` of the package, counted by the text parsed (``parse_cell`` and leftovers call it)."""
+    import ast
+    from collections import Counter
+
+    counts: Counter[str] = Counter()
+    real = ast.parse
+
+    def parse(text, *args, **kwargs):
+        counts[text] += 1
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(ast, "parse", parse)
+    return counts
+
+
+def test_each_source_of_a_fix_is_parsed_once(monkeypatch):
+    # A batch fix of three tries: the failed cell's source once (finder, traits, whole data and set-aside
+    # read one tree), and each try's source once (set aside when the try starts and again before the next).
+    _, cell, namespace, run, driver, _ = setup(hidden_limit=5 * GiB)
+    source = TRAINING_CELL.format(batch=6000)
+    error = fail_first(run, source)
+    counts = _count_parses(monkeypatch)
+    outcome = driver.fix(source, error, namespace, freed_bytes=0)
+    assert outcome.reruns == 3 and outcome.strategy == "batch"
+    sources = {source} | {t.source for t in outcome.tries}
+    assert len(sources) == 4 and set(counts) == {cell.transform(s) for s in sources}
+    assert set(counts.values()) == {1}
+
+
+def test_the_failed_cell_is_parsed_once_when_autocast_wraps_it(monkeypatch):
+    fake_torch = _FakeAutocastTorch()
+    peak = lambda b: (3 * GiB if fake_torch.active else 7 * GiB)  # noqa: E731
+    _, cell, namespace, run, driver, _ = setup(peak=peak, held=0)
+    namespace.update(torch=fake_torch, weights=[2, 3], x=4)
+    source = "outputs = [w * x for w in weights]\ntrain_step(1)\n"
+    error = fail_first(run, source)
+    counts = _count_parses(monkeypatch)
+    outcome = driver.fix(source, error, namespace, freed_bytes=0)
+    assert outcome.strategy == "autocast"
+    assert counts == {cell.transform(source): 1, cell.transform(outcome.fixed_source): 1}

@@ -11,7 +11,6 @@ from tests.oomfix.shells import shell_without_failures
 from jupyter_cudamem.attribution.holders import find_holders, reaches_cuda
 from jupyter_cudamem.oomfix.ipython_state import (
     FailureRecorder,
-    failed_execution,
     ipython_references,
     last_failure,
     recorder_for,
@@ -105,11 +104,11 @@ def test_release_from_inside_the_next_cell(shell) -> None:
     assert alive(shell, "big")
     result = run(
         shell,
-        "from jupyter_cudamem.oomfix.ipython_state import release_ipython_references, failed_execution\n"
+        "from jupyter_cudamem.oomfix.ipython_state import release_ipython_references, last_failure\n"
         "from tests.oomfix.test_ipython_state import fake_holds_cuda\n"
-        "exc, source = failed_execution(get_ipython())\n"
-        "found = (type(exc).__name__, source)\n"
-        "del exc\n"
+        "failure = last_failure(get_ipython())\n"
+        "found = (type(failure.exception).__name__, failure.raw_cell)\n"
+        "del failure\n"
         "released = release_ipython_references(get_ipython(), holds_cuda=fake_holds_cuda)\n",
     )
     assert result.success, result.error_in_exec
@@ -153,14 +152,15 @@ def test_recorder_keeps_the_last_failure_across_successful_cells_and_ignores_usa
     run(shell, "f(1)")
     run(shell, "x = 1")
     run(shell, "%this_magic_does_not_exist")
-    exc, source = failed_execution(shell)
-    assert source == "f(1)" and isinstance(exc, RuntimeError)
+    failure = last_failure(shell)
+    assert failure.raw_cell == "f(1)" and isinstance(failure.exception, RuntimeError)
     assert recorder.last is not None and recorder.last.execution_count == shell.execution_count - 3
     run(shell, "1 / 0")
-    exc, source = failed_execution(shell)
-    assert source == "1 / 0" and isinstance(exc, ZeroDivisionError)  # found where IPython keeps it
-    assert recorder.last.exception is None  # only an OOM's exception is held by the recorder
-    assert last_failure(shell).oom() is None
+    failure = last_failure(shell)
+    assert failure.raw_cell == "1 / 0" and failure.exception_type == "ZeroDivisionError"
+    assert failure.exception is None  # only an OOM's exception is held by the recorder
+    assert failure.oom() is None
+    del failure
     recorder.forget()
     recorder.detach(shell)
     assert recorder_for(shell) is None
@@ -181,10 +181,10 @@ def test_without_recorder_uses_last_execution_result(shell) -> None:
     run(shell, "f(1)")
     result = run(
         shell,
-        "from jupyter_cudamem.oomfix.ipython_state import failed_execution\n"
-        "exc, source = failed_execution(get_ipython())\n"
-        "found = (type(exc).__name__, source)\n"
-        "del exc\n",
+        "from jupyter_cudamem.oomfix.ipython_state import last_failure\n"
+        "failure = last_failure(get_ipython())\n"
+        "found = (type(failure.exception).__name__, failure.raw_cell)\n"
+        "del failure\n",
     )
     assert result.success
     assert shell.user_ns["found"] == ("RuntimeError", "f(1)")
@@ -203,7 +203,6 @@ def test_without_recorder_a_later_successful_cell_falls_back_to_sys_last_and_his
 
 def test_nothing_failed(shell) -> None:
     run(shell, "x = 1")
-    assert failed_execution(shell) == (None, None)
     assert last_failure(shell) is None
     assert release_ipython_references(shell, holds_cuda=fake_holds_cuda) == []
 
@@ -220,7 +219,7 @@ def test_chained_exception_frames_are_cleared(shell) -> None:
         "wrapper()",
     )
     assert alive(shell, "big")
-    exc, _ = failed_execution(shell)
+    exc = last_failure(shell).exception
     assert isinstance(exc, ValueError)
     released = release_ipython_references(shell, exc, holds_cuda=fake_holds_cuda)
     del exc

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 
+from jupyter_cudamem.ipython_names import IPYTHON_NAMES, OUTPUT_CACHE_NAMES
 from jupyter_cudamem.oomfix.driver import Driver
 from jupyter_cudamem.oomfix.leftovers import bound_before_read, restore_bindings, set_aside
 from tests.fakes import FakeMover, FakeOutOfMemoryError, FakeTensor, GiB, MiB
@@ -80,6 +81,22 @@ def test_restore_bindings_puts_back_the_output_cache_too():
     after = {"a": 2, "_": "the failed try's tensor", "__": "x", "Out": {}, "_i3": "cell"}
     assert sorted(restore_bindings(after, before)) == ["_", "__", "a"]
     assert after == {"a": 1, "_": "older output", "Out": {}, "_i3": "cell"}
+
+
+def test_ipython_names_are_never_set_aside_and_a_try_binding_them_is_not_undone_but_for_the_output_cache():
+    # Every name of the one list (ipython_names), plus its patterns (_12, _i12, dunders), bound by the cell
+    # to GPU memory, and a try that rebinds them all.
+    machine = capped_machine(4 * GiB)
+    names = sorted(IPYTHON_NAMES | {"_12", "_i12", "__builtins__"})
+    namespace = {name: FakeTensor(1 * MiB, machine=machine) for name in names}
+    namespace["x"] = FakeTensor(1 * MiB, machine=machine)
+    source = "".join(f"{name} = make(1)\n" for name in names) + "x = make(1)\n"
+    aside = set_aside(namespace, source, FakeMover(machine))
+    assert aside.names == ("x",)
+    before = dict(namespace)
+    after = {name: object() for name in namespace}
+    assert sorted(restore_bindings(after, before)) == sorted(OUTPUT_CACHE_NAMES)
+    assert all(after[name] is not before[name] for name in names if name not in OUTPUT_CACHE_NAMES)
 
 
 class _Cell:
@@ -179,3 +196,16 @@ def test_an_optimizer_rebound_by_the_cell_has_its_state_set_aside_and_given_back
     assert aside.give_back() == ["opt"] and namespace["opt"] is optimizer
     assert optimizer.state[weight]["exp_avg"].is_cuda and optimizer.state[weight]["step"].item() == 1.0
     assert not mover.holds_gpu(torch.optim.SGD([weight], lr=0.1))  # no state: nothing to move
+
+
+def test_the_driver_reads_the_names_bound_again_from_its_one_tree_as_bound_before_read_does():
+    from jupyter_cudamem.cell.source import default_transform
+
+    driver = Driver(lambda source: None, fake_hardware(capped_machine(GiB)), lambda failed: None,
+                    transform=default_transform)
+    for source in ("x = make(b)\nh = h * 2\nfor _ in range(n):\n    out = model(x)\n",
+                   "with torch.autocast('cuda', dtype=torch.bfloat16):\n    x = make(8)\n    y = model(x)\n",
+                   "!nvidia-smi\nx = make(b)\n%time y = model(x)\n",
+                   "%%time\nx = make(b)\n",  # a cell magic's body runs as one call: nothing bound at the top
+                   "def f(:\n"):
+        assert driver._bound_again(source) == bound_before_read(source, default_transform), source

@@ -226,3 +226,21 @@ def test_unload_detaches_the_failure_recorder():
     assert recorder_for(shell) is None
     assert recorder.post_run_cell not in shell.events.callbacks["post_run_cell"]
     assert "oomfix" not in shell.magics_manager.magics["line"]
+
+
+def test_each_oom_is_parsed_once_from_the_failed_cell_through_every_rerun(env, monkeypatch):
+    # Parsing an OOM ends in parse._from_text, whoever asks (is_cuda_oom, parse_oom, the recorder, the
+    # hook that hides a rerun's traceback, the driver): once for the failed cell, once per failed rerun.
+    from jupyter_cudamem.oomfix import parse
+
+    shell, machine, cell, magic = env
+    cell.hidden_limit_bytes = 5 * GiB  # fragmentation: the first prediction fails, so reruns run out of memory
+    calls = []
+    real = parse._from_text
+    monkeypatch.setattr(parse, "_from_text", lambda *args: calls.append(args[1]) or real(*args))
+    run(shell, FAILING_CELL)
+    assert len(calls) == 1
+    outcome = shell.run_line_magic("oomfix", "--yes -o --max-tries 3")
+    failed = [t for t in outcome.tries if t.out_of_memory]
+    assert failed, "the search should have had a try that ran out of memory"
+    assert len(calls) == 1 + len(failed)
