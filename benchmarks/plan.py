@@ -55,7 +55,7 @@ from torch import nn  # noqa: E402
 
 from benchmarks import bisect_batch  # noqa: E402
 from jupyter_cudamem.capacity.cards import Card  # noqa: E402
-from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, build_plan, largest_batch  # noqa: E402
+from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, build_plan, largest_batch, usable_bytes  # noqa: E402
 from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs  # noqa: E402
 from jupyter_cudamem.hardware import default_hardware  # noqa: E402
 from jupyter_cudamem.measure import Meter  # noqa: E402
@@ -257,7 +257,9 @@ class NamespaceBatch:
         self.namespace["batch"] = self.original
 
 
-def make_plan(workload: Workload, cards: list[Card], margin: float) -> Any:
+def make_plan(workload: Workload, cards: list[Card], margin: float, calibrate: bool = False) -> Any:
+    """The plan as ``%%cudamem_plan`` makes it; with ``calibrate`` as ``--calibrate`` makes it too, from the
+    same runs (the calibration's runs come before the last run, which the default plan reads)."""
     namespace: dict[str, Any] = {"step": workload.step, "batch": workload.batch}
     hardware = default_hardware()
 
@@ -265,12 +267,25 @@ def make_plan(workload: Workload, cards: list[Card], margin: float) -> Any:
         exec(source, namespace)
 
     runner = Runner(Meter(hardware, reset_peak=True), run, is_oom, release=release)
-    measured = measure_runs(runner, "step(batch)", workload.batch, NamespaceBatch(namespace, workload.batch))
+
+    def usable_here() -> int | None:
+        total = runner.measured.total_bytes
+        return None if total is None else usable_bytes(total, runner.measured.non_pytorch_bytes)
+
+    measured = measure_runs(runner, "step(batch)", workload.batch, NamespaceBatch(namespace, workload.batch),
+                            calibrate_usable=usable_here if calibrate else None)
     judged = judge(measured, workload.batch)
-    plan = build_plan(measured.runs, workload.batch, "batch", cards, margin, measured.non_pytorch_bytes,
-                      measured.non_pytorch_how or "not measured", line=judged.line, notes=judged.notes,
-                      reserved_line=judged.reserved_line)
-    return plan, measured
+
+    def plan_with(calibration: Any) -> Any:
+        return build_plan(measured.runs, workload.batch, "batch", cards, margin, measured.non_pytorch_bytes,
+                          measured.non_pytorch_how or "not measured", line=judged.line, notes=judged.notes,
+                          reserved_line=judged.reserved_line, calibration=calibration)
+
+    found = measured.calibration
+    calibrated = None
+    if found is not None and judged.line is not None:
+        calibrated = plan_with((found.ratio(judged.line), found.fitted, found.failed))
+    return plan_with(None), measured, calibrated
 
 
 # -- the real largest batch under a cap ------------------------------------------------------------
@@ -333,7 +348,7 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
     workload = WORKLOADS[name]()
     started = time.perf_counter()
     cards = [Card(f"{gib} GiB", gib) for gib in CARDS_GIB]
-    plan, measured = make_plan(workload, cards, margin)
+    plan, measured, calibrated = make_plan(workload, cards, margin, calibrate=True)
     as_written = next(r for r in measured.runs if r.label == "as written, again")
     total = torch.cuda.get_device_properties(0).total_memory
     line = plan.line
@@ -354,7 +369,16 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
         "non_pytorch_bytes": plan.non_pytorch_bytes,
         "non_pytorch_how": plan.non_pytorch_how,
         "agreements": [{"label": a.label, "relative": a.relative} for a in plan.agreements],
-        "plan_s": round(time.perf_counter() - started, 2),
+        "plan_s": round(time.perf_counter() - started, 2),  # the runs of the plan with --calibrate
+        "calibration": None if measured.calibration is None else {
+            "fitted_batch": measured.calibration.fitted,
+            "failed_batch": measured.calibration.failed,
+            "usable_bytes": measured.calibration.usable_bytes,
+            "runs": measured.calibration.runs,
+            "stopped": measured.calibration.stopped,
+            "ratio": None if calibrated is None else calibrated.calibration_ratio,
+        },
+        "largest_calibrated": None if calibrated is None else {c.name: c.largest_batch for c in calibrated.cards},
     }
     cases = []
     for card in plan.cards:
@@ -365,6 +389,7 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
         t0 = time.perf_counter()
         real, tries = real_largest(workload, card.largest_batch or 1)
         predicted = card.largest_batch or 0
+        with_calibration = None if calibrated is None else (calibrated.card(card.name).largest_batch or 0)
         rot = rule_of_thumb(workload, as_written.peak_bytes or 0, gib * GiB)
         case = {
             "workload": name,
@@ -376,6 +401,12 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
             "rule_of_thumb_error": round(rot / real - 1, 4) if real else None,
             "within_5_percent": bool(real) and abs(predicted / real - 1) <= 0.05,
             "above_by_more_than_margin": bool(real) and predicted > real * (1 + margin),
+            "calibrated_batch": with_calibration,
+            "calibrated_error": round(with_calibration / real - 1, 4) if real and with_calibration is not None else None,
+            "calibrated_within_5_percent": bool(real) and with_calibration is not None
+            and abs(with_calibration / real - 1) <= 0.05,
+            "calibrated_above_by_more_than_margin": bool(real) and with_calibration is not None
+            and with_calibration > real * (1 + margin),
             "cap_bytes_for_pytorch": int(cap * total),
             "usable_bytes": card.usable_bytes,
             "real_peak_at_real_batch_bytes": None,
@@ -391,8 +422,8 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
         cases.append(case)
         errors = (f"{case['predicted_error']:+.1%} vs {case['rule_of_thumb_error']:+.1%}" if real
                   else "nothing fits under this cap")
-        print(f"{name:12s} {gib:3d} GiB  predicted {predicted:6d}  real {real:6d}  rule of thumb {rot:6d}  "
-              f"({errors}, {tries} tries)", flush=True)
+        print(f"{name:12s} {gib:3d} GiB  predicted {predicted:6d}  calibrated {with_calibration}  real {real:6d}  "
+              f"rule of thumb {rot:6d}  ({errors}, {tries} tries)", flush=True)
     torch.cuda.set_per_process_memory_fraction(1.0, 0)
     del workload
     release()
@@ -438,6 +469,10 @@ def main() -> None:
     results["goal"] = {
         "every_prediction_within_5_percent": bool(cases) and all(c["within_5_percent"] for c in cases),
         "never_above_by_more_than_margin": bool(cases) and not any(c["above_by_more_than_margin"] for c in cases),
+        "calibrated_every_prediction_within_5_percent": bool(cases)
+        and all(c.get("calibrated_within_5_percent") for c in cases),
+        "calibrated_never_above_by_more_than_margin": bool(cases)
+        and not any(c.get("calibrated_above_by_more_than_margin") for c in cases),
     }
     results["wall_s"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)

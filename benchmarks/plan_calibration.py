@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in WORKLOADS:
         release()
         workload = WORKLOADS[name]()
-        plan, measured = make_plan(workload, [], 0.0)
+        plan, measured, _ = make_plan(workload, [], 0.0)
         runs = {r.label: r for r in measured.runs}
         big, small = runs["as written, again"], runs["smaller"]
         assert big.batch is not None and small.batch is not None and big.peak_bytes and small.peak_bytes

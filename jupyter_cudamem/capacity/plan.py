@@ -101,6 +101,20 @@ def plan_largest(line: Line, usable: float, margin: float, reserved_line: Line |
     return largest
 
 
+def calibrated(line: Line, ratio: float) -> Line:
+    """The allocated line scaled by what a card's cap really takes per byte of it (``--calibrate``).
+
+    Uncapped, PyTorch's allocated peak is not what a card's cap must hold: under a cap the allocator
+    cannot give back free parts of segments that still hold live blocks (a cuDNN LSTM: 14% more), and a
+    library that sizes an optional workspace by what is free does without it (cuDNN's convolutions in
+    inference: a third less). ``benchmarks/plan_calibration.py`` measured that ratio at the notebook's
+    batch and found it does not carry to a card's scale for the LSTM (1.05 at batch 64, 1.13 at 32, about
+    1.15 at a 16 GiB card's limit); measured where the cell fills this card, it does
+    (``benchmarks/plan.py``, the calibrated predictions). Scaled as a whole: the ratio is measured at one
+    batch, so it cannot be split between the fixed and the per-sample part."""
+    return Line(line.slope_bytes * ratio, line.intercept_bytes * ratio)
+
+
 def accumulation(effective: int, largest: int) -> tuple[int, int]:
     """``(micro_batch, steps)`` with ``micro_batch * steps == effective`` exactly and the largest
     such micro-batch at or below ``largest`` (``largest >= 1``)."""
@@ -167,14 +181,19 @@ def plan_card(
     autocast_line: Line | None = None,
     this_card: bool = False,
     reserved_line: Line | None = None,
+    ratio: float | None = None,
 ) -> CardPlan:
-    """One card's plan from the line (or, for a cell with no batch, its one measured peak)."""
+    """One card's plan from the line (or, for a cell with no batch, its one measured peak). With a
+    calibration ``ratio`` the line is scaled by it and the reserved line is not needed (see
+    ``calibrated``)."""
     name, total = (card.name, card.total_bytes) if isinstance(card, Card) else card
     if line is None or batch is None:
         usable = usable_bytes(total, non_pytorch_bytes, margin)
         peak = float(fixed_peak_bytes or 0)
         return CardPlan(name, total, usable, peak, peak <= usable, this_card=this_card)
     usable = usable_bytes(total, non_pytorch_bytes)
+    if ratio is not None:
+        line, reserved_line = calibrated(line, ratio), None
     largest = plan_largest(line, usable, margin, reserved_line)
     peak = line.peak(batch)
     fits = batch <= largest
@@ -212,6 +231,11 @@ class CapacityPlan:
     trains: bool = True  # whether the cell trains (accumulation steps) or only runs a model (chunks)
     batch_where: str = ""  # where the batch lives, as the finder says it
     reserved_line: Line | None = None  # the line through the runs' reserved peaks (``None``: not read)
+    # With --calibrate: this card's memory per byte of the allocated line, and the batches that fitted and
+    # did not when the cell filled this card.
+    calibration_ratio: float | None = None
+    calibration_fitted: int | None = None
+    calibration_failed: int | None = None
 
     @property
     def per_sample_bytes(self) -> float | None:
@@ -273,22 +297,28 @@ def build_plan(
     trains: bool = True,
     batch_where: str = "",
     reserved_line: Line | None = None,
+    calibration: tuple[float, int, int | None] | None = None,
 ) -> CapacityPlan:
-    """The plan for every card, from a fitted ``line`` (or the one peak of a cell with no batch)."""
+    """The plan for every card, from a fitted ``line`` (or the one peak of a cell with no batch).
+    ``calibration``: ``(ratio, fitted, failed)`` from ``runs.calibrate``; the line is then scaled by the
+    ratio on every card (``calibrated``)."""
+    ratio = calibration[0] if calibration is not None and line is not None else None
     fixed_peak = None
     if line is None:
         peaks = [r.peak_bytes for r in runs if not r.oom and not r.autocast and r.peak_bytes is not None]
         fixed_peak = max(peaks) if peaks else None
     plans = tuple(
         plan_card(card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line,
-                  reserved_line=reserved_line)
+                  reserved_line=reserved_line, ratio=ratio)
         for card in cards
     )
     here = None
     if this_card is not None:
         here = plan_card(this_card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line, this_card=True,
-                         reserved_line=reserved_line)
+                         reserved_line=reserved_line, ratio=ratio)
+    fitted, failed = (calibration[1], calibration[2]) if ratio is not None and calibration is not None else (None, None)
     return CapacityPlan(
         tuple(runs), batch, knob, line, fixed_peak, non_pytorch_bytes, non_pytorch_how, margin, plans, here,
         tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains, batch_where, reserved_line,
+        ratio, fitted, failed,
     )

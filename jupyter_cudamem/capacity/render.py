@@ -70,7 +70,15 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
         f"  usable = card memory - outside PyTorch; the largest batch leaves {plan.margin:.0%} of the room above "
         "the fixed part free (the allocator's rounding, the driver's share)"
     )
-    if plan.reserved_line is not None:
+    if plan.calibration_ratio is not None:
+        bracket = (f"batch {plan.calibration_fitted:,} fitted when the cell filled this card"
+                   + ("" if plan.calibration_failed is None else f" and {plan.calibration_failed:,} did not"))
+        lines.append(
+            f"  calibrated: {bracket}, so a card's cap takes {plan.calibration_ratio:.3f} x the allocated line "
+            f"(peak under a cap = {format_bytes(plan.line.intercept_bytes * plan.calibration_ratio)} + "
+            f"{format_bytes(plan.line.slope_bytes * plan.calibration_ratio)} x batch)"
+        )
+    elif plan.reserved_line is not None:
         lines.append(
             f"  reserved by PyTorch's cache: {format_bytes(plan.reserved_line.intercept_bytes)} + "
             f"{format_bytes(plan.reserved_line.slope_bytes)} x batch; a card limits what is reserved, so the "

@@ -67,6 +67,7 @@ class Measured:
     non_pytorch_bytes: int = 0
     non_pytorch_how: str = ""
     notes: list[str] = field(default_factory=list)
+    calibration: Calibration | None = None  # with --calibrate: the largest batch found to fit here
 
     def get(self, label: str) -> Run | None:
         return next((r for r in self.runs if r.label == label), None)
@@ -198,9 +199,12 @@ def measure_runs(
     change: Change | None,
     small: int | None = None,
     autocast_source: str | None = None,
+    calibrate_usable: Callable[[], int | None] | None = None,
 ) -> Measured:
     """The runs described in the module docstring. Raises ``CudaMemError`` (one line) when they
-    cannot make a plan; the cell's own errors propagate as they are."""
+    cannot make a plan; the cell's own errors propagate as they are. With ``calibrate_usable`` (what
+    PyTorch may use on this card, read once the first runs measured the memory outside PyTorch), the
+    largest batch that fits here is searched for (``calibrate``) before the last run."""
     measured = runner.measured
     if batch is None or change is None:
         run = runner.once(AS_WRITTEN, source, None, last=True)
@@ -232,9 +236,13 @@ def measure_runs(
             f"batch {batch} ran out of GPU memory here, so the line goes through batches {small} and {smallest}; "
             f"the cell was not run at {batch} again (its values are set back to {batch})"
         )
+        if calibrate_usable is not None:
+            calibrate(runner, change, calibrate_usable())
         return measured
     if autocast_source is not None:
         runner.once(AUTOCAST, autocast_source, batch, autocast=True)
+    if calibrate_usable is not None:
+        calibrate(runner, change, calibrate_usable())
     last = runner.once(AGAIN, source, batch, last=True)
     if last.oom:
         raise CudaMemError(
@@ -242,6 +250,99 @@ def measure_runs(
             "enough to plan (does it keep memory from run to run?)"
         )
     return measured
+
+
+CALIBRATION = "largest here"
+
+CALIBRATION_RUNS = 12
+"""At most this many runs search for the largest batch that fits here: from the line's guess, steps of
+``CALIBRATION_STEP`` until one fits and one does not (three at most when the guess is within half or
+twice), then halving the gap to ``CALIBRATION_RESOLUTION`` (about eight halvings from a 25% gap).
+When they run out, what fitted so far is used, and the plan says the search stopped early."""
+
+CALIBRATION_STEP = 1.25
+"""Stepping from the line's guess by a quarter: on the four workloads of ``benchmarks/plan.py`` the
+uncapped allocated line is 0.9-1.5x the largest batch that fits, so one or two steps bracket it."""
+
+CALIBRATION_RESOLUTION = 0.005
+"""The search stops when the batch that fitted and the one that did not are within 0.5% of each other (or
+adjacent): the ratio taken from it is then at most 0.5% cautious, well inside the plan's margin."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The largest batch that fitted on this card with everything PyTorch may use here, the smallest that
+    did not (``None``: the search stopped first), and ``usable_bytes``, what PyTorch may use here."""
+
+    fitted: int
+    failed: int | None
+    usable_bytes: int
+    runs: int
+    stopped: str = ""  # why the search stopped before it bracketed the largest batch
+
+    def ratio(self, line: Line) -> float:
+        """How much this card's memory the cell needs per byte of the allocated line: this card's usable
+        memory over the line's peak at the batch that fitted (the cautious end of the bracket)."""
+        return self.usable_bytes / line.peak(self.fitted)
+
+
+def calibrate(runner: Runner, change: Change | None, usable: int | None) -> Calibration | None:
+    """Find the largest batch that fits on this card by running the cell (``CALIBRATION`` runs, each
+    clean as any other, put back after), guessing from a line through the runs so far. A run that
+    raises anything but running out of memory ends the search (its error is in ``Measured.notes``)."""
+    measured = runner.measured
+    points = [r for r in measured.runs if not r.oom and r.batch is not None and r.peak_bytes is not None
+              and r.label in (AS_WRITTEN, SMALLER, SMALLEST)]
+    if change is None or usable is None or len({r.batch for r in points}) < 2:
+        measured.notes.append("--calibrate: no line to start from (or this card's memory unread): not calibrated")
+        return None
+    guess_line = fit([(r.batch, r.peak_bytes) for r in points])  # type: ignore[misc]
+    guess = max(guess_line.largest_batch(usable), 1) if guess_line.slope_bytes > 0 else max(r.batch or 1 for r in points)
+    fitted: int | None = None
+    failed: int | None = None
+    runs = 0
+    stopped = ""
+
+    def fits(batch: int) -> bool | None:
+        nonlocal runs, stopped
+        runs += 1
+        try:
+            return not runner.changed(change, CALIBRATION, batch).oom
+        except Exception as error:  # noqa: BLE001 - the cell's own error at a batch this large ends the search
+            stopped = f"batch {batch} raised {type(error).__name__}: {error}".split("\n")[0][:200]
+            return None
+
+    batch = guess
+    while runs < CALIBRATION_RUNS and not stopped:
+        if fitted is not None and failed is not None:
+            if failed - fitted <= max(1, int(fitted * CALIBRATION_RESOLUTION)):
+                break
+            batch = (fitted + failed) // 2
+        elif fitted is not None:
+            batch = max(int(fitted * CALIBRATION_STEP), fitted + 1)
+        elif failed is not None:
+            if failed == 1:
+                break
+            batch = max(int(failed / CALIBRATION_STEP), 1)
+        answer = fits(batch)
+        if answer is None:
+            break
+        if answer:
+            fitted = batch
+        else:
+            failed = batch
+    if fitted is None:
+        measured.notes.append(
+            "--calibrate: " + (stopped or f"no batch fitted here in {runs} runs (down to {failed})") + ": not calibrated"
+        )
+        return None
+    if not stopped and (failed is None or failed - fitted > max(1, int(fitted * CALIBRATION_RESOLUTION))):
+        stopped = f"after {runs} runs batch {fitted} fitted" + ("" if failed is None else f" and {failed} did not")
+    found = Calibration(fitted, failed, usable, runs, stopped)
+    measured.calibration = found
+    if stopped:
+        measured.notes.append(f"--calibrate stopped early ({stopped}): the ratio is taken at batch {fitted}")
+    return found
 
 
 @dataclass(frozen=True)

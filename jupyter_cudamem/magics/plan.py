@@ -56,6 +56,10 @@ class CudaMemPlan(CudaMemMagicsBase):
     @argument("-o", "--output", default=None, metavar="NAME", help="Store the plan object in this variable.")
     @argument("--small", type=int, default=None, metavar="N",
               help="The second batch to measure (default: half the batch as written).")
+    @argument("--calibrate", action="store_true",
+              help="Also find the largest batch that fits on this card by running the cell there (up to 12 more "
+              "runs, at batches that fill the card), and scale the line by what the card's memory really took: "
+              "the allocator's waste and the workspaces libraries skip under a cap, which two runs cannot see.")
     @no_var_expand
     @cell_magic("cudamem_plan")  # type: ignore[arg-type]  # IPython annotates cell_magic("name") as taking Never
     @one_line_errors
@@ -131,7 +135,13 @@ class CudaMemPlan(CudaMemMagicsBase):
         runner = Runner(meter, run=lambda source: run_or_raise(shell, source), is_oom=is_cuda_oom,
                         release=self.hardware.allocator.empty_cache, quiet=capture_output,
                         set_aside=lambda source: set_aside(shell.user_ns, source, TensorsOnly(), shell.transform_cell))
-        measured = measure_runs(runner, cell, batch, change, args.small, autocast_source)
+        calibrate_usable = None
+        if args.calibrate:
+            if knob is None:
+                notes.append("--calibrate needs a batch to search: not calibrated")
+            else:
+                calibrate_usable = lambda: self._usable_here(runner.measured)  # noqa: E731
+        measured = measure_runs(runner, cell, batch, change, args.small, autocast_source, calibrate_usable)
         gc.collect()
 
         history_peak = None
@@ -144,11 +154,15 @@ class CudaMemPlan(CudaMemMagicsBase):
             why = self.hardware.nvml.status() or "NVML could not be read"
             how = f"NOT measured ({why}): counted as 0, so every card's usable memory is overstated by it"
         this_card = self._this_card(measured)
+        calibration = None
+        if measured.calibration is not None and judged.line is not None:
+            found = measured.calibration
+            calibration = (found.ratio(judged.line), found.fitted, found.failed)
         plan = build_plan(
             measured.runs, batch, knob.label if knob is not None else None, cards, margin,
             measured.non_pytorch_bytes, how, this_card, judged.line, judged.autocast_line, dtype,
             judged.agreements, notes + measured.notes + list(judged.notes), traits.trains,
-            finding.summary() if knob is not None else "", judged.reserved_line,
+            finding.summary() if knob is not None else "", judged.reserved_line, calibration,
         )
         self.last_plan = plan
         if measured.has_value and measured.value is not NO_VALUE:
@@ -174,6 +188,13 @@ class CudaMemPlan(CudaMemMagicsBase):
             if capped < total:
                 return f"{name}, PyTorch capped at {fraction * total / 2**30:.1f} GiB", capped
         return name, total
+
+    def _usable_here(self, measured: Any) -> int | None:
+        """What PyTorch may use on this card (under a per-process cap, what the cap leaves)."""
+        from ..capacity.plan import usable_bytes
+
+        card = self._this_card(measured)
+        return None if card is None else usable_bytes(card[1], measured.non_pytorch_bytes)
 
     def _cudamem(self) -> Any:
         from .cudamem import CudaMem

@@ -342,3 +342,32 @@ def test_a_second_batch_larger_than_the_first_that_does_not_fit(plan_shell):
     machine.gpus[0].fraction = 8 * GiB / machine.gpus[0].total_bytes
     message = usage_error(shell, "%%cudamem_plan --small 512\nstep(64)")
     assert "at batch 512 but not at 64" in message and "--small" in message
+
+
+def test_calibrate_finds_the_largest_batch_here_and_scales_every_card(plan_shell, capsys):
+    """``--calibrate``: the cell runs at batches that fill this card until the largest that fits is
+    bracketed, before its last run at the batch as written; here the fake allocator hands out exactly
+    what is asked, so the ratio is 1 and every card's batch is the allocated line's."""
+    shell, machine, stepper = plan_shell
+    shell.run_cell("batch_size = 64")
+    result = shell.run_cell("%%cudamem_plan --calibrate -o plan\nstep(batch_size)")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    truth = (80 * GiB - WEIGHTS) // PER_SAMPLE  # the fake card: PyTorch may take all 80 GiB
+    assert plan.calibration_fitted is not None and plan.calibration_fitted <= truth
+    assert plan.calibration_failed is not None and plan.calibration_failed > truth
+    assert stepper.calls[:2] == [64, 32] and stepper.calls[-1] == 64 and len(stepper.calls) > 4
+    assert shell.user_ns["batch_size"] == 64
+    # the usable memory the search filled is the card less what NVML sees outside PyTorch: a ratio a little
+    # under 1 (the fake allocator could use the context's share too), and the cards follow it
+    assert plan.calibration_ratio == pytest.approx(usable_bytes(80 * GiB, CONTEXT) / (WEIGHTS + PER_SAMPLE * plan.calibration_fitted))
+    assert "calibrated: batch" in capsys.readouterr().out
+
+
+def test_calibrate_without_a_batch_says_so(plan_shell):
+    shell, machine, stepper = plan_shell
+    shell.user_ns["calls"] = []
+    shell.run_cell("%%cudamem_plan --calibrate -o plan\ncalls.append(1)\nm.allocate(0, 3 * GiB); m.free(0, 3 * GiB)")
+    plan = shell.user_ns["plan"]
+    assert shell.user_ns["calls"] == [1]
+    assert plan.calibration_ratio is None and any("--calibrate needs a batch" in note for note in plan.notes)

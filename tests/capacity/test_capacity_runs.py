@@ -138,3 +138,106 @@ def test_an_allocator_that_wastes_little_leaves_the_allocated_line_in_charge(har
     plan = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", 16 * GiB),
                       line=judged.line, reserved_line=judged.reserved_line)
     assert plan.this_card.largest_batch == math.floor((16 * GiB - context - WEIGHTS) * (1 - DEFAULT_MARGIN) / PER_SAMPLE)
+
+
+# -- --calibrate: the largest batch that fits here, and the ratio it gives the line ---------------------
+def calibrated_runs(hardware, machine, namespace, usable):
+    runner = Runner(Meter(hardware, reset_peak=True), lambda s: exec(s, namespace), lambda e: "out of memory" in str(e),
+                    release=hardware.allocator.empty_cache)
+    measured = measure_runs(runner, "step(batch)", 64, NamespaceBatch(namespace, "step(batch)", 64),
+                            calibrate_usable=lambda: usable)
+    return measured, judge(measured, 64)
+
+
+def test_calibration_finds_the_largest_batch_here_and_the_plan_follows_a_cards_cap(hardware, machine):
+    """15% of each step reserved but unusable: the calibration sees it where the cell fills this card,
+    and the plan for a 16 GiB card lands within 5% of what really fits there, not above."""
+    from jupyter_cudamem.capacity.runs import AGAIN, CALIBRATION, CALIBRATION_RESOLUTION
+
+    waste = 0.15
+    machine.allocate(0, WEIGHTS)
+    namespace = wasteful_namespace(machine, waste)
+    here = machine.gpus[0].total_bytes
+    measured, judged = calibrated_runs(hardware, machine, namespace, here)
+    found = measured.calibration
+    assert found is not None and found.failed is not None
+    truth_here = real_largest(machine, here, waste)
+    machine.gpus[0].fraction = 1.0
+    assert found.fitted <= truth_here < found.failed
+    assert found.failed - found.fitted <= max(1, int(found.fitted * CALIBRATION_RESOLUTION))
+    assert found.runs <= 12 and found.ratio(judged.line) == pytest.approx(1 + waste, rel=0.01)
+    # the calibration ran before the last run: the namespace ends as after a run at the batch as written
+    labels = [run.label for run in measured.runs]
+    assert labels[-1] == AGAIN and CALIBRATION in labels and namespace["batch"] == 64
+    card = 16 * GiB
+    context = machine.gpus[0].context_bytes
+    calibration = (found.ratio(judged.line), found.fitted, found.failed)
+    plan = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", card),
+                      line=judged.line, calibration=calibration)
+    real = real_largest(machine, card - context, waste)
+    predicted = plan.this_card.largest_batch
+    assert 0.95 * real <= predicted <= real
+    assert plan.calibration_fitted == found.fitted and "calibrated" in plan.text()
+
+
+def test_calibration_sees_a_workspace_that_a_cap_does_without(hardware, machine):
+    """A library that takes a workspace half the size of the activations when there is room, and does
+    without it under a cap (cuDNN's convolutions in inference): the uncapped line is a third too steep,
+    so without calibration the plan is far below what fits; with it, within 5% and not above."""
+    machine.allocate(0, WEIGHTS)
+    gpu = machine.gpus[0]
+
+    def step(batch):
+        size = PER_SAMPLE * batch
+        machine.allocate(0, size)
+        workspace = size // 2 if gpu.allocated + size // 2 <= gpu.fraction * gpu.total_bytes else 0
+        if workspace:
+            machine.allocate(0, workspace)
+        machine.free(0, size + workspace)
+
+    namespace = {"step": step, "batch": 64}
+    measured, judged = calibrated_runs(hardware, machine, namespace, gpu.total_bytes)
+    assert judged.line.slope_bytes == pytest.approx(1.5 * PER_SAMPLE)
+    found = measured.calibration
+    ratio = found.ratio(judged.line)
+    assert ratio < 0.7
+    card, context = 16 * GiB, gpu.context_bytes
+    real = real_largest(machine, card - context, 0.0)
+    gpu.fraction = 1.0
+    plain = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", card),
+                       line=judged.line, reserved_line=judged.reserved_line)
+    calibrated = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", card),
+                            line=judged.line, calibration=(ratio, found.fitted, found.failed))
+    assert plain.this_card.largest_batch < 0.7 * real
+    assert 0.95 * real <= calibrated.this_card.largest_batch <= real * (1 + DEFAULT_MARGIN)
+
+
+def test_a_cell_error_at_a_large_batch_ends_the_calibration(hardware, machine):
+    """A cell that raises its own error at a batch only the calibration tries: no calibration, said in
+    one note, and the plan's own runs stand (the last run is at the batch as written)."""
+    machine.allocate(0, WEIGHTS)
+
+    def step(batch):
+        if batch > 1000:
+            raise ValueError("index out of range for the embedding")
+        machine.allocate(0, PER_SAMPLE * batch)
+        machine.free(0, PER_SAMPLE * batch)
+
+    namespace = {"step": step, "batch": 64}
+    measured, judged = calibrated_runs(hardware, machine, namespace, machine.gpus[0].total_bytes)
+    assert measured.calibration is None and judged.line is not None
+    assert any("ValueError" in note and "not calibrated" in note for note in measured.notes)
+    assert measured.runs[-1].batch == 64 and namespace["batch"] == 64
+
+
+def test_a_search_that_cannot_bracket_in_its_runs_says_so(hardware, machine):
+    """A card far larger than the line's guess (its memory misread): the search stops after its runs
+    with what fitted, and the plan says it stopped early."""
+    from jupyter_cudamem.capacity.runs import CALIBRATION_RUNS
+
+    machine.allocate(0, WEIGHTS)
+    namespace = wasteful_namespace(machine, 0.0)
+    measured, _ = calibrated_runs(hardware, machine, namespace, 2 * GiB + 64 * PER_SAMPLE)  # guess: 64
+    found = measured.calibration
+    assert found is not None and found.failed is None and found.runs == CALIBRATION_RUNS
+    assert any("stopped early" in note for note in measured.notes)
