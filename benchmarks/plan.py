@@ -55,7 +55,13 @@ from torch import nn  # noqa: E402
 
 from benchmarks import bisect_batch  # noqa: E402
 from jupyter_cudamem.capacity.cards import Card  # noqa: E402
-from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, build_plan, largest_batch, usable_bytes  # noqa: E402
+from jupyter_cudamem.capacity.plan import (  # noqa: E402
+    CALIBRATED_MARGIN,
+    DEFAULT_MARGIN,
+    build_plan,
+    largest_batch,
+    usable_bytes,
+)
 from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs  # noqa: E402
 from jupyter_cudamem.hardware import default_hardware  # noqa: E402
 from jupyter_cudamem.measure import Meter  # noqa: E402
@@ -277,7 +283,8 @@ def make_plan(workload: Workload, cards: list[Card], margin: float, calibrate: b
     judged = judge(measured, workload.batch)
 
     def plan_with(calibration: Any) -> Any:
-        return build_plan(measured.runs, workload.batch, "batch", cards, margin, measured.non_pytorch_bytes,
+        return build_plan(measured.runs, workload.batch, "batch", cards,
+                          margin if calibration is None else CALIBRATED_MARGIN, measured.non_pytorch_bytes,
                           measured.non_pytorch_how or "not measured", line=judged.line, notes=judged.notes,
                           reserved_line=judged.reserved_line, calibration=calibration)
 
@@ -406,7 +413,7 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
             "calibrated_within_5_percent": bool(real) and with_calibration is not None
             and abs(with_calibration / real - 1) <= 0.05,
             "calibrated_above_by_more_than_margin": bool(real) and with_calibration is not None
-            and with_calibration > real * (1 + margin),
+            and with_calibration > real * (1 + CALIBRATED_MARGIN),
             "cap_bytes_for_pytorch": int(cap * total),
             "usable_bytes": card.usable_bytes,
             "real_peak_at_real_batch_bytes": None,
@@ -454,6 +461,7 @@ def main() -> None:
         "versions": versions(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "margin": args.margin,
+        "calibrated_margin": CALIBRATED_MARGIN,
         "cards_gib": list(CARDS_GIB),
     })
     started = time.perf_counter()

@@ -48,6 +48,13 @@ allows: the allocator's rounding and the driver's share that the card table does
 same figure as %oomfix's margin (``OomFix.margin``); ``benchmarks/plan.py`` measures whether it is
 enough, card by card."""
 
+CALIBRATED_MARGIN = 0.03
+"""The margin of a calibrated plan (``--calibrate``), whose ratio already holds the allocator's rounding
+and waste at this card's limit. What it still does not see: the share of another card's memory that its
+driver and firmware keep, 0.5-1.7% of the nominal memory (see ``cards``), and how far the ratio moves
+between this card's scale and another's: measured up to 1.1% between an 80 GiB card's limit and a
+16 GiB cap (the LSTM of ``benchmarks/plan.py``: 1.134 and about 1.146). Their sum, rounded up."""
+
 CLOSE_DIVISOR = 0.75
 """A divisor of the batch at least this fraction of the largest batch that fits is "close": below it,
 exact accumulation wastes a quarter or more of the card, and the plan says so."""

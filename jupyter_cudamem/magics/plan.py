@@ -15,7 +15,7 @@ from IPython.core.magic import cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Float
 
-from ..capacity.plan import DEFAULT_MARGIN
+from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN
 from ..errors import CudaMemError
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, run_or_raise
@@ -41,6 +41,13 @@ class CudaMemPlan(CudaMemMagicsBase):
         "rounding, the driver's share). --margin overrides it for one plan.",
     ).tag(config=True)
 
+    calibrated_margin = Float(
+        CALIBRATED_MARGIN,
+        help="The margin of a plan made with --calibrate, whose measured ratio already holds the allocator's "
+        "rounding and waste: what is left is another card's driver share and the ratio's drift with scale. "
+        "--margin overrides it for one plan.",
+    ).tag(config=True)
+
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
         self.last_plan: Any = None
@@ -50,7 +57,7 @@ class CudaMemPlan(CudaMemMagicsBase):
               help="Also run the cell at its batch under torch.autocast, to say what bfloat16/float16 buys.")
     @argument("--margin", type=float, default=None, metavar="FRACTION",
               help=f"Fraction of each card's memory for PyTorch left free (default {DEFAULT_MARGIN}, "
-              "or CudaMemPlan.margin).")
+              f"or CudaMemPlan.margin; with --calibrate {CALIBRATED_MARGIN}, or CudaMemPlan.calibrated_margin).")
     @argument("--cards", default=None, metavar="NAME,NAME",
               help="Plan for these cards of the table only (add cards with %%config CudaMem.cards = {...}).")
     @argument("-o", "--output", default=None, metavar="NAME", help="Store the plan object in this variable.")
@@ -90,7 +97,7 @@ class CudaMemPlan(CudaMemMagicsBase):
 
         args = parse_argstring(self.cudamem_plan, line)
         margin = self.margin if args.margin is None else args.margin
-        if not 0 <= margin < 1:
+        if not 0 <= margin < 1 or not 0 <= self.calibrated_margin < 1:
             raise CudaMemError(f"--margin takes a fraction from 0 to 1 such as 0.05, got {margin}")
         if args.output is not None and not args.output.isidentifier():
             raise CudaMemError(f"-o takes a variable name, got {args.output!r}")
@@ -158,6 +165,8 @@ class CudaMemPlan(CudaMemMagicsBase):
         if measured.calibration is not None and judged.line is not None:
             found = measured.calibration
             calibration = (found.ratio(judged.line), found.fitted, found.failed)
+            if args.margin is None:
+                margin = self.calibrated_margin
         plan = build_plan(
             measured.runs, batch, knob.label if knob is not None else None, cards, margin,
             measured.non_pytorch_bytes, how, this_card, judged.line, judged.autocast_line, dtype,

@@ -362,6 +362,15 @@ def test_calibrate_finds_the_largest_batch_here_and_scales_every_card(plan_shell
     # under 1 (the fake allocator could use the context's share too), and the cards follow it
     assert plan.calibration_ratio == pytest.approx(usable_bytes(80 * GiB, CONTEXT) / (WEIGHTS + PER_SAMPLE * plan.calibration_fitted))
     assert "calibrated: batch" in capsys.readouterr().out
+    # every card: the line scaled by the ratio, with the calibrated plan's margin
+    from jupyter_cudamem.capacity.plan import CALIBRATED_MARGIN
+
+    k = plan.calibration_ratio
+    assert plan.margin == CALIBRATED_MARGIN
+    t4 = usable_bytes(15 * GiB, CONTEXT)
+    assert plan.card("T4").largest_batch == math.floor((t4 - WEIGHTS * k) * (1 - CALIBRATED_MARGIN) / (PER_SAMPLE * k) + 1e-9)
+    shell.run_cell("%%cudamem_plan --calibrate --margin 0.1 -o plan\nstep(batch_size)")
+    assert shell.user_ns["plan"].margin == 0.1  # --margin still decides
 
 
 def test_calibrate_without_a_batch_says_so(plan_shell):
