@@ -28,6 +28,12 @@ assumed, and the plan says so; another card's driver and architecture move it by
 The **margin** (``DEFAULT_MARGIN``) covers what the allocated line does not see: the allocator's
 rounding and the driver's 0.5-1.7% of the nominal memory (see ``cards``).
 
+**Calibrated** (``--calibrate``, ``runs.calibrate``): the cell also runs at batches that fill this card
+until the largest that fits is found, and every card's line is the allocated line scaled by what this
+card's memory took per byte of it (``calibrated``), with ``CALIBRATED_MARGIN``; the reserved line is not
+needed then. Two runs cannot see what a cap changes (the cache the allocator gives back under it, the
+workspaces libraries skip); the calibration measures it where it matters.
+
 For the batch as written: it fits, or the plan gives the largest micro-batch that both fits and
 divides the batch, with the gradient-accumulation steps that keep the effective batch exactly.
 """
@@ -116,9 +122,11 @@ def calibrated(line: Line, ratio: float) -> Line:
     library that sizes an optional workspace by what is free does without it (cuDNN's convolutions in
     inference: a third less). ``benchmarks/plan_calibration.py`` measured that ratio at the notebook's
     batch and found it does not carry to a card's scale for the LSTM (1.05 at batch 64, 1.13 at 32, about
-    1.15 at a 16 GiB card's limit); measured where the cell fills this card, it does
-    (``benchmarks/plan.py``, the calibrated predictions). Scaled as a whole: the ratio is measured at one
-    batch, so it cannot be split between the fixed and the per-sample part."""
+    1.15 at a 16 GiB card's limit). Measured where the cell fills an 80 GiB card (1.044 convnet, 1.003
+    transformer, 0.672 inference, 1.134 LSTM), it carries to 16, 24 and 40 GiB caps: with
+    ``CALIBRATED_MARGIN`` every prediction of ``benchmarks/plan.py`` was 2.3-4.9% below the real largest
+    batch. Scaled as a whole: the ratio is measured at one batch, so it cannot be split between the fixed
+    and the per-sample part."""
     return Line(line.slope_bytes * ratio, line.intercept_bytes * ratio)
 
 
@@ -324,6 +332,18 @@ def build_plan(
         here = plan_card(this_card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line, this_card=True,
                          reserved_line=reserved_line, ratio=ratio)
     fitted, failed = (calibration[1], calibration[2]) if ratio is not None and calibration is not None else (None, None)
+    notes = list(notes)
+    if ratio is None and line is not None and reserved_line is not None and batch is not None:
+        cautious = [card for card in ([here] if here is not None else []) + list(plans) if card.largest_batch is not None
+                    and card.largest_batch < largest_batch(line, card.usable_bytes, margin)]
+        if cautious:
+            allocated = largest_batch(line, cautious[0].usable_bytes, margin)
+            notes.append(
+                f"the line through reserved peaks decides ({cautious[0].name}: {cautious[0].largest_batch:,}, the "
+                f"allocated line's {allocated:,}): without a cap the allocator's cache and optional workspaces "
+                "make two runs cautious; --calibrate runs the cell up to 12 more times to find the largest batch "
+                "here and plans every card from it"
+            )
     return CapacityPlan(
         tuple(runs), batch, knob, line, fixed_peak, non_pytorch_bytes, non_pytorch_how, margin, plans, here,
         tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains, batch_where, reserved_line,
