@@ -25,6 +25,10 @@ from bytes per parameter (16 for Adam/AdamW, 12 for SGD with momentum, 4 for inf
 the peak measured at the batch as written taken as activations per sample, scaled to the card's
 nominal memory (no context, no margin).
 
+The same runs also make the plan ``--calibrate`` makes (its calibration runs fill this card to find the
+largest batch that fits here, before the plan's last run), and each case records that plan's batch beside
+the default one (``calibrated_batch``, ``calibrated_error``; the workload's ``calibration``).
+
 Goal: every prediction within 5% of the real largest batch and never above it by more than the
 margin. Writes ``benchmarks/results/plan.json`` ({device, versions, date, cases: [{workload,
 card_gib, predicted_batch, real_batch, rule_of_thumb_batch, ...}]}). Run on the GPU machine:
