@@ -25,9 +25,11 @@ from bytes per parameter (16 for Adam/AdamW, 12 for SGD with momentum, 4 for inf
 the peak measured at the batch as written taken as activations per sample, scaled to the card's
 nominal memory (no context, no margin).
 
-The same runs also make the plan ``--calibrate`` makes (its calibration runs fill this card to find the
-largest batch that fits here, before the plan's last run), and each case records that plan's batch beside
-the default one (``calibrated_batch``, ``calibrated_error``; the workload's ``calibration``).
+The same runs also make the plan ``--calibrate`` makes (its calibration runs find the largest batch that
+fits on the smallest card, 16 GiB, played by the same cap, before the plan's last run), and each case
+records that plan's batch beside the default one (``calibrated_batch``, ``calibrated_error``; the
+workload's ``calibration``). At 16 GiB that is the search the benchmark itself makes, less the margin; at
+24 and 40 GiB it is the test of the ratio carried to a larger card.
 
 Goal: every prediction within 5% of the real largest batch and never above it by more than the
 margin. Writes ``benchmarks/results/plan.json`` ({device, versions, date, cases: [{workload,
@@ -40,6 +42,7 @@ card_gib, predicted_batch, real_batch, rule_of_thumb_batch, ...}]}). Run on the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -47,7 +50,7 @@ import platform
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +69,7 @@ from jupyter_cudamem.capacity.plan import (  # noqa: E402
     largest_batch,
     usable_bytes,
 )
-from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs  # noqa: E402
+from jupyter_cudamem.capacity.runs import CalibrationScale, Runner, judge, measure_runs  # noqa: E402
 from jupyter_cudamem.hardware import default_hardware  # noqa: E402
 from jupyter_cudamem.measure import Meter  # noqa: E402
 
@@ -278,12 +281,26 @@ def make_plan(workload: Workload, cards: list[Card], margin: float, calibrate: b
 
     runner = Runner(Meter(hardware, reset_peak=True), run, is_oom, release=release)
 
-    def usable_here() -> int | None:
+    def smallest_card() -> CalibrationScale | None:
+        """As the magic calibrates: at the smallest card of the plan, PyTorch capped here to play it."""
         total = runner.measured.total_bytes
-        return None if total is None else usable_bytes(total, runner.measured.non_pytorch_bytes)
+        if total is None or not cards:
+            return None
+        card = min(cards, key=lambda c: c.total_bytes)
+        usable = usable_bytes(card.total_bytes, runner.measured.non_pytorch_bytes)
+
+        @contextlib.contextmanager
+        def capped() -> Iterator[None]:
+            torch.cuda.set_per_process_memory_fraction(usable / total, 0)
+            try:
+                yield
+            finally:
+                torch.cuda.set_per_process_memory_fraction(1.0, 0)
+
+        return CalibrationScale(usable, card.name, capped)
 
     measured = measure_runs(runner, "step(batch)", workload.batch, NamespaceBatch(namespace, workload.batch),
-                            calibrate_usable=usable_here if calibrate else None)
+                            calibrate_at=smallest_card if calibrate else None)
     judged = judge(measured, workload.batch)
 
     def plan_with(calibration: Any) -> Any:
@@ -295,7 +312,7 @@ def make_plan(workload: Workload, cards: list[Card], margin: float, calibrate: b
     found = measured.calibration
     calibrated = None
     if found is not None and judged.line is not None:
-        calibrated = plan_with((found.ratio(judged.line), found.fitted, found.failed))
+        calibrated = plan_with((found.ratio(judged.line), found.fitted, found.failed, found.card))
     return plan_with(None), measured, calibrated
 
 
@@ -387,6 +404,7 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
             "usable_bytes": measured.calibration.usable_bytes,
             "runs": measured.calibration.runs,
             "stopped": measured.calibration.stopped,
+            "card": measured.calibration.card,
             "ratio": None if calibrated is None else calibrated.calibration_ratio,
         },
         "largest_calibrated": None if calibrated is None else {c.name: c.largest_batch for c in calibrated.cards},

@@ -251,6 +251,7 @@ class CapacityPlan:
     calibration_ratio: float | None = None
     calibration_fitted: int | None = None
     calibration_failed: int | None = None
+    calibration_card: str | None = None  # the card whose memory the calibration filled (played by a cap)
 
     @property
     def per_sample_bytes(self) -> float | None:
@@ -312,10 +313,10 @@ def build_plan(
     trains: bool = True,
     batch_where: str = "",
     reserved_line: Line | None = None,
-    calibration: tuple[float, int, int | None] | None = None,
+    calibration: tuple[float, int, int | None, str] | None = None,
 ) -> CapacityPlan:
     """The plan for every card, from a fitted ``line`` (or the one peak of a cell with no batch).
-    ``calibration``: ``(ratio, fitted, failed)`` from ``runs.calibrate``; the line is then scaled by the
+    ``calibration``: ``(ratio, fitted, failed, card)`` from ``runs.calibrate``; the line is then scaled by the
     ratio on every card (``calibrated``)."""
     ratio = calibration[0] if calibration is not None and line is not None else None
     fixed_peak = None
@@ -331,7 +332,8 @@ def build_plan(
     if this_card is not None:
         here = plan_card(this_card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line, this_card=True,
                          reserved_line=reserved_line, ratio=ratio)
-    fitted, failed = (calibration[1], calibration[2]) if ratio is not None and calibration is not None else (None, None)
+    fitted, failed, where = (calibration[1], calibration[2], calibration[3]) if ratio is not None and calibration is not None \
+        else (None, None, None)
     notes = list(notes)
     if ratio is None and line is not None and reserved_line is not None and batch is not None:
         cautious = [card for card in ([here] if here is not None else []) + list(plans) if card.largest_batch is not None
@@ -347,5 +349,5 @@ def build_plan(
     return CapacityPlan(
         tuple(runs), batch, knob, line, fixed_peak, non_pytorch_bytes, non_pytorch_how, margin, plans, here,
         tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains, batch_where, reserved_line,
-        ratio, fitted, failed,
+        ratio, fitted, failed, where,
     )

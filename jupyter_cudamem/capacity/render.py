@@ -71,7 +71,9 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
         "the fixed part free (the allocator's rounding, the driver's share)"
     )
     if plan.calibration_ratio is not None:
-        bracket = (f"batch {plan.calibration_fitted:,} fitted when the cell filled this card"
+        where = ("this card" if plan.calibration_card in (None, "this card")
+                 else f"a {plan.calibration_card}'s memory (PyTorch capped here to play it)")
+        bracket = (f"batch {plan.calibration_fitted:,} fitted when the cell filled {where}"
                    + ("" if plan.calibration_failed is None else f" and {plan.calibration_failed:,} did not"))
         lines.append(
             f"  calibrated: {bracket}, so a card's cap takes {plan.calibration_ratio:.3f} x the allocated line "

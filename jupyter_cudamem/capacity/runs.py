@@ -199,12 +199,12 @@ def measure_runs(
     change: Change | None,
     small: int | None = None,
     autocast_source: str | None = None,
-    calibrate_usable: Callable[[], int | None] | None = None,
+    calibrate_at: Callable[[], CalibrationScale | None] | None = None,
 ) -> Measured:
     """The runs described in the module docstring. Raises ``CudaMemError`` (one line) when they
-    cannot make a plan; the cell's own errors propagate as they are. With ``calibrate_usable`` (what
-    PyTorch may use on this card, read once the first runs measured the memory outside PyTorch), the
-    largest batch that fits here is searched for (``calibrate``) before the last run."""
+    cannot make a plan; the cell's own errors propagate as they are. With ``calibrate_at`` (where to
+    calibrate, asked once the first runs measured the memory outside PyTorch), the largest batch that
+    fits there is searched for (``calibrate``) before the last run."""
     measured = runner.measured
     if batch is None or change is None:
         run = runner.once(AS_WRITTEN, source, None, last=True)
@@ -236,13 +236,13 @@ def measure_runs(
             f"batch {batch} ran out of GPU memory here, so the line goes through batches {small} and {smallest}; "
             f"the cell was not run at {batch} again (its values are set back to {batch})"
         )
-        if calibrate_usable is not None:
-            calibrate(runner, change, calibrate_usable())
+        if calibrate_at is not None:
+            calibrate(runner, change, calibrate_at())
         return measured
     if autocast_source is not None:
         runner.once(AUTOCAST, autocast_source, batch, autocast=True)
-    if calibrate_usable is not None:
-        calibrate(runner, change, calibrate_usable())
+    if calibrate_at is not None:
+        calibrate(runner, change, calibrate_at())
     last = runner.once(AGAIN, source, batch, last=True)
     if last.oom:
         raise CudaMemError(
@@ -270,15 +270,32 @@ adjacent): the ratio taken from it is then at most 0.5% cautious, well inside th
 
 
 @dataclass(frozen=True)
+class CalibrationScale:
+    """Where to calibrate: what PyTorch may use there (``usable_bytes``), the card that is, and how to cap
+    PyTorch at it on this card for a run (``cap``: a context manager; ``None`` for this card itself).
+
+    The smallest card of the plan that is smaller than this card, played by a cap: what a cap costs a cell
+    beyond its allocated peak shrinks as the card grows (the LSTM of ``benchmarks/plan.py``: 1.146 at a
+    16 GiB cap, 1.136 at 40 GiB, 1.134 at 80 GiB; the tutorial's CNN needed more than 1.12 at a T4's cap
+    and 1.089 at 80 GiB), so a ratio measured at the smallest card is the exact one there and a cautious
+    one for the larger cards, while one measured at the largest promises the small ones too much."""
+
+    usable_bytes: int
+    card: str
+    cap: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+
+
+@dataclass(frozen=True)
 class Calibration:
-    """The largest batch that fitted on this card with everything PyTorch may use here, the smallest that
-    did not (``None``: the search stopped first), and ``usable_bytes``, what PyTorch may use here."""
+    """The largest batch that fitted with ``usable_bytes`` for PyTorch (on ``card``, or this card capped
+    to play it), the smallest that did not (``None``: the search stopped first)."""
 
     fitted: int
     failed: int | None
     usable_bytes: int
     runs: int
     stopped: str = ""  # why the search stopped before it bracketed the largest batch
+    card: str = "this card"
 
     def ratio(self, line: Line) -> float:
         """How much this card's memory the cell needs per byte of the allocated line: this card's usable
@@ -286,11 +303,13 @@ class Calibration:
         return self.usable_bytes / line.peak(self.fitted)
 
 
-def calibrate(runner: Runner, change: Change | None, usable: int | None) -> Calibration | None:
-    """Find the largest batch that fits on this card by running the cell (``CALIBRATION`` runs, each
-    clean as any other, put back after), guessing from a line through the runs so far. A run that
-    raises anything but running out of memory ends the search (its error is in ``Measured.notes``)."""
+def calibrate(runner: Runner, change: Change | None, scale: CalibrationScale | None) -> Calibration | None:
+    """Find the largest batch that fits at ``scale`` by running the cell (``CALIBRATION`` runs, each
+    clean as any other, put back after, under the scale's cap), guessing from a line through the runs so
+    far. A run that raises anything but running out of memory ends the search (its error is in
+    ``Measured.notes``)."""
     measured = runner.measured
+    usable = None if scale is None else scale.usable_bytes
     points = [r for r in measured.runs if not r.oom and r.batch is not None and r.peak_bytes is not None
               and r.label in (AS_WRITTEN, SMALLER, SMALLEST)]
     if change is None or usable is None or len({r.batch for r in points}) < 2:
@@ -307,7 +326,8 @@ def calibrate(runner: Runner, change: Change | None, usable: int | None) -> Cali
         nonlocal runs, stopped
         runs += 1
         try:
-            return not runner.changed(change, CALIBRATION, batch).oom
+            with scale.cap() if scale is not None and scale.cap is not None else contextlib.nullcontext():
+                return not runner.changed(change, CALIBRATION, batch).oom
         except Exception as error:  # noqa: BLE001 - the cell's own error at a batch this large ends the search
             stopped = f"batch {batch} raised {type(error).__name__}: {error}".split("\n")[0][:200]
             return None
@@ -338,7 +358,7 @@ def calibrate(runner: Runner, change: Change | None, usable: int | None) -> Cali
         return None
     if not stopped and (failed is None or failed - fitted > max(1, int(fitted * CALIBRATION_RESOLUTION))):
         stopped = f"after {runs} runs batch {fitted} fitted" + ("" if failed is None else f" and {failed} did not")
-    found = Calibration(fitted, failed, usable, runs, stopped)
+    found = Calibration(fitted, failed, usable, runs, stopped, "this card" if scale is None else scale.card)
     measured.calibration = found
     if stopped:
         measured.notes.append(f"--calibrate stopped early ({stopped}): the ratio is taken at batch {fitted}")

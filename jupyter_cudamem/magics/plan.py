@@ -8,7 +8,9 @@ table is extended with ``%config CudaMem.cards = {...}``; the margin defaults to
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 from typing import Any
 
 from IPython.core.magic import cell_magic, magics_class, no_var_expand
@@ -64,9 +66,10 @@ class CudaMemPlan(CudaMemMagicsBase):
     @argument("--small", type=int, default=None, metavar="N",
               help="The second batch to measure (default: half the batch as written).")
     @argument("--calibrate", action="store_true",
-              help="Also find the largest batch that fits on this card by running the cell there (up to 12 more "
-              "runs, at batches that fill the card), and scale the line by what the card's memory really took: "
-              "the allocator's waste and the workspaces libraries skip under a cap, which two runs cannot see.")
+              help="Also find the largest batch that fits on the smallest card of the plan (PyTorch capped here to "
+              "play it; this card when none is smaller) by running the cell there, up to 12 more runs at batches "
+              "that fill it, and scale the line by what that memory really took: the allocator's waste and the "
+              "workspaces libraries skip under a cap, which two runs cannot see.")
     @no_var_expand
     @cell_magic("cudamem_plan")  # type: ignore[arg-type]  # IPython annotates cell_magic("name") as taking Never
     @one_line_errors
@@ -142,13 +145,13 @@ class CudaMemPlan(CudaMemMagicsBase):
         runner = Runner(meter, run=lambda source: run_or_raise(shell, source), is_oom=is_cuda_oom,
                         release=self.hardware.allocator.empty_cache, quiet=capture_output,
                         set_aside=lambda source: set_aside(shell.user_ns, source, TensorsOnly(), shell.transform_cell))
-        calibrate_usable = None
+        calibrate_at = None
         if args.calibrate:
             if knob is None:
                 notes.append("--calibrate needs a batch to search: not calibrated")
             else:
-                calibrate_usable = lambda: self._usable_here(runner.measured)  # noqa: E731
-        measured = measure_runs(runner, cell, batch, change, args.small, autocast_source, calibrate_usable)
+                calibrate_at = lambda: self._calibration_scale(runner.measured, cards)  # noqa: E731
+        measured = measure_runs(runner, cell, batch, change, args.small, autocast_source, calibrate_at)
         gc.collect()
 
         history_peak = None
@@ -164,7 +167,7 @@ class CudaMemPlan(CudaMemMagicsBase):
         calibration = None
         if measured.calibration is not None and judged.line is not None:
             found = measured.calibration
-            calibration = (found.ratio(judged.line), found.fitted, found.failed)
+            calibration = (found.ratio(judged.line), found.fitted, found.failed, found.card)
             if args.margin is None:
                 margin = self.calibrated_margin
         plan = build_plan(
@@ -198,12 +201,36 @@ class CudaMemPlan(CudaMemMagicsBase):
                 return f"{name}, PyTorch capped at {fraction * total / 2**30:.1f} GiB", capped
         return name, total
 
-    def _usable_here(self, measured: Any) -> int | None:
-        """What PyTorch may use on this card (under a per-process cap, what the cap leaves)."""
+    def _calibration_scale(self, measured: Any, cards: Any) -> Any:
+        """Where --calibrate searches (``runs.CalibrationScale``): the smallest card of the plan smaller than
+        this one, played by capping PyTorch here, or this card itself."""
         from ..capacity.plan import usable_bytes
+        from ..capacity.runs import CalibrationScale
 
-        card = self._this_card(measured)
-        return None if card is None else usable_bytes(card[1], measured.non_pytorch_bytes)
+        here = self._this_card(measured)
+        if here is None or measured.torch_index is None or not measured.total_bytes:
+            return None
+        usable_here = usable_bytes(here[1], measured.non_pytorch_bytes)
+        smaller = sorted((usable_bytes(card.total_bytes, measured.non_pytorch_bytes), card.name) for card in cards)
+        smaller = [(usable, name) for usable, name in smaller if 0 < usable < usable_here]
+        allocator, index, total = self.hardware.allocator, measured.torch_index, measured.total_bytes
+        try:
+            before = allocator.memory_fraction(index)
+        except Exception:  # noqa: BLE001 - a cap we cannot read is one we must not overwrite
+            before = None
+        if not smaller or before is None:
+            return CalibrationScale(usable_here, here[0])
+        usable, name = smaller[0]
+
+        @contextlib.contextmanager
+        def capped() -> Iterator[None]:
+            allocator.set_memory_fraction(index, min(usable / total, before))
+            try:
+                yield
+            finally:
+                allocator.set_memory_fraction(index, before)
+
+        return CalibrationScale(usable, name, capped)
 
     def _cudamem(self) -> Any:
         from .cudamem import CudaMem

@@ -353,21 +353,22 @@ def test_calibrate_finds_the_largest_batch_here_and_scales_every_card(plan_shell
     result = shell.run_cell("%%cudamem_plan --calibrate -o plan\nstep(batch_size)")
     assert result.success, result.error_in_exec
     plan = shell.user_ns["plan"]
-    truth = (80 * GiB - WEIGHTS) // PER_SAMPLE  # the fake card: PyTorch may take all 80 GiB
+    # calibrated at the smallest card of the table, a T4, played by capping the fake card at what a T4
+    # leaves PyTorch; the cap is put back
+    t4 = usable_bytes(15 * GiB, CONTEXT)
+    truth = (t4 - WEIGHTS) // PER_SAMPLE
+    assert plan.calibration_card == "T4" and machine.gpus[0].fraction == 1.0
     assert plan.calibration_fitted is not None and plan.calibration_fitted <= truth
     assert plan.calibration_failed is not None and plan.calibration_failed > truth
     assert stepper.calls[:2] == [64, 32] and stepper.calls[-1] == 64 and len(stepper.calls) > 4
     assert shell.user_ns["batch_size"] == 64
-    # the usable memory the search filled is the card less what NVML sees outside PyTorch: a ratio a little
-    # under 1 (the fake allocator could use the context's share too), and the cards follow it
-    assert plan.calibration_ratio == pytest.approx(usable_bytes(80 * GiB, CONTEXT) / (WEIGHTS + PER_SAMPLE * plan.calibration_fitted))
-    assert "calibrated: batch" in capsys.readouterr().out
+    assert plan.calibration_ratio == pytest.approx(t4 / (WEIGHTS + PER_SAMPLE * plan.calibration_fitted))
+    assert "calibrated: batch" in capsys.readouterr().out and "a T4's memory" in plan.text()
     # every card: the line scaled by the ratio, with the calibrated plan's margin
     from jupyter_cudamem.capacity.plan import CALIBRATED_MARGIN
 
     k = plan.calibration_ratio
     assert plan.margin == CALIBRATED_MARGIN
-    t4 = usable_bytes(15 * GiB, CONTEXT)
     assert plan.card("T4").largest_batch == math.floor((t4 - WEIGHTS * k) * (1 - CALIBRATED_MARGIN) / (PER_SAMPLE * k) + 1e-9)
     shell.run_cell("%%cudamem_plan --calibrate --margin 0.1 -o plan\nstep(batch_size)")
     assert shell.user_ns["plan"].margin == 0.1  # --margin still decides
@@ -380,3 +381,17 @@ def test_calibrate_without_a_batch_says_so(plan_shell):
     plan = shell.user_ns["plan"]
     assert shell.user_ns["calls"] == [1]
     assert plan.calibration_ratio is None and any("--calibrate needs a batch" in note for note in plan.notes)
+
+
+def test_calibrate_keeps_a_cap_the_user_set(plan_shell):
+    """A per-process cap set before the plan (here, what a T4 leaves) is this card for the plan; the search
+    caps no further where no card is smaller, and the user's cap is there after."""
+    shell, machine, stepper = plan_shell
+    machine.gpus[0].fraction = 0.5
+    shell.run_cell("batch_size = 64")
+    result = shell.run_cell("%%cudamem_plan --calibrate --cards H100 -o plan\nstep(batch_size)")
+    assert result.success, result.error_in_exec
+    plan = shell.user_ns["plan"]
+    assert machine.gpus[0].fraction == 0.5
+    assert plan.calibration_fitted is not None and plan.calibration_fitted <= (40 * GiB - WEIGHTS) // PER_SAMPLE
+    machine.gpus[0].fraction = 1.0

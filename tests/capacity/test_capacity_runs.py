@@ -143,11 +143,29 @@ def test_an_allocator_that_wastes_little_leaves_the_allocated_line_in_charge(har
 
 
 # -- --calibrate: the largest batch that fits here, and the ratio it gives the line ---------------------
-def calibrated_runs(hardware, machine, namespace, usable):
+def calibrated_runs(hardware, machine, namespace, usable, capped=False):
+    """The plan's runs with a calibration at ``usable`` bytes: this card's own (uncapped) or, with
+    ``capped``, a smaller card played by capping the fake card as the magic does."""
+    import contextlib
+
+    from jupyter_cudamem.capacity.runs import CalibrationScale
+
+    gpu = machine.gpus[0]
+
+    @contextlib.contextmanager
+    def cap():
+        before = gpu.fraction
+        gpu.fraction = usable / gpu.total_bytes
+        try:
+            yield
+        finally:
+            gpu.fraction = before
+
     runner = Runner(Meter(hardware, reset_peak=True), lambda s: exec(s, namespace), lambda e: "out of memory" in str(e),
                     release=hardware.allocator.empty_cache)
+    scale = CalibrationScale(usable, "smaller card" if capped else "this card", cap if capped else None)
     measured = measure_runs(runner, "step(batch)", 64, NamespaceBatch(namespace, "step(batch)", 64),
-                            calibrate_usable=lambda: usable)
+                            calibrate_at=lambda: scale)
     return measured, judge(measured, 64)
 
 
@@ -173,7 +191,7 @@ def test_calibration_finds_the_largest_batch_here_and_the_plan_follows_a_cards_c
     assert labels[-1] == AGAIN and CALIBRATION in labels and namespace["batch"] == 64
     card = 16 * GiB
     context = machine.gpus[0].context_bytes
-    calibration = (found.ratio(judged.line), found.fitted, found.failed)
+    calibration = (found.ratio(judged.line), found.fitted, found.failed, found.card)
     plan = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", card),
                       line=judged.line, calibration=calibration)
     real = real_largest(machine, card - context, waste)
@@ -209,7 +227,7 @@ def test_calibration_sees_a_workspace_that_a_cap_does_without(hardware, machine)
     plain = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", card),
                        line=judged.line, reserved_line=judged.reserved_line)
     calibrated = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", card),
-                            line=judged.line, calibration=(ratio, found.fitted, found.failed))
+                            line=judged.line, calibration=(ratio, found.fitted, found.failed, found.card))
     assert plain.this_card.largest_batch < 0.7 * real
     assert 0.95 * real <= calibrated.this_card.largest_batch <= real * (1 + DEFAULT_MARGIN)
 
@@ -243,3 +261,36 @@ def test_a_search_that_cannot_bracket_in_its_runs_says_so(hardware, machine):
     found = measured.calibration
     assert found is not None and found.failed is None and found.runs == CALIBRATION_RUNS
     assert any("stopped early" in note for note in measured.notes)
+
+
+def test_calibration_at_a_smaller_card_plays_it_with_a_cap_and_puts_the_cap_back(hardware, machine):
+    """What a cap costs beyond the allocated peak shrinks as the card grows (a waste that is a fixed
+    amount per step, here 1 GiB, is 1/16 of a 16 GiB card and 1/80 of this one): calibrated at the
+    smallest card, the plan is exact there and cautious on larger ones; calibrated at this card, it would
+    promise the small card too much."""
+    gpu = machine.gpus[0]
+    machine.allocate(0, WEIGHTS)
+
+    def step(batch):
+        size = PER_SAMPLE * batch
+        machine.allocate(0, size, slack=GiB)
+        machine.free(0, size)
+
+    namespace = {"step": step, "batch": 64}
+    context = gpu.context_bytes
+    small = 16 * GiB - context
+    measured, judged = calibrated_runs(hardware, machine, namespace, small, capped=True)
+    assert gpu.fraction == 1.0  # the cap is put back
+    found = measured.calibration
+    real_small = (small - WEIGHTS - GiB) // PER_SAMPLE
+    assert found.fitted <= real_small < found.failed and found.card == "smaller card"
+    calibration = (found.ratio(judged.line), found.fitted, found.failed, found.card)
+    for card, within in ((16 * GiB, 0.95), (40 * GiB, 0.9)):  # exact but for the margin, then cautious
+        plan = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("card", card),
+                          line=judged.line, calibration=calibration)
+        real = (card - context - WEIGHTS - GiB) // PER_SAMPLE
+        assert within * real <= plan.this_card.largest_batch <= real
+    here, _ = calibrated_runs(hardware, machine, namespace, gpu.total_bytes)
+    at_this_card = build_plan(here.runs, 64, "batch", [], 0.0, context, "x", this_card=("card", 16 * GiB),
+                              line=judged.line, calibration=(here.calibration.ratio(judged.line), 0, None, "this card"))
+    assert at_this_card.this_card.largest_batch > real_small  # what calibrating at the largest card would promise
