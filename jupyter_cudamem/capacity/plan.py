@@ -28,10 +28,10 @@ assumed, and the plan says so; another card's driver and architecture move it by
 The **margin** (``DEFAULT_MARGIN``) covers what the allocated line does not see: the allocator's
 rounding and the driver's 0.5-1.7% of the nominal memory (see ``cards``).
 
-**Calibrated** (``--calibrate``, ``runs.calibrate``): the cell also runs at batches that fill this card
-until the largest that fits is found, and every card's line is the allocated line scaled by what this
-card's memory took per byte of it (``calibrated``), with ``CALIBRATED_MARGIN``; the reserved line is not
-needed then. Two runs cannot see what a cap changes (the cache the allocator gives back under it, the
+**Calibrated** (``--calibrate``, ``runs.calibrate``): the cell also runs at batches that fill the
+smallest card of the plan (PyTorch capped here to play it) until the largest that fits is found, and every
+card's line is the allocated line scaled by what that memory took per byte of it (``calibrated``), with
+``CALIBRATED_MARGIN``; the reserved line is not needed then. Two runs cannot see what a cap changes (the cache the allocator gives back under it, the
 workspaces libraries skip); the calibration measures it where it matters.
 
 For the batch as written: it fits, or the plan gives the largest micro-batch that both fits and
@@ -58,8 +58,9 @@ CALIBRATED_MARGIN = 0.03
 """The margin of a calibrated plan (``--calibrate``), whose ratio already holds the allocator's rounding
 and waste at this card's limit. What it still does not see: the share of another card's memory that its
 driver and firmware keep, 0.5-1.7% of the nominal memory (see ``cards``), and how far the ratio moves
-between this card's scale and another's: measured up to 1.1% between an 80 GiB card's limit and a
-16 GiB cap (the LSTM of ``benchmarks/plan.py``: 1.134 and about 1.146). Their sum, rounded up."""
+between the card it was measured at and another: measured up to 1.1% between a 16 GiB cap and an 80 GiB
+card's limit (the LSTM of ``benchmarks/plan.py``: 1.144 and 1.134), smaller on the larger card, so the
+drift is on the cautious side; the driver's share is not. Their sum, rounded up."""
 
 CLOSE_DIVISOR = 0.75
 """A divisor of the batch at least this fraction of the largest batch that fits is "close": below it,
@@ -122,11 +123,11 @@ def calibrated(line: Line, ratio: float) -> Line:
     library that sizes an optional workspace by what is free does without it (cuDNN's convolutions in
     inference: a third less). ``benchmarks/plan_calibration.py`` measured that ratio at the notebook's
     batch and found it does not carry to a card's scale for the LSTM (1.05 at batch 64, 1.13 at 32, about
-    1.15 at a 16 GiB card's limit). Measured where the cell fills an 80 GiB card (1.044 convnet, 1.003
-    transformer, 0.672 inference, 1.134 LSTM), it carries to 16, 24 and 40 GiB caps: with
-    ``CALIBRATED_MARGIN`` every prediction of ``benchmarks/plan.py`` was 2.3-4.9% below the real largest
-    batch. Scaled as a whole: the ratio is measured at one batch, so it cannot be split between the fixed
-    and the per-sample part."""
+    1.15 at a 16 GiB card's limit); where the cell fills a card it does, from a smaller card to a larger
+    one (see ``runs.CalibrationScale``). Measured at a 16 GiB cap (1.042 convnet, 1.008 transformer,
+    0.676 inference, 1.144 LSTM) with ``CALIBRATED_MARGIN``, every prediction of ``benchmarks/plan.py``
+    for 16, 24 and 40 GiB was 3.0-4.6% below the real largest batch. Scaled as a whole: the ratio is
+    measured at one batch, so it cannot be split between the fixed and the per-sample part."""
     return Line(line.slope_bytes * ratio, line.intercept_bytes * ratio)
 
 

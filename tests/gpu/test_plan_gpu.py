@@ -125,3 +125,29 @@ def test_not_a_gpu_cell_with_no_batch_is_fixed_size(shell, torch):
     assert result.success, result.error_in_exec
     plan = shell.user_ns["plan"]
     assert plan.line is None and plan.fixed_bytes >= GiB
+
+
+def test_calibrated_plan_predicts_a_capped_card_within_5_percent(shell, torch):
+    """``--calibrate`` with a 4 GiB card added to the table: the search plays that card by a cap and puts
+    the cap back; then each card, played the same way, fits the calibrated prediction, and a batch that
+    would make it more than 5% below the real largest does not fit (at 6 GiB: the ratio measured at the
+    smaller card carried to a larger one)."""
+    result = shell.run_cell('%config CudaMem.cards = {"four": 4, "six": 6}')
+    assert result.success
+    result = shell.run_cell("%%cudamem_plan --calibrate --cards four,six -o plan\nstep(batch_size)\nbatch_size")
+    assert result.success, result.error_in_exec
+    shell.run_cell("%config CudaMem.cards = {}")
+    plan = shell.user_ns["plan"]
+    assert shell.user_ns["batch_size"] == 64
+    assert plan.calibration_card == "four" and plan.calibration_ratio is not None
+    assert torch.cuda.get_per_process_memory_fraction(0) == 1.0  # the cap is put back
+    step = shell.user_ns["step"]
+    total = torch.cuda.get_device_properties(0).total_memory
+    for card in plan.cards:
+        predicted = card.largest_batch
+        torch.cuda.set_per_process_memory_fraction((card.total_bytes - plan.non_pytorch_bytes) / total, 0)
+        torch.cuda.empty_cache()
+        assert fits(torch, step, predicted), f"{card.name}: the calibrated batch {predicted} does not fit"
+        over = int(predicted / 0.95) + 1  # the prediction is within 5% of the real largest batch: this is past it
+        assert not fits(torch, step, over), f"{card.name}: batch {over} fits too: {predicted} is more than 5% below"
+    torch.cuda.set_per_process_memory_fraction(1.0, 0)
