@@ -335,18 +335,6 @@ def build_plan(
                          reserved_line=reserved_line, ratio=ratio)
     fitted, failed, where = (calibration[1], calibration[2], calibration[3]) if ratio is not None and calibration is not None \
         else (None, None, None)
-    notes = list(notes)
-    if ratio is None and line is not None and reserved_line is not None and batch is not None:
-        cautious = [card for card in ([here] if here is not None else []) + list(plans) if card.largest_batch is not None
-                    and card.largest_batch < largest_batch(line, card.usable_bytes, margin)]
-        if cautious:
-            allocated = largest_batch(line, cautious[0].usable_bytes, margin)
-            notes.append(
-                f"the line through reserved peaks decides ({cautious[0].name}: {cautious[0].largest_batch:,}, the "
-                f"allocated line's {allocated:,}): without a cap the allocator's cache and optional workspaces "
-                "make two runs cautious; --calibrate runs the cell up to 12 more times to find the largest batch "
-                "here and plans every card from it"
-            )
     return CapacityPlan(
         tuple(runs), batch, knob, line, fixed_peak, non_pytorch_bytes, non_pytorch_how, margin, plans, here,
         tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains, batch_where, reserved_line,

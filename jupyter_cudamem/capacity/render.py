@@ -80,7 +80,13 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
             f"(peak under a cap = {format_bytes(plan.line.intercept_bytes * plan.calibration_ratio)} + "
             f"{format_bytes(plan.line.slope_bytes * plan.calibration_ratio)} x batch)"
         )
-    elif plan.reserved_line is not None:
+    else:
+        lines.append(
+            "  an estimate from two runs: under a card's cap a cell can need more or less than its allocated "
+            "peak (the allocator's cache and waste, workspaces libraries skip); --calibrate measures that on "
+            "the smallest card of the plan"
+        )
+    if plan.calibration_ratio is None and plan.reserved_line is not None:
         lines.append(
             f"  reserved by PyTorch's cache: {format_bytes(plan.reserved_line.intercept_bytes)} + "
             f"{format_bytes(plan.reserved_line.slope_bytes)} x batch; a card limits what is reserved, so the "

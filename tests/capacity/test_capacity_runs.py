@@ -129,7 +129,7 @@ def test_reserved_peaks_are_each_runs_own_and_the_plan_respects_them(hardware, m
     assert predicted <= real and predicted >= 0.95 * real
     by_allocated_alone = math.floor((card - context - WEIGHTS) * (1 - DEFAULT_MARGIN) / PER_SAMPLE)
     assert by_allocated_alone > real * (1 + DEFAULT_MARGIN)  # what the reserved line prevents
-    assert any("the line through reserved peaks decides" in note and "--calibrate" in note for note in plan.notes)
+    assert "an estimate from two runs" in plan.text() and "--calibrate measures" in plan.text()
 
 
 def test_an_allocator_that_wastes_little_leaves_the_allocated_line_in_charge(hardware, machine):
@@ -139,7 +139,7 @@ def test_an_allocator_that_wastes_little_leaves_the_allocated_line_in_charge(har
     plan = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", 16 * GiB),
                       line=judged.line, reserved_line=judged.reserved_line)
     assert plan.this_card.largest_batch == math.floor((16 * GiB - context - WEIGHTS) * (1 - DEFAULT_MARGIN) / PER_SAMPLE)
-    assert not any("--calibrate" in note for note in plan.notes)  # the allocated line decides: nothing to say
+    assert "an estimate from two runs" in plan.text()  # whichever line decides
 
 
 # -- --calibrate: the largest batch that fits here, and the ratio it gives the line ---------------------
@@ -198,6 +198,7 @@ def test_calibration_finds_the_largest_batch_here_and_the_plan_follows_a_cards_c
     predicted = plan.this_card.largest_batch
     assert 0.95 * real <= predicted <= real
     assert plan.calibration_fitted == found.fitted and "calibrated" in plan.text()
+    assert "an estimate from two runs" not in plan.text()
 
 
 def test_calibration_sees_a_workspace_that_a_cap_does_without(hardware, machine):
