@@ -100,8 +100,13 @@ class CudaMemPlan(CudaMemMagicsBase):
 
         args = parse_argstring(self.cudamem_plan, line)
         margin = self.margin if args.margin is None else args.margin
-        if not 0 <= margin < 1 or not 0 <= self.calibrated_margin < 1:
+        if not 0 <= margin < 1:
             raise CudaMemError(f"--margin takes a fraction from 0 to 1 such as 0.05, got {margin}")
+        if args.calibrate and not 0 <= self.calibrated_margin < 1:
+            raise CudaMemError(
+                f"CudaMemPlan.calibrated_margin takes a fraction from 0 to 1 such as 0.03, got {self.calibrated_margin}: "
+                "set it with %config CudaMemPlan.calibrated_margin = 0.03"
+            )
         if args.output is not None and not args.output.isidentifier():
             raise CudaMemError(f"-o takes a variable name, got {args.output!r}")
         cards = select_cards(card_table(self._cards_setting()), args.cards)

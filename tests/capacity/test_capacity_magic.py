@@ -395,3 +395,13 @@ def test_calibrate_keeps_a_cap_the_user_set(plan_shell):
     assert machine.gpus[0].fraction == 0.5
     assert plan.calibration_fitted is not None and plan.calibration_fitted <= (40 * GiB - WEIGHTS) // PER_SAMPLE
     machine.gpus[0].fraction = 1.0
+
+
+def test_a_calibrated_margin_out_of_range_is_one_line(plan_shell):
+    shell, machine, stepper = plan_shell
+    shell.run_cell("%config CudaMemPlan.calibrated_margin = 1.5")
+    try:
+        message = usage_error(shell, "%%cudamem_plan --calibrate\nstep(64)")
+    finally:
+        shell.run_cell("%config CudaMemPlan.calibrated_margin = 0.03")
+    assert "CudaMemPlan.calibrated_margin" in message and stepper.calls == []
