@@ -255,14 +255,16 @@ def measure_runs(
 CALIBRATION = "largest here"
 
 CALIBRATION_RUNS = 12
-"""At most this many runs search for the largest batch that fits here: from the line's guess, steps of
-``CALIBRATION_STEP`` until one fits and one does not (three at most when the guess is within half or
-twice), then halving the gap to ``CALIBRATION_RESOLUTION`` (about eight halvings from a 25% gap).
-When they run out, what fitted so far is used, and the plan says the search stopped early."""
+"""At most this many runs search for the largest batch that fits: from the line's guess, steps of
+``CALIBRATION_STEP`` until one fits and one does not, then halving the gap to ``CALIBRATION_RESOLUTION``
+(six halvings from a 25% gap at batches in the hundreds). The searches of ``benchmarks/plan.py`` and
+``benchmarks/plan_sweep.py`` took 7-10 runs. When they run out, what fitted so far is used, and the plan
+says the search stopped early."""
 
 CALIBRATION_STEP = 1.25
-"""Stepping from the line's guess by a quarter: on the four workloads of ``benchmarks/plan.py`` the
-uncapped allocated line is 0.9-1.5x the largest batch that fits, so one or two steps bracket it."""
+"""Stepping from the line's guess by a quarter: the uncapped allocated line's guess was 0.67-1.15x the
+largest batch that fits on the four workloads of ``benchmarks/plan_calibration.py`` (its ``allocated``
+predictions), so one or two steps bracket it; a step of a half would double the halvings after it."""
 
 CALIBRATION_RESOLUTION = 0.005
 """The search stops when the batch that fitted and the one that did not are within 0.5% of each other (or
@@ -298,8 +300,8 @@ class Calibration:
     card: str = "this card"
 
     def ratio(self, line: Line) -> float:
-        """How much this card's memory the cell needs per byte of the allocated line: this card's usable
-        memory over the line's peak at the batch that fitted (the cautious end of the bracket)."""
+        """How much of a card's memory the cell needs per byte of the allocated line: the usable memory it
+        was calibrated at over the line's peak at the batch that fitted (the cautious end of the bracket)."""
         return self.usable_bytes / line.peak(self.fitted)
 
 
