@@ -7,7 +7,8 @@ The order is chosen so the namespace ends as after a normal run of the cell at i
 2. at the smaller batch, changed where the batch lives (``batch.BatchChange``) and put back;
 3. under ``torch.autocast`` at the batch as written, when asked;
 4. at the batch as written again, last: its value is the cell's, and with run 1 it says whether the
-   cell is repeatable.
+   cell is repeatable. With ``--calibrate`` the calibration's runs come after it, and the cell runs at
+   its batch once more, last (``FINAL``, not a point of the line).
 
 The line goes through runs 2 and 4. A cell with no batch is run once.
 
@@ -190,6 +191,7 @@ SMALLEST = "smaller still"
 SMALLER_WARM_UP = "smaller (warm-up)"
 AUTOCAST = "autocast"
 AGAIN = "as written, again"
+FINAL = "last run"  # with --calibrate: the cell's own last run, after the calibration (not a point of the line)
 
 
 def measure_runs(
@@ -237,18 +239,23 @@ def measure_runs(
             f"the cell was not run at {batch} again (its values are set back to {batch})"
         )
         if calibrate_at is not None:
+            last_point = measured.runs[-1].batch or small
             calibrate(runner, change, calibrate_at())
+            runner.changed(change, FINAL, last_point)  # the names end with a fitting run's, not a calibration run's
         return measured
     if autocast_source is not None:
         runner.once(AUTOCAST, autocast_source, batch, autocast=True)
-    if calibrate_at is not None:
-        calibrate(runner, change, calibrate_at())
-    last = runner.once(AGAIN, source, batch, last=True)
-    if last.oom:
+    again = runner.once(AGAIN, source, batch, last=calibrate_at is None)
+    if again.oom:
         raise CudaMemError(
             f"the cell fitted at batch {batch} once and ran out of GPU memory the next time: it is not repeatable "
             "enough to plan (does it keep memory from run to run?)"
         )
+    if calibrate_at is not None:
+        # After the line's points, so what a calibration run may leave (a library's buffer for a new shape)
+        # cannot move their starts; then the cell runs at its batch once more, last, for its value.
+        calibrate(runner, change, calibrate_at())
+        runner.once(FINAL, source, batch, last=True)
     return measured
 
 

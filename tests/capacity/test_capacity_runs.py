@@ -172,7 +172,7 @@ def calibrated_runs(hardware, machine, namespace, usable, capped=False):
 def test_calibration_finds_the_largest_batch_here_and_the_plan_follows_a_cards_cap(hardware, machine):
     """15% of each step reserved but unusable: the calibration sees it where the cell fills this card,
     and the plan for a 16 GiB card lands within 5% of what really fits there, not above."""
-    from jupyter_cudamem.capacity.runs import AGAIN, CALIBRATION, CALIBRATION_RESOLUTION
+    from jupyter_cudamem.capacity.runs import AGAIN, CALIBRATION, CALIBRATION_RESOLUTION, FINAL
 
     waste = 0.15
     machine.allocate(0, WEIGHTS)
@@ -188,7 +188,7 @@ def test_calibration_finds_the_largest_batch_here_and_the_plan_follows_a_cards_c
     assert found.runs <= 12 and found.ratio(judged.line) == pytest.approx(1 + waste, rel=0.01)
     # the calibration ran before the last run: the namespace ends as after a run at the batch as written
     labels = [run.label for run in measured.runs]
-    assert labels[-1] == AGAIN and CALIBRATION in labels and namespace["batch"] == 64
+    assert labels[-1] == FINAL and labels.index(AGAIN) < labels.index(CALIBRATION) and namespace["batch"] == 64
     card = 16 * GiB
     context = machine.gpus[0].context_bytes
     calibration = (found.ratio(judged.line), found.fitted, found.failed, found.card)
@@ -295,3 +295,26 @@ def test_calibration_at_a_smaller_card_plays_it_with_a_cap_and_puts_the_cap_back
     at_this_card = build_plan(here.runs, 64, "batch", [], 0.0, context, "x", this_card=("card", 16 * GiB),
                               line=judged.line, calibration=(here.calibration.ratio(judged.line), 0, None, "this card"))
     assert at_this_card.this_card.largest_batch > real_small  # what calibrating at the largest card would promise
+
+
+def test_what_a_calibration_run_leaves_does_not_move_the_lines_points(hardware, machine):
+    """A library that keeps a buffer the first time it meets a large batch (here 64 MiB, from batch 1000 on):
+    the calibration meets it, the line's points do not (they are measured before it), so the plan is made,
+    not refused as a cell that keeps memory; the cell's last run is at its own batch."""
+    from jupyter_cudamem.capacity.runs import FINAL
+
+    machine.allocate(0, WEIGHTS)
+    kept: list[int] = []
+
+    def step(batch):
+        if batch >= 1000 and not kept:
+            machine.allocate(0, 64 * MiB)
+            kept.append(64 * MiB)
+        size = PER_SAMPLE * batch
+        machine.allocate(0, size)
+        machine.free(0, size)
+
+    namespace = {"step": step, "batch": 64}
+    measured, judged = calibrated_runs(hardware, machine, namespace, machine.gpus[0].total_bytes)
+    assert kept and measured.calibration is not None and judged.line.slope_bytes == pytest.approx(PER_SAMPLE)
+    assert measured.runs[-1].label == FINAL and measured.runs[-1].batch == 64
