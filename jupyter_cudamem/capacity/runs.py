@@ -265,7 +265,7 @@ CALIBRATION_RUNS = 12
 """At most this many runs search for the largest batch that fits: from the line's guess, steps of
 ``CALIBRATION_STEP`` until one fits and one does not, then halving the gap to ``CALIBRATION_RESOLUTION``
 (six halvings from a 25% gap at batches in the hundreds). The searches of ``benchmarks/plan.py`` and
-``benchmarks/plan_sweep.py`` took 7-10 runs. When they run out, what fitted so far is used, and the plan
+``benchmarks/plan_sweep.py`` took 6-10 runs. When they run out, what fitted so far is used, and the plan
 says the search stopped early."""
 
 CALIBRATION_STEP = 1.25
