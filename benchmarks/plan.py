@@ -270,6 +270,26 @@ class NamespaceBatch:
         self.namespace["batch"] = self.original
 
 
+def smallest_card(cards: list[Card], measured: Any) -> CalibrationScale | None:
+    """Where the magic's --calibrate searches: the smallest card of the plan, played by capping PyTorch on
+    this GPU at what that card leaves it (the cap put back after each run)."""
+    total = measured.total_bytes
+    if total is None or not cards:
+        return None
+    card = min(cards, key=lambda c: c.total_bytes)
+    usable = usable_bytes(card.total_bytes, measured.non_pytorch_bytes)
+
+    @contextlib.contextmanager
+    def capped() -> Iterator[None]:
+        torch.cuda.set_per_process_memory_fraction(usable / total, 0)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, 0)
+
+    return CalibrationScale(usable, card.name, capped)
+
+
 def make_plan(workload: Workload, cards: list[Card], margin: float, calibrate: bool = False) -> Any:
     """The plan as ``%%cudamem_plan`` makes it; with ``calibrate`` as ``--calibrate`` makes it too, from the
     same runs (the calibration's runs come before the last run, which the default plan reads)."""
@@ -281,26 +301,8 @@ def make_plan(workload: Workload, cards: list[Card], margin: float, calibrate: b
 
     runner = Runner(Meter(hardware, reset_peak=True), run, is_oom, release=release)
 
-    def smallest_card() -> CalibrationScale | None:
-        """As the magic calibrates: at the smallest card of the plan, PyTorch capped here to play it."""
-        total = runner.measured.total_bytes
-        if total is None or not cards:
-            return None
-        card = min(cards, key=lambda c: c.total_bytes)
-        usable = usable_bytes(card.total_bytes, runner.measured.non_pytorch_bytes)
-
-        @contextlib.contextmanager
-        def capped() -> Iterator[None]:
-            torch.cuda.set_per_process_memory_fraction(usable / total, 0)
-            try:
-                yield
-            finally:
-                torch.cuda.set_per_process_memory_fraction(1.0, 0)
-
-        return CalibrationScale(usable, card.name, capped)
-
     measured = measure_runs(runner, "step(batch)", workload.batch, NamespaceBatch(namespace, workload.batch),
-                            calibrate_at=smallest_card if calibrate else None)
+                            calibrate_at=(lambda: smallest_card(cards, runner.measured)) if calibrate else None)
     judged = judge(measured, workload.batch)
 
     def plan_with(calibration: Any) -> Any:

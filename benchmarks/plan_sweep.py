@@ -24,14 +24,12 @@ card_gib, default_batch, calibrated_batch, real_batch, default_error, calibrated
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import gc
 import json
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +40,10 @@ import torch  # noqa: E402
 
 from benchmarks import bisect_batch  # noqa: E402
 from benchmarks.oomfix import WORKLOADS, Workload, _is_oom, missing_module  # noqa: E402
-from benchmarks.plan import versions  # noqa: E402
+from benchmarks.plan import smallest_card, versions  # noqa: E402
 from jupyter_cudamem.capacity.cards import Card  # noqa: E402
-from jupyter_cudamem.capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN, build_plan, usable_bytes  # noqa: E402
-from jupyter_cudamem.capacity.runs import CalibrationScale, Runner, judge, measure_runs  # noqa: E402
+from jupyter_cudamem.capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN, build_plan  # noqa: E402
+from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs  # noqa: E402
 from jupyter_cudamem.hardware import default_hardware  # noqa: E402
 from jupyter_cudamem.measure import Meter  # noqa: E402
 
@@ -108,22 +106,10 @@ def run_workload(workload: Workload, oracle: int, total: int) -> tuple[list[dict
     runner = Runner(Meter(default_hardware(), reset_peak=True), cell.run, _is_oom, release=cell.release)
     cards = [Card(f"{gib} GiB", gib) for gib in CARDS_GIB]
 
-    def smallest_card() -> CalibrationScale | None:
-        usable = usable_bytes(min(cards, key=lambda c: c.total_bytes).total_bytes, runner.measured.non_pytorch_bytes)
-
-        @contextlib.contextmanager
-        def capped() -> Iterator[None]:
-            torch.cuda.set_per_process_memory_fraction(usable / total, 0)
-            try:
-                yield
-            finally:
-                torch.cuda.set_per_process_memory_fraction(1.0, 0)
-
-        return CalibrationScale(usable, cards[0].name, capped)
-
     started = time.perf_counter()
     cell.apply(batch)
-    measured = measure_runs(runner, workload.cell_at(batch, "cuda"), batch, cell, calibrate_at=smallest_card)
+    measured = measure_runs(runner, workload.cell_at(batch, "cuda"), batch, cell,
+                            calibrate_at=lambda: smallest_card(cards, runner.measured))
     judged = judge(measured, batch)
     found = measured.calibration
     summary: dict[str, Any] = {"workload": workload.name, "kind": workload.kind, "batch_as_written": batch,
