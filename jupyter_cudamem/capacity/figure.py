@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
+from .plan import calibrated
+
 if TYPE_CHECKING:
     from .plan import CapacityPlan
 
@@ -45,6 +47,10 @@ def plan_figure(plan: CapacityPlan) -> Any:
         xs = [low * (high / low) ** (i / 200) for i in range(201)]
         axes.plot(xs, [line.peak(x) / GiB for x in xs], color="black", linewidth=2,
                   label=f"peak = {line.intercept_bytes / GiB:.2f} GiB + {line.slope_bytes / 2**20:.2f} MiB x batch")
+        if plan.calibration_ratio is not None:
+            scaled = calibrated(line, plan.calibration_ratio)
+            axes.plot(xs, [scaled.peak(x) / GiB for x in xs], color="#8b0000", linestyle="-.",
+                      label=f"under a card's cap: {plan.calibration_ratio:.3f} x the line (calibrated)")
         if plan.autocast_line is not None:
             axes.plot(xs, [plan.autocast_line.peak(x) / GiB for x in xs], color="black", linestyle="--",
                       label=f"under autocast ({plan.autocast_dtype or 'reduced precision'})")
@@ -69,9 +75,11 @@ def plan_figure(plan: CapacityPlan) -> Any:
                       xycoords=("axes fraction", "data"), xytext=(0, 2), textcoords="offset points", fontsize=7,
                       color=color)
         if plan.line is not None and plan.line.slope_bytes > 0:
-            largest = max(int((usable - plan.line.intercept_bytes) // plan.line.slope_bytes), 0)
+            # where the line the cards are planned on meets this card's memory: the calibrated one if any
+            planned = plan.line if plan.calibration_ratio is None else calibrated(plan.line, plan.calibration_ratio)
+            largest = max(int((usable - planned.intercept_bytes) // planned.slope_bytes), 0)
             if largest >= 1:
-                axes.plot([largest], [plan.line.peak(largest) / GiB], "o", color=color, markersize=4)
+                axes.plot([largest], [planned.peak(largest) / GiB], "o", color=color, markersize=4)
     axes.set_ylabel("GiB (log scale)")
     axes.set_title("Peak memory against batch, and what each card leaves PyTorch", fontsize=10)
     axes.legend(loc="lower right", fontsize=8)

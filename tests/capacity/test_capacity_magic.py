@@ -369,6 +369,8 @@ def test_calibrate_finds_the_largest_batch_here_and_scales_every_card(plan_shell
 
     k = plan.calibration_ratio
     assert plan.margin == CALIBRATED_MARGIN
+    labels = [line.get_label() for line in plan.figure().axes[0].get_lines()]
+    assert any("calibrated" in label for label in labels)  # the line the cards are planned on is drawn
     assert plan.card("T4").largest_batch == math.floor((t4 - WEIGHTS * k) * (1 - CALIBRATED_MARGIN) / (PER_SAMPLE * k) + 1e-9)
     shell.run_cell("%%cudamem_plan --calibrate --margin 0.1 -o plan\nstep(batch_size)")
     assert shell.user_ns["plan"].margin == 0.1  # --margin still decides
