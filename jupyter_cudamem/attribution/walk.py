@@ -18,7 +18,7 @@ from __future__ import annotations
 import types
 from collections import deque
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from itertools import chain, compress, repeat
 from operator import attrgetter, eq, is_, is_not, itemgetter, methodcaller, ne, not_
 from dataclasses import dataclass, field
@@ -218,6 +218,12 @@ def _slots_of(kind: type) -> tuple[str, ...]:
 
 _DIRECT, _DUCK = 1, 2  # how the keys-only pass reads a tensor type: plain attributes, or getattr with defaults
 
+
+def _reads_directly(kind: type) -> bool:
+    """Whether a tensor type's class defines what the keys-only pass reads (PyTorch's does), so plain
+    attribute access works; tensor-likes are read through ``getattr`` with defaults instead."""
+    return all(hasattr(kind, name) for name in ("grad_fn", "is_cuda", "retains_grad", "grad"))
+
 # How ``_Walker.fast_lane`` treats a type: skipped (not counted), counted and skipped, read in bulk, or
 # handed back to ``collect_keys``' loop.
 _LANE_ATOM, _LANE_DROP, _LANE_TENSOR, _LANE_SEQUENCE, _LANE_MAPPING, _LANE_OBJECT, _LANE_SLOW = range(7)
@@ -271,19 +277,6 @@ def _children_owners(
 
 def _joined_owners(parts: list[Callable[[], list[int]]]) -> list[int]:
     return list(chain.from_iterable(part() for part in parts))
-
-
-class _Owners:
-    """The owners of a level, worked out on first use: only what is handed back needs them."""
-
-    def __init__(self, make: Callable[[], list[int]]) -> None:
-        self.make = make
-        self.made: list[int] | None = None
-
-    def __call__(self) -> list[int]:
-        if self.made is None:
-            self.made = self.make()
-        return self.made
 
 
 class _Walker:
@@ -395,11 +388,7 @@ class _Walker:
                             budget -= 1
                             stack.append(value)
                             continue
-                        reads = tensor_reads[kind] = (
-                            _DIRECT
-                            if all(hasattr(kind, name) for name in ("grad_fn", "is_cuda", "retains_grad", "grad"))
-                            else _DUCK
-                        )
+                        reads = tensor_reads[kind] = _DIRECT if _reads_directly(kind) else _DUCK
                     if budget <= 0:
                         self.reach.truncated = True
                         break
@@ -488,7 +477,8 @@ class _Walker:
         not handle (a tensor with a graph, a module, an optimizer, a set, a traceback, an object with
         slots, a tensor-like) is handed back as ``(owner, object, is_root)`` to ``collect_keys``' own
         loop, and so is a whole level that would run past the budget, or a part whose read raises.
-        Which root each object hangs under is worked out only for what is handed back. Same storages
+        Which root each object hangs under is worked out only for what is handed back (``functools.cache``
+        over the level's owners). Same storages
         reached and the same count per object queued as that loop (``tests/attribution``: both ways
         over the same namespaces), in a fraction of its time on a namespace of many small values
         (``benchmarks/leaks.py``, part ``cost``)."""
@@ -496,7 +486,7 @@ class _Walker:
         on_device, address = probe.on_device, probe.storage_address
         handed: list[tuple[int, Any, bool]] = []
         level: list[Any] = list(roots)
-        owners = _Owners(partial(_positions, len(roots)))
+        owners: Callable[[], list[int]] = cache(partial(_positions, len(roots)))
         depth = 0
         while level:
             kinds = list(map(type, level))
@@ -576,7 +566,7 @@ class _Walker:
             if depth:
                 self.budget -= counted
             level, depth = next_level, depth + 1
-            owners = _Owners(partial(_joined_owners, next_parts))
+            owners = cache(partial(_joined_owners, next_parts))  # made on first use, for what is handed back
         return handed
 
     def _lane(self, kind: type) -> int:
@@ -587,8 +577,7 @@ class _Walker:
         if code is None:
             code = self.codes[kind] = type_code(kind, self.probe)
         if code == _TENSOR:
-            direct = all(hasattr(kind, name) for name in ("grad_fn", "is_cuda", "retains_grad", "grad"))
-            return _LANE_TENSOR if direct else _LANE_SLOW
+            return _LANE_TENSOR if _reads_directly(kind) else _LANE_SLOW
         if code == _OPAQUE:
             return _LANE_DROP
         if code == _SEQUENCE:
