@@ -314,7 +314,7 @@ def make_plan(workload: Workload, cards: list[Card], margin: float, calibrate: b
     found = measured.calibration
     calibrated = None
     if found is not None and judged.line is not None:
-        calibrated = plan_with((found.ratio(judged.line), found.fitted, found.failed, found.card))
+        calibrated = plan_with(found)
     return plan_with(None), measured, calibrated
 
 

@@ -123,7 +123,7 @@ def run_workload(workload: Workload, oracle: int, total: int) -> tuple[list[dict
         summary["calibration"] = {"fitted_batch": found.fitted, "failed_batch": found.failed, "runs": found.runs,
                                   "ratio": found.ratio(judged.line), "card": found.card, "stopped": found.stopped}
         calibrated = build_plan(measured.runs, batch, "batch", cards, CALIBRATED_MARGIN,
-                                calibration=(found.ratio(judged.line), found.fitted, found.failed, found.card),
+                                calibration=found,
                                 **common)  # type: ignore[arg-type]
     cell.release()
     cases = []

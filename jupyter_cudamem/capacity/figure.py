@@ -31,6 +31,9 @@ def plan_figure(plan: CapacityPlan) -> Any:
     for card in cards:
         name = f"this card ({card.name})" if card.this_card else card.name
         groups.setdefault(card.usable_bytes, []).append(name)
+    # the line each card's batch is planned on: the calibrated one, if any
+    ratio = plan.calibration_ratio
+    planned = plan.line if plan.line is None or ratio is None else calibrated(plan.line, ratio)
     points = [(r.batch, r.peak_bytes, r.autocast) for r in plan.runs
               if not r.oom and r.peak_bytes is not None and r.batch is not None]
     if plan.line is None:
@@ -47,10 +50,9 @@ def plan_figure(plan: CapacityPlan) -> Any:
         xs = [low * (high / low) ** (i / 200) for i in range(201)]
         axes.plot(xs, [line.peak(x) / GiB for x in xs], color="black", linewidth=2,
                   label=f"peak = {line.intercept_bytes / GiB:.2f} GiB + {line.slope_bytes / 2**20:.2f} MiB x batch")
-        if plan.calibration_ratio is not None:
-            scaled = calibrated(line, plan.calibration_ratio)
-            axes.plot(xs, [scaled.peak(x) / GiB for x in xs], color="#8b0000", linestyle="-.",
-                      label=f"under a card's cap: {plan.calibration_ratio:.3f} x the line (calibrated)")
+        if planned is not None and planned is not line:
+            axes.plot(xs, [planned.peak(x) / GiB for x in xs], color="#8b0000", linestyle="-.",
+                      label=f"under a card's cap: {ratio:.3f} x the line (calibrated)")
         if plan.autocast_line is not None:
             axes.plot(xs, [plan.autocast_line.peak(x) / GiB for x in xs], color="black", linestyle="--",
                       label=f"under autocast ({plan.autocast_dtype or 'reduced precision'})")
@@ -74,9 +76,7 @@ def plan_figure(plan: CapacityPlan) -> Any:
         axes.annotate(f"{', '.join(names)}: {level:.1f} GiB", xy=(0.01 + 0.3 * (slot % 3), level),
                       xycoords=("axes fraction", "data"), xytext=(0, 2), textcoords="offset points", fontsize=7,
                       color=color)
-        if plan.line is not None and plan.line.slope_bytes > 0:
-            # where the line the cards are planned on meets this card's memory: the calibrated one if any
-            planned = plan.line if plan.calibration_ratio is None else calibrated(plan.line, plan.calibration_ratio)
+        if planned is not None and planned.slope_bytes > 0:
             largest = max(int((usable - planned.intercept_bytes) // planned.slope_bytes), 0)
             if largest >= 1:
                 axes.plot([largest], [planned.peak(largest) / GiB], "o", color=color, markersize=4)

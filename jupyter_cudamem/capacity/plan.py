@@ -148,6 +148,24 @@ def accumulation(effective: int, largest: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """The largest batch that fitted with ``usable_bytes`` for PyTorch (on ``card``, or this card capped
+    to play it), the smallest that did not (``None``: the search stopped first)."""
+
+    fitted: int
+    failed: int | None
+    usable_bytes: int
+    runs: int
+    stopped: str = ""  # why the search stopped before it bracketed the largest batch
+    card: str = "this card"
+
+    def ratio(self, line: Line) -> float:
+        """How much of a card's memory the cell needs per byte of the allocated line: the usable memory it
+        was calibrated at over the line's peak at the batch that fitted (the cautious end of the bracket)."""
+        return self.usable_bytes / line.peak(self.fitted)
+
+
+@dataclass(frozen=True)
 class CardPlan:
     """One card's answer. ``largest_batch`` is ``None`` for a cell with no batch."""
 
@@ -247,12 +265,24 @@ class CapacityPlan:
     trains: bool = True  # whether the cell trains (accumulation steps) or only runs a model (chunks)
     batch_where: str = ""  # where the batch lives, as the finder says it
     reserved_line: Line | None = None  # the line through the runs' reserved peaks (``None``: not read)
-    # With --calibrate: this card's memory per byte of the allocated line, and the batches that fitted and
-    # did not when the cell filled this card.
-    calibration_ratio: float | None = None
-    calibration_fitted: int | None = None
-    calibration_failed: int | None = None
-    calibration_card: str | None = None  # the card whose memory the calibration filled (played by a cap)
+    calibration: Calibration | None = None  # with --calibrate (and a line): the largest batch found to fit, and where
+
+    @property
+    def calibration_ratio(self) -> float | None:
+        """A card's memory per byte of the allocated line, as the calibration measured it (``calibrated``)."""
+        return None if self.calibration is None or self.line is None else self.calibration.ratio(self.line)
+
+    @property
+    def calibration_fitted(self) -> int | None:
+        return None if self.calibration is None else self.calibration.fitted
+
+    @property
+    def calibration_failed(self) -> int | None:
+        return None if self.calibration is None else self.calibration.failed
+
+    @property
+    def calibration_card(self) -> str | None:
+        return None if self.calibration is None else self.calibration.card
 
     @property
     def per_sample_bytes(self) -> float | None:
@@ -314,12 +344,12 @@ def build_plan(
     trains: bool = True,
     batch_where: str = "",
     reserved_line: Line | None = None,
-    calibration: tuple[float, int, int | None, str] | None = None,
+    calibration: Calibration | None = None,
 ) -> CapacityPlan:
     """The plan for every card, from a fitted ``line`` (or the one peak of a cell with no batch).
-    ``calibration``: ``(ratio, fitted, failed, card)`` from ``runs.calibrate``; the line is then scaled by the
-    ratio on every card (``calibrated``)."""
-    ratio = calibration[0] if calibration is not None and line is not None else None
+    With a ``calibration`` (``runs.calibrate``) the line is scaled by its ratio on every card
+    (``calibrated``)."""
+    ratio = calibration.ratio(line) if calibration is not None and line is not None else None
     fixed_peak = None
     if line is None:
         peaks = [r.peak_bytes for r in runs if not r.oom and not r.autocast and r.peak_bytes is not None]
@@ -333,10 +363,8 @@ def build_plan(
     if this_card is not None:
         here = plan_card(this_card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line, this_card=True,
                          reserved_line=reserved_line, ratio=ratio)
-    fitted, failed, where = (calibration[1], calibration[2], calibration[3]) if ratio is not None and calibration is not None \
-        else (None, None, None)
     return CapacityPlan(
         tuple(runs), batch, knob, line, fixed_peak, non_pytorch_bytes, non_pytorch_how, margin, plans, here,
         tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains, batch_where, reserved_line,
-        ratio, fitted, failed, where,
+        calibration if ratio is not None else None,
     )

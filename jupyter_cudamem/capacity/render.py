@@ -7,6 +7,7 @@ import html
 from typing import TYPE_CHECKING
 
 from ..units import format_bytes
+from .plan import calibrated
 
 if TYPE_CHECKING:
     from .plan import CapacityPlan, CardPlan
@@ -70,23 +71,24 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
         f"  usable = card memory - outside PyTorch; the largest batch leaves {plan.margin:.0%} of the room above "
         "the fixed part free (the allocator's rounding, the driver's share)"
     )
-    if plan.calibration_ratio is not None:
-        where = ("this card" if plan.calibration_card in (None, "this card")
-                 else f"a {plan.calibration_card}'s memory (PyTorch capped here to play it)")
-        bracket = (f"batch {plan.calibration_fitted:,} fitted when the cell filled {where}"
-                   + ("" if plan.calibration_failed is None else f" and {plan.calibration_failed:,} did not"))
+    found, ratio = plan.calibration, plan.calibration_ratio
+    if found is not None and ratio is not None:
+        where = ("this card" if found.card == "this card"
+                 else f"a {found.card}'s memory (PyTorch capped here to play it)")
+        bracket = (f"batch {found.fitted:,} fitted when the cell filled {where}"
+                   + ("" if found.failed is None else f" and {found.failed:,} did not"))
+        scaled = calibrated(plan.line, ratio)
         lines.append(
-            f"  calibrated: {bracket}, so a card's cap takes {plan.calibration_ratio:.3f} x the allocated line "
-            f"(peak under a cap = {format_bytes(plan.line.intercept_bytes * plan.calibration_ratio)} + "
-            f"{format_bytes(plan.line.slope_bytes * plan.calibration_ratio)} x batch)"
+            f"  calibrated: {bracket}, so a card's cap takes {ratio:.3f} x the allocated line "
+            f"(peak under a cap = {format_bytes(scaled.intercept_bytes)} + {format_bytes(scaled.slope_bytes)} x batch)"
         )
-    else:
-        lines.append(
-            "  an estimate from two runs: under a card's cap a cell can need more or less than its allocated "
-            "peak (the allocator's cache and waste, workspaces libraries skip); --calibrate measures that on "
-            "the smallest card of the plan"
-        )
-    if plan.calibration_ratio is None and plan.reserved_line is not None:
+        return lines
+    lines.append(
+        "  an estimate from two runs: under a card's cap a cell can need more or less than its allocated "
+        "peak (the allocator's cache and waste, workspaces libraries skip); --calibrate measures that on "
+        "the smallest card of the plan"
+    )
+    if plan.reserved_line is not None:
         lines.append(
             f"  reserved by PyTorch's cache: {format_bytes(plan.reserved_line.intercept_bytes)} + "
             f"{format_bytes(plan.reserved_line.slope_bytes)} x batch; a card limits what is reserved, so the "

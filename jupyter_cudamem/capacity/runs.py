@@ -44,7 +44,7 @@ from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
 from .fit import Line
 from .fit import Agreement, faster_than_linear, fit, same
-from .plan import Run
+from .plan import Calibration, Run
 
 
 class Change(Protocol):
@@ -292,24 +292,6 @@ class CalibrationScale:
     usable_bytes: int
     card: str
     cap: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The largest batch that fitted with ``usable_bytes`` for PyTorch (on ``card``, or this card capped
-    to play it), the smallest that did not (``None``: the search stopped first)."""
-
-    fitted: int
-    failed: int | None
-    usable_bytes: int
-    runs: int
-    stopped: str = ""  # why the search stopped before it bracketed the largest batch
-    card: str = "this card"
-
-    def ratio(self, line: Line) -> float:
-        """How much of a card's memory the cell needs per byte of the allocated line: the usable memory it
-        was calibrated at over the line's peak at the batch that fitted (the cautious end of the bracket)."""
-        return self.usable_bytes / line.peak(self.fitted)
 
 
 def calibrate(runner: Runner, change: Change | None, scale: CalibrationScale | None) -> Calibration | None:

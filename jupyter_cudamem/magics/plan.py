@@ -169,12 +169,9 @@ class CudaMemPlan(CudaMemMagicsBase):
             why = self.hardware.nvml.status() or "NVML could not be read"
             how = f"NOT measured ({why}): counted as 0, so every card's usable memory is overstated by it"
         this_card = self._this_card(measured)
-        calibration = None
-        if measured.calibration is not None and judged.line is not None:
-            found = measured.calibration
-            calibration = (found.ratio(judged.line), found.fitted, found.failed, found.card)
-            if args.margin is None:
-                margin = self.calibrated_margin
+        calibration = measured.calibration if judged.line is not None else None
+        if calibration is not None and args.margin is None:
+            margin = self.calibrated_margin
         plan = build_plan(
             measured.runs, batch, knob.label if knob is not None else None, cards, margin,
             measured.non_pytorch_bytes, how, this_card, judged.line, judged.autocast_line, dtype,

@@ -191,9 +191,8 @@ def test_calibration_finds_the_largest_batch_here_and_the_plan_follows_a_cards_c
     assert labels[-1] == FINAL and labels.index(AGAIN) < labels.index(CALIBRATION) and namespace["batch"] == 64
     card = 16 * GiB
     context = machine.gpus[0].context_bytes
-    calibration = (found.ratio(judged.line), found.fitted, found.failed, found.card)
     plan = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", card),
-                      line=judged.line, calibration=calibration)
+                      line=judged.line, calibration=found)
     real = real_largest(machine, card - context, waste)
     predicted = plan.this_card.largest_batch
     assert 0.95 * real <= predicted <= real
@@ -228,7 +227,7 @@ def test_calibration_sees_a_workspace_that_a_cap_does_without(hardware, machine)
     plain = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", card),
                        line=judged.line, reserved_line=judged.reserved_line)
     calibrated = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("16 GiB", card),
-                            line=judged.line, calibration=(ratio, found.fitted, found.failed, found.card))
+                            line=judged.line, calibration=found)
     assert plain.this_card.largest_batch < 0.7 * real
     assert 0.95 * real <= calibrated.this_card.largest_batch <= real * (1 + DEFAULT_MARGIN)
 
@@ -285,15 +284,14 @@ def test_calibration_at_a_smaller_card_plays_it_with_a_cap_and_puts_the_cap_back
     found = measured.calibration
     real_small = (small - WEIGHTS - GiB) // PER_SAMPLE
     assert found.fitted <= real_small < found.failed and found.card == "smaller card"
-    calibration = (found.ratio(judged.line), found.fitted, found.failed, found.card)
     for card, within in ((16 * GiB, 0.95), (40 * GiB, 0.9)):  # exact but for the margin, then cautious
         plan = build_plan(measured.runs, 64, "batch", [], DEFAULT_MARGIN, context, "x", this_card=("card", card),
-                          line=judged.line, calibration=calibration)
+                          line=judged.line, calibration=found)
         real = (card - context - WEIGHTS - GiB) // PER_SAMPLE
         assert within * real <= plan.this_card.largest_batch <= real
     here, _ = calibrated_runs(hardware, machine, namespace, gpu.total_bytes)
     at_this_card = build_plan(here.runs, 64, "batch", [], 0.0, context, "x", this_card=("card", 16 * GiB),
-                              line=judged.line, calibration=(here.calibration.ratio(judged.line), 0, None, "this card"))
+                              line=judged.line, calibration=here.calibration)
     assert at_this_card.this_card.largest_batch > real_small  # what calibrating at the largest card would promise
 
 
