@@ -1,0 +1,367 @@
+"""Replay of PyTorch's CUDA caching allocator, to find the largest batch whose cell fits under a cap.
+
+Why: a line fitted to a cell's *allocated* peak cannot see memory that is reserved but unusable. Under
+a per-process cap the caching allocator refuses a new segment once its *reserved* bytes would exceed
+the cap, and free bytes left in split segments cannot serve a request larger than the largest free
+piece. For a cell that allocates a few large tensors (an MLP, an LSTM) the largest batch that fits can
+hold 10-20% less allocated memory than the cap. Replaying the cell's own sequence of allocations and
+frees through a model of the allocator sees that, because it knows which block each request lands in.
+
+The model follows ``c10/cuda/CUDACachingAllocator.cpp`` in its default configuration (no
+``expandable_segments``, ``max_split_size`` unset, no garbage-collection threshold, no power-of-two
+rounding divisions):
+
+- a request is rounded up to a multiple of 512 bytes; rounded requests of at most 1 MiB come from the
+  small pool, larger ones from the large pool, and blocks are only reused on the stream they were
+  allocated on;
+- a request takes the smallest cached free block of its pool and stream that is large enough (lowest
+  address on a tie), and splits it when the rest is worth keeping: at least 512 bytes in the small
+  pool, more than 1 MiB in the large pool (otherwise the whole block is handed out);
+- with no such block it asks for a new segment: 2 MiB for small requests, 20 MiB for requests under
+  10 MiB, else the request rounded up to 2 MiB. Under the cap a segment that would take the reserved
+  bytes above the cap is refused; the allocator then returns every cached segment that is wholly free
+  to the driver and asks once more; a second refusal is the out-of-memory error;
+- a freed block merges with its free neighbours in the same segment, and a segment stays reserved
+  (cached) until such a refusal releases it.
+
+Left out, because the default configuration and single-stream cells do not use them: cross-stream
+frees (a block is returned when its ``free_completed`` event says so), expandable segments,
+``max_split_size`` and CUDA-graph pools. Addresses of new segments are invented (each above the last);
+the driver's real addresses only break ties between equal free blocks.
+
+Pure Python, no torch: sizes in bytes, events as plain tuples. A recorded trace is the list of
+``(action, address, size, stream)`` that ``torch.cuda.memory._snapshot()['device_traces']`` holds.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Literal, Sequence
+
+MIN_BLOCK_BYTES = 512
+"""Every request is rounded up to a multiple of this (torch's ``kMinBlockSize``)."""
+SMALL_REQUEST_BYTES = 1 << 20
+"""Rounded requests up to this size come from the small pool (``kSmallSize``); it is also the most a
+large block may leave unsplit."""
+SMALL_SEGMENT_BYTES = 2 << 20
+"""Segment size of the small pool (``kSmallBuffer``)."""
+MID_REQUEST_BYTES = 10 << 20
+"""Large requests under this share 20 MiB segments (``kMinLargeAlloc``)."""
+MID_SEGMENT_BYTES = 20 << 20
+"""Segment size for large requests under 10 MiB (``kLargeBuffer``)."""
+LARGE_ROUND_BYTES = 2 << 20
+"""Larger requests get a segment of their size rounded up to this (``kRoundLarge``)."""
+
+EventKind = Literal["alloc", "free", "try"]
+Event = tuple[EventKind, int, int, int]
+"""``(kind, key, requested_bytes, stream)``. ``alloc`` must be satisfied for the cell to fit; ``free``
+returns the block allocated under ``key``; ``try`` is an allocation the program survives being refused
+(cuDNN asks for a workspace and falls back to a smaller algorithm), kept only to replay the release of
+cached segments that the refusal causes, and freed at once when granted."""
+
+
+def block_bytes(requested_bytes: int) -> int:
+    """The block size the allocator reserves for a request: at least 512 bytes, a multiple of 512."""
+    return max(MIN_BLOCK_BYTES, -(-requested_bytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES)
+
+
+def segment_bytes(block: int) -> int:
+    """The segment the allocator asks the driver for when no cached block fits ``block`` bytes."""
+    if block <= SMALL_REQUEST_BYTES:
+        return SMALL_SEGMENT_BYTES
+    if block < MID_REQUEST_BYTES:
+        return MID_SEGMENT_BYTES
+    return -(-block // LARGE_ROUND_BYTES) * LARGE_ROUND_BYTES
+
+
+@dataclass(frozen=True)
+class StartSegment:
+    """A segment reserved when the cell starts, as ``torch.cuda.memory._snapshot()`` lists it.
+
+    ``blocks`` are ``(size_bytes, allocated)`` in address order. Only split segments survive an
+    ``empty_cache()``, and their free pieces are where the cell's first small requests land.
+    """
+
+    address: int
+    small: bool
+    blocks: tuple[tuple[int, bool], ...]
+    stream: int = 0
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a replay did. ``fits``: every ``alloc`` was satisfied; ``failed_at``: index of the first
+    that was not (the replay stops there). Peaks include what was allocated/reserved at the start."""
+
+    fits: bool
+    failed_at: int | None
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    segment_allocs: tuple[int, ...]
+    segment_frees: tuple[int, ...]
+    refused_tries: tuple[int, ...]
+
+
+@dataclass(eq=False)
+class _Block:
+    address: int
+    size: int
+    stream: int
+    small: bool
+    allocated: bool = False
+    prev: _Block | None = None
+    next: _Block | None = None
+
+
+@dataclass
+class _Allocator:
+    """The caching allocator's state: blocks linked within segments, free blocks sorted per pool."""
+
+    cap_bytes: int
+    free: dict[bool, list[tuple[int, int, int]]] = field(default_factory=lambda: {True: [], False: []})
+    by_address: dict[int, _Block] = field(default_factory=dict)
+    reserved: int = 0
+    allocated: int = 0
+    next_address: int = 0
+    segment_allocs: list[int] = field(default_factory=list)
+    segment_frees: list[int] = field(default_factory=list)
+
+    def _cache(self, block: _Block) -> None:
+        bisect.insort(self.free[block.small], (block.stream, block.size, block.address))
+        self.by_address[block.address] = block
+
+    def _uncache(self, block: _Block) -> None:
+        pool = self.free[block.small]
+        del pool[bisect.bisect_left(pool, (block.stream, block.size, block.address))]
+
+    def add_segment(self, address: int, small: bool, stream: int, sizes: Sequence[int]) -> _Block:
+        """Create a segment of ``sizes`` blocks (all free) and return its first block."""
+        prev: _Block | None = None
+        first: _Block | None = None
+        for size in sizes:
+            block = _Block(address, size, stream, small, prev=prev)
+            if prev is not None:
+                prev.next = block
+            first = first or block
+            prev = block
+            self._cache(block)
+            address += size
+        self.reserved += sum(sizes)
+        self.next_address = max(self.next_address, address)
+        assert first is not None
+        return first
+
+    def _new_segment(self, size: int, small: bool, stream: int) -> bool:
+        if self.reserved + size > self.cap_bytes:
+            return False
+        self.add_segment(self.next_address, small, stream, [size])
+        self.segment_allocs.append(size)
+        return True
+
+    def _release_cached(self) -> None:
+        """Return every wholly free segment to the driver, large pool first (as torch does)."""
+        for small in (False, True):
+            for stream, size, address in list(self.free[small]):
+                block = self.by_address[address]
+                if block.prev is None and block.next is None:
+                    self._uncache(block)
+                    del self.by_address[address]
+                    self.reserved -= size
+                    self.segment_frees.append(size)
+
+    def _find(self, size: int, small: bool, stream: int) -> _Block | None:
+        pool = self.free[small]
+        i = bisect.bisect_left(pool, (stream, size, -1))
+        if i == len(pool) or pool[i][0] != stream:
+            return None
+        return self.by_address[pool[i][2]]
+
+    def malloc(self, requested_bytes: int, stream: int) -> _Block | None:
+        size = block_bytes(requested_bytes)
+        small = size <= SMALL_REQUEST_BYTES
+        block = self._find(size, small, stream)
+        if block is None:
+            segment = segment_bytes(size)
+            if not self._new_segment(segment, small, stream):
+                self._release_cached()
+                if not self._new_segment(segment, small, stream):
+                    return None
+            block = self._find(size, small, stream)
+            assert block is not None
+        self._uncache(block)
+        rest = block.size - size
+        if rest >= MIN_BLOCK_BYTES if small else rest > SMALL_REQUEST_BYTES:
+            tail = _Block(block.address + size, rest, stream, small, prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = tail
+            block.next = tail
+            block.size = size
+            self._cache(tail)
+        block.allocated = True
+        self.allocated += block.size
+        return block
+
+    def release(self, block: _Block) -> None:
+        block.allocated = False
+        self.allocated -= block.size
+        for neighbour in (block.prev, block.next):
+            if neighbour is None or neighbour.allocated:
+                continue
+            self._uncache(neighbour)
+            del self.by_address[neighbour.address]
+            if neighbour is block.prev:
+                block.address = neighbour.address
+                block.prev = neighbour.prev
+                if block.prev is not None:
+                    block.prev.next = block
+            else:
+                block.next = neighbour.next
+                if block.next is not None:
+                    block.next.prev = block
+            block.size += neighbour.size
+        self._cache(block)
+
+
+def start_keys(start: Sequence[StartSegment]) -> dict[int, int]:
+    """Keys (negative) for the blocks allocated at the start, by address.
+
+    Ranked by (pool, size, address), not by address alone, so that two runs of a cell whose start
+    states hold the same tensors at different addresses give them the same keys and their traces align.
+    """
+    allocated = []
+    for segment in start:
+        address = segment.address
+        for size, is_allocated in segment.blocks:
+            if is_allocated:
+                allocated.append((segment.small, size, address))
+            address += size
+    return {address: -1 - rank for rank, (_, _, address) in enumerate(sorted(allocated))}
+
+
+def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: int) -> Replay:
+    """Replay ``events`` from the ``start`` segments with reserved bytes capped at ``cap_bytes``."""
+    allocator = _Allocator(cap_bytes)
+    live: dict[int, _Block] = {}
+    keys = start_keys(start)
+    for segment in start:
+        first: _Block | None = allocator.add_segment(
+            segment.address, segment.small, segment.stream, [size for size, _ in segment.blocks])
+        for _, is_allocated in segment.blocks:
+            assert first is not None
+            if is_allocated:
+                allocator._uncache(first)
+                first.allocated = True
+                allocator.allocated += first.size
+                live[keys[first.address]] = first
+            first = first.next
+    peak_allocated, peak_reserved = allocator.allocated, allocator.reserved
+    refused: list[int] = []
+    failed_at: int | None = None
+    for index, (kind, key, size, stream) in enumerate(events):
+        if kind == "free":
+            block = live.pop(key, None)
+            if block is not None:
+                allocator.release(block)
+            continue
+        granted = allocator.malloc(size, stream)
+        peak_reserved = max(peak_reserved, allocator.reserved)
+        if granted is None:
+            if kind == "alloc":
+                failed_at = index
+                break
+            refused.append(index)
+        elif kind == "try":
+            peak_allocated = max(peak_allocated, allocator.allocated)
+            allocator.release(granted)
+        else:
+            live[key] = granted
+            peak_allocated = max(peak_allocated, allocator.allocated)
+    return Replay(failed_at is None, failed_at, peak_allocated, peak_reserved,
+                  tuple(allocator.segment_allocs), tuple(allocator.segment_frees), tuple(refused))
+
+
+def events_from_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
+                      failed: bool = False) -> list[Event]:
+    """Turn a recorded trace into replayable events.
+
+    ``alloc`` keys are the event's index (so two runs of the same code give the same keys); a block is
+    returned at ``free_completed``, when torch puts it back in the pool. Segment events are dropped: they
+    are the allocator's doing, which the replay recomputes. Each ``oom`` event becomes a ``try`` (the
+    program caught it), except the last one of a run that ``failed``, which is the allocation that
+    raised. A free of an address the trace never allocated and the start did not hold is ignored
+    (memory outside the traced allocator).
+    """
+    events: list[Event] = []
+    live = dict(start_keys(start))
+    rows = [(str(row[0]), row[1], row[2], row[3]) for row in trace]
+    ooms = [i for i, row in enumerate(rows) if row[0] == "oom"]
+    fatal = ooms[-1] if failed and ooms else None
+    for i, (action, address, size, stream) in enumerate(rows):
+        stream_id = int(stream) if isinstance(stream, int) else 0
+        if action == "alloc" and isinstance(address, int) and isinstance(size, int):
+            live[address] = len(events)
+            events.append(("alloc", len(events), size, stream_id))
+        elif action == "free_completed" and isinstance(address, int) and address in live:
+            events.append(("free", live.pop(address), 0, stream_id))
+        elif action == "oom" and isinstance(size, int):
+            events.append(("alloc" if i == fatal else "try", len(events), size, stream_id))
+    return events
+
+
+def aligned(first: Sequence[Event], second: Sequence[Event]) -> bool:
+    """Whether two runs' events are the same program: same kinds, keys and streams, in order."""
+    return len(first) == len(second) and all(
+        a[0] == b[0] and a[1] == b[1] and a[3] == b[3] for a, b in zip(first, second))
+
+
+def events_at(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
+              batch: int) -> list[Event]:
+    """The events at ``batch``: each request's size on the line through its two measured sizes.
+
+    A tensor's bytes are a fixed part plus a part per sample, so two batches fix each request's line;
+    sizes are rounded up to whole bytes and never below zero (the allocator rounds them further).
+    """
+    span = batch_second - batch_first
+    out: list[Event] = []
+    for (kind, key, low, stream), (_, _, high, _) in zip(first, second):
+        size = math.ceil((low * span + (high - low) * (batch - batch_first)) / span) if kind != "free" else 0
+        out.append((kind, key, max(0, size), stream))
+    return out
+
+
+def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],
+                          batch_second: int, start: Sequence[StartSegment], cap_bytes: int,
+                          max_batch: int = 1 << 30) -> int | None:
+    """The largest batch whose replayed events fit under ``cap_bytes``, from two runs' events.
+
+    ``None`` when the two runs are not the same program (their events do not align), so no line per
+    request exists. Doubling from the larger measured batch finds a batch that does not fit, then
+    bisection (the replay is assumed to fit at every batch below one that fits). Returns ``max_batch``
+    when even that fits (requests that do not grow with the batch), 0 when no batch fits.
+    """
+    if batch_first == batch_second or not aligned(first, second):
+        return None
+    if batch_first > batch_second:
+        first, batch_first, second, batch_second = second, batch_second, first, batch_first
+
+    def fits(batch: int) -> bool:
+        return replay(events_at(first, batch_first, second, batch_second, batch), start, cap_bytes).fits
+
+    return _bisect_largest(fits, batch_second, max_batch)
+
+
+def _bisect_largest(fits: Callable[[int], bool], guess: int, max_batch: int) -> int:
+    low, high = 0, max(1, guess)
+    while fits(high):
+        if high >= max_batch:
+            return max_batch
+        low, high = high, min(2 * high, max_batch)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle
+    return low
