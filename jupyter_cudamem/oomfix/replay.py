@@ -36,6 +36,7 @@ Pure Python, no torch: sizes in bytes, events as plain tuples. A recorded trace 
 from __future__ import annotations
 
 import bisect
+import difflib
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal, Sequence
@@ -310,25 +311,72 @@ def events_from_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSe
     return events
 
 
-def aligned(first: Sequence[Event], second: Sequence[Event]) -> bool:
-    """Whether two runs' events are the same program: same kinds, keys and streams, in order."""
-    return len(first) == len(second) and all(
-        a[0] == b[0] and a[1] == b[1] and a[3] == b[3] for a, b in zip(first, second))
+def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
+          batch_second: int) -> list[int | None]:
+    """For each event of ``second``, the index of the same request in ``first`` (``None``: no partner).
 
-
-def events_at(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
-              batch: int) -> list[Event]:
-    """The events at ``batch``: each request's size on the line through its two measured sizes.
-
-    A tensor's bytes are a fixed part plus a part per sample, so two batches fix each request's line;
-    sizes are rounded up to whole bytes and never below zero (the allocator rounds them further).
+    Two runs of a cell at different batches mostly make the same requests in the same order, but not
+    always: cuDNN and cuBLAS pick algorithms (and workspaces) by the tensors' sizes, so a few requests
+    appear in one run only. The longest common subsequence of the event kinds pairs the rest. A pair is
+    kept only if its sizes can be one tensor's at the two batches: a tensor's bytes are a fixed part
+    plus a part per sample, both at least zero, so they grow with the batch, by at most the ratio of
+    the batches (one 512-byte rounding step of slack each way).
     """
-    span = batch_second - batch_first
-    out: list[Event] = []
-    for (kind, key, low, stream), (_, _, high, _) in zip(first, second):
-        size = math.ceil((low * span + (high - low) * (batch - batch_first)) / span) if kind != "free" else 0
-        out.append((kind, key, max(0, size), stream))
-    return out
+    ratio = batch_second / batch_first
+    kinds = difflib.SequenceMatcher(None, [e[0] for e in first], [e[0] for e in second], autojunk=False)
+    partner: list[int | None] = [None] * len(second)
+    for low, high, length in kinds.get_matching_blocks():
+        for offset in range(length):
+            a, b = first[low + offset], second[high + offset]
+            if a[0] != "free" and a[3] == b[3] and a[2] - MIN_BLOCK_BYTES <= b[2] <= a[2] * ratio + MIN_BLOCK_BYTES:
+                partner[high + offset] = low + offset
+    return partner
+
+
+Line = tuple[EventKind, int, int, float, float]
+"""An event as ``(kind, key, stream, fixed_bytes, bytes_per_sample)``: its request at batch ``b`` is
+``fixed_bytes + bytes_per_sample * b``."""
+
+
+def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Event],
+                 batch_second: int) -> tuple[list[Line], float]:
+    """The events of the run at the larger batch, each request on a line; and the share of its
+    requested bytes whose line two measured sizes fix (1.0 when every request has a partner).
+
+    The larger run is the template (its order of requests and frees is kept), being the closer to the
+    batches searched. A request with a partner in the other run gets the line through both sizes; one
+    without (an algorithm chosen at this batch only) is taken as proportional to the batch, the larger
+    of the two guesses its single size allows, so the prediction errs towards a smaller batch.
+    """
+    if batch_first > batch_second:
+        first, batch_first, second, batch_second = second, batch_second, first, batch_first
+    partner = match(first, batch_first, second, batch_second)
+    lines: list[Line] = []
+    matched = total = 0
+    for (kind, key, size, stream), index in zip(second, partner):
+        if kind == "free":
+            lines.append((kind, key, stream, 0.0, 0.0))
+            continue
+        total += size
+        if index is None:
+            lines.append((kind, key, stream, 0.0, size / batch_second))
+        else:
+            matched += size
+            per_sample = (size - first[index][2]) / (batch_second - batch_first)
+            lines.append((kind, key, stream, size - per_sample * batch_second, per_sample))
+    return lines, matched / total if total else 1.0
+
+
+def events_at(lines: Sequence[Line], batch: int) -> list[Event]:
+    """The events at ``batch``: each request on its line, rounded up to whole bytes, never below zero
+    (the allocator rounds it further)."""
+    return [(kind, key, max(0, math.ceil(fixed + per_sample * batch)) if kind != "free" else 0, stream)
+            for kind, key, stream, fixed, per_sample in lines]
+
+
+MIN_MATCHED_SHARE = 0.5
+"""Below this share of the larger run's requested bytes having a partner in the smaller run, the two
+runs are not the same program at two sizes (a different code path ran), and no prediction is made."""
 
 
 def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],
@@ -336,20 +384,18 @@ def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequ
                           max_batch: int = 1 << 30) -> int | None:
     """The largest batch whose replayed events fit under ``cap_bytes``, from two runs' events.
 
-    ``None`` when the two runs are not the same program (their events do not align), so no line per
-    request exists. Doubling from the larger measured batch finds a batch that does not fit, then
-    bisection (the replay is assumed to fit at every batch below one that fits). Returns ``max_batch``
-    when even that fits (requests that do not grow with the batch), 0 when no batch fits.
+    ``None`` when the two runs do not align (``MIN_MATCHED_SHARE``). Doubling from the larger measured
+    batch finds a batch that does not fit, then bisection (a replay is assumed to fit at every batch
+    below one that fits). Returns ``max_batch`` when even that fits (nothing grows with the batch), 0
+    when no batch fits.
     """
-    if batch_first == batch_second or not aligned(first, second):
+    if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
-    if batch_first > batch_second:
-        first, batch_first, second, batch_second = second, batch_second, first, batch_first
-
-    def fits(batch: int) -> bool:
-        return replay(events_at(first, batch_first, second, batch_second, batch), start, cap_bytes).fits
-
-    return _bisect_largest(fits, batch_second, max_batch)
+    lines, share = growth_lines(first, batch_first, second, batch_second)
+    if share < MIN_MATCHED_SHARE:
+        return None
+    return _bisect_largest(lambda batch: replay(events_at(lines, batch), start, cap_bytes).fits,
+                           max(batch_first, batch_second), max_batch)
 
 
 def _bisect_largest(fits: Callable[[int], bool], guess: int, max_batch: int) -> int:
