@@ -317,10 +317,8 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
 
     Two runs of a cell at different batches mostly make the same requests in the same order, but not
     always: cuDNN and cuBLAS pick algorithms (and workspaces) by the tensors' sizes, so a few requests
-    appear in one run only. The longest common subsequence of the event kinds pairs the rest. A pair is
-    kept only if its sizes can be one tensor's at the two batches: a tensor's bytes are a fixed part
-    plus a part per sample, both at least zero, so they grow with the batch, by at most the ratio of
-    the batches (one 512-byte rounding step of slack each way).
+    appear in one run only. The longest common subsequence of the event kinds pairs the rest, and a
+    pair is kept only if its sizes can be one tensor's at the two batches (``_one_tensor``).
     """
     ratio = batch_second / batch_first
     kinds = difflib.SequenceMatcher(None, [e[0] for e in first], [e[0] for e in second], autojunk=False)
@@ -328,9 +326,23 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
     for low, high, length in kinds.get_matching_blocks():
         for offset in range(length):
             a, b = first[low + offset], second[high + offset]
-            if a[0] != "free" and a[3] == b[3] and a[2] - MIN_BLOCK_BYTES <= b[2] <= a[2] * ratio + MIN_BLOCK_BYTES:
+            if a[0] != "free" and a[3] == b[3] and _one_tensor(a[2], b[2], ratio):
                 partner[high + offset] = low + offset
     return partner
+
+
+def _one_tensor(low: int, high: int, ratio: float) -> bool:
+    """Whether ``low`` and ``high`` requested bytes at two batches (``ratio`` apart) can be one tensor.
+
+    A tensor that does not depend on the batch has the same shape, so exactly the same bytes. One that
+    does is batch-major: the batch multiplies its bytes, and a fixed part (concatenated batch-independent
+    data) is the smaller share; so at the smaller batch at least half its bytes are the per-sample part,
+    and the sizes grow by between (1 + ratio) / 2 and ratio times (512 bytes of slack for rounding).
+    Sizes nearly equal but not equal are two different tensors that the kinds' subsequence paired by
+    position (a layer later, half the spatial size and twice the batch), whose line would say memory
+    hardly grows with the batch.
+    """
+    return low == high or (1 + ratio) / 2 * low - MIN_BLOCK_BYTES <= high <= ratio * low + MIN_BLOCK_BYTES
 
 
 Line = tuple[EventKind, int, int, float, float]
@@ -374,25 +386,23 @@ def events_at(lines: Sequence[Line], batch: int) -> list[Event]:
             for kind, key, stream, fixed, per_sample in lines]
 
 
-MIN_MATCHED_SHARE = 0.5
-"""Below this share of the larger run's requested bytes having a partner in the smaller run, the two
-runs are not the same program at two sizes (a different code path ran), and no prediction is made."""
-
-
 def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],
                           batch_second: int, start: Sequence[StartSegment], cap_bytes: int,
                           max_batch: int = 1 << 30) -> int | None:
     """The largest batch whose replayed events fit under ``cap_bytes``, from two runs' events.
 
-    ``None`` when the two runs do not align (``MIN_MATCHED_SHARE``). Doubling from the larger measured
-    batch finds a batch that does not fit, then bisection (a replay is assumed to fit at every batch
-    below one that fits). Returns ``max_batch`` when even that fits (nothing grows with the batch), 0
-    when no batch fits.
+    ``None`` when the two runs do not align: not one request of the larger run can be paired with one
+    of the smaller (a different program ran; no measured line exists). Requests left unpaired where
+    others pair are proportional to the batch (see ``growth_lines``), which errs towards a smaller
+    batch; ``growth_lines`` gives the paired share for a caller that wants to judge it. Doubling from
+    the larger measured batch finds a batch that does not fit, then bisection (a replay is assumed to
+    fit at every batch below one that fits). Returns ``max_batch`` when even that fits (nothing grows
+    with the batch), 0 when no batch fits.
     """
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
     lines, share = growth_lines(first, batch_first, second, batch_second)
-    if share < MIN_MATCHED_SHARE:
+    if share == 0.0:
         return None
     return _bisect_largest(lambda batch: replay(events_at(lines, batch), start, cap_bytes).fits,
                            max(batch_first, batch_second), max_batch)
