@@ -1,0 +1,117 @@
+"""The caching-allocator replay: rounding, pools, splitting, the cap's refusal, traces, and the batch search."""
+
+from jupyter_cudamem.oomfix.replay import (
+    StartSegment,
+    block_bytes,
+    events_from_trace,
+    growth_lines,
+    largest_fitting_batch,
+    replay,
+    segment_bytes,
+)
+
+MiB = 1 << 20
+
+
+def test_requests_round_to_512_bytes_and_segments_by_pool():
+    assert block_bytes(1) == 512
+    assert block_bytes(513) == 1024
+    assert segment_bytes(MiB) == 2 * MiB  # the small pool's segment
+    assert segment_bytes(MiB + 512) == 20 * MiB  # large requests under 10 MiB share 20 MiB
+    assert segment_bytes(10 * MiB) == 10 * MiB
+    assert segment_bytes(10 * MiB + 512) == 12 * MiB  # rounded up to 2 MiB
+
+
+def test_small_requests_share_a_segment_and_a_nearly_exact_large_block_is_not_split():
+    small = replay([("alloc", 0, 600 * 1024, 0), ("alloc", 1, 600 * 1024, 0)], [], 1 << 40)
+    assert small.segment_allocs == (2 * MiB,)
+    # 19.5 MiB in a 20 MiB free block leaves 0.5 MiB, too little to split off: the whole block is handed out.
+    large = replay([("alloc", 0, 2 * MiB, 0), ("free", 0, 0, 0), ("alloc", 1, 19 * MiB + MiB // 2, 0)], [], 1 << 40)
+    assert large.segment_allocs == (20 * MiB,)
+    assert large.peak_allocated_bytes == 20 * MiB
+
+
+def test_a_refused_segment_releases_the_cached_ones_and_retries():
+    events = [("alloc", 0, 40 * MiB, 0), ("free", 0, 0, 0), ("alloc", 1, 50 * MiB, 0)]
+    result = replay(events, [], 64 * MiB)
+    assert result.fits
+    assert result.segment_frees == (40 * MiB,)
+    assert result.peak_reserved_bytes == 50 * MiB
+
+
+def fragmenting(batch: int) -> list:
+    """A freed block split by a smaller tensor that outlives it: the piece left cannot take the next one."""
+    return [("alloc", 0, 2 * batch * MiB, 0), ("free", 0, 0, 0),
+            ("alloc", 2, batch * MiB, 0),  # lands in the freed block and splits it
+            ("alloc", 3, 4 * batch * MiB, 0)]  # larger than the free piece: a new segment
+
+
+def test_fragmentation_refuses_what_allocated_bytes_would_fit():
+    cap = 600 * MiB
+    result = replay(fragmenting(101), [], cap)
+    assert not result.fits and result.failed_at == 3
+    allocated_at_failure = 101 * MiB + 4 * 101 * MiB
+    assert allocated_at_failure < cap  # a line on allocated bytes says it fits
+    assert replay(fragmenting(100), [], cap).fits
+
+
+def test_the_same_requests_fit_when_the_small_tensor_is_gone_first():
+    events = fragmenting(101)
+    events.insert(3, ("free", 2, 0, 0))  # the split block merges back and is released on refusal
+    assert replay(events, [], 600 * MiB).fits
+
+
+def test_a_start_segments_free_piece_takes_a_small_request_without_a_new_segment():
+    start = [StartSegment(address=1 << 30, small=True, blocks=((1024, True), (2 * MiB - 1024, False)))]
+    result = replay([("alloc", 0, 4096, 0)], start, 1 << 40)
+    assert result.segment_allocs == ()
+    assert result.peak_allocated_bytes == 1024 + 4096
+
+
+def test_bisection_finds_the_fragmentation_limit_from_two_small_runs():
+    # Reserved bytes at the end are 2b + 4b = 6b MiB (the split block cannot be released): the limit
+    # is b = 100 under 600 MiB, where the allocated peak (5b MiB) would allow 120.
+    assert largest_fitting_batch(fragmenting(10), 10, fragmenting(20), 20, [], 600 * MiB) == 100
+    assert largest_fitting_batch(fragmenting(20), 20, fragmenting(10), 10, [], 612 * MiB) == 102
+
+
+def test_runs_that_are_not_one_program_give_no_prediction():
+    shrinking = [("alloc", 0, 2 * MiB, 0)]
+    assert largest_fitting_batch([("alloc", 0, 40 * MiB, 0)], 10, shrinking, 20, [], 600 * MiB) is None
+    assert largest_fitting_batch(fragmenting(10), 10, fragmenting(10), 10, [], 600 * MiB) is None
+
+
+def test_requests_that_do_not_grow_fit_up_to_the_search_limit():
+    fixed = [("alloc", 0, 8 * MiB, 0)]
+    assert largest_fitting_batch(fixed, 10, fixed, 20, [], 600 * MiB, max_batch=1000) == 1000
+
+
+def test_an_extra_request_in_one_run_is_taken_as_proportional_to_the_batch():
+    # The larger run holds a workspace the smaller did not ask for; it scales with the batch (the
+    # conservative guess), so the limit is where 6b MiB of tensors plus 2b of workspace reach the cap.
+    first = [("alloc", 0, 6 * 10 * MiB, 0)]
+    second = [("alloc", 0, 6 * 20 * MiB, 0), ("alloc", 1, 2 * 20 * MiB, 0), ("free", 1, 0, 0)]
+    lines, share = growth_lines(first, 10, second, 20)
+    assert share == 6 / 8
+    assert lines[1][3:] == (0.0, 2 * MiB)
+    assert largest_fitting_batch(first, 10, second, 20, [], 800 * MiB) == 100
+
+
+def test_a_trace_becomes_events_keyed_by_allocation_and_freed_when_completed():
+    start = [StartSegment(address=1000 * 512, small=True, blocks=((512, True), (2 * MiB - 512, False)))]
+    trace = [
+        ["segment_alloc", 10 << 30, 20 * MiB, 0],
+        ["alloc", 10 << 30, 3 * MiB, 0],
+        ["free_requested", 10 << 30, 3 * MiB, 0],
+        ["free_completed", 10 << 30, 3 * MiB, 0],
+        ["free_completed", 1000 * 512, 512, 0],  # a block that was allocated at the start
+        ["oom", None, 64 * MiB, 0],  # caught (cuDNN's workspace probe)
+        ["alloc", 10 << 30, 3 * MiB, 0],
+        ["oom", None, 80 * MiB, 0],  # the one that raised
+    ]
+    events = events_from_trace(trace, start, failed=True)
+    assert events == [("alloc", 0, 3 * MiB, 0), ("free", 0, 0, 0), ("free", -1, 0, 0),
+                      ("try", 3, 64 * MiB, 0), ("alloc", 4, 3 * MiB, 0), ("alloc", 5, 80 * MiB, 0)]
+    result = replay(events, start, 60 * MiB)
+    assert result.refused_tries == (3,)
+    assert not result.fits and result.failed_at == 5
