@@ -321,14 +321,32 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
     pair is kept only if its sizes can be one tensor's at the two batches (``_one_tensor``).
     """
     ratio = batch_second / batch_first
-    kinds = difflib.SequenceMatcher(None, [e[0] for e in first], [e[0] for e in second], autojunk=False)
+    kinds_first, kinds_second = [e[0] for e in first], [e[0] for e in second]
     partner: list[int | None] = [None] * len(second)
-    for low, high, length in kinds.get_matching_blocks():
+    for low, high, length in _common_runs(kinds_first, kinds_second):
         for offset in range(length):
             a, b = first[low + offset], second[high + offset]
             if a[0] != "free" and a[3] == b[3] and _one_tensor(a[2], b[2], ratio):
                 partner[high + offset] = low + offset
     return partner
+
+
+def _common_runs(first: list[str], second: list[str]) -> list[tuple[int, int, int]]:
+    """Runs ``(start_in_first, start_in_second, length)`` of a common subsequence of the two lists.
+
+    ``difflib`` costs the product of the lengths on a two-letter alphabet, so it only sees what lies
+    between the common prefix and suffix (most runs of a cell differ in a few places, or none).
+    """
+    head = 0
+    while head < min(len(first), len(second)) and first[head] == second[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(first), len(second)) - head and first[-1 - tail] == second[-1 - tail]:
+        tail += 1
+    middle = difflib.SequenceMatcher(None, first[head:len(first) - tail], second[head:len(second) - tail],
+                                     autojunk=False).get_matching_blocks()
+    return ([(0, 0, head)] + [(a + head, b + head, n) for a, b, n in middle]
+            + [(len(first) - tail, len(second) - tail, tail)])
 
 
 def _one_tensor(low: int, high: int, ratio: float) -> bool:
