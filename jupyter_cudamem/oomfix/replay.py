@@ -331,7 +331,7 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
     return partner
 
 
-def _common_runs(first: list[str], second: list[str]) -> list[tuple[int, int, int]]:
+def _common_runs(first: Sequence[str], second: Sequence[str]) -> list[tuple[int, int, int]]:
     """Runs ``(start_in_first, start_in_second, length)`` of a common subsequence of the two lists.
 
     ``difflib`` costs the product of the lengths on a two-letter alphabet, so it only sees what lies

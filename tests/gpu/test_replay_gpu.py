@@ -1,0 +1,74 @@
+"""The allocator replay against the real CUDA caching allocator under a per-process cap: a recorded
+trace replays to the same outcome and the same segments, and two small runs predict the largest batch
+that really fits (a program whose limit is set by a split block, not by the bytes it allocates)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_cudamem.oomfix.replay import StartSegment, events_from_trace, largest_fitting_batch, replay
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+CAP = 600 * MiB
+
+
+def fragmenting(torch, batch: int) -> None:
+    """A freed block split by a smaller tensor that outlives it; the next, larger one needs a new segment."""
+    first = torch.empty(2 * batch * MiB, dtype=torch.uint8, device="cuda")
+    del first
+    kept = torch.empty(batch * MiB, dtype=torch.uint8, device="cuda")
+    last = torch.empty(4 * batch * MiB, dtype=torch.uint8, device="cuda")
+    del kept, last
+
+
+@pytest.fixture
+def capped(torch):
+    if not hasattr(torch.cuda.memory, "_record_memory_history"):
+        pytest.skip("this torch cannot record allocator history")
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved()
+    torch.cuda.set_per_process_memory_fraction((CAP + reserved) / total, 0)
+    yield int((CAP + reserved) / total * total)
+    torch.cuda.set_per_process_memory_fraction(1.0, 0)
+    torch.cuda.empty_cache()
+
+
+def recorded(torch, batch: int):
+    """(fitted, start segments, trace) of one run from an emptied cache, as the replay reads them."""
+    torch.cuda.empty_cache()
+    start = [StartSegment(s["address"], s["segment_type"] == "small",
+                          tuple((b["size"], b["state"] != "inactive") for b in s["blocks"]), 0)
+             for s in torch.cuda.memory._snapshot()["segments"]]
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
+    try:
+        fragmenting(torch, batch)
+        fitted = True
+    except torch.cuda.OutOfMemoryError:
+        fitted = False
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    trace = [[e["action"], e.get("addr"), e.get("size"), 0] for e in snapshot["device_traces"][0]
+             if e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom")]
+    return fitted, start, trace
+
+
+@pytest.mark.parametrize("batch", [10, 60, 99, 100, 101, 120])
+def test_a_recorded_run_replays_to_its_outcome_and_segments(torch, capped, batch):
+    fitted, start, trace = recorded(torch, batch)
+    result = replay(events_from_trace(trace, start, failed=not fitted), start, capped)
+    assert result.fits == fitted
+    assert list(result.segment_allocs) == [e[2] for e in trace if e[0] == "segment_alloc"]
+    assert list(result.segment_frees) == [e[2] for e in trace if e[0] == "segment_free"]
+
+
+def test_two_small_runs_predict_the_largest_batch_that_really_fits(torch, capped):
+    _, start, low = recorded(torch, 10)
+    _, _, high = recorded(torch, 20)
+    predicted = largest_fitting_batch(events_from_trace(low, start), 10, events_from_trace(high, start), 20,
+                                      start, capped)
+    assert predicted is not None
+    assert recorded(torch, predicted)[0]
+    assert not recorded(torch, predicted + 1)[0]
