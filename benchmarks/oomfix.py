@@ -19,6 +19,12 @@ it, and the training or inference cell; each one or two steps of a small model):
      a function that runs the knob and the cell at its ``batch_size`` in the same shell.
    - halving: the start, then half of it after each OOM, until one fits.
 
+   Where ``%oomfix`` chunked the whole data instead of shrinking it (inference over one tensor: its note
+   says so), the batch it found is a chunk of the start's data, which stays allocated whole: the case's
+   ``oracle_batch`` is then the largest chunk that fits over that data (bisection over the cell the fix
+   wrote, each probe in a fresh namespace) and ``unchunked_oracle_batch`` the workload's own, which the
+   peers (they shrink the data itself) are measured against.
+
    A peer's failed try is forgotten as a function's locals would be: the names the cell bound are
    put back, the exception and IPython's references to its traceback dropped, ``gc.collect()`` and
    ``empty_cache()``. ``tries`` counts every run including the one at the start; ``reruns`` (the
@@ -403,6 +409,7 @@ def read_outcome(outcome: Any) -> dict[str, Any]:
         "reruns": len(tries),
         "strategy": getattr(outcome, "strategy", None),
         "notes": [str(note) for note in getattr(outcome, "notes", ()) or ()],
+        "fixed_source": getattr(outcome, "fixed_source", None),
         "tries": [],
     }
     for t in tries:
@@ -461,6 +468,17 @@ def run_case(bench: Any, workload: Workload, ratio: float, oracle: int) -> dict[
     ours["allocated_after_above_baseline_bytes"] = bench.release()
     record["found_batch"] = ours.pop("found_batch")
     record["reruns"] = ours.pop("reruns")
+    template = chunk_template(ours.get("notes") or [], ours.get("fixed_source"), record["found_batch"])
+    if template is not None:
+        # The fix kept every row and shrank the chunk: the batch it found is a chunk of the start's
+        # data, and the largest chunk that fits over that data is what it is measured against.
+        started_oracle = time.perf_counter()
+        chunk, probes = largest_fitting(lambda rows: bench.fits_cell(workload, start, template.replace(CHUNK_SLOT, str(rows))))
+        bench.release()
+        record.update(oracle_batch=chunk, unchunked_oracle_batch=oracle,
+                      oracle_kind="the largest chunk that fits over the start's whole data (the fix chunks it)",
+                      chunk_oracle_probes=[[b, f] for b, f in probes],
+                      chunk_oracle_seconds=round(time.perf_counter() - started_oracle, 2))
     record["oomfix"] = ours
     for name, search in (("accelerate", accelerate_search), ("halving", halving)):
         started = time.perf_counter()
@@ -476,8 +494,24 @@ def run_case(bench: Any, workload: Workload, ratio: float, oracle: int) -> dict[
         record[name] = peer
     leftovers = [record[key]["allocated_after_above_baseline_bytes"] for key in ("oomfix", "accelerate", "halving")]
     record["memory_back_to_baseline"] = all(abs(v) <= BASELINE_TOLERANCE_BYTES for v in leftovers if v is not None)
-    record["found_fraction"] = round(record["found_batch"] / oracle, 4) if record["found_batch"] else 0.0
+    record["found_fraction"] = round(record["found_batch"] / record["oracle_batch"], 4) if record["found_batch"] else 0.0
     return record
+
+
+CHUNK_SLOT = "{rows per chunk}"
+
+
+def chunk_template(notes: list[str], fixed_source: str | None, found: int | None) -> str | None:
+    """The cell ``%oomfix`` wrote when it chunked the whole data (its note says so), with the chunk size
+    it found replaced by ``CHUNK_SLOT``; ``None`` when it did not chunk."""
+    from jupyter_cudamem.oomfix.whole_data import CHUNKED_NOTE
+
+    if not fixed_source or not found or not any(note.startswith(CHUNKED_NOTE) for note in notes):
+        return None
+    written = f".split({found})"
+    if written not in fixed_source:
+        return None
+    return fixed_source.replace(written, f".split({CHUNK_SLOT})")
 
 
 # -- the real bench: an IPython shell on the GPU --------------------------------------------------
@@ -582,12 +616,17 @@ class ShellBench:
 
     def fits(self, workload: Workload, batch: int) -> bool:
         """An oracle probe: fresh namespace, setup, knob and cell at ``batch``."""
+        return self.fits_cell(workload, batch, workload.cell_at(batch, self.dev))
+
+    def fits_cell(self, workload: Workload, batch: int, cell: str) -> bool:
+        """A probe of ``cell`` (the workload's, or a form of it): fresh namespace, setup, the knob at
+        ``batch``, then ``cell``; it fits when the cell raises nothing."""
         try:
             self._setup(workload)
             knob = workload.knob_at(batch, self.dev)
             if knob and self.run(knob) is not None:
                 raise RuntimeError(f"the knob cell failed at batch {batch}: {self.output.getvalue()[-1500:]}")
-            error = self.run(workload.cell_at(batch, self.dev))
+            error = self.run(cell)
             if error is not None and not _is_oom(error):
                 raise RuntimeError(f"the cell failed at batch {batch}: {type(error).__name__}: {str(error)[:300]}")
             fitted = error is None
@@ -703,7 +742,9 @@ def _fractions(cases: list[Mapping[str, Any]], finder: str) -> list[float]:
     out = []
     for case in cases:
         found = case.get("found_batch") if finder == "oomfix" else (case.get(finder) or {}).get("found_batch")
-        out.append((found or 0) / case["oracle_batch"])
+        # The peers shrink the data itself, not a chunk of it: the workload's own oracle is theirs.
+        oracle = case["oracle_batch"] if finder == "oomfix" else case.get("unchunked_oracle_batch", case["oracle_batch"])
+        out.append((found or 0) / oracle)
     return out
 
 

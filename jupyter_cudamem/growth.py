@@ -76,6 +76,15 @@ class Growth:
         return Growth(self.fixed_bytes + by_bytes, self.per_sample_bytes, self.per_sample_high_bytes,
                       (batch, peak + by_bytes))
 
+    def steeper(self, by_bytes_per_sample: float) -> Growth:
+        """The same line with ``by_bytes_per_sample`` more per sample (memory that grows with the batch
+        but that the measured peaks do not include: the allocator's unusable fragments)."""
+        if by_bytes_per_sample <= 0:
+            return self
+        batch, peak = self.anchor
+        return Growth(self.fixed_bytes, self.per_sample_bytes + by_bytes_per_sample,
+                      self.per_sample_high_bytes + by_bytes_per_sample, (batch, peak + by_bytes_per_sample * batch))
+
     def largest_batch(self, budget_bytes: float, sure: bool = True) -> int:
         """The largest batch whose peak stays within ``budget_bytes``: with the steepest slope allowed
         (``sure``) or the fitted one."""

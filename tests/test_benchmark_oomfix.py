@@ -280,3 +280,49 @@ def test_a_peers_failed_try_leaves_no_binding_behind():
     finally:
         bench.close()
     assert "kept" not in bench.shell.user_ns
+
+
+# -- a fix that chunks the whole data -------------------------------------------------------------
+def test_a_chunked_fix_is_measured_against_the_largest_chunk_over_the_starts_data():
+    """Inference over a whole tensor: ``%oomfix`` keeps every row and shrinks a chunk. The data at the
+    start stays allocated, so the largest chunk that fits is below the workload's own oracle, and it
+    is what the fix is measured against; the peers shrink the data itself and keep the workload's."""
+    import contextlib
+    import re
+
+    from jupyter_cudamem.oomfix.whole_data import CHUNKED_NOTE
+
+    limit_rows = 120  # over the start's data, chunks of up to 120 rows fit
+
+    class Bench:
+        probes: list[int] = []
+
+        def oomfix(self, workload, start):
+            source = f"batch = randn({start})\npreds = torch.cat([model(_chunk).detach() for _chunk in batch.split(116)])\n"
+            return {"found_batch": 116, "reruns": 3, "notes": [CHUNKED_NOTE + "the cell computes preds ..."],
+                    "fixed_source": source}
+
+        def fits_cell(self, workload, batch, cell):
+            rows = int(re.search(r"\.split\((\d+)\)", cell).group(1))
+            assert f"randn({batch})" in cell  # the start's data, whatever chunk
+            self.probes.append(rows)
+            return rows <= limit_rows
+
+        def release(self):
+            return 0
+
+        @contextlib.contextmanager
+        def peer(self, workload, start):
+            yield lambda batch: batch <= 222
+
+    workload = bench_module.Workload("inference", "whole data", (), "", "batch = randn({batch})\npreds = model(batch)\n")
+    case = bench_module.run_case(Bench(), workload, 64.0, 222)
+    assert case["oracle_batch"] == limit_rows and case["unchunked_oracle_batch"] == 222
+    assert case["found_fraction"] == round(116 / limit_rows, 4)
+    fractions = {finder: bench_module._fractions([case], finder)[0] for finder in ("oomfix", "halving")}
+    assert fractions["oomfix"] == 116 / limit_rows and fractions["halving"] <= 1.0
+    assert case["halving"]["found_batch"] <= 222 and fractions["halving"] == case["halving"]["found_batch"] / 222
+    # Not chunked, or the chunk not written where the note says: no template, the oracle stands.
+    assert bench_module.chunk_template(["another note"], "x.split(116)", 116) is None
+    assert bench_module.chunk_template([CHUNKED_NOTE], "x.split(117)", 116) is None
+    assert bench_module.chunk_template([CHUNKED_NOTE], "x.split(116)", 116) == "x.split({rows per chunk})"

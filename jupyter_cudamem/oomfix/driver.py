@@ -175,6 +175,7 @@ class Driver:
             need_bytes=need,
             left_bytes=None if left is None or at_start is None else left - at_start,
             start_above_reference_bytes=offset,
+            stuck_bytes=None if oom is None else oom.reserved_unallocated_bytes,
         )
         self._tries.append(result)
         if message is not None:
@@ -263,7 +264,8 @@ class Driver:
                     self._notes.append(whole.note)
                 if whole is None or whole.chunked is not None:
                     chosen = whole.chunked if whole is not None and whole.chunked is not None else finding
-                    fitted, batch_before, cell_diffs, paste = self._smaller_batch(chosen, budget, need, device)
+                    stuck = None if oom is None else oom.reserved_unallocated_bytes
+                    fitted, batch_before, cell_diffs, paste = self._smaller_batch(chosen, budget, need, device, stuck)
                     batch_after = None if fitted is None else fitted.batch
                     if chosen is not finding:
                         # The chunked cell's diff starts from the cell as the user wrote it.
@@ -415,7 +417,7 @@ class Driver:
         return knob
 
     def _smaller_batch(
-        self, finding: BatchFinding, budget: int | None, need: int | None, device: int
+        self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None
     ) -> tuple[TryResult | None, int | None, tuple[CellDiff, ...], str | None]:
         knob = self._batch_knob(finding)
         if knob is None:
@@ -425,7 +427,8 @@ class Driver:
             return None, knob.value, (), None
         namespace = self._namespace if isinstance(self._namespace, MutableMapping) else {}
         change = BatchChange(finding, knob, namespace, list(self._history or []))
-        search = BatchSearch(knob.value, budget, max_tries=self._left(), margin=self.margin, need_bytes=need)
+        search = BatchSearch(knob.value, budget, max_tries=self._left(), margin=self.margin, need_bytes=need,
+                             stuck_bytes=stuck)
         best: TryResult | None = None
         while self._left() > 0:
             if self._tries:

@@ -50,6 +50,8 @@ class TryResult:
     # How far above the fix's reference level (what was allocated when the reruns began) the try
     # started: state an earlier try left that the user keeps (gradients, optimizer state).
     start_above_reference_bytes: int = 0
+    # For an OOM: what PyTorch held reserved but unallocated when it failed (its OOM message's figure).
+    stuck_bytes: int | None = None
 
     def observation(self) -> Observation:
         """What the batch search learns from this try, measured from the fix's reference level (a peak
@@ -62,7 +64,7 @@ class TryResult:
         if self.fitted:
             return Observation(True, peak_bytes=shifted(self.peak_bytes), start_bytes=offset)
         return Observation(False, need_bytes=shifted(self.need_bytes), held_bytes=shifted(self.peak_bytes),
-                           start_bytes=offset)
+                           start_bytes=offset, stuck_bytes=self.stuck_bytes)
 
     @property
     def verdict(self) -> str:

@@ -32,11 +32,21 @@ The tries, in order:
    largest batch measured with the steepest slope the measurements allow, and never above what a
    failure's lower bound of need allows.
 
-A try that fails where the line said it fits shows that less is usable than measured (fragmentation,
-memory outside PyTorch): the usable budget lies between what the try held (usable for certain) and
-what failed, and becomes their midpoint. A second such contradiction, or a failure that held all the
-line gave it, means the peak is not a line: bisection between the largest batch that fitted and the
-smallest that failed.
+A failure whose bytes fit the budget (what it held plus what it asked for is within it) failed on the
+allocator's fragments: its OOM message says how much PyTorch held reserved but could not use for the
+allocation (split blocks it cannot give back), and that much of the budget is not usable for the
+allocated line (``stuck_bytes``). Near the limit those fragments are what a line on allocated bytes
+cannot see: 0.5 GiB for a GRU, 0.7 GiB for an LSTM, 1.1 GiB for an MLP whose tensors are a fifth of a
+6 GiB cap each, and 0.05-0.1 GiB for convnets (the project's ``benchmarks/fit_limit.py``, H100). From
+a try, the stuck bytes are taken as they are (the try ran near the batch the search aims at); from the
+failed cell, which may have run far above it, they are taken per sample of the failed batch (the
+fragments are pieces of the batch's own tensors).
+
+Any other try that fails where the line said it fits shows that less is usable than measured (memory
+outside PyTorch, a line that bends): the usable budget lies between what the try held (usable for
+certain) and what failed, and becomes their midpoint. A second such contradiction, or a failure that
+held all the line gave it, means the peak is not a line: bisection between the largest batch that
+fitted and the smallest that failed.
 
 The line is fitted on allocated peaks, not reserved ones: under a cap cuDNN asks for its largest
 convolution workspace first and settles for less when refused, so a CNN's reserved peak reached a
@@ -80,15 +90,17 @@ its batch for nothing (weights are allocated once, in one place, and do not vary
 @dataclass(frozen=True)
 class Observation:
     """What one try showed: whether it fitted; for a fit its peak, for an OOM the least it needed
-    (what it held when it failed plus what it asked for) and what it held. All above the search's
-    reference level (what was allocated when the reruns began); ``start_bytes`` is how far above it
-    the try started (state an earlier try left: gradients, optimizer state)."""
+    (what it held when it failed plus what it asked for), what it held, and what PyTorch held reserved
+    but unallocated when it failed (``stuck_bytes``, from the OOM message). All but the last above the
+    search's reference level (what was allocated when the reruns began); ``start_bytes`` is how far
+    above it the try started (state an earlier try left: gradients, optimizer state)."""
 
     fitted: bool
     peak_bytes: int | None = None
     need_bytes: int | None = None
     held_bytes: int | None = None
     start_bytes: int = 0
+    stuck_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +125,8 @@ class BatchSearch:
     """The policy for one failed batch; see the module docstring.
 
     ``failed_batch`` failed first (not counted as a try); ``budget_bytes`` is what the cell may use above
-    what is allocated when it starts; ``need_bytes`` the least the failed batch needed, from its OOM
+    what is allocated when it starts; ``need_bytes`` the least the failed batch needed and
+    ``stuck_bytes`` what PyTorch held reserved but could not use when it failed, both from its OOM
     message (``None`` when unknown). ``max_tries`` bounds the reruns.
     """
 
@@ -122,6 +135,7 @@ class BatchSearch:
     max_tries: int = 3
     margin: float = MARGIN
     need_bytes: int | None = None
+    stuck_bytes: int | None = None
     min_gain: float = MIN_GAIN
     attempts: list[Attempt] = field(default_factory=list)
     stopped: str | None = None
@@ -136,6 +150,15 @@ class BatchSearch:
             raise ValueError(f"a batch of {self.failed_batch} cannot be made smaller")
         if self.max_tries < 1:
             raise ValueError("max_tries must be at least 1")
+        # The failed cell's fragments, per sample of its batch (see the module docstring).
+        self._stuck_per_sample = 0.0
+        if self._failed_on_fragments(self.need_bytes, self.stuck_bytes):
+            self._stuck_per_sample = float(self.stuck_bytes or 0) / self.failed_batch
+
+    def _failed_on_fragments(self, need: int | None, stuck: int | None) -> bool:
+        """The failure's bytes fit the budget, and PyTorch held some it could not use: its fragments
+        decided it."""
+        return bool(stuck) and need is not None and need <= self.budget_bytes
 
     # -- what is known ------------------------------------------------------------------------------
     @property
@@ -184,12 +207,14 @@ class BatchSearch:
         if self._one_batch_measured():
             top = max(fitted, key=lambda a: a.observation.peak_bytes or 0)
             own = float(top.observation.peak_bytes or 0) - top.observation.start_bytes
-            return through_origin(top.batch, max(own, 0.0)).raised(self.level_bytes)
-        growth = fit(self._fitted_points())
-        if growth is None:
-            return None
-        started = max(a.observation.start_bytes for a in fitted if a.batch == growth.anchor[0])
-        return growth.raised(max(self.level_bytes - started, 0))
+            growth = through_origin(top.batch, max(own, 0.0)).raised(self.level_bytes)
+        else:
+            line = fit(self._fitted_points())
+            if line is None:
+                return None
+            started = max(a.observation.start_bytes for a in fitted if a.batch == line.anchor[0])
+            growth = line.raised(max(self.level_bytes - started, 0))
+        return growth.steeper(self._stuck_per_sample)
 
     def _one_batch_measured(self) -> bool:
         return len({b for b, _ in self._fitted_points()}) == 1
@@ -225,7 +250,11 @@ class BatchSearch:
         self._pending = None
         reason = pending[1] if pending is not None else "chosen by the caller"
         predicted = pending[2] if pending is not None else None
-        if not observation.fitted and predicted is not None:
+        if not observation.fitted and self._failed_on_fragments(observation.need_bytes, observation.stuck_bytes):
+            # Not the line's error: the budget less the fragments is what the line may fill.
+            self._usable_bytes = min(self.usable_bytes, float(self.budget_bytes - (observation.stuck_bytes or 0)))
+            self._contradictions += 1
+        elif not observation.fitted and predicted is not None:
             self._contradicted(predicted, observation)
         attempt = Attempt(batch, observation, reason)
         self.attempts.append(attempt)

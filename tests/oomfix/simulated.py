@@ -82,12 +82,13 @@ class SimulatedCell:
     def largest_fitting(self, upper: int) -> int:
         return max((b for b in range(1, upper + 1) if self.fits(b)), default=0)
 
-    def _raise(self, requested: int) -> None:
+    def _raise(self, requested: int, stuck: int = 0) -> None:
+        """``stuck``: bytes the allocator holds in pieces it cannot use (the hidden limit's fragments)."""
         gpu = self.machine.gpus[0]
         allowed = int(gpu.fraction * gpu.total_bytes)
         raise OutOfMemoryError(torch_oom_message(
             requested, gpu.total_bytes, gpu.total_bytes - gpu.reserved - gpu.context_bytes,
-            gpu.reserved + gpu.context_bytes, allowed, gpu.allocated, gpu.reserved - gpu.allocated))
+            gpu.reserved + gpu.context_bytes, allowed, gpu.allocated, max(gpu.reserved - gpu.allocated, stuck)))
 
     def train_step(self, batch: int) -> None:
         self.calls.append(batch)
@@ -99,7 +100,8 @@ class SimulatedCell:
             while held < total:
                 size = min(chunk, total - held)
                 if self.hidden_limit_bytes is not None and held + size > self.hidden_limit_bytes:
-                    self._raise(size)
+                    gpu = self.machine.gpus[0]
+                    self._raise(size, max(int(gpu.fraction * gpu.total_bytes) - start - self.hidden_limit_bytes, 0))
                 try:
                     self.machine.allocate(0, size)
                 except FakeOutOfMemoryError:
@@ -137,18 +139,21 @@ class MemoryModel:
     in the cell) and half after them (gradients of weights, optimizer state made at the first step);
     ``per_sample`` lists the per-sample bytes of the tensors alive at the peak, each allocation
     rounded up to the allocator's 2 MiB blocks; ``noise`` a relative jitter of each run's peak (another
-    cuDNN algorithm, another workspace). A try fails at the first allocation past ``usable_bytes``,
-    reporting what it held and what it asked for, as an OOM message does.
+    cuDNN algorithm, another workspace); ``fragments`` the allocator's unusable pieces at the peak, as
+    a share of the largest batch-sized tensor (PyTorch holds them reserved, split, and cannot give them
+    to a new block). A try fails at the first allocation past ``usable_bytes`` less the fragments,
+    reporting what it held, what it asked for and the fragments, as an OOM message does.
     """
 
     def __init__(self, fixed_bytes: float, per_sample: list[float], usable_bytes: float, noise: float = 0.0,
-                 seed: int = 0):
+                 seed: int = 0, fragments: float = 0.0):
         import random
 
         self.fixed_bytes = fixed_bytes
         self.per_sample = per_sample
         self.usable_bytes = usable_bytes
         self.noise = noise
+        self.fragments = fragments
         self.rng = random.Random(seed)
 
     def allocations(self, batch: int) -> list[int]:
@@ -159,9 +164,14 @@ class MemoryModel:
     def peak(self, batch: int) -> int:
         return sum(self.allocations(batch))
 
+    def stuck(self, batch: int) -> int:
+        """The fragments at ``batch``'s peak."""
+        return int(self.fragments * max((_rounded(a * batch) for a in self.per_sample), default=0))
+
     def fits(self, batch: int) -> bool:
         half = _rounded(self.fixed_bytes / 2)
-        return 2 * half + sum(_rounded(a * batch) for a in self.per_sample) <= self.usable_bytes * (1 - self.noise)
+        usable = self.usable_bytes * (1 - self.noise) - self.stuck(batch)
+        return 2 * half + sum(_rounded(a * batch) for a in self.per_sample) <= usable
 
     def largest_fitting(self, upper: int) -> int:
         low, high = 0, upper + 1  # fits(low) (0 by convention), not fits(high)
@@ -176,24 +186,30 @@ class MemoryModel:
     def run(self, batch: int) -> tuple[bool, int, int | None]:
         """``(fitted, peak or held bytes, need lower bound for a failure)``."""
         held = 0
+        usable = self.usable_bytes - self.stuck(batch)
         for size in self.allocations(batch):
-            if held + size > self.usable_bytes:
+            if held + size > usable:
                 return False, held, held + size
             held += size
         return True, held, None
 
+    def observe(self, batch: int):
+        """``run(batch)`` as the search sees it (``Observation``), the fragments in a failure's figures."""
+        from jupyter_cudamem.oomfix.search import Observation
+
+        ok, held, need = self.run(batch)
+        if ok:
+            return Observation(True, held)
+        return Observation(False, need_bytes=need, held_bytes=held, stuck_bytes=self.stuck(batch) or None)
+
 
 def search_outcome(model: MemoryModel, start: int, budget_bytes: float, max_tries: int = 3):
     """Run ``oomfix.search.BatchSearch`` on ``model`` from a failure at ``start``: ``(found, reruns, search)``."""
-    from jupyter_cudamem.oomfix.search import BatchSearch, Observation
+    from jupyter_cudamem.oomfix.search import BatchSearch
 
-    fitted, held, need = model.run(start)
-    assert not fitted, "the start must fail"
-    search = BatchSearch(start, int(budget_bytes), max_tries=max_tries, need_bytes=need)
-
-    def try_batch(batch: int) -> Observation:
-        ok, held, need = model.run(batch)
-        return Observation(True, held) if ok else Observation(False, need_bytes=need, held_bytes=held)
-
-    found = search.run(try_batch)
+    failed = model.observe(start)
+    assert not failed.fitted, "the start must fail"
+    search = BatchSearch(start, int(budget_bytes), max_tries=max_tries, need_bytes=failed.need_bytes,
+                         stuck_bytes=failed.stuck_bytes)
+    found = search.run(model.observe)
     return found, len(search.attempts), search

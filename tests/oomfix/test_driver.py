@@ -152,6 +152,10 @@ def test_fragmentation_is_corrected_within_three_reruns():
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     assert outcome.reruns <= 3 and outcome.fitted
     assert 0.85 * true_max <= outcome.batch_after <= true_max
+    # Each failed try carries the fragments its OOM message reported, and the search planned on them.
+    failed = [t for t in outcome.tries if not t.fitted]
+    assert failed and all(t.stuck_bytes == 6 * GiB - 256 * MiB - 5 * GiB for t in failed)
+    assert outcome.tries[-1].fitted
 
 
 def test_quadratic_cell_never_reports_a_batch_that_does_not_fit():
