@@ -106,6 +106,7 @@ class FakeAllocator:
         self.expose_uuid = expose_uuid
         self.calls: list[str] = []
         self.trace_entries: list[dict[str, Any]] | None = None
+        self.snapshot_segments: list[dict[str, Any]] = []  # what snapshot() lists as segments
         self.tracing = False
 
     def _gpu(self, index: int) -> FakeGpu:
@@ -152,12 +153,16 @@ class FakeAllocator:
             raise ValueError("fraction out of range")
         self._gpu(index).fraction = fraction
 
-    def start_trace(self, max_entries: int) -> None:
+    def start_trace(self, max_entries: int, stacks: bool = True) -> None:
         self.tracing = True
+        self.trace_stacks = stacks
 
     def stop_trace(self) -> dict[str, Any]:
         self.tracing = False
-        return {"segments": [], "device_traces": [self.trace_entries or []]}
+        return {"segments": list(self.snapshot_segments), "device_traces": [self.trace_entries or []]}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"segments": list(self.snapshot_segments), "device_traces": [[]]}
 
 
 class FakeNvml:

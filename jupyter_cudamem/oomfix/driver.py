@@ -36,6 +36,7 @@ from .leftovers import Mover, SetAside, TorchMover, names_bound_before_read, res
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
 from .parse import OomInfo, parse_oom
+from .recording import Recorder
 from .search import BatchSearch
 from .strategies import STRATEGIES
 from .whole_data import whole_data_decision
@@ -44,13 +45,10 @@ RunSource = Callable[[str], "BaseException | None"]
 Cleanup = Callable[["BaseException | None"], Any]
 
 
-def headroom_bytes(hardware: Hardware, torch_index: int) -> int | None:
-    """What a cell starting now may allocate on ``cuda:torch_index``, in bytes.
-
-    The least of: the per-process cap less what PyTorch has reserved, and what the device has free
-    (NVML, so other processes count); plus what PyTorch has reserved but not allocated, which it
-    reuses first. ``None`` when the allocator cannot be read.
-    """
+def _room(hardware: Hardware, torch_index: int) -> tuple[int, Any] | None:
+    """What PyTorch may still reserve on ``cuda:torch_index`` (the least of the per-process cap less
+    what it has reserved, and what the device has free by NVML, so other processes count), with the
+    allocator's reading; ``None`` when the allocator cannot be read."""
     allocator = hardware.allocator
     if allocator.status() is not None or not allocator.is_initialized():
         return None
@@ -64,7 +62,23 @@ def headroom_bytes(hardware: Hardware, torch_index: int) -> int | None:
             room = min(room, hardware.nvml.memory(device.nvml_index).free_bytes)
         except CudaMemError:
             pass
-    return max(room, 0) + reading.reserved_unallocated_bytes
+    return max(room, 0), reading
+
+
+def headroom_bytes(hardware: Hardware, torch_index: int) -> int | None:
+    """What a cell starting now may allocate on ``cuda:torch_index``, in bytes: what PyTorch may still
+    reserve (``_room``) plus what it has reserved but not allocated, which it reuses first. ``None``
+    when the allocator cannot be read.
+    """
+    found = _room(hardware, torch_index)
+    return None if found is None else found[0] + found[1].reserved_unallocated_bytes
+
+
+def reserved_limit_bytes(hardware: Hardware, torch_index: int) -> int | None:
+    """The reserved bytes PyTorch may reach on ``cuda:torch_index``: the cap the allocator replay
+    plays under (what it has reserved plus what it may still reserve)."""
+    found = _room(hardware, torch_index)
+    return None if found is None else found[0] + found[1].reserved_bytes
 
 
 def needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | None:
@@ -122,6 +136,7 @@ class Driver:
         self._transform: Callable[[str], str] | None = self.transform
         self._reference: int | None = None  # allocated bytes every try's figures are taken from
         self._cells: dict[str, ParsedCell | None] = {}  # every source of this fix, parsed once (``_parsed``)
+        self._recorder = Recorder(self.hardware.allocator)
 
     # -- one measured try -------------------------------------------------------------------------
     def _allocated(self, device: int) -> int | None:
@@ -138,9 +153,12 @@ class Driver:
         meter = Meter(self.hardware, devices=[device])
         baseline = meter.start()
         at_start = self._allocated(device)
+        # A batch try's allocations are recorded for the search's replay of the allocator (``replay``).
+        recording = self._recorder.start(device) if batch is not None else None
         started = time.perf_counter()
         error = self.run_source(source)
         wall_s = time.perf_counter() - started
+        recorded = self._recorder.stop(recording, device, failed=error is not None)
         measurement = meter.stop(baseline, error=None if error is None else type(error).__name__)
         if error is not None and namespace is not None and before is not None:
             # A failed try leaves nothing behind: the variables are as the last try that fitted left them.
@@ -176,6 +194,7 @@ class Driver:
             left_bytes=None if left is None or at_start is None else left - at_start,
             start_above_reference_bytes=offset,
             stuck_bytes=None if oom is None else oom.reserved_unallocated_bytes,
+            recorded=recorded,
         )
         self._tries.append(result)
         if message is not None:
@@ -438,6 +457,7 @@ class Driver:
             level = self._allocated(device)
             if level is not None and self._reference is not None:
                 search.set_level(level - self._reference)
+            search.set_allocator(self._recorder.state(device), reserved_limit_bytes(self.hardware, device))
             if (batch := search.next()) is None:
                 break
             try:

@@ -14,6 +14,7 @@ from ..advice import Suggestion
 from ..cell.edit import CellDiff, unified_diff
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
+from .recording import RecordedRun
 from .search import Observation
 from .whole_data import CHUNKED_NOTE
 
@@ -52,6 +53,8 @@ class TryResult:
     start_above_reference_bytes: int = 0
     # For an OOM: what PyTorch held reserved but unallocated when it failed (its OOM message's figure).
     stuck_bytes: int | None = None
+    # Its allocations and frees as PyTorch recorded them (``recording``), for the allocator replay.
+    recorded: RecordedRun | None = field(default=None, repr=False, compare=False)
 
     def observation(self) -> Observation:
         """What the batch search learns from this try, measured from the fix's reference level (a peak
@@ -62,7 +65,7 @@ class TryResult:
             return None if value is None else value + offset
 
         if self.fitted:
-            return Observation(True, peak_bytes=shifted(self.peak_bytes), start_bytes=offset)
+            return Observation(True, peak_bytes=shifted(self.peak_bytes), start_bytes=offset, recorded=self.recorded)
         return Observation(False, need_bytes=shifted(self.need_bytes), held_bytes=shifted(self.peak_bytes),
                            start_bytes=offset, stuck_bytes=self.stuck_bytes)
 

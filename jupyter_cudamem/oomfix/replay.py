@@ -426,6 +426,20 @@ def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequ
                            max(batch_first, batch_second), max_batch)
 
 
+def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment],
+                                   cap_bytes: int, max_batch: int = 1 << 30) -> int | None:
+    """The same from one run: every request taken as proportional to the batch.
+
+    A request is a fixed part plus a per-sample part, neither negative, so scaling all of it with the
+    batch overstates every request above ``batch``: the replay then errs towards a smaller batch, as
+    the line through the origin and one measured peak does (``growth.through_origin``)."""
+    if batch <= 0 or not any(kind != "free" for kind, *_ in events):
+        return None
+    lines: list[Line] = [(kind, key, stream, 0.0, 0.0 if kind == "free" else size / batch)
+                         for kind, key, size, stream in events]
+    return _bisect_largest(lambda b: replay(events_at(lines, b), start, cap_bytes).fits, batch, max_batch)
+
+
 def _bisect_largest(fits: Callable[[int], bool], guess: int, max_batch: int) -> int:
     low, high = 0, max(1, guess)
     while fits(high):

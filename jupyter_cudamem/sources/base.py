@@ -94,11 +94,14 @@ class AllocatorSource(Protocol):
 
     def set_memory_fraction(self, index: int, fraction: float) -> None: ...
 
-    def start_trace(self, max_entries: int) -> None:
-        """Start recording allocation history with Python stacks."""
+    def start_trace(self, max_entries: int, stacks: bool = True) -> None:
+        """Start recording allocation history, with Python stacks unless ``stacks`` is false."""
 
     def stop_trace(self) -> dict[str, Any]:
         """Stop recording and return the allocator snapshot (``torch.cuda.memory._snapshot()``)."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """The allocator snapshot now (its segments; its trace when one is being recorded)."""
 
 
 @runtime_checkable

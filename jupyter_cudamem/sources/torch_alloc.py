@@ -129,11 +129,19 @@ class TorchAllocator:
     def set_memory_fraction(self, index: int, fraction: float) -> None:
         _torch().cuda.set_per_process_memory_fraction(fraction, index)
 
-    def start_trace(self, max_entries: int) -> None:
+    def start_trace(self, max_entries: int, stacks: bool = True) -> None:
         memory = _torch().cuda.memory
         if not hasattr(memory, "_record_memory_history"):
             raise CudaMemError("this PyTorch cannot record allocation history; --trace needs torch 2.1 or later")
-        memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=max_entries)
+        # Without stacks (context None) each event costs no Python frame walk: what %oomfix records.
+        memory._record_memory_history(enabled="all", context="all" if stacks else None, stacks="python",
+                                      max_entries=max_entries)
+
+    def snapshot(self) -> dict[str, Any]:
+        memory = _torch().cuda.memory
+        if not hasattr(memory, "_snapshot"):
+            raise CudaMemError("this PyTorch cannot take an allocator snapshot (torch 2.1 or later can)")
+        return dict(memory._snapshot())
 
     def stop_trace(self) -> dict[str, Any]:
         memory = _torch().cuda.memory

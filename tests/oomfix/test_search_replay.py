@@ -1,0 +1,77 @@
+"""The batch search with the allocator's replay (search.BatchSearch.replayed_batch): a cell whose limit is
+set by pieces of split segments, which a line on allocated bytes cannot see.
+
+The cell, per batch ``b``: a tensor of ``b`` MiB is made and freed, a small buffer that lives on lands
+in its segment (the allocator hands out the smallest free block that fits), then a ``5 b`` MiB tensor
+needs a segment of its own. The first segment cannot be given back while the buffer lives in it, so the
+step needs ``6 b`` MiB reserved for a ``5 b`` MiB allocated peak: 20% more, as the H100's MLP did
+(``benchmarks/fit_limit.py``). The real allocator's behaviour is the replay's; the test plays the card
+with ``replay.replay`` itself, so what it checks is how the search uses it, not the replay's fidelity
+(``tests/gpu/test_replay_gpu.py`` checks that on the GPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from jupyter_cudamem.oomfix import replay
+from jupyter_cudamem.oomfix.recording import RecordedRun
+from jupyter_cudamem.oomfix.search import REPLAY_MARGIN, BatchSearch, Observation
+from tests.fakes import GiB, MiB
+
+CAP = 6 * GiB
+
+
+def events(batch: int, per_sample: int = MiB) -> list[replay.Event]:
+    return [("alloc", 0, batch * per_sample, 0), ("free", 0, 0, 0), ("alloc", 1, 2 * MiB, 0),
+            ("alloc", 2, 5 * batch * per_sample, 0), ("free", 2, 0, 0), ("free", 1, 0, 0)]
+
+
+def observe(batch: int, recorded: bool = True) -> Observation:
+    run = replay.replay(events(batch), (), CAP)
+    if run.fits:
+        return Observation(True, peak_bytes=run.peak_allocated_bytes,
+                           recorded=RecordedRun((), tuple(events(batch))) if recorded else None)
+    return Observation(False, need_bytes=run.peak_allocated_bytes + 5 * batch * MiB, held_bytes=run.peak_allocated_bytes)
+
+
+def largest_fitting() -> int:
+    return max(b for b in range(1, 2000) if replay.replay(events(b), (), CAP).fits)
+
+
+def search_from(start: int, recorded: bool) -> BatchSearch:
+    search = BatchSearch(start, CAP, need_bytes=5 * start * MiB)
+    while (batch := search.next()) is not None:
+        search.set_allocator((), CAP)
+        search.record(batch, observe(batch, recorded))
+        search.set_allocator((), CAP)
+    return search
+
+
+@pytest.mark.parametrize("ratio", [1.5, 4, 16, 64])
+def test_the_replay_keeps_the_line_from_overshooting_a_fragmented_limit(ratio):
+    true = largest_fitting()
+    assert 5 * true * MiB < 0.85 * CAP  # allocated bytes alone would allow far more
+    search = search_from(int(true * ratio), recorded=True)
+    assert all(a.fitted for a in search.attempts), [(a.batch, a.fitted, a.reason) for a in search.attempts]
+    assert search.best >= (1 - REPLAY_MARGIN - 0.02) * true and len(search.attempts) <= 3
+    assert any("replay" in a.reason for a in search.attempts)
+
+
+def test_without_recordings_the_line_overshoots_the_same_limit():
+    true = largest_fitting()
+    search = search_from(int(true * 4), recorded=False)
+    assert not all(a.fitted for a in search.attempts)
+    assert search.best < 0.9 * true
+
+
+def test_no_replay_without_the_allocators_state_or_a_recorded_fit():
+    search = BatchSearch(4000, CAP, need_bytes=2 * CAP)
+    search.record(40, observe(40))
+    assert search.replayed_batch() is None  # no set_allocator yet
+    search.set_allocator((), CAP)
+    assert search.replayed_batch() == pytest.approx(largest_fitting(), abs=2)  # one run: proportional
+    blind = BatchSearch(4000, CAP, need_bytes=2 * CAP)
+    blind.set_allocator((), CAP)
+    blind.record(40, observe(40, recorded=False))
+    assert blind.replayed_batch() is None
