@@ -115,3 +115,14 @@ def test_a_trace_becomes_events_keyed_by_allocation_and_freed_when_completed():
     result = replay(events, start, 60 * MiB)
     assert result.refused_tries == (3,)
     assert not result.fits and result.failed_at == 5
+
+
+def test_runs_too_different_to_pair_cheaply_pair_only_their_common_ends(monkeypatch):
+    from jupyter_cudamem.oomfix import replay as module
+
+    first = ["alloc"] + ["alloc", "free"] * 50 + ["free"]
+    second = ["alloc"] + ["alloc", "free", "alloc", "free", "free"] * 30 + ["free"]
+    full = module._common_runs(first, second)
+    monkeypatch.setattr(module, "MAX_PAIRING_WORK", 100)
+    ends = module._common_runs(first, second)
+    assert len(full) > len(ends) and ends == [(0, 0, 5), (100, 150, 2)]  # the common prefix and suffix
