@@ -471,6 +471,8 @@ class Driver:
                 best = result
             if self._stopped is not None:
                 search.stop(self._stopped)
+        if search.stopped is not None and self._stopped is None and self._left() > 0:
+            self._notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed
         if best is None or best.batch is None:
             change.restore()
             return None, knob.value, (), None

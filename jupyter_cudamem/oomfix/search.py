@@ -349,7 +349,9 @@ class BatchSearch:
             # measure a second point, and the line through both says more than any gain rule.
             predicted = max(predicted, low + 1)
         elif predicted <= low * (1 + self.min_gain):
-            self.stop(f"the measured line puts the largest batch that fits at about {low}, already tried")
+            bound = "the measured line and the allocator's replay" if replayed is not None else "the measured line"
+            self.stop(f"{bound} put the largest batch that fits at {predicted}, less than {self.min_gain:.0%} "
+                      f"above {low}, which fitted: no rerun for that")
             return None
         if self._one_batch_measured():
             how = f"surest from {growth.anchor[0]}'s peak (line through it and zero)"

@@ -75,3 +75,13 @@ def test_no_replay_without_the_allocators_state_or_a_recorded_fit():
     blind.set_allocator((), CAP)
     blind.record(40, observe(40, recorded=False))
     assert blind.replayed_batch() is None
+
+
+def test_a_search_the_replay_ends_says_so():
+    true = largest_fitting()
+    search = BatchSearch(4 * true, CAP, need_bytes=5 * 4 * true * MiB)
+    search.set_allocator((), CAP)
+    for batch in (true // 20, int(true * 0.975)):
+        search.record(batch, observe(batch))
+    assert search.next() is None
+    assert "allocator's replay" in search.stopped and f"above {int(true * 0.975)}" in search.stopped
