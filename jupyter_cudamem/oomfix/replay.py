@@ -456,15 +456,11 @@ def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: S
 
 
 def _bisect_largest(fits: Callable[[int], bool], guess: int, max_batch: int) -> int:
+    """Double from ``guess`` until a batch does not fit (or ``max_batch`` does), then the standard
+    library's bisection for the first batch between the two that does not fit."""
     low, high = 0, max(1, guess)
     while fits(high):
         if high >= max_batch:
             return max_batch
         low, high = high, min(2 * high, max_batch)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
-    return low
+    return low + bisect.bisect_left(range(low + 1, high), True, key=lambda batch: not fits(batch))
