@@ -36,8 +36,9 @@ A failure whose bytes fit the budget (what it held plus what it asked for is wit
 allocator's fragments: its OOM message says how much PyTorch held reserved but could not use for the
 allocation (split blocks it cannot give back), and that much of the budget is not usable for the
 allocated line (``stuck_bytes``). Near the limit those fragments are what a line on allocated bytes
-cannot see: 0.5 GiB for a GRU, 0.7 GiB for an LSTM, 1.1 GiB for an MLP whose tensors are a fifth of a
-6 GiB cap each, and 0.05-0.1 GiB for convnets (the project's ``benchmarks/fit_limit.py``, H100). From
+cannot see: at 1.02-1.1x the largest fitting batch, 0.5 GiB for a GRU, 0.3-0.7 GiB for an LSTM,
+1.1-1.2 GiB for an MLP whose tensors are a fifth of a 6 GiB cap each, 0.02-0.12 GiB for convnets
+(the project's ``benchmarks/fit_limit.py``, H100). From
 a try, the stuck bytes are taken as they are (the try ran near the batch the search aims at); from the
 failed cell, which may have run far above it, they are taken per sample of the failed batch (the
 fragments are pieces of the batch's own tensors).
