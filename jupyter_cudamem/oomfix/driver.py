@@ -26,6 +26,7 @@ from typing import Any
 from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..measure import Meter
+from ..sources.base import AllocatorReading
 from ..units import format_bytes
 from ..advice import build_suggestions
 from ..batch import BatchChange, BatchFinding, Knob, find_batch
@@ -45,7 +46,7 @@ RunSource = Callable[[str], "BaseException | None"]
 Cleanup = Callable[["BaseException | None"], Any]
 
 
-def _room(hardware: Hardware, torch_index: int) -> tuple[int, Any] | None:
+def _room(hardware: Hardware, torch_index: int) -> tuple[int, AllocatorReading] | None:
     """What PyTorch may still reserve on ``cuda:torch_index`` (the least of the per-process cap less
     what it has reserved, and what the device has free by NVML, so other processes count), with the
     allocator's reading; ``None`` when the allocator cannot be read."""
@@ -156,7 +157,11 @@ class Driver:
         # A batch try's allocations are recorded for the search's replay of the allocator (``replay``).
         recording = self._recorder.start(device) if batch is not None else None
         started = time.perf_counter()
-        error = self.run_source(source)
+        try:
+            error = self.run_source(source)
+        except BaseException:
+            self._recorder.stop(recording, device, failed=True)  # an interrupt must not leave it recording
+            raise
         wall_s = time.perf_counter() - started
         recorded = self._recorder.stop(recording, device, failed=error is not None)
         measurement = meter.stop(baseline, error=None if error is None else type(error).__name__)

@@ -72,3 +72,22 @@ def test_each_batch_try_of_a_fix_is_recorded_and_the_search_gets_the_allocators_
     assert all(t.observation().recorded is t.recorded for t in batch_tries if t.fitted)
     assert "recorded" not in repr(batch_tries[0])  # a try's repr does not dump its events
     assert not fake.tracing and outcome.fitted
+
+
+def test_an_interrupted_try_stops_the_recording():
+    import pytest
+
+    _, cell, namespace, run, driver, _ = setup()
+    fake = driver.hardware.allocator
+    fake.trace_entries = list(TRACE)
+
+    def interrupted(source):
+        if fake.tracing:
+            raise KeyboardInterrupt
+        return run(source)
+
+    driver.run_source = interrupted
+    source = TRAINING_CELL.format(batch=8 * cell.largest_fitting(20000))
+    with pytest.raises(KeyboardInterrupt):
+        driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert not fake.tracing
