@@ -273,18 +273,6 @@ class CapacityPlan:
         return None if self.calibration is None or self.line is None else self.calibration.ratio(self.line)
 
     @property
-    def calibration_fitted(self) -> int | None:
-        return None if self.calibration is None else self.calibration.fitted
-
-    @property
-    def calibration_failed(self) -> int | None:
-        return None if self.calibration is None else self.calibration.failed
-
-    @property
-    def calibration_card(self) -> str | None:
-        return None if self.calibration is None else self.calibration.card
-
-    @property
     def per_sample_bytes(self) -> float | None:
         return None if self.line is None else self.line.slope_bytes
 

@@ -357,12 +357,12 @@ def test_calibrate_finds_the_largest_batch_here_and_scales_every_card(plan_shell
     # leaves PyTorch; the cap is put back
     t4 = usable_bytes(15 * GiB, CONTEXT)
     truth = (t4 - WEIGHTS) // PER_SAMPLE
-    assert plan.calibration_card == "T4" and machine.gpus[0].fraction == 1.0
-    assert plan.calibration_fitted is not None and plan.calibration_fitted <= truth
-    assert plan.calibration_failed is not None and plan.calibration_failed > truth
+    assert plan.calibration is not None and plan.calibration.card == "T4" and machine.gpus[0].fraction == 1.0
+    assert plan.calibration.fitted <= truth
+    assert plan.calibration.failed is not None and plan.calibration.failed > truth
     assert stepper.calls[:2] == [64, 32] and stepper.calls[-1] == 64 and len(stepper.calls) > 4
     assert shell.user_ns["batch_size"] == 64
-    assert plan.calibration_ratio == pytest.approx(t4 / (WEIGHTS + PER_SAMPLE * plan.calibration_fitted))
+    assert plan.calibration_ratio == pytest.approx(t4 / (WEIGHTS + PER_SAMPLE * plan.calibration.fitted))
     assert "calibrated: batch" in capsys.readouterr().out and "a T4's memory" in plan.text()
     # every card: the line scaled by the ratio, with the calibrated plan's margin
     from jupyter_cudamem.capacity.plan import CALIBRATED_MARGIN
@@ -395,7 +395,7 @@ def test_calibrate_keeps_a_cap_the_user_set(plan_shell):
     assert result.success, result.error_in_exec
     plan = shell.user_ns["plan"]
     assert machine.gpus[0].fraction == 0.5
-    assert plan.calibration_fitted is not None and plan.calibration_fitted <= (40 * GiB - WEIGHTS) // PER_SAMPLE
+    assert plan.calibration is not None and plan.calibration.fitted <= (40 * GiB - WEIGHTS) // PER_SAMPLE
     machine.gpus[0].fraction = 1.0
 
 

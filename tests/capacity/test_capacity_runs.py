@@ -196,7 +196,7 @@ def test_calibration_finds_the_largest_batch_here_and_the_plan_follows_a_cards_c
     real = real_largest(machine, card - context, waste)
     predicted = plan.this_card.largest_batch
     assert 0.95 * real <= predicted <= real
-    assert plan.calibration_fitted == found.fitted and "calibrated" in plan.text()
+    assert plan.calibration is not None and plan.calibration.fitted == found.fitted and "calibrated" in plan.text()
     assert "an estimate from two runs" not in plan.text()
 
 

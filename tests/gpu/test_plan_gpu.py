@@ -139,7 +139,7 @@ def test_calibrated_plan_predicts_a_capped_card_within_5_percent(shell, torch):
     shell.run_cell("%config CudaMem.cards = {}")
     plan = shell.user_ns["plan"]
     assert shell.user_ns["batch_size"] == 64
-    assert plan.calibration_card == "four" and plan.calibration_ratio is not None
+    assert plan.calibration is not None and plan.calibration.card == "four" and plan.calibration_ratio is not None
     assert torch.cuda.get_per_process_memory_fraction(0) == 1.0  # the cap is put back
     step = shell.user_ns["step"]
     total = torch.cuda.get_device_properties(0).total_memory
