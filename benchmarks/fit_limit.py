@@ -27,6 +27,7 @@ each to its own file), then merge::
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import sys
@@ -113,12 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", nargs="+", metavar="PART", help="merge parts' files into --out and exit")
     args = parser.parse_args(argv)
     if args.merge:
-        merged: dict[str, Any] = {}
-        for part in args.merge:
-            data = json.loads(Path(part).read_text())
-            merged = {**merged, **{k: v for k, v in data.items() if k not in ("workloads", "parts")},
-                      "workloads": {**merged.get("workloads", {}), **data["workloads"]},
-                      "parts": {**merged.get("parts", {}), **data["parts"]}}
+        # The sweep's merge: each part's workloads and timing join the first part's file.
+        merged = functools.reduce(sweep.merge, (json.loads(Path(part).read_text()) for part in args.merge))
+        merged.pop("cases", None)  # the sweep's list of cases; this benchmark has none
         Path(args.out).write_text(json.dumps(merged, indent=1) + "\n")
         return 0
     import torch
