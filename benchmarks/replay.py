@@ -1,4 +1,4 @@
-"""Benchmark: does the replay of PyTorch's caching allocator (``jupyter_cudamem/oomfix/replay.py``) tell
+"""Benchmark: does the replay of PyTorch's caching allocator (``jupyter_cudamem/growth/replay.py``) tell
 which runs fit under a cap, and predict the largest batch that fits?
 
 Two steps:
@@ -103,14 +103,14 @@ def capture(part: str, out: Path) -> None:
 
 
 def _start(raw: list[Any]) -> list[Any]:
-    from jupyter_cudamem.oomfix import replay
+    from jupyter_cudamem.growth import replay
 
     return [replay.StartSegment(address, kind == "small", tuple((size, state != "inactive") for _, size, state in blocks),
                                 stream) for address, _total, kind, stream, blocks in raw]
 
 
 def validate(paths: list[Path]) -> dict[str, Any]:
-    from jupyter_cudamem.oomfix import replay
+    from jupyter_cudamem.growth import replay
 
     result: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                               "traces": [], "runs": [], "predictions": []}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..sources.base import AllocatorSource
-from .replay import Event, StartSegment, events_from_trace
+from ..growth.replay import Event, StartSegment, held_elsewhere, read_trace
 
 MAX_EVENTS = 100_000
 """The history kept per rerun. The benchmark's training steps make 100-3,000 events each (ResNet-50
@@ -29,10 +29,16 @@ worth it against a rerun."""
 
 @dataclass(frozen=True)
 class RecordedRun:
-    """One rerun as the replay reads it: the segments it started from and its events."""
+    """One rerun as the replay reads it: the segments it started from, its events, and what it left
+    allocated as ``(address, key)`` (``replay.read_trace``)."""
 
     start: tuple[StartSegment, ...]
     events: tuple[Event, ...]
+    left: tuple[tuple[int, int], ...] = ()
+
+    def events_from(self, start: tuple[StartSegment, ...]) -> list[Event]:
+        """The events a run from ``start`` makes (``replay.held_elsewhere``)."""
+        return held_elsewhere(self.events, self.left, start)
 
 
 def start_segments(snapshot: Mapping[str, Any], device: int) -> tuple[StartSegment, ...]:
@@ -90,4 +96,5 @@ class Recorder:
             return None
         if len(rows) >= MAX_EVENTS:
             return None
-        return RecordedRun(start, tuple(events_from_trace(rows, start, failed=failed)))
+        events, left = read_trace(rows, start, failed=failed)
+        return RecordedRun(start, tuple(events), left)

@@ -74,8 +74,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..growth import Growth, fit, lowest_slope, through_origin
-from . import replay
+from ..growth import FixedMemory, Growth, fit, lowest_slope, through_fixed
+from ..growth import replay
+
 from .recording import RecordedRun
 
 FIRST_PROBE_DIVISOR = 64
@@ -91,16 +92,17 @@ AGAIN_PROBE_DIVISOR = 8
 it is mostly rounding)."""
 
 REPLAY_MARGIN = 0.02
-"""What a batch the replay predicts gives up: the replay is exact for the runs it was given (54 of 54
-recorded runs replayed to their real outcome, ``benchmarks/replay.py``; ``tests/gpu/test_replay_gpu.py``
-checks it on the GPU), but the next run is another run: cuDNN may pick another algorithm and workspace (peaks measured twice
-at one batch differ by up to half a percent), and a request's size between two measured batches is
-read off their line, which rounding to 512-byte and 2 MiB blocks leaves a block or two off. 2% of the
-batch is a few times either, and less than the 4% the line's margin gives up."""
-
-MIN_GAIN = 0.03
-"""A rerun that would grow the batch by less than 3% is not worth its time: it is within the margin
-and the measurements' rounding of the batch already found."""
+"""How much larger than its line each request's per-sample part is taken when the replay predicts a
+batch: the replay is exact for the runs it was given (54 of 54 recorded runs replayed to their real
+outcome, ``benchmarks/replay.py``; ``tests/gpu/test_replay_gpu.py`` checks it on the GPU), but the next
+run is another run: cuDNN may pick another algorithm and workspace (peaks measured twice at one batch
+differ by up to half a percent), and a request's size between two measured batches is read off their
+line, which rounding to 512-byte and 2 MiB blocks leaves a block or two off. 2% is a few times either.
+Taken on the sizes, not off the batch found: what jitters is the sizes, and the allocator's reuse of
+cached blocks makes a run that fits with 2% smaller sizes fit or fail at the same batch as one without
+(a bytes margin off the cap moved nothing there); where a sample is a few percent of the card (a
+fine-tune whose largest batch is a few dozen) it costs a sample only when the batch fits with less
+than 2% of a sample's requests to spare."""
 
 MARGIN = 0.04
 """The fraction of the room above the fixed part that a predicted batch leaves unused: peaks of a step
@@ -161,7 +163,7 @@ class BatchSearch:
     margin: float = MARGIN
     need_bytes: int | None = None
     stuck_bytes: int | None = None
-    min_gain: float = MIN_GAIN
+    fixed: FixedMemory | None = None
     attempts: list[Attempt] = field(default_factory=list)
     stopped: str | None = None
     reason: str = ""  # why the batch ``next()`` returned last was chosen
@@ -171,6 +173,8 @@ class BatchSearch:
     level_bytes: int = 0  # allocated above the reference now, where the next try starts (``set_level``)
     _segments: tuple[replay.StartSegment, ...] | None = None  # where the next try starts (``set_allocator``)
     _reserved_limit: int | None = None
+    _replay_cut_bytes: int = 0  # what a try the replay said fits showed it cannot use (``record``)
+    _chosen_by_replay: bool = False
 
     def __post_init__(self) -> None:
         if self.failed_batch < 2:
@@ -224,8 +228,9 @@ class BatchSearch:
         what the replay plays from and under (``None``: no replay)."""
         self._segments, self._reserved_limit = segments, reserved_limit_bytes
 
-    def replayed_batch(self) -> int | None:
-        """The largest batch whose replay fits (see the module docstring); ``None`` without one."""
+    def replayed_batch(self, margin: float = 0.0, max_batch: int | None = None) -> int | None:
+        """The largest batch whose replay fits (see the module docstring), each request's per-sample part
+        taken ``1 + margin`` times as large; ``None`` without a replay."""
         if self._segments is None or self._reserved_limit is None:
             return None
         runs: dict[int, RecordedRun] = {}
@@ -234,14 +239,18 @@ class BatchSearch:
                 runs[attempt.batch] = attempt.observation.recorded
         if not runs:
             return None
-        top = max(self.smallest_failed - 1, 1)
+        cap = self._reserved_limit - self._replay_cut_bytes
+        top = max(self.smallest_failed - 1, 1) if max_batch is None else max_batch
         batches = sorted(runs)
         if len(batches) == 1:
-            return replay.largest_fitting_batch_from_one(runs[batches[0]].events, batches[0], self._segments,
-                                                         self._reserved_limit, max_batch=top)
+            fixed = self.fixed.is_parameter_sized if self.fixed is not None else None
+            return replay.largest_fitting_batch_from_one(runs[batches[0]].events_from(self._segments), batches[0],
+                                                         self._segments, cap, max_batch=top,
+                                                         batch_independent=fixed, margin=margin)
         low, high = batches[-2], batches[-1]
-        return replay.largest_fitting_batch(runs[low].events, low, runs[high].events, high, self._segments,
-                                            self._reserved_limit, max_batch=top)
+        return replay.largest_fitting_batch(runs[low].events_from(self._segments), low,
+                                            runs[high].events_from(self._segments), high, self._segments,
+                                            cap, max_batch=top, margin=margin)
 
     def growth(self) -> Growth | None:
         """The memory model the fitted tries give (``None`` before any fit was measured), for a try
@@ -258,7 +267,10 @@ class BatchSearch:
         if self._one_batch_measured():
             top = max(fitted, key=lambda a: a.observation.peak_bytes or 0)
             own = float(top.observation.peak_bytes or 0) - top.observation.start_bytes
-            growth = through_origin(top.batch, max(own, 0.0)).raised(self.level_bytes)
+            # Every moment of a run after its model is built holds the parameters it builds: the line
+            # from the peak through them bounds every phase's growth (``line.through_fixed``).
+            held = 0.0 if self.fixed is None else float(self.fixed.surely_held_bytes)
+            growth = through_fixed(top.batch, max(own, 0.0), held).raised(self.level_bytes)
         else:
             line = fit(self._fitted_points())
             if line is None:
@@ -301,6 +313,13 @@ class BatchSearch:
         self._pending = None
         reason = pending[1] if pending is not None else "chosen by the caller"
         predicted = pending[2] if pending is not None else None
+        if not observation.fitted and pending is not None and self._chosen_by_replay:
+            # The replay said it fits: what PyTorch held reserved but could not use when it failed (or, where
+            # it held none, the allocation that failed) is what the replay did not see; the next replay
+            # plays under a cap lower by that much.
+            held = observation.held_bytes or 0
+            missed = observation.stuck_bytes or max((observation.need_bytes or held) - held, 0)
+            self._replay_cut_bytes = max(self._replay_cut_bytes, missed)
         if not observation.fitted and self._failed_on_fragments(observation.need_bytes, observation.stuck_bytes):
             # Not the line's error: the budget less the fragments is what the line may fill.
             self._usable_bytes = min(self.usable_bytes, float(self.budget_bytes - (observation.stuck_bytes or 0)))
@@ -333,37 +352,83 @@ class BatchSearch:
             return self._probe(high)
         if self._contradictions >= 2:
             return self._bounded((low + high) // 2, low, high, "bisection (the line was contradicted twice)", None)
-        # The margin is kept from the room above the fixed part: that is where the batch's tensors are
-        # placed, and what varies between runs and fragments; a model's weights do neither.
-        fixed = min(growth.fixed_bytes, self.usable_bytes)
-        target = fixed + (self.usable_bytes - fixed) * (1 - self.margin)
-        predicted = growth.largest_batch(target, sure=True)
-        slowest = lowest_slope(self._fitted_points(), self._failed_points())
-        if slowest > 0:
-            # No batch needing more than the budget by the least growth the failures show.
-            anchor_batch, anchor_peak = growth.anchor
-            predicted = min(predicted, int(math.floor(anchor_batch + (self.usable_bytes - anchor_peak) / slowest)))
-        replayed = self.replayed_batch()
-        if replayed is not None and replayed < high - 1:
-            predicted = min(predicted, int(replayed * (1 - REPLAY_MARGIN)))
-        predicted = min(predicted, high - 1)
-        if self._one_batch_measured() and growth.anchor[1] < target:
-            # One point bounds the growth, it does not estimate it: below the budget there is room to
-            # measure a second point, and the line through both says more than any gain rule.
-            predicted = max(predicted, low + 1)
-        elif predicted <= low * (1 + self.min_gain):
-            bound = "the measured line and the allocator's replay" if replayed is not None else "the measured line"
-            self.stop(f"{bound} put the largest batch that fits at {predicted}, less than {self.min_gain:.0%} "
-                      f"above {low}, which fitted: no rerun for that")
-            return None
-        if self._one_batch_measured():
-            how = f"surest from {growth.anchor[0]}'s peak (line through it and zero)"
-        else:
-            how = (f"line through measured peaks: {growth.fixed_bytes / 2**20:.0f} MiB fixed + "
-                   f"{growth.per_sample_bytes / 2**20:.3f} MiB per sample")
-        if replayed is not None:
-            how += f"; the allocator's replay fits up to {replayed}"
+        predicted, raw, how = self._predicted(growth)
+        predicted, raw = min(predicted, high - 1), min(raw, high - 1)
+        halving = self._halving_candidate(low, raw + 1)
+        if halving is not None and predicted < halving <= raw and (not self._last_try() or 2 * low >= halving):
+            # Predicted to fit but for the margin, and the batch halving from the failed one would try:
+            # fitting it, the search ends on at least what halving ends on.
+            return self._bounded(halving, low, high, f"{how}; {halving}, halving's, fits but for the margin",
+                                 growth.peak_high(halving))
+        if predicted <= low:
+            fixed = min(growth.fixed_bytes, self.usable_bytes)
+            target = fixed + (self.usable_bytes - fixed) * (1 - self.margin)
+            if not (self._one_batch_measured() and growth.anchor[1] < target):
+                self.stop(f"{how}: {low}, which fitted, is the largest batch predicted to fit with the margin")
+                return None
+            # Only one run bounds the growth, from above (it is no estimate), its peak left room, and reruns
+            # are left: the next whole sample says more, and makes a second run to measure the growth from.
+            predicted = low + 1
+            how += f"; {low + 1}, one more sample, while reruns are left"
         return self._bounded(predicted, low, high, how, growth.peak_high(predicted))
+
+    def _last_try(self) -> bool:
+        return len(self.attempts) == self.max_tries - 1
+
+    def _halving_candidate(self, low: int, high: int) -> int | None:
+        """The largest batch halving from the failed one would try (half, a quarter...) below ``high``,
+        if it is above ``low``; ``None`` otherwise."""
+        batch = self.failed_batch // 2
+        while batch >= high:
+            batch //= 2
+        return batch if batch > low else None
+
+    def _predicted(self, growth: Growth) -> tuple[int, int, str]:
+        """The largest batch predicted to fit with the margins, the same without them, and how.
+
+        The allocator's replay, where the tries were recorded, decides: it replays the tries' own
+        requests, so it sees every phase of a run (the forward pass, the backward pass, the optimizer's
+        step), what does not grow with the batch and what the allocator cannot use. The line through
+        the measured peaks decides where there is no recording. Either way no batch needs more than the
+        budget by the least growth the failures show (``growth.lowest_slope``)."""
+        replayed = self.replayed_batch()
+        self._chosen_by_replay = replayed is not None
+        if replayed is not None:
+            raw = replayed
+            predicted = self.replayed_batch(REPLAY_MARGIN, max_batch=max(replayed, 1)) or 0
+            how = f"the allocator's replay of the tries fits up to {replayed}"
+            if self._replay_cut_bytes:
+                # A batch the replay said fits did not: the replay under the cap less what that run could
+                # not use is one bound; the failed batch less five margins is another, as the replay was
+                # close in bytes (it saw every request); the larger of the two is tried.
+                near = int(self.smallest_failed * (1 - 5 * REPLAY_MARGIN))
+                if near > predicted:
+                    predicted = raw = near
+                    how = f"{self.smallest_failed}, which the allocator's replay said fits, failed: {near} is 10% below it"
+        else:
+            # The margin is kept from the room above the fixed part: that is where the batch's tensors are
+            # placed, and what varies between runs and fragments; a model's weights do neither.
+            fixed = min(growth.fixed_bytes, self.usable_bytes)
+            target = fixed + (self.usable_bytes - fixed) * (1 - self.margin)
+            predicted = growth.largest_batch(target, sure=True)
+            raw = growth.largest_batch(self.usable_bytes, sure=True)
+            if self._one_batch_measured():
+                held = "its parameters" if self.fixed is not None and self.fixed.surely_held_bytes else "zero"
+                how = f"surest from {growth.anchor[0]}'s peak (line through it and {held})"
+                # One point bounds the growth, it does not estimate it: below the budget there is room to
+                # measure a second point, and the line through both says more.
+                if growth.anchor[1] < target:
+                    raw = max(raw, predicted, self.best or 0) + 1
+            else:
+                how = (f"line through measured peaks: {growth.fixed_bytes / 2**20:.0f} MiB fixed + "
+                       f"{growth.per_sample_bytes / 2**20:.3f} MiB per sample")
+            slowest = lowest_slope(self._fitted_points(), self._failed_points())
+            if slowest > 0:
+                # No batch needing more than the budget by the least growth the failures show.
+                anchor_batch, anchor_peak = growth.anchor
+                bound = int(math.floor(anchor_batch + (self.usable_bytes - anchor_peak) / slowest))
+                predicted, raw = min(predicted, bound), min(raw, bound)
+        return predicted, raw, how
 
     def _probe(self, high: int) -> tuple[int, str, float | None] | None:
         failed_tries = sum(1 for a in self.attempts if not a.fitted)

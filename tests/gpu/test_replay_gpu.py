@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_cudamem.oomfix.replay import StartSegment, events_from_trace, largest_fitting_batch, replay
+from jupyter_cudamem.growth.replay import StartSegment, events_from_trace, largest_fitting_batch, replay
 
 pytestmark = pytest.mark.gpu
 

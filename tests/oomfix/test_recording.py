@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jupyter_cudamem.oomfix.recording import MAX_EVENTS, RecordedRun, Recorder, start_segments
-from jupyter_cudamem.oomfix.replay import StartSegment
+from jupyter_cudamem.growth.replay import StartSegment
 from tests.fakes import FakeAllocator, FakeMachine, MiB
 from tests.oomfix.test_driver import TRAINING_CELL, fail_first, setup
 

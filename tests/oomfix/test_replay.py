@@ -1,6 +1,6 @@
 """The caching-allocator replay: rounding, pools, splitting, the cap's refusal, traces, and the batch search."""
 
-from jupyter_cudamem.oomfix.replay import (
+from jupyter_cudamem.growth.replay import (
     StartSegment,
     block_bytes,
     events_from_trace,
@@ -118,7 +118,7 @@ def test_a_trace_becomes_events_keyed_by_allocation_and_freed_when_completed():
 
 
 def test_runs_too_different_to_pair_cheaply_pair_only_their_common_ends(monkeypatch):
-    from jupyter_cudamem.oomfix import replay as module
+    from jupyter_cudamem.growth import replay as module
 
     first = ["alloc"] + ["alloc", "free"] * 50 + ["free"]
     second = ["alloc"] + ["alloc", "free", "alloc", "free", "free"] * 30 + ["free"]

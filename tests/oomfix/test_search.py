@@ -76,15 +76,19 @@ def test_the_whole_grid_never_reports_a_batch_that_does_not_fit_and_keeps_its_me
 
 
 @pytest.mark.parametrize("ratio", [2, 4, 16, 64])
-def test_without_a_fixed_part_the_first_prediction_holds_and_two_reruns_suffice(ratio):
+def test_without_a_fixed_part_the_first_prediction_holds_and_the_search_ends_with_nothing_predicted_above(ratio):
     # A probe of a few hundred samples: its peak is far above the allocator's rounding, so the surest
-    # batch from it is already at the budget less the margin, and the line through both confirms it.
+    # batch from it is already at the budget less the margin. The search goes on only while a larger
+    # whole batch is predicted to fit (no minimum gain), and ends saying so.
     model = model_for(0.0, 20000, 8, seed=3)
     true = model.largest_fitting(10**6)
     found, reruns, search = search_outcome(model, int(true * ratio) + 1, BUDGET)
     assert found >= 0.93 * true and model.fits(found)
-    assert reruns == 2
+    assert search.attempts[1].fitted and search.attempts[1].batch >= 0.93 * true
+    assert reruns <= 3
     assert search.stopped is not None and search.next() is None
+    if reruns < 3:
+        assert "largest batch predicted to fit" in search.stopped
 
 
 def test_the_probe_assumes_no_ratio_and_a_failed_probe_probes_lower():

@@ -106,6 +106,21 @@ def through_origin(batch: int, peak_bytes: float) -> Growth:
     return Growth(0.0, slope, slope, (batch, peak_bytes))
 
 
+def through_fixed(batch: int, peak_bytes: float, fixed_bytes: float) -> Growth:
+    """The steepest line one measured point allows when ``fixed_bytes`` are held at every moment of the
+    run whatever the batch (the parameters of a model the cell builds): through the point and
+    ``(0, fixed_bytes)``.
+
+    Why it is still sure: a run's peak is the highest of its phases (forward, backward, optimizer step),
+    each a line in the batch whose batch-independent part holds at least ``fixed_bytes``; at ``batch``
+    every phase is at most the measured peak, so each grows by at most ``(peak - fixed) / batch`` per
+    sample, the phase that set the peak or any other. With ``fixed_bytes`` 0 this is ``through_origin``."""
+    if not 0 < fixed_bytes < peak_bytes:
+        return through_origin(batch, peak_bytes)
+    slope = (peak_bytes - fixed_bytes) / batch
+    return Growth(fixed_bytes, slope, slope, (batch, peak_bytes))
+
+
 def fit(points: Iterable[tuple[int, float]]) -> Growth | None:
     """The line through measured ``(batch, peak_bytes)`` points, least squares, with its steepest slope.
 

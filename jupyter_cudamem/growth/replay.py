@@ -103,6 +103,8 @@ class Replay:
     segment_allocs: tuple[int, ...]
     segment_frees: tuple[int, ...]
     refused_tries: tuple[int, ...]
+    allocated_at_failure_bytes: int | None = None
+    reserved_at_failure_bytes: int | None = None
 
 
 @dataclass(eq=False)
@@ -260,6 +262,7 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
     peak_allocated, peak_reserved = allocator.allocated, allocator.reserved
     refused: list[int] = []
     failed_at: int | None = None
+    at_failure: tuple[int | None, int | None] = (None, None)
     for index, (kind, key, size, stream) in enumerate(events):
         if kind == "free":
             block = live.pop(key, None)
@@ -271,6 +274,7 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
         if granted is None:
             if kind == "alloc":
                 failed_at = index
+                at_failure = (allocator.allocated, allocator.reserved)
                 break
             refused.append(index)
         elif kind == "try":
@@ -280,19 +284,26 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
             live[key] = granted
             peak_allocated = max(peak_allocated, allocator.allocated)
     return Replay(failed_at is None, failed_at, peak_allocated, peak_reserved,
-                  tuple(allocator.segment_allocs), tuple(allocator.segment_frees), tuple(refused))
+                  tuple(allocator.segment_allocs), tuple(allocator.segment_frees), tuple(refused), *at_failure)
 
 
 def events_from_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
                       failed: bool = False) -> list[Event]:
-    """Turn a recorded trace into replayable events.
+    """Turn a recorded trace into replayable events (``read_trace`` without what the run left)."""
+    return read_trace(trace, start, failed)[0]
+
+
+def read_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
+               failed: bool = False) -> tuple[list[Event], tuple[tuple[int, int], ...]]:
+    """Turn a recorded trace into replayable events, and say what the run left allocated.
 
     ``alloc`` keys are the event's index (so two runs of the same code give the same keys); a block is
     returned at ``free_completed``, when torch puts it back in the pool. Segment events are dropped: they
     are the allocator's doing, which the replay recomputes. Each ``oom`` event becomes a ``try`` (the
     program caught it), except the last one of a run that ``failed``, which is the allocation that
     raised. A free of an address the trace never allocated and the start did not hold is ignored
-    (memory outside the traced allocator).
+    (memory outside the traced allocator). What the run left is ``(address, key)`` of each allocation
+    it did not free (``held_elsewhere``).
     """
     events: list[Event] = []
     live = dict(start_keys(start))
@@ -308,7 +319,36 @@ def events_from_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSe
             events.append(("free", live.pop(address), 0, stream_id))
         elif action == "oom" and isinstance(size, int):
             events.append(("alloc" if i == fatal else "try", len(events), size, stream_id))
-    return events
+    return events, tuple((address, key) for address, key in live.items() if key >= 0)
+
+
+def allocated_addresses(start: Sequence[StartSegment]) -> frozenset[int]:
+    """The addresses of the blocks allocated in ``start``."""
+    found = set()
+    for segment in start:
+        address = segment.address
+        for size, is_allocated in segment.blocks:
+            if is_allocated:
+                found.add(address)
+            address += size
+    return frozenset(found)
+
+
+def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
+                   start: Sequence[StartSegment]) -> list[Event]:
+    """``events`` as a run from ``start`` makes them: without the allocations an earlier run made and
+    left (``left``, ``(address, key)``) that ``start`` still holds at the same address.
+
+    Why: a run replayed for the next try starts from the segments that try starts with. What the
+    recorded run created once and kept, AdamW's state at its first step, gradients kept after it, is in
+    those segments already, and the next run does not create it again: replayed as recorded it would be
+    counted twice. What the next run does create again (a model the cell builds, set aside before it)
+    is no longer held there, and stays."""
+    held = allocated_addresses(start)
+    again = {key for address, key in left if address in held}
+    if not again:
+        return list(events)
+    return [event for event in events if not (event[0] == "alloc" and event[1] in again)]
 
 
 def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
@@ -412,47 +452,86 @@ def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Even
     return lines, matched / total if total else 1.0
 
 
-def events_at(lines: Sequence[Line], batch: int) -> list[Event]:
-    """The events at ``batch``: each request on its line, rounded up to whole bytes, never below zero
-    (the allocator rounds it further)."""
+def events_at(lines: Sequence[Line], batch: float) -> list[Event]:
+    """The events at ``batch`` (a fraction of a sample too: a margin is taken on the per-sample part):
+    each request on its line, rounded up to whole bytes, never below zero (the allocator rounds it
+    further)."""
     return [(kind, key, max(0, math.ceil(fixed + per_sample * batch)) if kind != "free" else 0, stream)
             for kind, key, stream, fixed, per_sample in lines]
 
 
 def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],
                           batch_second: int, start: Sequence[StartSegment], cap_bytes: int,
-                          max_batch: int = 1 << 30) -> int | None:
+                          max_batch: int = 1 << 30, margin: float = 0.0) -> int | None:
     """The largest batch whose replayed events fit under ``cap_bytes``, from two runs' events.
 
     ``None`` when the two runs do not align: not one request of the larger run can be paired with one
-    of the smaller (a different program ran; no measured line exists). Requests left unpaired where
+    of the smaller (a different program ran; no measured line exists), or one of them made none. Requests left unpaired where
     others pair are proportional to the batch (see ``growth_lines``), which errs towards a smaller
     batch; ``growth_lines`` gives the paired share for a caller that wants to judge it. Doubling from
     the larger measured batch finds a batch that does not fit, then bisection (a replay is assumed to
     fit at every batch below one that fits). Returns ``max_batch`` when even that fits (nothing grows
-    with the batch), 0 when no batch fits.
+    with the batch), 0 when no batch fits. ``margin``: a batch fits when its requests' per-sample parts
+    ``1 + margin`` times as large do (the next run's sizes jitter: another cuDNN algorithm).
     """
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
+    if not any(kind != "free" for kind, *_ in first) or not any(kind != "free" for kind, *_ in second):
+        return None  # a run that allocated nothing was not recorded where the allocations were made
     lines, share = growth_lines(first, batch_first, second, batch_second)
     if share == 0.0:
         return None
-    return _bisect_largest(lambda batch: replay(events_at(lines, batch), start, cap_bytes).fits,
-                           max(batch_first, batch_second), max_batch)
+    unpaired = [i for i, line in enumerate(lines) if line[0] != "free" and line[3] == 0.0 and line[4] > 0.0]
+    return _bisect_largest(_fits_either_way(lines, unpaired, max(batch_first, batch_second), start, cap_bytes,
+                                            margin), max(batch_first, batch_second), max_batch)
 
 
 def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment],
-                                   cap_bytes: int, max_batch: int = 1 << 30) -> int | None:
-    """The same from one run: every request taken as proportional to the batch.
+                                   cap_bytes: int, max_batch: int = 1 << 30,
+                                   batch_independent: Callable[[int], bool] | None = None,
+                                   margin: float = 0.0) -> int | None:
+    """The same from one run: every request taken as proportional to the batch, but those that
+    ``batch_independent`` says do not grow with it (a parameter's size: its gradient, the optimizer's
+    state; ``growth.fixed``), which keep their size.
 
     A request is a fixed part plus a per-sample part, neither negative, so scaling all of it with the
     batch overstates every request above ``batch``: the replay then errs towards a smaller batch, as
-    the line through the origin and one measured peak does (``growth.through_origin``)."""
+    the line through the origin and one measured peak does (``growth.through_origin``). Where the
+    parameters, their gradients and AdamW's state are most of a run (a fine-tune whose largest batch is
+    a few dozen), scaling them too would put the largest batch at 0 or 1."""
     if batch <= 0 or not any(kind != "free" for kind, *_ in events):
         return None
-    lines: list[Line] = [(kind, key, stream, 0.0, 0.0 if kind == "free" else size / batch)
+    fixed = batch_independent or (lambda size: False)
+    lines: list[Line] = [(kind, key, stream, float(size), 0.0) if kind != "free" and fixed(size)
+                         else (kind, key, stream, 0.0, 0.0 if kind == "free" else size / batch)
                          for kind, key, size, stream in events]
-    return _bisect_largest(lambda b: replay(events_at(lines, b), start, cap_bytes).fits, batch, max_batch)
+    temporaries = [i for i in range(len(events) - 1) if events[i][0] != "free" and not fixed(events[i][2])
+                   and events[i + 1][0] == "free" and events[i + 1][1] == events[i][1]]
+    return _bisect_largest(_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin), batch, max_batch)
+
+
+def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_batch: int,
+                     start: Sequence[StartSegment], cap_bytes: int, margin: float) -> Callable[[int], bool]:
+    """Whether a batch fits both when the ``unknown`` requests grow with the batch as their lines say and
+    when they keep the size measured at ``measured_batch`` (margins as in ``largest_fitting_batch``).
+
+    Why both: a request whose growth two runs do not tell (one run, or two sizes that cannot be one
+    tensor's: a workspace another algorithm sized) is either a batch's or a library's. Scaling it errs
+    towards a smaller batch in bytes, but not always in the allocator: a larger block freed early is
+    cached and serves later requests, so a run can fit with the larger block and fail with the real one.
+    The batch must fit either way."""
+    kept = list(lines)
+    for index in unknown:
+        kind, key, stream, fixed, per_sample = lines[index]
+        kept[index] = (kind, key, stream, fixed + per_sample * measured_batch, 0.0)
+
+    def fits(batch: int) -> bool:
+        scaled = batch * (1 + margin)
+        if not replay(events_at(lines, scaled), start, cap_bytes).fits:
+            return False
+        return not unknown or replay(events_at(kept, scaled), start, cap_bytes).fits
+
+    return fits
 
 
 def _bisect_largest(fits: Callable[[int], bool], guess: int, max_batch: int) -> int:

@@ -1,0 +1,16 @@
+"""How a cell's GPU memory grows with its batch size: pure arithmetic, no torch, no IPython.
+
+One room for the memory model that ``%oomfix``'s batch search and ``%%cudamem_plan`` both use:
+
+- ``line``: the peak as ``fixed + per_sample x batch`` fitted from measured peaks, with the steepest
+  slope the allocator's rounding allows;
+- ``fixed``: what does not grow with the batch (parameters, their gradients, the optimizer's state),
+  as read from the objects a cell trains, and which of it a run creates;
+- ``replay``: PyTorch's caching allocator replayed over a run's recorded allocations, to find the
+  largest batch whose allocations fit under a cap.
+"""
+
+from .fixed import FixedMemory
+from .line import Growth, fit, lowest_slope, through_fixed, through_origin, uncertainty
+
+__all__ = ["FixedMemory", "Growth", "fit", "lowest_slope", "through_fixed", "through_origin", "uncertainty"]

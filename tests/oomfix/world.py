@@ -1,0 +1,362 @@
+"""A randomized world of training and inference steps, as PyTorch's caching allocator sees them, to run
+``%oomfix``'s batch search against (``tests/oomfix/test_simulator.py``, ``benchmarks/oomfix_simulated.py``).
+
+Each ``Step`` is a cell: it may build its model (parameters allocated in the run) or train one built in an
+earlier cell (parameters held below the search's reference level); its forward pass keeps activations for
+the backward pass (batch-sized, some with a batch-independent part) and takes a library workspace; its
+backward pass creates the activations' gradients and, where ``.grad`` is ``None``, the parameters'
+gradients; its optimizer step creates the state (0, 1 or 2 tensors per parameter, at the first step
+only) and foreach temporaries; inference frees each activation once the next exists. A tensor's size
+is its shape's; what changes between runs at one batch is the library workspace (another cuDNN
+algorithm, half to one and a half times the size). A run is a list of allocator events, played through the
+project's replay of the caching allocator (``jupyter_cudamem.growth.replay``) under the card's cap:
+rounding to 512 bytes and 2 MiB, segments, splits and fragments are the allocator's, and a failure
+reports what was allocated, what was asked for and what was reserved but unusable, as an OOM does.
+
+The space drawn (``draw``): largest fitting batch 1 to 100,000 (log-uniform), batch-independent memory
+(parameters, gradients, optimizer state, temporaries) 0 to 90% of the card, caps of 4 to 80 GiB, the
+model built in the cell or earlier, optimizer state made at the first step or already there,
+gradients freed or kept, 1 to 12 parameter tensors, 1 to 16 activations, start ratios 1.05 to 100
+(log-uniform). The ground truth (``largest_fitting``) is a noise-free run from the failed cell's state.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from jupyter_cudamem.growth import FixedMemory
+from jupyter_cudamem.growth.replay import Event, StartSegment, block_bytes, replay, segment_bytes
+from jupyter_cudamem.oomfix.recording import RecordedRun
+from jupyter_cudamem.oomfix.search import BatchSearch, Observation
+
+MiB = 2**20
+GiB = 2**30
+CAPS_GIB = (4, 6, 8, 12, 16, 24, 40, 48, 80)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One cell's step (see the module docstring). Sizes in bytes; ``activations`` are
+    ``(fixed_bytes, bytes_per_sample)`` of each tensor kept for the backward pass."""
+
+    cap_bytes: int
+    parameters: tuple[int, ...]
+    built_in_cell: bool
+    training: bool
+    state_per_parameter: int
+    state_exists: bool
+    grads_kept: bool
+    temporaries: tuple[int, ...]  # which parameter tensors the foreach step copies (indices)
+    input_per_sample: float
+    activations: tuple[tuple[float, float], ...]
+    workspace_bytes: int
+    noise: float
+
+    # -- what persists ------------------------------------------------------------------------------
+    def held_at_start(self, stepped: bool) -> list[int]:
+        """The tensors allocated when a run starts: a model built earlier and, once a training step has
+        run (``stepped``, or before the failed cell), its optimizer's state and kept gradients."""
+        if self.built_in_cell:
+            return []  # the rerun sets the last model aside and builds its own
+        held = list(self.parameters)
+        if self.training and (stepped or self.state_exists):
+            held += [p for p in self.parameters for _ in range(self.state_per_parameter)]
+            if self.grads_kept:
+                held += list(self.parameters)
+        return held
+
+    def fixed_memory(self, stepped: bool) -> FixedMemory:
+        """What ``attribution.training_state`` would read from the namespace before a run."""
+        created = not self.built_in_cell and self.training and (stepped or self.state_exists)
+        params = sum(self.parameters)
+        return FixedMemory(
+            parameters_bytes=params if self.built_in_cell else 0,
+            gradients_bytes=0 if not self.training or (created and self.grads_kept) else params,
+            optimizer_state_bytes=0 if not self.training or created else params * self.state_per_parameter,
+            tensor_bytes=frozenset(self.parameters),
+        )
+
+    # -- one run ------------------------------------------------------------------------------------
+    def events(self, batch: int, stepped: bool, rng: random.Random | None) -> tuple[list[Event], dict[int, int]]:
+        """The run's events, and for each allocation that stays after it (optimizer state, kept gradients)
+        where it sits in ``held_at_start(stepped=True)``: the list the next run starts with."""
+        events: list[Event] = []
+        stays: dict[int, int] = {}
+        count = len(self.parameters)
+
+        def alloc(size: float) -> int:
+            key = len(events)
+            events.append(("alloc", key, max(int(size), 1), 0))
+            return key
+
+        def free(key: int) -> None:
+            events.append(("free", key, 0, 0))
+
+        jitter = 1.0 if rng is None else rng.uniform(1 - self.noise, 1 + self.noise)
+        has_state = not self.built_in_cell and (stepped or self.state_exists)
+        has_grads = has_state and self.grads_kept
+        if self.built_in_cell:
+            for size in self.parameters:
+                alloc(size)
+        x = alloc(self.input_per_sample * batch)
+        kept: list[tuple[int, float]] = []
+        middle = len(self.activations) // 2
+        for index, (fixed, per_sample) in enumerate(self.activations):
+            size = fixed + per_sample * batch
+            key = alloc(size)
+            if not self.training and kept:
+                free(kept.pop()[0])
+            kept.append((key, size))
+            if index == middle and self.workspace_bytes:
+                # A library's workspace: its size is the algorithm's, which another run may pick otherwise.
+                free(alloc(self.workspace_bytes * jitter))
+        if self.training:
+            grads: list[int] = []
+            pending = list(self.parameters) if not has_grads else []
+            share = max(1, math.ceil(len(pending) / max(len(kept), 1)))
+            previous: int | None = None
+            for key, size in reversed(kept):
+                gradient = alloc(size)
+                if previous is not None:
+                    free(previous)
+                free(key)
+                previous = gradient
+                for _ in range(min(share, len(pending))):
+                    index = len(pending) - 1
+                    grads.append(alloc(pending.pop()))
+                    stays[grads[-1]] = count * (1 + self.state_per_parameter) + index
+            if previous is not None:
+                free(previous)
+            while pending:
+                index = len(pending) - 1
+                grads.append(alloc(pending.pop()))
+                stays[grads[-1]] = count * (1 + self.state_per_parameter) + index
+            if not has_state:
+                for size in self.parameters:
+                    for _ in range(self.state_per_parameter):
+                        stays[alloc(size)] = count + len([k for k, v in stays.items() if v < count * (1 + self.state_per_parameter)])
+            temporaries = [alloc(self.parameters[i]) for i in self.temporaries]
+            for key in temporaries:
+                free(key)
+            if not self.grads_kept:
+                for key in grads:
+                    free(key)
+                    stays.pop(key, None)
+        else:
+            for key, _ in kept:
+                free(key)
+        free(x)
+        if self.built_in_cell:
+            stays.clear()  # the next run sets the model and its optimizer aside and builds its own
+        return events, stays
+
+
+def start_segments(held: list[int]) -> tuple[StartSegment, ...]:
+    """Each held tensor in a segment of its own, as after ``empty_cache()`` (a simplification: the real
+    allocator packs small tensors together)."""
+    segments = []
+    address = 1 << 40
+    for size in held:
+        block = block_bytes(size)
+        segment = segment_bytes(block)
+        small = block <= 1 << 20
+        rest = segment - block
+        if small or rest > 1 << 20:
+            blocks = ((block, True),) + (((rest, False),) if rest else ())
+        else:
+            blocks = ((segment, True),)
+        segments.append(StartSegment(address, small, blocks))
+        address += segment + (1 << 30)
+    return tuple(segments)
+
+
+def _allocated(segments: tuple[StartSegment, ...]) -> int:
+    return sum(size for s in segments for size, used in s.blocks if used)
+
+
+def _reserved(segments: tuple[StartSegment, ...]) -> int:
+    return sum(size for s in segments for size, _ in s.blocks)
+
+
+@dataclass
+class Run:
+    fitted: bool
+    peak_bytes: int  # above the run's start; what it held when it failed
+    need_bytes: int | None
+    stuck_bytes: int | None
+    recorded: RecordedRun
+
+
+def run(step: Step, batch: int, stepped: bool, rng: random.Random | None) -> Run:
+    segments = start_segments(step.held_at_start(stepped))
+    start = _allocated(segments)
+    events, stays = step.events(batch, stepped, rng)
+    result = replay(events, segments, step.cap_bytes)
+    after = start_segments(step.held_at_start(True))
+    left = tuple((after[index].address, key) for key, index in stays.items() if index < len(after))
+    recorded = RecordedRun(segments, tuple(events), left)
+    if result.fits:
+        return Run(True, result.peak_allocated_bytes - start, None, None, recorded)
+    assert result.failed_at is not None and result.allocated_at_failure_bytes is not None
+    held = result.allocated_at_failure_bytes - start
+    stuck = (result.reserved_at_failure_bytes or 0) - result.allocated_at_failure_bytes
+    return Run(False, held, held + block_bytes(events[result.failed_at][2]), stuck, recorded)
+
+
+def largest_fitting(step: Step, limit: int = 10**7) -> int:
+    """The largest batch that fits from the failed cell's state, by doubling then bisection (0: none)."""
+    low, high = 0, 1
+    while run(step, high, False, None).fitted:
+        if high >= limit:
+            return limit
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if run(step, middle, False, None).fitted:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def halving(step: Step, start: int, seed: int) -> int:
+    """The seeds' loop: half the batch after each OOM, until one fits (0: none did); each run with the
+    same jitter between runs as the search's."""
+    rng = random.Random(seed)
+    batch = start // 2
+    while batch >= 1 and not run(step, batch, False, rng).fitted:
+        batch //= 2
+    return batch
+
+
+@dataclass(frozen=True)
+class Case:
+    step: Step
+    largest: int
+    start: int
+    found: int
+    reruns: int
+    halving: int
+
+    @property
+    def met_goal(self) -> bool:
+        bar = self.largest - 1 if self.largest <= 10 else 0.90 * self.largest
+        return self.found >= bar and self.reruns <= 3
+
+    @property
+    def worse_than_halving(self) -> bool:
+        return self.found < self.halving
+
+    @property
+    def fixed_share(self) -> float:
+        step = self.step
+        params = sum(step.parameters)
+        fixed = params
+        if step.training:
+            fixed += params * (1 + step.state_per_parameter) + sum(step.parameters[i] for i in step.temporaries)
+        return fixed / step.cap_bytes
+
+
+def search(step: Step, start: int, seed: int, max_tries: int = 3, recorded: bool = True,
+           restored: bool = True) -> tuple[int, int, BatchSearch]:
+    """``%oomfix``'s search from a failure at ``start``, as the driver runs it: every figure above the
+    reference level (what the failed cell started with), the level and the allocator's segments handed
+    over before each try. ``recorded=False`` plays a torch without the allocator's history;
+    ``restored=False`` a fix that could not put the model and optimizer back before each rerun (their
+    host copy would not fit), so a try that fitted leaves its optimizer state and kept gradients to the
+    next."""
+    rng = random.Random(seed)
+    failed = run(step, start, False, rng)
+    assert not failed.fitted, "the start must fail"
+    reference_segments = start_segments(step.held_at_start(False))
+    reference = _allocated(reference_segments)
+    budget = step.cap_bytes - _reserved(reference_segments) + (_reserved(reference_segments) - reference)
+    policy = BatchSearch(start, budget, max_tries=max_tries, need_bytes=failed.need_bytes,
+                         stuck_bytes=failed.stuck_bytes or None, fixed=step.fixed_memory(False))
+    stepped = False
+    while True:
+        segments = start_segments(step.held_at_start(stepped))
+        level = _allocated(segments) - reference
+        policy.set_level(level)
+        policy.set_allocator(segments if recorded else None, step.cap_bytes if recorded else None)
+        batch = policy.next()
+        if batch is None:
+            break
+        result = run(step, batch, stepped, rng)
+        if result.fitted:
+            observation = Observation(True, peak_bytes=result.peak_bytes + level, start_bytes=level,
+                                      recorded=result.recorded if recorded else None)
+            stepped = (stepped or step.training) and not restored
+        else:
+            observation = Observation(False, need_bytes=(result.need_bytes or 0) + level,
+                                      held_bytes=result.peak_bytes + level, start_bytes=level,
+                                      stuck_bytes=result.stuck_bytes or None)
+        policy.record(batch, observation)
+    return policy.best or 0, len(policy.attempts), policy
+
+
+def draw(rng: random.Random) -> tuple[Step, int, int] | None:
+    """One step, its start batch and its largest fitting batch, from the space in the module docstring;
+    ``None`` when the drawn step cannot fit a batch of 1 (it is drawn again)."""
+    cap = rng.choice(CAPS_GIB) * GiB
+    target = int(round(math.exp(rng.uniform(0, math.log(100_000)))))
+    share = rng.uniform(0.0, 0.9)
+    training = rng.random() < 0.8
+    state_per_parameter = rng.choices((0, 1, 2), (0.15, 0.2, 0.65))[0] if training else 0
+    n_params = rng.randint(1, 12)
+    weights = [rng.uniform(0.2, 1.0) for _ in range(n_params)]
+    temporaries = tuple(i for i in range(n_params) if rng.random() < 0.6) if training and rng.random() < 0.6 else ()
+    temp_share = sum(weights[i] for i in temporaries) / sum(weights)
+    copies = 1 + (1 + state_per_parameter + temp_share if training else 0)
+    params_total = share * cap / copies
+    parameters = tuple(max(int(params_total * w / sum(weights)), 512) for w in weights)
+    n_acts = rng.randint(1, 16)
+    act_weights = [rng.uniform(0.1, 1.0) for _ in range(n_acts)]
+    room = cap * 0.97 - share * cap
+    if room <= 0:
+        return None
+    per_sample = room / target / (1.05 if training else 0.5)
+    # Batch-major activations, a few with a small batch-independent part (a class token, padding), and
+    # a few batch-independent tensors kept for the backward pass (masks, position tables).
+    activations = [(rng.uniform(0, 1) * per_sample * w / sum(act_weights) if rng.random() < 0.2 else 0.0,
+                    per_sample * w / sum(act_weights)) for w in act_weights]
+    for _ in range(rng.choice((0, 0, 1, 3))):
+        activations.insert(rng.randrange(len(activations) + 1), (rng.uniform(0, 0.05) * room, 0.0))
+    built = rng.random() < 0.5
+    step = Step(
+        cap_bytes=cap,
+        parameters=parameters,
+        built_in_cell=built,
+        training=training,
+        state_per_parameter=state_per_parameter,
+        state_exists=(not built) and training and rng.random() < 0.3,
+        grads_kept=training and rng.random() < 0.3,
+        temporaries=temporaries,
+        input_per_sample=per_sample * rng.uniform(0.0, 0.1),
+        activations=tuple(activations),
+        workspace_bytes=rng.choice((0, 8 * MiB, 32 * MiB, 64 * MiB, int(0.02 * room))),
+        noise=0.5,
+    )
+    largest = largest_fitting(step)
+    if largest < 1 or largest >= 10**7:
+        return None
+    ratio = math.exp(rng.uniform(math.log(1.05), math.log(100)))
+    start = max(int(round(largest * ratio)), largest + 1)
+    if start < 2 or run(step, start, False, random.Random(0)).fitted:
+        return None
+    return step, start, largest
+
+
+def cases(count: int, seed: int, recorded: bool = True, restored: bool = True) -> list[Case]:
+    rng = random.Random(seed)
+    out: list[Case] = []
+    while len(out) < count:
+        drawn = draw(rng)
+        if drawn is None:
+            continue
+        step, start, largest = drawn
+        found, reruns, _ = search(step, start, seed=len(out), recorded=recorded, restored=restored)
+        out.append(Case(step, largest, start, found, reruns, halving(step, start, seed=len(out))))
+    return out
