@@ -289,6 +289,7 @@ class OomFix(CudaMemMagicsBase):
             transform=self.shell.transform_cell,
             margin=self.margin,
             oom_of=self._oom_of,
+            probe=self.probe,
         )
         device = oom.device_index if oom is not None and oom.device_index is not None else 0
         before = None if allocated_at_start is None else allocated_at_start.get(device)
@@ -297,7 +298,7 @@ class OomFix(CudaMemMagicsBase):
             with self._recorder.paused():
                 outcome = driver.fix(source, None, self.shell.user_ns, freed_bytes=cleaned.freed_bytes, oom=oom,
                                      allocated_before=before, history=input_history(self.shell),
-                                     cell_number=cell_number)
+                                     cell_number=cell_number, cleaned=cleaned)
         finally:
             self._try_oom = None
         outcome = dataclasses.replace(outcome, cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes))

@@ -1,7 +1,8 @@
 """Free what a failed cell left behind, and measure what that gave back.
 
-Order matters: references are released first (IPython's, then any variable the user named with
-``--del``), then ``gc.collect()`` breaks the cycles a traceback forms (a frame refers to its locals,
+Order matters: what was held before the failed cell is released first and measured on its own (the
+output cache of earlier cells, then each variable the user named with ``--del``), then the failed
+cell's own references (its traceback's frames, ``sys.last_*``), then ``gc.collect()`` breaks the cycles a traceback forms (a frame refers to its locals,
 an exception to its traceback, the traceback to the frame), and only then can ``empty_cache()`` return
 the allocator's freed blocks to the driver. Bytes freed are measured through the allocator before and
 after, on every device PyTorch has initialised.
@@ -19,7 +20,7 @@ from ..hardware import Hardware
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
-from .ipython_state import release_ipython_references
+from .ipython_state import release_ipython_references, release_output_cache
 
 
 @dataclass(frozen=True, repr=False)
@@ -37,6 +38,11 @@ class CleanupResult(TextReport):
     deleted: tuple[str, ...]
     before: dict[int, AllocatorReading] = field(default_factory=dict)
     after: dict[int, AllocatorReading] = field(default_factory=dict)
+    freed_output_cache_bytes: int | None = None
+    freed_by_name: dict[str, int | None] = field(default_factory=dict)
+    """What releasing the output cache freed, and what deleting each ``--del`` variable freed (allocated
+    bytes, each measured on its own, before the failed cell's own frames are released): memory held
+    before the failed cell, except a variable the cell itself binds, which a rerun makes again."""
 
     def summary(self) -> str:
         """One line for the user."""
@@ -88,12 +94,24 @@ def cleanup(
             "Check the spelling (--del takes names of your own variables, e.g. --del model)"
         )
     before = hardware.allocator_readings()
-    cleared = release_ipython_references(shell, exception, holds_cuda)
-    exception = None  # our own reference must not outlive the release
+    # What was held before the failed cell goes first, each measured on its own (a rerun does not make it
+    # again, so it is room the rerun has that the failed cell did not): the output cache of earlier cells
+    # (a failed cell puts nothing there) and the variables named with --del.
+    cached = release_output_cache(shell, holds_cuda)
+    gc.collect()
+    after_cache = hardware.allocator_readings()
+    freed_by_name: dict[str, int | None] = {}
     deleted = []
+    last = after_cache
     for name in dict.fromkeys(delete_names):
         shell.del_var(name)
         deleted.append(name)
+        gc.collect()
+        now = hardware.allocator_readings()
+        freed_by_name[name] = _freed(last, now, "allocated_bytes")
+        last = now
+    cleared = cached + release_ipython_references(shell, exception, holds_cuda)
+    exception = None  # our own reference must not outlive the release
     gc.collect()
     if before:
         hardware.allocator.empty_cache()
@@ -105,4 +123,6 @@ def cleanup(
         deleted=tuple(deleted),
         before=before or {},
         after=after or {},
+        freed_output_cache_bytes=_freed(before, after_cache, "allocated_bytes"),
+        freed_by_name=freed_by_name,
     )

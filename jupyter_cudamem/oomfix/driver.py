@@ -29,10 +29,14 @@ from ..measure import Meter
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
 from ..advice import build_suggestions
+from ..attribution.probe import TensorProbe, default_probe
+from ..attribution.training_state import fixed_memory
+from ..growth import FixedMemory
 from ..batch import BatchChange, BatchFinding, Knob, find_batch
 from ..cell.edit import CellDiff, wrap_in_autocast
 from ..cell.source import ParsedCell, default_transform, parse_cell
 from ..cell.traits import cell_traits
+from .cleanup import CleanupResult
 from .leftovers import Mover, SetAside, TorchMover, names_bound_before_read, restore_bindings, set_aside
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
@@ -82,6 +86,22 @@ def reserved_limit_bytes(hardware: Hardware, torch_index: int) -> int | None:
     return None if found is None else found[0] + found[1].reserved_bytes
 
 
+def _lacked_bytes(oom: OomInfo) -> int | None:
+    """How much more room the allocation that failed needed than the process had then: the request less
+    what was free for it (under a per-process cap, the cap less what the process held; never more than
+    the device had free). ``None`` where the message does not say."""
+    if oom.requested_bytes is None:
+        return None
+    free = []
+    if oom.allowed_bytes is not None and oom.process_bytes is not None:
+        free.append(oom.allowed_bytes - oom.process_bytes)
+    if oom.free_bytes is not None:
+        free.append(oom.free_bytes)
+    if not free:
+        return None
+    return max(oom.requested_bytes - max(min(free), 0), 0)
+
+
 def needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | None:
     """A lower bound of what the failed cell needs above what it started with: what it had allocated
     when it failed (less what was allocated when it started), plus the allocation that failed."""
@@ -123,6 +143,7 @@ class Driver:
     margin: float = 0.04
     mover: Mover | None = None
     oom_of: Callable[[BaseException], OomInfo | None] | None = None
+    probe: TensorProbe | None = None
 
     def __post_init__(self) -> None:
         self.max_tries = check_max_tries(self.max_tries)
@@ -138,6 +159,7 @@ class Driver:
         self._reference: int | None = None  # allocated bytes every try's figures are taken from
         self._cells: dict[str, ParsedCell | None] = {}  # every source of this fix, parsed once (``_parsed``)
         self._recorder = Recorder(self.hardware.allocator)
+        self._fixed: FixedMemory | None = None  # what the cell's step holds whatever its batch
 
     # -- one measured try -------------------------------------------------------------------------
     def _allocated(self, device: int) -> int | None:
@@ -229,6 +251,7 @@ class Driver:
         history: Sequence[str] | None = None,
         cell_number: int | None = None,
         finding: BatchFinding | None = None,
+        cleaned: CleanupResult | None = None,
     ) -> Outcome:
         """Try the strategies on ``source``, which failed with ``error``; cleanup has already run.
 
@@ -238,7 +261,8 @@ class Driver:
         when the failed cell started: with the OOM's figures it bounds what the cell needs, which
         decides whether a plain rerun can fit and where the batch search starts. ``history`` is
         IPython's input history (``In``) and ``cell_number`` the failed cell's ``k``, so the batch is
-        found in the earlier cells that set it; ``finding`` a finding already made for this cell.
+        found in the earlier cells that set it; ``finding`` a finding already made for this cell;
+        ``cleaned`` the cleanup's result, whose figures say what it freed that was held before the cell.
         """
         self._namespace = namespace
         self._history = history
@@ -254,6 +278,10 @@ class Driver:
         if finding is None and "batch" in self.strategies:
             finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number,
                                  parsed=self._parsed(source))
+        traits = cell_traits(source, transform, self._parsed(source))
+        # Read before the models the cell builds again are set aside (on the host, they count nothing).
+        self._fixed = fixed_memory(namespace or {}, self._bound_again(source),
+                                   self.probe if self.probe is not None else default_probe(), traits.trains)
         aside = self._set_aside(source, device)
         if allocated_before is None and freed_bytes is not None:
             # Unknown: at most what is allocated now plus what the cleanup and the set-aside freed
@@ -267,7 +295,6 @@ class Driver:
         # so later tries start higher, and a peak measured from a higher start would mix two scales.
         self._reference = self._allocated(device)
         need = needed_bytes(oom, allocated_before)
-        traits = cell_traits(source, transform, self._parsed(source))
         fragmented = bool(oom is not None and oom.looks_fragmented)
         fitted: TryResult | None = None
         strategy: str | None = None
@@ -279,8 +306,7 @@ class Driver:
             if fitted is not None or self._left() <= 0:
                 break
             if name == "cleanup":
-                fitted = self._cleanup_alone(source, oom, freed_bytes, need, budget, fragmented, device,
-                                             allocated_before)
+                fitted = self._cleanup_alone(source, oom, need, budget, device, cleaned)
             elif name == "batch" and finding is not None:
                 # The batch is the data (inference over a whole tensor): chunks over all of it, or a refusal.
                 whole = whole_data_decision(finding, namespace, transform, self._parsed(finding.source))
@@ -375,58 +401,57 @@ class Driver:
         return [] if parsed is None or parsed.header_lines else names_bound_before_read(parsed.tree)
 
     # -- strategies ---------------------------------------------------------------------------------
-    def _cleanup_alone(
-        self,
-        source: str,
-        oom: OomInfo | None,
-        freed_bytes: int | None,
-        needed: int | None,
-        budget: int | None,
-        fragmented: bool,
-        device: int,
-        allocated_before: int | None = None,
-    ) -> TryResult | None:
-        gained = self._room_gained(allocated_before, device)
-        asked = None if oom is None else oom.requested_bytes
+    def _cleanup_alone(self, source: str, oom: OomInfo | None, needed: int | None, budget: int | None,
+                       device: int, cleaned: CleanupResult | None) -> TryResult | None:
+        """The cell as it is, once, where the figures say it can fit after the cleanup.
+
+        A rerun makes again everything the failed cell made, its fragments included (before raising an
+        OOM, PyTorch's allocator has already released its unused cached blocks and retried): what the
+        cleanup freed of the failed cell's own (its traceback's frames, the model it built) is no room a
+        rerun has. Only what was held before the cell and is gone now is (the output cache of earlier
+        cells, a variable deleted with ``--del`` that the cell does not bind), and the rerun gets past the
+        allocation that failed only if that is at least what the allocation lacked then."""
         if oom is None:
-            reason = "as written"  # the cell has not failed yet (``%%oomfix``)
-        elif needed is not None and budget is not None and needed > budget:
+            return self._plain("as written", source, device)  # the cell has not failed yet (``%%oomfix``)
+        if needed is not None and budget is not None and needed > budget:
             self._notes.append(
                 f"skipped a plain rerun: the cell needs at least {format_bytes(needed)} "
                 f"(what it held when it failed plus the allocation that failed), {format_bytes(budget)} is free"
             )
             return None
-        elif gained is not None and asked is not None and gained < asked:
-            # The cell would start where it started when it failed, under the same cap: run again, it
-            # makes the same allocations and fails the same way, fragmentation included (before raising
-            # an OOM, PyTorch's allocator has already released its unused cached blocks and retried).
-            self._notes.append(
-                f"skipped a plain rerun: it would start with what the failed cell started with "
-                f"(freed {format_bytes(max(gained, 0))}, less than the {format_bytes(asked)} "
-                "allocation that failed) and fail the same way"
-            )
+        gained, held_by = self._freed_from_before(source, cleaned)
+        lacked = _lacked_bytes(oom)
+        if not gained:
+            self._notes.append("skipped a plain rerun: the cleanup freed only what the failed cell had made, "
+                               "which a rerun makes again, and it would fail the same way")
             return None
-        elif fragmented:
-            reason = "the failure looked like fragmentation"
-        elif needed is not None and budget is not None:
-            reason = f"at least {format_bytes(needed)} needed, {format_bytes(budget)} free now"
-        else:
-            # What the cell held when it failed is unknown: a plain rerun is worth it only when the
-            # cleanup freed more than the allocation that failed.
-            if freed_bytes is None or asked is None or freed_bytes < asked:
-                self._notes.append(
-                    f"skipped a plain rerun: cleanup freed {format_bytes(freed_bytes)}, less than the "
-                    f"{format_bytes(asked)} allocation that failed"
-                )
-                return None
-            reason = "cleanup freed more than the allocation that failed"
+        what = f"{format_bytes(gained)} held before the cell ({', '.join(held_by)})"
+        if lacked is not None and gained < lacked:
+            self._notes.append(f"skipped a plain rerun: the cleanup freed {what}, less than the "
+                               f"{format_bytes(lacked)} the allocation that failed lacked")
+            return None
+        lacking = "" if lacked is None else f"; the allocation that failed lacked {format_bytes(lacked)}"
+        return self._plain(f"the cleanup freed {what}{lacking}", source, device)
+
+    def _plain(self, reason: str, source: str, device: int) -> TryResult | None:
         result = self._try("cleanup", source, reason, device)
         return result if result.fitted else None
 
-    def _room_gained(self, allocated_before: int | None, device: int) -> int | None:
-        """How much less is allocated now than when the failed cell started (``None`` when unknown)."""
-        now = self._allocated(device)
-        return None if allocated_before is None or now is None else allocated_before - now
+    def _freed_from_before(self, source: str, cleaned: CleanupResult | None) -> tuple[int, list[str]]:
+        """What the cleanup freed that was held before the failed cell: the output cache, and each
+        variable deleted with ``--del`` that the cell does not bind (one it binds, it made)."""
+        if cleaned is None:
+            return 0, []
+        rebound = set(self._bound_again(source))
+        gained, held_by = 0, []
+        if cleaned.freed_output_cache_bytes:
+            gained += cleaned.freed_output_cache_bytes
+            held_by.append("the output cache")
+        for name, freed in cleaned.freed_by_name.items():
+            if freed and name not in rebound:
+                gained += freed
+                held_by.append(name)
+        return gained, held_by
 
     def _batch_knob(self, finding: BatchFinding) -> Knob | None:
         """The knob the batch strategy changes: the one place where it is chosen (a check that a knob
@@ -452,7 +477,7 @@ class Driver:
         namespace = self._namespace if isinstance(self._namespace, MutableMapping) else {}
         change = BatchChange(finding, knob, namespace, list(self._history or []))
         search = BatchSearch(knob.value, budget, max_tries=self._left(), margin=self.margin, need_bytes=need,
-                             stuck_bytes=stuck)
+                             stuck_bytes=stuck, fixed=self._fixed)
         best: TryResult | None = None
         while self._left() > 0:
             if self._tries:

@@ -387,11 +387,14 @@ def release_ipython_references(
         shell._last_traceback = None
         released.append("the kernel's last formatted traceback")
 
-    released.extend(_release_output_cache(shell, holds_cuda))
+    released.extend(release_output_cache(shell, holds_cuda))
     return released
 
 
-def _release_output_cache(shell: Any, holds_cuda: Callable[[object], bool]) -> list[str]:
+def release_output_cache(shell: Any, holds_cuda: Callable[[object], bool] | None = None) -> list[str]:
+    """Drop the output-cache entries (``Out``, ``_N``, ``_``...) that reach CUDA memory (``holds_cuda``);
+    one line per entry released."""
+    holds_cuda = holds_cuda if holds_cuda is not None else reaches_cuda
     released: list[str] = []
     user_ns = shell.user_ns
     hidden = getattr(shell, "user_ns_hidden", {})

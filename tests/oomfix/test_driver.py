@@ -7,6 +7,7 @@ import contextlib
 import pytest
 
 from jupyter_cudamem.errors import CudaMemError
+from jupyter_cudamem.oomfix.cleanup import CleanupResult
 from jupyter_cudamem.oomfix.driver import Driver, headroom_bytes
 from jupyter_cudamem.advice import accumulation_plan, build_suggestions
 from jupyter_cudamem.cell.traits import cell_traits
@@ -71,16 +72,58 @@ def test_linear_cell_is_fixed_near_the_largest_batch_in_three_reruns():
     assert machine.gpus[0].allocated == 256 * MiB  # nothing left allocated by the tries
 
 
-def test_cleanup_alone_when_the_failure_left_enough_behind():
+def _cleaned(cache_bytes: int = 0, **by_name: int) -> CleanupResult:
+    """What the magic's cleanup reports: freed from the output cache and per ``--del`` variable."""
+    total = cache_bytes + sum(by_name.values())
+    return CleanupResult(total, total, (), tuple(by_name), freed_output_cache_bytes=cache_bytes,
+                         freed_by_name=dict(by_name))
+
+
+def test_cleanup_alone_when_the_cleanup_freed_what_was_held_before_the_cell():
     machine, cell, namespace, run, driver, _ = setup(held=0)
     source = TRAINING_CELL.format(batch=600)  # 600 fits an empty card
-    machine.allocate(0, 3 * GiB)  # what the failure's traceback held
+    machine.allocate(0, 3 * GiB)  # an earlier cell's output, in Out, when the cell ran
     error = fail_first(run, source)
     machine.free(0, 3 * GiB)  # the cleanup the magic runs first
-    outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB)
+    outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB, cleaned=_cleaned(3 * GiB))
     assert outcome.strategy == "cleanup" and outcome.reruns == 1
     assert outcome.fixed_source == source and outcome.diff == ""
     assert "fits unchanged after cleanup" in outcome.headline()
+    assert "3.00 GiB held before the cell (the output cache)" in outcome.tries[0].reason
+
+
+def test_a_deleted_variable_the_cell_does_not_bind_is_room_for_a_plain_rerun():
+    machine, cell, namespace, run, driver, _ = setup(held=0)
+    source = TRAINING_CELL.format(batch=600)
+    machine.allocate(0, 3 * GiB)  # `features`, made in an earlier cell, deleted with --del
+    error = fail_first(run, source)
+    machine.free(0, 3 * GiB)
+    outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB, cleaned=_cleaned(features=3 * GiB))
+    assert outcome.strategy == "cleanup"
+    assert "(features)" in outcome.tries[0].reason
+
+
+def test_what_the_failed_cell_made_is_no_room_for_a_plain_rerun():
+    # The cleanup freed 3 GiB, all of it the failed cell's own (its traceback's frames, a variable the cell
+    # binds): a rerun makes it again. Seen on the H100: BERT built in the failing cell, 5.3 GiB freed, the
+    # plain rerun failed the same way.
+    machine, cell, namespace, run, driver, _ = setup(held=0)
+    source = "x = 1\n" + TRAINING_CELL.format(batch=4000)
+    error = fail_first(run, source)
+    outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB, cleaned=_cleaned(x=3 * GiB))
+    assert all(t.strategy == "batch" for t in outcome.tries)
+    assert any("freed only what the failed cell had made" in note for note in outcome.notes)
+
+
+def test_a_plain_rerun_needs_what_the_failed_allocation_lacked():
+    machine, cell, namespace, run, driver, _ = setup(held=0)
+    source = TRAINING_CELL.format(batch=4000)
+    error = fail_first(run, source)
+    # What the cell held when it started is not known: the failed allocation's shortfall decides.
+    outcome = driver.fix(source, error, namespace, cleaned=_cleaned(MiB))
+    assert all(t.strategy == "batch" for t in outcome.tries)
+    note = next(note for note in outcome.notes if "skipped a plain rerun" in note)
+    assert "1.00 MiB held before the cell (the output cache), less than the" in note and "lacked" in note
 
 
 def test_plain_rerun_is_skipped_when_cleanup_freed_too_little():
@@ -311,7 +354,8 @@ def test_plain_rerun_is_judged_by_what_the_cell_itself_needed():
     source = TRAINING_CELL.format(batch=600)
     error = fail_first(run, source)
     cell.machine.free(0, 3 * GiB)
-    outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB, allocated_before=256 * MiB + 3 * GiB)
+    outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB, allocated_before=256 * MiB + 3 * GiB,
+                         cleaned=_cleaned(3 * GiB))
     assert [t.strategy for t in outcome.tries] == ["cleanup"] and outcome.fitted
 
 

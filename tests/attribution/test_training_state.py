@@ -1,0 +1,52 @@
+"""What a training step holds whatever its batch, read from the namespace (attribution/training_state.py)."""
+
+import torch
+
+from jupyter_cudamem.attribution.probe import TensorProbe
+from jupyter_cudamem.attribution.training_state import fixed_memory
+
+CPU = TensorProbe((torch.Tensor,), (torch.nn.Module,), (torch.optim.Optimizer,), on_device=lambda t: True)
+
+
+def test_a_fresh_adamw_will_make_two_tensors_per_parameter_and_a_model_built_in_the_cell_counts_its_weights():
+    model = torch.nn.Linear(100, 10)  # 1000 + 10 float32: 4,040 bytes
+    optimizer = torch.optim.AdamW(model.parameters())
+    fixed = fixed_memory({"model": model, "optimizer": optimizer}, rebuilt={"model", "optimizer"}, probe=CPU)
+    assert fixed is not None
+    assert fixed.parameters_bytes == 4040
+    assert fixed.gradients_bytes == 4040
+    assert fixed.optimizer_state_bytes == 2 * 4040
+    assert fixed.tensor_bytes >= {4000, 40}
+    assert fixed.is_parameter_sized(4000) and not fixed.is_parameter_sized(4 * 4000)
+
+
+def test_after_a_step_nothing_is_left_to_create_and_a_model_from_an_earlier_cell_is_below_the_reference():
+    model = torch.nn.Linear(100, 10)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 100)).sum().backward()
+    optimizer.step()
+    fixed = fixed_memory({"model": model, "opt": optimizer}, rebuilt=set(), probe=CPU)
+    assert fixed is not None
+    assert (fixed.parameters_bytes, fixed.gradients_bytes, fixed.optimizer_state_bytes) == (0, 0, 0)
+
+
+def test_sgd_with_momentum_makes_one_tensor_and_inference_makes_none():
+    model = torch.nn.Linear(10, 10)  # 110 float32: 440 bytes
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    assert fixed_memory({"m": model, "o": sgd}, set(), CPU).optimizer_state_bytes == 440
+    inference = fixed_memory({"m": model, "o": sgd}, set(), CPU, trains=False)
+    assert (inference.gradients_bytes, inference.optimizer_state_bytes) == (0, 0)
+
+
+def test_models_in_a_dict_are_found_and_shared_parameters_count_once():
+    encoder = torch.nn.Linear(10, 10)
+    model = torch.nn.Sequential(encoder, torch.nn.ReLU())
+    fixed = fixed_memory({"models": {"encoder": encoder, "full": model}}, rebuilt={"models"}, probe=CPU)
+    assert fixed.parameters_bytes == 440 and fixed.gradients_bytes == 440
+
+
+def test_nothing_on_the_device_is_no_reading():
+    model = torch.nn.Linear(10, 10)
+    assert fixed_memory({"m": model}, set(), TensorProbe((torch.Tensor,), (torch.nn.Module,), ())) is None
+    assert fixed_memory({"x": 1}, set(), CPU) is None
+    assert fixed_memory({"m": model}, set(), None) is None
