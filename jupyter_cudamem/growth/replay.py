@@ -460,19 +460,31 @@ def events_at(lines: Sequence[Line], batch: float) -> list[Event]:
             for kind, key, stream, fixed, per_sample in lines]
 
 
-def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],
-                          batch_second: int, start: Sequence[StartSegment], cap_bytes: int,
-                          max_batch: int = 1 << 30, margin: float = 0.0) -> int | None:
-    """The largest batch whose replayed events fit under ``cap_bytes``, from two runs' events.
+@dataclass(frozen=True)
+class Fitting:
+    """Whether a batch fits, by replaying requests put on lines through measured runs (``fitting``,
+    ``fitting_from_one``); ``largest`` the largest batch that does."""
+
+    fits: Callable[[int], bool]
+    could_fit: Callable[[int], bool]  # quick, and only rules batches out
+    measured_batch: int
+
+    def largest(self, max_batch: int = 1 << 30) -> int:
+        """The largest batch up to ``max_batch`` that fits (``max_batch`` when even that fits: nothing grows
+        with the batch; 0 when none does). Fitting is assumed at every batch below one that fits."""
+        return _largest(self.fits, self.could_fit, self.measured_batch, max_batch)
+
+
+def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
+            start: Sequence[StartSegment], cap_bytes: int, margin: float = 0.0) -> Fitting | None:
+    """Whether a batch fits under ``cap_bytes``, from two runs' events.
 
     ``None`` when the two runs do not align: not one request of the larger run can be paired with one
-    of the smaller (a different program ran; no measured line exists), or one of them made none. Requests left unpaired where
-    others pair are proportional to the batch (see ``growth_lines``), which errs towards a smaller
-    batch; ``growth_lines`` gives the paired share for a caller that wants to judge it. Doubling from
-    the larger measured batch finds a batch that does not fit, then bisection (a replay is assumed to
-    fit at every batch below one that fits). Returns ``max_batch`` when even that fits (nothing grows
-    with the batch), 0 when no batch fits. ``margin``: a batch fits when its requests' per-sample parts
-    ``1 + margin`` times as large do (the next run's sizes jitter: another cuDNN algorithm).
+    of the smaller (a different program ran; no measured line exists), or one of them made none.
+    Requests left unpaired where others pair must fit both as proportional to the batch and at their
+    measured size (``_fits_either_way``); ``growth_lines`` gives the paired share for a caller that
+    wants to judge it. ``margin``: a batch fits when its requests' per-sample parts ``1 + margin`` times
+    as large do (the next run is another run: another cuDNN algorithm, a block of rounding).
     """
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
@@ -482,23 +494,23 @@ def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequ
     if share == 0.0:
         return None
     unpaired = [i for i, line in enumerate(lines) if line[0] != "free" and line[3] == 0.0 and line[4] > 0.0]
-    return _bisect_largest(_fits_either_way(lines, unpaired, max(batch_first, batch_second), start, cap_bytes,
-                                            margin), max(batch_first, batch_second), max_batch)
+    measured = max(batch_first, batch_second)
+    return Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin), measured)
 
 
-def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment],
-                                   cap_bytes: int, max_batch: int = 1 << 30,
-                                   batch_independent: Callable[[int], bool] | None = None,
-                                   margin: float = 0.0) -> int | None:
+def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment], cap_bytes: int,
+                     batch_independent: Callable[[int], bool] | None = None,
+                     margin: float = 0.0) -> Fitting | None:
     """The same from one run: every request taken as proportional to the batch, but those that
     ``batch_independent`` says do not grow with it (a parameter's size: its gradient, the optimizer's
-    state; ``growth.fixed``), which keep their size.
+    state; ``growth.fixed``), which keep their size; a temporary (freed before the next request) must fit
+    both ways.
 
     A request is a fixed part plus a per-sample part, neither negative, so scaling all of it with the
-    batch overstates every request above ``batch``: the replay then errs towards a smaller batch, as
-    the line through the origin and one measured peak does (``growth.through_origin``). Where the
-    parameters, their gradients and AdamW's state are most of a run (a fine-tune whose largest batch is
-    a few dozen), scaling them too would put the largest batch at 0 or 1."""
+    batch overstates every request above ``batch``: the replay then errs towards a smaller batch in
+    bytes, as the line through the origin and one measured peak does (``growth.through_origin``). Where
+    the parameters, their gradients and AdamW's state are most of a run (a fine-tune whose largest batch
+    is a few dozen), scaling them too would put the largest batch at 0 or 1."""
     if batch <= 0 or not any(kind != "free" for kind, *_ in events):
         return None
     fixed = batch_independent or (lambda size: False)
@@ -507,11 +519,29 @@ def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: S
                          for kind, key, size, stream in events]
     temporaries = [i for i in range(len(events) - 1) if events[i][0] != "free" and not fixed(events[i][2])
                    and events[i + 1][0] == "free" and events[i + 1][1] == events[i][1]]
-    return _bisect_largest(_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin), batch, max_batch)
+    return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin), batch)
+
+
+def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],
+                          batch_second: int, start: Sequence[StartSegment], cap_bytes: int,
+                          max_batch: int = 1 << 30, margin: float = 0.0) -> int | None:
+    """``fitting(...).largest(max_batch)``; ``None`` where the runs give no fitting."""
+    found = fitting(first, batch_first, second, batch_second, start, cap_bytes, margin)
+    return None if found is None else found.largest(max_batch)
+
+
+def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment],
+                                   cap_bytes: int, max_batch: int = 1 << 30,
+                                   batch_independent: Callable[[int], bool] | None = None,
+                                   margin: float = 0.0) -> int | None:
+    """``fitting_from_one(...).largest(max_batch)``; ``None`` where the run gives no fitting."""
+    found = fitting_from_one(events, batch, start, cap_bytes, batch_independent, margin)
+    return None if found is None else found.largest(max_batch)
 
 
 def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_batch: int,
-                     start: Sequence[StartSegment], cap_bytes: int, margin: float) -> Callable[[int], bool]:
+                     start: Sequence[StartSegment], cap_bytes: int,
+                     margin: float) -> tuple[Callable[[int], bool], Callable[[int], bool]]:
     """Whether a batch fits both when the ``unknown`` requests grow with the batch as their lines say and
     when they keep the size measured at ``measured_batch`` (margins as in ``largest_fitting_batch``).
 
@@ -519,27 +549,65 @@ def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_bat
     tensor's: a workspace another algorithm sized) is either a batch's or a library's. Scaling it errs
     towards a smaller batch in bytes, but not always in the allocator: a larger block freed early is
     cached and serves later requests, so a run can fit with the larger block and fail with the real one.
-    The batch must fit either way."""
+    The batch must fit either way, with its per-sample parts ``1 + margin`` and ``1 + margin / 2`` times as
+    large. Returned with a quick test that only rules batches out (their allocated bytes alone pass the
+    cap)."""
     kept = list(lines)
     for index in unknown:
         kind, key, stream, fixed, per_sample = lines[index]
         kept[index] = (kind, key, stream, fixed + per_sample * measured_batch, 0.0)
 
+    held = sum(size for segment in start for size, used in segment.blocks if used)
+    variants = [lines, kept] if unknown else [lines]
+
+    def could_fit(batch: int) -> bool:
+        # Reserved bytes are never below allocated ones: a run whose allocated bytes alone pass the cap
+        # fails whatever the allocator does.
+        return all(peak_allocated_bytes(events_at(v, batch * (1 + margin)), held) <= cap_bytes for v in variants)
+
     def fits(batch: int) -> bool:
-        scaled = batch * (1 + margin)
-        if not replay(events_at(lines, scaled), start, cap_bytes).fits:
-            return False
-        return not unknown or replay(events_at(kept, scaled), start, cap_bytes).fits
+        # Across the sizes the next run may have: the caching allocator is not monotone in them (a block a
+        # little larger is cached where a later request reuses it), so fitting at the margin alone is luck.
+        return all(replay(events_at(v, batch * scale), start, cap_bytes).fits
+                   for scale in (1 + margin, 1 + margin / 2) for v in variants)
 
-    return fits
+    return fits, could_fit
 
 
-def _bisect_largest(fits: Callable[[int], bool], guess: int, max_batch: int) -> int:
-    """Double from ``guess`` until a batch does not fit (or ``max_batch`` does), then the standard
-    library's bisection for the first batch between the two that does not fit."""
-    low, high = 0, max(1, guess)
-    while fits(high):
-        if high >= max_batch:
-            return max_batch
-        low, high = high, min(2 * high, max_batch)
-    return low + bisect.bisect_left(range(low + 1, high), True, key=lambda batch: not fits(batch))
+def peak_allocated_bytes(events: Sequence[Event], start_bytes: int = 0) -> int:
+    """The most ``events`` hold allocated at once, with ``start_bytes`` held from the start (blocks rounded
+    as the allocator rounds them; a ``try``, which the run survives being refused, counts nothing)."""
+    live: dict[int, int] = {}
+    now = peak = start_bytes
+    for kind, key, size, _ in events:
+        if kind == "free":
+            now -= live.pop(key, 0)
+        elif kind == "alloc":
+            block = block_bytes(size)
+            live[key] = block
+            now += block
+            peak = max(peak, now)
+    return peak
+
+
+def _largest(fits: Callable[[int], bool], could_fit: Callable[[int], bool], guess: int, max_batch: int) -> int:
+    """The largest batch up to ``max_batch`` that ``fits`` (0 when none does; fitting assumed at every batch
+    below one that fits).
+
+    ``could_fit`` is a quick test that only rules batches out: the largest batch it leaves is found first
+    (doubling from ``guess``, then the standard library's bisection), and is often the answer; below it
+    the search steps down in widening steps to a batch that fits, then bisects, so the costly ``fits``
+    (a replay) runs a handful of times, not twice the batch's bits."""
+    if could_fit(max_batch):
+        bound = max_batch
+    else:
+        low, high = 0, max(1, min(guess, max_batch))
+        while could_fit(high):
+            low, high = high, min(2 * high, max_batch)
+        bound = low + bisect.bisect_left(range(low + 1, high), True, key=lambda batch: not could_fit(batch))
+    if bound <= 0 or fits(bound):
+        return max(bound, 0)
+    failed, step = bound, max(1, bound // 256)
+    while (below := max(bound - step, 0)) > 0 and not fits(below):
+        failed, step = below, 2 * step
+    return below + bisect.bisect_left(range(below + 1, failed), True, key=lambda batch: not fits(batch))

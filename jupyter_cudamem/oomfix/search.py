@@ -72,6 +72,7 @@ Pure arithmetic: no torch, no IPython. Sizes in bytes.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..growth import FixedMemory, Growth, fit, lowest_slope, through_fixed
@@ -103,6 +104,12 @@ cached blocks makes a run that fits with 2% smaller sizes fit or fail at the sam
 (a bytes margin off the cap moved nothing there); where a sample is a few percent of the card (a
 fine-tune whose largest batch is a few dozen) it costs a sample only when the batch fits with less
 than 2% of a sample's requests to spare."""
+
+JITTER = 0.005
+"""How much two runs of a step at one batch differ: peaks measured twice differ by up to half a percent
+(cuDNN or cuBLAS picking another algorithm and workspace; the project's ``benchmarks/oomfix.py`` runs on
+the H100). A batch that fits with this much to spare but not with the margin is "predicted to fit but for
+the margin": the search still tries it while reruns are left."""
 
 MARGIN = 0.04
 """The fraction of the room above the fixed part that a predicted batch leaves unused: peaks of a step
@@ -228,9 +235,11 @@ class BatchSearch:
         what the replay plays from and under (``None``: no replay)."""
         self._segments, self._reserved_limit = segments, reserved_limit_bytes
 
-    def replayed_batch(self, margin: float = 0.0, max_batch: int | None = None) -> int | None:
-        """The largest batch whose replay fits (see the module docstring), each request's per-sample part
-        taken ``1 + margin`` times as large; ``None`` without a replay."""
+    def replayed(self, margin: float = 0.0) -> replay.Fitting | None:
+        """Whether a batch fits, by the allocator's replay of the two largest recorded tries that fitted (of
+        one, where only one did), from the segments the next try starts with, under the cap less what a
+        failed try showed the replay does not see; each request's per-sample part taken ``1 + margin``
+        times as large. ``None`` without a replay (see the module docstring)."""
         if self._segments is None or self._reserved_limit is None:
             return None
         runs: dict[int, RecordedRun] = {}
@@ -240,17 +249,19 @@ class BatchSearch:
         if not runs:
             return None
         cap = self._reserved_limit - self._replay_cut_bytes
-        top = max(self.smallest_failed - 1, 1) if max_batch is None else max_batch
         batches = sorted(runs)
         if len(batches) == 1:
             fixed = self.fixed.is_parameter_sized if self.fixed is not None else None
-            return replay.largest_fitting_batch_from_one(runs[batches[0]].events_from(self._segments), batches[0],
-                                                         self._segments, cap, max_batch=top,
-                                                         batch_independent=fixed, margin=margin)
+            return replay.fitting_from_one(runs[batches[0]].events_from(self._segments), batches[0], self._segments,
+                                           cap, batch_independent=fixed, margin=margin)
         low, high = batches[-2], batches[-1]
-        return replay.largest_fitting_batch(runs[low].events_from(self._segments), low,
-                                            runs[high].events_from(self._segments), high, self._segments,
-                                            cap, max_batch=top, margin=margin)
+        return replay.fitting(runs[low].events_from(self._segments), low, runs[high].events_from(self._segments),
+                              high, self._segments, cap, margin=margin)
+
+    def replayed_batch(self, margin: float = 0.0) -> int | None:
+        """The largest batch below the smallest that failed whose replay fits (``replayed``)."""
+        found = self.replayed(margin)
+        return None if found is None else found.largest(max(self.smallest_failed - 1, 1))
 
     def growth(self) -> Growth | None:
         """The memory model the fitted tries give (``None`` before any fit was measured), for a try
@@ -352,58 +363,81 @@ class BatchSearch:
             return self._probe(high)
         if self._contradictions >= 2:
             return self._bounded((low + high) // 2, low, high, "bisection (the line was contradicted twice)", None)
-        predicted, raw, how = self._predicted(growth)
-        predicted, raw = min(predicted, high - 1), min(raw, high - 1)
-        halving = self._halving_candidate(low, raw + 1)
-        if halving is not None and predicted < halving <= raw and (not self._last_try() or 2 * low >= halving):
-            # Predicted to fit but for the margin, and the batch halving from the failed one would try:
-            # fitting it, the search ends on at least what halving ends on.
-            return self._bounded(halving, low, high, f"{how}; {halving}, halving's, fits but for the margin",
-                                 growth.peak_high(halving))
-        if predicted <= low:
-            fixed = min(growth.fixed_bytes, self.usable_bytes)
-            target = fixed + (self.usable_bytes - fixed) * (1 - self.margin)
-            if not (self._one_batch_measured() and growth.anchor[1] < target):
-                self.stop(f"{how}: {low}, which fitted, is the largest batch predicted to fit with the margin")
-                return None
-            # Only one run bounds the growth, from above (it is no estimate), its peak left room, and reruns
-            # are left: the next whole sample says more, and makes a second run to measure the growth from.
-            predicted = low + 1
-            how += f"; {low + 1}, one more sample, while reruns are left"
-        return self._bounded(predicted, low, high, how, growth.peak_high(predicted))
+        predicted, how = self._predicted(growth)
+        predicted = min(predicted, high - 1)
+        nominal = self._nominal(growth)
+        for halving in self._halving_candidates(max(low, predicted), high):
+            if (not self._last_try() or 2 * low >= halving) and nominal(halving):
+                # A batch halving from the failed one would try, predicted to fit but for the margin: fitting
+                # it, the search ends on at least what halving ends on (on the last rerun, only where what
+                # fitted is at least halving's next batch below it, so that a failure costs nothing either).
+                return self._bounded(halving, low, high, f"{how}; {halving}, halving's, fits but for the margin",
+                                     growth.peak_high(halving))
+        if predicted > low:
+            return self._bounded(predicted, low, high, how, growth.peak_high(predicted))
+        # No larger batch is predicted to fit with the margin; a rerun is left.
+        if nominal(low + 1):
+            return self._bounded(low + 1, low, high, f"{how}; {low + 1} fits but for the margin, and a rerun is left",
+                                 growth.peak_high(low + 1))
+        untried = next(iter(self._halving_candidates(low, high)), None)
+        if untried is not None and 2 * low >= untried:
+            # Halving's next batch is untried: a rerun of it ends the search on no less than halving ends on,
+            # fitted or not (if it fails, halving's next is at most what fitted).
+            return self._bounded(untried, low, high, f"{how}; {untried}, halving's next batch, is untried",
+                                 growth.peak_high(untried))
+        fixed = min(growth.fixed_bytes, self.usable_bytes)
+        if self._one_batch_measured() and growth.anchor[1] < fixed + (self.usable_bytes - fixed) * (1 - self.margin):
+            # Only one run bounds the growth, from above (it is no estimate), its peak left room: the next
+            # whole sample says more, and makes a second run to measure the growth from.
+            return self._bounded(low + 1, low, high, f"{how}; {low + 1}, one more sample, while reruns are left",
+                                 growth.peak_high(low + 1))
+        self.stop(f"{how}: {low}, which fitted, is the largest batch predicted to fit")
+        return None
+
+    def _nominal(self, growth: Growth) -> Callable[[int], bool]:
+        """Whether a batch fits but for the margin, that is with only what runs at one batch differ by
+        (``JITTER``): by the replay, or by the line with its steepest slope."""
+        if self._chosen_by_replay:
+            plain = self.replayed(JITTER)
+            if plain is not None:
+                return plain.fits
+        fixed = min(growth.fixed_bytes, self.usable_bytes)
+        largest = growth.largest_batch(fixed + (self.usable_bytes - fixed) * (1 - JITTER), sure=True)
+        return lambda batch: largest >= batch
 
     def _last_try(self) -> bool:
         return len(self.attempts) == self.max_tries - 1
 
-    def _halving_candidate(self, low: int, high: int) -> int | None:
-        """The largest batch halving from the failed one would try (half, a quarter...) below ``high``,
-        if it is above ``low``; ``None`` otherwise."""
-        batch = self.failed_batch // 2
-        while batch >= high:
+    def _halving_candidates(self, low: int, high: int) -> list[int]:
+        """The batches halving from the failed one tries (half, a quarter...) between ``low`` and ``high``,
+        largest first."""
+        found, batch = [], self.failed_batch // 2
+        while batch > low:
+            if batch < high:
+                found.append(batch)
             batch //= 2
-        return batch if batch > low else None
+        return found
 
-    def _predicted(self, growth: Growth) -> tuple[int, int, str]:
-        """The largest batch predicted to fit with the margins, the same without them, and how.
+    def _predicted(self, growth: Growth) -> tuple[int, str]:
+        """The largest batch predicted to fit with the margins, and how.
 
         The allocator's replay, where the tries were recorded, decides: it replays the tries' own
         requests, so it sees every phase of a run (the forward pass, the backward pass, the optimizer's
         step), what does not grow with the batch and what the allocator cannot use. The line through
         the measured peaks decides where there is no recording. Either way no batch needs more than the
         budget by the least growth the failures show (``growth.lowest_slope``)."""
-        replayed = self.replayed_batch()
+        replayed = self.replayed_batch(REPLAY_MARGIN)
         self._chosen_by_replay = replayed is not None
         if replayed is not None:
-            raw = replayed
-            predicted = self.replayed_batch(REPLAY_MARGIN, max_batch=max(replayed, 1)) or 0
-            how = f"the allocator's replay of the tries fits up to {replayed}"
+            predicted = replayed
+            how = f"the allocator's replay of the tries fits up to {replayed} with a {REPLAY_MARGIN:.0%} margin"
             if self._replay_cut_bytes:
                 # A batch the replay said fits did not: the replay under the cap less what that run could
                 # not use is one bound; the failed batch less five margins is another, as the replay was
                 # close in bytes (it saw every request); the larger of the two is tried.
                 near = int(self.smallest_failed * (1 - 5 * REPLAY_MARGIN))
                 if near > predicted:
-                    predicted = raw = near
+                    predicted = near
                     how = f"{self.smallest_failed}, which the allocator's replay said fits, failed: {near} is 10% below it"
         else:
             # The margin is kept from the room above the fixed part: that is where the batch's tensors are
@@ -411,14 +445,9 @@ class BatchSearch:
             fixed = min(growth.fixed_bytes, self.usable_bytes)
             target = fixed + (self.usable_bytes - fixed) * (1 - self.margin)
             predicted = growth.largest_batch(target, sure=True)
-            raw = growth.largest_batch(self.usable_bytes, sure=True)
             if self._one_batch_measured():
                 held = "its parameters" if self.fixed is not None and self.fixed.surely_held_bytes else "zero"
                 how = f"surest from {growth.anchor[0]}'s peak (line through it and {held})"
-                # One point bounds the growth, it does not estimate it: below the budget there is room to
-                # measure a second point, and the line through both says more.
-                if growth.anchor[1] < target:
-                    raw = max(raw, predicted, self.best or 0) + 1
             else:
                 how = (f"line through measured peaks: {growth.fixed_bytes / 2**20:.0f} MiB fixed + "
                        f"{growth.per_sample_bytes / 2**20:.3f} MiB per sample")
@@ -427,8 +456,8 @@ class BatchSearch:
                 # No batch needing more than the budget by the least growth the failures show.
                 anchor_batch, anchor_peak = growth.anchor
                 bound = int(math.floor(anchor_batch + (self.usable_bytes - anchor_peak) / slowest))
-                predicted, raw = min(predicted, bound), min(raw, bound)
-        return predicted, raw, how
+                predicted = min(predicted, bound)
+        return predicted, how
 
     def _probe(self, high: int) -> tuple[int, str, float | None] | None:
         failed_tries = sum(1 for a in self.attempts if not a.fitted)

@@ -16,7 +16,7 @@ reports what was allocated, what was asked for and what was reserved but unusabl
 The space drawn (``draw``): largest fitting batch 1 to 100,000 (log-uniform), batch-independent memory
 (parameters, gradients, optimizer state, temporaries) 0 to 90% of the card, caps of 4 to 80 GiB, the
 model built in the cell or earlier, optimizer state made at the first step or already there,
-gradients freed or kept, 1 to 12 parameter tensors, 1 to 16 activations, start ratios 1.05 to 100
+gradients freed or kept, 4 to 40 parameter tensors, 1 to 16 activations, start ratios 1.05 to 100
 (log-uniform). The ground truth (``largest_fitting``) is a noise-free run from the failed cell's state.
 """
 
@@ -305,7 +305,7 @@ def draw(rng: random.Random) -> tuple[Step, int, int] | None:
     share = rng.uniform(0.0, 0.9)
     training = rng.random() < 0.8
     state_per_parameter = rng.choices((0, 1, 2), (0.15, 0.2, 0.65))[0] if training else 0
-    n_params = rng.randint(1, 12)
+    n_params = rng.randint(4, 40)
     weights = [rng.uniform(0.2, 1.0) for _ in range(n_params)]
     temporaries = tuple(i for i in range(n_params) if rng.random() < 0.6) if training and rng.random() < 0.6 else ()
     temp_share = sum(weights[i] for i in temporaries) / sum(weights)

@@ -1,0 +1,95 @@
+"""Benchmark: ``%oomfix``'s batch search on 10,000 simulated steps that span where users are.
+
+The world is ``tests/oomfix/world.py`` (what it draws is in its docstring): every run is played through
+the project's model of PyTorch's caching allocator, so rounding, segments, fragments and a workspace that
+another algorithm sizes otherwise between runs are in it. Halving from the same start, with the same
+jitter between runs, is the peer. Runs on CPU, two processes; about ten minutes on two cores.
+
+    python benchmarks/oomfix_simulated.py            # writes benchmarks/results/oomfix_simulated.json
+    python benchmarks/oomfix_simulated.py --models 500 --out /tmp/x.json
+
+The result: ``models``, ``met_goal`` and ``worse_than_halving`` (counts), the same by regime (largest
+fitting batch <= 10, 11-64, 65-1000, > 1000; batch-independent share under or over half of the card)
+with the minimum and median of found/largest, and the same without the allocator's history (the line
+alone, as on a torch that cannot record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+for path in (REPO, REPO / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+from tests.oomfix import world  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results" / "oomfix_simulated.json"
+SEED = 2026
+
+
+def _chunk(args: tuple[int, int, bool]) -> list[dict]:
+    count, seed, recorded = args
+    return [{"largest": c.largest, "start": c.start, "found": c.found, "reruns": c.reruns, "halving": c.halving,
+             "fixed_share": round(c.fixed_share, 4), "built_in_cell": c.step.built_in_cell,
+             "training": c.step.training, "met_goal": c.met_goal, "worse_than_halving": c.worse_than_halving}
+            for c in world.cases(count, seed, recorded=recorded)]
+
+
+def regime(case: dict) -> str:
+    largest = case["largest"]
+    size = "<=10" if largest <= 10 else "11-64" if largest <= 64 else "65-1000" if largest <= 1000 else ">1000"
+    return f"largest {size}, fixed {'>=' if case['fixed_share'] >= 0.5 else '<'} 0.5"
+
+
+def summary(cases: list[dict]) -> dict:
+    groups: dict[str, list[dict]] = {}
+    for case in cases:
+        groups.setdefault(regime(case), []).append(case)
+    def stats(group: list[dict]) -> dict:
+        ratios = [c["found"] / c["largest"] for c in group]
+        return {"models": len(group), "met_goal": sum(c["met_goal"] for c in group),
+                "worse_than_halving": sum(c["worse_than_halving"] for c in group),
+                "min": round(min(ratios), 4), "median": round(statistics.median(ratios), 4),
+                "max_reruns": max(c["reruns"] for c in group)}
+    return {**stats(cases), "regimes": {name: stats(groups[name]) for name in sorted(groups)}}
+
+
+def run(models: int, recorded: bool, workers: int = 2) -> list[dict]:
+    per = -(-models // (4 * workers))
+    jobs = [(min(per, models - i * per), SEED + i, recorded) for i in range(-(-models // per))]
+    with ProcessPoolExecutor(workers) as pool:
+        return [case for chunk in pool.map(_chunk, jobs) for case in chunk]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, default=10_000)
+    parser.add_argument("--line-models", type=int, default=2_000, help="models for the run without the history")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    replayed = run(args.models, recorded=True)
+    line = run(args.line_models, recorded=False)
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()} CPU (the world is simulated)",
+        "versions": {"python": platform.python_version()},
+        "goal": "found >= largest - 1 where largest <= 10, else >= 0.90 x largest; at most 3 reruns",
+        "models": len(replayed),
+        **{key: value for key, value in summary(replayed).items()},
+        "without_history": summary(line),
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "regimes"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
