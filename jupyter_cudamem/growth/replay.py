@@ -39,7 +39,7 @@ import bisect
 import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal, Sequence
+from typing import Callable, Collection, Iterable, Literal, Sequence
 
 MIN_BLOCK_BYTES = 512
 """Every request is rounded up to a multiple of this (torch's ``kMinBlockSize``)."""
@@ -499,12 +499,11 @@ def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], b
 
 
 def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment], cap_bytes: int,
-                     batch_independent: Callable[[int], bool] | None = None,
+                     batch_independent: Collection[int] = (),
                      margin: float = 0.0) -> Fitting | None:
-    """The same from one run: every request taken as proportional to the batch, but those that
-    ``batch_independent`` says do not grow with it (a parameter's size: its gradient, the optimizer's
-    state; ``growth.fixed``), which keep their size; a temporary (freed before the next request) must fit
-    both ways.
+    """The same from one run: every request taken as proportional to the batch, but those whose keys
+    ``batch_independent`` lists (the optimizer's state, a model's parameters: ``growth.fixed``), which
+    keep their size; a temporary (freed before the next request) must fit both ways.
 
     A request is a fixed part plus a per-sample part, neither negative, so scaling all of it with the
     batch overstates every request above ``batch``: the replay then errs towards a smaller batch in
@@ -513,11 +512,11 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
     is a few dozen), scaling them too would put the largest batch at 0 or 1."""
     if batch <= 0 or not any(kind != "free" for kind, *_ in events):
         return None
-    fixed = batch_independent or (lambda size: False)
-    lines: list[Line] = [(kind, key, stream, float(size), 0.0) if kind != "free" and fixed(size)
+    fixed = set(batch_independent)
+    lines: list[Line] = [(kind, key, stream, float(size), 0.0) if kind != "free" and key in fixed
                          else (kind, key, stream, 0.0, 0.0 if kind == "free" else size / batch)
                          for kind, key, size, stream in events]
-    temporaries = [i for i in range(len(events) - 1) if events[i][0] != "free" and not fixed(events[i][2])
+    temporaries = [i for i in range(len(events) - 1) if events[i][0] != "free" and events[i][1] not in fixed
                    and events[i + 1][0] == "free" and events[i + 1][1] == events[i][1]]
     return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin), batch)
 
@@ -532,7 +531,7 @@ def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequ
 
 def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment],
                                    cap_bytes: int, max_batch: int = 1 << 30,
-                                   batch_independent: Callable[[int], bool] | None = None,
+                                   batch_independent: Collection[int] = (),
                                    margin: float = 0.0) -> int | None:
     """``fitting_from_one(...).largest(max_batch)``; ``None`` where the run gives no fitting."""
     found = fitting_from_one(events, batch, start, cap_bytes, batch_independent, margin)

@@ -13,24 +13,33 @@ What it uses, all measured (``jupyter_cudamem.growth`` holds the memory model):
   measured after the cleanup). Every figure is read from that one reference level: a try that fits
   leaves state the user keeps (gradients, an optimizer's first-step state), so later tries start higher
   (``set_level``), and that state counts against them;
-- **the batch-independent part** (weights, optimizer state or a model built in the cell): never
-  assumed zero. One measured peak bounds it from above only (it is at most that peak), so the first
-  prediction is the line through the origin and that point, which fits whatever the fixed part is;
-  two measured peaks fit it (``growth.fit``), and the third try aims at the budget with the steepest
-  slope the rounding of the measurements allows.
+- **the batch-independent part** (``growth.FixedMemory``, read from the namespace's models and
+  optimizers before any rerun): the parameters of a model the cell builds again (held at every moment
+  of a run after it is built), and the sizes of single parameter tensors, so that a recorded request of
+  such a size (a gradient, AdamW's state, a foreach temporary, autocast's copy) is taken as not growing
+  with the batch. Without it one measured peak bounds the growth from above only: the line through that
+  peak and zero (through the built parameters, where known), which fits whatever the fixed part is;
+  two measured peaks fit it (``growth.fit``).
 
 The tries, in order:
 
 1. **Probe** at ``failed x min(1, budget / need) / FIRST_PROBE_DIVISOR``: nothing measured says how
-   much too big the failed batch was, so the probe must fit for any start the goal covers (up to 64x
-   the largest batch that fits) -- see ``FIRST_PROBE_DIVISOR``. A failed probe probes again,
-   ``AGAIN_PROBE_DIVISOR`` lower.
-2. **The surest large batch**: from the probe's peak through the origin (see above). When the fixed
-   part is small this already lands at the budget less the margin, and the search ends after two
-   reruns (the line through both points finds nothing worth a rerun).
-3. **The line through the measured points**, aimed at the budget less ``margin``, extrapolated from the
-   largest batch measured with the steepest slope the measurements allow, and never above what a
-   failure's lower bound of need allows.
+   much too big the failed batch was (a failure's need is only "more than the budget"), so the probe
+   must fit for any start the goal covers (up to 64x the largest batch that fits) -- see
+   ``FIRST_PROBE_DIVISOR``. A failed probe probes again, ``AGAIN_PROBE_DIVISOR`` lower. Its peak may be
+   mostly weights, gradients and optimizer state (a fine-tune whose largest batch is a few dozen): the
+   replay below tells those requests apart by their size, so the probe still measures the per-sample part.
+2. **The largest batch the allocator's replay of the probe fits** (below), each request that is not a
+   parameter's size scaled with the batch: a bound from above on every phase of the run (forward,
+   backward, optimizer step), so this try fits and lands where its peak is mostly the batch's.
+3. **The largest batch the replay of the two tries fits**, each request on the line its two sizes give:
+   an estimate, not a bound.
+
+Every prediction keeps a margin; the search stops only when no larger whole batch is predicted to fit.
+While reruns are left, a batch predicted to fit but for the margin (with the jitter of runs at one
+batch, ``JITTER``) is tried too, halving's batches (half the failed one, a quarter...) first: fitting
+one, the search ends on no less than halving would. A gain of one sample is a gain: there is no
+minimum share.
 
 A failure whose bytes fit the budget (what it held plus what it asked for is within it) failed on the
 allocator's fragments: its OOM message says how much PyTorch held reserved but could not use for the
@@ -50,17 +59,17 @@ held all the line gave it, means the peak is not a line: bisection between the l
 fitted and the smallest that failed.
 
 **The allocator's replay.** Where PyTorch recorded the tries' allocations (``recording``), the search
-replays them through a model of its caching allocator under the cap (``replay``): requests on the
-line their two measured sizes give (one measured run: each request proportional to the batch, as
-the line through the origin), frees in their order, from the segments the next try starts with. The
-largest batch whose replay fits, less ``REPLAY_MARGIN``, bounds every prediction: it sees the pieces
-of split segments that no allocation can use, which a line on allocated bytes cannot. Measured on the
-H100 (``benchmarks/fit_limit.py``), the cap left 22% more than the allocated peak of the largest
-fitting batch for an MLP, 13% for an LSTM, 9% for a GRU, 1-3% for convnets. From two runs at 0.3x
-and 0.6x of it, replays put that batch at 0.97-1.00 of it for eight of the sweep's nine workloads and
-0.90 for a CNN whose cuDNN workspace is optional (the replay takes a request it saw granted as
-needed), never above; the line through the same two runs overshot by up to 23%
-(``benchmarks/replay.py``).
+replays them through a model of its caching allocator under the cap (``growth.replay``), from the
+segments the next try starts with, without what an earlier try left that those segments still hold
+(AdamW's state made at the probe's first step is not made again). It decides every prediction: it sees
+every phase of a run and the pieces of split segments that no allocation can use, which a line on
+allocated peaks cannot (measured on the H100 by ``benchmarks/fit_limit.py``: the cap left 22% more
+than the allocated peak of the largest fitting batch for an MLP, 13% for an LSTM, 9% for a GRU, 1-3%
+for convnets; from two runs at 0.3x and 0.6x of it, replays put that batch at 0.97-1.00 of it for eight
+of nine workloads and 0.90 for a CNN whose cuDNN workspace is optional, never above, where the line
+through the same two runs overshot by up to 23%: ``benchmarks/replay.py``). The line and the failures'
+figures decide where nothing was recorded. A try the replay said fits and that failed lowers the replay's
+cap by what PyTorch held but could not use then, and the next try is at least 10% below the failure.
 
 The line is fitted on allocated peaks, not reserved ones: under a cap cuDNN asks for its largest
 convolution workspace first and settles for less when refused, so a CNN's reserved peak reached a
@@ -251,8 +260,9 @@ class BatchSearch:
         cap = self._reserved_limit - self._replay_cut_bytes
         batches = sorted(runs)
         if len(batches) == 1:
-            fixed = self.fixed.is_parameter_sized if self.fixed is not None else None
-            return replay.fitting_from_one(runs[batches[0]].events_from(self._segments), batches[0], self._segments,
+            run = runs[batches[0]]
+            fixed = run.kept(self.fixed.is_parameter_sized) if self.fixed is not None else frozenset()
+            return replay.fitting_from_one(run.events_from(self._segments), batches[0], self._segments,
                                            cap, batch_independent=fixed, margin=margin)
         low, high = batches[-2], batches[-1]
         return replay.fitting(runs[low].events_from(self._segments), low, runs[high].events_from(self._segments),

@@ -146,7 +146,6 @@ def test_every_try_starts_where_the_failed_cell_started_when_tries_fail_in_forwa
     for forward_mib, backward_mib in ((60, 1), (2, 60)):  # fails in forward / in backward
         outcome, machine, namespace, started = _fix(forward_mib, backward_mib)
         assert outcome.fitted, outcome.text()
-        assert any(not t.fitted for t in outcome.tries) or len(outcome.tries) <= 2
         for t in outcome.tries:
             assert t.allocated_at_start_bytes == started, (forward_mib, t)
             if not t.fitted:

@@ -16,7 +16,9 @@ reports what was allocated, what was asked for and what was reserved but unusabl
 The space drawn (``draw``): largest fitting batch 1 to 100,000 (log-uniform), batch-independent memory
 (parameters, gradients, optimizer state, temporaries) 0 to 90% of the card, caps of 4 to 80 GiB, the
 model built in the cell or earlier, optimizer state made at the first step or already there,
-gradients freed or kept, 4 to 40 parameter tensors, 1 to 16 activations, start ratios 1.05 to 100
+gradients freed or kept, 4 to 40 parameter tensors, 1 to 16 activations (in a third of training steps,
+some of one sample's the size of a weight, as where a sequence is as long as the model is wide), start
+ratios 1.05 to 100
 (log-uniform). The ground truth (``largest_fitting``) is a noise-free run from the failed cell's state.
 """
 
@@ -80,10 +82,11 @@ class Step:
 
     # -- one run ------------------------------------------------------------------------------------
     def events(self, batch: int, stepped: bool, rng: random.Random | None) -> tuple[list[Event], dict[int, int]]:
-        """The run's events, and for each allocation that stays after it (optimizer state, kept gradients)
-        where it sits in ``held_at_start(stepped=True)``: the list the next run starts with."""
+        """The run's events, and each allocation it leaves (a model it builds, optimizer state, kept
+        gradients) with where it sits in ``held_at_start(stepped=True)``, the list the next run starts
+        with (``None``: not held there, the next run sets it aside and makes it again)."""
         events: list[Event] = []
-        stays: dict[int, int] = {}
+        stays: dict[int, int | None] = {}
         count = len(self.parameters)
 
         def alloc(size: float) -> int:
@@ -99,7 +102,7 @@ class Step:
         has_grads = has_state and self.grads_kept
         if self.built_in_cell:
             for size in self.parameters:
-                alloc(size)
+                stays[alloc(size)] = None
         x = alloc(self.input_per_sample * batch)
         kept: list[tuple[int, float]] = []
         middle = len(self.activations) // 2
@@ -134,9 +137,11 @@ class Step:
                 grads.append(alloc(pending.pop()))
                 stays[grads[-1]] = count * (1 + self.state_per_parameter) + index
             if not has_state:
+                made = 0
                 for size in self.parameters:
                     for _ in range(self.state_per_parameter):
-                        stays[alloc(size)] = count + len([k for k, v in stays.items() if v < count * (1 + self.state_per_parameter)])
+                        stays[alloc(size)] = count + made  # where held_at_start(True) lists it
+                        made += 1
             temporaries = [alloc(self.parameters[i]) for i in self.temporaries]
             for key in temporaries:
                 free(key)
@@ -148,8 +153,8 @@ class Step:
             for key, _ in kept:
                 free(key)
         free(x)
-        if self.built_in_cell:
-            stays.clear()  # the next run sets the model and its optimizer aside and builds its own
+        if self.built_in_cell:  # the next run sets the model and its optimizer aside and builds its own
+            stays = dict.fromkeys(stays)
         return events, stays
 
 
@@ -195,7 +200,8 @@ def run(step: Step, batch: int, stepped: bool, rng: random.Random | None) -> Run
     events, stays = step.events(batch, stepped, rng)
     result = replay(events, segments, step.cap_bytes)
     after = start_segments(step.held_at_start(True))
-    left = tuple((after[index].address, key) for key, index in stays.items() if index < len(after))
+    left = tuple((after[index].address if index is not None and index < len(after) else -1 - key, key)
+                 for key, index in stays.items())
     recorded = RecordedRun(segments, tuple(events), left)
     if result.fits:
         return Run(True, result.peak_allocated_bytes - start, None, None, recorded)
@@ -322,6 +328,11 @@ def draw(rng: random.Random) -> tuple[Step, int, int] | None:
     # a few batch-independent tensors kept for the backward pass (masks, position tables).
     activations = [(rng.uniform(0, 1) * per_sample * w / sum(act_weights) if rng.random() < 0.2 else 0.0,
                     per_sample * w / sum(act_weights)) for w in act_weights]
+    if training and rng.random() < 0.3:
+        # A transformer whose sequence is as long as it is wide: one sample's activation is exactly the
+        # size of a weight (1,024 tokens of width 1,024 and a 1,024 x 1,024 matrix).
+        weight = rng.choice(parameters)
+        activations = [(0.0, float(weight)) if rng.random() < 0.5 else a for a in activations]
     for _ in range(rng.choice((0, 0, 1, 3))):
         activations.insert(rng.randrange(len(activations) + 1), (rng.uniform(0, 0.05) * room, 0.0))
     built = rng.random() < 0.5
