@@ -376,6 +376,29 @@ WORKLOADS: tuple[Workload, ...] = (
                ("num_key_value_heads=16", "num_key_value_heads=2"), ("(batch_size, 2048)", "(batch_size, 32)")),
     ),
     Workload(
+        "llama_finetune_bf16_seq1024",
+        "Llama-style causal LM (hidden 1024, 12 layers, 220M) from LlamaConfig at sequence 1024 under bf16 "
+        "autocast, AdamW; model and optimizer built in an earlier cell, one step",
+        ("from transformers import LlamaConfig, LlamaForCausalLM\n"
+         "config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,\n"
+         "                     num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)\n"
+         "with torch.device(dev):\n"
+         "    model = LlamaForCausalLM(config)\n"
+         "optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4)\n",),
+        "",
+        "batch_size = {batch}\n"
+        "input_ids = torch.randint(0, config.vocab_size, (batch_size, 1024), device=dev)\n"
+        "with torch.autocast(dev, dtype=torch.bfloat16):\n"
+        "    out = model(input_ids=input_ids, labels=input_ids)\n"
+        "out.loss.backward()\n"
+        "optimizer.step()\n"
+        "optimizer.zero_grad()\n",
+        needs=("transformers",),
+        small=(("hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16",
+                "hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2"),
+               ("num_key_value_heads=16", "num_key_value_heads=2"), ("(batch_size, 1024)", "(batch_size, 32)")),
+    ),
+    Workload(
         "bert_base_seq256_adamw_in_cell",
         "BERT-base (110M) from BertConfig() for sequence classification at sequence 256, fp32, with AdamW built "
         "in the failing cell",
