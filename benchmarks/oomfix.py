@@ -987,9 +987,10 @@ def merge(existing: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[st
     """``new`` (one part's results) merged into ``existing``: its workloads' cases and oracles replace
     theirs, other workloads' stay; the part's timing is added under its name.
 
-    A case of ``new`` that lacks a peer (the part ran ``--finders oomfix``) keeps that peer's record
-    from ``existing``'s case of the same workload, start ratio and start batch, stamped with the date
-    it was measured (``measured``): the peers do not depend on this project's code.
+    A case of ``new`` that lacks a finder (the part ran ``--finders oomfix``, or only the peers) keeps
+    that finder's record from ``existing``'s case of the same workload, start ratio and start batch; a
+    peer's record says when it was measured (``measured``): the peers do not depend on this project's
+    code, so a run of ``%oomfix`` alone is set against peers measured earlier on the same cases.
     """
     merged: dict[str, Any] = dict(existing or {})
     earlier_date = merged.get("date")
@@ -1003,21 +1004,39 @@ def merge(existing: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[st
     cases = []
     for case in new.get("cases", []):
         before = earlier.get((case.get("workload"), case.get("start_ratio")))
-        missing = [peer for peer in PEERS if peer not in case]
-        if missing and before is not None and before.get("start_batch") == case.get("start_batch"):
-            case = dict(case)
-            for peer in missing:
-                if peer in before:
-                    case[peer] = {"measured": earlier_date, **before[peer]}
+        if before is not None and before.get("start_batch") == case.get("start_batch"):
+            case = _with_earlier_finders(case, before, earlier_date)
         cases.append(case)
     merged["cases"] = [c for c in merged.get("cases", []) if c.get("workload") not in ran] + cases
     merged["parts"] = {**(merged.get("parts") or {}), **(new.get("parts") or {})}
     return merged
 
 
+OOMFIX_FIELDS = ("found_batch", "reruns", "found_fraction", "void", "oomfix", "unchunked_oracle_batch", "oracle_kind",
+                 "chunk_oracle_probes", "chunk_oracle_seconds")
+"""A case's fields that ``%oomfix``'s run fills (``oracle_batch`` too, where it chunked the data)."""
+
+
+def _with_earlier_finders(case: Mapping[str, Any], before: Mapping[str, Any], earlier_date: str | None) -> dict[str, Any]:
+    """``case`` with the finders it did not run taken from ``before``, the same case run earlier."""
+    case = dict(case)
+    for peer in PEERS:
+        if peer not in case and peer in before:
+            case[peer] = {"measured": earlier_date, **before[peer]}
+    if "oomfix" not in case and "oomfix" in before:
+        case.update({key: before[key] for key in OOMFIX_FIELDS if key in before})
+        case["oracle_batch"] = before["oracle_batch"]
+    if "memory_back_to_baseline" in before:
+        case["memory_back_to_baseline"] = case.get("memory_back_to_baseline") is not False and bool(
+            before["memory_back_to_baseline"])
+    return case
+
+
 def _fractions(cases: list[Mapping[str, Any]], finder: str) -> list[float]:
     out = []
     for case in cases:
+        if finder != "oomfix" and finder not in case:
+            continue  # a part that ran without this peer
         found = case.get("found_batch") if finder == "oomfix" else (case.get(finder) or {}).get("found_batch")
         # The peers shrink the data itself, not a chunk of it: the workload's own oracle is theirs.
         oracle = case["oracle_batch"] if finder == "oomfix" else case.get("unchunked_oracle_batch", case["oracle_batch"])
@@ -1077,7 +1096,8 @@ def _by_regime(cases: list[Mapping[str, Any]], key: Callable[[Mapping[str, Any]]
         out[label] = {"cases": len(chosen)}
         for finder in FINDERS:
             fractions = _fractions(chosen, finder)
-            out[label][finder] = {"min": round(min(fractions), 3), "median": round(statistics.median(fractions), 3)}
+            out[label][finder] = ({"min": round(min(fractions), 3), "median": round(statistics.median(fractions), 3)}
+                                  if fractions else {"min": None, "median": None})
     return out
 
 
