@@ -1,13 +1,26 @@
 """Benchmark: ``%oomfix --yes`` against accelerate's ``find_executable_batch_size`` and plain halving,
 on many kinds of workload, started at many multiples of the largest batch that fits.
 
-What runs, per workload (``WORKLOADS``: setup cells, a cell holding the batch knob where notebooks keep
-it, and the training or inference cell; each one or two steps of a small model):
+The workloads (``WORKLOADS``: setup cells, a cell holding the batch knob where notebooks keep it, and
+the training or inference cell) span where users run out of memory: convnets, RNNs and an MLP whose
+largest fitting batch is in the hundreds or thousands, and transformer and ViT fine-tunes (GPT-2, a
+Llama-style LM, BERT-base, ViT-B/16, a cut ViT-L, all AdamW, some under bf16 autocast) and a large
+model's inference under ``torch.no_grad`` whose largest batch is 1 to 48 and whose weights, gradients
+and optimizer state are up to 0.55 of the cap. Models come from configs (``transformers``) or
+``pretrained=False`` (``timm``), nothing downloaded; the large ones are built on the device.
+
+What runs, per workload:
 
 1. **The oracle**: the largest batch that fits, by doubling then bisection, each probe in a fresh
    namespace (``%reset -f``, the setup cells, the knob at that batch, the cell): a probe fits when the
-   cell raises nothing.
-2. For each start ratio (``RATIOS``: 1.5x, 4x, 16x, 64x the oracle), three finders from the same start:
+   cell raises nothing. Then **the fixed bytes**: one more fresh run at the oracle, after which the
+   namespace's ``torch.nn.Module``s and ``torch.optim.Optimizer``s are read (``held_by_models``):
+   weights, gradients (a gradient the cell set to ``None`` counted at its parameter's size) and
+   optimizer state. Neither depends on this project's code: ``--oracles-only`` measures them into
+   ``results/oomfix_oracles.json``, and the sweep reuses an entry of the same cells (a digest), device
+   and cap instead of measuring again (``--remeasure-oracles`` to measure anyway).
+2. For each start ratio (``RATIOS``: 1.1x, 1.5x, 3x, 10x, 50x the oracle; no powers of two, from which
+   halving would land on the oracle by construction), three finders from the same start:
 
    - ``%oomfix``: fresh namespace, the knob and the cell at the start batch run as plain cells in an
      IPython ``InteractiveShell`` with the extension loaded; the cell fails with a CUDA OOM; then
@@ -18,6 +31,11 @@ it, and the training or inference cell; each one or two steps of a small model):
    - accelerate's ``find_executable_batch_size`` (its default: multiply by 0.9 after each OOM) around
      a function that runs the knob and the cell at its ``batch_size`` in the same shell.
    - halving: the start, then half of it after each OOM, until one fits.
+
+   ``--finders`` picks which run. The peers' results do not depend on this project's code: a part run
+   with ``--finders oomfix`` is merged (``--merge``) over an earlier run of the peers on the same cases
+   (same workload, ratio and start batch), whose records keep the date they were measured
+   (``measured``); ``results/oomfix_peers.json`` holds such a run.
 
    Where ``%oomfix`` chunked the whole data instead of shrinking it (inference over one tensor: its note
    says so), the batch it found is a chunk of the start's data, which stays allocated whole: the case's
@@ -33,22 +51,29 @@ it, and the training or inference cell; each one or two steps of a small model):
    must be back within ``BASELINE_TOLERANCE_BYTES`` of what it was before the first case; each record
    says how far it was (``allocated_after_case_above_baseline_bytes``).
 
+Each case records ``oracle_batch``, ``found_batch``, ``reruns``, the peers' records, ``fixed_bytes`` and
+``cap_bytes``. ``--summary`` gives per finder the min and median of found/oracle, by regime (largest
+fitting batch <= 10, 11-64, > 64; fixed bytes at half the cap or more, or less) and the issue's goal
+per case (``goal_misses``): found >= largest - 1 where the largest is 10 or less, else >= 0.90 of it;
+not below halving's found/oracle in the same case; at most 3 reruns; a median of 0.95 or more.
+
 The cap: ``set_per_process_memory_fraction`` at ``CAP_GIB`` (6 GiB, a common consumer card, the
 budget the issue's figures were taken under; ``--cap-gib`` to change), so every workload runs out at
 small, quick sizes on a big card.
 
-Run on the GPU machine (no network: models are built from configs, ``weights=None``), in parts of
-under 10 minutes each, which merge into ``benchmarks/results/oomfix_sweep.json``::
+Run on the GPU machine (no network), in parts that may run at the same time (each process has its own
+cap), each to its own file, then merged into ``benchmarks/results/oomfix_sweep.json``::
 
-    python benchmarks/oomfix.py --part 1/3
-    python benchmarks/oomfix.py --part 2/3
-    python benchmarks/oomfix.py --part 3/3
-    python benchmarks/oomfix.py --summary          # min/median of found/oracle, cases at >= 0.90
+    python benchmarks/oomfix.py --finders oomfix --part 1/4 --out /tmp/part1.json   # ... 4/4
+    python benchmarks/oomfix.py --merge benchmarks/results/oomfix_peers.json /tmp/part*.json
+    python benchmarks/oomfix.py --summary
 
-``--workloads a,b`` picks workloads, ``--smoke`` runs one workload at one ratio (to a temporary file
-unless ``--out``), ``--device cpu`` runs each workload's cells once at a tiny batch on CPU (no OOM,
-no search: it checks the cells' code). A workload whose library is missing (timm) is recorded as
-skipped with the import error.
+(without ``--finders`` every finder runs; ``--merge`` with no peers file then). ``--workloads a,b``
+picks workloads, ``--smoke`` runs one workload at one ratio (to a temporary file unless ``--out``),
+``--device cpu`` runs each workload's cells once at batch 2 on CPU, the large models shrunk
+(``Workload.small``: the same code at a size two cores run in seconds; no OOM, no search: it checks the
+cells' code). A workload whose library is missing (torchvision, timm, transformers) is skipped with the
+import error.
 """
 
 from __future__ import annotations
