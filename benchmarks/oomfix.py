@@ -1341,7 +1341,7 @@ def measure_oracles(bench: Any, workloads: list[Workload], env: Mapping[str, Any
             say(f"{workload.name}: oracle failed: {type(error).__name__}: {str(error)[:500]}")
             continue
         entry.update(device=env["device"], cap_bytes=env["cap_bytes"], date=env["date"], versions=env["versions"])
-        saved = json.loads(out.read_text()) if out.exists() else {"about": ORACLES_ABOUT, "workloads": {}}
+        saved: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {"about": ORACLES_ABOUT, "workloads": {}}
         saved["workloads"][workload.name] = entry
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(saved, indent=1) + "\n")
