@@ -476,6 +476,15 @@ def test_summary_by_regime_and_the_goal_per_case(capsys):
     assert "misses: vit x3: found 40 where 48 fits (0.83 < 0.90)" in text and "NOT MET" in text
 
 
+def test_a_run_of_the_peers_alone_is_summarized_without_oomfix_figures():
+    peers_only = {k: v for k, v in _case("a", 3.0, 100, None, None, 95, 12, 75, 3).items()
+                  if k not in ("found_batch", "reruns")}
+    summary = bench_module.summarize({"cases": [peers_only]})
+    assert summary["oomfix"]["found_over_oracle_median"] is None and summary["oomfix"]["cases_below_goal"] == []
+    assert summary["halving"]["found_over_oracle_median"] == 0.75
+    assert summary["goal"]["cases_checked"] == 0 and not summary["goal"]["met"]
+
+
 def test_cli_refuses_an_unknown_finder(capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench_module.main(["--finders", "oomfix,lightning", "--device", "cpu"])
