@@ -17,7 +17,7 @@ from IPython.display import display
 from traitlets import Float, Int, TraitError, validate
 
 from ..engines.gather import DEFAULT_TIMEOUT_S, ask, ask_engines, engine_ids, feed_readings, feed_sender, parse_targets, px_view
-from ..engines.live import KEEPALIVE_INTERVALS, EngineFeed, EnginesLive, LiveView
+from ..engines.live import KEEPALIVE_INTERVALS, EngineFeed, EnginesLive, LiveView, live_text
 from ..engines.records import EngineStatus, EngineCell, EngineReport, OomfixSummary, this_engine
 from ..engines.table import EnginesHistory, EnginesReport
 from ..errors import CudaMemError
@@ -213,6 +213,8 @@ class CudaMemEngines(CudaMemMagicsBase):
         elif action == "off":
             self._auto_off()
         print(f"cudamem engines: {'on: the engines table after every %px cell that measured something new' if self.auto else 'off'}")
+        if action == "status" and self.live is not None:
+            print(live_text(self.live.state()))
 
     def _auto_off(self) -> None:
         if self.auto:
