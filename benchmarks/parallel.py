@@ -111,11 +111,15 @@ def versions() -> dict[str, str]:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = "not installed"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=10)
-        found["jupyter_cudamem_commit"] = commit.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        found["jupyter_cudamem_commit"] = "unknown"
+    # A copy of the working tree without its own .git (how it reaches the GPU machine) would otherwise report the
+    # commit of whatever repository encloses it: CUDAMEM_COMMIT names the commit that was copied.
+    found["jupyter_cudamem_commit"] = os.environ.get("CUDAMEM_COMMIT") or "unknown"
+    if (REPO / ".git").exists():
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO, timeout=10)
+            found["jupyter_cudamem_commit"] = commit.stdout.strip() or "unknown"
+        except (OSError, subprocess.SubprocessError):
+            pass
     return found
 
 
