@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             "engines": [
                 {
                     "engine": row.engine_id,
-                    "status": row.status,
+                    "status": row.status.value,
                     "pid": None if row.reading is None else row.reading.identity.pid,
                     "device_uuid": None if row.reading is None else row.reading.devices[0].uuid,
                     "process_bytes": None if row.reading is None else row.reading.devices[0].process_bytes,

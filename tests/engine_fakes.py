@@ -49,3 +49,16 @@ def own_last_cell():
         "process": device.after.process_bytes,
         "execution_count": record.execution_count,
     }
+
+
+def feeds():
+    """Run on an engine: the channels its engines monitor feeds, and whether its monitor's poller runs."""
+    from IPython import get_ipython
+
+    from jupyter_cudamem.magics import loaded
+    from jupyter_cudamem.magics.engines import CudaMemEngines
+    from jupyter_cudamem.magics.monitor import CudaMemMonitor
+
+    extension = loaded(get_ipython())
+    poller = extension.get(CudaMemMonitor).poller
+    return sorted(extension.get(CudaMemEngines).feeds), poller is not None and poller.running

@@ -40,8 +40,11 @@ def px_view(shell: Any) -> Any:
     for magics in registry.values():
         if type(magics).__name__ == "ParallelMagics" and getattr(magics, "suffix", None) == "":
             view = getattr(magics, "view", None)
-            if view is not None:
-                return view
+            if view is None:
+                continue
+            if getattr(view.client, "_closed", False):  # %px keeps the view of a client closed since
+                raise CudaMemError("the ipyparallel client behind %px is closed: " + NO_VIEW_HINT.split(": ", 1)[1])
+            return view
     raise CudaMemError(NO_VIEW_HINT)
 
 

@@ -14,6 +14,7 @@ stops the thread nor the other engines' rows. Like the poller, the thread never 
 
 from __future__ import annotations
 
+import enum
 import html
 import logging
 import threading
@@ -113,7 +114,9 @@ class EngineFeed:
         self._send(reading_of(self.engine_id, self.identity, self.sent, state, self._clock()))
 
 
-class EngineLiveStatus:
+class EngineLiveStatus(enum.Enum):
+    """What the client knows of an engine's feed."""
+
     WAITING = "waiting for a first reading"
     LIVE = "live"
     SILENT = "not answering"
@@ -123,7 +126,7 @@ class EngineLiveStatus:
 @dataclass(frozen=True)
 class EngineLiveRow:
     engine_id: int
-    status: str  # one of EngineLiveStatus
+    status: EngineLiveStatus
     reading: EngineReading | None
     silent_s: float | None  # seconds since the client last saw a new reading from it
 
@@ -295,8 +298,8 @@ def _device_words(device: ReadingDevice) -> str:
 def _row_words(row: EngineLiveRow, with_ages: bool) -> tuple[str, str, str]:
     reading = row.reading
     where = "" if reading is None else f"{reading.identity.host} pid {reading.identity.pid}"
-    status = row.status
-    if row.status == EngineLiveStatus.SILENT and with_ages and row.silent_s is not None:
+    status = row.status.value
+    if row.status is EngineLiveStatus.SILENT and with_ages and row.silent_s is not None:
         status += f" for {format_seconds(row.silent_s)}"
     if reading is None:
         return where, status, ""

@@ -287,8 +287,10 @@ class CudaMemEngines(CudaMemMagicsBase):
             return
         unsubscribe, poller, started_here = entry
         unsubscribe()
-        if started_here and not any(p is poller for _, p, _ in self.feeds.values()):
-            poller.stop(reason="the client's engines monitor stopped")
+        if not any(p is poller for _, p, _ in self.feeds.values()):
+            poller.keepalive_s = None  # no feed left: the engine's own monitor views need no keepalive
+            if started_here:
+                poller.stop(reason="the client's engines monitor stopped")
 
     def close(self) -> None:
         self._auto_off()

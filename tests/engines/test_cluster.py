@@ -22,7 +22,7 @@ from jupyter_cudamem.engines.live import EngineLiveStatus  # noqa: E402
 from jupyter_cudamem.engines.records import EngineStatus  # noqa: E402
 from jupyter_cudamem.magics.engines import CudaMemEngines  # noqa: E402
 
-from engine_fakes import SHARED_UUID, own_last_cell  # noqa: E402
+from engine_fakes import SHARED_UUID, feeds, own_last_cell  # noqa: E402
 
 GiB, MiB = 1024**3, 1024**2
 TESTS = Path(__file__).resolve().parents[1]
@@ -179,6 +179,12 @@ def test_a_busy_engine_and_a_dead_one_stop_nothing(client_shell):
         assert live.running
         gone = ip.run_line_magic("cudamem_engines", "-o --targets 0,1")
         assert [a.status for a in gone.answers] == [EngineStatus.ANSWERED, EngineStatus.GONE]
+        assert client[0].apply_sync(feeds) == ([engines._live_channel], True)
     finally:
         engines.stop_monitor(quiet=True)
     assert not live.running
+    # The engine still alive stops sending, and stops the poller the feed started there.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and client[0].apply_sync(feeds) != ([], False):
+        time.sleep(0.1)
+    assert client[0].apply_sync(feeds) == ([], False)

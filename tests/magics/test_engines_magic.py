@@ -30,9 +30,25 @@ def test_loading_the_extension_does_not_import_ipyparallel():
     assert done.stdout.strip().splitlines()[-1] == "False", done.stderr[-2000:]
 
 
-def test_without_a_client_it_says_how_to_connect_one(shell):
+def test_without_a_client_it_says_how_to_connect_one(shell, monkeypatch):
     pytest.importorskip("ipyparallel")
-    with pytest.raises(UsageError, match=r"no ipyparallel client in this kernel: connect one first"):
+    registry = {name: magics for name, magics in shell.magics_manager.registry.items() if type(magics).__name__ != "ParallelMagics"}
+    monkeypatch.setattr(shell.magics_manager, "registry", registry)
+    with pytest.raises(UsageError, match=r"^no ipyparallel client in this kernel: connect one first"):
+        shell.run_line_magic("cudamem_engines", "")
+
+
+def test_a_closed_client_is_one_line(shell, monkeypatch):
+    class ParallelMagics:  # what ipyparallel leaves registered after its client is closed
+        suffix = ""
+
+        class view:
+            class client:
+                _closed = True
+
+    monkeypatch.setitem(shell.magics_manager.registry, "ParallelMagics", ParallelMagics())
+    monkeypatch.setattr(gather, "ipyparallel_missing", lambda: False)
+    with pytest.raises(UsageError, match=r"^the ipyparallel client behind %px is closed: connect one first"):
         shell.run_line_magic("cudamem_engines", "")
 
 
