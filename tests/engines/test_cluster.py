@@ -68,6 +68,20 @@ def client_shell(cluster, ip, hardware):
     magics.unload(ip)
 
 
+def wait_until_engines_take_cells(client) -> None:
+    """After a failed cell, ipykernel aborts the execute requests that reach an engine at once (its
+    ``stop_on_error``), and ipyparallel reports an aborted request as no output, not as an error: a test sending
+    ``%px %oomfix`` right then would see nothing on that engine. Wait until an empty cell runs everywhere."""
+    from ipyparallel.error import TaskAborted
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if not any(isinstance(r, TaskAborted) for r in client[:].execute("", block=False).get(timeout=20)):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the engines still abort cells 20 s after a failed one")
+
+
 def engines_magics(ip) -> CudaMemEngines:
     found = magics.loaded(ip).get(CudaMemEngines)
     assert isinstance(found, CudaMemEngines)
@@ -133,6 +147,7 @@ def test_after_every_px_cell_and_oomfix_on_the_engines(client_shell, capsys):
 
     # A fake out-of-memory error on each engine, then %oomfix there: the client says what each engine did.
     ip.run_cell("%%px\nmachine.gpus[0].fraction = 0.05\nmachine.allocate(0, (k + 10) * GiB)")
+    wait_until_engines_take_cells(client)
     assert ip.run_cell("%px %oomfix --dry-run").success
     report = ip.run_line_magic("cudamem_engines", "-o")
     summaries = [a.report.oomfix for a in report.answers]
