@@ -179,6 +179,7 @@ class CudaMemEngines(CudaMemMagicsBase):
         engines' GPUs live.
         """
         args = parse_argstring(self.cudamem_engines, line)
+        self._check_options(args)
         if args.action in ("on", "off", "status"):
             return self._mode(args.action)
         if args.action == "stop":
@@ -204,6 +205,26 @@ class CudaMemEngines(CudaMemMagicsBase):
         display(result)
         return result if args.output else None
 
+    @staticmethod
+    def _check_options(args: Any) -> None:
+        """An option that the action would ignore is a mistake worth one line, not silence."""
+        given = {
+            "--history": args.history,
+            "--last": args.last is not None,
+            "--targets": args.targets is not None,
+            "--timeout": args.timeout is not None,
+            "--interval": args.interval is not None,
+            "-o": args.output,
+        }
+        takes = {
+            "show": {"--history", "--last", "--targets", "--timeout", "-o"},
+            "monitor": {"--targets", "--interval"},
+        }.get(args.action, set())
+        wrong = [option for option, present in given.items() if present and option not in takes]
+        if wrong:
+            allowed = ", ".join(sorted(takes)) or "no options"
+            raise CudaMemError(f"'{args.action}' takes {allowed}; {wrong[0]} does not go with it")
+
     # -- after every %%px cell ------------------------------------------------------------------------
     def _mode(self, action: str) -> None:
         if action == "on" and not self.auto:
@@ -224,9 +245,9 @@ class CudaMemEngines(CudaMemMagicsBase):
     @staticmethod
     def _is_px_cell(raw: str) -> bool:
         first = raw.lstrip().split("\n", 1)[0]
-        if not first.startswith(("%%px", "%px")) or first.startswith(("%pxresult", "%pxconfig")):
-            return False
-        return not any(flag in first.split() for flag in ("--noblock", "-a"))  # engines still busy: nothing to read
+        if first.startswith("%%px"):  # its options: --noblock leaves the engines still running the cell
+            return not any(flag in first.split() for flag in ("--noblock", "-a"))
+        return first.startswith("%px ")
 
     def _after_cell(self, result: Any = None) -> None:
         raw = getattr(getattr(result, "info", None), "raw_cell", None) or ""

@@ -58,6 +58,10 @@ def test_a_closed_client_is_one_line(shell, monkeypatch):
         ("--last 3", "--last goes with --history"),
         ("--history --last 0", "--last takes a number of cells, at least 1; got 0"),
         ("--targets x", "--targets takes engine ids such as 0,2 or 0-3; got 'x'"),
+        ("--interval 2", "'show' takes --history, --last, --targets, --timeout, -o; --interval does not go with it"),
+        ("monitor --history", "'monitor' takes --interval, --targets; --history does not go with it"),
+        ("on --targets 1", "'on' takes no options; --targets does not go with it"),
+        ("monitor --interval 0.01", "--interval takes seconds between readings, at least 0.05; got 0.01"),
     ],
 )
 def test_bad_options_are_one_line(shell, monkeypatch, line, message):
@@ -68,6 +72,7 @@ def test_bad_options_are_one_line(shell, monkeypatch, line, message):
 
         class client:
             ids = [0]
+            _closed = False
 
     monkeypatch.setattr("jupyter_cudamem.magics.engines.px_view", lambda shell: View())
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -88,3 +93,23 @@ def test_status_stop_and_unload(shell, monkeypatch, capsys):
     magics.unload(shell)
     assert hook not in shell.events.callbacks["post_run_cell"]
     assert "cudamem_engines" not in shell.magics_manager.magics["line"]
+
+
+@pytest.mark.parametrize(
+    "cell, gathered",
+    [
+        ("%%px\n%%cudamem\nstep()", True),
+        ("%%px --targets 1\nstep()", True),
+        ("%px step()", True),
+        ("%%px --noblock\nstep()", False),  # the engines are still running it
+        ("%%px -a\nstep()", False),
+        ("%pxresult", False),
+        ("%pxconfig --block", False),
+        ("step()", False),
+        ("x = '%px'", False),
+    ],
+)
+def test_which_cells_the_table_follows(cell, gathered):
+    from jupyter_cudamem.magics.engines import CudaMemEngines
+
+    assert CudaMemEngines._is_px_cell(cell) is gathered
