@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,parallel]"
 	touch $@
 
 # mypy (the `dev` extra) over the package, configured in pyproject.toml's [tool.mypy].
@@ -45,9 +45,9 @@ $(MIN_VENV)/.installed: pyproject.toml Makefile scripts/min_constraints.py
 	rm -rf $(MIN_VENV)
 	$(PYTHON) -m venv $(MIN_VENV)
 	$(MIN_BIN)/python -m pip install --quiet --upgrade pip
-	$(MIN_BIN)/python scripts/min_constraints.py --extras test --override "$(TORCH_SPEC)" > $(MIN_VENV)/constraints.txt
-	$(MIN_BIN)/python -m pip install --quiet -c $(MIN_VENV)/constraints.txt "$(TORCH_SPEC)" -e ".[test]"
-	$(MIN_BIN)/python scripts/min_constraints.py --extras test --override "$(TORCH_SPEC)" --check
+	$(MIN_BIN)/python scripts/min_constraints.py --extras test,parallel --override "$(TORCH_SPEC)" > $(MIN_VENV)/constraints.txt
+	$(MIN_BIN)/python -m pip install --quiet -c $(MIN_VENV)/constraints.txt "$(TORCH_SPEC)" -e ".[test,parallel]"
+	$(MIN_BIN)/python scripts/min_constraints.py --extras test,parallel --override "$(TORCH_SPEC)" --check
 	touch $@
 
 test-min: $(MIN_VENV)/.installed

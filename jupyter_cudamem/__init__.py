@@ -1,6 +1,6 @@
 """jupyter-cudamem: see and fix CUDA memory from inside Jupyter.
 
-``%load_ext jupyter_cudamem`` registers ``%%cudamem``, ``%cudamem_history``, the live monitor and
+``%load_ext jupyter_cudamem`` registers ``%%cudamem``, ``%cudamem_history``, the live monitor, ``%cudamem_engines`` and
 ``%oomfix``; ``%unload_ext jupyter_cudamem`` removes them and stops every thread they started.
 """
 

@@ -83,13 +83,25 @@ def tags(cell) -> list[str]:
     return list(cell.get("metadata", {}).get("tags", []))
 
 
+# ipyparallel streams an engine's traceback as stderr, headed "[1:execute]" (engine 1, an execute request).
+_REMOTE_ERROR = re.compile(r"\[\d+:\w+\]\n")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _remote_error_line(text: str) -> str:
+    """An engine's streamed traceback of an expected error, cut as a local one is: its header and error line."""
+    lines = [_ANSI.sub("", line) for line in text.splitlines() if line.strip()]
+    return f"{lines[0]}\n{lines[-1]}\n"
+
+
 def tidy_outputs(notebook) -> None:
     """Keep what a reader needs and nothing of the machine that ran it.
 
     An expected error (a cell tagged ``raises-exception``) keeps only its last line, ``Name: message``:
     the frames of its traceback name files on that machine. A warning on stderr names the library file that
     raised it by its path under ``site-packages``; the path is cut to the package (``torch/nn/...``). An
-    unexpected error keeps its whole traceback: it is what someone has to debug.
+    unexpected error keeps its whole traceback: it is what someone has to debug. An engine's traceback that
+    ipyparallel streams under ``%%px`` is cut the same way in a cell tagged ``raises-exception``.
     """
     for cell in notebook.cells:
         if cell.cell_type != "code":
@@ -98,7 +110,10 @@ def tidy_outputs(notebook) -> None:
             if output.output_type == "error" and EXPECTED_ERROR_TAG in tags(cell):
                 output.traceback = [f"{output.ename}: {output.evalue}"]
             elif output.output_type == "stream" and output.get("name") == "stderr":
-                output.text = _SITE_PACKAGES.sub("", output.text)
+                if EXPECTED_ERROR_TAG in tags(cell) and _REMOTE_ERROR.match(output.text):
+                    output.text = _remote_error_line(output.text)
+                else:
+                    output.text = _SITE_PACKAGES.sub("", output.text)
 
 
 def execute_notebook(path: Path, timeout: int = 300, kernel: str = "python3", without_tag: str | None = None):

@@ -149,6 +149,7 @@ class Poller:
         max_backoff_s: float = MAX_BACKOFF_S,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        keepalive_s: float | None = None,
     ):
         validate_settings(interval_s, history_s, max_updates_per_s)
         self.hardware = hardware
@@ -159,6 +160,9 @@ class Poller:
         self._max_backoff_s = max(max_backoff_s, interval_s)
         self._clock = clock
         self._monotonic = monotonic
+        # Listeners that must hear from the poller even while nothing changes (an engine's feed to the
+        # client: silence there means "not answering") are told the unchanged state this often.
+        self.keepalive_s = keepalive_s
 
         self._lock = threading.RLock()
         self._history: dict[int, deque[Sample]] = {}
@@ -457,9 +461,11 @@ class Poller:
         key = self._shown_key(state)
         now = self._monotonic()
         with self._lock:
+            quiet_s = None if self._last_notified_at is None else now - self._last_notified_at
             if key == self._last_key and not force:
-                self._pending = False
-                return
+                if self.keepalive_s is None or quiet_s is None or quiet_s < self.keepalive_s:
+                    self._pending = False
+                    return
             if not force and self._last_notified_at is not None and now - self._last_notified_at < self._min_gap_s:
                 self._pending = True
                 return
