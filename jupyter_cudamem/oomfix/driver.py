@@ -478,6 +478,13 @@ class Driver:
         change = BatchChange(finding, knob, namespace, list(self._history or []))
         search = BatchSearch(knob.value, budget, max_tries=self._left(), margin=self.margin, need_bytes=need,
                              stuck_bytes=stuck, fixed=self._fixed)
+        if self._fixed is not None and self._fixed.total_bytes:
+            fixed = self._fixed
+            parts = [f"{format_bytes(size)} {what}" for size, what in (
+                (fixed.parameters_bytes, "of parameters the cell builds"),
+                (fixed.gradients_bytes, "of gradients its backward pass makes"),
+                (fixed.optimizer_state_bytes, "of optimizer state its first step makes")) if size]
+            self._notes.append(f"does not grow with the batch: {', '.join(parts)} (read from the namespace)")
         best: TryResult | None = None
         while self._left() > 0:
             if self._tries:

@@ -507,3 +507,20 @@ def test_the_failed_cell_is_parsed_once_when_autocast_wraps_it(monkeypatch):
     outcome = driver.fix(source, error, namespace, freed_bytes=0)
     assert outcome.strategy == "autocast"
     assert counts == {cell.transform(source): 1, cell.transform(outcome.fixed_source): 1}
+
+
+def test_the_outcome_says_what_does_not_grow_with_the_batch_read_from_the_namespace():
+    import torch
+
+    from jupyter_cudamem.attribution.probe import TensorProbe
+
+    counts_cpu = TensorProbe((torch.Tensor,), (torch.nn.Module,), (torch.optim.Optimizer,), on_device=lambda t: True)
+    machine, cell, namespace, run, driver, _ = setup(probe=counts_cpu)
+    net = torch.nn.Linear(1000, 250)  # 250,250 float32: 1,001,000 bytes
+    namespace.update(net=net, optimizer=torch.optim.AdamW(net.parameters()))
+    source = TRAINING_CELL.format(batch=4000)  # trains: .backward() and a step
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    note = next(note for note in outcome.notes if note.startswith("does not grow with the batch"))
+    assert "977.54 KiB of gradients its backward pass makes" in note
+    assert "1.91 MiB of optimizer state its first step makes" in note
+    assert "parameters the cell builds" not in note  # built in an earlier cell: below the reference level
