@@ -66,8 +66,8 @@ def test_fine_tune_breakdown_sums_to_the_peak_and_counts_model_state(shell, torc
     # the encoder's two layers hold most of the parameters: 1,579,520 of 1,838,090
     encoder = breakdown.module_categories("model.encoder")
     assert encoder[Category.PARAMETERS] == pytest.approx(1_579_520 * 4, rel=0.02)
-    # what the tracker could not see (cuBLAS's workspace, scratch inside one operation) stays small
-    assert categories[Category.OTHER] < 0.1 * breakdown.peak_bytes
+    # a batch of 64 sequences of 128 tokens: the activations kept for backward are the largest share
+    assert breakdown.dominant is Category.ACTIVATIONS
 
 
 def test_inference_keeps_no_activations(shell, torch):
