@@ -169,8 +169,8 @@ def breakdown_at_peak(peak_bytes: int, tracked: TrackedPeak, max_modules: int = 
     kept = set(sorted(module_totals, key=lambda m: -module_totals[m])[:max_modules])
     folded: dict[tuple[str, Category], int] = {}
     for (module, category), size in cells.items():
-        key = (module if module in kept else OTHER_MODULE, category)
-        folded[key] = folded.get(key, 0) + size
+        row: tuple[str, Category] = (module if module in kept else OTHER_MODULE, category)
+        folded[row] = folded.get(row, 0) + size
     return Breakdown(
         device=tracked.device,
         peak_bytes=peak_bytes,
