@@ -411,10 +411,10 @@ class CategoryAdvice:
     saves_bytes: int
     up_to: bool = False
 
-    @property
-    def text(self) -> str:
+    def text(self, whole: str = "the peak") -> str:
+        """``action: saves about 1.14 GiB of the peak`` (``whole`` names what it is saved from)."""
         amount = f"{'up to ' if self.up_to else 'about '}{format_bytes(self.saves_bytes)}"
-        return f"{self.action}: saves {amount} of this cell's peak"
+        return f"{self.action}: saves {amount} of {whole}"
 
 
 def category_advice(categories: Mapping[Category, int], in_step: bool = False) -> list[CategoryAdvice]:
@@ -445,7 +445,9 @@ def category_advice(categories: Mapping[Category, int], in_step: bool = False) -
                            size[dominant] // 2),
             CategoryAdvice(dominant, "activation checkpointing (torch.utils.checkpoint) around each block: "
                            "only the blocks' inputs are kept for backward", size[dominant], up_to=True),
-        ]
+        ] + ([CategoryAdvice(dominant, "torch.no_grad() (or torch.inference_mode()) if the cell does not train: "
+                             "nothing is kept for backward", size[dominant], up_to=True)]
+             if size[Category.GRADIENTS] == 0 else [])
     if dominant is Category.PARAMETERS:
         return [CategoryAdvice(dominant, "a smaller dtype: model.to(torch.bfloat16) before the optimizer is made "
                                "halves parameters, gradients and optimizer state", state // 2)]

@@ -378,7 +378,12 @@ def diagnose(
     categories = failure_categories(oom, model_state)
     if categories is not None and verdict not in ("fragmentation", "held by IPython after the error"):
         explanation += _category_sentence(categories)
-        suggestions += [item.text for item in advice.category_advice(categories)]
+        fitting = advice.category_advice(categories)
+        if fitting and fitting[0].category is Category.ACTIVATIONS:
+            # the general advice on batch, autocast and checkpointing, said again with this cell's bytes
+            general = set(advice.needs_more_advice()) | set(advice.too_big_advice(capped=False))
+            suggestions = [item for item in suggestions if item not in general]
+        suggestions += [item.text("what the cell needed") for item in fitting]
     if (
         verdict != "fragmentation"
         and oom.reserved_unallocated_bytes

@@ -47,7 +47,7 @@ def headline(breakdown: Breakdown) -> str:
 
 def _advice(breakdown: Breakdown) -> list[str]:
     advice: list[CategoryAdvice] = category_advice(breakdown.categories, breakdown.phase is Phase.OPTIMIZER_STEP)
-    return [item.text for item in advice]
+    return [item.text() for item in advice]
 
 
 def _notes(breakdown: Breakdown) -> list[str]:

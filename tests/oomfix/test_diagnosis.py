@@ -183,9 +183,20 @@ def test_activations_dominate_and_get_the_batch_autocast_and_checkpointing_advic
     d = diagnose(oom, [], None, state)
     assert d.categories == {**state, Category.ACTIVATIONS: 8 * GiB}
     assert "activations 8.00 GiB" in d.explanation and "activations is the largest" in d.explanation
-    assert any(s.startswith("half the batch") and "saves about 4.00 GiB" in s for s in d.suggestions)
-    assert any(s.startswith("torch.autocast") and "saves about 4.00 GiB" in s for s in d.suggestions)
+    assert any(s.startswith("half the batch") and "saves about 4.00 GiB of what the cell needed" in s for s in d.suggestions)
+    assert any(s.startswith("torch.autocast") and "saves about 4.00 GiB of what the cell needed" in s for s in d.suggestions)
     assert any("checkpointing" in s and "saves up to 8.00 GiB" in s for s in d.suggestions)
+    # said once, with this cell's bytes: the general lines on batch, autocast and checkpointing are left out
+    assert sum("autocast" in s for s in d.suggestions) == 1 and sum("checkpoint" in s for s in d.suggestions) == 1
+    # gradients exist (1 GiB): the cell trains, so no_grad is not offered
+    assert not any("no_grad" in s for s in d.suggestions)
+
+
+def test_activations_of_a_cell_without_gradients_get_no_grad_too() -> None:
+    oom = parse_oom(oom_text("2.00 GiB", allocated="10.00 GiB"))
+    state = {Category.PARAMETERS: GiB, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
+    d = diagnose(oom, [], None, state)
+    assert any(s.startswith("torch.no_grad()") and "saves up to 11.00 GiB" in s for s in d.suggestions)
 
 
 def test_optimizer_state_dominates_and_gets_a_lower_precision_or_fused_optimizer() -> None:
