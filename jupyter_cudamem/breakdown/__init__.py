@@ -68,6 +68,23 @@ class TrackedPeak:
     phase: Phase
     expected: Mapping[Category, int] = field(default_factory=dict)
     models: tuple[str, ...] = ()
+    tracked_at_start: int = 0  # what it counted as the cell started: the models and optimizers bound to names
+
+
+@dataclass(frozen=True)
+class OtherParts:
+    """What ``Category.OTHER`` is made of, as far as the figures tell (bytes, summing to it).
+
+    ``outside_models``: tensors the cell made outside any model (inputs, a loss computed by a function).
+    ``before_cell``: memory allocated when the cell started that belongs to no model or optimizer bound to
+    a name (data, earlier results, cuBLAS's workspace from an earlier cell), at most: some of it may have
+    been freed before the peak. ``unseen``: the rest, what no tensor the tracker saw holds (a workspace
+    made in this cell, scratch inside one operation).
+    """
+
+    outside_models: int
+    before_cell: int
+    unseen: int
 
 
 @dataclass(frozen=True)
@@ -87,6 +104,7 @@ class Breakdown:
     tracked_bytes: int
     models: tuple[str, ...] = ()
     scaled: bool = False
+    other_parts: OtherParts | None = None  # None where the allocation at the cell's start is unknown
 
     @property
     def categories(self) -> dict[Category, int]:
@@ -126,6 +144,11 @@ class Breakdown:
             "modules": self.modules,
             "expected": {category.value: self.expected.get(category, 0) for category in MODEL_STATE},
             "tracked_bytes": self.tracked_bytes,
+            "other_parts": None if self.other_parts is None else {
+                "outside_models": self.other_parts.outside_models,
+                "before_cell": self.other_parts.before_cell,
+                "unseen": self.other_parts.unseen,
+            },
         }
 
 
@@ -142,14 +165,26 @@ def _scaled(values: Mapping[tuple[str, Category], int], total: int) -> dict[tupl
     return result
 
 
-def breakdown_at_peak(peak_bytes: int, tracked: TrackedPeak, max_modules: int = MAX_MODULES) -> Breakdown:
+def _other_parts(rest: int, tracked: TrackedPeak, allocated_at_start: int | None) -> OtherParts | None:
+    if allocated_at_start is None:
+        return None
+    outside = min(sum(size for (category, _), size in tracked.held.items() if category is Category.OTHER), rest)
+    before = min(max(allocated_at_start - tracked.tracked_at_start, 0), rest - outside)
+    return OtherParts(outside_models=outside, before_cell=before, unseen=rest - outside - before)
+
+
+def breakdown_at_peak(
+    peak_bytes: int, tracked: TrackedPeak, max_modules: int = MAX_MODULES, allocated_at_start: int | None = None
+) -> Breakdown:
     """The tracker's figures made to sum to the allocator's ``peak_bytes``.
 
     What the tracker counted as ``Category.OTHER`` and all it did not see become one figure, the
     rest of the peak: the tracker's own "other" is tensors outside any model, which the allocator
     counts too, so counting both would count them twice. Memory a tracker cannot see (cuBLAS's
     workspace, scratch an operation frees before it returns, tensors older than the cell outside any
-    model) is in that rest as well. Modules beyond the ``max_modules`` largest join ``OTHER_MODULE``.
+    model) is in that rest as well; with ``allocated_at_start`` (the allocator's figure as the cell
+    started) the rest is split into ``OtherParts``. Modules beyond the ``max_modules`` largest join
+    ``OTHER_MODULE``.
     """
     known: dict[tuple[str, Category], int] = {}
     for (category, module), size in tracked.held.items():
@@ -180,17 +215,26 @@ def breakdown_at_peak(peak_bytes: int, tracked: TrackedPeak, max_modules: int = 
         tracked_bytes=tracked_bytes,
         models=tracked.models,
         scaled=scaled,
+        other_parts=_other_parts(rest, tracked, allocated_at_start),
     )
 
 
-def breakdowns_for(peaks: Mapping[str, int], tracked: Mapping[str, TrackedPeak]) -> tuple[Breakdown, ...]:
-    """A breakdown for each measured device (``{"cuda:0": peak bytes}``) the tracker saw.
+def breakdowns_for(
+    peaks: Mapping[str, int], tracked: Mapping[str, TrackedPeak], allocated_at_start: Mapping[str, int] | None = None
+) -> tuple[Breakdown, ...]:
+    """A breakdown for each measured device (``{"cuda:0": peak bytes}``) the tracker saw; with each
+    device's allocated bytes as the cell started, ``Category.OTHER`` is split into its parts.
 
     A tracker of one device paired with one measured device pairs them whatever their names (a tracker
     of CPU tensors standing in for a GPU in tests).
     """
+    start = allocated_at_start or {}
     if len(peaks) == 1 and len(tracked) == 1:
-        [peak] = peaks.values()
+        [(device, peak)] = peaks.items()
         [seen] = tracked.values()
-        return (breakdown_at_peak(peak, seen),)
-    return tuple(breakdown_at_peak(peak, tracked[device]) for device, peak in peaks.items() if device in tracked)
+        return (breakdown_at_peak(peak, seen, allocated_at_start=start.get(device)),)
+    return tuple(
+        breakdown_at_peak(peak, tracked[device], allocated_at_start=start.get(device))
+        for device, peak in peaks.items()
+        if device in tracked
+    )

@@ -499,8 +499,9 @@ class CudaMem(CudaMemMagicsBase):
         from ..breakdown import breakdowns_for
 
         peaks = {d.device.label: d.peak_allocated_bytes for d in measurement.devices if d.peak_allocated_bytes}
+        start = {d.device.label: d.before.allocator.allocated_bytes for d in measurement.devices if d.before.allocator}
         try:
-            return breakdowns_for(peaks, tracker.peaks())
+            return breakdowns_for(peaks, tracker.peaks(), start)
         except Exception as failure:  # noqa: BLE001  a bug of ours must not cost the user the report
             self.note(f"could not break the peak down: {type(failure).__name__}: {failure}")
             return ()

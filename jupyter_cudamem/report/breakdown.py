@@ -51,11 +51,21 @@ def _advice(breakdown: Breakdown) -> list[str]:
 
 
 def _notes(breakdown: Breakdown) -> list[str]:
-    notes = [
-        f"other: what no model made or owns (inputs, data, a loss computed outside a module), tensors older than "
-        f"the cell outside any model, and what the allocator gave out that is no tensor (cuBLAS's workspace, "
-        f"scratch inside one operation); the tracker counted {format_bytes(breakdown.tracked_bytes)} of the peak"
-    ]
+    parts = breakdown.other_parts
+    if parts is None:
+        other = (
+            "what no model made or owns (inputs, data, a loss computed outside a module), tensors older than the "
+            "cell outside any model, and what the allocator gave out that is no tensor (cuBLAS's workspace, "
+            "scratch inside one operation)"
+        )
+    else:
+        other = (
+            f"{format_bytes(parts.outside_models)} made by the cell outside any model (inputs, a loss computed by a "
+            f"function), up to {format_bytes(parts.before_cell)} allocated before the cell outside any model "
+            f"(data, earlier results, cuBLAS's workspace), {format_bytes(parts.unseen)} in no tensor seen (a "
+            "workspace made now, scratch inside one operation)"
+        )
+    notes = [f"other: {other}; the tracker counted {format_bytes(breakdown.tracked_bytes)} of the peak"]
     if breakdown.scaled:
         notes.append(
             "the tracker counted more than the allocator's peak (its peak counter was not reset for this cell): "

@@ -173,6 +173,7 @@ class PeakTracker:
         self._in_step = 0
         self._closing = False  # on exit, storages never seen are left out (they may not have existed at the peak)
         self._handles: list[Any] = []
+        self._start_total: dict[str, int] = {}
         self._mode: _Mode | None = None
 
     # -- bookkeeping ----------------------------------------------------------------------------
@@ -345,6 +346,7 @@ class PeakTracker:
             optim_module.register_optimizer_step_pre_hook(self._step_pre),
             optim_module.register_optimizer_step_post_hook(self._step_post),
         ]
+        self._start_total = dict(self._total)
         self._mode = _Mode(self)
         self._mode.__enter__()
         return self
@@ -391,5 +393,6 @@ class PeakTracker:
                 phase=self._peak_phase.get(device, Phase.OUTSIDE),
                 expected=expected,
                 models=tuple(self._roots.values()),
+                tracked_at_start=self._start_total.get(device, 0),
             )
         return result

@@ -86,3 +86,22 @@ def test_breakdowns_pair_devices_by_name_or_one_to_one():
     two = {"cuda:0": tracked({}, device="cuda:0"), "cuda:1": tracked({(Category.PARAMETERS, "m"): 4}, device="cuda:1")}
     found = breakdowns_for({"cuda:1": 10, "cuda:2": 5}, two)
     assert [b.device for b in found] == ["cuda:1"]
+
+
+def test_other_is_split_into_outside_models_before_the_cell_and_unseen():
+    # 100 MiB peak; the tracker saw 50 of parameters (30 of them bound to names as the cell started) and
+    # 12 of inputs outside any model; 40 MiB were allocated at the start: 30 of the model, 10 of data
+    seen = TrackedPeak("cuda:0", {(Category.PARAMETERS, "m"): 50 * MiB, (Category.OTHER, ""): 12 * MiB},
+                       Phase.FORWARD, tracked_at_start=30 * MiB)
+    breakdown = breakdown_at_peak(100 * MiB, seen, allocated_at_start=40 * MiB)
+    assert breakdown.categories[Category.OTHER] == 50 * MiB
+    parts = breakdown.other_parts
+    assert (parts.outside_models, parts.before_cell, parts.unseen) == (12 * MiB, 10 * MiB, 28 * MiB)
+    assert breakdown_at_peak(100 * MiB, seen).other_parts is None
+
+
+def test_other_parts_never_exceed_other():
+    # more allocated before the cell than the rest can hold: the parts are capped, unseen is 0
+    seen = TrackedPeak("cuda:0", {(Category.PARAMETERS, "m"): 90, (Category.OTHER, ""): 4}, Phase.FORWARD)
+    parts = breakdown_at_peak(100, seen, allocated_at_start=50).other_parts
+    assert (parts.outside_models, parts.before_cell, parts.unseen) == (4, 6, 0)

@@ -55,6 +55,10 @@ def test_breakdown_sums_to_the_measured_peak_and_names_the_model(cpu_tracked, ca
     assert breakdown.categories[Category.TEMPORARIES] == 32 * 128 * 4
     assert breakdown.modules["model"] == LINEAR_BYTES + 32 * 128 * 4
     assert breakdown.phase in (Phase.FORWARD, Phase.OUTSIDE)
+    # other: the 32 x 64 input made outside the model; nothing was allocated before the cell
+    parts = breakdown.other_parts
+    assert parts.outside_models == 32 * 64 * 4 and parts.before_cell == 0
+    assert parts.unseen == 64 * MiB - LINEAR_BYTES - 32 * 128 * 4 - 32 * 64 * 4
     text = report.text()
     assert "where the peak went: 64.00 MiB" in text and "by module:" in text and "model" in text
     assert "data:image/png;base64," in report._repr_html_()
