@@ -168,7 +168,8 @@ class PeakTracker:
         self._child_label: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._roots: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._parameter_label: dict[int, str] = {}
-        self._grad_hooked: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # Tensors compare elementwise: a WeakKeyDictionary would call ``==`` on two parameters; keyed by id.
+        self._grad_hooked: dict[int, Any] = {}
         self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._in_step = 0
         self._closing = False  # on exit, storages never seen are left out (they may not have existed at the peak)
@@ -273,6 +274,11 @@ class PeakTracker:
 
     def _adopt(self, model: Any, name: str | None = None) -> None:
         """Label a model's top-level children and count its parameters, buffers and gradients."""
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: the model it wraps holds the tensors
+        if isinstance(inner, torch.nn.Module):
+            self._roots.setdefault(model, name or self._model_name(model))
+            self._adopt(inner, self._roots.get(inner) or self._roots[model])
+            return
         if model in self._roots:
             return
         root = name or self._model_name(model)
@@ -285,15 +291,15 @@ class PeakTracker:
 
     def _label_tensors(self, module: Any, label: str, recurse: bool = True) -> None:
         for parameter in module.parameters(recurse=recurse):
-            self._parameter_label.setdefault(id(parameter), label)
-            self._retag(parameter, Category.PARAMETERS, label)
+            owner = self._parameter_label.setdefault(id(parameter), label)  # the first model to claim it names it
+            self._retag(parameter, Category.PARAMETERS, owner)
             if parameter.grad is not None:
-                self._retag(parameter.grad, Category.GRADIENTS, label)
-            if parameter.requires_grad and parameter not in self._grad_hooked and hasattr(
+                self._retag(parameter.grad, Category.GRADIENTS, owner)
+            if parameter.requires_grad and id(parameter) not in self._grad_hooked and hasattr(
                 parameter, "register_post_accumulate_grad_hook"
             ):
-                self._grad_hooked[parameter] = parameter.register_post_accumulate_grad_hook(
-                    partial(self._gradient_landed, label)
+                self._grad_hooked[id(parameter)] = parameter.register_post_accumulate_grad_hook(
+                    partial(self._gradient_landed, owner)
                 )
         for buffer in module.buffers(recurse=recurse):
             self._retag(buffer, Category.PARAMETERS, label)
@@ -358,7 +364,7 @@ class PeakTracker:
         for handle in self._handles + list(self._grad_hooked.values()):
             handle.remove()
         self._handles = []
-        self._grad_hooked = weakref.WeakKeyDictionary()
+        self._grad_hooked = {}
         # What the cell bound to names (a model built and never run, an optimizer never stepped) is
         # known by now; reclassifying its records reaches the peak's records too.
         self._closing = True

@@ -141,3 +141,14 @@ def test_model_state_counts_tied_weights_once_and_reads_grads_and_state():
     # Adam: two moments of 6,400 bytes and a 4-byte step counter
     assert state == {Category.PARAMETERS: 6_400, Category.GRADIENTS: 6_400, Category.OPTIMIZER_STATE: 12_804}
     assert model_state_bytes([model], [optimizer], "cuda") == dict.fromkeys(state, 0)
+
+
+def test_a_compiled_model_is_counted_under_the_name_of_the_model_it_wraps():
+    ns = {"model": mlp()}
+    ns["compiled"] = torch.compile(ns["model"], backend="eager")  # dynamo without a code generator: CPU-safe
+    with PeakTracker(ns, "cpu") as tracker:
+        ns["compiled"](torch.randn(8, 256)).sum().backward()
+    peak = tracker.peaks()["cpu"]
+    assert by_module(peak, Category.PARAMETERS) == {"model.0": FIRST, "model.2": SECOND}
+    # a batch of 8 keeps 32 KiB of activations: the peak is at the end of backward, every gradient landed
+    assert by_module(peak, Category.GRADIENTS) == {"model.0": FIRST, "model.2": SECOND}
