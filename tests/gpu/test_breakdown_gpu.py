@@ -89,3 +89,17 @@ def test_nvtx_ranges_on_a_real_gpu(shell, torch):
     result = shell.run_cell("%%cudamem -o -q --nvtx\nx = torch.ones(1024, device='cuda').sum()")
     assert result.success, result.error_in_exec
     assert result.result.peak_allocated_bytes is not None
+
+
+def test_a_compiled_fine_tune_runs_and_its_model_state_is_counted(shell, torch):
+    from jupyter_cudamem.breakdown import Category
+
+    shell.run_cell(SETUP + "compiled = torch.compile(model)")
+    cell = FINE_TUNE.replace("model(tokens)", "compiled(tokens)")
+    result = shell.run_cell(cell)
+    assert result.success, result.error_in_exec
+    breakdown = result.result.breakdown
+    categories = breakdown.categories
+    assert sum(categories.values()) == breakdown.peak_bytes
+    assert categories[Category.PARAMETERS] == pytest.approx(PARAMETER_BYTES, rel=0.02)
+    assert categories[Category.OPTIMIZER_STATE] == pytest.approx(STATE_BYTES, rel=0.02)
