@@ -12,6 +12,10 @@ element size of the parameters and buffers, of their ``.grad`` and of the optimi
 the GPU. The training cells call ``zero_grad(set_to_none=False)`` so that every gradient exists from the
 first backward on: the gradients at the peak are then all of them, which the end state can check.
 
+Beside ours, PyTorch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``) runs each cell as it is and
+one iteration of it (``memtracker`` in each case), with ours on that same iteration: where it stops a
+cell, the error; where it runs, its categories at its own peak.
+
 Writes benchmarks/results/breakdown.json; ``--cpu-smoke`` runs the workloads small on the CPU (a tracker
 of CPU tensors, no allocator peak: a smoke run, figures not for the README).
 """
@@ -208,8 +212,77 @@ def run_workload(shell, name: str, spec: dict, device: str, rounds: int, batch_s
         "seconds_off_runs": off,
         "seconds_on_runs": on,
     }
+    record["memtracker"] = memtracker_runs(shell, cell, fresh, device.split(":")[0])
     clear(shell, [k for k in shell.user_ns if k not in before])
     return record
+
+
+MEMTRACKER_NAMES = {"Parameter": "parameters", "Buffer": "parameters", "Gradient": "gradients",
+                    "Optstate": "optimizer_state", "Activation": "activations", "Temp": "temporaries",
+                    "Other": "other"}
+
+
+def single_step(cell: str) -> str:
+    """The cell with its loop cut to one iteration (``range(3)`` becomes ``range(1)``)."""
+    import re
+
+    return re.sub(r"range\(\d+\)", "range(1)", cell)
+
+
+def under_memtracker(shell, cell: str, device_type: str) -> dict:
+    """Run ``cell`` under PyTorch's MemTracker (the namespace's models and optimizers passed to
+    ``track_external`` first, as its documentation asks); its categories at its peak on ``device_type``, or
+    the error that stopped it."""
+    import torch
+
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except Exception as error:  # noqa: BLE001  not in this torch, or no torch.distributed
+        return {"error": f"{type(error).__name__}: {error}"}
+    on_gpu = device_type == "cuda"
+    tracker = MemTracker()
+    external = [v for k, v in shell.user_ns.items() if not k.startswith("_")
+                and isinstance(v, (torch.nn.Module, torch.optim.Optimizer))]
+    tracker.track_external(*external)
+    if on_gpu:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    try:
+        with tracker:
+            exec(compile(cell, "<memtracker cell>", "exec"), shell.user_ns)
+        if on_gpu:
+            torch.cuda.synchronize()
+    except Exception as error:  # noqa: BLE001  what stops it is the finding
+        return {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+    seconds = time.perf_counter() - started
+    snapshot = tracker.get_tracker_snapshot("peak")
+    found = next((value for key, value in snapshot.items() if str(key).startswith(device_type)), {})
+    categories = dict.fromkeys(CATEGORY_NAMES, 0)
+    for kind, size in found.items():
+        name = MEMTRACKER_NAMES.get(getattr(kind, "value", str(kind)))
+        if name is not None:
+            categories[name] += int(size)
+    return {"categories_at_its_peak": categories, "tracked_total": int(found.get("Total", 0)),
+            "allocator_peak_bytes": torch.cuda.max_memory_allocated() if on_gpu else None, "seconds": seconds}
+
+
+def memtracker_runs(shell, cell: str, fresh, device_type: str) -> dict:
+    """MemTracker on the cell as it is, and on one iteration of it beside ours on the same iteration."""
+    fresh()
+    as_is = under_memtracker(shell, cell, device_type)
+    one = single_step(cell)
+    fresh()
+    theirs = under_memtracker(shell, one, device_type)
+    fresh()
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = shell.run_cell(f"%%cudamem -o -q --breakdown\n{one}")
+    ours: dict = {}
+    breakdown = result.result.breakdown if result.success and result.result is not None else None
+    if breakdown is not None:
+        ours = {"categories": {c.value: size for c, size in breakdown.categories.items()},
+                "peak_bytes": breakdown.peak_bytes, "phase": breakdown.phase.value}
+    return {"cell_as_is": as_is, "one_iteration": theirs, "ours_one_iteration": ours}
 
 
 def versions() -> dict:
@@ -277,6 +350,9 @@ def main(argv: list[str] | None = None) -> None:
         "method": "our tracker (sources/torch_breakdown.py): a TorchDispatchMode over every operation, module "
                   "forward hooks, optimizer step hooks, post-accumulate-grad hooks; the allocator's peak from "
                   "%%cudamem",
+        "memtracker": "torch.distributed._tools.mem_tracker.MemTracker on each cell as it is (models and optimizers "
+                      "passed to track_external first), and on one iteration of it beside ours on that iteration; "
+                      "its categories at its own peak, buffers counted as parameters",
         "cases": cases,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
