@@ -403,8 +403,8 @@ def build_suggestions(
 # -- what fits the category that fills a peak (``breakdown``) -----------------------------------------
 @dataclass(frozen=True)
 class CategoryAdvice:
-    """One change that shrinks a category, and how many bytes of this cell's peak it would save
-    (``up_to``: at most that many; the rest depends on the model)."""
+    """One change that shrinks a category, and how many bytes of the cell's peak (or of what a failed cell
+    needed) it would save (``up_to``: at most that many; the rest depends on the model)."""
 
     category: Category
     action: str

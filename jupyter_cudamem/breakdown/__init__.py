@@ -233,8 +233,9 @@ def breakdowns_for(
         [(device, peak)] = peaks.items()
         [seen] = tracked.values()
         return (breakdown_at_peak(peak, seen, allocated_at_start=start.get(device)),)
+    # a device the tracker saw no tensor on: all of its peak is "other"
     return tuple(
-        breakdown_at_peak(peak, tracked[device], allocated_at_start=start.get(device))
+        breakdown_at_peak(peak, tracked.get(device) or TrackedPeak(device, {}, Phase.OUTSIDE),
+                          allocated_at_start=start.get(device))
         for device, peak in peaks.items()
-        if device in tracked
     )

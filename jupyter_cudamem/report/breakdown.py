@@ -35,7 +35,7 @@ def _where(breakdown: Breakdown) -> str:
 
 
 def headline(breakdown: Breakdown) -> str:
-    """``peak 5.2 GiB on cuda:0 in the backward pass: activations 61%, parameters 12%, ...``"""
+    """``where the peak went: 5.20 GiB on cuda:0, reached in the backward: activations 61%, ...``"""
     parts = [
         f"{category.words} {_share(size, breakdown.peak_bytes)}"
         for category, size in sorted(breakdown.categories.items(), key=lambda item: -item[1])

@@ -85,7 +85,11 @@ def test_breakdowns_pair_devices_by_name_or_one_to_one():
     assert paired.peak_bytes == 10
     two = {"cuda:0": tracked({}, device="cuda:0"), "cuda:1": tracked({(Category.PARAMETERS, "m"): 4}, device="cuda:1")}
     found = breakdowns_for({"cuda:1": 10, "cuda:2": 5}, two)
-    assert [b.device for b in found] == ["cuda:1"]
+    assert [b.device for b in found] == ["cuda:1", "cuda:2"]
+    # cuda:2 had a peak but no tensor the tracker saw: all of it is other
+    assert found[1].categories[Category.OTHER] == 5 and found[1].tracked_bytes == 0
+    [nothing] = breakdowns_for({"cuda:0": 7}, {})
+    assert nothing.categories[Category.OTHER] == 7 and nothing.phase is Phase.OUTSIDE
 
 
 def test_other_is_split_into_outside_models_before_the_cell_and_unseen():
