@@ -131,6 +131,23 @@ def model_state_bytes(models: Iterable[Any], optimizers: Iterable[Any], device_t
     return totals
 
 
+def _guarded(method: Any) -> Any:
+    """Run a hook or the per-operation count without ever raising into the user's code: the first failure
+    stops the tracker (``failure`` says why) and the cell goes on untouched."""
+
+    def guarded(self: "PeakTracker", *args: Any, **kwargs: Any) -> None:
+        if self.failure is not None:
+            return
+        try:
+            method(self, *args, **kwargs)
+        except Exception as error:  # noqa: BLE001  a bug of ours must not cost the user the cell
+            self.failure = f"{type(error).__name__}: {error}"
+
+    guarded.__name__ = method.__name__
+    guarded.__doc__ = method.__doc__
+    return guarded
+
+
 class _Mode(TorchDispatchMode):
     """Hands every tensor an operation returns to the tracker."""
 
@@ -176,6 +193,8 @@ class PeakTracker:
         self._handles: list[Any] = []
         self._start_total: dict[str, int] = {}
         self._mode: _Mode | None = None
+        self._result: dict[str, TrackedPeak] | None = None
+        self.failure: str | None = None  # why the tracker stopped counting, if it did
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def _category(self) -> tuple[Category, str]:
@@ -208,6 +227,7 @@ class PeakTracker:
             return None
         return storage, address, str(tensor.device)
 
+    @_guarded
     def _made(self, result: Any) -> None:
         category: tuple[Category, str] | None = None
         for tensor in _tensors(result):
@@ -233,13 +253,14 @@ class PeakTracker:
             self._peak_pending.add(device)
         return held
 
+    @_guarded
     def _freed(self, address: int, held: _Held, _reference: Any) -> None:
         live = self._live.get(held.device, {})
         if live.get(address) is not held:
             return
         if held.device in self._peak_pending:
             # The first free after a new highest point: what is alive now is what was alive then.
-            self._peak_records[held.device] = list(live.values())
+            self._peak_records[held.device] = list(live.copy().values())
             self._peak_pending.discard(held.device)
         del live[address]
         counts = self._held[held.device]
@@ -304,6 +325,7 @@ class PeakTracker:
         for buffer in module.buffers(recurse=recurse):
             self._retag(buffer, Category.PARAMETERS, label)
 
+    @_guarded
     def _gradient_landed(self, label: str, parameter: Any) -> None:
         if parameter.grad is not None:
             self._retag(parameter.grad, Category.GRADIENTS, label)
@@ -314,6 +336,7 @@ class PeakTracker:
             self._retag(tensor, Category.OPTIMIZER_STATE, self._parameter_label.get(id(parameter), ""))
 
     # -- hooks ------------------------------------------------------------------------------------
+    @_guarded
     def _forward_pre(self, module: Any, _inputs: Any) -> None:
         if not self._forward_depth and module not in self._child_label:
             self._adopt(module)
@@ -321,27 +344,44 @@ class PeakTracker:
         label = self._child_label.get(module) or self._roots.get(module)
         self._labels.append(label if label is not None else (self._labels[-1] if self._labels else ""))
 
+    @_guarded
     def _forward_post(self, _module: Any, _inputs: Any, _outputs: Any) -> None:
         self._forward_depth = max(self._forward_depth - 1, 0)
         if self._labels:
             self._labels.pop()
 
+    @_guarded
     def _step_pre(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self._in_step += 1
 
+    @_guarded
     def _step_post(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         self._in_step = max(self._in_step - 1, 0)
         self._adopt_optimizer(optimizer)
+
+    @_guarded
+    def _adopt_namespace(self, closing: bool = False) -> None:
+        """The models and optimizers bound to names: counted from the start as the cell starts; at its end,
+        what the cell bound (a model built and never run, an optimizer never stepped) is known, and
+        reclassifying its records reaches the peak's records too."""
+        names, models, optimizers = namespace_objects(self.namespace)
+        for model in models:
+            if model not in self._child_label:
+                self._adopt(model, names[id(model)])
+        if closing:
+            for root in list(self._roots.keys()):
+                for parameter in root.parameters():
+                    if parameter.grad is not None:
+                        label = self._parameter_label.get(id(parameter), "")
+                        self._retag(parameter.grad, Category.GRADIENTS, label)
+        for optimizer in optimizers + list(self._optimizers):
+            self._adopt_optimizer(optimizer)
 
     def __enter__(self) -> "PeakTracker":
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim_module
 
-        names, models, optimizers = namespace_objects(self.namespace)
-        for model in models:
-            self._adopt(model, names[id(model)])
-        for optimizer in optimizers:
-            self._adopt_optimizer(optimizer)
+        self._adopt_namespace()
         try:
             post = nn_module.register_module_forward_hook(self._forward_post, always_call=True)
         except TypeError:  # torch before 2.2 has no always_call
@@ -365,25 +405,30 @@ class PeakTracker:
             handle.remove()
         self._handles = []
         self._grad_hooked = {}
-        # What the cell bound to names (a model built and never run, an optimizer never stepped) is
-        # known by now; reclassifying its records reaches the peak's records too.
         self._closing = True
-        names, models, optimizers = namespace_objects(self.namespace)
-        for model in models:
-            if model not in self._child_label:
-                self._adopt(model, names[id(model)])
-        for root in list(self._roots.keys()):
-            for parameter in root.parameters():
-                if parameter.grad is not None:
-                    self._retag(parameter.grad, Category.GRADIENTS, self._parameter_label.get(id(parameter), ""))
-        for optimizer in optimizers + list(self._optimizers):
-            self._adopt_optimizer(optimizer)
+        self._adopt_namespace(closing=True)
         for device in list(self._peak_pending):
             self._peak_records[device] = list(self._live.get(device, {}).values())
         self._peak_pending.clear()
+        if self.failure is None:
+            self._result = self._peaks()
+        # A weak reference that dies before its storage never calls back: nothing runs for this cell's
+        # tensors once it is over, and the records the peak keeps are plain sizes.
+        for live in self._live.values():
+            for held in live.values():
+                held.reference = None
+        self._live = {}
+        self._peak_records = {}
 
     def peaks(self) -> dict[str, TrackedPeak]:
         """What was alive at each device's highest tracked point, by category and module (bytes)."""
+        if self.failure is not None:
+            raise RuntimeError(f"the tracker stopped while the cell ran: {self.failure}")
+        if self._result is None:
+            raise RuntimeError("the tracker has not finished: read peaks() after the cell")
+        return self._result
+
+    def _peaks(self) -> dict[str, TrackedPeak]:
         models = list(self._roots.keys())
         optimizers = list(self._optimizers)
         expected = model_state_bytes(models, optimizers, self.device_type)

@@ -152,3 +152,20 @@ def test_a_compiled_model_is_counted_under_the_name_of_the_model_it_wraps():
     assert by_module(peak, Category.PARAMETERS) == {"model.0": FIRST, "model.2": SECOND}
     # a batch of 8 keeps 32 KiB of activations: the peak is at the end of backward, every gradient landed
     assert by_module(peak, Category.GRADIENTS) == {"model.0": FIRST, "model.2": SECOND}
+
+
+def test_a_failure_of_the_tracker_stops_it_and_never_reaches_the_cell():
+    ns = {"model": mlp()}
+    tracker = PeakTracker(ns, "cpu")
+
+    def broken():
+        raise ValueError("a bug of ours")
+
+    tracker._category = broken
+    with tracker:
+        out = ns["model"](torch.randn(4, 256)).sum()  # the forward pass and backward run as usual
+        out.backward()
+    assert out.item() == out.item() and ns["model"][0].weight.grad is not None
+    assert tracker.failure == "ValueError: a bug of ours"
+    with pytest.raises(RuntimeError, match="the tracker stopped while the cell ran: ValueError: a bug of ours"):
+        tracker.peaks()
