@@ -119,3 +119,38 @@ def test_nvtx_range_closes_when_the_cell_fails(shell):
     result = shell.run_cell("%%cudamem --nvtx\nraise ValueError('boom')")
     assert isinstance(result.error_in_exec, ValueError)
     assert [kind for kind, _ in ranges.events] == ["push", "pop"]
+
+
+def test_breakdown_without_a_gpu_is_one_line_and_the_cell_does_not_run(ip, capsys):
+    from fakes import FakeAllocator, FakeMachine, FakeNvml
+
+    from jupyter_cudamem.hardware import Hardware
+
+    machine = FakeMachine()
+    hardware = Hardware(
+        FakeAllocator(machine, status="PyTorch 2.13.0+cpu (a CPU-only build) sees no CUDA device"),
+        FakeNvml(machine, failure="NVML library (libnvidia-ml.so) not found: no NVIDIA driver on this machine"),
+    )
+    magics.unload(ip)
+    magics.load(ip, hardware)
+    try:
+        result = ip.run_cell("%%cudamem --breakdown\nbroken_down = 1")
+        assert not result.success and "broken_down" not in ip.user_ns
+        err = capsys.readouterr().err
+        assert "--breakdown needs PyTorch with a CUDA device: PyTorch 2.13.0+cpu" in err
+        assert "Traceback" not in err
+    finally:
+        magics.unload(ip)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: its NVTX ranges work")
+def test_nvtx_without_cuda_is_one_line_and_the_cell_does_not_run(shell, capsys):
+    result = shell.run_cell("%%cudamem --nvtx\nmarked = 1")
+    assert not result.success and "marked" not in shell.user_ns
+    err = capsys.readouterr().err
+    assert "--nvtx needs PyTorch with a CUDA device" in err and "Traceback" not in err
+
+
+def test_help_documents_both_options(shell):
+    doc = cudamem(shell).cudamem.__doc__
+    assert "--breakdown" in doc and "--nvtx" in doc
