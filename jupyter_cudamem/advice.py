@@ -12,6 +12,7 @@ measures or decides a verdict.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .units import GiB
@@ -30,6 +31,7 @@ from .attribution.left import (
     _plural,
 )
 from .attribution.walk import GRADIENTS
+from .breakdown import Category
 from .batch.knobs import KnobKind
 from .cell.traits import CellTraits
 from .measure import DeviceMeasurement, Measurement
@@ -396,3 +398,68 @@ def build_suggestions(
             )
         )
     return tuple(found)
+
+
+# -- what fits the category that fills a peak (``breakdown``) -----------------------------------------
+@dataclass(frozen=True)
+class CategoryAdvice:
+    """One change that shrinks a category, and how many bytes of the cell's peak (or of what a failed cell
+    needed) it would save (``up_to``: at most that many; the rest depends on the model)."""
+
+    category: Category
+    action: str
+    saves_bytes: int
+    up_to: bool = False
+
+    def text(self, whole: str = "the peak") -> str:
+        """``action: saves about 1.14 GiB of the peak`` (``whole`` names what it is saved from)."""
+        amount = f"{'up to ' if self.up_to else 'about '}{format_bytes(self.saves_bytes)}"
+        return f"{self.action}: saves {amount} of {whole}"
+
+
+def category_advice(categories: Mapping[Category, int], in_step: bool = False) -> list[CategoryAdvice]:
+    """What to change when the largest of ``categories`` (bytes) is the one to shrink.
+
+    The figures assume 32-bit floats, as PyTorch makes them by default: bf16 halves a category. Adam's
+    state is made like its parameter, so a bf16 model halves parameters, gradients and state together.
+    ``in_step``: the peak was reached in the optimizer's step, so the temporaries are the step's.
+    """
+    size = {category: int(categories.get(category, 0)) for category in Category}
+    dominant = max(Category, key=lambda category: size[category])
+    if size[dominant] <= 0:
+        return []
+    state = size[Category.PARAMETERS] + size[Category.GRADIENTS] + size[Category.OPTIMIZER_STATE]
+    if dominant is Category.OPTIMIZER_STATE:
+        return [
+            CategoryAdvice(dominant, "a lower-precision optimizer (its state in bf16; 8-bit states save more)",
+                           size[dominant] // 2),
+            CategoryAdvice(dominant, "fused=True (or foreach=False) on the optimizer: its step then makes no "
+                           "temporary copy of the state", size[Category.TEMPORARIES] if in_step else
+                           size[Category.PARAMETERS], up_to=True),
+        ]
+    if dominant is Category.ACTIVATIONS:
+        return [
+            CategoryAdvice(dominant, "half the batch (gradient accumulation keeps the effective batch)",
+                           size[dominant] // 2),
+            CategoryAdvice(dominant, 'torch.autocast("cuda", dtype=torch.bfloat16) around the forward pass',
+                           size[dominant] // 2),
+            CategoryAdvice(dominant, "activation checkpointing (torch.utils.checkpoint) around each block: "
+                           "only the blocks' inputs are kept for backward", size[dominant], up_to=True),
+        ] + ([CategoryAdvice(dominant, "torch.no_grad() (or torch.inference_mode()) if the cell does not train: "
+                             "nothing is kept for backward", size[dominant], up_to=True)]
+             if size[Category.GRADIENTS] == 0 else [])
+    if dominant is Category.PARAMETERS:
+        return [CategoryAdvice(dominant, "a smaller dtype: model.to(torch.bfloat16) before the optimizer is made "
+                               "halves parameters, gradients and optimizer state", state // 2)]
+    if dominant is Category.GRADIENTS:
+        return [CategoryAdvice(dominant, "freeze what you do not train (requires_grad_(False)), or step the "
+                               "optimizer in backward so each gradient is freed once used", size[dominant],
+                               up_to=True)]
+    if dominant is Category.TEMPORARIES:
+        if in_step:
+            return [CategoryAdvice(dominant, "fused=True (or foreach=False) on the optimizer: its step then "
+                                   "makes no temporary copies", size[dominant], up_to=True)]
+        return [CategoryAdvice(dominant, "half the batch, or split the largest operation into chunks",
+                               size[dominant] // 2)]
+    return [CategoryAdvice(dominant, "keep data and results on the CPU and move one batch at a time to the GPU",
+                           size[dominant], up_to=True)]

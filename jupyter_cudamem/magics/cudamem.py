@@ -151,6 +151,18 @@ class CudaMem(CudaMemMagicsBase):
         "leak and what to change. 'off' (or 0) never does.",
     ).tag(config=True)
 
+    breakdown = Bool(
+        False,
+        help="Break each %%cudamem cell's peak down by category (parameters, gradients, optimizer state, activations, "
+        "temporaries, other) and by module, as --breakdown does. It slows the cell down while it runs (every "
+        "operation is counted: benchmarks/breakdown.py measures by how much).",
+    ).tag(config=True)
+    nvtx = Bool(
+        False,
+        help="Wrap each %%cudamem cell in an NVTX range named after it (In[n] and its first line), as --nvtx does, so "
+        "an Nsight Systems timeline shows cells.",
+    ).tag(config=True)
+
     # Every option is checked when it is set (``%config`` prints the one line) and applies from the
     # next cell on; history_size resizes the history at once.
     @validate("auto_threshold")
@@ -207,6 +219,10 @@ class CudaMem(CudaMemMagicsBase):
         self._attribute_value: int | None = DEFAULT_THRESHOLD_BYTES
         # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
         self.probe: Any = None
+        # What --breakdown counts with: ``namespace -> tracker`` (``sources.torch_breakdown.PeakTracker``
+        # of CUDA tensors when ``None``); and what --nvtx marks with (``sources.nvtx.TorchNvtx``).
+        self.breakdown_tracker: Any = None
+        self.nvtx_ranges: Any = None
 
     # -- shared pieces ---------------------------------------------------------------------
     def _meter(self, devices: list[int] | None = None, reset_peak: bool | None = None) -> Meter:
@@ -297,6 +313,19 @@ class CudaMem(CudaMemMagicsBase):
         "and save a snapshot that https://pytorch.org/memory_viz opens.",
     )
     @argument(
+        "--breakdown",
+        action="store_true",
+        help="Say where the peak went: bytes by category (parameters, gradients, optimizer state, activations kept "
+        "for backward, temporaries, other) and by module (the top-level children of each model the cell ran), and "
+        "which phase (forward, backward, optimizer step) held it. Counts every operation while the cell runs, so the "
+        "cell runs slower (see CudaMem.breakdown).",
+    )
+    @argument(
+        "--nvtx",
+        action="store_true",
+        help="Wrap the cell in an NVTX range named In[n] and its first line, for Nsight Systems (see CudaMem.nvtx).",
+    )
+    @argument(
         "--no-reset-peak", action="store_true", help="Do not reset PyTorch's peak counters (see CudaMem.reset_peak)."
     )
     @no_var_expand  # the statement is the user's code: `{x}` and `$x` stay as written, as under %time
@@ -331,11 +360,13 @@ class CudaMem(CudaMemMagicsBase):
         if gpu_present:
             meter.check_devices()
         limit_bytes = parse_size(args.limit) if args.limit else None
-        if (limit_bytes or args.trace) and self.hardware.allocator.status() is not None:
-            raise CudaMemError(
-                f"--{'limit' if limit_bytes else 'trace'} needs PyTorch with a CUDA device: {self.hardware.allocator.status()}"
-            )
-        report = self._measure(cell, meter, limit_bytes, args.trace, show=not args.quiet)
+        breakdown = args.breakdown or self.breakdown
+        needs_cuda = "limit" if limit_bytes else "trace" if args.trace else "breakdown" if breakdown else None
+        if needs_cuda and self.hardware.allocator.status() is not None:
+            raise CudaMemError(f"--{needs_cuda} needs PyTorch with a CUDA device: {self.hardware.allocator.status()}")
+        report = self._measure(
+            cell, meter, limit_bytes, args.trace, show=not args.quiet, breakdown=breakdown, nvtx=args.nvtx or self.nvtx
+        )
         if report is None or args.output:
             return report
         if not args.quiet:
@@ -394,7 +425,8 @@ class CudaMem(CudaMemMagicsBase):
         return argparse.Namespace(**vars(cached))
 
     def _measure(
-        self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool, show: bool = True
+        self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool, show: bool = True,
+        breakdown: bool = False, nvtx: bool = False,
     ) -> CellReport | None:
         """Run ``cell`` as a plain cell, measured; ``None`` when it failed (its error shown as a plain cell's).
 
@@ -409,14 +441,21 @@ class CudaMem(CudaMemMagicsBase):
         ran: Ran | None = None
         measurement: Measurement | None = None
         tracing: list[TraceSummary] | None = None
+        tracker: Any = None
         try:
             with ExitStack() as stack:
                 cap_note = stack.enter_context(self._capped(limit_bytes, meter.devices)) if limit_bytes else None
                 tracing = stack.enter_context(self._tracing()) if trace else None
+                if nvtx:
+                    stack.enter_context(self._nvtx_range(count, cell))
                 baseline = meter.start()
                 self._inside_magic = True
                 try:
-                    ran = run_cell_body(self.shell, cell)
+                    if breakdown:
+                        with self._tracker() as tracker:
+                            ran = run_cell_body(self.shell, cell)
+                    else:
+                        ran = run_cell_body(self.shell, cell)
                 finally:
                     self._inside_magic = False
                 if ran.started:
@@ -434,8 +473,11 @@ class CudaMem(CudaMemMagicsBase):
         traces = tuple(tracing or ())
         left = self._left_behind(measurement, snapshot, ran.value, ran.error)
         record = self._record(count, cell, measurement)
-        report = CellReport(measurement, label=label, traces=traces, left=left, growth=record.growth)
-        del left, snapshot
+        breakdowns = self._breakdowns(tracker, measurement) if tracker is not None else ()
+        report = CellReport(
+            measurement, label=label, traces=traces, left=left, growth=record.growth, breakdowns=breakdowns
+        )
+        del left, snapshot, tracker
         ran.show_values(self.shell)
         if ran.error is not None:
             if show:
@@ -443,6 +485,32 @@ class CudaMem(CudaMemMagicsBase):
             ran.fail(self.shell)
             return None
         return report
+
+    def _tracker(self) -> Any:
+        """What counts the cell's tensors for --breakdown (imports torch: only when asked)."""
+        if self.breakdown_tracker is not None:
+            return self.breakdown_tracker(self.shell.user_ns)
+        from ..sources.torch_breakdown import PeakTracker
+
+        return PeakTracker(self.shell.user_ns)
+
+    def _breakdowns(self, tracker: Any, measurement: Measurement) -> tuple[Any, ...]:
+        """Where each measured device's peak went; a failure of ours costs the user only this part."""
+        from ..breakdown import breakdowns_for
+
+        peaks = {d.device.label: d.peak_allocated_bytes for d in measurement.devices if d.peak_allocated_bytes}
+        start = {d.device.label: d.before.allocator.allocated_bytes for d in measurement.devices if d.before.allocator}
+        try:
+            return breakdowns_for(peaks, tracker.peaks(), start)
+        except Exception as failure:  # noqa: BLE001  a bug of ours must not cost the user the report
+            self.note(f"could not break the peak down: {type(failure).__name__}: {failure}")
+            return ()
+
+    def _nvtx_range(self, count: int | None, cell: str) -> Any:
+        from ..sources.nvtx import TorchNvtx, range_name
+
+        ranges = self.nvtx_ranges if self.nvtx_ranges is not None else TorchNvtx()
+        return ranges.range(range_name(count, cell))
 
     @contextmanager
     def _capped(self, limit_bytes: int, devices: list[int] | None) -> Iterator[int]:

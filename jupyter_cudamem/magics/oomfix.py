@@ -244,6 +244,21 @@ class OomFix(CudaMemMagicsBase):
             raise CudaMemError("no strategy left to try: --strategy autocast with --no-autocast leaves nothing")
         return chosen
 
+    def _model_state(self) -> Any:
+        """Parameters, gradients and optimizer state of the models and optimizers bound to names (bytes), for
+        the diagnosis's split by category; ``None`` where torch was never imported or they cannot be read."""
+        import sys
+
+        if "torch" not in sys.modules:
+            return None
+        try:
+            from ..sources.torch_breakdown import model_state_bytes, namespace_objects
+
+            _, models, optimizers = namespace_objects(self.shell.user_ns)
+            return model_state_bytes(models, optimizers)
+        except Exception:  # noqa: BLE001  the split is extra: the diagnosis stands without it
+            return None
+
     def _fix(
         self,
         args: Any,
@@ -268,7 +283,7 @@ class OomFix(CudaMemMagicsBase):
         holders = find_holders(user_variables(self.shell), ipython_references(self.shell), probe=self.probe)
         if oom is None:  # an OOM whose message says nothing we parse: diagnose from the holders alone
             oom = OomInfo("other", "" if error is None else str(error))
-        diagnosis = diagnose(oom, holders, self._readings())
+        diagnosis = diagnose(oom, holders, self._readings(), self._model_state())
         if args.dry_run:
             return self._show(self._preview(source, oom, diagnosis, strategies, max_tries, cell_number), args)
         self._display(diagnosis)

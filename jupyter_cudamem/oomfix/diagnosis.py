@@ -14,6 +14,12 @@ Verdicts, checked in this order (the first that applies is the one acted on):
   own working memory, freed by the cleanup but needed again by a rerun; the explanation reports it.
 - ``"held by namespace"`` when the user's variables hold at least half of the capacity: deleting the
   ones no longer needed (``--del NAME``) makes room.
+
+Beside the verdict, where the models' and optimizers' state can be read after the failure
+(``model_state``: parameters, gradients and optimizer state, numel x element size), the failure's
+memory is split by category (``breakdown.Category``): what the allocator held plus what it was asked for,
+less the model state, is the activations and temporaries of the failed computation. The largest
+category gets the advice that fits it (``advice.category_advice``), each with the bytes it would save.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
 from ..attribution.holders import EXCEPTION, FRAME, Holder
+from ..breakdown import MODEL_STATE, Category
 from .parse import OomInfo
 
 
@@ -57,6 +64,8 @@ class Diagnosis(TextReport):
     cache_only_bytes: int = 0
     namespace_bytes: int = 0
     figures: tuple[tuple[str, str], ...] = field(default=())
+    # At the failure, by category (bytes), where the models' state could be read; None where not.
+    categories: dict[Category, int] | None = None
 
     def text(self) -> str:
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
@@ -262,13 +271,34 @@ def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
     return sorted(result, key=lambda h: -h.cuda_bytes)
 
 
+def failure_categories(oom: OomInfo, model_state: dict[Category, int] | None) -> dict[Category, int] | None:
+    """The failure's memory by category: the model state as read from the objects, and as activations
+    what the allocator held plus the failed request beyond it. ``None`` without the figures to do it."""
+    if not model_state or not any(model_state.values()) or oom.allocated_bytes is None:
+        return None
+    held = {category: int(model_state.get(category, 0)) for category in MODEL_STATE}
+    needed = oom.allocated_bytes + (oom.requested_bytes or 0)
+    return {**held, Category.ACTIVATIONS: max(needed - sum(held.values()), 0)}
+
+
+def _category_sentence(categories: dict[Category, int]) -> str:
+    parts = ", ".join(f"{category.words} {format_bytes(size)}" for category, size in categories.items())
+    largest = max(categories, key=lambda category: categories[category])
+    return (
+        f" At the failure: {parts} (the model state read from your models and optimizers; activations and "
+        f"temporaries are the rest of what was allocated and asked for): {largest.words} is the largest."
+    )
+
+
 def diagnose(
     oom: OomInfo,
     holders: list[Holder],
     readings: dict[int, AllocatorReading] | None,
+    model_state: dict[Category, int] | None = None,
 ) -> Diagnosis:
     """Decide the verdict (see the module docstring) from the OOM's figures, the holders and the
-    allocator's readings taken after the failure (``None`` where there is no GPU to read)."""
+    allocator's readings taken after the failure (``None`` where there is no GPU to read); with
+    ``model_state`` (bytes of parameters, gradients and optimizer state), split the failure by category."""
     renamed = copy.copy(holders)  # a ``Holders`` keeps its totals; the caller's list is left as it was
     renamed[:] = [_in_user_words(h) for h in holders]
     holders = renamed
@@ -345,6 +375,15 @@ def diagnose(
             f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {_KIND_WORDS[oom.kind]} cannot use "
             "until the cleanup returns it (empty_cache)."
         )
+    categories = failure_categories(oom, model_state)
+    if categories is not None and verdict not in ("fragmentation", "held by IPython after the error"):
+        explanation += _category_sentence(categories)
+        fitting = advice.category_advice(categories)
+        if fitting and fitting[0].category is Category.ACTIVATIONS:
+            # the general advice on batch, autocast and checkpointing, said again with this cell's bytes
+            general = set(advice.needs_more_advice()) | set(advice.too_big_advice(capped=False))
+            suggestions = [item for item in suggestions if item not in general]
+        suggestions += [item.text("what the cell needed") for item in fitting]
     if (
         verdict != "fragmentation"
         and oom.reserved_unallocated_bytes
@@ -363,4 +402,5 @@ def diagnose(
         cache_only_bytes=cache_only,
         namespace_bytes=namespace,
         figures=_figures(oom, readings),
+        categories=categories,
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..advice import measurement_hints
 from ..attribution.left import LeftBehind, LeftHolder
+from ..breakdown import Breakdown
 from ..repeats import RunGrowth
 from ..measure import DeviceMeasurement, Measurement
 from ..trace import LoopGrowth, TraceSummary
@@ -195,6 +196,7 @@ class CellReport(TextReport):
     hints: list[str] = field(default_factory=list)
     left: LeftBehind | None = None
     growth: RunGrowth | None = None
+    breakdowns: tuple[Breakdown, ...] = ()  # where the peak went, per device (%%cudamem --breakdown)
 
     def __post_init__(self) -> None:
         if not self.hints:
@@ -208,6 +210,11 @@ class CellReport(TextReport):
     @property
     def devices(self) -> tuple[DeviceMeasurement, ...]:
         return self.measurement.devices
+
+    @property
+    def breakdown(self) -> Breakdown | None:
+        """Where the peak went on the first device measured with ``--breakdown``; ``None`` without it."""
+        return self.breakdowns[0] if self.breakdowns else None
 
     def _title(self) -> str:
         title = f"cudamem {self.label}".rstrip() + f" · {format_seconds(self.measurement.wall_s)}"
@@ -235,6 +242,11 @@ class CellReport(TextReport):
             lines.extend(left_lines(self.left))
         if self.growth is not None:
             lines.append(f"  {self.growth.describe()}")
+        if self.breakdowns:
+            from .breakdown import breakdown_lines
+
+            for breakdown in self.breakdowns:
+                lines.extend(breakdown_lines(breakdown))
         for trace in self.traces:
             lines.extend(_trace_text(trace))
         lines.extend(f"  hint: {hint}" for hint in self.hints)
@@ -264,6 +276,10 @@ class CellReport(TextReport):
             parts.append(_left_html(self.left))
         if self.growth is not None:
             parts.append(f'<div class="hint">{escape(self.growth.describe())}</div>')
+        if self.breakdowns:
+            from .breakdown import breakdown_html
+
+            parts.extend(breakdown_html(breakdown) for breakdown in self.breakdowns)
         for trace in self.traces:
             parts.append("<div>" + "<br>".join(escape(line.strip()) for line in _trace_text(trace)) + "</div>")
         parts.extend(f'<div class="hint">hint: {escape(hint)}</div>' for hint in self.hints)

@@ -169,3 +169,58 @@ def test_the_failed_traceback_is_one_line_and_a_cap_is_named():
     assert d.holders[0].cuda_bytes == 900 * MiB
     assert "per-process cap allows (4.00 GiB" in d.explanation
     assert "74.00 GiB was free" not in d.explanation
+
+
+# -- the split by category, from the models' state read after the failure ------------------------------
+from jupyter_cudamem.breakdown import Category  # noqa: E402
+
+
+def test_activations_dominate_and_get_the_batch_autocast_and_checkpointing_advice() -> None:
+    # 10 GiB allocated and 2 GiB asked: 12 GiB needed; the models' state is 1 + 1 + 2 = 4 GiB, so the
+    # activations and temporaries are the other 8 GiB
+    oom = parse_oom(oom_text("2.00 GiB", allocated="10.00 GiB"))
+    state = {Category.PARAMETERS: GiB, Category.GRADIENTS: GiB, Category.OPTIMIZER_STATE: 2 * GiB}
+    d = diagnose(oom, [], None, state)
+    assert d.categories == {**state, Category.ACTIVATIONS: 8 * GiB}
+    assert "activations 8.00 GiB" in d.explanation and "activations is the largest" in d.explanation
+    assert any(s.startswith("half the batch") and "saves about 4.00 GiB of what the cell needed" in s for s in d.suggestions)
+    assert any(s.startswith("torch.autocast") and "saves about 4.00 GiB of what the cell needed" in s for s in d.suggestions)
+    assert any("checkpointing" in s and "saves up to 8.00 GiB" in s for s in d.suggestions)
+    # said once, with this cell's bytes: the general lines on batch, autocast and checkpointing are left out
+    assert sum("autocast" in s for s in d.suggestions) == 1 and sum("checkpoint" in s for s in d.suggestions) == 1
+    # gradients exist (1 GiB): the cell trains, so no_grad is not offered
+    assert not any("no_grad" in s for s in d.suggestions)
+
+
+def test_activations_of_a_cell_without_gradients_get_no_grad_too() -> None:
+    oom = parse_oom(oom_text("2.00 GiB", allocated="10.00 GiB"))
+    state = {Category.PARAMETERS: GiB, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
+    d = diagnose(oom, [], None, state)
+    assert any(s.startswith("torch.no_grad()") and "saves up to 11.00 GiB" in s for s in d.suggestions)
+
+
+def test_optimizer_state_dominates_and_gets_a_lower_precision_or_fused_optimizer() -> None:
+    # 9 GiB allocated, 512 MiB asked: 9.5 GiB needed, 2 + 2 + 4 = 8 GiB of it the model state
+    oom = parse_oom(oom_text("512.00 MiB", allocated="9.00 GiB"))
+    state = {Category.PARAMETERS: 2 * GiB, Category.GRADIENTS: 2 * GiB, Category.OPTIMIZER_STATE: 4 * GiB}
+    d = diagnose(oom, [], None, state)
+    assert d.categories[Category.ACTIVATIONS] == 1536 * MiB
+    assert any(s.startswith("a lower-precision optimizer") and "saves about 2.00 GiB" in s for s in d.suggestions)
+    # not in the step (unknown after a failure): the foreach step's copies are bounded by the parameters
+    assert any(s.startswith("fused=True") and "saves up to 2.00 GiB" in s for s in d.suggestions)
+
+
+def test_parameters_dominate_and_get_a_smaller_dtype() -> None:
+    # inference: 6 GiB of weights, no gradients or state; 7 GiB allocated + 1 GiB asked: 2 GiB of activations
+    oom = parse_oom(oom_text("1.00 GiB", allocated="7.00 GiB"))
+    state = {Category.PARAMETERS: 6 * GiB, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
+    d = diagnose(oom, [], None, state)
+    assert any(s.startswith("a smaller dtype") and "saves about 3.00 GiB" in s for s in d.suggestions)
+
+
+def test_no_model_state_no_split() -> None:
+    oom = parse_oom(oom_text("1.00 GiB", allocated="7.00 GiB"))
+    assert diagnose(oom, [], None, None).categories is None
+    zero = {Category.PARAMETERS: 0, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
+    d = diagnose(oom, [], None, zero)
+    assert d.categories is None and "At the failure" not in d.explanation
