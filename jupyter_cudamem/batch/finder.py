@@ -23,6 +23,11 @@ Scores rank the knobs; they add up evidence, never tuned to a case:
 - ``PHASE_PENALTY`` (6) for an evaluation batch in a training cell, or the reverse; 5 for an
   evaluation batch where the cell's phase is unclear (an evaluation batch rarely sets a training peak).
 
+A notebook's own classes are read too (``notebook_classes``): a method the cell calls, or the
+``__iter__`` of an instance it iterates, with the instance bound to where it lives, and a local that
+only renames an attribute (``B, T = self.B, self.T``) read as that attribute; a constructor parameter
+the class keeps and uses as a batch (``DataLoaderLite(B=16, T=1024)``) is a batch argument.
+
 What is not a batch: a value only printed or logged, a loop counter (bound by the cell, not read), a
 list of zeros (a per-class accumulator), a square or matmul-only matrix, a chunk count whose total
 is unknown.
@@ -72,6 +77,7 @@ from .libraries import (
     settable,
 )
 from .names import batch_like, generation_count, name_score, phase_of
+from .notebook_classes import ITERATION_METHODS, kept_parameters, local_aliases, methods
 from .provenance import History, Trace, path_of
 from .whole import covers_whole_data
 
@@ -299,6 +305,8 @@ class _Reader:
                 read.direct = True
             elif self.function_name:
                 read.readers.add(self.function_name)
+            if use is Use.ITERATED and isinstance(node, ast.expr):
+                self._follow_iteration(node, path)
             return True
         if self.cell and isinstance(node, ast.Name) and not any(node.id in scope for scope in self.scopes[1:] if scope):
             self.local_uses.setdefault(node.id, set()).add(use)
@@ -313,6 +321,10 @@ class _Reader:
             self._collect_bindings(body)
         else:
             self._loop_targets = set()
+            for name, value in local_aliases(body):  # ``B, T = self.B, self.T``: B is self.B
+                path = self._namespace_path(value)
+                if path is not None and name not in self.bindings:
+                    self.bindings[name] = path
         for statement in body:
             self._statement(statement)
 
@@ -805,15 +817,23 @@ class _Reader:
         parameters = _positional_parameters(callee, name)
         readable = is_user_function(callee) or (inspect.ismethod(callee) and is_user_class(type(callee.__self__)))
         opaque = not readable and name not in self.functions_defined
+        kept = self._kept_uses(callee) if is_user_class(callee) else {}
         for index, argument in enumerate(node.args):
             parameter = parameters[index] if index < len(parameters) else None
-            self._argument(argument, parameter, opaque)
+            self._argument(argument, parameter, opaque, kept.get(parameter or ""))
         for keyword in node.keywords:
-            self._argument(keyword.value, keyword.arg, opaque)
+            self._argument(keyword.value, keyword.arg, opaque, kept.get(keyword.arg or ""))
         if callee is not None and self.depth < _MAX_FUNCTION_DEPTH:
             self._follow_call(node, callee)
 
-    def _argument(self, argument: ast.expr, parameter: str | None, opaque: bool) -> None:
+    def _argument(self, argument: ast.expr, parameter: str | None, opaque: bool, kept: Use | None = None) -> None:
+        if parameter and kept is not None and not batch_like(parameter):
+            # ``DataLoaderLite(B=16, T=1024)``: the class keeps B and uses it as a batch in a method.
+            self._expr(argument, kept, 0 if kept is Use.DIMENSION else None)
+            if self.cell:
+                score = _USE_SCORES[kept] + CELL_BONUS
+                self._add_literal("keyword", parameter, argument, score, (f"{kept.value} in the class",))
+            return
         if parameter and batch_like(parameter):
             use = Use.GENERATION if generation_count(parameter) else Use.BATCH_ARGUMENT
             self._expr(argument, use)
@@ -837,6 +857,26 @@ class _Reader:
             return None
         value = resolve(self.scan.namespace, path)
         return value if found(value) else None
+
+    def _kept_uses(self, cls: type) -> dict[str, Use]:
+        """A notebook class's constructor parameters that its methods use as a batch, each with its best use."""
+        defined = self.scan.history.definition(cls.__name__)
+        if defined is None or not isinstance(defined[2], ast.ClassDef):
+            return {}
+        return _class_batch_parameters(defined[2])
+
+    def _follow_iteration(self, iterable: ast.expr, path: ObjectPath) -> None:
+        """``for xb, yb in train_dl`` over an instance of a notebook class: read its ``__iter__``."""
+        if self.depth >= _MAX_FUNCTION_DEPTH:
+            return
+        value = resolve(self.scan.namespace, path)
+        if not found(value) or not is_user_class(type(value)):
+            return
+        for method_name in ITERATION_METHODS:
+            method = getattr(value, method_name, None)
+            if inspect.ismethod(method):
+                receiver = ast.Attribute(value=iterable, attr=method_name, ctx=ast.Load())
+                self._follow_call(ast.Call(func=receiver, args=[], keywords=[]), method)
 
     # -- functions the cell calls -------------------------------------------------------------------
     def _follow_call(self, node: ast.Call, callee: Any) -> None:
@@ -1054,6 +1094,40 @@ def _uses_in(body: list[ast.stmt], name: str) -> set[Use]:
     if read is None:
         return set()
     return set(read.uses) | ({Use.DIMENSION} if 0 in read.dims else set())
+
+
+def _class_batch_parameters(definition: ast.ClassDef) -> dict[str, Use]:
+    """Constructor parameters a notebook class keeps (``self.B = B``) and uses as a batch in a method
+    (``.view(B, T)`` through ``B = self.B``, ``range(0, n, self.bs)``), each with its strongest use."""
+    kept = kept_parameters(definition)
+    if not kept:
+        return {}
+    attribute_uses: dict[str, set[Use]] = {}
+    for method in methods(definition):
+        arguments = method.args.posonlyargs + method.args.args
+        if not arguments:
+            continue
+        self_name = arguments[0].arg
+        scan = _Scan({self_name: None}, History([], 0, {}), None)
+        probe = _Reader(
+            scan,
+            None,
+            cell=False,
+            bindings={self_name: ObjectPath(self_name)},
+            local_names={a.arg for a in arguments} | _assigned_in(method.body),
+            depth=_MAX_FUNCTION_DEPTH,
+        )
+        probe.read_body(method.body)
+        for path, read in scan.reads.items():
+            if path.root == self_name and len(path.steps) == 1 and not path.steps[0].key:
+                uses = set(read.uses) | ({Use.DIMENSION} if 0 in read.dims else set())
+                attribute_uses.setdefault(str(path.steps[0].name), set()).update(uses)
+    batch_parameters = {}
+    for parameter, attributes in kept.items():
+        uses = {u for attribute in attributes for u in attribute_uses.get(attribute, set()) if u in _USE_SCORES}
+        if uses:
+            batch_parameters[parameter] = max(uses, key=lambda u: (_USE_SCORES[u], u.value))
+    return batch_parameters
 
 
 def _positional_parameters(callee: Any, name: str) -> list[str | None]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -163,3 +164,22 @@ def check_change(finding: BatchFinding, namespace: dict, history: list[str]) -> 
         if isinstance(target, Loader) and resolve(namespace, target.path) is not before[target]:
             problems.append(f"{target.path.text}: restore() did not put the very same loader back")
     return tuple(problems)
+
+
+def rerun_changed(case: Case, batch: int) -> tuple[Result, str, Any]:
+    """Run the case, change its chosen knob to ``batch`` where it lives, and run the failed cell as the
+    change rewrote it (no OOM this time): (the finder's result, the source run, IPython's result)."""
+    result = run_case(case)
+    shell = InteractiveShell.instance()
+    history = list(shell.history_manager.input_hist_raw)
+    change = BatchChange(result.finding, namespace=shell.user_ns, history=history)
+    source = change.apply(batch)
+    mode = shell.InteractiveTB.mode
+    shell.InteractiveTB.set_mode("Minimal")
+    try:
+        with installed():
+            outcome = shell.run_cell(source, store_history=False)
+    finally:
+        shell.InteractiveTB.set_mode(mode)
+        change.restore()
+    return result, source, outcome

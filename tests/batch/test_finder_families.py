@@ -1,0 +1,45 @@
+"""The families of batch the finder used to miss, each changed where it lives and the cell run again.
+
+The cases are notebooks of the corpus (``tests/oomfix/cells/``); ``test_finder_corpus`` checks what
+the finder picks and where a fix rewrites. Here the pick is put to work: the chosen knob is halved
+where it lives, the failed cell runs as rewritten (no OOM this time, CPU, small shapes), and the
+tensors it made must have the halved batch where a batch belongs. The expected shapes are worked
+out from each notebook by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.oomfix.corpus import CELLS, load_case, rerun_changed
+
+
+def rerun(name: str, batch: int):
+    result, source, outcome = rerun_changed(load_case(CELLS / f"{name}.ipy"), batch)
+    assert not result.errors, result.errors
+    assert outcome.success, f"{name}: the rewritten cell failed:\n{source}\n{outcome.error_in_exec!r}"
+    from IPython.core.interactiveshell import InteractiveShell
+
+    return result, source, InteractiveShell.instance().user_ns
+
+
+# -- a batch a notebook class keeps -------------------------------------------------------------------
+def test_a_loader_class_built_from_B_in_an_earlier_cell_reads_the_halved_B():
+    result, source, namespace = rerun("cls01_loader_lite_view", 8)
+    assert result.found == "train_loader.B = 16"
+    assert namespace["x"].shape == (8, 128)  # next_batch() viewed 8 * 128 tokens as (B, T)
+    assert namespace["train_loader"].B == 16 and namespace["B"] == 16  # put back after the try
+
+
+def test_a_loader_class_built_in_the_failed_cell_is_rebuilt_with_the_halved_literal():
+    result, source, namespace = rerun("cls03_loader_built_in_cell", 8)
+    assert "train_loader = DataLoaderLite(B=8, T=128)" in source
+    assert namespace["x"].shape == (8, 128)
+
+
+def test_a_loader_class_the_cell_iterates_is_read_through_its_iter():
+    result, source, namespace = rerun("cls04_iterable_class", 25)
+    assert result.found == "train_dl.bs = 50"
+    assert namespace["xb"].shape == (25, 784)  # 500 rows in steps of 25: the last batch is full too
