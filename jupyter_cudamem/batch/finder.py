@@ -79,6 +79,7 @@ from .libraries import (
 from .names import batch_like, generation_count, name_score, phase_of
 from .notebook_classes import ITERATION_METHODS, kept_parameters, local_aliases, methods
 from .provenance import History, Trace, path_of
+from .sequence_first import builds_sequence_first, calls_sequence_first
 from .whole import covers_whole_data
 
 
@@ -1520,9 +1521,20 @@ def _tensor_groups(reader: _Reader, context: _Context, parsed: ParsedCell) -> li
     matrix dimension, and so is a tensor used only in matrix products."""
     groups: dict[int, list[ast.AST]] = {}
     shaped: set[int] = set()  # values that lead a tensor of two or more dimensions (1-D ones are labels)
+    # Sequence-first: the batch of (seq, batch, features) inputs and (layers, batch, hidden) states; a 2-D
+    # tensor holding that batch in dimension 1, not 0, is (seq, batch) token ids.
+    sequence_batches = {
+        int_constant(c.shape[1]) for c in reader.constructors if context.batch_dimension == 1 and len(c.shape) >= 3
+    } - {None}
     for constructor in reader.constructors:
         shape = constructor.shape
         index = context.batch_dimension if len(shape) >= 3 else 0
+        if (
+            len(shape) == 2
+            and int_constant(shape[1]) in sequence_batches
+            and int_constant(shape[0]) not in sequence_batches
+        ):
+            index = 1
         if index >= len(shape):
             continue
         lead = int_constant(shape[index])
@@ -1637,7 +1649,12 @@ def find_batch(
     scan = _Scan(namespace, History(history, cell_number, namespace, transform), transform)
     reader = _Reader(scan, parsed, cell=True)
     reader.read_body(parsed.tree.body)
-    context = _Context(scan, 1 if _feeds_sequence_first_model(scan) else 0)
+    sequence_first_input = (
+        _feeds_sequence_first_model(scan)
+        or builds_sequence_first(parsed.tree, namespace)
+        or calls_sequence_first(parsed.tree, set(reader.bound_at), namespace)
+    )
+    context = _Context(scan, 1 if sequence_first_input else 0)
     knobs: list[Knob] = _cell_knobs(reader, context, parsed)
     for path, read in list(scan.reads.items()):
         value = resolve(namespace, path)

@@ -204,18 +204,26 @@ def is_module(obj: object) -> bool:
     return callable(getattr(obj, "modules", None)) and callable(getattr(obj, "forward", None))
 
 
+# PyTorch's layers that take (sequence, batch, features) unless built with ``batch_first=True``.
+SEQUENCE_FIRST_CLASSES = frozenset(
+    {
+        "RNNBase",
+        "RNN",
+        "LSTM",
+        "GRU",
+        "MultiheadAttention",
+        "Transformer",
+        "TransformerEncoderLayer",
+        "TransformerDecoderLayer",
+    }
+)
+
+
 def sequence_first(model: Any) -> bool:
     """Whether a model takes sequence-first input (an RNN or Transformer without ``batch_first``)."""
     try:
         for module in list(model.modules())[:2000]:
-            names = class_names(module)
-            if {
-                "RNNBase",
-                "MultiheadAttention",
-                "Transformer",
-                "TransformerEncoderLayer",
-                "TransformerDecoderLayer",
-            } & names and getattr(module, "batch_first", True) is False:
+            if SEQUENCE_FIRST_CLASSES & class_names(module) and getattr(module, "batch_first", True) is False:
                 return True
     except Exception:
         return False

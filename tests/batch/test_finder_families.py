@@ -43,3 +43,20 @@ def test_a_loader_class_the_cell_iterates_is_read_through_its_iter():
     result, source, namespace = rerun("cls04_iterable_class", 25)
     assert result.found == "train_dl.bs = 50"
     assert namespace["xb"].shape == (25, 784)  # 500 rows in steps of 25: the last batch is full too
+
+
+# -- a sequence-first RNN the failed cell builds ---------------------------------------------------------
+# The finder used to take dimension 0 here: h0's layers (rnn01, rnn03), the sequence length (rnn04). Halving
+# those made the rerun fail with a shape error; the batch is dimension 1 of the input, h0 and c0.
+@pytest.mark.parametrize(
+    ("name", "batch", "result", "shape"),
+    [
+        ("rnn01_lstm_built_in_cell", 128, "output", (5, 128, 20)),  # (seq 5, batch, hidden 20)
+        ("rnn02_gru_reassigned", 64, "out", (50, 64, 32)),  # (seq 50, batch, hidden 32)
+        ("rnn03_model_class_in_cell", 32, "scores", (40, 32, 5)),  # (seq 40, batch, 5 tags): token ids moved too
+        ("rnn04_named_layers_in_cell", 48, "y", (30, 48, 32)),  # h0 sized from x.size(1) follows x
+    ],
+)
+def test_a_sequence_first_rnn_built_in_the_cell_reruns_with_the_halved_batch(name, batch, result, shape):
+    _, source, namespace = rerun(name, batch)
+    assert tuple(namespace[result].shape) == shape, source
