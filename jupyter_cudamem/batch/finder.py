@@ -53,6 +53,7 @@ from .knobs import (
     LiveTarget,
     Loader,
     ObjectPath,
+    Rows,
     Step,
     TrainerArgs,
     Value,
@@ -80,6 +81,7 @@ from .names import batch_like, generation_count, name_score, phase_of
 from .notebook_classes import ITERATION_METHODS, kept_parameters, local_aliases, methods
 from .provenance import History, Trace, path_of
 from .sequence_first import builds_sequence_first, calls_sequence_first
+from .tensors import SHAPE_CONSTRUCTORS, shape_nodes, tensor_shape, trace_rows, whole_tensor
 from .whole import covers_whole_data
 
 
@@ -122,22 +124,6 @@ PHASE_PENALTY = 6
 UNCLEAR_EVAL_PENALTY = 5
 _MAX_FUNCTION_DEPTH = 3
 
-# Callables whose arguments give a tensor's shape.
-_SHAPE_CONSTRUCTORS = {
-    "randn",
-    "rand",
-    "zeros",
-    "ones",
-    "empty",
-    "full",
-    "randint",
-    "normal",
-    "new_zeros",
-    "new_ones",
-    "new_empty",
-    "new_full",
-    "empty_strided",
-}
 _RESHAPES = {"view", "reshape", "expand", "repeat", "new_zeros", "new_ones", "new_empty"}
 _PRINT_FUNCTIONS = {"print", "display", "pprint", "repr", "str", "format"}
 _PRINT_METHODS = {
@@ -175,6 +161,7 @@ class _Read:
     opaque_argument: bool = False  # passed to a call whose code we cannot read
     called: bool = False  # called itself (a model, a function)
     element_uses: set[Use] = field(default_factory=set)  # uses of its items taken by a computed key (loaders[phase])
+    fed: bool = False  # passed whole by the cell to a module (``model(inputs.to(device))``)
 
 
 @dataclass
@@ -685,7 +672,7 @@ class _Reader:
         else:
             self._expr(function, Use.OTHER)
         # Its arguments.
-        if name in _SHAPE_CONSTRUCTORS and (
+        if name in SHAPE_CONSTRUCTORS and (
             dotted.startswith(("torch.", "np.", "numpy.")) or isinstance(function, ast.Attribute)
         ):
             self._shape_call(node, name)
@@ -740,7 +727,7 @@ class _Reader:
             self.scan.evaluates = True
 
     def _shape_call(self, node: ast.Call, name: str) -> None:
-        shape = _shape_nodes(node, name)
+        shape = shape_nodes(node, name)
         shape_ids = {id(n) for n in shape}
         for index, dimension in enumerate(shape):
             self._expr(dimension, Use.DIMENSION, index)
@@ -819,6 +806,11 @@ class _Reader:
         readable = is_user_function(callee) or (inspect.ismethod(callee) and is_user_class(type(callee.__self__)))
         opaque = not readable and name not in self.functions_defined
         kept = self._kept_uses(callee) if is_user_class(callee) else {}
+        if self.cell and is_module(self._module_called(node, callee)):
+            for argument in node.args + [k.value for k in node.keywords]:
+                fed = self._namespace_path(whole_tensor(argument))
+                if fed is not None:
+                    self.scan.read(fed).fed = True
         for index, argument in enumerate(node.args):
             parameter = parameters[index] if index < len(parameters) else None
             self._argument(argument, parameter, opaque, kept.get(parameter or ""))
@@ -858,6 +850,13 @@ class _Reader:
             return None
         value = resolve(self.scan.namespace, path)
         return value if found(value) else None
+
+    def _module_called(self, node: ast.Call, callee: Any) -> Any:
+        """What the cell calls: from the namespace, or, for a name the cell bound before the call, what it
+        held when the cell failed (the model it built)."""
+        if callee is not None or not isinstance(node.func, ast.Name) or node.func.id not in self.bound_at:
+            return callee
+        return self.scan.namespace.get(node.func.id)
 
     def _kept_uses(self, cls: type) -> dict[str, Use]:
         """A notebook class's constructor parameters that its methods use as a batch, each with its best use."""
@@ -1006,32 +1005,6 @@ def _prints(node: ast.Call, name: str, dotted: str) -> bool:
     if name in _PRINT_METHODS:
         return True
     return name in _MAYBE_PRINT_METHODS and dotted.split(".")[0] not in _MATH_MODULES
-
-
-def _shape_nodes(call: ast.Call, name: str) -> list[ast.AST]:
-    """The nodes giving a constructor's dimensions, in order (``randn(512, 3)``, ``zeros((512, 3))``)."""
-    for keyword in call.keywords:
-        if keyword.arg == "size" and isinstance(keyword.value, (ast.Tuple, ast.List)):
-            return list(keyword.value.elts)
-    args: list[ast.AST] = list(call.args)
-    if name == "randint":
-        # randint(high, size) or randint(low, high, size): the shape is the tuple argument.
-        for arg in args:
-            if isinstance(arg, (ast.Tuple, ast.List)):
-                return list(arg.elts)
-        return []
-    if name in {"full", "new_full", "normal", "empty_strided"}:
-        if args and isinstance(args[0], (ast.Tuple, ast.List)):
-            return list(args[0].elts)
-        return []
-    if args and isinstance(args[0], (ast.Tuple, ast.List)):
-        return list(args[0].elts)
-    shape: list[ast.AST] = []
-    for arg in args:
-        if isinstance(arg, ast.Starred):
-            break
-        shape.append(arg)
-    return shape
 
 
 def _assigned_in(body: list[ast.stmt]) -> set[str]:
@@ -1451,6 +1424,64 @@ def _function_defaults(context: _Context) -> list[Knob]:
     return knobs
 
 
+def _earlier_tensors(context: _Context) -> list[Knob]:
+    """Tensors from earlier cells the cell feeds whole to a module (``model(inputs)``), one knob per batch:
+    their batch dimension, with the 1-D tensors the cell passes beside them with as many rows (the labels).
+    Only where the rows are written in a cell (a constructor's dimension, or the variable it was given)."""
+    fed: dict[int, list[tuple[ObjectPath, int]]] = {}
+    beside: dict[int, list[ObjectPath]] = {}
+    for path, read in context.scan.reads.items():
+        if not read.direct or read.uses <= {Use.PRINTED}:
+            continue
+        value = resolve(context.scan.namespace, path)
+        shape = tensor_shape(value) if found(value) else None
+        if not shape:
+            continue
+        rank = len(shape)
+        dim = context.batch_dimension if rank >= 3 else 0
+        rows = shape[dim]
+        if rows < 2:
+            continue
+        if read.fed and rank >= 2:
+            fed.setdefault(rows, []).append((path, dim))
+        elif rank == 1 and Use.ARGUMENT in read.uses:
+            beside.setdefault(rows, []).append(path)
+    knobs = []
+    for rows, tensors in fed.items():
+        tensors.sort(key=lambda t: t[0].text)
+        first, dim = tensors[0]
+        trace = trace_rows(context.scan.history, first, dim, rows)
+        if not trace.written:
+            for other, other_dim in tensors[1:]:
+                alternative = trace_rows(context.scan.history, other, other_dim, rows)
+                if alternative.written:
+                    trace = alternative
+                    break
+        if not trace.written:
+            # Rows taken from elsewhere (``images, labels = next(iter(loader))``): the cell may index them by a
+            # count of its own (``for i in range(4)``), so cutting them is not safe to guess.
+            continue
+        written = list(trace.written)
+        for other, other_dim in tensors[1:] + [(p, 0) for p in sorted(beside.get(rows, []), key=lambda p: p.text)]:
+            written += [w for w in trace_rows(context.scan.history, other, other_dim, rows).written if w not in written]
+        live = tuple(Rows(p, d) for p, d in tensors) + tuple(Rows(p) for p in beside.get(rows, []))
+        score = _USE_SCORES[Use.DIMENSION] + DIRECT_BONUS - _phase_penalty(first.text, context)
+        knobs.append(
+            Knob(
+                f"{first.text}.shape[{dim}]",
+                rows,
+                KnobKind.TENSOR,
+                "value",
+                score,
+                tuple(written),
+                live + _via(trace, context),
+                trace.origin,
+                (f"fed whole to a module, {'dimension 1 (sequence-first)' if dim else 'its rows'}",),
+            )
+        )
+    return knobs
+
+
 def _cell_knobs(reader: _Reader, context: _Context, parsed: ParsedCell) -> list[Knob]:
     """Numbers written in the failed cell: assignments, keywords, defaults, dict values, slices... and
     literal tensor dimensions, grouped so every constructor of one batch moves together."""
@@ -1669,6 +1700,7 @@ def find_batch(
                 knobs.extend(made)
                 break
     knobs.extend(_function_defaults(context))
+    knobs.extend(_earlier_tensors(context))
     notes = tuple(f"{k.label.rsplit('.batch_size', 1)[0]}: {k.problem}" for k in knobs if k.problem)
     ranked = sorted(
         _merge([k for k in knobs if k.score > 0 or k.problem]),
@@ -1678,7 +1710,8 @@ def find_batch(
     if not any(k.changeable for k in ranked):
         problem = (
             "no batch size in the cell: no integer named or used like a batch size, no tensor with a literal "
-            "batch dimension, no DataLoader, Trainer or config it reads from an earlier cell"
+            "batch dimension, no DataLoader, Trainer, config or tensor with written rows it reads from an "
+            "earlier cell"
         )
         return BatchFinding(source, tuple(ranked), problem, parsed.body_line, notes, whole, True)
     return BatchFinding(source, tuple(ranked), None, parsed.body_line, notes, whole, True)

@@ -122,6 +122,30 @@ class History:
                     return number, parsed, statement
         return None
 
+    def assignment(self, name: str) -> tuple[int, ParsedCell, ast.expr] | None:
+        """The expression the latest statement binding ``name`` gave it (``x, y = a, b`` gives ``a`` for
+        ``x``); ``None`` when the name was last bound otherwise (a loop, an unpacked call) or never."""
+        path = ObjectPath(name)
+        for number in self.numbers():
+            parsed = self.parsed(number)
+            if parsed is None:
+                continue
+            for statement in reversed(list(_statements(parsed.tree.body))):
+                if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None:
+                    targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                    for target in targets:
+                        match = self._match_target(target, statement.value, path)
+                        if match is not None:
+                            expression, rest, index = match
+                            return (number, parsed, expression) if not rest and index is None else None
+                elif name in _assigned_names(statement):
+                    return None
+        return None
+
+    def follow(self, path: ObjectPath, value: int) -> Trace:
+        """Where another path holding ``value`` was set, with that path among the places that change."""
+        return self._follow(path, value, 0)
+
     # -- tracing --------------------------------------------------------------------------------------
     def trace(self, path: ObjectPath, value: int, depth: int = 0) -> Trace | None:
         """Where ``path`` (whose value is ``value`` now) was set, or ``None`` when no cell shows it."""
@@ -554,6 +578,16 @@ def _is_prefix(prefix: ObjectPath, path: ObjectPath) -> bool:
         and len(prefix.steps) < len(path.steps)
         and path.steps[: len(prefix.steps)] == prefix.steps
     )
+
+
+def _assigned_names(statement: ast.stmt) -> set[str]:
+    """Names a statement binds other than by ``=`` (a loop, ``with ... as``, an import, a definition); ``+=``
+    keeps the object (and a tensor its shape), so it is not one."""
+    if isinstance(statement, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.Import, ast.ImportFrom)):
+        return _bound_names(statement)
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {statement.name}
+    return set()
 
 
 def _bound_names(statement: ast.stmt) -> set[str]:

@@ -60,3 +60,18 @@ def test_a_loader_class_the_cell_iterates_is_read_through_its_iter():
 def test_a_sequence_first_rnn_built_in_the_cell_reruns_with_the_halved_batch(name, batch, result, shape):
     _, source, namespace = rerun(name, batch)
     assert tuple(namespace[result].shape) == shape, source
+
+
+# -- the rows of a tensor an earlier cell made ---------------------------------------------------------
+def test_inputs_and_labels_from_an_earlier_cell_are_cut_together_for_the_rerun():
+    result, source, namespace = rerun("tens01_inputs_earlier_cell", 32)
+    assert result.found == "inputs.shape[0] = 64"
+    assert namespace["outputs"].shape == (32, 10)  # 32 images of 3x32x32, 10 classes; labels cut to 32 too
+    assert namespace["inputs"].shape == (64, 3, 32, 32) and namespace["labels"].shape == (64,)  # put back
+
+
+def test_a_tensor_made_from_batch_size_changes_with_the_variable():
+    result, source, namespace = rerun("tens05_batch_size_variable", 24)
+    knob = result.finding.chosen
+    assert {t.path.text for t in knob.live} == {"x", "y", "batch_size"}
+    assert namespace["loss"].shape == ()  # the loss of 24 images against 24 labels: the shapes agreed
