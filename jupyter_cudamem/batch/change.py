@@ -7,7 +7,9 @@ The finder says where a knob lives (``knobs.Knob``); this module changes it ther
   dataclass too, as ``dataclasses.replace`` would build it);
 - a DataLoader: rebuilt from its own attributes with the new batch size and everything else kept
   (dataset, sampler, so shuffling, collate_fn, workers, pin_memory, drop_last, generator...), and
-  bound where the old one was;
+  bound where the old one was; a loader ``accelerate`` prepared (a wrapper bound to the device and the
+  processes) cannot be rebuilt without its ``Accelerator``, so the stock ``BatchSampler`` it batches
+  with gets the new size in place;
 - a Hugging Face ``Trainer``: ``args.per_device_*_batch_size`` and the training batch the Trainer
   copied from them when it was built (``_train_batch_size``, which ``train()`` reads);
 - a notebook function's default: its ``__defaults__``/``__kwdefaults__``;
@@ -29,7 +31,7 @@ from typing import Any
 from ..cell.edit import CellDiff, Edit, apply_edits, insert_line
 from ..errors import CudaMemError
 from .knobs import BatchFinding, Default, Knob, LiveTarget, Loader, ObjectPath, Rows, TrainerArgs, Value
-from .libraries import class_names, found, loader_batch_size, loader_problem, resolve
+from .libraries import class_names, found, loader_batch_size, loader_problem, resolve, wrapped_loader
 
 # DataLoader's keyword arguments that its attributes keep, as the constructor takes them back.
 _LOADER_SETTINGS = (
@@ -198,6 +200,12 @@ class BatchChange:
             self._set_value(target, target.path, batch)
         elif isinstance(target, Loader):
             loader = self._get(target.path)
+            if wrapped_loader(loader) is not None:
+                sampler = _stock_batch_sampler(loader)
+                size = sampler.batch_size
+                self._original(target, None, lambda: setattr(sampler, "batch_size", size))
+                sampler.batch_size = batch
+                return
             original = self._original(target, loader, lambda: self._put(target.path, original))
             self._put(target.path, rebuilt_loader(original, batch))
         elif isinstance(target, TrainerArgs):
@@ -281,6 +289,19 @@ def live_batch(namespace: Mapping[str, Any], target: LiveTarget) -> int | None:
     except (TypeError, ValueError, KeyError):
         return None
     return default if type(default) is int else None
+
+
+def _stock_batch_sampler(loader: Any) -> Any:
+    """The ``BatchSampler`` a wrapped loader batches with (inside accelerate's ``BatchSamplerShard`` too)."""
+    sampler = getattr(loader, "batch_sampler", None)
+    while sampler is not None and type(sampler).__name__ != "BatchSampler":
+        sampler = getattr(sampler, "batch_sampler", None)
+    if sampler is None or type(getattr(sampler, "batch_size", None)) is not int:
+        raise CudaMemError(
+            f"cannot change the batch of the prepared loader: it batches with "
+            f"{type(getattr(loader, 'batch_sampler', None)).__name__}, not a BatchSampler"
+        )
+    return sampler
 
 
 def _assign(obj: Any, name: str, value: Any) -> None:

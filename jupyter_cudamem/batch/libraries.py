@@ -21,7 +21,16 @@ _MISSING = object()
 
 
 def class_names(obj: object) -> set[str]:
-    return {cls.__name__ for cls in type(obj).__mro__}
+    """The names of ``obj``'s classes, and of the class it claims to be: accelerate's prepared loaders are
+    wrappers whose ``__class__`` says ``DataLoader``."""
+    names = {cls.__name__ for cls in type(obj).__mro__}
+    try:
+        claimed = obj.__class__
+    except Exception:  # noqa: BLE001  a __class__ property of user code that raises claims nothing
+        return names
+    if claimed is not type(obj) and isinstance(claimed, type):
+        names |= {cls.__name__ for cls in claimed.__mro__}
+    return names
 
 
 def _from_notebook(obj: object) -> bool:
@@ -128,6 +137,13 @@ def settable(parent: Any, step: Step) -> bool:
 # -- PyTorch's DataLoader ----------------------------------------------------------------------------
 def is_dataloader(obj: object) -> bool:
     return "DataLoader" in class_names(obj) and all(hasattr(obj, a) for a in ("dataset", "batch_sampler"))
+
+
+def wrapped_loader(loader: Any) -> Any:
+    """The DataLoader inside a wrapper that stands for it (accelerate's ``DataLoaderShard``, which
+    ``Accelerator.prepare`` returns), or ``None`` for a loader that is itself a DataLoader."""
+    inner = getattr(loader, "__dict__", {}).get("base_dataloader")
+    return inner if inner is not None and type(loader) is not type(inner) and is_dataloader(inner) else None
 
 
 def loader_problem(loader: Any) -> str | None:

@@ -87,6 +87,7 @@ class History:
         self.transform = transform
         self._parsed: dict[int, ParsedCell | None] = {}
         self._unpacked: int | None = None  # the item of a call's result the traced statement unpacked
+        self._statement_at: tuple[int, ast.stmt] | None = None  # the statement being traced, and its cell
         # While tracing through a notebook function's body: its parameters, bound to the call's arguments.
         self._parameters: dict[str, tuple[ast.expr, int, ParsedCell]] = {}
 
@@ -147,16 +148,28 @@ class History:
         return self._follow(path, value, 0)
 
     # -- tracing --------------------------------------------------------------------------------------
-    def trace(self, path: ObjectPath, value: int, depth: int = 0) -> Trace | None:
-        """Where ``path`` (whose value is ``value`` now) was set, or ``None`` when no cell shows it."""
+    def trace(
+        self, path: ObjectPath, value: int, depth: int = 0, before: tuple[int, ast.stmt] | None = None
+    ) -> Trace | None:
+        """Where ``path`` (whose value is ``value`` now) was set, or ``None`` when no cell shows it; with
+        ``before`` (a cell and one of its statements), only where it was set before that statement ran."""
         if depth > _MAX_DEPTH:
             return None
         for number in self.numbers():
+            if before is not None and number > before[0]:
+                continue
             parsed = self.parsed(number)
             if parsed is None:
                 continue
-            for statement in reversed(list(_statements(parsed.tree.body))):
-                result = self._statement(statement, path, value, number, parsed, depth)
+            statements = list(_statements(parsed.tree.body))
+            if before is not None and number == before[0]:
+                statements = statements[: next((i for i, s in enumerate(statements) if s is before[1]), 0)]
+            for statement in reversed(statements):
+                outer, self._statement_at = self._statement_at, (number, statement)
+                try:
+                    result = self._statement(statement, path, value, number, parsed, depth)
+                finally:
+                    self._statement_at = outer
                 if result is not None:
                     return result
         return None
@@ -356,6 +369,15 @@ class History:
         argument = _bound_argument(callee, call, name)
         if argument is not None:
             return self._resolve(argument, steps[1:], value, number, parsed, depth)
+        passed = _passed_through(call, self.namespace, unpacked)
+        if passed is not None and self._statement_at is not None:
+            # ``model, opt, loader = accelerator.prepare(model, opt, loader)``: the loader as it was before.
+            passed_path = path_of(passed)
+            if passed_path is not None:
+                before = self.trace(ObjectPath(passed_path.root, passed_path.steps + steps), value, depth + 1,
+                                    before=self._statement_at)
+                if before is not None:
+                    return before
         returned = self._through_return(call, callee, steps, value, number, parsed, depth, unpacked)
         if returned is not None:
             return returned
@@ -647,6 +669,26 @@ def _bound_argument(callee: Any, call: ast.Call, name: str) -> ast.expr | None:
         if parameter.name == name and index < len(call.args):
             return call.args[index]
     return None
+
+
+# Methods that hand back what they are given, prepared for the device: ``Accelerator.prepare`` and
+# Lightning Fabric's ``setup_dataloaders`` (one result per argument, in order).
+_PASS_THROUGH = {"Accelerator": ("prepare",), "Fabric": ("setup_dataloaders",)}
+
+
+def _passed_through(call: ast.Call, namespace: Mapping[str, Any], unpacked: int | None) -> ast.expr | None:
+    """The argument of a pass-through call that the traced target got back (``unpacked``: its position)."""
+    if not isinstance(call.func, ast.Attribute) or any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    receiver = path_of(call.func.value)
+    value = resolve(namespace, receiver) if receiver is not None else None
+    if receiver is None or not found(value):
+        return None
+    names = {cls.__name__ for cls in type(value).__mro__}
+    if not any(call.func.attr in methods for name, methods in _PASS_THROUGH.items() if name in names):
+        return None
+    index = unpacked or 0
+    return call.args[index] if index < len(call.args) else None
 
 
 def _accepts(callee: Any, name: str) -> bool:
