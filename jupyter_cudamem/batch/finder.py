@@ -80,7 +80,7 @@ from .libraries import (
 from .names import batch_like, generation_count, name_score, phase_of
 from .notebook_classes import ITERATION_METHODS, kept_parameters, local_aliases, methods
 from .provenance import History, Trace, path_of
-from .sequence_first import builds_sequence_first, calls_sequence_first
+from .sequence_first import builds_sequence_first, calls_sequence_first, recurrent_states
 from .tensors import SHAPE_CONSTRUCTORS, shape_nodes, tensor_shape, trace_rows, whole_tensor
 from .whole import covers_whole_data
 
@@ -123,6 +123,10 @@ DIRECT_BONUS = 1
 PHASE_PENALTY = 6
 UNCLEAR_EVAL_PENALTY = 5
 _MAX_FUNCTION_DEPTH = 3
+# Dimensions of a recurrent state ``(layers, batch, hidden)``, recorded as such: its batch whatever the
+# input's batch dimension is, and its layers, never a batch.
+_STATE_BATCH = -1
+_STATE_LAYERS = -2
 
 _RESHAPES = {"view", "reshape", "expand", "repeat", "new_zeros", "new_ones", "new_empty"}
 _PRINT_FUNCTIONS = {"print", "display", "pprint", "repr", "str", "format"}
@@ -198,6 +202,7 @@ class _Scan:
         self.defaults: list[tuple[ObjectPath, str, int, set[Use]]] = []  # (function, parameter, value, uses)
         self.analysed: set[tuple[int, tuple[tuple[str, ObjectPath | None], ...]]] = set()
         self.trains = False
+        self.states: set[str] = set()  # names the cell passes as an RNN's hidden state (``recurrent_states``)
         self.evaluates = False
 
     def read(self, path: ObjectPath) -> _Read:
@@ -729,8 +734,10 @@ class _Reader:
     def _shape_call(self, node: ast.Call, name: str) -> None:
         shape = shape_nodes(node, name)
         shape_ids = {id(n) for n in shape}
+        state = self.cell and self._assigning in self.scan.states and len(shape) == 3
         for index, dimension in enumerate(shape):
-            self._expr(dimension, Use.DIMENSION, index)
+            dim = (_STATE_BATCH if index == 1 else _STATE_LAYERS if index == 0 else index) if state else index
+            self._expr(dimension, Use.DIMENSION, dim)
         for argument in node.args:
             if id(argument) not in shape_ids and not (
                 isinstance(argument, (ast.Tuple, ast.List)) and any(id(e) in shape_ids for e in argument.elts)
@@ -805,7 +812,8 @@ class _Reader:
         parameters = _positional_parameters(callee, name)
         readable = is_user_function(callee) or (inspect.ismethod(callee) and is_user_class(type(callee.__self__)))
         opaque = not readable and name not in self.functions_defined
-        kept = self._kept_uses(callee) if is_user_class(callee) else {}
+        # A model's constructor takes sizes of the model (layers, a context length), not a batch.
+        kept = self._kept_uses(callee) if is_user_class(callee) and not is_module(callee) else {}
         if self.cell and is_module(self._module_called(node, callee)):
             for argument in node.args + [k.value for k in node.keywords]:
                 fed = self._namespace_path(whole_tensor(argument))
@@ -1145,7 +1153,7 @@ def _evidence(read: _Read, uses: Iterable[Use]) -> tuple[str, ...]:
 
 def _batch_uses(read: _Read, context: _Context) -> set[Use]:
     uses = set(read.uses) - {Use.PRINTED, Use.OTHER, Use.MATMUL}
-    if context.batch_dimension in read.dims:
+    if context.batch_dimension in read.dims or _STATE_BATCH in read.dims:
         uses.add(Use.DIMENSION)
     return uses
 
@@ -1438,7 +1446,7 @@ def _earlier_tensors(context: _Context) -> list[Knob]:
         if not shape:
             continue
         rank = len(shape)
-        dim = context.batch_dimension if rank >= 3 else 0
+        dim = 1 if rank == 3 and path.root in context.scan.states else context.batch_dimension if rank >= 3 else 0
         rows = shape[dim]
         if rows < 2:
             continue
@@ -1516,7 +1524,7 @@ def _cell_knobs(reader: _Reader, context: _Context, parsed: ParsedCell) -> list[
         )
     for name, nodes in reader.assigned.items():
         uses = set(reader.local_uses.get(name, set()))
-        if context.batch_dimension in reader.local_dims.get(name, set()):
+        if {context.batch_dimension, _STATE_BATCH} & reader.local_dims.get(name, set()):
             uses.add(Use.DIMENSION)
         batch_uses = {u for u in uses if u in _USE_SCORES}
         named = name_score(name)
@@ -1560,6 +1568,8 @@ def _tensor_groups(reader: _Reader, context: _Context, parsed: ParsedCell) -> li
     for constructor in reader.constructors:
         shape = constructor.shape
         index = context.batch_dimension if len(shape) >= 3 else 0
+        if len(shape) == 3 and constructor.assigned_to in reader.scan.states:
+            index = 1  # h0 / c0: (layers, batch, hidden) with or without batch_first
         if (
             len(shape) == 2
             and int_constant(shape[1]) in sequence_batches
@@ -1678,6 +1688,7 @@ def find_batch(
         )
     namespace = namespace if namespace is not None else {}
     scan = _Scan(namespace, History(history, cell_number, namespace, transform), transform)
+    scan.states = recurrent_states(parsed.tree, namespace)
     reader = _Reader(scan, parsed, cell=True)
     reader.read_body(parsed.tree.body)
     sequence_first_input = (

@@ -7,6 +7,8 @@ tensors for the batch changes the sequence length or the number of layers, and t
 shape error. A model read from an earlier cell is inspected (``libraries.sequence_first``); one the
 failed cell builds or builds again is recognised here: from its text (``nn.LSTM(10, 20, 2)``), or,
 for a notebook class the cell instantiates, from the instance the cell had bound when it failed.
+An RNN's hidden state is ``(layers, batch, hidden)`` even with ``batch_first=True``: the tensors the
+cell passes as one (``recurrent_states``) have their batch in dimension 1 whatever the input's is.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from ..cell.source import callable_name, dotted_name
 from .knobs import ObjectPath
-from .libraries import SEQUENCE_FIRST_CLASSES, found, is_module, resolve, sequence_first
+from .libraries import SEQUENCE_FIRST_CLASSES, class_names, found, is_module, resolve, sequence_first
 from .provenance import path_of
 
 
@@ -45,6 +47,50 @@ def calls_sequence_first(tree: ast.AST, bound: set[str], namespace: Mapping[str,
             if found(value) and is_module(value) and sequence_first(value):
                 return True
     return False
+
+
+def recurrent_states(tree: ast.AST, namespace: Mapping[str, Any]) -> set[str]:
+    """Names the code passes as the hidden state of a recurrent module: ``rnn(x, (h0, c0))``,
+    ``gru(seq, h0)``, ``model(x, h)`` for a model holding an RNN, ``lstm(x, hx=(h0, c0))``. Their batch
+    is dimension 1 (``(layers, batch, hidden)``), with or without ``batch_first``."""
+    built = {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and callable_name(node.value) in _RECURRENT_CLASSES
+        and _from_torch(node.value.func, namespace)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    states: set[str] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        state = node.args[1] if len(node.args) >= 2 else next((k.value for k in node.keywords if k.arg == "hx"), None)
+        if state is None or not _recurrent(node.func, built, namespace):
+            continue
+        elements = state.elts if isinstance(state, (ast.Tuple, ast.List)) else [state]
+        states.update(element.id for element in elements if isinstance(element, ast.Name))
+    return states
+
+
+_RECURRENT_CLASSES = frozenset({"RNN", "LSTM", "GRU"})
+
+
+def _recurrent(function: ast.expr, built: set[str], namespace: Mapping[str, Any]) -> bool:
+    if isinstance(function, ast.Name) and function.id in built:
+        return True
+    path = path_of(function)
+    if path is None:
+        return False
+    value = resolve(namespace, path)
+    if not found(value) or not is_module(value):
+        return False
+    try:
+        return any("RNNBase" in class_names(module) for module in list(value.modules())[:2000])
+    except Exception:  # noqa: BLE001  a model whose modules() raises holds no state we can read
+        return False
 
 
 def _from_torch(function: ast.expr, namespace: Mapping[str, Any]) -> bool:

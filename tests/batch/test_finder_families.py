@@ -45,9 +45,10 @@ def test_a_loader_class_the_cell_iterates_is_read_through_its_iter():
     assert namespace["xb"].shape == (25, 784)  # 500 rows in steps of 25: the last batch is full too
 
 
-# -- a sequence-first RNN the failed cell builds ---------------------------------------------------------
-# The finder used to take dimension 0 here: h0's layers (rnn01, rnn03), the sequence length (rnn04). Halving
-# those made the rerun fail with a shape error; the batch is dimension 1 of the input, h0 and c0.
+# -- a sequence-first RNN the failed cell builds, and any RNN's hidden state ----------------------------------
+# The finder used to take dimension 0 here: h0's layers (rnn01, rnn03, rnn05, rnn06), the sequence length
+# (rnn04). Halving those made the rerun fail with a shape error; the batch is dimension 1 of a sequence-first
+# input, and of h0 and c0 with or without batch_first.
 @pytest.mark.parametrize(
     ("name", "batch", "result", "shape"),
     [
@@ -55,6 +56,8 @@ def test_a_loader_class_the_cell_iterates_is_read_through_its_iter():
         ("rnn02_gru_reassigned", 64, "out", (50, 64, 32)),  # (seq 50, batch, hidden 32)
         ("rnn03_model_class_in_cell", 32, "scores", (40, 32, 5)),  # (seq 40, batch, 5 tags): token ids moved too
         ("rnn04_named_layers_in_cell", 48, "y", (30, 48, 32)),  # h0 sized from x.size(1) follows x
+        ("rnn05_batch_first_states", 32, "out", (32, 35, 20)),  # batch-first input; h0, c0 still (layers, batch, _)
+        ("rnn06_batch_first_model_named_layers", 16, "pred", (16, 1)),  # the state passed to a model holding a GRU
     ],
 )
 def test_a_sequence_first_rnn_built_in_the_cell_reruns_with_the_halved_batch(name, batch, result, shape):
@@ -75,3 +78,9 @@ def test_a_tensor_made_from_batch_size_changes_with_the_variable():
     knob = result.finding.chosen
     assert {t.path.text for t in knob.live} == {"x", "y", "batch_size"}
     assert namespace["loss"].shape == ()  # the loss of 24 images against 24 labels: the shapes agreed
+
+
+def test_a_model_class_built_in_the_cell_keeps_its_context_length_and_the_batch_is_halved():
+    result, source, namespace = rerun("cls05_model_size_is_not_a_batch", 8)
+    assert "TinyLM(256, 128, 32)" in source and "(8, 128)" in source  # the context length stays 128
+    assert namespace["idx"].shape == (8, 128)

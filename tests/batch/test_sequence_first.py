@@ -7,7 +7,7 @@ import ast
 import torch
 from torch import nn
 
-from jupyter_cudamem.batch.sequence_first import builds_sequence_first, calls_sequence_first
+from jupyter_cudamem.batch.sequence_first import builds_sequence_first, calls_sequence_first, recurrent_states
 
 NAMESPACE = {"nn": nn, "torch": torch}
 
@@ -44,3 +44,20 @@ def test_a_model_the_cell_binds_and_calls_is_inspected_as_the_cell_left_it():
     assert calls_sequence_first(tree, {"model"}, {"model": nn.Sequential(nn.GRU(4, 4))})
     assert not calls_sequence_first(tree, {"model"}, {"model": nn.Sequential(nn.GRU(4, 4, batch_first=True))})
     assert not calls_sequence_first(tree, set(), {"model": nn.Sequential(nn.GRU(4, 4))})  # not bound by the cell
+
+
+def test_the_hidden_state_passed_to_a_recurrent_module_whatever_its_batch_first():
+    source = (
+        "lstm = nn.LSTM(10, 20, 2, batch_first=True)\n"
+        "out, (hn, cn) = lstm(x, (h0, c0))\n"
+        "y, h = model(x, h)\n"
+        "z = head(x, w)\n"  # a module without an RNN: its second argument is no state
+        "o, s = gru(seq, hx=s0)\n"
+    )
+    namespace = {
+        **NAMESPACE,
+        "model": nn.Sequential(nn.GRU(4, 4, batch_first=True)),
+        "head": nn.Bilinear(2, 2, 2),
+        "gru": nn.GRU(4, 4),
+    }
+    assert recurrent_states(ast.parse(source), namespace) == {"h0", "c0", "h", "s0"}
