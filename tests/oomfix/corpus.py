@@ -15,7 +15,9 @@ memory::
 ``run_case`` executes the earlier cells in an ``InteractiveShell`` (with the stand-ins of
 ``standins.py`` importable as the real libraries), runs the failing cell until its first module
 call raises a CUDA OOM (so its partial effects are in the namespace, as in a real kernel), and asks
-the finder, as ``%oomfix`` does, with the shell's namespace and input history.
+the finder, as ``%oomfix`` does, with the shell's namespace and input history. ``run_case(case,
+real=True)`` does the same on the real transformers, accelerate and Lightning where they are installed;
+``rerun_changed`` then changes the chosen knob where it lives and runs the failed cell as rewritten.
 """
 
 from __future__ import annotations
