@@ -1434,7 +1434,7 @@ def _function_defaults(context: _Context) -> list[Knob]:
 
 def _earlier_tensors(context: _Context) -> list[Knob]:
     """Tensors from earlier cells the cell feeds whole to a module (``model(inputs)``), one knob per batch:
-    their batch dimension, with the 1-D tensors the cell passes beside them with as many rows (the labels).
+    their batch dimension, with the tensors the cell passes to other calls with as many rows (the labels).
     Only where the rows are written in a cell (a constructor's dimension, or the variable it was given)."""
     fed: dict[int, list[tuple[ObjectPath, int]]] = {}
     beside: dict[int, list[ObjectPath]] = {}
@@ -1452,8 +1452,8 @@ def _earlier_tensors(context: _Context) -> list[Knob]:
             continue
         if read.fed and rank >= 2:
             fed.setdefault(rows, []).append((path, dim))
-        elif rank == 1 and Use.ARGUMENT in read.uses:
-            beside.setdefault(rows, []).append(path)
+        elif Use.ARGUMENT in read.uses and shape[0] >= 2:
+            beside.setdefault(shape[0], []).append(path)  # labels, one-hot targets, masks: cut with the batch
     knobs = []
     for rows, tensors in fed.items():
         tensors.sort(key=lambda t: t[0].text)

@@ -70,9 +70,12 @@ def shape_nodes(call: ast.Call, name: str) -> list[ast.AST]:
 
 
 def whole_tensor(node: ast.expr) -> ast.expr:
-    """``inputs.to(device).float()`` -> ``inputs``: the tensor a chain of moves and casts starts from."""
+    """``inputs.to(device).float()`` -> ``inputs``: the tensor a chain of moves, casts and in-place fills
+    (``.bernoulli_(0.3)``, ``.uniform_()``: a method ending in ``_`` keeps the tensor's shape) starts from."""
     while (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in KEEPS_ROWS
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and (node.func.attr in KEEPS_ROWS or (node.func.attr.endswith("_") and not node.func.attr.startswith("_")))
     ):
         node = node.func.value
     return node
@@ -89,15 +92,19 @@ def tensor_shape(value: Any) -> tuple[int, ...] | None:
         return None
 
 
-def trace_rows(history: History, path: ObjectPath, dim: int, rows: int) -> Trace:
+def trace_rows(history: History, path: ObjectPath, dim: int, rows: int, depth: int = 0) -> Trace:
     """Where the ``rows`` of a tensor at ``path`` were written: the constructor's dimension ``dim`` in the
-    cell that made it (``torch.randn(64, ...)``), or the variable it was written with, traced in turn."""
-    made = history.assignment(path.root) if not path.steps else None
+    cell that made it (``torch.randn(64, ...)``), or the variable it was written with, traced in turn;
+    through a tensor it was moved from (``x_gpu = x.cuda()``) too."""
+    made = history.assignment(path.root) if not path.steps and depth < 4 else None
     if made is None:
         return Trace((), "made in an earlier cell")
     number, parsed, expression = made
     where = f"In[{number}]" + (f" line {parsed.raw_line(expression)}" if parsed.raw_line(expression) else "")
     call = whole_tensor(expression)
+    moved_from = path_of(call) if call is not expression else None
+    if moved_from is not None and moved_from != path:
+        return trace_rows(history, moved_from, dim, rows, depth + 1)
     name = callable_name(call) if isinstance(call, ast.Call) else ""
     if not isinstance(call, ast.Call) or name not in SHAPE_CONSTRUCTORS:
         return Trace((), f"{where} (not a constructor whose shape is written)")

@@ -84,3 +84,15 @@ def test_a_model_class_built_in_the_cell_keeps_its_context_length_and_the_batch_
     result, source, namespace = rerun("cls05_model_size_is_not_a_batch", 8)
     assert "TinyLM(256, 128, 32)" in source and "(8, 128)" in source  # the context length stays 128
     assert namespace["idx"].shape == (8, 128)
+
+
+def test_a_moved_copy_is_traced_to_its_constructor_and_2d_targets_are_cut_with_it():
+    result, source, namespace = rerun("tens06_moved_copy_and_one_hot", 20)
+    assert {t.path.text for t in result.finding.chosen.live} == {"inputs", "targets"}
+    assert namespace["logits"].shape == (20, 5)  # 20 rows of 12 features, 5 labels; the (40, 5) targets cut to 20
+
+
+def test_a_loader_class_rebuilt_in_the_cell_from_an_earlier_B_changes_B():
+    result, source, namespace = rerun("cls06_loader_built_from_earlier_B", 8)
+    assert result.found == "B = 16" and source == result.case.failing  # B lives in In[1]; the cell is unchanged
+    assert namespace["x"].shape == (8, 64)

@@ -62,3 +62,11 @@ def test_rows_that_are_not_written_anywhere_are_not_traced():
     rebound = history("x = torch.randn(8, 2)\n", "for x in xs:\n    pass\n")  # x is a loop's now
     assert trace_rows(rebound, ObjectPath("x"), 0, 8).written == ()
     assert trace_rows(history("x = torch.randn(8, 2)\n"), ObjectPath("x"), 0, 4).written == ()  # it has 8 now
+
+
+def test_rows_of_a_moved_copy_are_traced_through_the_tensor_it_was_moved_from():
+    cells = ("x = torch.randn(40, 12)\ny = x.to(device).float()\nm = torch.zeros(40, 5).bernoulli_(0.3)\n",)
+    assert [(w.cell, w.span.line, w.span.col) for w in trace_rows(history(*cells), ObjectPath("y"), 0, 40).written] == [
+        (1, 1, 16)
+    ]
+    assert [(w.cell, w.span.line) for w in trace_rows(history(*cells), ObjectPath("m"), 0, 40).written] == [(1, 3)]
