@@ -682,13 +682,18 @@ def _linked_hooks(root: Root, hooks: Sequence[ModuleHook]) -> tuple[str, ...]:
 
 
 def _captured(hit: Hit) -> str | None:
-    """How a function on the hit's path keeps it: ``"default argument"``, ``"closure"``, or ``None``."""
+    """How a callable on the hit's path keeps it (the steps ``walk.function_captures`` names): ``"default
+    argument"``, ``"closure"``, ``"bound object"``, ``"partial argument"``, or ``None``."""
     for kind, name, _ in hit.path:
         if kind == ATTRIBUTE and isinstance(name, str):
             if name.startswith(("__defaults__", "__kwdefaults__")):
                 return "default argument"
             if name.startswith("__closure__"):
                 return "closure"
+            if name in ("__self__", "__func__"):
+                return "bound object"
+            if name.startswith(("args[", "keywords[")):  # an attribute's name has no bracket: a partial's
+                return "partial argument"
     return None
 
 
@@ -788,7 +793,7 @@ def _description(root: Root, cause: str, holder: dict[str, Any]) -> str:
             names = capture_names(value)
             variables = dict.fromkeys(names.get(str(hit.path[0][1]), "?") for hit in holder["hits"] if hit.path)
             how = " and ".join(
-                f"its {'default arguments' if kind == 'default argument' else kind}" for kind in captured
+                f"its {kind + 's' if kind in ('default argument', 'partial argument') else kind}" for kind in captured
             )
             return f"function {value.__qualname__} keeping {kept} in {how} ({', '.join(variables)})"
         if container is not None:
@@ -796,7 +801,8 @@ def _description(root: Root, cause: str, holder: dict[str, Any]) -> str:
             owner = "its" if functions == 1 else "their"
             plural = "s" if functions > 1 else ""
             how = " and ".join(
-                f"{owner} {'default arguments' if kind == 'default argument' else kind + plural}" for kind in captured
+                f"{owner} {kind + 's' if kind in ('default argument', 'partial argument') else kind + plural}"
+                for kind in captured
             )
             return f"{container} of {_plural(functions, 'function')} keeping {kept} in {how}"
     if container is not None:

@@ -4,7 +4,8 @@ A root (a variable, a reference IPython keeps) is walked breadth first through c
 attributes, modules (parameters, gradients, buffers, plain attributes and what their hooks captured),
 optimizers' state, exceptions, tracebacks and function frames' locals, functions' default arguments
 and closure cells (``callbacks.append(lambda x, t=t: ...)``, a nested ``def`` using a tensor of the
-enclosing one: named ``callbacks[0].__defaults__[0]``, ``f.__closure__[0].cell_contents``), and
+enclosing one: named ``callbacks[0].__defaults__[0]``, ``f.__closure__[0].cell_contents``), bound
+methods' objects and ``functools.partial``'s arguments, and
 tensors' autograd graphs (see ``probe``). Each storage is counted once (by
 ``TensorProbe.storage_key``: a view and its base share one), with the category it was first reached
 as and the first two steps of the path to it.
@@ -61,9 +62,9 @@ ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, me
 OPAQUE = (
     types.ModuleType,
     type,
-    types.FunctionType,
+    types.FunctionType,  # below a root, walked for what it keeps (``function_captures``)
     types.BuiltinFunctionType,
-    types.MethodType,
+    types.MethodType,  # likewise
     types.CodeType,
     types.GeneratorType,
     types.CoroutineType,
@@ -195,7 +196,7 @@ def _type_code(
         return _MODULE
     if optimizer_types and issubclass(kind, optimizer_types):
         return _OPTIMIZER
-    if issubclass(kind, types.FunctionType):
+    if issubclass(kind, _CALLABLES_KEEPING):
         return _FUNCTION
     for code, bases in (
         (_MAPPING, dict),
@@ -240,9 +241,20 @@ _DATA_PTR = methodcaller("data_ptr")
 _UNTYPED_STORAGE = methodcaller("untyped_storage")
 
 
+# Callables that keep values alive of their own: a function (defaults, closure cells), a bound method
+# (its object, its function), a ``functools.partial`` (its function and arguments).
+_CALLABLES_KEEPING = (types.FunctionType, types.MethodType, partial)
+
+
 def function_captures(function: Any) -> list[tuple[str, Any]]:
     """What a Python function keeps alive of its own: its default arguments and the contents of its
-    closure cells (not its globals, not its code), each with the expression that reads it."""
+    closure cells (not its globals, not its code); a bound method, its object and function; a
+    ``functools.partial``, its function and arguments. Each with the expression that reads it."""
+    if isinstance(function, types.MethodType):
+        return [("__self__", function.__self__), ("__func__", function.__func__)]
+    if isinstance(function, partial):
+        arguments = [(f"args[{i}]", value) for i, value in enumerate(function.args)]
+        return [("func", function.func), *arguments, *((f"keywords[{k!r}]", v) for k, v in function.keywords.items())]
     captures: list[tuple[str, Any]] = []
     for index, value in enumerate(function.__defaults__ or ()):
         captures.append((f"__defaults__[{index}]", value))

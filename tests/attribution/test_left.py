@@ -508,3 +508,13 @@ def test_a_keyword_only_default_in_a_dict_of_functions():
     transforms = only(left, "transforms")
     assert transforms.description == "dict of 1 function keeping 1 tensor in its default arguments"
     assert transforms.where == "transforms['mix'].__kwdefaults__['w']"
+
+
+def test_a_bound_method_of_an_object_no_name_keeps_is_named_by_its_self():
+    ns = namespace(handlers=[])
+    exec("class Scaler:\n    def __init__(self):\n        self.scale = torch.randn(1024, 1024)\n"
+         "    def apply(self, y):\n        return y * self.scale\n", ns)
+    left = run(ns, "handlers.append(Scaler().apply)", MAT)
+    handlers = only(left, "handlers")
+    assert handlers.description == "list of 1 function keeping 1 tensor in its bound object"
+    assert handlers.where == "handlers[0].__self__"

@@ -370,6 +370,10 @@ def _mixed_roots():
         ("callbacks", [lambda x, t=FakeTensor(MiB): x, lambda x, t=shared_tensor: x, _closing_over(shared_list)]),
         ("nested_functions", _closing_over(_keyword_default(FakeTensor(MiB)))),
         ("empty_cell", _unfilled_cell()),
+        ("bound", [
+            _Holder(FakeTensor(MiB)).__init__,
+            functools.partial(_closing_over, FakeTensor(MiB), k=shared_tensor),
+        ]),
     ]
 
 
@@ -427,3 +431,18 @@ def test_the_bulk_lane_over_real_tensors_with_graphs_and_gradients(monkeypatch):
     fast, slow = _walk_both_ways(roots, probe, monkeypatch)
     _assert_same(fast, slow)
     assert len(fast.reached) >= 10 and fast.late  # the hook's outputs are met late, under ``wrapped``
+
+
+def test_a_bound_method_keeps_its_object_and_a_partial_its_arguments():
+    class Saver:
+        def __init__(self, kept):
+            self.kept = kept
+
+        def save(self, x):
+            return x
+
+    hooks = [Saver(FakeTensor(MiB)).save, functools.partial(lambda x, w: x, w=FakeTensor(2 * MiB))]
+    hooks.append(functools.partial(print, FakeTensor(3 * MiB)))
+    reach = walk(hooks, fake_probe(), root_name="hooks")
+    paths = sorted((hit.nbytes // MiB, describe_path("hooks", hit.path)) for hit in reach.storages.values())
+    assert paths == [(1, "hooks[0].__self__"), (2, "hooks[1].keywords['w']"), (3, "hooks[2].args[0]")]
