@@ -56,7 +56,7 @@ def test_the_rows_of_an_earlier_cells_tensor_are_cut_and_the_earlier_cell_is_the
     failing = "loss = model(inputs)\nloss.backward()\nfinished_with = inputs.shape[0]\n"
     failed = shell.run_cell(failing, store_history=True)
     assert type(failed.error_in_exec).__name__ == "OutOfMemoryError"
-    outcome = shell.run_line_magic("oomfix", "--yes -o")
+    outcome = shell.run_line_magic("oomfix", "--yes -o --max-tries 3")  # other tests %config a smaller one
     true_max = cell.largest_fitting(6000)
     assert outcome.fitted and outcome.strategy == "batch"
     assert 0.9 * true_max <= outcome.batch_after <= true_max
