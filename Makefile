@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 MIN_VENV ?= .venv-min
 MIN_BIN := $(MIN_VENV)/bin
 
-.PHONY: demo test test-min test-gpu test-browser docs-images typecheck clean
+.PHONY: demo test test-min test-gpu test-browser test-real docs-images typecheck clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,15 @@ typecheck: $(VENV)/.installed-dev
 $(VENV)/.installed-browser: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -e ".[test,browser]"
 	touch $@
+
+# The batch finder's corpus on the real transformers, accelerate and Lightning (the `real` extra, on the CPU
+# torch already in .venv); without them those tests skip.
+$(VENV)/.installed-real: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e ".[test,real]"
+	touch $@
+
+test-real: $(VENV)/.installed-real
+	$(BIN)/python -m pytest -q -m real_libraries tests/batch
 
 demo: $(VENV)/.installed
 	$(BIN)/python scripts/run_notebook.py notebooks/00_quickstart.ipynb

@@ -9,6 +9,7 @@ left.
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections.abc import Iterable, Mapping
 from itertools import compress, repeat
@@ -175,6 +176,8 @@ def user_items(namespace: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 @memo_by_type
 def _is_user_type(kind: type) -> bool:
+    if issubclass(kind, types.FunctionType):
+        return True  # a function the notebook made keeps its defaults and closure alive (``walk``)
     if issubclass(kind, OPAQUE):
         return False
     module = getattr(kind, "__module__", "") or ""

@@ -30,6 +30,7 @@ and plain data are results, reported as what they are. ``advice.leak_advice`` sa
 from __future__ import annotations
 
 import time
+import types
 import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,6 +62,7 @@ from .walk import (
     BUFFERS,
     EXCEPTION_CODE,
     FRAME_CODE,
+    FUNCTION_CODE,
     GRADIENTS,
     GRAPH,
     GRAPH_SCALAR,
@@ -84,6 +86,7 @@ from .walk import (
     TRACEBACK_CODE,
     Hit,
     Reach,
+    capture_names,
     describe_path,
     type_code,
     walk,
@@ -171,7 +174,7 @@ def _inner_sizes(children: Iterable[Any], count: int) -> tuple[tuple[int, int], 
     return tuple([(id(child), len(child)) for child in first if grows(type(child))])
 
 
-_PLAIN_CODES = frozenset({OPAQUE_CODE, MACHINERY_CODE, EXCEPTION_CODE, TRACEBACK_CODE, FRAME_CODE})
+_PLAIN_CODES = frozenset({OPAQUE_CODE, MACHINERY_CODE, EXCEPTION_CODE, TRACEBACK_CODE, FRAME_CODE, FUNCTION_CODE})
 _PLAIN = -1  # a code of our own: atoms and the plain codes, whose fingerprint is their id alone
 _DUCK_TENSOR = -2  # and another: tensor types without PyTorch's attributes (fakes, tensor-likes)
 
@@ -678,13 +681,36 @@ def _linked_hooks(root: Root, hooks: Sequence[ModuleHook]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(linked))
 
 
+def _captured(hit: Hit) -> str | None:
+    """How a callable on the hit's path keeps it (the steps ``walk.function_captures`` names): ``"default
+    argument"``, ``"closure"``, ``"bound object"``, ``"partial argument"``, or ``None``."""
+    for kind, name, _ in hit.path:
+        if kind == ATTRIBUTE and isinstance(name, str):
+            if name.startswith(("__defaults__", "__kwdefaults__")):
+                return "default argument"
+            if name.startswith("__closure__"):
+                return "closure"
+            if name in ("__self__", "__func__"):
+                return "bound object"
+            if name.startswith(("args[", "keywords[")):  # an attribute's name has no bracket: a partial's
+                return "partial argument"
+    return None
+
+
 def _largest_path(root: Root, hits: list[Hit]) -> str:
     """Where under an object most of its new memory hangs: ``tracker.history``, ``forward hook f on model.fc``.
 
-    Containers get none: their items are the holder's own parts, named by its description.
+    Containers get none: their items are the holder's own parts, named by its description; except
+    functions in a container that keep tensors in their defaults or closures (``callbacks[0].__defaults__[0]``),
+    which nothing in the container's own items would name.
     """
     if _container_kind(root.value) is not None:
-        return ""
+        captured = [hit for hit in hits if _captured(hit) and len(hit.path) >= 2]
+        if not captured or sum(hit.nbytes for hit in captured) * 2 < sum(hit.nbytes for hit in hits):
+            return ""
+        first = describe_path(root.name, min(captured, key=lambda hit: hit.position).path[:2])
+        functions = len({hit.position for hit in captured})
+        return first if functions == 1 else f"{first}, and the same in {functions - 1} more"
     sizes: dict[str, int] = {}
     for hit in hits:
         if hit.path and hit.path[0][0] in (ATTRIBUTE, HOOK):
@@ -760,6 +786,25 @@ def _description(root: Root, cause: str, holder: dict[str, Any]) -> str:
         if graph_tensors:
             text += " holding its autograd graph" + (f", {saved}" if saved else "")
         return text
+    captured = sorted({kind for kind in map(_captured, holder["hits"]) if kind is not None})
+    if captured and all(_captured(hit) for hit in holder["hits"]):
+        kept = _plural(tensors or holder["storages"], "tensor")
+        if isinstance(value, types.FunctionType):
+            names = capture_names(value)
+            variables = dict.fromkeys(names.get(str(hit.path[0][1]), "?") for hit in holder["hits"] if hit.path)
+            how = " and ".join(
+                f"its {kind + 's' if kind in ('default argument', 'partial argument') else kind}" for kind in captured
+            )
+            return f"function {value.__qualname__} keeping {kept} in {how} ({', '.join(variables)})"
+        if container is not None:
+            functions = len({hit.position for hit in holder["hits"]})
+            owner = "its" if functions == 1 else "their"
+            plural = "s" if functions > 1 else ""
+            how = " and ".join(
+                f"{owner} {kind + 's' if kind in ('default argument', 'partial argument') else kind + plural}"
+                for kind in captured
+            )
+            return f"{container} of {_plural(functions, 'function')} keeping {kept} in {how}"
     if container is not None:
         noun = (
             f"{container} of {_plural(tensors, 'tensor')}"

@@ -2,15 +2,19 @@
 
 A root (a variable, a reference IPython keeps) is walked breadth first through containers, object
 attributes, modules (parameters, gradients, buffers, plain attributes and what their hooks captured),
-optimizers' state, exceptions, tracebacks and function frames' locals, and tensors' autograd graphs
-(see ``probe``). Each storage is counted once (by ``TensorProbe.storage_key``: a view and its base
-share one), with the category it was first reached as and the first two steps of the path to it.
+optimizers' state, exceptions, tracebacks and function frames' locals, functions' default arguments
+and closure cells (``callbacks.append(lambda x, t=t: ...)``, a nested ``def`` using a tensor of the
+enclosing one: named ``callbacks[0].__defaults__[0]``, ``f.__closure__[0].cell_contents``), bound
+methods' objects and ``functools.partial``'s arguments, and
+tensors' autograd graphs (see ``probe``). Each storage is counted once (by
+``TensorProbe.storage_key``: a view and its base share one), with the category it was first reached
+as and the first two steps of the path to it.
 
 Bounds: the walk never enters a module-level frame's namespace (that is the user namespace itself),
-Python modules, classes or functions (except what a module's hook captured), nor objects of IPython,
-ipykernel and the like (they lead back to the shell); and it stops after ``WALK_LIMIT`` objects per
-root, so a huge object graph cannot stall the kernel. Atoms (numbers, strings) are never queued: a list
-of a million floats costs one pass over it.
+Python modules, classes, a function's globals or code (only its defaults and closure cells), nor
+objects of IPython, ipykernel and the like (they lead back to the shell); and it stops after
+``WALK_LIMIT`` objects per root, so a huge object graph cannot stall the kernel. Atoms (numbers,
+strings) are never queued: a list of a million floats costs one pass over it.
 """
 
 from __future__ import annotations
@@ -58,9 +62,9 @@ ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, me
 OPAQUE = (
     types.ModuleType,
     type,
-    types.FunctionType,
+    types.FunctionType,  # below a root, walked for what it keeps (``function_captures``)
     types.BuiltinFunctionType,
-    types.MethodType,
+    types.MethodType,  # likewise
     types.CodeType,
     types.GeneratorType,
     types.CoroutineType,
@@ -135,8 +139,10 @@ def _numel(tensor: Any) -> int | None:
 # What the walk does with an object, decided once per type (isinstance chains cost more than the walk).
 TENSOR_CODE, MODULE_CODE, OPTIMIZER_CODE, MAPPING_CODE, SEQUENCE_CODE, SET_CODE = range(6)
 TRACEBACK_CODE, FRAME_CODE, EXCEPTION_CODE, OPAQUE_CODE, MACHINERY_CODE, OBJECT_CODE = range(6, 12)
+FUNCTION_CODE = 12
 _TENSOR, _MODULE, _OPTIMIZER, _MAPPING, _SEQUENCE, _SET = range(6)
 _TRACEBACK, _FRAME, _EXCEPTION, _OPAQUE, _MACHINERY, _OBJECT = range(6, 12)  # the same codes, short
+_FUNCTION = FUNCTION_CODE
 ATOM_TYPES = frozenset(ATOMS)
 
 
@@ -190,6 +196,8 @@ def _type_code(
         return _MODULE
     if optimizer_types and issubclass(kind, optimizer_types):
         return _OPTIMIZER
+    if issubclass(kind, _CALLABLES_KEEPING):
+        return _FUNCTION
     for code, bases in (
         (_MAPPING, dict),
         (_SEQUENCE, (list, tuple, deque)),
@@ -231,6 +239,44 @@ _NOT_A_ROOT = object()  # what ``collect_keys`` compares with for an object hand
 _IS_CUDA, _GRAD_FN, _GRAD = attrgetter("is_cuda"), attrgetter("grad_fn"), attrgetter("grad")
 _DATA_PTR = methodcaller("data_ptr")
 _UNTYPED_STORAGE = methodcaller("untyped_storage")
+
+
+# Callables that keep values alive of their own: a function (defaults, closure cells), a bound method
+# (its object, its function), a ``functools.partial`` (its function and arguments).
+_CALLABLES_KEEPING = (types.FunctionType, types.MethodType, partial)
+
+
+def function_captures(function: Any) -> list[tuple[str, Any]]:
+    """What a Python function keeps alive of its own: its default arguments and the contents of its
+    closure cells (not its globals, not its code); a bound method, its object and function; a
+    ``functools.partial``, its function and arguments. Each with the expression that reads it."""
+    if isinstance(function, types.MethodType):
+        return [("__self__", function.__self__), ("__func__", function.__func__)]
+    if isinstance(function, partial):
+        arguments = [(f"args[{i}]", value) for i, value in enumerate(function.args)]
+        return [("func", function.func), *arguments, *((f"keywords[{k!r}]", v) for k, v in function.keywords.items())]
+    captures: list[tuple[str, Any]] = []
+    for index, value in enumerate(function.__defaults__ or ()):
+        captures.append((f"__defaults__[{index}]", value))
+    for name, value in (function.__kwdefaults__ or {}).items():
+        captures.append((f"__kwdefaults__[{name!r}]", value))
+    for index, cell in enumerate(function.__closure__ or ()):
+        try:
+            captures.append((f"__closure__[{index}].cell_contents", cell.cell_contents))
+        except ValueError:  # a cell not filled yet (the enclosing function has not bound the name)
+            continue
+    return captures
+
+
+def capture_names(function: Any) -> dict[str, str]:
+    """The variable each of ``function_captures``' expressions reads: ``{"__defaults__[0]": "t"}``."""
+    code = function.__code__
+    positional = code.co_varnames[: code.co_argcount]
+    defaults = function.__defaults__ or ()
+    names = {f"__defaults__[{i}]": name for i, name in enumerate(positional[len(positional) - len(defaults) :])}
+    names.update({f"__kwdefaults__[{name!r}]": name for name in function.__kwdefaults__ or {}})
+    names.update({f"__closure__[{i}].cell_contents": name for i, name in enumerate(code.co_freevars)})
+    return names
 
 
 def _items_of(containers: list[Any]) -> list[list[Any]]:
@@ -463,6 +509,8 @@ class _Walker:
                         for slot in slots:
                             if hasattr(obj, slot):
                                 more.append(getattr(obj, slot))
+                    elif code == _FUNCTION:
+                        more = [value for _, value in function_captures(obj)]
                     elif code == _OPAQUE or (code == _MACHINERY and obj is not root):
                         continue
                     else:
@@ -642,6 +690,10 @@ class _Walker:
                 push(value, category, position, path, owner)
             for value in list(getattr(obj, "__dict__", {}).values()):
                 push(value, category, position, path, owner)
+        elif code == _FUNCTION:
+            deeper = self.track_paths and len(path) < PATH_STEPS
+            for expression, value in function_captures(obj):
+                push(value, category, position, path + ((ATTRIBUTE, expression, -1),) if deeper else path, owner)
         elif code == _OBJECT or (code == _MACHINERY and is_root):
             deeper = self.track_paths and len(path) < PATH_STEPS
             attributes = getattr(obj, "__dict__", None)

@@ -7,10 +7,14 @@ The finder says where a knob lives (``knobs.Knob``); this module changes it ther
   dataclass too, as ``dataclasses.replace`` would build it);
 - a DataLoader: rebuilt from its own attributes with the new batch size and everything else kept
   (dataset, sampler, so shuffling, collate_fn, workers, pin_memory, drop_last, generator...), and
-  bound where the old one was;
+  bound where the old one was; a loader ``accelerate`` prepared (a wrapper bound to the device and the
+  processes) cannot be rebuilt without its ``Accelerator``, so the stock ``BatchSampler`` it batches
+  with gets the new size in place;
 - a Hugging Face ``Trainer``: ``args.per_device_*_batch_size`` and the training batch the Trainer
   copied from them when it was built (``_train_batch_size``, which ``train()`` reads);
-- a notebook function's default: its ``__defaults__``/``__kwdefaults__``.
+- a notebook function's default: its ``__defaults__``/``__kwdefaults__``;
+- a tensor made in an earlier cell whose rows are the batch: bound to its first rows (a view, so no
+  memory is copied) or, for a larger batch, to its rows repeated (``resized_rows``).
 
 Every value changed is remembered the first time, so ``restore()`` puts back exactly what was there.
 ``diffs(value)`` gives one diff per cell whose text should change (earlier ``In[k]`` and the failed
@@ -26,8 +30,8 @@ from typing import Any
 
 from ..cell.edit import CellDiff, Edit, apply_edits, insert_line
 from ..errors import CudaMemError
-from .knobs import BatchFinding, Default, Knob, LiveTarget, Loader, ObjectPath, TrainerArgs, Value
-from .libraries import class_names, found, loader_batch_size, loader_problem, resolve
+from .knobs import BatchFinding, Default, Knob, LiveTarget, Loader, ObjectPath, Rows, TrainerArgs, Value
+from .libraries import class_names, found, loader_batch_size, loader_problem, resolve, wrapped_loader
 
 # DataLoader's keyword arguments that its attributes keep, as the constructor takes them back.
 _LOADER_SETTINGS = (
@@ -75,6 +79,20 @@ def rebuilt_loader(loader: Any, batch_size: int) -> Any:
         if "IterableDataset" not in class_names(loader.dataset):
             settings["sampler"] = loader.sampler  # RandomSampler when it shuffled, with its generator
     return cls(loader.dataset, **settings)
+
+
+def resized_rows(tensor: Any, dim: int, rows: int) -> Any:
+    """``tensor`` with ``rows`` entries along ``dim``: its first ones (a view of the same memory), or, for
+    more than it has, its own repeated and cut (a new tensor of exactly that size). A tensor that needs
+    no gradient stays a leaf, so a cell calling ``requires_grad_()`` on it still can."""
+    size = int(tensor.shape[dim])
+    if rows <= size:
+        resized = tensor.detach().narrow(dim, 0, rows)
+    else:
+        times = -(-rows // size)
+        repeats = [times if d == dim else 1 for d in range(tensor.dim())]
+        resized = tensor.detach().repeat(*repeats).narrow(dim, 0, rows).clone()
+    return resized.requires_grad_() if tensor.requires_grad else resized
 
 
 class BatchChange:
@@ -182,6 +200,12 @@ class BatchChange:
             self._set_value(target, target.path, batch)
         elif isinstance(target, Loader):
             loader = self._get(target.path)
+            if wrapped_loader(loader) is not None:
+                sampler = _stock_batch_sampler(loader)
+                size = sampler.batch_size
+                self._original(target, None, lambda: setattr(sampler, "batch_size", size))
+                sampler.batch_size = batch
+                return
             original = self._original(target, loader, lambda: self._put(target.path, original))
             self._put(target.path, rebuilt_loader(original, batch))
         elif isinstance(target, TrainerArgs):
@@ -201,6 +225,10 @@ class BatchChange:
                 # Trainer copies args.train_batch_size (per-device size x GPUs) when built; train() reads the copy.
                 copied = getattr(args, "train_batch_size", batch)
                 trainer._train_batch_size = copied if type(copied) is int else batch
+        elif isinstance(target, Rows):
+            tensor = self._get(target.path)
+            original = self._original(target, tensor, lambda: self._put(target.path, original))
+            self._put(target.path, resized_rows(original, target.dim, batch))
         elif isinstance(target, Default):
             function = self._get(target.path)
             defaults, kwdefaults = function.__defaults__, function.__kwdefaults__
@@ -253,11 +281,27 @@ def live_batch(namespace: Mapping[str, Any], target: LiveTarget) -> int | None:
     if isinstance(target, TrainerArgs):
         size = getattr(getattr(value, "args", None), target.field, None)
         return size if type(size) is int else None
+    if isinstance(target, Rows):
+        shape = getattr(value, "shape", None)
+        return int(shape[target.dim]) if shape is not None and len(shape) > target.dim else None
     try:
         default = inspect.signature(value).parameters[target.parameter].default
     except (TypeError, ValueError, KeyError):
         return None
     return default if type(default) is int else None
+
+
+def _stock_batch_sampler(loader: Any) -> Any:
+    """The ``BatchSampler`` a wrapped loader batches with (inside accelerate's ``BatchSamplerShard`` too)."""
+    sampler = getattr(loader, "batch_sampler", None)
+    while sampler is not None and type(sampler).__name__ != "BatchSampler":
+        sampler = getattr(sampler, "batch_sampler", None)
+    if sampler is None or type(getattr(sampler, "batch_size", None)) is not int:
+        raise CudaMemError(
+            f"cannot change the batch of the prepared loader: it batches with "
+            f"{type(getattr(loader, 'batch_sampler', None)).__name__}, not a BatchSampler"
+        )
+    return sampler
 
 
 def _assign(obj: Any, name: str, value: Any) -> None:
@@ -290,6 +334,9 @@ def _statement_for(target: LiveTarget, batch: int) -> str:
         return f"# rebuild {target.path.text} with batch_size={batch} (same dataset, sampler and settings)"
     if isinstance(target, TrainerArgs):
         return f"{target.path.text}.args.{target.field} = {batch}  # then build the Trainer again"
+    if isinstance(target, Rows):
+        rows = f"[:{batch}]" if target.dim == 0 else f".narrow({target.dim}, 0, {batch})"
+        return f"{target.path.text} = {target.path.text}{rows}  # or make it again with {batch} rows"
     return f"{target.path.text}.__defaults__  # {target.parameter}={batch}"
 
 

@@ -23,6 +23,11 @@ Scores rank the knobs; they add up evidence, never tuned to a case:
 - ``PHASE_PENALTY`` (6) for an evaluation batch in a training cell, or the reverse; 5 for an
   evaluation batch where the cell's phase is unclear (an evaluation batch rarely sets a training peak).
 
+A notebook's own classes are read too (``notebook_classes``): a method the cell calls, or the
+``__iter__`` of an instance it iterates, with the instance bound to where it lives, and a local that
+only renames an attribute (``B, T = self.B, self.T``) read as that attribute; a constructor parameter
+the class keeps and uses as a batch (``DataLoaderLite(B=16, T=1024)``) is a batch argument.
+
 What is not a batch: a value only printed or logged, a loop counter (bound by the cell, not read), a
 list of zeros (a per-class accumulator), a square or matmul-only matrix, a chunk count whose total
 is unknown.
@@ -48,6 +53,7 @@ from .knobs import (
     LiveTarget,
     Loader,
     ObjectPath,
+    Rows,
     Step,
     TrainerArgs,
     Value,
@@ -72,7 +78,10 @@ from .libraries import (
     settable,
 )
 from .names import batch_like, generation_count, name_score, phase_of
+from .notebook_classes import ITERATION_METHODS, kept_parameters, local_aliases, methods
 from .provenance import History, Trace, path_of
+from .sequence_first import builds_sequence_first, calls_sequence_first, recurrent_states
+from .tensors import SHAPE_CONSTRUCTORS, shape_nodes, tensor_shape, trace_rows, whole_tensor
 from .whole import covers_whole_data
 
 
@@ -114,23 +123,11 @@ DIRECT_BONUS = 1
 PHASE_PENALTY = 6
 UNCLEAR_EVAL_PENALTY = 5
 _MAX_FUNCTION_DEPTH = 3
+# Dimensions of a recurrent state ``(layers, batch, hidden)``, recorded as such: its batch whatever the
+# input's batch dimension is, and its layers, never a batch.
+_STATE_BATCH = -1
+_STATE_LAYERS = -2
 
-# Callables whose arguments give a tensor's shape.
-_SHAPE_CONSTRUCTORS = {
-    "randn",
-    "rand",
-    "zeros",
-    "ones",
-    "empty",
-    "full",
-    "randint",
-    "normal",
-    "new_zeros",
-    "new_ones",
-    "new_empty",
-    "new_full",
-    "empty_strided",
-}
 _RESHAPES = {"view", "reshape", "expand", "repeat", "new_zeros", "new_ones", "new_empty"}
 _PRINT_FUNCTIONS = {"print", "display", "pprint", "repr", "str", "format"}
 _PRINT_METHODS = {
@@ -168,6 +165,7 @@ class _Read:
     opaque_argument: bool = False  # passed to a call whose code we cannot read
     called: bool = False  # called itself (a model, a function)
     element_uses: set[Use] = field(default_factory=set)  # uses of its items taken by a computed key (loaders[phase])
+    fed: bool = False  # passed whole by the cell to a module (``model(inputs.to(device))``)
 
 
 @dataclass
@@ -204,6 +202,7 @@ class _Scan:
         self.defaults: list[tuple[ObjectPath, str, int, set[Use]]] = []  # (function, parameter, value, uses)
         self.analysed: set[tuple[int, tuple[tuple[str, ObjectPath | None], ...]]] = set()
         self.trains = False
+        self.states: set[str] = set()  # names the cell passes as an RNN's hidden state (``recurrent_states``)
         self.evaluates = False
 
     def read(self, path: ObjectPath) -> _Read:
@@ -299,6 +298,8 @@ class _Reader:
                 read.direct = True
             elif self.function_name:
                 read.readers.add(self.function_name)
+            if use is Use.ITERATED and isinstance(node, ast.expr):
+                self._follow_iteration(node, path)
             return True
         if self.cell and isinstance(node, ast.Name) and not any(node.id in scope for scope in self.scopes[1:] if scope):
             self.local_uses.setdefault(node.id, set()).add(use)
@@ -313,6 +314,10 @@ class _Reader:
             self._collect_bindings(body)
         else:
             self._loop_targets = set()
+            for name, value in local_aliases(body):  # ``B, T = self.B, self.T``: B is self.B
+                path = self._namespace_path(value)
+                if path is not None and name not in self.bindings:
+                    self.bindings[name] = path
         for statement in body:
             self._statement(statement)
 
@@ -672,7 +677,7 @@ class _Reader:
         else:
             self._expr(function, Use.OTHER)
         # Its arguments.
-        if name in _SHAPE_CONSTRUCTORS and (
+        if name in SHAPE_CONSTRUCTORS and (
             dotted.startswith(("torch.", "np.", "numpy.")) or isinstance(function, ast.Attribute)
         ):
             self._shape_call(node, name)
@@ -727,10 +732,12 @@ class _Reader:
             self.scan.evaluates = True
 
     def _shape_call(self, node: ast.Call, name: str) -> None:
-        shape = _shape_nodes(node, name)
+        shape = shape_nodes(node, name)
         shape_ids = {id(n) for n in shape}
+        state = self.cell and self._assigning in self.scan.states and len(shape) == 3
         for index, dimension in enumerate(shape):
-            self._expr(dimension, Use.DIMENSION, index)
+            dim = (_STATE_BATCH if index == 1 else _STATE_LAYERS if index == 0 else index) if state else index
+            self._expr(dimension, Use.DIMENSION, dim)
         for argument in node.args:
             if id(argument) not in shape_ids and not (
                 isinstance(argument, (ast.Tuple, ast.List)) and any(id(e) in shape_ids for e in argument.elts)
@@ -805,15 +812,29 @@ class _Reader:
         parameters = _positional_parameters(callee, name)
         readable = is_user_function(callee) or (inspect.ismethod(callee) and is_user_class(type(callee.__self__)))
         opaque = not readable and name not in self.functions_defined
+        # A model's constructor takes sizes of the model (layers, a context length), not a batch.
+        kept = self._kept_uses(callee) if is_user_class(callee) and not is_module(callee) else {}
+        if self.cell and is_module(self._module_called(node, callee)):
+            for argument in node.args + [k.value for k in node.keywords]:
+                fed = self._namespace_path(whole_tensor(argument))
+                if fed is not None:
+                    self.scan.read(fed).fed = True
         for index, argument in enumerate(node.args):
             parameter = parameters[index] if index < len(parameters) else None
-            self._argument(argument, parameter, opaque)
+            self._argument(argument, parameter, opaque, kept.get(parameter or ""))
         for keyword in node.keywords:
-            self._argument(keyword.value, keyword.arg, opaque)
+            self._argument(keyword.value, keyword.arg, opaque, kept.get(keyword.arg or ""))
         if callee is not None and self.depth < _MAX_FUNCTION_DEPTH:
             self._follow_call(node, callee)
 
-    def _argument(self, argument: ast.expr, parameter: str | None, opaque: bool) -> None:
+    def _argument(self, argument: ast.expr, parameter: str | None, opaque: bool, kept: Use | None = None) -> None:
+        if parameter and kept is not None and not batch_like(parameter):
+            # ``DataLoaderLite(B=16, T=1024)``: the class keeps B and uses it as a batch in a method.
+            self._expr(argument, kept, 0 if kept is Use.DIMENSION else None)
+            if self.cell:
+                score = _USE_SCORES[kept] + CELL_BONUS
+                self._add_literal("keyword", parameter, argument, score, (f"{kept.value} in the class",))
+            return
         if parameter and batch_like(parameter):
             use = Use.GENERATION if generation_count(parameter) else Use.BATCH_ARGUMENT
             self._expr(argument, use)
@@ -837,6 +858,33 @@ class _Reader:
             return None
         value = resolve(self.scan.namespace, path)
         return value if found(value) else None
+
+    def _module_called(self, node: ast.Call, callee: Any) -> Any:
+        """What the cell calls: from the namespace, or, for a name the cell bound before the call, what it
+        held when the cell failed (the model it built)."""
+        if callee is not None or not isinstance(node.func, ast.Name) or node.func.id not in self.bound_at:
+            return callee
+        return self.scan.namespace.get(node.func.id)
+
+    def _kept_uses(self, cls: type) -> dict[str, Use]:
+        """A notebook class's constructor parameters that its methods use as a batch, each with its best use."""
+        defined = self.scan.history.definition(cls.__name__)
+        if defined is None or not isinstance(defined[2], ast.ClassDef):
+            return {}
+        return _class_batch_parameters(defined[2])
+
+    def _follow_iteration(self, iterable: ast.expr, path: ObjectPath) -> None:
+        """``for xb, yb in train_dl`` over an instance of a notebook class: read its ``__iter__``."""
+        if self.depth >= _MAX_FUNCTION_DEPTH:
+            return
+        value = resolve(self.scan.namespace, path)
+        if not found(value) or not is_user_class(type(value)):
+            return
+        for method_name in ITERATION_METHODS:
+            method = getattr(value, method_name, None)
+            if inspect.ismethod(method):
+                receiver = ast.Attribute(value=iterable, attr=method_name, ctx=ast.Load())
+                self._follow_call(ast.Call(func=receiver, args=[], keywords=[]), method)
 
     # -- functions the cell calls -------------------------------------------------------------------
     def _follow_call(self, node: ast.Call, callee: Any) -> None:
@@ -967,32 +1015,6 @@ def _prints(node: ast.Call, name: str, dotted: str) -> bool:
     return name in _MAYBE_PRINT_METHODS and dotted.split(".")[0] not in _MATH_MODULES
 
 
-def _shape_nodes(call: ast.Call, name: str) -> list[ast.AST]:
-    """The nodes giving a constructor's dimensions, in order (``randn(512, 3)``, ``zeros((512, 3))``)."""
-    for keyword in call.keywords:
-        if keyword.arg == "size" and isinstance(keyword.value, (ast.Tuple, ast.List)):
-            return list(keyword.value.elts)
-    args: list[ast.AST] = list(call.args)
-    if name == "randint":
-        # randint(high, size) or randint(low, high, size): the shape is the tuple argument.
-        for arg in args:
-            if isinstance(arg, (ast.Tuple, ast.List)):
-                return list(arg.elts)
-        return []
-    if name in {"full", "new_full", "normal", "empty_strided"}:
-        if args and isinstance(args[0], (ast.Tuple, ast.List)):
-            return list(args[0].elts)
-        return []
-    if args and isinstance(args[0], (ast.Tuple, ast.List)):
-        return list(args[0].elts)
-    shape: list[ast.AST] = []
-    for arg in args:
-        if isinstance(arg, ast.Starred):
-            break
-        shape.append(arg)
-    return shape
-
-
 def _assigned_in(body: list[ast.stmt]) -> set[str]:
     """Names a function body binds (its locals), not looking into nested functions."""
     names: set[str] = set()
@@ -1056,6 +1078,40 @@ def _uses_in(body: list[ast.stmt], name: str) -> set[Use]:
     return set(read.uses) | ({Use.DIMENSION} if 0 in read.dims else set())
 
 
+def _class_batch_parameters(definition: ast.ClassDef) -> dict[str, Use]:
+    """Constructor parameters a notebook class keeps (``self.B = B``) and uses as a batch in a method
+    (``.view(B, T)`` through ``B = self.B``, ``range(0, n, self.bs)``), each with its strongest use."""
+    kept = kept_parameters(definition)
+    if not kept:
+        return {}
+    attribute_uses: dict[str, set[Use]] = {}
+    for method in methods(definition):
+        arguments = method.args.posonlyargs + method.args.args
+        if not arguments:
+            continue
+        self_name = arguments[0].arg
+        scan = _Scan({self_name: None}, History([], 0, {}), None)
+        probe = _Reader(
+            scan,
+            None,
+            cell=False,
+            bindings={self_name: ObjectPath(self_name)},
+            local_names={a.arg for a in arguments} | _assigned_in(method.body),
+            depth=_MAX_FUNCTION_DEPTH,
+        )
+        probe.read_body(method.body)
+        for path, read in scan.reads.items():
+            if path.root == self_name and len(path.steps) == 1 and not path.steps[0].key:
+                uses = set(read.uses) | ({Use.DIMENSION} if 0 in read.dims else set())
+                attribute_uses.setdefault(str(path.steps[0].name), set()).update(uses)
+    batch_parameters = {}
+    for parameter, attributes in kept.items():
+        uses = {u for attribute in attributes for u in attribute_uses.get(attribute, set()) if u in _USE_SCORES}
+        if uses:
+            batch_parameters[parameter] = max(uses, key=lambda u: (_USE_SCORES[u], u.value))
+    return batch_parameters
+
+
 def _positional_parameters(callee: Any, name: str) -> list[str | None]:
     if callee is not None:
         try:
@@ -1097,7 +1153,7 @@ def _evidence(read: _Read, uses: Iterable[Use]) -> tuple[str, ...]:
 
 def _batch_uses(read: _Read, context: _Context) -> set[Use]:
     uses = set(read.uses) - {Use.PRINTED, Use.OTHER, Use.MATMUL}
-    if context.batch_dimension in read.dims:
+    if context.batch_dimension in read.dims or _STATE_BATCH in read.dims:
         uses.add(Use.DIMENSION)
     return uses
 
@@ -1376,6 +1432,64 @@ def _function_defaults(context: _Context) -> list[Knob]:
     return knobs
 
 
+def _earlier_tensors(context: _Context) -> list[Knob]:
+    """Tensors from earlier cells the cell feeds whole to a module (``model(inputs)``), one knob per batch:
+    their batch dimension, with the tensors the cell passes to other calls with as many rows (the labels).
+    Only where the rows are written in a cell (a constructor's dimension, or the variable it was given)."""
+    fed: dict[int, list[tuple[ObjectPath, int]]] = {}
+    beside: dict[int, list[ObjectPath]] = {}
+    for path, read in context.scan.reads.items():
+        if not read.direct or read.uses <= {Use.PRINTED}:
+            continue
+        value = resolve(context.scan.namespace, path)
+        shape = tensor_shape(value) if found(value) else None
+        if not shape:
+            continue
+        rank = len(shape)
+        dim = 1 if rank == 3 and path.root in context.scan.states else context.batch_dimension if rank >= 3 else 0
+        rows = shape[dim]
+        if rows < 2:
+            continue
+        if read.fed and rank >= 2:
+            fed.setdefault(rows, []).append((path, dim))
+        elif Use.ARGUMENT in read.uses and shape[0] >= 2:
+            beside.setdefault(shape[0], []).append(path)  # labels, one-hot targets, masks: cut with the batch
+    knobs = []
+    for rows, tensors in fed.items():
+        tensors.sort(key=lambda t: t[0].text)
+        first, dim = tensors[0]
+        trace = trace_rows(context.scan.history, first, dim, rows)
+        if not trace.written:
+            for other, other_dim in tensors[1:]:
+                alternative = trace_rows(context.scan.history, other, other_dim, rows)
+                if alternative.written:
+                    trace = alternative
+                    break
+        if not trace.written:
+            # Rows taken from elsewhere (``images, labels = next(iter(loader))``): the cell may index them by a
+            # count of its own (``for i in range(4)``), so cutting them is not safe to guess.
+            continue
+        written = list(trace.written)
+        for other, other_dim in tensors[1:] + [(p, 0) for p in sorted(beside.get(rows, []), key=lambda p: p.text)]:
+            written += [w for w in trace_rows(context.scan.history, other, other_dim, rows).written if w not in written]
+        live = tuple(Rows(p, d) for p, d in tensors) + tuple(Rows(p) for p in beside.get(rows, []))
+        score = _USE_SCORES[Use.DIMENSION] + DIRECT_BONUS - _phase_penalty(first.text, context)
+        knobs.append(
+            Knob(
+                f"{first.text}.shape[{dim}]",
+                rows,
+                KnobKind.TENSOR,
+                "value",
+                score,
+                tuple(written),
+                live + _via(trace, context),
+                trace.origin,
+                (f"fed whole to a module, {'dimension 1 (sequence-first)' if dim else 'its rows'}",),
+            )
+        )
+    return knobs
+
+
 def _cell_knobs(reader: _Reader, context: _Context, parsed: ParsedCell) -> list[Knob]:
     """Numbers written in the failed cell: assignments, keywords, defaults, dict values, slices... and
     literal tensor dimensions, grouped so every constructor of one batch moves together."""
@@ -1410,7 +1524,7 @@ def _cell_knobs(reader: _Reader, context: _Context, parsed: ParsedCell) -> list[
         )
     for name, nodes in reader.assigned.items():
         uses = set(reader.local_uses.get(name, set()))
-        if context.batch_dimension in reader.local_dims.get(name, set()):
+        if {context.batch_dimension, _STATE_BATCH} & reader.local_dims.get(name, set()):
             uses.add(Use.DIMENSION)
         batch_uses = {u for u in uses if u in _USE_SCORES}
         named = name_score(name)
@@ -1446,9 +1560,22 @@ def _tensor_groups(reader: _Reader, context: _Context, parsed: ParsedCell) -> li
     matrix dimension, and so is a tensor used only in matrix products."""
     groups: dict[int, list[ast.AST]] = {}
     shaped: set[int] = set()  # values that lead a tensor of two or more dimensions (1-D ones are labels)
+    # Sequence-first: the batch of (seq, batch, features) inputs and (layers, batch, hidden) states; a 2-D
+    # tensor holding that batch in dimension 1, not 0, is (seq, batch) token ids.
+    sequence_batches = {
+        int_constant(c.shape[1]) for c in reader.constructors if context.batch_dimension == 1 and len(c.shape) >= 3
+    } - {None}
     for constructor in reader.constructors:
         shape = constructor.shape
         index = context.batch_dimension if len(shape) >= 3 else 0
+        if len(shape) == 3 and constructor.assigned_to in reader.scan.states:
+            index = 1  # h0 / c0: (layers, batch, hidden) with or without batch_first
+        if (
+            len(shape) == 2
+            and int_constant(shape[1]) in sequence_batches
+            and int_constant(shape[0]) not in sequence_batches
+        ):
+            index = 1
         if index >= len(shape):
             continue
         lead = int_constant(shape[index])
@@ -1561,9 +1688,15 @@ def find_batch(
         )
     namespace = namespace if namespace is not None else {}
     scan = _Scan(namespace, History(history, cell_number, namespace, transform), transform)
+    scan.states = recurrent_states(parsed.tree, namespace)
     reader = _Reader(scan, parsed, cell=True)
     reader.read_body(parsed.tree.body)
-    context = _Context(scan, 1 if _feeds_sequence_first_model(scan) else 0)
+    sequence_first_input = (
+        _feeds_sequence_first_model(scan)
+        or builds_sequence_first(parsed.tree, namespace)
+        or calls_sequence_first(parsed.tree, set(reader.bound_at), namespace)
+    )
+    context = _Context(scan, 1 if sequence_first_input else 0)
     knobs: list[Knob] = _cell_knobs(reader, context, parsed)
     for path, read in list(scan.reads.items()):
         value = resolve(namespace, path)
@@ -1578,6 +1711,7 @@ def find_batch(
                 knobs.extend(made)
                 break
     knobs.extend(_function_defaults(context))
+    knobs.extend(_earlier_tensors(context))
     notes = tuple(f"{k.label.rsplit('.batch_size', 1)[0]}: {k.problem}" for k in knobs if k.problem)
     ranked = sorted(
         _merge([k for k in knobs if k.score > 0 or k.problem]),
@@ -1587,7 +1721,8 @@ def find_batch(
     if not any(k.changeable for k in ranked):
         problem = (
             "no batch size in the cell: no integer named or used like a batch size, no tensor with a literal "
-            "batch dimension, no DataLoader, Trainer or config it reads from an earlier cell"
+            "batch dimension, no DataLoader, Trainer, config or tensor with written rows it reads from an "
+            "earlier cell"
         )
         return BatchFinding(source, tuple(ranked), problem, parsed.body_line, notes, whole, True)
     return BatchFinding(source, tuple(ranked), None, parsed.body_line, notes, whole, True)

@@ -2,7 +2,7 @@
 
 A knob is data: what it is (``label``), its value now, where it lives while the kernel runs
 (``live``: a variable, a key or attribute of a config, a DataLoader, a Trainer's arguments, a
-function's default) and where it is written (``written``: numbers in the failed cell or in an
+function's default, the rows of a tensor) and where it is written (``written``: numbers in the failed cell or in an
 earlier ``In[k]``). Changing it is ``batch.change``'s business; this module only describes.
 """
 
@@ -29,6 +29,7 @@ class KnobKind(Enum):
     TRAINER = "Trainer arguments"
     LIGHTNING = "a Lightning datamodule"
     DEFAULT = "a function's default"
+    TENSOR = "a tensor from an earlier cell"
 
 
 # How the number is written where it is written.
@@ -117,7 +118,16 @@ class Default:
     parameter: str
 
 
-LiveTarget = Value | Loader | TrainerArgs | Default
+@dataclass(frozen=True)
+class Rows:
+    """A tensor at a path whose dimension ``dim`` is the batch (``inputs = torch.randn(64, ...)`` made in an
+    earlier cell): cut to the batch for a try (a view: no copy), or repeated when a try needs more rows."""
+
+    path: ObjectPath
+    dim: int = 0
+
+
+LiveTarget = Value | Loader | TrainerArgs | Default | Rows
 
 
 # -- where it is written ---------------------------------------------------------------------------

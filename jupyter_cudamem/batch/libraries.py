@@ -21,7 +21,16 @@ _MISSING = object()
 
 
 def class_names(obj: object) -> set[str]:
-    return {cls.__name__ for cls in type(obj).__mro__}
+    """The names of ``obj``'s classes, and of the class it claims to be: accelerate's prepared loaders are
+    wrappers whose ``__class__`` says ``DataLoader``."""
+    names = {cls.__name__ for cls in type(obj).__mro__}
+    try:
+        claimed = obj.__class__
+    except Exception:  # noqa: BLE001  a __class__ property of user code that raises claims nothing
+        return names
+    if claimed is not type(obj) and isinstance(claimed, type):
+        names |= {cls.__name__ for cls in claimed.__mro__}
+    return names
 
 
 def _from_notebook(obj: object) -> bool:
@@ -130,6 +139,13 @@ def is_dataloader(obj: object) -> bool:
     return "DataLoader" in class_names(obj) and all(hasattr(obj, a) for a in ("dataset", "batch_sampler"))
 
 
+def wrapped_loader(loader: Any) -> Any:
+    """The DataLoader inside a wrapper that stands for it (accelerate's ``DataLoaderShard``, which
+    ``Accelerator.prepare`` returns), or ``None`` for a loader that is itself a DataLoader."""
+    inner = getattr(loader, "__dict__", {}).get("base_dataloader")
+    return inner if inner is not None and type(loader) is not type(inner) and is_dataloader(inner) else None
+
+
 def loader_problem(loader: Any) -> str | None:
     """Why a loader's batch size cannot be changed by rebuilding it, or ``None`` when it can."""
     if getattr(loader, "batch_size", None) is not None:
@@ -204,18 +220,26 @@ def is_module(obj: object) -> bool:
     return callable(getattr(obj, "modules", None)) and callable(getattr(obj, "forward", None))
 
 
+# PyTorch's layers that take (sequence, batch, features) unless built with ``batch_first=True``.
+SEQUENCE_FIRST_CLASSES = frozenset(
+    {
+        "RNNBase",
+        "RNN",
+        "LSTM",
+        "GRU",
+        "MultiheadAttention",
+        "Transformer",
+        "TransformerEncoderLayer",
+        "TransformerDecoderLayer",
+    }
+)
+
+
 def sequence_first(model: Any) -> bool:
     """Whether a model takes sequence-first input (an RNN or Transformer without ``batch_first``)."""
     try:
         for module in list(model.modules())[:2000]:
-            names = class_names(module)
-            if {
-                "RNNBase",
-                "MultiheadAttention",
-                "Transformer",
-                "TransformerEncoderLayer",
-                "TransformerDecoderLayer",
-            } & names and getattr(module, "batch_first", True) is False:
+            if SEQUENCE_FIRST_CLASSES & class_names(module) and getattr(module, "batch_first", True) is False:
                 return True
     except Exception:
         return False

@@ -87,6 +87,7 @@ class History:
         self.transform = transform
         self._parsed: dict[int, ParsedCell | None] = {}
         self._unpacked: int | None = None  # the item of a call's result the traced statement unpacked
+        self._statement_at: tuple[int, ast.stmt] | None = None  # the statement being traced, and its cell
         # While tracing through a notebook function's body: its parameters, bound to the call's arguments.
         self._parameters: dict[str, tuple[ast.expr, int, ParsedCell]] = {}
 
@@ -122,17 +123,53 @@ class History:
                     return number, parsed, statement
         return None
 
-    # -- tracing --------------------------------------------------------------------------------------
-    def trace(self, path: ObjectPath, value: int, depth: int = 0) -> Trace | None:
-        """Where ``path`` (whose value is ``value`` now) was set, or ``None`` when no cell shows it."""
-        if depth > _MAX_DEPTH:
-            return None
+    def assignment(self, name: str) -> tuple[int, ParsedCell, ast.expr] | None:
+        """The expression the latest statement binding ``name`` gave it (``x, y = a, b`` gives ``a`` for
+        ``x``); ``None`` when the name was last bound otherwise (a loop, an unpacked call) or never."""
+        path = ObjectPath(name)
         for number in self.numbers():
             parsed = self.parsed(number)
             if parsed is None:
                 continue
             for statement in reversed(list(_statements(parsed.tree.body))):
-                result = self._statement(statement, path, value, number, parsed, depth)
+                if isinstance(statement, (ast.Assign, ast.AnnAssign)) and statement.value is not None:
+                    targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                    for target in targets:
+                        match = self._match_target(target, statement.value, path)
+                        if match is not None:
+                            expression, rest, index = match
+                            return (number, parsed, expression) if not rest and index is None else None
+                elif name in _assigned_names(statement):
+                    return None
+        return None
+
+    def follow(self, path: ObjectPath, value: int) -> Trace:
+        """Where another path holding ``value`` was set, with that path among the places that change."""
+        return self._follow(path, value, 0)
+
+    # -- tracing --------------------------------------------------------------------------------------
+    def trace(
+        self, path: ObjectPath, value: int, depth: int = 0, before: tuple[int, ast.stmt] | None = None
+    ) -> Trace | None:
+        """Where ``path`` (whose value is ``value`` now) was set, or ``None`` when no cell shows it; with
+        ``before`` (a cell and one of its statements), only where it was set before that statement ran."""
+        if depth > _MAX_DEPTH:
+            return None
+        for number in self.numbers():
+            if before is not None and number > before[0]:
+                continue
+            parsed = self.parsed(number)
+            if parsed is None:
+                continue
+            statements = list(_statements(parsed.tree.body))
+            if before is not None and number == before[0]:
+                statements = statements[: next((i for i, s in enumerate(statements) if s is before[1]), 0)]
+            for statement in reversed(statements):
+                outer, self._statement_at = self._statement_at, (number, statement)
+                try:
+                    result = self._statement(statement, path, value, number, parsed, depth)
+                finally:
+                    self._statement_at = outer
                 if result is not None:
                     return result
         return None
@@ -332,6 +369,15 @@ class History:
         argument = _bound_argument(callee, call, name)
         if argument is not None:
             return self._resolve(argument, steps[1:], value, number, parsed, depth)
+        passed = _passed_through(call, self.namespace, unpacked)
+        if passed is not None and self._statement_at is not None:
+            # ``model, opt, loader = accelerator.prepare(model, opt, loader)``: the loader as it was before.
+            passed_path = path_of(passed)
+            if passed_path is not None:
+                before = self.trace(ObjectPath(passed_path.root, passed_path.steps + steps), value, depth + 1,
+                                    before=self._statement_at)
+                if before is not None:
+                    return before
         returned = self._through_return(call, callee, steps, value, number, parsed, depth, unpacked)
         if returned is not None:
             return returned
@@ -556,6 +602,16 @@ def _is_prefix(prefix: ObjectPath, path: ObjectPath) -> bool:
     )
 
 
+def _assigned_names(statement: ast.stmt) -> set[str]:
+    """Names a statement binds other than by ``=`` (a loop, ``with ... as``, an import, a definition); ``+=``
+    keeps the object (and a tensor its shape), so it is not one."""
+    if isinstance(statement, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.Import, ast.ImportFrom)):
+        return _bound_names(statement)
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {statement.name}
+    return set()
+
+
 def _bound_names(statement: ast.stmt) -> set[str]:
     names: set[str] = set()
     if isinstance(statement, (ast.For, ast.AsyncFor)):
@@ -613,6 +669,26 @@ def _bound_argument(callee: Any, call: ast.Call, name: str) -> ast.expr | None:
         if parameter.name == name and index < len(call.args):
             return call.args[index]
     return None
+
+
+# Methods that hand back what they are given, prepared for the device: ``Accelerator.prepare`` and
+# Lightning Fabric's ``setup_dataloaders`` (one result per argument, in order).
+_PASS_THROUGH = {"Accelerator": ("prepare",), "Fabric": ("setup_dataloaders",)}
+
+
+def _passed_through(call: ast.Call, namespace: Mapping[str, Any], unpacked: int | None) -> ast.expr | None:
+    """The argument of a pass-through call that the traced target got back (``unpacked``: its position)."""
+    if not isinstance(call.func, ast.Attribute) or any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    receiver = path_of(call.func.value)
+    value = resolve(namespace, receiver) if receiver is not None else None
+    if receiver is None or not found(value):
+        return None
+    names = {cls.__name__ for cls in type(value).__mro__}
+    if not any(call.func.attr in methods for name, methods in _PASS_THROUGH.items() if name in names):
+        return None
+    index = unpacked or 0
+    return call.args[index] if index < len(call.args) else None
 
 
 def _accepts(callee: Any, name: str) -> bool:

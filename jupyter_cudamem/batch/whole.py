@@ -12,8 +12,9 @@ The rules, decided on the cell's code (never on its numbers):
 2. The data is sized by the batch: the chosen knob is a tensor's literal leading dimension, a slice
    bound (``images[:32768]``), or an integer used as a tensor's batch dimension or a slice bound, and
    never as a range step, split size, chunk count or a ``batch_size=`` argument (those already walk
-   over all of the data, so a smaller one keeps every row). With no knob at all, a tensor from an
-   earlier cell passed whole to a model (``model(x_all)``) is the data.
+   over all of the data, so a smaller one keeps every row). With no knob at all, or when the knob is
+   the rows of such a tensor, a tensor from an earlier cell passed whole to a model (``model(x_all)``)
+   is the data.
 3. That data is made at the cell's top level (inside ``with``/``if``/``try`` counts; inside a ``for``
    or ``while`` loop each pass is its own batch, so it does not).
 4. A result computed from it is kept: assigned to a name (anywhere in the cell), or the value the
@@ -261,7 +262,7 @@ def covers_whole_data(
             else:
                 continue
             seeded_by_knob = True
-    elif knob is None or not knob.changeable:
+    elif knob is None or not knob.changeable or knob.kind is KnobKind.TENSOR:
         bound = {t for s in ast.walk(parsed.tree) if isinstance(s, ast.stmt) for t in _targets(s)}
         tensors = _namespace_tensors(parsed, namespace, bound)
         whole = {name for name in tensors if any(_model_calls(v, {name}, namespace) for v in map(_value, statements) if v)}

@@ -63,7 +63,7 @@ def test_tensor_gradient_is_its_own_holder_and_order_is_largest_first() -> None:
     assert [h.name for h in find_holders(ns, {}, top=2, probe=fake_probe())] == ["big", "w.grad"]
 
 
-def test_ipython_names_modules_and_functions_are_not_user_holders() -> None:
+def test_ipython_names_modules_and_functions_keeping_nothing_are_not_user_holders() -> None:
     t = FakeTensor(5 * MiB)
     ns = {
         "_": t,
@@ -75,10 +75,17 @@ def test_ipython_names_modules_and_functions_are_not_user_holders() -> None:
         "In": ["", "t"],
         "sys": sys,
         "FakeTensor": FakeTensor,
-        "f": lambda: t,
+        "f": lambda: None,
         "__builtins__": {"t": t},
     }
     assert find_holders(ns, {}, probe=fake_probe()) == []
+
+
+def test_a_function_keeping_a_tensor_in_its_closure_is_a_holder() -> None:
+    t = FakeTensor(5 * MiB)
+    ns = {"_": t, "f": lambda: t}  # IPython's ``_`` is no user holder; the closure over t is
+    (holder,) = find_holders(ns, {}, probe=fake_probe())
+    assert (holder.name, holder.cuda_bytes, holder.detail) == ("f", 5 * MiB, "function reaching 1 CUDA storage")
 
 
 def test_ipython_references_are_grouped_and_measured_against_the_namespace() -> None:

@@ -470,3 +470,51 @@ def test_the_rest_of_the_namespace_is_walked_only_when_the_new_names_do_not_acco
     walks.clear()
     found = run(ns, "losses = [step() for _ in range(4)]", 4 * (ACTIVATION + 4))  # graphs save W (old)
     assert len(walks) == 2 and only(found, "losses").nbytes == 4 * (ACTIVATION + 4)
+
+
+# -- what functions keep: default arguments and closure cells --------------------------------------------
+MAT = 1024 * 1024 * 4  # one float32 tensor of 1024 x 1024: 4 MiB
+
+
+def test_tensors_kept_in_lambdas_default_arguments_are_named_by_the_expression_that_reads_them():
+    ns = namespace(callbacks=[])
+    code = "for i in range(3):\n    t = torch.randn(1024, 1024)\n    callbacks.append(lambda y, t=t: y + t)\ndel t"
+    left = run(ns, code, 3 * MAT)
+    callbacks = only(left, "callbacks")
+    assert callbacks.nbytes == 3 * MAT and callbacks.change == "grew"
+    assert callbacks.description == "list of 3 functions keeping 3 tensors in their default arguments"
+    assert callbacks.where == "callbacks[0].__defaults__[0], and the same in 2 more"
+    assert ns["callbacks"][0].__defaults__[0].nbytes == MAT  # the expression reads what it names
+    assert left.remainder_bytes == 0
+
+
+def test_a_nested_function_closing_over_a_tensor_is_a_holder_of_its_own():
+    ns = namespace()
+    code = (
+        "def make_scaler():\n    scale = torch.randn(1024, 1024)\n"
+        "    def apply(y):\n        return y * scale\n    return apply\n"
+        "scaler = make_scaler()"
+    )
+    left = run(ns, code, MAT)
+    scaler = only(left, "scaler")
+    assert scaler.nbytes == MAT and scaler.change == "new"
+    assert scaler.description == "function make_scaler.<locals>.apply keeping 1 tensor in its closure (scale)"
+    assert scaler.where == "scaler.__closure__[0].cell_contents"
+
+
+def test_a_keyword_only_default_in_a_dict_of_functions():
+    ns = namespace(transforms={})
+    left = run(ns, "w = torch.randn(1024, 1024)\ntransforms['mix'] = lambda y, *, w=w: y @ w\ndel w", MAT)
+    transforms = only(left, "transforms")
+    assert transforms.description == "dict of 1 function keeping 1 tensor in its default arguments"
+    assert transforms.where == "transforms['mix'].__kwdefaults__['w']"
+
+
+def test_a_bound_method_of_an_object_no_name_keeps_is_named_by_its_self():
+    ns = namespace(handlers=[])
+    exec("class Scaler:\n    def __init__(self):\n        self.scale = torch.randn(1024, 1024)\n"
+         "    def apply(self, y):\n        return y * self.scale\n", ns)
+    left = run(ns, "handlers.append(Scaler().apply)", MAT)
+    handlers = only(left, "handlers")
+    assert handlers.description == "list of 1 function keeping 1 tensor in its bound object"
+    assert handlers.where == "handlers[0].__self__"

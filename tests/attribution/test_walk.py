@@ -142,6 +142,25 @@ def test_paths_name_attributes_items_and_hooks():
     assert describe_path("x", ((2, "forward hook f on model", -1),)) == "forward hook f on model"
 
 
+def test_paths_name_what_functions_keep_in_defaults_and_closures():
+    t, kept, keyword = FakeTensor(MiB), FakeTensor(2 * MiB), FakeTensor(3 * MiB)
+    callbacks = [lambda x, t=t: x + t, _closing_over(kept), _keyword_default(keyword), _unfilled_cell()]
+    reach = walk(callbacks, fake_probe(), root_name="callbacks")
+    paths = sorted((hit.nbytes // MiB, describe_path("callbacks", hit.path)) for hit in reach.storages.values())
+    assert paths == [
+        (1, "callbacks[0].__defaults__[0]"),
+        (2, "callbacks[1].__closure__[0].cell_contents"),
+        (3, "callbacks[2].__kwdefaults__['t']"),
+    ]
+
+
+def test_a_function_keeps_nothing_of_its_globals_or_code():
+    global _GLOBAL_TENSOR
+    _GLOBAL_TENSOR = FakeTensor(MiB)  # a module's global, read by the function: the namespace's, not its own
+    reach = walk(lambda: _GLOBAL_TENSOR, fake_probe(), root_name="f")
+    assert reach.storages == {}
+
+
 # -- the keys-only first pass of a walk of unchanged names --------------------------------------
 class _Slotted:
     __slots__ = ("kept", "other")
@@ -182,7 +201,28 @@ def _fake_roots():
         ("model", model),
         ("opt", opt),
         ("error", ValueError(FakeTensor(MiB))),
+        ("callbacks", [lambda x, t=FakeTensor(MiB): x, _closing_over(FakeTensor(MiB))]),
+        ("scale", _keyword_default(FakeTensor(MiB))),
     ]
+
+
+def _closing_over(tensor):
+    def use(x):
+        return x + tensor
+
+    return use
+
+
+def _keyword_default(tensor):
+    return lambda x, *, t=tensor: x * t
+
+
+def _unfilled_cell():
+    def inner():
+        return later
+
+    return inner
+    later = None  # never runs: ``later`` is a cell of ``inner`` that stays empty
 
 
 def test_the_keys_only_pass_reaches_what_a_full_walk_of_each_root_reaches():
@@ -193,6 +233,9 @@ def test_the_keys_only_pass_reaches_what_a_full_walk_of_each_root_reaches():
     together = walk_together(roots, probe)
     assert together.reached | set(together.late) == _full_union(roots, probe)
     assert not together.truncated
+    callbacks, scale = dict(roots)["callbacks"], dict(roots)["scale"]
+    captured = [callbacks[0].__defaults__[0], callbacks[1].__closure__[0].cell_contents, scale.__kwdefaults__["t"]]
+    assert {probe.device_storage(tensor)[0] for tensor in captured} <= together.reached  # functions are walked
     # what modules keep out of sight is met last, with its owner and path: the hook's capture, model.cache
     late = {hit.owner: hit for hit in together.late.values()}
     assert [name for name, _ in roots][next(iter(late))] == "model"
@@ -324,6 +367,13 @@ def _mixed_roots():
         ("tags", {frozenset({1, 2}), (FakeTensor(MiB),)}),
         ("atom", 5),
         ("cpu", FakeTensor(MiB, device="cpu", grad=FakeTensor(MiB))),
+        ("callbacks", [lambda x, t=FakeTensor(MiB): x, lambda x, t=shared_tensor: x, _closing_over(shared_list)]),
+        ("nested_functions", _closing_over(_keyword_default(FakeTensor(MiB)))),
+        ("empty_cell", _unfilled_cell()),
+        ("bound", [
+            _Holder(FakeTensor(MiB)).__init__,
+            functools.partial(_closing_over, FakeTensor(MiB), k=shared_tensor),
+        ]),
     ]
 
 
@@ -331,6 +381,11 @@ def test_the_bulk_lane_reaches_what_the_loop_reaches_with_the_same_owners(monkey
     for roots in (_fake_roots(), _mixed_roots(), _fake_roots() + _mixed_roots()):
         fast, slow = _walk_both_ways(roots, fake_probe(), monkeypatch)
         _assert_same(fast, slow)
+    # functions below the roots (in a list, in another function's closure) are walked by both
+    roots = _mixed_roots()
+    nested = dict(roots)["nested_functions"].__closure__[0].cell_contents.__kwdefaults__["t"]
+    fast, slow = _walk_both_ways(roots, fake_probe(), monkeypatch)
+    assert fake_probe().device_storage(nested)[0] in fast.reached
     # the module under ``trainer`` keeps a hook's capture and a plain attribute: named by that root
     roots = _mixed_roots()
     fast, _ = _walk_both_ways(roots, fake_probe(), monkeypatch)
@@ -376,3 +431,18 @@ def test_the_bulk_lane_over_real_tensors_with_graphs_and_gradients(monkeypatch):
     fast, slow = _walk_both_ways(roots, probe, monkeypatch)
     _assert_same(fast, slow)
     assert len(fast.reached) >= 10 and fast.late  # the hook's outputs are met late, under ``wrapped``
+
+
+def test_a_bound_method_keeps_its_object_and_a_partial_its_arguments():
+    class Saver:
+        def __init__(self, kept):
+            self.kept = kept
+
+        def save(self, x):
+            return x
+
+    hooks = [Saver(FakeTensor(MiB)).save, functools.partial(lambda x, w: x, w=FakeTensor(2 * MiB))]
+    hooks.append(functools.partial(print, FakeTensor(3 * MiB)))
+    reach = walk(hooks, fake_probe(), root_name="hooks")
+    paths = sorted((hit.nbytes // MiB, describe_path("hooks", hit.path)) for hit in reach.storages.values())
+    assert paths == [(1, "hooks[0].__self__"), (2, "hooks[1].keywords['w']"), (3, "hooks[2].args[0]")]

@@ -1,15 +1,108 @@
 """The finder and the change room on the real libraries, where they are installed (the GPU machine has
-them; CI does not, and skips). Everything runs on the CPU: tiny models built from configs, random data."""
+them; ``pip install .[real]`` installs them on a CPU, without a CUDA torch). Tiny models built from
+configs, random data; nothing is downloaded.
+
+The corpus notebooks that import transformers, accelerate or Lightning run here on the real libraries
+(``standins.installed(real=True)``: only the Hub's loaders are replaced, by tiny real models and a real
+tokenizer), so the finder meets the real ``Trainer``, ``TrainingArguments``, ``LightningDataModule``,
+Lightning ``Trainer`` and accelerate's prepared loaders, not look-alikes; then a few are changed to a
+smaller batch and rerun on the real objects, and the steps they took are counted.
+"""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from IPython.core.interactiveshell import InteractiveShell
 
 from jupyter_cudamem.batch import BatchChange, KnobKind, find_batch
-from jupyter_cudamem.batch.libraries import is_hf_trainer, is_lightning_holder, lightning_batch_paths
 from jupyter_cudamem.batch.knobs import ObjectPath
+from jupyter_cudamem.batch.libraries import is_hf_trainer, is_lightning_holder, lightning_batch_paths
+from tests.oomfix.corpus import CELLS, load_case, load_cases, rerun_changed, run_case
 from tests.oomfix.shells import shell_without_failures
+from tests.oomfix.standins import REAL_LIBRARIES
+
+pytestmark = pytest.mark.real_libraries
+
+
+def libraries_of(case) -> set[str]:
+    text = "\n".join(case.cells)
+    return {name for name in REAL_LIBRARIES if re.search(rf"^\s*(from|import) {name}\b", text, re.MULTILINE)}
+
+
+REAL_CASES = [case for case in load_cases() if libraries_of(case)]
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """No Hub, no experiment trackers; what the libraries write goes to a temporary folder."""
+    for name, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("WANDB_MODE", "disabled")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+
+
+def need(*names: str) -> None:
+    for name in names:
+        pytest.importorskip(name)
+
+
+def test_the_corpus_has_notebooks_for_each_real_library():
+    covered = set().union(*(libraries_of(case) for case in REAL_CASES))
+    assert covered == {"transformers", "accelerate", "lightning", "pytorch_lightning"}
+
+
+@pytest.mark.parametrize("case", REAL_CASES, ids=[c.name for c in REAL_CASES])
+def test_a_corpus_notebook_on_the_real_libraries(case, offline):
+    trains_with_trainer = "transformers" in libraries_of(case) and "Trainer(" in "".join(case.cells)
+    need(*libraries_of(case), *(["accelerate"] if trains_with_trainer else []))  # transformers' Trainer needs it
+    result = run_case(case, real=True)
+    assert not result.errors, f"{case.name}: earlier cells failed on the real libraries: {result.errors}"
+    assert result.failure == "OutOfMemoryError", f"{case.name} stopped before any module ran: {result.failure}"
+    assert result.verdict == "right", (
+        f"{case.name}: found {result.found} at {list(result.edits)}, expected {case.expect} at {list(case.edits)}\n"
+        f"{result.finding.summary()}"
+    )
+    assert not result.change_problems, result.change_problems
+
+
+def rerun(name: str, batch: int):
+    result, source, outcome = rerun_changed(load_case(CELLS / f"{name}.ipy"), batch, real=True)
+    assert not result.errors and outcome.success, (result.errors, outcome.error_in_exec)
+    return result, InteractiveShell.instance().user_ns
+
+
+def test_a_real_trainer_trains_with_the_halved_batch(offline):
+    need("transformers", "accelerate")
+    result, namespace = rerun("hf01_trainer_train", 8)
+    trainer = namespace["trainer"]
+    assert trainer.state.train_batch_size == 8
+    assert trainer.state.global_step == 12  # 3 epochs of 32 sentence pairs in batches of 8
+    assert trainer.args.per_device_train_batch_size == 16  # put back after the try
+
+
+def test_a_loader_accelerate_prepared_batches_the_halved_batch_and_is_put_back(offline):
+    need("accelerate")
+    result, namespace = rerun("acc01_prepared_loader", 32)
+    assert namespace["inputs"].shape == (32, 32)  # 256 rows of 32 features in batches of 32
+    loader = namespace["train_dataloader"]
+    assert type(loader).__name__ == "DataLoaderShard"  # accelerate's own wrapper, changed in place
+    assert loader.batch_sampler.batch_size == 64
+
+
+def test_a_real_lightning_module_that_builds_its_own_loader_fits_with_the_halved_batch(offline):
+    need("lightning")
+    result, namespace = rerun("pl03_module_own_loader", 256)
+    assert namespace["trainer"].global_step == 20  # 5 epochs of 1024 rows in batches of 256
+    assert namespace["model"].batch_size == 512
+
+
+def test_a_real_lightning_datamodule_fits_with_the_halved_batch(offline):
+    need("lightning")
+    result, namespace = rerun("pl01_datamodule_keyword", 128)
+    assert namespace["trainer"].train_dataloader.batch_size == 128
+    assert namespace["dm"].batch_size == 256
 
 
 def run(shell, cells):

@@ -15,7 +15,9 @@ memory::
 ``run_case`` executes the earlier cells in an ``InteractiveShell`` (with the stand-ins of
 ``standins.py`` importable as the real libraries), runs the failing cell until its first module
 call raises a CUDA OOM (so its partial effects are in the namespace, as in a real kernel), and asks
-the finder, as ``%oomfix`` does, with the shell's namespace and input history.
+the finder, as ``%oomfix`` does, with the shell's namespace and input history. ``run_case(case,
+real=True)`` does the same on the real transformers, accelerate and Lightning where they are installed;
+``rerun_changed`` then changes the chosen knob where it lives and runs the failed cell as rewritten.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from IPython.core.interactiveshell import InteractiveShell
 
@@ -73,6 +76,7 @@ class Result:
     edits: tuple[str, ...]  # file-relative, as in the case
     errors: tuple[str, ...]  # earlier cells that failed (a broken case, not a finder result)
     change_problems: tuple[str, ...] = ()  # what changing the chosen knob where it lives got wrong
+    failure: str = ""  # the error the failing cell stopped with (OutOfMemoryError when it reached a module)
 
     @property
     def verdict(self) -> str:
@@ -86,7 +90,9 @@ class Result:
         return "wrong"
 
 
-def run_case(case: Case) -> Result:
+def run_case(case: Case, real: bool = False) -> Result:
+    """Run one case as described in the module docstring; with ``real``, on the real transformers,
+    accelerate and Lightning where they are installed (``standins.installed``)."""
     shell: InteractiveShell = shell_without_failures()
     shell.history_manager.reset(new_session=True)  # In[1] is the case's first cell
     shell.execution_count = 1
@@ -94,7 +100,7 @@ def run_case(case: Case) -> Result:
     shell.InteractiveTB.set_mode("Minimal")  # the failures are expected: do not spend time formatting them
     errors = []
     numbers: list[int] = []
-    with installed():
+    with installed(real):
         for index, cell in enumerate(case.cells[:-1], start=1):
             numbers.append(shell.execution_count)
             result = shell.run_cell(cell, store_history=True, silent=False)
@@ -102,7 +108,7 @@ def run_case(case: Case) -> Result:
                 errors.append(f"In[{index}]: {result.error_in_exec or result.error_before_exec!r}")
         failing_number = shell.execution_count
         with out_of_memory_at_first_forward():
-            shell.run_cell(case.failing, store_history=True)
+            failed = shell.run_cell(case.failing, store_history=True)
         history = list(shell.history_manager.input_hist_raw)
         finding = find_batch(
             case.failing, shell.user_ns, shell.transform_cell, history=history, cell_number=failing_number
@@ -119,7 +125,8 @@ def run_case(case: Case) -> Result:
                 edits.append(f"In[{to_file.get(written.cell, '?')}] line {written.span.line}")
     change_problems = check_change(finding, shell.user_ns, history) if chosen is not None else ()
     shell.InteractiveTB.set_mode(mode)
-    return Result(case, finding, found, tuple(dict.fromkeys(edits)), tuple(errors), change_problems)
+    failure = type(failed.error_in_exec).__name__ if failed.error_in_exec is not None else ""
+    return Result(case, finding, found, tuple(dict.fromkeys(edits)), tuple(errors), change_problems, failure)
 
 
 def check_change(finding: BatchFinding, namespace: dict, history: list[str]) -> tuple[str, ...]:
@@ -163,3 +170,22 @@ def check_change(finding: BatchFinding, namespace: dict, history: list[str]) -> 
         if isinstance(target, Loader) and resolve(namespace, target.path) is not before[target]:
             problems.append(f"{target.path.text}: restore() did not put the very same loader back")
     return tuple(problems)
+
+
+def rerun_changed(case: Case, batch: int, real: bool = False) -> tuple[Result, str, Any]:
+    """Run the case, change its chosen knob to ``batch`` where it lives, and run the failed cell as the
+    change rewrote it (no OOM this time): (the finder's result, the source run, IPython's result)."""
+    result = run_case(case, real)
+    shell = InteractiveShell.instance()
+    history = list(shell.history_manager.input_hist_raw)
+    change = BatchChange(result.finding, namespace=shell.user_ns, history=history)
+    source = change.apply(batch)
+    mode = shell.InteractiveTB.mode
+    shell.InteractiveTB.set_mode("Minimal")
+    try:
+        with installed(real):
+            outcome = shell.run_cell(source, store_history=False)
+    finally:
+        shell.InteractiveTB.set_mode(mode)
+        change.restore()
+    return result, source, outcome

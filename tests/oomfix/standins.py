@@ -6,8 +6,8 @@ copies it into ``_train_batch_size`` and builds a DataLoader per ``train()`` cal
 ``LightningDataModule`` keeps ``batch_size`` and ``hparams``; ``DictConfig`` answers items and
 attributes), and small enough to run on a CPU in milliseconds: datasets hold a few random samples,
 models are one or two layers. Nothing is downloaded. ``installed()`` puts them in ``sys.modules``
-under the real names (transformers, datasets, lightning, pytorch_lightning, torchvision, timm,
-diffusers, omegaconf) for the duration of a test, and takes them out again.
+under the real names (transformers, datasets, lightning, pytorch_lightning, accelerate, torchvision,
+timm, diffusers, omegaconf) for the duration of a test, and takes them out again.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.machinery
+import importlib.util
 import inspect
 import sys
 import types
@@ -608,6 +609,20 @@ class tqdm:
         pass
 
 
+# -- accelerate ---------------------------------------------------------------------------------------------
+class Accelerator:
+    """``accelerate.Accelerator`` on one process: ``prepare`` hands back what it is given."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self.device = torch.device("cpu")
+
+    def prepare(self, *objects: Any) -> Any:
+        return objects[0] if len(objects) == 1 else objects
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        loss.backward()
+
+
 # -- the modules -------------------------------------------------------------------------------------------
 def _module(name: str, **attributes: Any) -> types.ModuleType:
     module = types.ModuleType(name)
@@ -701,6 +716,7 @@ def modules() -> dict[str, types.ModuleType]:
     )
     omegaconf = _module("omegaconf", OmegaConf=OmegaConf, DictConfig=DictConfig)
     datasets = _module("datasets", load_dataset=load_dataset, Dataset=HFDataset, DatasetDict=DatasetDict)
+    accelerate = _module("accelerate", Accelerator=Accelerator)
     tqdm_auto = _module("tqdm.auto", tqdm=tqdm)
     tqdm_module = _module("tqdm", tqdm=tqdm, trange=lambda *a, **k: tqdm(range(*a)), auto=tqdm_auto)
     return {
@@ -719,20 +735,137 @@ def modules() -> dict[str, types.ModuleType]:
         "diffusers": diffusers,
         "omegaconf": omegaconf,
         "datasets": datasets,
+        "accelerate": accelerate,
     }
 
 
+# Libraries whose real objects the finder must know, used for real by ``installed(real=True)`` where they
+# are installed (with tqdm, which they import themselves).
+REAL_LIBRARIES = ("transformers", "accelerate", "lightning", "pytorch_lightning")
+
+
+def real_libraries() -> tuple[str, ...]:
+    """The real libraries installed here (the GPU machine has them; CI installs them with the ``real`` extra)."""
+    return tuple(name for name in REAL_LIBRARIES if importlib.util.find_spec(name) is not None)
+
+
 @contextlib.contextmanager
-def installed() -> Iterator[None]:
-    """The stand-ins importable under the real libraries' names, and the real ones (if any) put back after."""
+def installed(real: bool = False) -> Iterator[None]:
+    """The stand-ins importable under the real libraries' names, and the real ones (if any) put back after.
+
+    With ``real``, transformers, accelerate and Lightning are the real libraries where installed, and
+    only what would download from the Hugging Face Hub is replaced: ``AutoTokenizer`` and the
+    ``AutoModelFor...`` classes build a real tokenizer and real models from tiny configs (``_hub_free``).
+    """
     replaced = modules()
+    if real:
+        using = {name for name in real_libraries()} | ({"tqdm"} if importlib.util.find_spec("tqdm") else set())
+        replaced = {name: module for name, module in replaced.items() if name.split(".")[0] not in using}
+    if real:
+        _preload(real_libraries())
     saved = {name: sys.modules.get(name) for name in replaced}
     sys.modules.update(replaced)
+    with contextlib.ExitStack() as stack:
+        if real and "transformers" not in replaced and importlib.util.find_spec("transformers") is not None:
+            stack.enter_context(_hub_free())
+        try:
+            yield
+        finally:
+            for name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
+
+
+# What the corpus takes from the real libraries: imported before the stand-ins are in ``sys.modules``, so
+# the libraries' own checks for torchvision (and what they import lazily) never meet a stand-in.
+_PRELOADED = {
+    "transformers": (
+        "Trainer", "TrainingArguments", "Seq2SeqTrainer", "Seq2SeqTrainingArguments", "DataCollatorWithPadding",
+        "BertConfig", "BertForSequenceClassification", "GPT2Config", "GPT2LMHeadModel", "T5Config",
+        "T5ForConditionalGeneration", "PreTrainedTokenizerFast", "get_scheduler", "AutoModelForSequenceClassification",
+    ),
+    "accelerate": ("Accelerator",),
+    "lightning": ("Trainer", "LightningModule", "LightningDataModule", "pytorch"),
+    "pytorch_lightning": ("Trainer", "LightningModule", "LightningDataModule"),
+}
+
+
+def _preload(names: Iterator[str] | tuple[str, ...]) -> None:
+    for name in names:
+        module = importlib.import_module(name)
+        for attribute in _PRELOADED.get(name, ()):
+            getattr(module, attribute)
+
+
+# -- the real transformers, without the Hub ----------------------------------------------------------------
+_WORDS = (
+    "first second sentence some text number review was fine once upon a time the of and to in is it "
+    + " ".join(str(i) for i in range(100))
+).split()
+_VOCABULARY = 160
+
+
+def tiny_tokenizer() -> Any:
+    """A real ``PreTrainedTokenizerFast`` over a small word-level vocabulary, built in memory."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "</s>"]
+    vocabulary = {word: index for index, word in enumerate(dict.fromkeys(specials + _WORDS))}
+    assert len(vocabulary) <= _VOCABULARY
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        eos_token="</s>",
+        model_max_length=64,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+@contextlib.contextmanager
+def _hub_free() -> Iterator[None]:
+    """transformers' Hub loaders replaced by builders of tiny real models and a real tokenizer; put back after."""
+    import transformers
+
+    def classifier(name: str = "", num_labels: int = 2, **kwargs: Any) -> Any:
+        config = transformers.BertConfig(
+            vocab_size=_VOCABULARY, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=32, max_position_embeddings=64, num_labels=num_labels,
+        )
+        return transformers.BertForSequenceClassification(config)
+
+    def causal(name: str = "", **kwargs: Any) -> Any:
+        config = transformers.GPT2Config(vocab_size=_VOCABULARY, n_positions=256, n_embd=16, n_layer=1, n_head=2,
+                                         eos_token_id=4, pad_token_id=0)
+        return transformers.GPT2LMHeadModel(config)
+
+    def seq2seq(name: str = "", **kwargs: Any) -> Any:
+        config = transformers.T5Config(vocab_size=_VOCABULARY, d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                       num_heads=2, decoder_start_token_id=0, pad_token_id=0, eos_token_id=4)
+        return transformers.T5ForConditionalGeneration(config)
+
+    original_auto = transformers.AutoModelForSequenceClassification
+    loaders = {
+        "AutoTokenizer": type("AutoTokenizer", (), {"from_pretrained": staticmethod(lambda *a, **k: tiny_tokenizer())}),
+        "AutoModelForSequenceClassification": type(
+            "AutoModelForSequenceClassification",
+            (),
+            {"from_pretrained": staticmethod(classifier), "from_config": staticmethod(original_auto.from_config)},
+        ),
+        "AutoModelForCausalLM": type("AutoModelForCausalLM", (), {"from_pretrained": staticmethod(causal)}),
+        "AutoModelForSeq2SeqLM": type("AutoModelForSeq2SeqLM", (), {"from_pretrained": staticmethod(seq2seq)}),
+    }
+    saved = {name: getattr(transformers, name) for name in loaders}
+    for name, loader in loaders.items():
+        setattr(transformers, name, loader)
     try:
         yield
     finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
+        for name, value in saved.items():
+            setattr(transformers, name, value)

@@ -1,0 +1,121 @@
+"""Tensors whose shape is the batch: how a constructor's shape is written, and tensors an earlier cell made.
+
+``inputs = torch.randn(64, 3, 224, 224)`` in one cell and ``model(inputs)`` in the failed one: the
+batch is the 64 of that earlier cell, and, while the kernel runs, the rows of ``inputs`` itself. The
+finder takes such a tensor as a batch only when the failed cell feeds it whole to a module (a model,
+an embedding, a loss module; moved or cast on the way is still whole), and takes the 1-D tensors it
+passes beside it with as many rows (the labels) as the same batch. Where the number is written is
+traced here: the constructor call that made the tensor, and its dimension, or the variable that
+dimension was written with.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+from ..cell.source import callable_name, int_constant
+from .knobs import ObjectPath, Written
+from .libraries import class_names
+from .provenance import History, Trace, path_of
+
+# Callables whose arguments give a tensor's shape.
+SHAPE_CONSTRUCTORS = frozenset(
+    {
+        "randn",
+        "rand",
+        "zeros",
+        "ones",
+        "empty",
+        "full",
+        "randint",
+        "normal",
+        "new_zeros",
+        "new_ones",
+        "new_empty",
+        "new_full",
+        "empty_strided",
+    }
+)
+# Methods that move or cast a tensor and keep its rows: ``model(inputs.to(device))`` feeds ``inputs`` whole.
+KEEPS_ROWS = frozenset(
+    {"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "long", "int", "contiguous", "pin_memory", "detach"}
+)
+
+
+def shape_nodes(call: ast.Call, name: str) -> list[ast.AST]:
+    """The nodes giving a constructor's dimensions, in order (``randn(512, 3)``, ``zeros((512, 3))``)."""
+    for keyword in call.keywords:
+        if keyword.arg == "size" and isinstance(keyword.value, (ast.Tuple, ast.List)):
+            return list(keyword.value.elts)
+    args: list[ast.AST] = list(call.args)
+    if name == "randint":
+        # randint(high, size) or randint(low, high, size): the shape is the tuple argument.
+        for arg in args:
+            if isinstance(arg, (ast.Tuple, ast.List)):
+                return list(arg.elts)
+        return []
+    if name in {"full", "new_full", "normal", "empty_strided"}:
+        if args and isinstance(args[0], (ast.Tuple, ast.List)):
+            return list(args[0].elts)
+        return []
+    if args and isinstance(args[0], (ast.Tuple, ast.List)):
+        return list(args[0].elts)
+    shape: list[ast.AST] = []
+    for arg in args:
+        if isinstance(arg, ast.Starred):
+            break
+        shape.append(arg)
+    return shape
+
+
+def whole_tensor(node: ast.expr) -> ast.expr:
+    """``inputs.to(device).float()`` -> ``inputs``: the tensor a chain of moves, casts and in-place fills
+    (``.bernoulli_(0.3)``, ``.uniform_()``: a method ending in ``_`` keeps the tensor's shape) starts from."""
+    while (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and (node.func.attr in KEEPS_ROWS or (node.func.attr.endswith("_") and not node.func.attr.startswith("_")))
+    ):
+        node = node.func.value
+    return node
+
+
+def tensor_shape(value: Any) -> tuple[int, ...] | None:
+    """The shape of a tensor (not a module's parameter), or ``None`` for anything else."""
+    names = class_names(value)
+    if "Tensor" not in names or "Parameter" in names or not callable(getattr(value, "narrow", None)):
+        return None
+    try:
+        return tuple(int(n) for n in value.shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def trace_rows(history: History, path: ObjectPath, dim: int, rows: int, depth: int = 0) -> Trace:
+    """Where the ``rows`` of a tensor at ``path`` were written: the constructor's dimension ``dim`` in the
+    cell that made it (``torch.randn(64, ...)``), or the variable it was written with, traced in turn;
+    through a tensor it was moved from (``x_gpu = x.cuda()``) too."""
+    made = history.assignment(path.root) if not path.steps and depth < 4 else None
+    if made is None:
+        return Trace((), "made in an earlier cell")
+    number, parsed, expression = made
+    where = f"In[{number}]" + (f" line {parsed.raw_line(expression)}" if parsed.raw_line(expression) else "")
+    call = whole_tensor(expression)
+    moved_from = path_of(call) if call is not expression else None
+    if moved_from is not None and moved_from != path:
+        return trace_rows(history, moved_from, dim, rows, depth + 1)
+    name = callable_name(call) if isinstance(call, ast.Call) else ""
+    if not isinstance(call, ast.Call) or name not in SHAPE_CONSTRUCTORS:
+        return Trace((), f"{where} (not a constructor whose shape is written)")
+    shape = shape_nodes(call, name)
+    if dim >= len(shape):
+        return Trace((), where)
+    size = shape[dim]
+    if int_constant(size) == rows:
+        span = parsed.span(size)
+        return Trace((Written(number, span),) if span is not None else (), where)
+    named = path_of(size)
+    if named is not None:
+        return history.follow(named, rows)
+    return Trace((), f"{where} (computed)")

@@ -1,0 +1,98 @@
+"""The families of batch the finder used to miss, each changed where it lives and the cell run again.
+
+The cases are notebooks of the corpus (``tests/oomfix/cells/``); ``test_finder_corpus`` checks what
+the finder picks and where a fix rewrites. Here the pick is put to work: the chosen knob is halved
+where it lives, the failed cell runs as rewritten (no OOM this time, CPU, small shapes), and the
+tensors it made must have the halved batch where a batch belongs. The expected shapes are worked
+out from each notebook by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.oomfix.corpus import CELLS, load_case, rerun_changed
+
+
+def rerun(name: str, batch: int):
+    result, source, outcome = rerun_changed(load_case(CELLS / f"{name}.ipy"), batch)
+    assert not result.errors, result.errors
+    assert outcome.success, f"{name}: the rewritten cell failed:\n{source}\n{outcome.error_in_exec!r}"
+    from IPython.core.interactiveshell import InteractiveShell
+
+    return result, source, InteractiveShell.instance().user_ns
+
+
+# -- a batch a notebook class keeps -------------------------------------------------------------------
+def test_a_loader_class_built_from_B_in_an_earlier_cell_reads_the_halved_B():
+    result, source, namespace = rerun("cls01_loader_lite_view", 8)
+    assert result.found == "train_loader.B = 16"
+    assert namespace["x"].shape == (8, 128)  # next_batch() viewed 8 * 128 tokens as (B, T)
+    assert namespace["train_loader"].B == 16 and namespace["B"] == 16  # put back after the try
+
+
+def test_a_loader_class_built_in_the_failed_cell_is_rebuilt_with_the_halved_literal():
+    result, source, namespace = rerun("cls03_loader_built_in_cell", 8)
+    assert "train_loader = DataLoaderLite(B=8, T=128)" in source
+    assert namespace["x"].shape == (8, 128)
+
+
+def test_a_loader_class_the_cell_iterates_is_read_through_its_iter():
+    result, source, namespace = rerun("cls04_iterable_class", 25)
+    assert result.found == "train_dl.bs = 50"
+    assert namespace["xb"].shape == (25, 784)  # 500 rows in steps of 25: the last batch is full too
+
+
+# -- a sequence-first RNN the failed cell builds, and any RNN's hidden state ----------------------------------
+# The finder used to take dimension 0 here: h0's layers (rnn01, rnn03, rnn05, rnn06), the sequence length
+# (rnn04). Halving those made the rerun fail with a shape error; the batch is dimension 1 of a sequence-first
+# input, and of h0 and c0 with or without batch_first.
+@pytest.mark.parametrize(
+    ("name", "batch", "result", "shape"),
+    [
+        ("rnn01_lstm_built_in_cell", 128, "output", (5, 128, 20)),  # (seq 5, batch, hidden 20)
+        ("rnn02_gru_reassigned", 64, "out", (50, 64, 32)),  # (seq 50, batch, hidden 32)
+        ("rnn03_model_class_in_cell", 32, "scores", (40, 32, 5)),  # (seq 40, batch, 5 tags): token ids moved too
+        ("rnn04_named_layers_in_cell", 48, "y", (30, 48, 32)),  # h0 sized from x.size(1) follows x
+        ("rnn05_batch_first_states", 32, "out", (32, 35, 20)),  # batch-first input; h0, c0 still (layers, batch, _)
+        ("rnn06_batch_first_model_named_layers", 16, "pred", (16, 1)),  # the state passed to a model holding a GRU
+    ],
+)
+def test_a_sequence_first_rnn_built_in_the_cell_reruns_with_the_halved_batch(name, batch, result, shape):
+    _, source, namespace = rerun(name, batch)
+    assert tuple(namespace[result].shape) == shape, source
+
+
+# -- the rows of a tensor an earlier cell made ---------------------------------------------------------
+def test_inputs_and_labels_from_an_earlier_cell_are_cut_together_for_the_rerun():
+    result, source, namespace = rerun("tens01_inputs_earlier_cell", 32)
+    assert result.found == "inputs.shape[0] = 64"
+    assert namespace["outputs"].shape == (32, 10)  # 32 images of 3x32x32, 10 classes; labels cut to 32 too
+    assert namespace["inputs"].shape == (64, 3, 32, 32) and namespace["labels"].shape == (64,)  # put back
+
+
+def test_a_tensor_made_from_batch_size_changes_with_the_variable():
+    result, source, namespace = rerun("tens05_batch_size_variable", 24)
+    knob = result.finding.chosen
+    assert {t.path.text for t in knob.live} == {"x", "y", "batch_size"}
+    assert namespace["loss"].shape == ()  # the loss of 24 images against 24 labels: the shapes agreed
+
+
+def test_a_model_class_built_in_the_cell_keeps_its_context_length_and_the_batch_is_halved():
+    result, source, namespace = rerun("cls05_model_size_is_not_a_batch", 8)
+    assert "TinyLM(256, 128, 32)" in source and "(8, 128)" in source  # the context length stays 128
+    assert namespace["idx"].shape == (8, 128)
+
+
+def test_a_moved_copy_is_traced_to_its_constructor_and_2d_targets_are_cut_with_it():
+    result, source, namespace = rerun("tens06_moved_copy_and_one_hot", 20)
+    assert {t.path.text for t in result.finding.chosen.live} == {"inputs", "targets"}
+    assert namespace["logits"].shape == (20, 5)  # 20 rows of 12 features, 5 labels; the (40, 5) targets cut to 20
+
+
+def test_a_loader_class_rebuilt_in_the_cell_from_an_earlier_B_changes_B():
+    result, source, namespace = rerun("cls06_loader_built_from_earlier_B", 8)
+    assert result.found == "B = 16" and source == result.case.failing  # B lives in In[1]; the cell is unchanged
+    assert namespace["x"].shape == (8, 64)
