@@ -123,6 +123,9 @@ class Driver:
     margin: float = 0.04
     mover: Mover | None = None
     oom_of: Callable[[BaseException], OomInfo | None] | None = None
+    # Called before each rerun is prepared (``reruns.model_state.Restorer.restore``: the model and
+    # optimizer the cell trains put back as they were); it must do nothing when nothing ran since.
+    before_rerun: Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
         self.max_tries = check_max_tries(self.max_tries)
@@ -146,6 +149,7 @@ class Driver:
         return None if reading is None else reading.allocated_bytes
 
     def _try(self, strategy: str, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
+        self._before_rerun()
         namespace = self._namespace if isinstance(self._namespace, MutableMapping) else None
         # What the last state bound and this try binds again (the failed cell's input, or a fitted
         # try's) goes to the host first, so the try starts where the failed cell started.
@@ -207,6 +211,10 @@ class Driver:
             # to keep retrying; spend no more tries.
             self._stop(f"rerun #{result.number} failed with {message}; stopped")
         return result
+
+    def _before_rerun(self) -> None:
+        if self.before_rerun is not None:
+            self.before_rerun()
 
     def _left(self) -> int:
         return 0 if self._stopped is not None else self.max_tries - len(self._tries)
@@ -455,6 +463,7 @@ class Driver:
                              stuck_bytes=stuck)
         best: TryResult | None = None
         while self._left() > 0:
+            self._before_rerun()  # before the level is read: the next try starts from the restored state
             if self._tries:
                 # What the last try bound goes to the host now (the names do not depend on the batch),
                 # so the search knows where the next try starts.
