@@ -91,7 +91,7 @@ class CudaMemPlan(CudaMemMagicsBase):
         from ..capacity.cards import card_table, select_cards
         from ..capacity.plan import build_plan
         from ..capacity.runs import Runner, history_match, judge, measure_runs
-        from ..cell.edit import wrap_in_autocast
+        from ..cell.edit import AutocastNotApplicable, wrap_in_autocast
         from ..cell.traits import cell_traits
         from ..measure import Meter
         from ..oomfix.ipython_state import input_history
@@ -144,6 +144,8 @@ class CudaMemPlan(CudaMemMagicsBase):
                                                        transform=shell.transform_cell)
                 except SyntaxError as error:
                     raise CudaMemError(f"--autocast: the cell does not parse ({error.msg}); nothing ran") from None
+                except AutocastNotApplicable as reason:
+                    notes.append(f"--autocast not run: {reason}")
 
         change = BatchChange(finding, knob, shell.user_ns, history) if knob is not None else None
         meter = Meter(self.hardware, reset_peak=True)

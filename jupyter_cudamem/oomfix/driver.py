@@ -30,7 +30,7 @@ from ..sources.base import AllocatorReading
 from ..units import format_bytes
 from ..advice import build_suggestions
 from ..batch import BatchChange, BatchFinding, Knob, find_batch
-from ..cell.edit import CellDiff, wrap_in_autocast
+from ..cell.edit import AutocastNotApplicable, CellDiff, wrap_in_autocast
 from ..cell.source import ParsedCell, default_transform, parse_cell
 from ..cell.traits import cell_traits
 from .leftovers import Mover, SetAside, TorchMover, names_bound_before_read, restore_bindings, set_aside
@@ -93,6 +93,17 @@ def needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | Non
 def undo_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:
     """``leftovers.restore_bindings``: put the namespace back as it was before a failed try."""
     return restore_bindings(namespace, before)
+
+
+def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
+    """Functions of earlier cells whose code calls ``backward``, ``step`` or ``zero_grad``: a call of one
+    stays outside autocast (``wrap_in_autocast``'s ``outside_names``)."""
+    import types
+
+    return frozenset(
+        name for name, value in (namespace or {}).items()
+        if isinstance(value, types.FunctionType) and {"backward", "step", "zero_grad"} & set(value.__code__.co_names)
+    )
 
 
 def _one_line(error: BaseException) -> str:
@@ -509,9 +520,12 @@ class Driver:
         dtype = self._dtype()
         try:
             wrapped = wrap_in_autocast(source, dtype, import_torch=import_torch, transform=self.transform,
-                                       parsed=self._parsed(source))
+                                       parsed=self._parsed(source), outside_names=stepping_functions(self._namespace))
         except SyntaxError as error:
             self._notes.append(f"could not wrap the cell in autocast: it does not parse ({error.msg})")
+            return None
+        except AutocastNotApplicable as reason:
+            self._notes.append(f"autocast not tried: {reason}")
             return None
         result = self._try("autocast", wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", device)
         return result if result.fitted else None

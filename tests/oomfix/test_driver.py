@@ -463,3 +463,25 @@ def test_the_failed_cell_is_parsed_once_when_autocast_wraps_it(monkeypatch):
     outcome = driver.fix(source, error, namespace, freed_bytes=0)
     assert outcome.strategy == "autocast"
     assert counts == {cell.transform(source): 1, cell.transform(outcome.fixed_source): 1}
+
+
+def test_autocast_is_not_tried_on_a_trainer_or_around_a_step_of_an_earlier_cell():
+    _, cell, namespace, run, _, _ = setup()
+    driver = Driver(run, fake_hardware(cell.machine), lambda e: None, strategies=("autocast",),
+                    autocast_dtype=lambda: "bfloat16")
+    namespace["torch"] = _FakeAutocastTorch()
+    exec("class Trainer:\n    def train(self):\n        train_step(4000)\ntrainer = Trainer()\n", namespace)
+    source = "trainer.train()\n"
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.tries == () and not outcome.fitted
+    assert any(note.startswith("autocast not tried: a Trainer trains in this cell") and "bf16=True" in note
+               for note in outcome.notes)
+    # ``fit_one`` steps the optimizer (an earlier cell defined it): wrapping its call would put the step inside.
+    exec("class Adam:\n    def step(self):\n        pass\noptimizer = Adam()\n"
+         "def fit_one(n):\n    train_step(n)\n    optimizer.step()\n", namespace)
+    source = "fit_one(4000)\n"
+    driver = Driver(run, fake_hardware(cell.machine), lambda e: None, strategies=("autocast",),
+                    autocast_dtype=lambda: "bfloat16")
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.tries == ()
+    assert any("wrap the forward pass and the loss in torch.autocast inside that function" in n for n in outcome.notes)
