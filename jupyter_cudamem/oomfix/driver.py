@@ -334,7 +334,9 @@ class Driver:
             )
         autocast_dtype = self._dtype() if "autocast" in self.strategies else None
         suggestions = build_suggestions(
-            source, traits, batch_before, batch_after, autocast_dtype, fragmented, strategy == "autocast"
+            source, traits, batch_before, batch_after, autocast_dtype, fragmented, strategy == "autocast",
+            # Where the batch lives decides how to accumulate (a Trainer's gradient_accumulation_steps).
+            batch_home=None if finding is None or finding.chosen is None else finding.chosen.kind,
         )
         return Outcome(
             original_source=source,

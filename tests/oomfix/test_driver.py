@@ -485,3 +485,26 @@ def test_autocast_is_not_tried_on_a_trainer_or_around_a_step_of_an_earlier_cell(
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     assert outcome.tries == ()
     assert any("wrap the forward pass and the loss in torch.autocast inside that function" in n for n in outcome.notes)
+
+
+def test_a_trainers_accumulation_advice_is_its_gradient_accumulation_steps():
+    _, cell, namespace, run, driver, _ = setup()
+    exec(
+        "import dataclasses\n"
+        "@dataclasses.dataclass\n"
+        "class TrainingArguments:\n"
+        "    per_device_train_batch_size: int = 4000\n"
+        "class Trainer:\n"
+        "    def __init__(self, args):\n"
+        "        self.args, self._train_batch_size = args, args.per_device_train_batch_size\n"
+        "    def train(self):\n"
+        "        train_step(self._train_batch_size)\n"
+        "trainer = Trainer(TrainingArguments())\n",
+        namespace,
+    )
+    source = "trainer.train()\n"  # the Trainer was built in an earlier cell: the batch is its argument
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.fitted and outcome.strategy == "batch" and outcome.batch_after < 4000
+    accumulation = next(s for s in outcome.suggestions if s.title == "gradient accumulation")
+    assert accumulation.code.startswith("TrainingArguments(..., per_device_train_batch_size=")
+    assert "gradient_accumulation_steps=" in accumulation.code and "for i, (x, y)" not in accumulation.code
