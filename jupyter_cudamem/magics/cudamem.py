@@ -632,6 +632,12 @@ class CudaMem(CudaMemMagicsBase):
             print(f"cudamem history cleared ({count:,} cells)")
             return None
         records = self.history.select(cells=args.cells, last=args.last)
+        if not records and args.cells is not None and len(self.history):
+            # The history is not empty: the selection missed it. Say what it holds, not "empty".
+            numbers = [n for n in (r.execution_count for r in self.history.select()) if n is not None]
+            held = f", [{min(numbers)}] to [{max(numbers)}]" if numbers else ""
+            raise CudaMemError(f"no measured cell in --cells {args.cells.strip()}; the history holds "
+                               f"{len(self.history):,} cells{held}")
         if args.plot:
             plot = HistoryPlot(records)
             if args.save:
