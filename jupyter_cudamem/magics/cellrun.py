@@ -105,19 +105,24 @@ class Ran:
 
 
 def _failed_after_all(shell: Any) -> None:
-    """IPython sets ``last_execution_succeeded`` from its own view of the cell after the magic
-    returns; correct it once the cell ends."""
+    """IPython sets ``last_execution_succeeded`` from its own view of the cell (no exception reached it)
+    once the magic returns; correct it when it does.
 
-    def correct(*_: Any) -> None:
-        shell.last_execution_succeeded = False
-        try:
-            shell.events.unregister("post_run_cell", correct)
-        except ValueError:
-            pass
+    ``post_run_cell`` cannot: IPython does not send it for a ``silent`` cell, which is how
+    ``ipython script.ipy`` runs every cell, and the script's exit status is that flag (a failed
+    ``%%cudamem`` cell must make the script exit 1 as the same cell without the magic does). So the
+    flag is set to False now, and an observer puts it back to False when the cell's end sets it True.
+    """
+
+    def correct(change: Any) -> None:
+        if change.get("new"):
+            shell.unobserve(correct, names="last_execution_succeeded")
+            shell.last_execution_succeeded = False
 
     try:
-        shell.events.register("post_run_cell", correct)
-    except Exception:  # an events manager without post_run_cell: the result itself is marked
+        shell.last_execution_succeeded = False
+        shell.observe(correct, names="last_execution_succeeded")
+    except Exception:  # a shell that is not a HasTraits: the execution result itself is marked
         pass
 
 
