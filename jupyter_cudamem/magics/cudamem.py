@@ -342,6 +342,22 @@ class CudaMem(CudaMemMagicsBase):
             display(report)
         return None
 
+    def limit_of(self, source: str) -> int | None:
+        """The ``--limit`` (bytes) a ``%%cudamem`` or ``%cudamem`` cell ran under; ``None`` for any other
+        cell, or one whose options do not parse. ``%oomfix`` plans a failed cell under its cap."""
+        text = source.lstrip()
+        if text.startswith("%%cudamem"):
+            line = text[len("%%cudamem"):].split("\n", 1)[0]
+        elif text.startswith("%cudamem ") and "\n" not in text.strip():
+            line, _ = _split_options(text[len("%cudamem"):].strip(), _value_options(self.cudamem.parser))
+        else:
+            return None
+        try:
+            args = self._parse_cudamem_options(self._expand_options(line.strip()))
+            return parse_size(args.limit) if args.limit else None
+        except (CudaMemError, Exception):  # noqa: BLE001  a header argparse rejects ran no cell
+            return None
+
     def _expand_options(self, options: str) -> str:
         """``{x}`` and ``$x`` in the options (never in the code measured) expand from the user's namespace,
         as IPython expands a magic's line: ``%%cudamem --limit {cap}``. Left as written when they do not

@@ -37,6 +37,14 @@ _RESTORED = " The model and optimizer state it trains ({names}) is put back befo
 _NOT_RESTORED = " The reruns' training steps stay in {names} (--no-restore)."
 
 
+def _cap_note(cap: int | None) -> tuple[str, ...]:
+    from ..units import format_bytes
+
+    if cap is None:
+        return ()
+    return (f"planned under the cell's --limit {format_bytes(cap)}: its reruns run under it too",)
+
+
 def _state_note(trained: Any, restore: bool, too_large: str | None) -> str:
     """What the question before rerunning says of the training state."""
     if trained.empty:
@@ -269,6 +277,42 @@ class OomFix(CudaMemMagicsBase):
         allocated_at_start: dict[int, int] | None = None,
         cell_number: int | None = None,
     ) -> Outcome | None:
+        device = oom.device_index if oom is not None and oom.device_index is not None else 0
+        with self._cell_cap(source, device) as cap:
+            outcome = self._fix_capped(args, source, error, oom, allocated_at_start, cell_number, cap)
+        return outcome
+
+    @contextmanager
+    def _cell_cap(self, source: str, device: int) -> Iterator[int | None]:
+        """A failed ``%%cudamem --limit`` cell ran under its cap, and its reruns do again: the fix plans
+        under it (the allocator capped as the cell capped it while the fix runs; put back after)."""
+        from .cudamem import CudaMem
+
+        extension = self.extension
+        measuring = extension.get(CudaMem) if extension is not None else None
+        cap = measuring.limit_of(source) if isinstance(measuring, CudaMem) else None
+        allocator = self.hardware.allocator
+        if cap is None or allocator.status() is not None:
+            yield None
+            return
+        previous = allocator.memory_fraction(device)
+        before = 1.0 if previous is None else previous
+        allocator.set_memory_fraction(device, min(cap / allocator.device(device).total_bytes, before))
+        try:
+            yield cap
+        finally:
+            allocator.set_memory_fraction(device, before)
+
+    def _fix_capped(
+        self,
+        args: Any,
+        source: str,
+        error: BaseException | None,
+        oom: OomInfo | None,
+        allocated_at_start: dict[int, int] | None,
+        cell_number: int | None,
+        cap: int | None,
+    ) -> Outcome | None:
         from ..oomfix import cleanup as cleanup_module
         from ..oomfix.diagnosis import diagnose
         from ..attribution.holders import find_holders, reaches_cuda
@@ -286,7 +330,8 @@ class OomFix(CudaMemMagicsBase):
             oom = OomInfo("other", "" if error is None else str(error))
         diagnosis = diagnose(oom, holders, self._readings())
         if args.dry_run:
-            return self._show(self._preview(source, oom, diagnosis, strategies, max_tries, cell_number), args)
+            preview = self._preview(source, oom, diagnosis, strategies, max_tries, cell_number)
+            return self._show(dataclasses.replace(preview, notes=preview.notes + _cap_note(cap)), args)
         self._display(diagnosis)
         trained, restore, too_large = self._training_state(source, args)
         if not args.yes and self.confirm and not self._confirmed(max_tries, _state_note(trained, restore, too_large)):
@@ -327,7 +372,7 @@ class OomFix(CudaMemMagicsBase):
             self._try_oom = None
             if restorer is not None:
                 restorer.finish(last_fitted)
-        notes = outcome.notes + self._restore_notes(trained, restorer, outcome, last_fitted)
+        notes = _cap_note(cap) + outcome.notes + self._restore_notes(trained, restorer, outcome, last_fitted)
         outcome = dataclasses.replace(outcome, cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes),
                                       notes=notes)
         if outcome.fitted:
@@ -425,7 +470,10 @@ class OomFix(CudaMemMagicsBase):
         original = shell.showtraceback
 
         def showtraceback(*args: Any, **kwargs: Any) -> Any:
-            error = sys.exc_info()[1]
+            # A magic that shows its body's error itself (a rerun of a %%cudamem cell) hands it over as
+            # ``exc_tuple``; IPython's own callers leave it in sys.exc_info().
+            given = args[0] if args else kwargs.get("exc_tuple")
+            error = given[1] if isinstance(given, tuple) and len(given) == 3 else sys.exc_info()[1]
             oom = None if error is None else parse_oom(error)
             if error is not None:
                 self._try_oom = (id(error), oom)  # the driver reads it next (``_oom_of``)

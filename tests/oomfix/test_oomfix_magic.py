@@ -350,3 +350,22 @@ def test_a_copy_too_large_for_the_host_is_said_before_rerunning(env, trained, mo
     outcome = shell.run_line_magic("oomfix", "--max-tries 3 -o")  # asked: the question says it, the user chooses
     assert "Note: the model and optimizer state the cell trains" in capsys.readouterr().out
     assert outcome.fitted
+
+
+def test_oomfix_after_a_cudamem_limit_cell_plans_under_its_cap(env, capsys):
+    """The failed cell ran under ``%%cudamem --limit 3GiB`` on a process capped at 6 GiB: its reruns run
+    under 3 GiB again, so the plan's room is the cell's cap, and no try's traceback is printed."""
+    shell, machine, cell, magic = env
+    source = "%%cudamem --limit 3GiB\nbatch_size = 6000\ntrain_step(batch_size)\nfinished_with = batch_size\n"
+    failed = run(shell, source)
+    assert type(failed.error_in_exec).__name__ == "OutOfMemoryError"
+    capsys.readouterr()
+    process_fraction = machine.gpus[0].fraction
+    outcome = shell.run_line_magic("oomfix", "--yes --max-tries 3 -o")
+    # 3 GiB less the 128 MiB held: 2.875 GiB of room; at 7.05 MiB a sample and 30 MiB fixed, 413 samples fit.
+    assert outcome.budget_bytes <= 3 * GiB - 128 * MiB
+    assert outcome.fitted and outcome.batch_after <= 413 and shell.user_ns["finished_with"] == outcome.batch_after
+    assert "planned under the cell's --limit 3.00 GiB: its reruns run under it too" in outcome.notes
+    assert machine.gpus[0].fraction == process_fraction  # the process's own cap is back
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err
