@@ -269,11 +269,25 @@ def _from_cell(traceback: TracebackType | None, filename: str) -> TracebackType 
     return traceback
 
 
-def run_or_raise(shell: Any, raw_cell: str) -> Any:
-    """For a magic that handles the user's error itself (``%%cudamem_plan``): the value the body would
-    display (``NO_VALUE`` for none), or the body's error raised with its own traceback."""
-    __tracebackhide__ = True  # noqa: F841
-    ran = run_cell_body(shell, raw_cell)
-    if ran.error is not None:
-        raise ran.error.with_traceback(ran.traceback)
-    return ran.value
+class BodyRuns:
+    """For a magic that runs its body several times and stops at the body's own error (``%%cudamem_plan``):
+    ``run`` returns the value the body would display (``NO_VALUE`` for none) or raises its error;
+    ``failure(error)`` is the ``Ran`` that raised it, so the magic shows it as a plain cell would
+    (``Ran.fail``: the cell's traceback, none of the frames it passed through on its way up)."""
+
+    def __init__(self, shell: Any):
+        self.shell = shell
+        self._failed: Ran | None = None
+
+    def run(self, raw_cell: str) -> Any:
+        __tracebackhide__ = True  # noqa: F841
+        ran = run_cell_body(self.shell, raw_cell)
+        if ran.error is not None:
+            self._failed = ran
+            raise ran.error.with_traceback(ran.traceback)
+        return ran.value
+
+    def failure(self, error: BaseException) -> Ran | None:
+        """The run that raised ``error``, once (``None`` when ``error`` is not the body's own)."""
+        ran, self._failed = self._failed, None
+        return ran if ran is not None and ran.error is error else None
