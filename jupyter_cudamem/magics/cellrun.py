@@ -22,6 +22,7 @@ import bdb
 import inspect
 import io
 import sys
+import threading
 import tokenize
 import warnings
 from collections.abc import Callable
@@ -29,7 +30,6 @@ from dataclasses import dataclass, field
 from types import CodeType, TracebackType
 from typing import Any
 
-from ..errors import CudaMemError
 from .base import current_cell_number
 
 NO_VALUE = object()
@@ -176,18 +176,58 @@ def _split(shell: Any, nodes: list[ast.stmt]) -> tuple[list[ast.stmt], list[ast.
 
 
 def _run_coroutine(shell: Any, coroutine: Any) -> Any:
-    """Top-level ``await``: IPython's loop runner, where no event loop is already running this thread."""
+    """Top-level ``await``: IPython's loop runner where no event loop is running this thread (a terminal,
+    a script); in a kernel, on an event loop of its own in a worker thread (see ``_await_beside``)."""
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
         running = None
     if running is None:  # outside the `except` above, so the user's errors carry no context of ours
         return shell.loop_runner(coroutine)
-    coroutine.close()
-    raise CudaMemError(
-        "top-level await cannot run inside a cell magic here: the kernel's event loop is running this cell; "
-        "put the await in a plain cell (or in an async function you run with asyncio)"
-    )
+    return _await_beside(coroutine)
+
+
+def _await_beside(coroutine: Any) -> Any:
+    """Run ``coroutine`` to completion on a new event loop in a worker thread, and wait for it.
+
+    In a kernel a cell runs inside the kernel's event loop, and a magic is a plain call within it: the
+    loop cannot run the body's coroutine until the magic returns, and cannot be re-entered. IPython runs a
+    plain cell's top-level ``await`` by awaiting the whole cell; ``%%time`` does not run it at all. Here the
+    coroutine gets a loop of its own: ``asyncio.sleep``, ``asyncio.gather`` of coroutines it starts,
+    clients it opens all work; what is bound to the kernel's loop (a Task or Future made in an earlier
+    cell) cannot be awaited from another loop, and says so in asyncio's words. An interrupt cancels it.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    loop = asyncio.new_event_loop()
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            task = loop.create_task(coroutine)
+            outcome["task"] = task
+            outcome["value"] = loop.run_until_complete(task)
+        except BaseException as error:  # noqa: BLE001 - the body's error, raised in the cell's thread
+            outcome["error"] = error
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    worker = threading.Thread(target=run, name="cudamem-await", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        task = outcome.get("task")
+        if task is not None:
+            loop.call_soon_threadsafe(task.cancel)
+        worker.join()
+        raise
+    if "error" in outcome:
+        error = outcome.pop("error")
+        raise error
+    return outcome.get("value")
 
 
 def run_cell_body(shell: Any, raw_cell: str) -> Ran:
@@ -243,8 +283,6 @@ def _execute(shell: Any, code: CodeType, ran: Ran, capture: Callable[[Any], None
         finally:
             sys.excepthook = old_excepthook
             sys.displayhook = old_displayhook
-    except CudaMemError:
-        raise  # ours (top-level await in a kernel): one line, not the user's error
     except SystemExit as error:
         ran.error, ran.kind = error, _EXIT
     except bdb.BdbQuit as error:
