@@ -198,10 +198,14 @@ def _await_beside(coroutine: Any) -> Any:
     cell) cannot be awaited from another loop, and says so in asyncio's words. An interrupt cancels it.
     """
     __tracebackhide__ = True  # noqa: F841
+    from ..sources.torch_state import carry_thread_state
+
     loop = asyncio.new_event_loop()
     outcome: dict[str, Any] = {}
+    as_in_the_cell = carry_thread_state()  # torch's per-thread state: current device, grad mode
 
     def run() -> None:
+        as_in_the_cell()
         asyncio.set_event_loop(loop)
         try:
             task = loop.create_task(coroutine)

@@ -196,3 +196,21 @@ def restore_random_state(saved: dict[str, Any]) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None and "numpy" in saved:
         numpy.random.set_state(saved["numpy"])
+
+
+def carry_thread_state() -> Any:
+    """A function that gives the calling thread's torch state to another thread: the current CUDA device
+    and whether gradients are enabled are per thread (a body run in a worker thread must see the
+    device the notebook set with ``torch.cuda.set_device`` and a ``torch.set_grad_enabled(False)``)."""
+    torch = _torch()
+    if torch is None:
+        return lambda: None
+    grad_enabled = torch.is_grad_enabled()
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    def apply() -> None:
+        torch.set_grad_enabled(grad_enabled)
+        if device is not None:
+            torch.cuda.set_device(device)
+
+    return apply

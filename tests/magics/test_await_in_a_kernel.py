@@ -76,3 +76,14 @@ def test_in_a_real_kernel_every_magic_runs_an_awaiting_body():
     assert any(o.get("text", "").strip() == "1 2 3 4" for o in last), last
     for cell in notebook.cells[1:4]:
         assert not [o for o in cell.outputs if o.get("output_type") == "error"], cell.outputs
+
+
+def test_the_awaiting_body_sees_the_cells_grad_mode(shell):
+    torch = pytest.importorskip("torch")
+    shell.user_ns["torch"] = torch
+    try:
+        torch.set_grad_enabled(False)
+        run_in_a_loop(shell, "%%cudamem\nimport asyncio\nawait asyncio.sleep(0)\ngrad_there = torch.is_grad_enabled()")
+    finally:
+        torch.set_grad_enabled(True)
+    assert shell.user_ns["grad_there"] is False
