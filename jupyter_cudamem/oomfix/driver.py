@@ -134,8 +134,11 @@ class Driver:
     margin: float = 0.04
     mover: Mover | None = None
     oom_of: Callable[[BaseException], OomInfo | None] | None = None
-    # Called before each rerun is prepared (``reruns.model_state.Restorer.restore``: the model and
-    # optimizer the cell trains put back as they were); it must do nothing when nothing ran since.
+    # Called at the start of each rerun (``reruns.model_state.Restorer.restore``: the model and optimizer
+    # the cell trains put back as they were); it must do nothing when nothing ran since. Not before the
+    # search reads the level of the next try: a search that then proposes nothing would leave the state
+    # put back instead of the last fitted try's; the level it reads includes what a fitted try left (as
+    # without restoring), so it errs low.
     before_rerun: Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
@@ -476,7 +479,6 @@ class Driver:
                              stuck_bytes=stuck)
         best: TryResult | None = None
         while self._left() > 0:
-            self._before_rerun()  # before the level is read: the next try starts from the restored state
             if self._tries:
                 # What the last try bound goes to the host now (the names do not depend on the batch),
                 # so the search knows where the next try starts.

@@ -289,11 +289,13 @@ def _same_state(torch, model, optimizer, other_model, other_optimizer) -> bool:
     return weights and grads and moments and state.keys() == other.keys()
 
 
-def test_after_oomfix_the_model_and_optimizer_are_as_one_run_of_the_fitted_cell(env, trained, capsys):
+@pytest.mark.parametrize("tries", [3, 8])  # 8: the search ends on its own, after a try that fitted
+def test_after_oomfix_the_model_and_optimizer_are_as_one_run_of_the_fitted_cell(env, trained, capsys, tries):
     shell, _, cell, _ = env
     torch, model, optimizer, reference = trained
     assert run(shell, TRAINING_CELL).error_in_exec is not None
-    outcome = shell.run_line_magic("oomfix", "--yes --max-tries 3 -o")
+    outcome = shell.run_line_magic("oomfix", f"--yes --max-tries {tries} -o")
+    assert len(outcome.tries) < tries or tries == 3
     assert outcome.fitted and outcome.strategy == "batch" and outcome.reruns >= 2  # reruns that stepped
     assert len([c for c in cell.calls if c <= outcome.batch_after]) >= 2
     plain_model, plain_optimizer = _plain_run(torch, reference, outcome.fixed_source)
