@@ -43,9 +43,9 @@ class _CallableMonitor(types.ModuleType):
     """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from .magics.monitor import monitor as front_end
+        from .magics.monitor import call_monitor
 
-        return front_end(*args, **kwargs)
+        return call_monitor(*args, **kwargs)
 
 
 from . import monitor  # noqa: E402 - after the names above; a light package (its modules load on use)

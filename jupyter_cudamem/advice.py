@@ -46,9 +46,10 @@ EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 
 
 # -- %%cudamem: hints from a measurement --------------------------------------------------------------
-def device_hints(measured: DeviceMeasurement, left_attributed: bool = False) -> list[str]:
+def device_hints(measured: DeviceMeasurement, left_attributed: bool = False, failed_out_of_memory: bool = False) -> list[str]:
     """Hints for one device, most useful first; ``left_attributed`` when the report names who holds
-    what the cell left (then the left-allocated hint would only repeat it)."""
+    what the cell left (then the left-allocated hint would only repeat it); ``failed_out_of_memory``
+    when the cell ended in an OOM (whose own retry is no sign of fragmentation)."""
     hints: list[str] = []
     allocated = measured.allocated_delta_bytes or 0
     reserved = measured.reserved_delta_bytes or 0
@@ -77,9 +78,14 @@ def device_hints(measured: DeviceMeasurement, left_attributed: bool = False) -> 
             "CuPy, JAX or other libraries)"
         )
     before, after = measured.before.allocator, measured.after.allocator
-    if before is not None and after is not None and after.num_alloc_retries > before.num_alloc_retries:
+    # Before raising an OOM the allocator frees its cache and retries once: that retry is the failure
+    # itself (a request larger than all the room there is retries too), not a sign of fragmentation;
+    # %oomfix's diagnosis judges the failure from its figures.
+    retries = 0 if before is None or after is None else after.num_alloc_retries - before.num_alloc_retries
+    retries -= 1 if failed_out_of_memory else 0
+    if retries > 0:
         hints.append(
-            f"the allocator had to free its cache and retry {after.num_alloc_retries - before.num_alloc_retries} "
+            f"the allocator had to free its cache and retry {retries} "
             f"time(s): memory pressure or fragmentation; {EXPANDABLE} may help"
         )
     if not measured.peak_is_block_peak:
@@ -89,11 +95,12 @@ def device_hints(measured: DeviceMeasurement, left_attributed: bool = False) -> 
 
 def measurement_hints(measurement: Measurement, left_attributed: bool = False) -> list[str]:
     hints: list[str] = []
-    if measurement.error in ("OutOfMemoryError", "OutOfMemory"):
+    out_of_memory = measurement.error in ("OutOfMemoryError", "OutOfMemory")
+    if out_of_memory:
         hints.append("the cell ran out of GPU memory: run %oomfix in the next cell to diagnose and fix it")
     for device in measurement.devices:
         prefix = f"{device.device.label}: " if len(measurement.devices) > 1 else ""
-        hints.extend(prefix + hint for hint in device_hints(device, left_attributed))
+        hints.extend(prefix + hint for hint in device_hints(device, left_attributed, out_of_memory))
     return hints
 
 
@@ -183,14 +190,22 @@ def too_big_advice(capped: bool) -> list[str]:
     return advice
 
 
-def fragmentation_advice() -> list[str]:
-    return [
+def fragmentation_advice(reserved_unallocated_bytes: int | None = None) -> list[str]:
+    """``reserved_unallocated_bytes``: what the allocator held cached but unallocated at the failure; the
+    ``empty_cache()`` advice is given only when there is such memory to give back."""
+    advice = [
         (
             f"set {EXPANDABLE} before CUDA starts (in the environment, or os.environ at the top of the "
             "notebook, then restart the kernel) so the allocator can grow segments instead of splitting them"
         ),
-        "torch.cuda.empty_cache() between phases that allocate very different sizes",
     ]
+    if reserved_unallocated_bytes:
+        advice.append(
+            f"torch.cuda.empty_cache() between phases that allocate very different sizes: it gives back the "
+            f"{format_bytes(reserved_unallocated_bytes)} cached but unallocated, so the next phase cuts its "
+            "blocks afresh"
+        )
+    return advice
 
 
 def held_by_ipython_advice() -> list[str]:

@@ -191,6 +191,9 @@ class CellRanges:
 
     @classmethod
     def parse(cls, text: str) -> CellRanges:
+        if any(not part.strip() for part in text.strip().split(",")) and text.strip():
+            written = ",".join(part.strip() for part in text.split(",") if part.strip())
+            raise CudaMemError(f"--cells {text.strip()}: an empty item between commas; write --cells {written}")
         tokens = [token for token in re.split(r"[\s,]+", text.strip()) if token]
         spans: list[tuple[int, int | None]] = []
         for token in tokens:

@@ -45,6 +45,7 @@ class FakeGpu:
     other_process_bytes: int = 0
     fraction: float = 1.0
     num_ooms: int = 0
+    num_alloc_retries: int = 0  # times the allocator freed its cache and retried (once before each OOM)
     has_context: bool = False
     utilization: int = 0
     # NVML's total counts memory the driver keeps for itself that PyTorch's total does not (an H100:
@@ -134,7 +135,8 @@ class FakeAllocator:
     def read(self, index: int) -> AllocatorReading:
         self.calls.append(f"read:{index}")
         gpu = self._gpu(index)
-        return AllocatorReading(gpu.allocated, gpu.reserved, gpu.peak_allocated, gpu.peak_reserved, gpu.num_ooms)
+        return AllocatorReading(gpu.allocated, gpu.reserved, gpu.peak_allocated, gpu.peak_reserved, gpu.num_ooms,
+                                gpu.num_alloc_retries)
 
     def reset_peak(self, index: int) -> None:
         self.calls.append(f"reset_peak:{index}")

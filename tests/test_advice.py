@@ -127,3 +127,32 @@ def test_accumulation_divisor_is_the_largest_that_fits():
     assert (plan.micro, plan.steps, plan.exact) == (256, 4, True)
     prime = accumulation_plan(1021, 300)
     assert not prime.exact and (prime.micro, prime.steps, prime.last) == (300, 4, 121)
+
+
+def test_the_retry_before_an_oom_is_not_called_fragmentation(machine, hardware):
+    """PyTorch frees its cache and retries once before raising an OOM, even for a request larger than the
+    cap: that retry alone gives no expandable_segments hint; a retry besides it does."""
+    machine.gpus[0].has_context = True
+    meter = Meter(hardware)
+    baseline = meter.start()
+    machine.gpus[0].num_alloc_retries += 1  # the failing allocation's own retry
+    failed = measurement_hints(meter.stop(baseline, error="OutOfMemoryError"))
+    assert not any("expandable_segments" in h for h in failed)
+    baseline = meter.start()
+    machine.gpus[0].num_alloc_retries += 2  # one earlier in the cell, then the failure's
+    again = measurement_hints(meter.stop(baseline, error="OutOfMemoryError"))
+    assert any(h.startswith("the allocator had to free its cache and retry 1 time(s)") for h in again)
+    baseline = meter.start()
+    machine.gpus[0].num_alloc_retries += 1  # a cell that ran: its retry is pressure or fragmentation
+    machine.allocate(0, 10 * 1024**2)  # (a cell that touched the device: the report has it)
+    assert any("retry 1 time(s)" in h and "expandable_segments" in h for h in measurement_hints(meter.stop(baseline)))
+
+
+def test_empty_cache_is_advised_only_with_cached_memory_to_give_back():
+    from jupyter_cudamem.advice import fragmentation_advice
+
+    assert not any("empty_cache" in line for line in fragmentation_advice(0))
+    assert not any("empty_cache" in line for line in fragmentation_advice(None))
+    with_cache = fragmentation_advice(1536 * 1024**2)
+    assert any("empty_cache()" in line and "gives back the 1.50 GiB cached but unallocated" in line
+               for line in with_cache)

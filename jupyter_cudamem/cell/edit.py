@@ -7,6 +7,7 @@ size in the failed cell or in an earlier ``In[k]``), a line inserted, the whole 
 
 from __future__ import annotations
 
+import ast
 import difflib
 import io
 import tokenize
@@ -89,43 +90,236 @@ def _string_continuation_lines(python: str) -> set[int]:
     return inside
 
 
+class AutocastNotApplicable(ValueError):
+    """The cell's precision is not set by wrapping its code: a Trainer's argument sets it, or the step is
+    in a function of an earlier cell. The message says where to set it."""
+
+
+# Calls that must run outside autocast (PyTorch's guidance: autocast covers the forward pass and the
+# loss; backward ops run in the dtype autocast chose for the matching forward ops, and the optimizer
+# and the gradient scaler update float32 state).
+_OUTSIDE_ATTRIBUTES = frozenset({"backward", "step", "zero_grad", "update", "unscale_", "clip_grad_norm_",
+                                 "clip_grad_value_"})
+_OUTSIDE_FUNCTIONS = frozenset({"clip_grad_norm_", "clip_grad_value_"})
+# Calls that compute nothing on the GPU: a run of statements made only of these is not wrapped.
+_NOT_COMPUTE = frozenset({"print", "len", "range", "enumerate", "zip", "isinstance", "str", "int", "float", "repr",
+                          "format", "item", "append", "extend", "log", "info", "debug", "set_postfix", "write",
+                          "train", "eval", "tolist", "sleep", "time", "perf_counter"})
+_TRAINER_METHODS = frozenset({"fit", "train"})
+
+_BODIES = ("body", "orelse", "finalbody")
+
+
+def _called(call: ast.Call) -> tuple[str, ast.AST | None]:
+    """``(name, receiver)``: ``("step", <optimizer>)`` for ``optimizer.step()``, ``("f", None)`` for ``f()``."""
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return func.attr, func.value
+    if isinstance(func, ast.Name):
+        return func.id, None
+    return "", None
+
+
+def _trainer_call(call: ast.Call, trainers: set[str]) -> bool:
+    """``trainer.train()``, ``trainer.fit(model, dm)``: a Trainer (a name bound to ``*Trainer(...)`` in
+    the cell, or a name that says it is one) trains, not ``model.train()`` that sets a mode."""
+    name, receiver = _called(call)
+    if name not in _TRAINER_METHODS or not isinstance(receiver, ast.Name):
+        return False
+    return receiver.id in trainers or receiver.id.lower().endswith("trainer")
+
+
+class _Wrapper:
+    """Finds, block by block, the runs of statements that compute (forward, loss) between the ones that
+    must stay outside autocast (backward, optimizer and scheduler steps, ``zero_grad``)."""
+
+    def __init__(self, tree: ast.Module, outside_names: frozenset[str]):
+        self.trainers = {
+            target.id
+            for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and _called(node.value)[0].endswith("Trainer")
+            for target in node.targets if isinstance(target, ast.Name)
+        }
+        self.outside_names = set(outside_names)
+        # Functions of this cell that step (directly or through another of them): a call of one stays
+        # outside, and its own body is wrapped inside.
+        functions = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        changed = True
+        while changed:
+            changed = False
+            for name, function in functions.items():
+                if name not in self.outside_names and self._steps(function, nested=True):
+                    self.outside_names.add(name)
+                    changed = True
+        self.runs: list[tuple[int, int]] = []  # (first, last) statements' transformed lines, inclusive
+        self.trainer_calls: list[ast.Call] = []
+
+    def _steps(self, node: ast.AST, nested: bool = False) -> bool:
+        """Whether ``node`` calls something that must run outside autocast (inside functions it defines
+        only when ``nested``: defining a function runs none of it)."""
+        for child in _walk(node, nested):
+            if isinstance(child, ast.Call):
+                name, receiver = _called(child)
+                if (receiver is not None and name in _OUTSIDE_ATTRIBUTES) or name in _OUTSIDE_FUNCTIONS:
+                    return True
+                if receiver is None and name in self.outside_names:
+                    return True
+                if _trainer_call(child, self.trainers):
+                    self.trainer_calls.append(child)
+                    return True
+        return False
+
+    def block(self, statements: list[ast.stmt]) -> None:
+        run: list[ast.stmt] = []
+        shared_lines = self._lines_of_stepping(statements)
+        for statement in statements:
+            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self._close(run)
+                if statement.name in self.outside_names:
+                    self.block(statement.body)  # the step is inside: wrap its forward there
+                continue
+            if isinstance(statement, (ast.ClassDef, ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)):
+                self._close(run)
+                if isinstance(statement, ast.ClassDef):
+                    for member in statement.body:
+                        if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)) and self._steps(member, True):
+                            self.block(member.body)
+                continue
+            lines = set(range(statement.lineno, (statement.end_lineno or statement.lineno) + 1))
+            if not self._steps(statement) and not (lines & shared_lines):
+                run.append(statement)
+                continue
+            self._close(run)
+            for body in self._bodies(statement):
+                if body[0].lineno > statement.lineno:  # not ``for x in y: step()`` on one line
+                    self.block(body)
+        self._close(run)
+
+    def _lines_of_stepping(self, statements: list[ast.stmt]) -> set[int]:
+        """Lines of simple statements that step: another statement on the same line (``out = model(x);
+        loss.backward()``) cannot be wrapped apart from it."""
+        lines: set[int] = set()
+        for statement in statements:
+            if not self._bodies(statement) and self._steps(statement):
+                lines |= set(range(statement.lineno, (statement.end_lineno or statement.lineno) + 1))
+        return lines
+
+    @staticmethod
+    def _bodies(statement: ast.stmt) -> list[list[ast.stmt]]:
+        """The blocks of a compound statement; an ``elif`` (an ``If`` alone in ``orelse``, at the column of
+        its ``if``) is not a block of its own: its blocks are."""
+        if isinstance(statement, ast.If):
+            bodies = [statement.body]
+            orelse = statement.orelse
+            if len(orelse) == 1 and isinstance(orelse[0], ast.If) and orelse[0].col_offset == statement.col_offset:
+                return bodies + _Wrapper._bodies(orelse[0])
+            return bodies + ([orelse] if orelse else [])
+        bodies = [getattr(statement, name) for name in _BODIES if getattr(statement, name, None)]
+        if isinstance(statement, (ast.Try, ast.TryStar)):
+            bodies += [handler.body for handler in statement.handlers]
+        if isinstance(statement, ast.Match):
+            bodies += [case.body for case in statement.cases]
+        return bodies
+
+    def _close(self, run: list[ast.stmt]) -> None:
+        if run and any(_computes(statement) for statement in run):
+            self.runs.append((run[0].lineno, run[-1].end_lineno or run[-1].lineno))
+        run.clear()
+
+
+def _walk(node: ast.AST, nested: bool) -> list[ast.AST]:
+    """``ast.walk`` that does not enter function or class definitions below ``node`` unless ``nested``."""
+    found: list[ast.AST] = []
+    pending = [node]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        for child in ast.iter_child_nodes(current):
+            if not nested and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue
+            pending.append(child)
+    return found
+
+
+def _computes(statement: ast.stmt) -> bool:
+    """Whether a statement calls anything but printing, logging and bookkeeping (``loss.item()``)."""
+    return any(
+        isinstance(node, ast.Call) and _called(node)[0] not in _NOT_COMPUTE for node in _walk(statement, False)
+    )
+
+
 def wrap_in_autocast(
     source: str,
     dtype: str = "bfloat16",
     import_torch: bool = True,
     transform: Transform | None = None,
     parsed: ParsedCell | None = None,
+    outside_names: frozenset[str] = frozenset(),
 ) -> str:
-    """``source`` with its body inside ``with torch.autocast("cuda", dtype=torch.<dtype>):``.
+    """``source`` with its forward passes and losses inside ``with torch.autocast("cuda", dtype=torch.<dtype>):``.
+
+    PyTorch's autocast guidance: autocast covers the forward pass and the loss; ``backward()``, the
+    optimizer's and scheduler's ``step()``, ``zero_grad()`` and a GradScaler's ``update()`` run outside.
+    So each block (the cell, a loop's body, a ``def train_step`` the cell defines and calls) is split
+    at the statements that make those calls (or call a function of the cell, or one named in
+    ``outside_names``, that does), and each run of statements between them that computes is wrapped.
+    A cell that only computes (inference) is wrapped whole.
 
     A cell-magic header stays first. Lines are indented by four spaces except lines inside a
     multi-line string (found by tokenizing what IPython would run, so ``!cmd`` lines do not confuse
     it); IPython accepts indented ``!cmd`` and ``%magic`` lines. Raises ``SyntaxError`` when the
-    cell does not parse, so a broken cell is never wrapped. ``parsed`` is ``source`` already parsed.
+    cell does not parse, so a broken cell is never wrapped, and ``AutocastNotApplicable`` when a
+    Trainer trains (its mixed precision is one of its arguments) or nothing in the cell computes
+    outside a stepping function of another cell. ``parsed`` is ``source`` already parsed.
     """
     if dtype not in {"bfloat16", "float16"}:
         raise ValueError(f"autocast dtype must be bfloat16 or float16, got {dtype!r}")
     if parsed is None or parsed.source != source:
         parsed = parse_cell(source, transform)
+    wrapper = _Wrapper(parsed.tree, outside_names)
+    wrapper.block(parsed.tree.body)
+    if wrapper.trainer_calls:
+        precision = "bf16=True" if dtype == "bfloat16" else "fp16=True"
+        lightning = "bf16-mixed" if dtype == "bfloat16" else "16-mixed"
+        raise AutocastNotApplicable(
+            "a Trainer trains in this cell: its mixed precision is its argument, not a with block "
+            f"(Hugging Face: TrainingArguments(..., {precision}); Lightning: Trainer(..., precision=\"{lightning}\"))"
+        )
     raw_lines = split_lines(source)
     header, body = raw_lines[: parsed.header_lines], raw_lines[parsed.header_lines :]
     newline = line_ending(source)
+    if not any(line.strip() for line in body):
+        body = ["pass" + newline]
+        wrapper.runs = [(1, 1)]
+    if not wrapper.runs:
+        raise AutocastNotApplicable(
+            "nothing in the cell computes outside a function that also steps: wrap the forward pass and the "
+            "loss in torch.autocast inside that function, and keep backward() and step() outside"
+        )
     transformed = "".join(parsed.transformed_lines)
-    inside_string = {parsed.line_map[t] for t in _string_continuation_lines(transformed) if t in parsed.line_map}
+
+    def raw(line: int) -> int:  # a transformed line's raw line (IPython's transforms keep one line per line)
+        return parsed.line_map.get(line, parsed.header_lines + line) - parsed.header_lines
+
+    inside_string = {raw(t) for t in _string_continuation_lines(transformed)}
+    openings: dict[int, str] = {}  # raw body line (1-based) -> the ``with`` line to put before it
+    indented: set[int] = set()
+    for first, last in wrapper.runs:
+        start, end = raw(first), raw(last)
+        text = body[start - 1]
+        indent = text[: len(text) - len(text.lstrip())]
+        openings[start] = f'{indent}with torch.autocast("cuda", dtype=torch.{dtype}):' + newline
+        indented |= set(range(start, end + 1))
     wrapped = []
-    for number, line in enumerate(body, start=parsed.header_lines + 1):
-        if not line.strip() or number in inside_string:
-            wrapped.append(line)
-        else:
-            wrapped.append("    " + line)
-    if not any(line.strip() for line in wrapped):
-        wrapped.append("    pass" + newline)
+    for number, line in enumerate(body, start=1):
+        if number in openings:
+            wrapped.append(openings[number])
+        if number in indented and line.strip() and number not in inside_string:
+            line = "    " + line
+        wrapped.append(line)
     if wrapped and not wrapped[-1].endswith(("\n", "\r")):
         wrapped[-1] += newline
-    opening = []
-    if import_torch:
-        opening.append("import torch" + newline)
-    opening.append(f'with torch.autocast("cuda", dtype=torch.{dtype}):' + newline)
+    opening = ["import torch" + newline] if import_torch else []
     if header and not header[-1].endswith(("\n", "\r")):
         header[-1] += newline
     return "".join(header + opening + wrapped)

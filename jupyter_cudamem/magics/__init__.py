@@ -29,6 +29,11 @@ class Extension:
         self.shell = shell
         self.hardware = hardware
         self.magics: list[CudaMemMagicsBase] = []
+        # ``%reset -f out`` leaves the last values shown alive in IPython's hidden namespace: released
+        # after each cell (``oomfix.ipython_state.release_flushed_underscores``).
+        from ..oomfix.ipython_state import release_flushed_underscores_after_cell
+
+        self.after_cell = release_flushed_underscores_after_cell(shell)
 
     def get(self, kind: type[CudaMemMagicsBase]) -> CudaMemMagicsBase | None:
         return next((m for m in self.magics if isinstance(m, kind)), None)
@@ -47,6 +52,7 @@ def load(shell: Any, hardware: Hardware | None = None) -> Extension:
         instance = kind(shell=shell, hardware=extension.hardware, extension=extension)
         shell.register_magics(instance)
         extension.magics.append(instance)
+    shell.events.register("post_run_cell", extension.after_cell)
     _loaded[id(shell)] = extension
     return extension
 
@@ -60,6 +66,10 @@ def unload(shell: Any) -> None:
     extension = _loaded.pop(id(shell), None)
     if extension is None:
         return
+    try:
+        shell.events.unregister("post_run_cell", extension.after_cell)
+    except ValueError:
+        pass
     registry = shell.magics_manager.magics
     for instance in extension.magics:
         instance.close()

@@ -22,6 +22,7 @@ import bdb
 import inspect
 import io
 import sys
+import threading
 import tokenize
 import warnings
 from collections.abc import Callable
@@ -29,7 +30,6 @@ from dataclasses import dataclass, field
 from types import CodeType, TracebackType
 from typing import Any
 
-from ..errors import CudaMemError
 from .base import current_cell_number
 
 NO_VALUE = object()
@@ -105,19 +105,24 @@ class Ran:
 
 
 def _failed_after_all(shell: Any) -> None:
-    """IPython sets ``last_execution_succeeded`` from its own view of the cell after the magic
-    returns; correct it once the cell ends."""
+    """IPython sets ``last_execution_succeeded`` from its own view of the cell (no exception reached it)
+    once the magic returns; correct it when it does.
 
-    def correct(*_: Any) -> None:
-        shell.last_execution_succeeded = False
-        try:
-            shell.events.unregister("post_run_cell", correct)
-        except ValueError:
-            pass
+    ``post_run_cell`` cannot: IPython does not send it for a ``silent`` cell, which is how
+    ``ipython script.ipy`` runs every cell, and the script's exit status is that flag (a failed
+    ``%%cudamem`` cell must make the script exit 1 as the same cell without the magic does). So the
+    flag is set to False now, and an observer puts it back to False when the cell's end sets it True.
+    """
+
+    def correct(change: Any) -> None:
+        if change.get("new"):
+            shell.unobserve(correct, names="last_execution_succeeded")
+            shell.last_execution_succeeded = False
 
     try:
-        shell.events.register("post_run_cell", correct)
-    except Exception:  # an events manager without post_run_cell: the result itself is marked
+        shell.last_execution_succeeded = False
+        shell.observe(correct, names="last_execution_succeeded")
+    except Exception:  # a shell that is not a HasTraits: the execution result itself is marked
         pass
 
 
@@ -171,18 +176,62 @@ def _split(shell: Any, nodes: list[ast.stmt]) -> tuple[list[ast.stmt], list[ast.
 
 
 def _run_coroutine(shell: Any, coroutine: Any) -> Any:
-    """Top-level ``await``: IPython's loop runner, where no event loop is already running this thread."""
+    """Top-level ``await``: IPython's loop runner where no event loop is running this thread (a terminal,
+    a script); in a kernel, on an event loop of its own in a worker thread (see ``_await_beside``)."""
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
         running = None
     if running is None:  # outside the `except` above, so the user's errors carry no context of ours
         return shell.loop_runner(coroutine)
-    coroutine.close()
-    raise CudaMemError(
-        "top-level await cannot run inside a cell magic here: the kernel's event loop is running this cell; "
-        "put the await in a plain cell (or in an async function you run with asyncio)"
-    )
+    return _await_beside(coroutine)
+
+
+def _await_beside(coroutine: Any) -> Any:
+    """Run ``coroutine`` to completion on a new event loop in a worker thread, and wait for it.
+
+    In a kernel a cell runs inside the kernel's event loop, and a magic is a plain call within it: the
+    loop cannot run the body's coroutine until the magic returns, and cannot be re-entered. IPython runs a
+    plain cell's top-level ``await`` by awaiting the whole cell; ``%%time`` does not run it at all. Here the
+    coroutine gets a loop of its own: ``asyncio.sleep``, ``asyncio.gather`` of coroutines it starts,
+    clients it opens all work; what is bound to the kernel's loop (a Task or Future made in an earlier
+    cell) cannot be awaited from another loop, and says so in asyncio's words. An interrupt cancels it.
+    """
+    __tracebackhide__ = True  # noqa: F841
+    from ..sources.torch_state import carry_thread_state
+
+    loop = asyncio.new_event_loop()
+    outcome: dict[str, Any] = {}
+    as_in_the_cell = carry_thread_state()  # torch's per-thread state: current device, grad mode
+
+    def run() -> None:
+        as_in_the_cell()
+        asyncio.set_event_loop(loop)
+        try:
+            task = loop.create_task(coroutine)
+            outcome["task"] = task
+            outcome["value"] = loop.run_until_complete(task)
+        except BaseException as error:  # noqa: BLE001 - the body's error, raised in the cell's thread
+            outcome["error"] = error
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    worker = threading.Thread(target=run, name="cudamem-await", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        task = outcome.get("task")
+        if task is not None:
+            loop.call_soon_threadsafe(task.cancel)
+        worker.join()
+        raise
+    if "error" in outcome:
+        error = outcome.pop("error")
+        raise error
+    return outcome.get("value")
 
 
 def run_cell_body(shell: Any, raw_cell: str) -> Ran:
@@ -238,8 +287,6 @@ def _execute(shell: Any, code: CodeType, ran: Ran, capture: Callable[[Any], None
         finally:
             sys.excepthook = old_excepthook
             sys.displayhook = old_displayhook
-    except CudaMemError:
-        raise  # ours (top-level await in a kernel): one line, not the user's error
     except SystemExit as error:
         ran.error, ran.kind = error, _EXIT
     except bdb.BdbQuit as error:
@@ -264,11 +311,25 @@ def _from_cell(traceback: TracebackType | None, filename: str) -> TracebackType 
     return traceback
 
 
-def run_or_raise(shell: Any, raw_cell: str) -> Any:
-    """For a magic that handles the user's error itself (``%%cudamem_plan``): the value the body would
-    display (``NO_VALUE`` for none), or the body's error raised with its own traceback."""
-    __tracebackhide__ = True  # noqa: F841
-    ran = run_cell_body(shell, raw_cell)
-    if ran.error is not None:
-        raise ran.error.with_traceback(ran.traceback)
-    return ran.value
+class BodyRuns:
+    """For a magic that runs its body several times and stops at the body's own error (``%%cudamem_plan``):
+    ``run`` returns the value the body would display (``NO_VALUE`` for none) or raises its error;
+    ``failure(error)`` is the ``Ran`` that raised it, so the magic shows it as a plain cell would
+    (``Ran.fail``: the cell's traceback, none of the frames it passed through on its way up)."""
+
+    def __init__(self, shell: Any):
+        self.shell = shell
+        self._failed: Ran | None = None
+
+    def run(self, raw_cell: str) -> Any:
+        __tracebackhide__ = True  # noqa: F841
+        ran = run_cell_body(self.shell, raw_cell)
+        if ran.error is not None:
+            self._failed = ran
+            raise ran.error.with_traceback(ran.traceback)
+        return ran.value
+
+    def failure(self, error: BaseException) -> Ran | None:
+        """The run that raised ``error``, once (``None`` when ``error`` is not the body's own)."""
+        ran, self._failed = self._failed, None
+        return ran if ran is not None and ran.error is error else None

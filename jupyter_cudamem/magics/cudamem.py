@@ -373,6 +373,22 @@ class CudaMem(CudaMemMagicsBase):
             display(report)
         return None
 
+    def limit_of(self, source: str) -> int | None:
+        """The ``--limit`` (bytes) a ``%%cudamem`` or ``%cudamem`` cell ran under; ``None`` for any other
+        cell, or one whose options do not parse. ``%oomfix`` plans a failed cell under its cap."""
+        text = source.lstrip()
+        if text.startswith("%%cudamem"):
+            line = text[len("%%cudamem"):].split("\n", 1)[0]
+        elif text.startswith("%cudamem ") and "\n" not in text.strip():
+            line, _ = _split_options(text[len("%cudamem"):].strip(), _value_options(self.cudamem.parser))
+        else:
+            return None
+        try:
+            args = self._parse_cudamem_options(self._expand_options(line.strip()))
+            return parse_size(args.limit) if args.limit else None
+        except (CudaMemError, Exception):  # noqa: BLE001  a header argparse rejects ran no cell
+            return None
+
     def _expand_options(self, options: str) -> str:
         """``{x}`` and ``$x`` in the options (never in the code measured) expand from the user's namespace,
         as IPython expands a magic's line: ``%%cudamem --limit {cap}``. Left as written when they do not
@@ -700,6 +716,12 @@ class CudaMem(CudaMemMagicsBase):
             print(f"cudamem history cleared ({count:,} cells)")
             return None
         records = self.history.select(cells=args.cells, last=args.last)
+        if not records and args.cells is not None and len(self.history):
+            # The history is not empty: the selection missed it. Say what it holds, not "empty".
+            numbers = [n for n in (r.execution_count for r in self.history.select()) if n is not None]
+            held = f", [{min(numbers)}] to [{max(numbers)}]" if numbers else ""
+            raise CudaMemError(f"no measured cell in --cells {args.cells.strip()}; the history holds "
+                               f"{len(self.history):,} cells{held}")
         if args.plot:
             plot = HistoryPlot(records)
             if args.save:

@@ -253,6 +253,27 @@ class CudaMemMonitor(CudaMemMagicsBase):
             self.view.render()
 
 
+def call_monitor(*args: Any, **kwargs: Any) -> Snapshot | None:
+    """``monitor(...)`` as the callable ``jupyter_cudamem.monitor`` calls it: a wrong argument, or a bad
+    value, is one line (IPython's ``UsageError``), never a traceback through our frames."""
+    __tracebackhide__ = True  # noqa: F841
+    import inspect
+
+    from IPython.core.error import UsageError
+
+    try:
+        inspect.signature(monitor).bind(*args, **kwargs)
+    except TypeError as error:
+        raise UsageError(
+            f"monitor(): {error}; it takes monitor(action, interval_s=..., devices=..., history_s=...), action "
+            "one of 'start', 'stop', 'snapshot'"
+        ) from None
+    try:
+        return monitor(*args, **kwargs)
+    except CudaMemError as error:
+        raise UsageError(str(error)) from None
+
+
 def monitor(
     action: str | None = None,
     *,

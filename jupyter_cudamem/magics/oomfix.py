@@ -31,8 +31,29 @@ _ABSENT = object()
 
 _SIDE_EFFECTS = (
     "%oomfix reruns the cell (up to {tries} times): anything it does besides computing (writing files, "
-    "printing, appending to lists, training a model that lives outside the cell) happens again."
+    "printing, appending to lists) happens again."
 )
+_RESTORED = " The model and optimizer state it trains ({names}) is put back before each rerun."
+_NOT_RESTORED = " The reruns' training steps stay in {names} (--no-restore)."
+
+
+def _cap_note(cap: int | None) -> tuple[str, ...]:
+    from ..units import format_bytes
+
+    if cap is None:
+        return ()
+    return (f"planned under the cell's --limit {format_bytes(cap)}: its reruns run under it too",)
+
+
+def _state_note(trained: Any, restore: bool, too_large: str | None) -> str:
+    """What the question before rerunning says of the training state."""
+    if trained.empty:
+        return ""
+    if restore:
+        return _RESTORED.format(names=trained.describe())
+    if too_large is not None:
+        return f" Note: {too_large}."
+    return _NOT_RESTORED.format(names=trained.describe())
 
 
 def _options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -48,6 +69,9 @@ def _options(function: Callable[..., Any]) -> Callable[..., Any]:
         argument("--yes", "-y", action="store_true",
                  help="Do not ask before rerunning; the rerun repeats the cell's side effects."),
         argument("--no-autocast", action="store_true", help="Never try torch.autocast."),
+        argument("--no-restore", action="store_true",
+                 help="Do not copy the model and optimizer state the cell trains to put it back before each "
+                      "rerun (needed where that copy would not fit in host memory); each rerun's steps then stay."),
         argument("--strategy", default=None, metavar="LIST",
                  help=f"Strategies to try, in order, comma-separated: {', '.join(STRATEGIES)} (default: all)."),
         argument("-o", "--output", action="store_true", help="Return the outcome object."),
@@ -268,6 +292,42 @@ class OomFix(CudaMemMagicsBase):
         allocated_at_start: dict[int, int] | None = None,
         cell_number: int | None = None,
     ) -> Outcome | None:
+        device = oom.device_index if oom is not None and oom.device_index is not None else 0
+        with self._cell_cap(source, device) as cap:
+            outcome = self._fix_capped(args, source, error, oom, allocated_at_start, cell_number, cap)
+        return outcome
+
+    @contextmanager
+    def _cell_cap(self, source: str, device: int) -> Iterator[int | None]:
+        """A failed ``%%cudamem --limit`` cell ran under its cap, and its reruns do again: the fix plans
+        under it (the allocator capped as the cell capped it while the fix runs; put back after)."""
+        from .cudamem import CudaMem
+
+        extension = self.extension
+        measuring = extension.get(CudaMem) if extension is not None else None
+        cap = measuring.limit_of(source) if isinstance(measuring, CudaMem) else None
+        allocator = self.hardware.allocator
+        if cap is None or allocator.status() is not None:
+            yield None
+            return
+        previous = allocator.memory_fraction(device)
+        before = 1.0 if previous is None else previous
+        allocator.set_memory_fraction(device, min(cap / allocator.device(device).total_bytes, before))
+        try:
+            yield cap
+        finally:
+            allocator.set_memory_fraction(device, before)
+
+    def _fix_capped(
+        self,
+        args: Any,
+        source: str,
+        error: BaseException | None,
+        oom: OomInfo | None,
+        allocated_at_start: dict[int, int] | None,
+        cell_number: int | None,
+        cap: int | None,
+    ) -> Outcome | None:
         from ..oomfix import cleanup as cleanup_module
         from ..oomfix.diagnosis import diagnose
         from ..attribution.holders import find_holders, reaches_cuda
@@ -285,9 +345,11 @@ class OomFix(CudaMemMagicsBase):
             oom = OomInfo("other", "" if error is None else str(error))
         diagnosis = diagnose(oom, holders, self._readings(), self._model_state())
         if args.dry_run:
-            return self._show(self._preview(source, oom, diagnosis, strategies, max_tries, cell_number), args)
+            preview = self._preview(source, oom, diagnosis, strategies, max_tries, cell_number)
+            return self._show(dataclasses.replace(preview, notes=preview.notes + _cap_note(cap)), args)
         self._display(diagnosis)
-        if not args.yes and self.confirm and not self._confirmed(max_tries):
+        trained, restore, too_large = self._training_state(source, args)
+        if not args.yes and self.confirm and not self._confirmed(max_tries, _state_note(trained, restore, too_large)):
             return None
 
         holds_cuda = None if self.probe is None else (lambda obj: reaches_cuda(obj, self.probe))
@@ -295,8 +357,14 @@ class OomFix(CudaMemMagicsBase):
             self.shell, self.hardware, exception=error, delete_names=tuple(args.delete), holds_cuda=holds_cuda
         )
         error = None  # released by the cleanup: keep no reference to its frames
+        from ..reruns.model_state import Restorer
+
+        restorer = Restorer(trained) if restore else None
+        if restorer is not None:
+            restorer.take()  # once, before the first rerun
         driver = Driver(
-            run_source=self._run_source,
+            run_source=self._run_source if restorer is None else restorer.run(self._run_source),
+            before_rerun=None if restorer is None else restorer.restore,
             hardware=self.hardware,
             cleanup=lambda failed: cleanup_module.cleanup(self.shell, self.hardware, exception=failed, holds_cuda=holds_cuda),
             max_tries=max_tries,
@@ -308,15 +376,21 @@ class OomFix(CudaMemMagicsBase):
         )
         device = oom.device_index if oom is not None and oom.device_index is not None else 0
         before = None if allocated_at_start is None else allocated_at_start.get(device)
+        last_fitted = False  # an interrupted fix puts the state back as before the reruns
         try:
             # Our reruns are not the user's failures: the record stays the cell they ran.
             with self._recorder.paused():
                 outcome = driver.fix(source, None, self.shell.user_ns, freed_bytes=cleaned.freed_bytes, oom=oom,
                                      allocated_before=before, history=input_history(self.shell),
                                      cell_number=cell_number, cleaned=cleaned)
+            last_fitted = bool(outcome.tries) and outcome.tries[-1].fitted
         finally:
             self._try_oom = None
-        outcome = dataclasses.replace(outcome, cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes))
+            if restorer is not None:
+                restorer.finish(last_fitted)
+        notes = _cap_note(cap) + outcome.notes + self._restore_notes(trained, restorer, outcome, last_fitted)
+        outcome = dataclasses.replace(outcome, cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes),
+                                      notes=notes)
         if outcome.fitted:
             self._recorder.forget()
         return self._show(outcome, args)
@@ -348,10 +422,50 @@ class OomFix(CudaMemMagicsBase):
         """The allocator's readings now, per device, for the diagnosis (``None`` where unreadable)."""
         return self.hardware.allocator_readings() or None
 
-    def _confirmed(self, max_tries: int) -> bool:
+    def _training_state(self, source: str, args: Any) -> tuple[Any, bool, str | None]:
+        """The model and optimizer state the cell trains (``reruns.model_state``), whether its host copy
+        is to be taken, and why not when it would not fit in host memory; one line asking for
+        --no-restore when it would not fit and nobody can be asked."""
+        from ..cell.source import parse_cell
+        from ..oomfix.leftovers import names_bound_before_read
+        from ..reruns.model_state import TrainingState, copy_fits, training_state
+        from ..sources.host import available_bytes
+        from ..units import format_bytes
+
+        try:
+            tree = parse_cell(source, self.shell.transform_cell).tree
+        except (SyntaxError, ValueError):
+            return TrainingState(), False, None  # a cell that does not parse reruns to fail as it did
+        trained = training_state(self.shell.user_ns, tree, names_bound_before_read(tree))
+        if args.no_restore or trained.empty:
+            return trained, False, None
+        available = available_bytes()
+        if copy_fits(trained.nbytes, available):
+            return trained, True, None
+        too_large = (
+            f"the model and optimizer state the cell trains ({trained.describe()}) takes "
+            f"{format_bytes(trained.nbytes)}, more than the host can copy ({format_bytes(available)} available), "
+            "so it cannot be put back before each rerun: every rerun's training steps would stay"
+        )
+        if args.yes or not self.confirm:
+            raise CudaMemError(f"{too_large}; add --no-restore to rerun anyway")
+        return trained, False, too_large
+
+    @staticmethod
+    def _restore_notes(trained: Any, restorer: Any, outcome: Outcome, last_fitted: bool) -> tuple[str, ...]:
+        if trained.empty or len(outcome.tries) == 0:
+            return ()
+        names = trained.describe()
+        if restorer is None:
+            return (f"the reruns' training steps stayed in {names}: their state was not put back",)
+        if last_fitted:
+            return (f"{names} put back before each rerun: as one run of the cell that fitted leaves them",)
+        return (f"{names} put back as they were before the reruns",)
+
+    def _confirmed(self, max_tries: int, state_note: str = "") -> bool:
         from IPython.core.error import StdinNotImplementedError
 
-        print(_SIDE_EFFECTS.format(tries=max_tries))
+        print(_SIDE_EFFECTS.format(tries=max_tries) + state_note)
         try:
             answer = input("Rerun it? [y/N] ")
         except (StdinNotImplementedError, EOFError, OSError):
@@ -372,7 +486,10 @@ class OomFix(CudaMemMagicsBase):
         original = shell.showtraceback
 
         def showtraceback(*args: Any, **kwargs: Any) -> Any:
-            error = sys.exc_info()[1]
+            # A magic that shows its body's error itself (a rerun of a %%cudamem cell) hands it over as
+            # ``exc_tuple``; IPython's own callers leave it in sys.exc_info().
+            given = args[0] if args else kwargs.get("exc_tuple")
+            error = given[1] if isinstance(given, tuple) and len(given) == 3 else sys.exc_info()[1]
             oom = None if error is None else parse_oom(error)
             if error is not None:
                 self._try_oom = (id(error), oom)  # the driver reads it next (``_oom_of``)

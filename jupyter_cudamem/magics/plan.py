@@ -20,7 +20,7 @@ from traitlets import Float
 from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN
 from ..errors import CudaMemError
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
-from .cellrun import NO_VALUE, run_or_raise
+from .cellrun import NO_VALUE, BodyRuns, run_cell_body
 from ..oomfix.leftovers import TorchMover, set_aside
 
 
@@ -91,7 +91,7 @@ class CudaMemPlan(CudaMemMagicsBase):
         from ..capacity.cards import card_table, select_cards
         from ..capacity.plan import build_plan
         from ..capacity.runs import Runner, history_match, judge, measure_runs
-        from ..cell.edit import wrap_in_autocast
+        from ..cell.edit import AutocastNotApplicable, wrap_in_autocast
         from ..cell.traits import cell_traits
         from ..measure import Meter
         from ..oomfix.ipython_state import input_history
@@ -112,7 +112,12 @@ class CudaMemPlan(CudaMemMagicsBase):
         cards = select_cards(card_table(self._cards_setting()), args.cards)
         reason = self.hardware.allocator.status()
         if reason is not None:
-            raise CudaMemError(f"%%cudamem_plan needs a CUDA device: {reason}")
+            # As every magic of ours without a GPU: the body runs as a plain cell, and this says what is missing.
+            self.note(f"%%cudamem_plan cannot measure here ({reason}): no plan; the cell runs as a plain cell")
+            plain = run_cell_body(self.shell, cell)
+            plain.show_values(self.shell)
+            plain.fail(self.shell)
+            return None
 
         shell: Any = self.shell
         history = input_history(shell)
@@ -144,10 +149,13 @@ class CudaMemPlan(CudaMemMagicsBase):
                                                        transform=shell.transform_cell)
                 except SyntaxError as error:
                     raise CudaMemError(f"--autocast: the cell does not parse ({error.msg}); nothing ran") from None
+                except AutocastNotApplicable as reason:
+                    notes.append(f"--autocast not run: {reason}")
 
         change = BatchChange(finding, knob, shell.user_ns, history) if knob is not None else None
         meter = Meter(self.hardware, reset_peak=True)
-        runner = Runner(meter, run=lambda source: run_or_raise(shell, source), is_oom=is_cuda_oom,
+        body = BodyRuns(shell)
+        runner = Runner(meter, run=body.run, is_oom=is_cuda_oom,
                         release=self.hardware.allocator.empty_cache, quiet=capture_output,
                         set_aside=lambda source: set_aside(shell.user_ns, source, TensorsOnly(), shell.transform_cell))
         calibrate_at = None
@@ -156,7 +164,15 @@ class CudaMemPlan(CudaMemMagicsBase):
                 notes.append("--calibrate needs a batch to search: not calibrated")
             else:
                 calibrate_at = lambda: self._calibration_scale(runner.measured, cards)  # noqa: E731
-        measured = measure_runs(runner, cell, batch, change, args.small, autocast_source, calibrate_at)
+        try:
+            measured = measure_runs(runner, cell, batch, change, args.small, autocast_source, calibrate_at)
+        except BaseException as error:
+            failed = body.failure(error)
+            if failed is None:
+                raise  # ours (one line) or an interrupt outside the body
+            del error
+            failed.fail(shell)  # the cell's own error, shown as a plain cell shows it: no plan
+            return None
         gc.collect()
 
         history_peak = None

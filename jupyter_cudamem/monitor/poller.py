@@ -36,6 +36,9 @@ DEFAULT_INTERVAL_S = 1.0
 DEFAULT_HISTORY_S = 300.0
 DEFAULT_MAX_UPDATES_PER_S = 4.0
 MIN_INTERVAL_S = 0.05
+# A live view that reads less than once an hour shows nothing live; longer waits also overflow
+# ``threading.Event.wait`` on some platforms (1e10 s does), which would kill the thread.
+MAX_INTERVAL_S = 3600.0
 # A monitor may be left running for days; this caps the memory its history can take
 # (a sample is ~100 bytes, so 100k samples are ~10 MB per device).
 MAX_SAMPLES_PER_DEVICE = 100_000
@@ -99,10 +102,10 @@ def validate_settings(
 ) -> None:
     """Raise ``CudaMemError`` with what to do when the settings make no sense, each setting named as
     ``names`` spells it (so an error names what the user typed)."""
-    if not math.isfinite(interval_s) or interval_s < MIN_INTERVAL_S:
+    if not math.isfinite(interval_s) or not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:
         raise CudaMemError(
-            f"{names['interval_s']} takes seconds between readings, at least {MIN_INTERVAL_S}; got {interval_s:g} "
-            "(for example 0.5)"
+            f"{names['interval_s']} takes seconds between readings, at least {MIN_INTERVAL_S} and at most "
+            f"{MAX_INTERVAL_S:g}; got {interval_s:g} (for example 0.5)"
         )
     if not math.isfinite(history_s) or history_s <= 0:
         raise CudaMemError(
@@ -320,17 +323,17 @@ class Poller:
         # Each run has its own events, so a thread still finishing after a restart cannot be
         # confused with the new one.
         while True:
-            wake.wait(delay)
-            wake.clear()
-            if stop_event.is_set():
-                break
             try:
+                wake.wait(min(delay, MAX_INTERVAL_S))
+                wake.clear()
+                if stop_event.is_set():
+                    break
                 delay = self.tick()
             except Exception:  # tick() guards the reads; this is a bug of ours, kept from the kernel
                 logger.exception("cudamem monitor: internal error")
                 with self._lock:
                     self._error = "internal error in the monitor (details in the kernel's log)"
-                delay = self._max_backoff_s
+                delay = min(self._max_backoff_s, MAX_INTERVAL_S)
             self._cpu_time_s = time.thread_time()
 
     # -- reading ----------------------------------------------------------------------------

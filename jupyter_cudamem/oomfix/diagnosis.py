@@ -330,7 +330,7 @@ def diagnose(
             f"PyTorch had {format_bytes(oom.reserved_unallocated_bytes)} cached but unallocated, enough for the "
             f"{format_bytes(asked)} asked, but not in one piece."
         )
-        suggestions += advice.fragmentation_advice()
+        suggestions += advice.fragmentation_advice(oom.reserved_unallocated_bytes)
     elif significant(cache_only):
         verdict = "held by IPython after the error"
         keepers = [h.label for h in holders if h.kind == "ipython"][:3]
@@ -386,6 +386,7 @@ def diagnose(
         suggestions += [item.text("what the cell needed") for item in fitting]
     if (
         verdict != "fragmentation"
+        and oom.fits_unfragmented  # a request larger than all the room there is: no allocator setting helps
         and oom.reserved_unallocated_bytes
         and capacity
         and (oom.reserved_unallocated_bytes >= _SIGNIFICANT_SHARE * capacity)

@@ -33,7 +33,7 @@ from ..attribution.probe import TensorProbe, default_probe
 from ..attribution.training_state import fixed_memory
 from ..growth import FixedMemory
 from ..batch import BatchChange, BatchFinding, Knob, find_batch
-from ..cell.edit import CellDiff, wrap_in_autocast
+from ..cell.edit import AutocastNotApplicable, CellDiff, wrap_in_autocast
 from ..cell.source import ParsedCell, default_transform, parse_cell
 from ..cell.traits import cell_traits
 from .cleanup import CleanupResult
@@ -115,6 +115,17 @@ def undo_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]
     return restore_bindings(namespace, before)
 
 
+def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
+    """Functions of earlier cells whose code calls ``backward``, ``step`` or ``zero_grad``: a call of one
+    stays outside autocast (``wrap_in_autocast``'s ``outside_names``)."""
+    import types
+
+    return frozenset(
+        name for name, value in (namespace or {}).items()
+        if isinstance(value, types.FunctionType) and {"backward", "step", "zero_grad"} & set(value.__code__.co_names)
+    )
+
+
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     first = text[0] if text else ""
@@ -144,6 +155,12 @@ class Driver:
     mover: Mover | None = None
     oom_of: Callable[[BaseException], OomInfo | None] | None = None
     probe: TensorProbe | None = None
+    # Called at the start of each rerun (``reruns.model_state.Restorer.restore``: the model and optimizer
+    # the cell trains put back as they were); it must do nothing when nothing ran since. Not before the
+    # search reads the level of the next try: a search that then proposes nothing would leave the state
+    # put back instead of the last fitted try's; the level it reads includes what a fitted try left (as
+    # without restoring), so it errs low.
+    before_rerun: Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
         self.max_tries = check_max_tries(self.max_tries)
@@ -168,6 +185,7 @@ class Driver:
         return None if reading is None else reading.allocated_bytes
 
     def _try(self, strategy: str, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
+        self._before_rerun()
         namespace = self._namespace if isinstance(self._namespace, MutableMapping) else None
         # What the last state bound and this try binds again (the failed cell's input, or a fitted
         # try's) goes to the host first, so the try starts where the failed cell started.
@@ -229,6 +247,10 @@ class Driver:
             # to keep retrying; spend no more tries.
             self._stop(f"rerun #{result.number} failed with {message}; stopped")
         return result
+
+    def _before_rerun(self) -> None:
+        if self.before_rerun is not None:
+            self.before_rerun()
 
     def _left(self) -> int:
         return 0 if self._stopped is not None else self.max_tries - len(self._tries)
@@ -341,7 +363,9 @@ class Driver:
             )
         autocast_dtype = self._dtype() if "autocast" in self.strategies else None
         suggestions = build_suggestions(
-            source, traits, batch_before, batch_after, autocast_dtype, fragmented, strategy == "autocast"
+            source, traits, batch_before, batch_after, autocast_dtype, fragmented, strategy == "autocast",
+            # Where the batch lives decides how to accumulate (a Trainer's gradient_accumulation_steps).
+            batch_home=None if finding is None or finding.chosen is None else finding.chosen.kind,
         )
         return Outcome(
             original_source=source,
@@ -532,9 +556,12 @@ class Driver:
         dtype = self._dtype()
         try:
             wrapped = wrap_in_autocast(source, dtype, import_torch=import_torch, transform=self.transform,
-                                       parsed=self._parsed(source))
+                                       parsed=self._parsed(source), outside_names=stepping_functions(self._namespace))
         except SyntaxError as error:
             self._notes.append(f"could not wrap the cell in autocast: it does not parse ({error.msg})")
+            return None
+        except AutocastNotApplicable as reason:
+            self._notes.append(f"autocast not tried: {reason}")
             return None
         result = self._try("autocast", wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", device)
         return result if result.fitted else None

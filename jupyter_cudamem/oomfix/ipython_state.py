@@ -429,3 +429,45 @@ def release_output_cache(shell: Any, holds_cuda: Callable[[object], bool] | None
                 hidden[name] = ""
             released.append(f"{name} (output cache)")
     return released
+
+
+_UNDERSCORES = ("_", "__", "___")
+
+
+def release_flushed_underscores(shell: Any) -> list[str]:
+    """After ``%reset -f out``, drop the old values IPython still keeps under ``_``, ``__``, ``___``.
+
+    IPython's display hook binds those names in the user namespace *and* in ``user_ns_hidden``; its
+    ``flush()`` (what ``%reset -f out`` calls) resets the display hook and the namespace to ``''`` but
+    not ``user_ns_hidden``, so the last values shown stay alive (a GPU tensor keeps its memory: seen in
+    ``notebooks/02_finding_leaks.ipynb``, 128 MiB held into the next cell), and since the hidden and
+    visible values then differ, IPython stops updating ``_`` at all. Where the display hook and the
+    namespace agree on a name and the hidden entry does not, the hidden entry takes their value, as
+    after any display. A name the user bound themselves (the namespace differs from the display hook)
+    is left alone. Returns the names released.
+    """
+    displayhook = getattr(shell, "displayhook", None)
+    namespace, hidden = getattr(shell, "user_ns", None), getattr(shell, "user_ns_hidden", None)
+    if displayhook is None or not isinstance(namespace, dict) or not isinstance(hidden, dict):
+        return []
+    released = []
+    for name in _UNDERSCORES:
+        if name not in namespace or name not in hidden or not hasattr(displayhook, name):
+            continue
+        value = namespace[name]
+        if value is getattr(displayhook, name) and hidden[name] is not value:
+            hidden[name] = value
+            released.append(name)
+    return released
+
+
+def release_flushed_underscores_after_cell(shell: Any) -> Callable[..., None]:
+    """A ``post_run_cell`` callback running ``release_flushed_underscores``; it never raises into the kernel."""
+
+    def after_cell(result: Any = None) -> None:
+        try:
+            release_flushed_underscores(shell)
+        except Exception:  # noqa: BLE001  IPython's internals changed: keep the cell's outcome intact
+            pass
+
+    return after_cell

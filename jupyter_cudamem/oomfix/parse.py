@@ -124,6 +124,20 @@ class OomInfo:
         return self.requested_bytes is not None and capacity is not None and self.requested_bytes > capacity
 
     @property
+    def fits_unfragmented(self) -> bool:
+        """Whether the allocation that failed would have fit had PyTorch's cached memory been in one
+        piece: at most what this process may still use (its cap, or the card, less what PyTorch has
+        allocated; no more than the device's free memory plus PyTorch's cache). Only then can
+        ``expandable_segments`` help. True where the message does not say."""
+        capacity, allocated, asked = self.capacity_bytes, self.allocated_bytes, self.requested_bytes
+        if capacity is None or allocated is None or asked is None:
+            return True
+        room = capacity - allocated
+        if self.free_bytes is not None and self.reserved_unallocated_bytes is not None:
+            room = min(room, self.free_bytes + self.reserved_unallocated_bytes)
+        return asked <= room
+
+    @property
     def looks_fragmented(self) -> bool:
         """PyTorch had the room cached, only not in one piece.
 

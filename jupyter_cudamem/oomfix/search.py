@@ -387,8 +387,9 @@ class BatchSearch:
             return self._bounded(predicted, low, high, how, growth.peak_high(predicted))
         # No larger batch is predicted to fit with the margin; a rerun is left.
         if nominal(low + 1):
-            return self._bounded(low + 1, low, high, f"{how}; {low + 1} fits but for the margin, and a rerun is left",
-                                 growth.peak_high(low + 1))
+            largest = self._nominal_largest(growth, high)
+            return self._bounded(largest, low, high, f"{how}; {largest} fits but for the margin, and a rerun is left",
+                                 growth.peak_high(largest))
         untried = next(iter(self._halving_candidates(low, high)), None)
         if untried is not None and 2 * low >= untried:
             # Halving's next batch is untried: a rerun of it ends the search on no less than halving ends on,
@@ -414,6 +415,15 @@ class BatchSearch:
         fixed = min(growth.fixed_bytes, self.usable_bytes)
         largest = growth.largest_batch(fixed + (self.usable_bytes - fixed) * (1 - JITTER), sure=True)
         return lambda batch: largest >= batch
+
+    def _nominal_largest(self, growth: Growth, high: int) -> int:
+        """The largest batch below ``high`` that fits but for the margin (``_nominal``)."""
+        if self._chosen_by_replay:
+            plain = self.replayed(JITTER)
+            if plain is not None:
+                return plain.largest(high - 1)
+        fixed = min(growth.fixed_bytes, self.usable_bytes)
+        return min(growth.largest_batch(fixed + (self.usable_bytes - fixed) * (1 - JITTER), sure=True), high - 1)
 
     def _last_try(self) -> bool:
         return len(self.attempts) == self.max_tries - 1

@@ -129,15 +129,22 @@ def test_small_overrides_the_second_batch(plan_shell):
     assert "--small" in usage_error(shell, "%%cudamem_plan --small 64\nstep(64)")
 
 
-def test_no_gpu_is_one_line_and_runs_nothing(ip, machine):
+def test_no_gpu_runs_the_body_as_a_plain_cell_and_says_what_it_cannot_measure(ip, machine, capsys):
     magics.unload(ip)
     hardware = Hardware(allocator=FakeAllocator(machine, status="no CUDA device (torch.cuda.is_available() is False)"),
                         nvml=__import__("fakes").FakeNvml(machine, failure="NVML: no driver"), pid=machine.pid)
     magics.load(ip, hardware)
     try:
         ip.user_ns["ran"] = []
-        message = usage_error(ip, "%%cudamem_plan\nran.append(1)")
-        assert "needs a CUDA device" in message and ip.user_ns["ran"] == []
+        result = ip.run_cell("%%cudamem_plan\nran.append(1)\nlen(ran)", store_history=True)
+        assert result.success and ip.user_ns["ran"] == [1]  # as a plain cell: run once
+        err = capsys.readouterr().err
+        assert "%%cudamem_plan cannot measure here (no CUDA device" in err and "no plan" in err
+        assert result.result == 1  # its value is shown as a plain cell's
+        failed = ip.run_cell("%%cudamem_plan\n1 / 0", store_history=True)
+        assert isinstance(failed.error_in_exec, ZeroDivisionError)  # and fails as one
+        usage = usage_error(ip, "%%cudamem_plan --margin 1.5\nran.append(2)")  # options checked first
+        assert "--margin" in usage and ip.user_ns["ran"] == [1]
     finally:
         magics.unload(ip)
 
@@ -200,6 +207,35 @@ def test_the_cells_own_error_behaves_as_a_plain_cells(plan_shell):
     result = shell.run_cell("%%cudamem_plan\nstep(batch_size)\nassert batch_size == 64, 'only 64'")
     assert isinstance(result.error_in_exec, AssertionError)
     assert shell.user_ns["batch_size"] == 64
+
+
+@pytest.mark.parametrize(
+    ("body", "error", "shown"),
+    [
+        ("step(batch_size)\n1 / 0", ZeroDivisionError, "ZeroDivisionError"),
+        ("x = (", SyntaxError, "SyntaxError"),
+        ("step(batch_size)\nraise KeyboardInterrupt", KeyboardInterrupt, "KeyboardInterrupt"),
+    ],
+)
+def test_the_cells_own_error_shows_the_plain_cells_traceback(plan_shell, capsys, body, error, shown):
+    """As the same cell without the magic: its traceback, none of our frames, the cell marked failed."""
+    import re
+
+    shell, machine, stepper = plan_shell
+    shell.run_cell("batch_size = 64")
+    capsys.readouterr()
+    plain = shell.run_cell(body, store_history=True)
+    plain_out = capsys.readouterr()
+    result = shell.run_cell("%%cudamem_plan\n" + body, store_history=True)
+    out = capsys.readouterr()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.out + out.err)
+    assert isinstance(plain.error_in_exec or plain.error_before_exec, error)
+    assert isinstance(result.error_in_exec, error)
+    assert not result.success and shown in text
+    assert "jupyter_cudamem" not in text and "capacity" not in text and "Runner" not in text
+    # The same traceback lines as the plain cell (but the cell's number).
+    plain_text = re.sub(r"\x1b\[[0-9;]*m", "", plain_out.out + plain_out.err)
+    assert len(text.strip().splitlines()) == len(plain_text.strip().splitlines())
 
 
 def test_a_cell_with_no_batch_is_measured_once(plan_shell, capsys):

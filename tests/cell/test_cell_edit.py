@@ -85,3 +85,182 @@ class _FakeTorch:
                 return False
 
         return _Context()
+
+
+# -- autocast covers the forward pass and the loss only -----------------------------------------------
+AC = 'with torch.autocast("cuda", dtype=torch.bfloat16):'
+
+
+class _Tracking:
+    """A stand-in for torch, a model, a loss and an optimizer that records, for each call, whether it
+    ran under autocast: the forward and the loss must, backward and the steps must not."""
+
+    bfloat16 = "bfloat16"
+
+    def __init__(self):
+        self.inside = False
+        self.calls: list[tuple[str, bool]] = []
+
+    def autocast(self, device, dtype):
+        tracker = self
+
+        class _Context:
+            def __enter__(self):
+                tracker.inside = True
+
+            def __exit__(self, *exc):
+                tracker.inside = False
+                return False
+
+        return _Context()
+
+    def record(self, name):
+        self.calls.append((name, self.inside))
+        return self
+
+    def namespace(self) -> dict:
+        tracker = self
+
+        class Loss:
+            def backward(self):
+                tracker.record("backward")
+
+            def item(self):
+                return 0.0
+
+        class Optimizer:
+            def zero_grad(self):
+                tracker.record("zero_grad")
+
+            def step(self):
+                tracker.record("step")
+
+        return {
+            "torch": self, "model": lambda x: self.record("forward"), "loader": [(1, 2), (3, 4)],
+            "criterion": lambda out, y: self.record("loss") and Loss(), "optimizer": Optimizer(),
+            "scheduler": Optimizer(), "x": 1, "y": 2, "losses": [],
+        }
+
+
+def _run_wrapped(wrapped: str) -> list[tuple[str, bool]]:
+    tracker = _Tracking()
+    exec(compile(TransformerManager().transform_cell(wrapped), "<cell>", "exec"), tracker.namespace())
+    return tracker.calls
+
+
+def test_autocast_in_a_training_loop_wraps_forward_and_loss_only():
+    source = (
+        "for x, y in loader:\n"
+        "    optimizer.zero_grad()\n"
+        "    out = model(x)\n"
+        "    loss = criterion(out, y)\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    scheduler.step()\n"
+        "    losses.append(loss.item())\n"
+    )
+    wrapped = wrap_in_autocast(source, import_torch=False)
+    assert wrapped == (
+        "for x, y in loader:\n"
+        "    optimizer.zero_grad()\n"
+        f"    {AC}\n"
+        "        out = model(x)\n"
+        "        loss = criterion(out, y)\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    scheduler.step()\n"
+        "    losses.append(loss.item())\n"  # bookkeeping after the step: not wrapped
+    )
+    assert _run_wrapped(wrapped) == [("zero_grad", False), ("forward", True), ("loss", True), ("backward", False),
+                                     ("step", False), ("step", False)] * 2
+
+
+def test_autocast_of_a_one_line_loss_and_a_while_loop():
+    source = "step = 0\nwhile step < 2:\n    loss = criterion(model(x), y)\n    loss.backward()\n" \
+             "    optimizer.step(); optimizer.zero_grad()\n    step += 1\n"
+    wrapped = wrap_in_autocast(source, import_torch=False)
+    assert wrapped == (
+        "step = 0\nwhile step < 2:\n"
+        f"    {AC}\n        loss = criterion(model(x), y)\n"
+        "    loss.backward()\n    optimizer.step(); optimizer.zero_grad()\n    step += 1\n"
+    )
+    assert _run_wrapped(wrapped) == [("forward", True), ("loss", True), ("backward", False), ("step", False),
+                                     ("zero_grad", False)] * 2
+
+
+def test_autocast_of_a_train_step_the_cell_defines_wraps_inside_the_function():
+    source = (
+        "def train_step(x, y):\n"
+        "    optimizer.zero_grad()\n"
+        "    loss = criterion(model(x), y)\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    return loss\n"
+        "\n"
+        "for x, y in loader:\n"
+        "    loss = train_step(x, y)\n"
+    )
+    wrapped = wrap_in_autocast(source, import_torch=False)
+    assert wrapped == (
+        "def train_step(x, y):\n"
+        "    optimizer.zero_grad()\n"
+        f"    {AC}\n"
+        "        loss = criterion(model(x), y)\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    return loss\n"
+        "\n"
+        "for x, y in loader:\n"
+        "    loss = train_step(x, y)\n"  # the call steps: outside
+    )
+    assert _run_wrapped(wrapped) == [("zero_grad", False), ("forward", True), ("loss", True), ("backward", False),
+                                     ("step", False)] * 2
+
+
+def test_a_train_step_of_an_earlier_cell_cannot_be_wrapped_here():
+    from jupyter_cudamem.cell.edit import AutocastNotApplicable
+
+    with pytest.raises(AutocastNotApplicable, match="inside that function"):
+        wrap_in_autocast("for x, y in loader:\n    train_step(x, y)\n", outside_names=frozenset({"train_step"}))
+
+
+@pytest.mark.parametrize("source", [
+    "trainer = Trainer(model=model, args=args, train_dataset=data)\ntrainer.train()\n",
+    "trainer.fit(model, datamodule=dm)\n",
+    "t = L.Trainer(max_epochs=1)\nt.fit(model, dm)\n",
+])
+def test_a_trainer_sets_its_precision_through_its_arguments(source):
+    from jupyter_cudamem.cell.edit import AutocastNotApplicable
+
+    with pytest.raises(AutocastNotApplicable) as raised:
+        wrap_in_autocast(source)
+    assert "TrainingArguments(..., bf16=True)" in str(raised.value)
+    assert 'precision="bf16-mixed"' in str(raised.value)
+
+
+def test_autocast_keeps_elif_chains_and_model_train_mode_calls_intact():
+    source = (
+        "model.train()\n"
+        "if mode == 'fast':\n"
+        "    out = model(x)\n"
+        "elif mode == 'slow':\n"
+        "    out = model(x)\n"
+        "    out.backward()\n"
+        "else:\n"
+        "    out = model(y)\n"
+    )
+    wrapped = wrap_in_autocast(source, import_torch=False)
+    assert wrapped == (
+        "model.train()\n"
+        "if mode == 'fast':\n"
+        f"    {AC}\n"
+        "        out = model(x)\n"
+        "elif mode == 'slow':\n"
+        f"    {AC}\n"
+        "        out = model(x)\n"
+        "    out.backward()\n"
+        "else:\n"
+        f"    {AC}\n"
+        "        out = model(y)\n"
+    )
+    ast.parse(wrapped)

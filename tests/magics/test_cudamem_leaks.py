@@ -88,3 +88,37 @@ def test_trace_reports_growth_per_iteration_at_the_line_that_keeps_it(leaky, tmp
     out = capsys.readouterr().out
     assert "grew in a loop: about +4.00 MiB per iteration over 30 iterations (120.00 MiB kept): " in out
     assert "/home/me/train.py line 12 in step" in out
+
+
+def test_reset_out_frees_a_value_the_magic_displayed(leaky, machine):
+    """Notebook 02: ``%reset -f out`` after a ``%%cudamem`` cell that ended in a tensor must free it; the next
+    cell starts without it (the magic keeps no reference of its own to the value it displayed)."""
+    import gc
+
+    before = machine.gpus[0].allocated
+    leaky.run_cell("%%cudamem\nFakeTensor(128 * MiB, machine=m)", store_history=True)
+    assert machine.gpus[0].allocated == before + 128 * MiB  # Out[N] keeps it, as in a plain cell
+    leaky.run_cell("%reset -f out", store_history=True)
+    leaky.run_cell("1 + 1", store_history=True)
+    gc.collect()
+    assert machine.gpus[0].allocated == before
+    leaky.run_cell("2 + 2", store_history=True)
+    assert leaky.user_ns["_"] == 4  # IPython's `_` follows the displayed values again
+
+
+def test_reset_out_frees_a_plain_cells_value_too_and_unload_stops_it(leaky, machine):
+    """IPython's own ``%reset -f out`` leaves ``_`` alive in its hidden namespace after a plain cell too."""
+    import gc
+
+    from jupyter_cudamem import magics as extension_magics
+
+    before = machine.gpus[0].allocated
+    leaky.run_cell("FakeTensor(64 * MiB, machine=m)", store_history=True)
+    leaky.run_cell("%reset -f out", store_history=True)
+    gc.collect()
+    assert machine.gpus[0].allocated == before
+    callbacks = leaky.events.callbacks["post_run_cell"]
+    ours = extension_magics.loaded(leaky).after_cell
+    assert ours in callbacks
+    extension_magics.unload(leaky)
+    assert ours not in leaky.events.callbacks["post_run_cell"]

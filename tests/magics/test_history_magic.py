@@ -76,7 +76,10 @@ def test_plot_saves_in_one_line_and_shows_text_in_a_terminal(filled, capsys, tmp
         ("--last 0", "--last takes a number of cells of 1 or more"),
         ("--save cells.xlsx", "use .csv or .json"),
         ("--plot --save cells.bmp", "use .png, .svg or .pdf"),
-        ("--cells 2000- --plot", "nothing to plot"),
+        ("--cells 2000- --plot", "no measured cell in --cells 2000-; the history holds 1,000 cells, [1] to [1000]"),
+        ("--cells 50000", "no measured cell in --cells 50000; the history holds 1,000 cells, [1] to [1000]"),
+        ("--cells 5-9,,12", "--cells 5-9,,12: an empty item between commas; write --cells 5-9,12"),
+        ("--cells 5-9,", "--cells 5-9,: an empty item between commas; write --cells 5-9"),
     ],
 )
 def test_bad_options_are_one_line_errors(filled, capsys, line, message):

@@ -131,7 +131,8 @@ def test_unload_ext_stops_the_thread_and_closes_nvml(loaded):
     [
         ("bogus", "invalid choice: 'bogus'"),
         ("--interval abc", "invalid float value: 'abc'"),
-        ("--interval 0", "--interval takes seconds between readings, at least 0.05; got 0"),
+        ("--interval 0", "--interval takes seconds between readings, at least 0.05 and at most 3600; got 0"),
+        ("--interval 1e10", "--interval takes seconds between readings, at least 0.05 and at most 3600; got 1e+10"),
         ("--history -5", "--history takes a positive number of seconds of history; got -5"),
         ("--interval 0.05 --history 1e9", "raise the interval or shorten the history"),
         ("--devices x", "--devices takes CUDA device numbers separated by commas, such as --devices 0,1; got 'x'"),
@@ -278,3 +279,53 @@ def test_monitor_function_loads_the_extension_when_needed(monkeypatch):
     finally:
         shell.run_line_magic("unload_ext", "jupyter_cudamem")
     assert our_threads() == [] and hardware.nvml.closed
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda m: m("bogus"), "unknown monitor action 'bogus'; use one of"),
+        (lambda m: m(interval_s=0), "interval_s takes seconds between readings, at least 0.05 and at most 3600; got 0"),
+        (lambda m: m(interval=0), "monitor(): got an unexpected keyword argument 'interval'; it takes monitor(action, "),
+        (lambda m: m("start", 5), "monitor(): too many positional arguments"),
+        (lambda m: m(interval_s=1e10), "at most 3600; got 1e+10"),
+    ],
+)
+def test_monitor_function_errors_are_one_line_in_a_cell(loaded, call, says, capsys):
+    """``monitor(...)`` with a wrong argument, called in a cell: IPython shows one line, none of our frames."""
+    from jupyter_cudamem import monitor
+
+    loaded.shell.user_ns["_call"], loaded.shell.user_ns["_monitor"] = call, monitor
+    result = loaded.shell.run_cell("_call(_monitor)")
+    assert isinstance(result.error_in_exec, UsageError)
+    message = str(result.error_in_exec)
+    assert says in message and "\n" not in message
+    shown = capsys.readouterr()
+    assert "Traceback" not in shown.out + shown.err and "jupyter_cudamem" not in shown.out + shown.err
+    assert our_threads() == []
+
+
+def test_a_poller_whose_wait_fails_keeps_running(loaded, monkeypatch):
+    """Whatever goes wrong in the thread's loop (here the wait itself, as an interval too long for
+    ``Event.wait`` made it fail), it is recorded and the loop goes on: nothing is raised into a cell."""
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args))
+    real_wait = threading.Event.wait
+    failed = []
+
+    def wait(self, timeout=None):
+        if threading.current_thread().name == THREAD_NAME and not failed:
+            failed.append(timeout)
+            raise OverflowError("timeout value is too large")
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(threading.Event, "wait", wait)
+    monkeypatch.setattr("jupyter_cudamem.monitor.poller.MAX_INTERVAL_S", 0.05)  # the backoff stays short
+    loaded.line("--interval 0.05")
+    poller = loaded.magics.poller
+    deadline = time.monotonic() + 5
+    while not any(poller.histories().values()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert failed and poller.running and errors == []
+    assert any(poller.histories().values())  # it read the devices after the failed wait
+    loaded.line("stop")

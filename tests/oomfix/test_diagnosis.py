@@ -224,3 +224,19 @@ def test_no_model_state_no_split() -> None:
     zero = {Category.PARAMETERS: 0, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
     d = diagnose(oom, [], None, zero)
     assert d.categories is None and "At the failure" not in d.explanation
+
+
+def test_expandable_segments_is_not_advised_for_a_request_larger_than_the_room() -> None:
+    # Notebook 01's failure: 4 GiB asked under a 2 GiB cap, with 274.71 MiB cached (13% of the cap).
+    text = oom_text("4.00 GiB", allocated="261.29 MiB", unallocated="274.71 MiB", allowed="2.00 GiB")
+    d = diagnose(parse_oom(text), [], None)
+    assert d.verdict == "too big for the card"
+    assert not any(EXPANDABLE in s for s in d.suggestions)
+    # 1.5 GiB asked under the same cap: 2 GiB less 261.29 MiB allocated leaves 1.74 GiB, and 1 GiB free
+    # on the card plus 274.71 MiB cached is 1.27 GiB: it could not have fit either.
+    assert not parse_oom(oom_text("1.50 GiB", allocated="261.29 MiB", unallocated="274.71 MiB",
+                                  allowed="2.00 GiB")).fits_unfragmented
+    # 1.2 GiB would have fit in one piece (under 1.27 GiB): the cached 274.71 MiB counts, the hint is given.
+    fits = parse_oom(oom_text("1.20 GiB", allocated="261.29 MiB", unallocated="274.71 MiB", allowed="2.00 GiB"))
+    assert fits.fits_unfragmented
+    assert any(EXPANDABLE in s for s in diagnose(fits, [], None).suggestions)

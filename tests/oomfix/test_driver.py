@@ -524,3 +524,48 @@ def test_the_outcome_says_what_does_not_grow_with_the_batch_read_from_the_namesp
     assert "977.54 KiB of gradients its backward pass makes" in note
     assert "1.91 MiB of optimizer state its first step makes" in note
     assert "parameters the cell builds" not in note  # built in an earlier cell: below the reference level
+
+
+def test_autocast_is_not_tried_on_a_trainer_or_around_a_step_of_an_earlier_cell():
+    _, cell, namespace, run, _, _ = setup()
+    driver = Driver(run, fake_hardware(cell.machine), lambda e: None, strategies=("autocast",),
+                    autocast_dtype=lambda: "bfloat16")
+    namespace["torch"] = _FakeAutocastTorch()
+    exec("class Trainer:\n    def train(self):\n        train_step(4000)\ntrainer = Trainer()\n", namespace)
+    source = "trainer.train()\n"
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.tries == () and not outcome.fitted
+    assert any(note.startswith("autocast not tried: a Trainer trains in this cell") and "bf16=True" in note
+               for note in outcome.notes)
+    # ``fit_one`` steps the optimizer (an earlier cell defined it): wrapping its call would put the step inside.
+    exec("class Adam:\n    def step(self):\n        pass\noptimizer = Adam()\n"
+         "def fit_one(n):\n    train_step(n)\n    optimizer.step()\n", namespace)
+    source = "fit_one(4000)\n"
+    driver = Driver(run, fake_hardware(cell.machine), lambda e: None, strategies=("autocast",),
+                    autocast_dtype=lambda: "bfloat16")
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.tries == ()
+    assert any("wrap the forward pass and the loss in torch.autocast inside that function" in n for n in outcome.notes)
+
+
+def test_a_trainers_accumulation_advice_is_its_gradient_accumulation_steps():
+    _, cell, namespace, run, driver, _ = setup()
+    exec(
+        "import dataclasses\n"
+        "@dataclasses.dataclass\n"
+        "class TrainingArguments:\n"
+        "    per_device_train_batch_size: int = 4000\n"
+        "class Trainer:\n"
+        "    def __init__(self, args):\n"
+        "        self.args, self._train_batch_size = args, args.per_device_train_batch_size\n"
+        "    def train(self):\n"
+        "        train_step(self._train_batch_size)\n"
+        "trainer = Trainer(TrainingArguments())\n",
+        namespace,
+    )
+    source = "trainer.train()\n"  # the Trainer was built in an earlier cell: the batch is its argument
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.fitted and outcome.strategy == "batch" and outcome.batch_after < 4000
+    accumulation = next(s for s in outcome.suggestions if s.title == "gradient accumulation")
+    assert accumulation.code.startswith("TrainingArguments(..., per_device_train_batch_size=")
+    assert "gradient_accumulation_steps=" in accumulation.code and "for i, (x, y)" not in accumulation.code

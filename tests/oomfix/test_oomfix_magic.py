@@ -244,3 +244,130 @@ def test_each_oom_is_parsed_once_from_the_failed_cell_through_every_rerun(env, m
     failed = [t for t in outcome.tries if t.out_of_memory]
     assert failed, "the search should have had a try that ran out of memory"
     assert len(calls) == 1 + len(failed)
+
+
+# -- reruns leave no trace in what the cell trains (reruns/model_state.py) ----------------------------
+TRAINING_CELL = """batch_size = 6000
+train_step(batch_size)
+x = torch.linspace(-1, 1, batch_size * 4).view(batch_size, 4)
+for _ in range(3):
+    optimizer.zero_grad()
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+@pytest.fixture
+def trained(env):
+    """A real CPU model and Adam optimizer the training cell steps; the OOM comes from the simulated
+    ``train_step`` before any step, so the failed cell leaves them as it found them."""
+    import copy
+
+    torch = pytest.importorskip("torch")
+    shell = env[0]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    shell.user_ns.update(torch=torch, model=model, optimizer=optimizer)
+    reference = copy.deepcopy((model, optimizer))  # the state one plain run of the fitted cell starts from
+    return torch, model, optimizer, reference
+
+
+def _plain_run(torch, reference, source):
+    """One plain run of ``source`` on the reference copies (the simulated memory step does nothing)."""
+    model, optimizer = reference
+    exec(source, {"torch": torch, "model": model, "optimizer": optimizer, "train_step": lambda n: None})
+    return model, optimizer
+
+
+def _same_state(torch, model, optimizer, other_model, other_optimizer) -> bool:
+    weights = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other_model.state_dict().values()))
+    grads = all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), other_model.parameters()))
+    state, other = optimizer.state_dict()["state"], other_optimizer.state_dict()["state"]
+    moments = all(torch.equal(state[k][n], other[k][n]) for k in state for n in ("step", "exp_avg", "exp_avg_sq"))
+    return weights and grads and moments and state.keys() == other.keys()
+
+
+@pytest.mark.parametrize("tries", [3, 8])  # 8: the search ends on its own, after a try that fitted
+def test_after_oomfix_the_model_and_optimizer_are_as_one_run_of_the_fitted_cell(env, trained, capsys, tries):
+    shell, _, cell, _ = env
+    torch, model, optimizer, reference = trained
+    assert run(shell, TRAINING_CELL).error_in_exec is not None
+    outcome = shell.run_line_magic("oomfix", f"--yes --max-tries {tries} -o")
+    assert len(outcome.tries) < tries or tries == 3
+    assert outcome.fitted and outcome.strategy == "batch" and outcome.reruns >= 2  # reruns that stepped
+    assert len([c for c in cell.calls if c <= outcome.batch_after]) >= 2
+    plain_model, plain_optimizer = _plain_run(torch, reference, outcome.fixed_source)
+    assert _same_state(torch, model, optimizer, plain_model, plain_optimizer)
+    assert next(iter(optimizer.state_dict()["state"].values()))["step"].item() == 3.0  # one run: 3 steps
+    assert "optimizer, model put back before each rerun: as one run of the cell that fitted leaves them" \
+        in outcome.notes
+
+
+def test_no_restore_leaves_every_reruns_steps(env, trained, capsys):
+    shell, _, _, _ = env
+    torch, model, optimizer, reference = trained
+    run(shell, TRAINING_CELL)
+    outcome = shell.run_line_magic("oomfix", "--yes --no-restore --max-tries 3 -o")
+    fitted_runs = sum(1 for t in outcome.tries if t.fitted)
+    assert outcome.fitted and fitted_runs >= 2
+    plain_model, plain_optimizer = _plain_run(torch, reference, outcome.fixed_source)
+    assert not _same_state(torch, model, optimizer, plain_model, plain_optimizer)
+    assert next(iter(optimizer.state_dict()["state"].values()))["step"].item() == 3.0 * fitted_runs
+    assert "the reruns' training steps stayed in optimizer, model: their state was not put back" in outcome.notes
+
+
+def test_when_every_rerun_fails_the_state_is_as_before_the_reruns(env, trained):
+    shell, machine, _, _ = env
+    torch, model, optimizer, reference = trained
+    # Steps first, then memory that never fits (no allocation past 1 MiB succeeds, whatever the batch):
+    # each failed rerun has stepped before it failed.
+    shell.user_ns["never_fits"] = SimulatedCell(machine, CNN, hidden_limit_bytes=MiB).train_step
+    cell = "for _ in range(2):\n    optimizer.zero_grad()\n    model(torch.ones(4, 4)).sum().backward()\n" \
+           "    optimizer.step()\nnever_fits(6000)\n"
+    reference_model, reference_optimizer = reference
+    run(shell, cell)  # the failed cell's own two steps stay: the copy is taken after it
+    _plain_run(torch, reference, cell.replace("never_fits(6000)\n", ""))
+    outcome = shell.run_line_magic("oomfix", "--yes --strategy batch --max-tries 2 -o")
+    assert not outcome.fitted and len(outcome.tries) == 2
+    assert "optimizer, model put back as they were before the reruns" in outcome.notes
+    assert _same_state(torch, model, optimizer, reference_model, reference_optimizer)
+
+
+def test_a_copy_too_large_for_the_host_is_said_before_rerunning(env, trained, monkeypatch, capsys):
+    shell, _, cell, _ = env
+    run(shell, TRAINING_CELL)
+    # Linear(4, 8), BatchNorm1d(8), Linear(8, 1): 40 + 16 + 9 = 65 float32 parameters, 260 bytes, no
+    # .grad yet; BatchNorm's buffers 8 + 8 floats and an int64 counter, 72 bytes; Adam has no state yet.
+    monkeypatch.setattr("jupyter_cudamem.sources.host.available_bytes", lambda: 400)  # 0.8 x 400 = 320 < 332
+    message = usage_error(shell, "%oomfix --yes")
+    assert message == (
+        "the model and optimizer state the cell trains (optimizer, model) takes 332 B, more than the host can "
+        "copy (400 B available), so it cannot be put back before each rerun: every rerun's training steps "
+        "would stay; add --no-restore to rerun anyway"
+    )
+    assert cell.calls == [6000]  # nothing rerun
+    monkeypatch.setattr("builtins.input", lambda prompt="": "y")
+    outcome = shell.run_line_magic("oomfix", "--max-tries 3 -o")  # asked: the question says it, the user chooses
+    assert "Note: the model and optimizer state the cell trains" in capsys.readouterr().out
+    assert outcome.fitted
+
+
+def test_oomfix_after_a_cudamem_limit_cell_plans_under_its_cap(env, capsys):
+    """The failed cell ran under ``%%cudamem --limit 3GiB`` on a process capped at 6 GiB: its reruns run
+    under 3 GiB again, so the plan's room is the cell's cap, and no try's traceback is printed."""
+    shell, machine, cell, magic = env
+    source = "%%cudamem --limit 3GiB\nbatch_size = 6000\ntrain_step(batch_size)\nfinished_with = batch_size\n"
+    failed = run(shell, source)
+    assert type(failed.error_in_exec).__name__ == "OutOfMemoryError"
+    capsys.readouterr()
+    process_fraction = machine.gpus[0].fraction
+    outcome = shell.run_line_magic("oomfix", "--yes --max-tries 3 -o")
+    # 3 GiB less the 128 MiB held: 2.875 GiB of room; at 7.05 MiB a sample and 30 MiB fixed, 413 samples fit.
+    assert outcome.budget_bytes <= 3 * GiB - 128 * MiB
+    assert outcome.fitted and outcome.batch_after <= 413 and shell.user_ns["finished_with"] == outcome.batch_after
+    assert "planned under the cell's --limit 3.00 GiB: its reruns run under it too" in outcome.notes
+    assert machine.gpus[0].fraction == process_fraction  # the process's own cap is back
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err

@@ -1,0 +1,273 @@
+"""Reruns leave no trace in what a cell trains: the modules, optimizers, LR schedulers and GradScalers the
+cell reads are copied to the host once, before the first rerun, and put back before each later one.
+
+Every rerun of a training cell takes its optimizer steps and adds to ``.grad``: three reruns of a cell
+that takes three Adam steps would leave the model nine steps on, its optimizer's step count at nine. With
+the copy put back before each rerun (and after the last, when the last one failed), the model and its
+optimizer end as one run of the cell that fitted leaves them (``Restorer``).
+
+What the cell reads: the names it reads that it does not bind first (a name it binds before reading is a
+new object each run, ``leftovers.names_bound_before_read``), followed through the notebook's own
+functions and classes (their globals, closures and defaults), bound methods, and the attributes and
+items of other objects a few levels deep (a Trainer's ``model``, a dict of models).
+
+What is not undone: what the failed cell itself did before it failed (an OOM in ``backward`` after some
+``.grad`` were written) when the copy is taken after it, as ``%oomfix`` must; anything outside torch's
+objects (files, lists, counters).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ipython_names import is_ipython_name
+from ..sources import torch_state
+from ..sources.torch_state import StateKind
+
+# Attributes and items are followed this many levels below a name the cell reads (a Trainer's
+# ``accelerator.scaler`` is two), and at most this many of each object's.
+_DEPTH = 3
+_WIDTH = 200
+
+# The host copy may take at most this share of the host memory available when it is taken: the reruns
+# themselves need host memory too (their data, their inputs), and a copy that pushes the kernel into
+# swap or the OOM killer costs more than the steps it would undo.
+HOST_SHARE = 0.8
+
+
+def names_read(tree: ast.AST) -> list[str]:
+    """Every name the cell reads, once, in the order they appear (inside the functions it defines too:
+    their globals)."""
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    found += [n.target for n in ast.walk(tree) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)]
+    found.sort(key=lambda n: (n.lineno, n.col_offset))
+    return list(dict.fromkeys(n.id for n in found))
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    """The global names a function's code (and the code it nests) may read."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+@dataclass
+class TrainingState:
+    """The training state a cell reads, found in the namespace (nothing copied yet)."""
+
+    parameters: list[Any] = field(default_factory=list)  # module parameters and leaf tensors that require grad
+    buffers: list[Any] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    scalers: list[Any] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # how each object was reached: ``model``, ``trainer.model``
+
+    @property
+    def empty(self) -> bool:
+        return not (self.parameters or self.buffers or self.optimizers or self.schedulers or self.scalers)
+
+    @property
+    def nbytes(self) -> int:
+        """What the host copy takes: parameters with their ``.grad``, buffers, optimizer state tensors."""
+        return (sum(torch_state.parameter_bytes(p) for p in self.parameters)
+                + sum(torch_state.tensor_bytes(b) for b in self.buffers)
+                + sum(torch_state.optimizer_bytes(o) for o in self.optimizers))
+
+    def describe(self) -> str:
+        """The names it was found under, for messages: ``model, optimizer, scheduler``."""
+        return ", ".join(self.paths)
+
+
+class _Finder:
+    def __init__(self, namespace: Mapping[str, Any], skip: Iterable[str]):
+        self.namespace = namespace
+        self.skip = set(skip)
+        self.state = TrainingState()
+        self._seen: set[int] = set()
+        self._names: set[str] = set()
+        self._tensors: set[int] = set()
+
+    def name(self, name: str) -> None:
+        # IPython's own names are not the user's state (``get_ipython`` would lead to the whole shell).
+        if name in self._names or name in self.skip or name not in self.namespace or is_ipython_name(name):
+            return
+        self._names.add(name)
+        self.visit(self.namespace[name], name, 0)
+
+    def _add_tensor(self, tensor: Any, into: list[Any]) -> None:
+        if id(tensor) not in self._tensors:
+            self._tensors.add(id(tensor))
+            into.append(tensor)
+
+    def _notebook_owned(self, value: Any) -> bool:
+        """A function or class the notebook defined (its globals are the namespace we search)."""
+        if isinstance(value, types.FunctionType):
+            return value.__globals__ is self.namespace
+        return isinstance(value, type) and value.__module__ == self.namespace.get("__name__", "__main__")
+
+    def visit(self, value: Any, path: str, depth: int) -> None:
+        if id(value) in self._seen or value is None or value is self.namespace or isinstance(value, (str, bytes, int, float, bool, complex,
+                                                                           types.ModuleType)):
+            return
+        self._seen.add(id(value))
+        kind = torch_state.kind_of(value)
+        if kind is not None:
+            self._found(value, kind, path, depth)
+            return
+        if torch_state.is_tensor(value):
+            return  # a tensor nothing trains: a rerun may bind it again, never step it
+        if isinstance(value, types.FunctionType):
+            if self._notebook_owned(value):
+                for name in sorted(_code_names(value.__code__)):
+                    self.name(name)
+            for cell in value.__closure__ or ():
+                try:
+                    self.visit(cell.cell_contents, path, depth + 1)
+                except ValueError:  # an empty cell
+                    pass
+            for default in (value.__defaults__ or ()) + tuple((value.__kwdefaults__ or {}).values()):
+                self.visit(default, path, depth + 1)
+            return
+        if isinstance(value, types.MethodType):
+            self.visit(value.__self__, path, depth)
+            self.visit(value.__func__, path, depth)
+            return
+        if isinstance(value, functools.partial):
+            for part in (value.func, *value.args, *value.keywords.values()):
+                self.visit(part, path, depth + 1)
+            return
+        if isinstance(value, type):
+            if self._notebook_owned(value):
+                for member in list(vars(value).values())[:_WIDTH]:
+                    self.visit(member, path, depth)
+            return
+        if depth >= _DEPTH:
+            return
+        self.visit(type(value), path, depth)  # a notebook class's methods read its globals
+        if isinstance(value, Mapping):
+            items: list[tuple[str, Any]] = [(f"{path}[{k!r}]", v) for k, v in list(value.items())[:_WIDTH]]
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            items = [(f"{path}[{i}]", v) for i, v in enumerate(list(value)[:_WIDTH])]
+        else:
+            try:
+                attributes = vars(value)
+            except TypeError:
+                return
+            items = [(f"{path}.{k}", v) for k, v in list(attributes.items())[:_WIDTH]]
+        for item_path, item in items:
+            self.visit(item, item_path, depth + 1)
+
+    def _found(self, value: Any, kind: StateKind, path: str, depth: int) -> None:
+        state = self.state
+        if kind is StateKind.MODULE:
+            parameters, buffers = torch_state.module_tensors(value)
+            for parameter in parameters:
+                self._add_tensor(parameter, state.parameters)
+            for buffer in buffers:
+                self._add_tensor(buffer, state.buffers)
+        elif kind is StateKind.LEAF_TENSOR:
+            self._add_tensor(value, state.parameters)
+        elif kind is StateKind.OPTIMIZER:
+            state.optimizers.append(value)
+            for parameter in torch_state.optimizer_parameters(value):
+                self._add_tensor(parameter, state.parameters)
+        elif kind is StateKind.SCHEDULER:
+            state.schedulers.append(value)
+            optimizer = torch_state.scheduler_optimizer(value)
+            if optimizer is not None:
+                self.visit(optimizer, f"{path}.optimizer", depth + 1)
+        elif kind is StateKind.GRAD_SCALER:
+            state.scalers.append(value)
+        state.paths.append(path)
+
+
+def training_state(namespace: Mapping[str, Any], tree: ast.AST, bound_again: Iterable[str] = ()) -> TrainingState:
+    """The training state the cell (``tree``, as IPython runs it) reads from ``namespace``; the names in
+    ``bound_again`` are bound by the cell before it reads them, so their old objects are not followed."""
+    finder = _Finder(namespace, bound_again)
+    for name in names_read(tree):
+        finder.name(name)
+    return finder.state
+
+
+def copy_fits(nbytes: int, available_bytes: int | None) -> bool:
+    """Whether a host copy of ``nbytes`` fits in ``HOST_SHARE`` of what the host has available
+    (unknown availability: it is taken, as every copy before this check was)."""
+    return available_bytes is None or nbytes <= HOST_SHARE * available_bytes
+
+
+@dataclass
+class _Saved:
+    parameters: list[tuple[Any, Any]]
+    buffers: list[Any]
+    optimizers: list[dict[str, Any]]
+    schedulers: list[dict[str, Any]]
+    scalers: list[dict[str, Any]]
+    random: dict[str, Any]
+
+
+class Restorer:
+    """Copies ``state`` to the host once (``take``) and puts it back before each rerun (``restore``).
+
+    ``run(source)`` wraps a rerun: after one has run, the next ``restore()`` puts the copy back, and a
+    ``restore()`` with no rerun since does nothing, so a caller may call it wherever a rerun may come
+    next. ``finish(last_fitted)`` ends: when the last rerun failed, the state goes back to the copy (a
+    failed rerun may have stepped before it failed); the copy is then dropped.
+    """
+
+    def __init__(self, state: TrainingState):
+        self.state = state
+        self._saved: _Saved | None = None
+        self._changed = False  # a rerun has run since the copy was last put back
+        self.restores = 0  # how many times the copy was put back
+
+    def take(self) -> None:
+        state = self.state
+        self._saved = _Saved(
+            parameters=[torch_state.save_parameter(p) for p in state.parameters],
+            buffers=[torch_state.save_buffer(b) for b in state.buffers],
+            optimizers=[torch_state.save_optimizer(o) for o in state.optimizers],
+            schedulers=[torch_state.save_scheduler(s) for s in state.schedulers],
+            scalers=[torch_state.save_grad_scaler(s) for s in state.scalers],
+            random=torch_state.save_random_state(),
+        )
+        self._changed = False
+
+    def run(self, run_source: Callable[[str], BaseException | None]) -> Callable[[str], BaseException | None]:
+        def rerun(source: str) -> BaseException | None:
+            self._changed = True
+            return run_source(source)
+
+        return rerun
+
+    def restore(self) -> None:
+        saved = self._saved
+        if saved is None or not self._changed:
+            return
+        state = self.state
+        # Optimizers first: their old moments are freed before parameters and .grad are written.
+        for optimizer, saved_optimizer in zip(state.optimizers, saved.optimizers):
+            torch_state.restore_optimizer(optimizer, saved_optimizer)
+        for parameter, saved_parameter in zip(state.parameters, saved.parameters):
+            torch_state.restore_parameter(parameter, saved_parameter)
+        for buffer, saved_buffer in zip(state.buffers, saved.buffers):
+            torch_state.restore_buffer(buffer, saved_buffer)
+        for scheduler, saved_scheduler in zip(state.schedulers, saved.schedulers):
+            torch_state.restore_scheduler(scheduler, saved_scheduler)
+        for scaler, saved_scaler in zip(state.scalers, saved.scalers):
+            torch_state.restore_grad_scaler(scaler, saved_scaler)
+        torch_state.restore_random_state(saved.random)
+        self._changed = False
+        self.restores += 1
+
+    def finish(self, last_fitted: bool) -> None:
+        if not last_fitted:
+            self.restore()
+        self._saved = None

@@ -1,0 +1,216 @@
+"""What a training cell changes in PyTorch objects, copied to the host and put back: the only code that
+calls torch for it (``reruns.model_state`` decides what to copy and when).
+
+A copy is exact: parameters and ``.grad`` (``None`` stays ``None``), buffers (BatchNorm's running
+statistics and its step counter), an optimizer's whole ``state_dict`` (moments, step counts, each
+group's learning rate), an LR scheduler's and a GradScaler's, and the random number generators a
+rerun draws from (dropout masks, ``randn`` inputs, a shuffling DataLoader).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import sys
+from enum import Enum
+from typing import Any
+
+
+class StateKind(Enum):
+    """The PyTorch objects whose state a training step changes."""
+
+    MODULE = "module"
+    LEAF_TENSOR = "leaf tensor"  # a tensor that requires grad and that no op produced: trained by hand
+    OPTIMIZER = "optimizer"
+    SCHEDULER = "LR scheduler"
+    GRAD_SCALER = "GradScaler"
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def _classes(torch: Any) -> list[tuple[StateKind, tuple[type, ...]]]:
+    """Each kind's classes in this torch (the scheduler base was ``_LRScheduler`` before 2.0; the
+    GradScaler lived in ``torch.cuda.amp`` before 2.3)."""
+    schedulers = tuple(
+        c for c in (getattr(torch.optim.lr_scheduler, n, None) for n in ("LRScheduler", "_LRScheduler",
+                                                                          "ReduceLROnPlateau"))
+        if isinstance(c, type)
+    )
+    scalers = tuple(
+        c for c in (getattr(getattr(torch, "amp", None), "GradScaler", None),
+                    getattr(getattr(torch.cuda, "amp", None), "GradScaler", None))
+        if isinstance(c, type)
+    )
+    return [(StateKind.MODULE, (torch.nn.Module,)), (StateKind.OPTIMIZER, (torch.optim.Optimizer,)),
+            (StateKind.SCHEDULER, schedulers), (StateKind.GRAD_SCALER, scalers)]
+
+
+def kind_of(value: object) -> StateKind | None:
+    """The kind of training state ``value`` is, ``None`` for anything else (and when torch is not imported:
+    then nothing in the namespace is a torch object)."""
+    torch = _torch()
+    if torch is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return StateKind.LEAF_TENSOR if value.requires_grad and value.is_leaf else None
+    for kind, classes in _classes(torch):
+        if classes and isinstance(value, classes):
+            return kind
+    return None
+
+
+def is_tensor(value: object) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def module_tensors(module: Any) -> tuple[list[Any], list[Any]]:
+    """``(parameters, buffers)`` of a module and its submodules, each once."""
+    return list(module.parameters()), [b for b in module.buffers() if b is not None]
+
+
+def optimizer_parameters(optimizer: Any) -> list[Any]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def scheduler_optimizer(scheduler: Any) -> Any:
+    return getattr(scheduler, "optimizer", None)
+
+
+def tensor_bytes(tensor: Any) -> int:
+    return int(tensor.nelement()) * int(tensor.element_size())
+
+
+def parameter_bytes(parameter: Any) -> int:
+    """A parameter's data and its ``.grad``: what its host copy takes."""
+    grad = parameter.grad
+    return tensor_bytes(parameter) + (0 if grad is None else tensor_bytes(grad))
+
+
+def optimizer_bytes(optimizer: Any) -> int:
+    return sum(tensor_bytes(v) for entry in optimizer.state.values() if isinstance(entry, dict)
+               for v in entry.values() if is_tensor(v))
+
+
+def _to_host(tensor: Any) -> Any:
+    # copy=True: a CPU tensor's ``.to("cpu")`` is the tensor itself, and the copy must not follow it.
+    return tensor.detach().to("cpu", copy=True)
+
+
+def save_parameter(parameter: Any) -> tuple[Any, Any]:
+    grad = parameter.grad
+    return _to_host(parameter), None if grad is None else _to_host(grad)
+
+
+def restore_parameter(parameter: Any, saved: tuple[Any, Any]) -> None:
+    torch = _torch()
+    data, grad = saved
+    with torch.no_grad():
+        parameter.copy_(data)
+        if grad is None:
+            parameter.grad = None
+        elif parameter.grad is not None and parameter.grad.shape == grad.shape and not parameter.grad.is_sparse:
+            parameter.grad.copy_(grad)
+        else:
+            parameter.grad = grad.to(parameter.device, copy=True)
+
+
+def save_buffer(buffer: Any) -> Any:
+    return _to_host(buffer)
+
+
+def restore_buffer(buffer: Any, saved: Any) -> None:
+    torch = _torch()
+    with torch.no_grad():
+        buffer.copy_(saved)
+
+
+def save_optimizer(optimizer: Any) -> dict[str, Any]:
+    """The optimizer's ``state_dict`` with each state tensor copied to the host beside its device."""
+    state_dict = optimizer.state_dict()
+    state = {
+        key: {name: (_to_host(value), value.device) if is_tensor(value) else copy.deepcopy(value)
+              for name, value in entry.items()}
+        for key, entry in state_dict["state"].items()
+    }
+    return {"state": state, "param_groups": copy.deepcopy(state_dict["param_groups"])}
+
+
+def restore_optimizer(optimizer: Any, saved: dict[str, Any]) -> None:
+    """Fresh tensors each time (``load_state_dict`` keeps a tensor already on the right device as it is,
+    so loading the saved copy itself would let the next step change the copy)."""
+    state = {
+        key: {name: value[0].to(value[1], copy=True) if isinstance(value, tuple) and len(value) == 2
+              and is_tensor(value[0]) else copy.deepcopy(value) for name, value in entry.items()}
+        for key, entry in saved["state"].items()
+    }
+    optimizer.state.clear()  # the current moments go before the saved ones arrive: no second copy on the GPU
+    optimizer.load_state_dict({"state": state, "param_groups": copy.deepcopy(saved["param_groups"])})
+
+
+def save_scheduler(scheduler: Any) -> dict[str, Any]:
+    return copy.deepcopy(scheduler.state_dict())
+
+
+def restore_scheduler(scheduler: Any, saved: dict[str, Any]) -> None:
+    scheduler.load_state_dict(copy.deepcopy(saved))
+
+
+def save_grad_scaler(scaler: Any) -> dict[str, Any]:
+    return copy.deepcopy(scaler.state_dict())
+
+
+def restore_grad_scaler(scaler: Any, saved: dict[str, Any]) -> None:
+    if saved:
+        scaler.load_state_dict(copy.deepcopy(saved))
+    # A try that failed between ``unscale_`` and ``update`` leaves the optimizer marked unscaled, and the
+    # next ``unscale_`` would refuse: a fresh step starts with no per-optimizer record, as after ``update``.
+    per_optimizer = getattr(scaler, "_per_optimizer_states", None)
+    if isinstance(per_optimizer, dict):
+        per_optimizer.clear()
+
+
+def save_random_state() -> dict[str, Any]:
+    """torch's CPU and CUDA generators, Python's ``random`` and NumPy's global one (when imported)."""
+    torch = _torch()
+    saved: dict[str, Any] = {"python": random.getstate()}
+    if torch is not None:
+        saved["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            saved["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        saved["numpy"] = numpy.random.get_state()
+    return saved
+
+
+def restore_random_state(saved: dict[str, Any]) -> None:
+    torch = _torch()
+    random.setstate(saved["python"])
+    if torch is not None and "torch" in saved:
+        torch.set_rng_state(saved["torch"])
+        if "cuda" in saved:
+            torch.cuda.set_rng_state_all(saved["cuda"])
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and "numpy" in saved:
+        numpy.random.set_state(saved["numpy"])
+
+
+def carry_thread_state() -> Any:
+    """A function that gives the calling thread's torch state to another thread: the current CUDA device
+    and whether gradients are enabled are per thread (a body run in a worker thread must see the
+    device the notebook set with ``torch.cuda.set_device`` and a ``torch.set_grad_enabled(False)``)."""
+    torch = _torch()
+    if torch is None:
+        return lambda: None
+    grad_enabled = torch.is_grad_enabled()
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    def apply() -> None:
+        torch.set_grad_enabled(grad_enabled)
+        if device is not None:
+            torch.cuda.set_device(device)
+
+    return apply
