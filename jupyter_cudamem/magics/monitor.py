@@ -128,6 +128,9 @@ class CudaMemMonitor(CudaMemMagicsBase):
         """What ``%cudamem_monitor`` and ``jupyter_cudamem.monitor()`` do; ``names`` spells the options
         in errors as the caller's user wrote them."""
         action = action or "start"
+        for key, value in (("interval_s", interval_s), ("history_s", history_s)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise CudaMemError(f"{names[key]} takes a number of seconds; got {value!r}")
         if action not in ACTIONS:
             raise CudaMemError(f"unknown monitor action {action!r}; use one of {', '.join(ACTIONS)}")
         if action != "start" and (interval_s is not None or devices is not None or history_s is not None):

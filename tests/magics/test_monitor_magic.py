@@ -289,6 +289,8 @@ def test_monitor_function_loads_the_extension_when_needed(monkeypatch):
         (lambda m: m(interval=0), "monitor(): got an unexpected keyword argument 'interval'; it takes monitor(action, "),
         (lambda m: m("start", 5), "monitor(): too many positional arguments"),
         (lambda m: m(interval_s=1e10), "at most 3600; got 1e+10"),
+        (lambda m: m(interval_s="fast"), "interval_s takes a number of seconds; got 'fast'"),
+        (lambda m: m(history_s=[600]), "history_s takes a number of seconds; got [600]"),
     ],
 )
 def test_monitor_function_errors_are_one_line_in_a_cell(loaded, call, says, capsys):
