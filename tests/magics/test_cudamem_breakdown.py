@@ -26,10 +26,15 @@ def cpu_tracked(shell):
     from jupyter_cudamem.sources.torch_breakdown import PeakTracker
 
     cudamem(shell).breakdown_tracker = lambda namespace: PeakTracker(namespace, "cpu")
+    # Models an earlier test left in the shared shell would be counted too: set aside while this one runs.
+    earlier = {name: value for name, value in shell.user_ns.items() if isinstance(value, torch.nn.Module)}
+    for name in earlier:
+        del shell.user_ns[name]
     shell.user_ns["torch"] = torch
     yield shell
     for name in ("torch", "model", "x", "y", "r"):
         shell.user_ns.pop(name, None)
+    shell.user_ns.update(earlier)
 
 
 CELL = (
