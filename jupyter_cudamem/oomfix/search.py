@@ -16,8 +16,8 @@ What it uses, all measured (``jupyter_cudamem.growth`` holds the memory model):
 - **the batch-independent part** (``growth.FixedMemory``, read from the namespace's models and
   optimizers before any rerun): the parameters of a model the cell builds again (held at every moment
   of a run after it is built), and the sizes of single parameter tensors, so that a recorded request of
-  such a size (a gradient, AdamW's state, a foreach temporary, autocast's copy) is taken as not growing
-  with the batch. Without it one measured peak bounds the growth from above only: the line through that
+  such a size that the run left allocated (AdamW's state made at its first step, a model it built) is
+  taken as not growing with the batch. Without it one measured peak bounds the growth from above only: the line through that
   peak and zero (through the built parameters, where known), which fits whatever the fixed part is;
   two measured peaks fit it (``growth.fit``).
 
@@ -28,10 +28,13 @@ The tries, in order:
    must fit for any start the goal covers (up to 64x the largest batch that fits) -- see
    ``FIRST_PROBE_DIVISOR``. A failed probe probes again, ``AGAIN_PROBE_DIVISOR`` lower. Its peak may be
    mostly weights, gradients and optimizer state (a fine-tune whose largest batch is a few dozen): the
-   replay below tells those requests apart by their size, so the probe still measures the per-sample part.
-2. **The largest batch the allocator's replay of the probe fits** (below), each request that is not a
-   parameter's size scaled with the batch: a bound from above on every phase of the run (forward,
-   backward, optimizer step), so this try fits and lands where its peak is mostly the batch's.
+   replay below keeps the state the probe left at its size, so the next try is not put at 0 or 1.
+2. **The largest batch the allocator's replay of the probe fits** (below), each request scaled with the
+   batch but the parameter-sized ones the probe left allocated: a bound from above on every phase of the
+   run (forward, backward, optimizer step), so this try fits and lands where its peak is mostly the
+   batch's. A parameter-sized request the probe freed is scaled too: at batch 1 a sequence as long as the
+   model is wide makes activations the size of a weight (the H100 put the next try at 21 where 6 fits
+   when those were kept; ``tests/gpu/test_oomfix_finetune_gpu.py``).
 3. **The largest batch the replay of the two tries fits**, each request on the line its two sizes give:
    an estimate, not a bound.
 
