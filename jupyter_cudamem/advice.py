@@ -34,6 +34,12 @@ from .attribution.walk import GRADIENTS
 from .breakdown import Category
 from .batch.knobs import KnobKind
 from .cell.traits import CellTraits
+from .growth.accumulation import (
+    CLOSE_DIVISOR_FRACTION,
+    AccumulationPlan,
+    accumulation_plan,
+    largest_divisor_at_most,
+)
 from .measure import DeviceMeasurement, Measurement
 from .units import format_bytes
 
@@ -242,81 +248,22 @@ class Suggestion:
     code: str = ""
 
 
-# A divisor of the effective batch is "close" to the batch that fitted when it is at least this fraction
-# of it. Accumulating with micro-batch d takes effective/d passes where ceil(effective/fitted) is the
-# fewest possible: a divisor of at least half of what fitted costs at most about twice the passes (each
-# still at least half as full as the one that fitted). Below half, the exact split costs more than the
-# user would choose knowingly (1021, a prime, with 300 fitting: 1021 passes of 1), so we say plainly what
-# changes instead: an uneven last step (same effective batch) or a rounded effective batch.
-CLOSE_DIVISOR_FRACTION = 0.5
-
-
-@dataclass(frozen=True)
-class AccumulationPlan:
-    """How to keep an effective batch of ``effective`` samples per optimizer step with micro-batches of
-    at most ``fitted``.
-
-    ``exact``: ``micro`` divides ``effective`` and ``micro * steps == effective``. Otherwise no divisor
-    is close (see ``CLOSE_DIVISOR_FRACTION``): ``steps - 1`` micro-batches of ``micro`` and a last one
-    of ``last`` still add up to ``effective`` (``(steps - 1) * micro + last == effective``), and
-    ``rounded_effective = steps * micro`` is the alternative with equal steps.
-    """
-
-    effective: int
-    fitted: int
-    micro: int
-    steps: int
-    last: int
-    exact: bool
-
-    @property
-    def rounded_effective(self) -> int:
-        return self.micro * self.steps
-
-    def sentence(self) -> str:
-        """What the plan keeps and, where it cannot keep everything, what changes, with the arithmetic."""
-        if self.exact:
-            return (
-                f"keeps the effective batch of {self.effective} exactly: {self.steps} steps of {self.micro} "
-                f"per optimizer step ({self.steps} x {self.micro} = {self.effective})"
-            )
-        smallest_close = math.ceil(self.fitted * CLOSE_DIVISOR_FRACTION)
-        best = largest_divisor_at_most(self.effective, self.fitted)
+def accumulation_sentence(plan: AccumulationPlan) -> str:
+    """What the plan keeps and, where it cannot keep everything, what changes, with the arithmetic."""
+    if plan.exact:
         return (
-            f"no micro-batch between {smallest_close} and {self.fitted} divides the effective batch of "
-            f"{self.effective} (the largest divisor that fits is {best}), so something changes: either the "
-            f"last step is smaller ({self.steps - 1} x {self.micro} + {self.last} = {self.effective}; scale each "
-            f"step's loss by its size / {self.effective} instead of 1 / {self.steps}) or the effective batch "
-            f"changes to {self.rounded_effective} ({self.steps} x {self.micro})"
+            f"keeps the effective batch of {plan.effective} exactly: {plan.steps} steps of {plan.micro} "
+            f"per optimizer step ({plan.steps} x {plan.micro} = {plan.effective})"
         )
-
-
-def largest_divisor_at_most(number: int, limit: int) -> int:
-    """The largest divisor of ``number`` that is at most ``limit`` (1 at least)."""
-    best = 1
-    root = math.isqrt(number)
-    for small in range(1, root + 1):
-        if number % small == 0:
-            for divisor in (small, number // small):
-                if best < divisor <= limit:
-                    best = divisor
-    return best
-
-
-def accumulation_plan(batch_before: int, batch_fits: int) -> AccumulationPlan:
-    """Keep the effective batch ``batch_before`` with micro-batches of at most ``batch_fits``.
-
-    The micro-batch is the largest divisor of ``batch_before`` at or below ``batch_fits``, so
-    ``micro * steps == batch_before`` exactly; when that divisor is below ``CLOSE_DIVISOR_FRACTION`` of
-    what fitted, the plan uses micro-batches of ``batch_fits`` with a smaller last one, and says so.
-    """
-    effective = max(batch_before, 1)
-    fitted = max(min(batch_fits, effective), 1)
-    divisor = largest_divisor_at_most(effective, fitted)
-    if divisor >= fitted * CLOSE_DIVISOR_FRACTION:
-        return AccumulationPlan(effective, fitted, divisor, effective // divisor, divisor, exact=True)
-    steps = math.ceil(effective / fitted)
-    return AccumulationPlan(effective, fitted, fitted, steps, effective - (steps - 1) * fitted, exact=False)
+    smallest_close = math.ceil(plan.fitted * CLOSE_DIVISOR_FRACTION)
+    best = largest_divisor_at_most(plan.effective, plan.fitted)
+    return (
+        f"no micro-batch between {smallest_close} and {plan.fitted} divides the effective batch of "
+        f"{plan.effective} (the largest divisor that fits is {best}), so something changes: either the "
+        f"last step is smaller ({plan.steps - 1} x {plan.micro} + {plan.last} = {plan.effective}; scale each "
+        f"step's loss by its size / {plan.effective} instead of 1 / {plan.steps}) or the effective batch "
+        f"changes to {plan.rounded_effective} ({plan.steps} x {plan.micro})"
+    )
 
 
 def _accumulation_code(plan: AccumulationPlan, traits: CellTraits, batch_home: KnobKind | None) -> str:
@@ -367,7 +314,7 @@ def build_suggestions(
     if batch_before and batch_after and batch_after < batch_before and trains:
         plan = accumulation_plan(batch_before, batch_after)
         found.append(
-            Suggestion("gradient accumulation", plan.sentence(), _accumulation_code(plan, traits, batch_home))
+            Suggestion("gradient accumulation", accumulation_sentence(plan), _accumulation_code(plan, traits, batch_home))
         )
     if not trains and not traits.no_grad and traits.calls_model:
         found.append(

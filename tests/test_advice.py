@@ -84,7 +84,8 @@ def test_accumulation_keeps_the_effective_batch_exactly_or_says_what_changes():
     import random
     import re
 
-    from jupyter_cudamem.advice import CLOSE_DIVISOR_FRACTION, accumulation_plan, largest_divisor_at_most
+    from jupyter_cudamem.advice import accumulation_sentence
+    from jupyter_cudamem.growth.accumulation import CLOSE_DIVISOR_FRACTION, accumulation_plan, largest_divisor_at_most
 
     pairs = [(1024, 205), (1024, 342), (1024, 300), (512, 200), (1021, 300), (997, 2), (6, 5), (2, 1), (7, 6)]
     chooser = random.Random(15)
@@ -94,7 +95,7 @@ def test_accumulation_keeps_the_effective_batch_exactly_or_says_what_changes():
     for effective, fitted in pairs:
         plan = accumulation_plan(effective, fitted)
         assert 1 <= plan.micro <= fitted, (effective, fitted, plan)
-        sentence = plan.sentence()
+        sentence = accumulation_sentence(plan)
         if plan.exact:
             exact += 1
             assert plan.micro * plan.steps == effective and effective % plan.micro == 0
@@ -117,7 +118,7 @@ def test_accumulation_keeps_the_effective_batch_exactly_or_says_what_changes():
 
 
 def test_accumulation_divisor_is_the_largest_that_fits():
-    from jupyter_cudamem.advice import accumulation_plan, largest_divisor_at_most
+    from jupyter_cudamem.growth.accumulation import accumulation_plan, largest_divisor_at_most
 
     for number in range(1, 400):
         for limit in range(1, number + 1):

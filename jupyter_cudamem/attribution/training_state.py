@@ -66,6 +66,9 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
     graded: set[int] = set()  # parameters whose gradient is counted (two models may share them)
     parameters_bytes = gradients_bytes = state_bytes = 0
     sizes: set[int] = set()
+    gradient_sizes: list[int] = []
+    state_sizes: list[int] = []
+    built_sizes: list[int] = []
     found = False
 
     def storage(tensor: Any) -> tuple[Any, int] | None:
@@ -101,6 +104,7 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
             held = storage(tensor)
             if held is not None and name in rebuilt:
                 parameters_bytes += held[1]
+                built_sizes.append(size)
         if trains:
             for parameter in parameters:
                 if id(parameter) in graded or not probe.on_device(parameter):
@@ -108,6 +112,7 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
                 graded.add(id(parameter))
                 if getattr(parameter, "requires_grad", False) and getattr(parameter, "grad", None) is None:
                     gradients_bytes += _nbytes(parameter)
+                    gradient_sizes.append(_nbytes(parameter))
     for optimizer in optimizers:
         try:
             groups = list(optimizer.param_groups)
@@ -123,6 +128,9 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
                 sizes.add(_nbytes(parameter))
                 if trains and not state.get(parameter):
                     state_bytes += per_parameter * _nbytes(parameter)
+                    state_sizes.extend([_nbytes(parameter)] * per_parameter)
     if not found:
         return None
-    return FixedMemory(parameters_bytes, gradients_bytes, state_bytes, frozenset(s for s in sizes if s > 0))
+    return FixedMemory(parameters_bytes, gradients_bytes, state_bytes, frozenset(s for s in sizes if s > 0),
+                       gradient_sizes=tuple(gradient_sizes), state_sizes=tuple(state_sizes),
+                       built_sizes=tuple(built_sizes), trains=trains and bool(gradient_sizes or optimizers))

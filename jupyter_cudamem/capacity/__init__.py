@@ -8,7 +8,7 @@ largest batch per card, with gradient accumulation for a batch that does not fit
 """
 
 from .cards import BUILTIN_CARDS, Card, card_table, select_cards
-from .plan import DEFAULT_MARGIN, CapacityPlan, CardPlan, Run, accumulation, build_plan, largest_batch, usable_bytes
+from .plan import DEFAULT_MARGIN, CapacityPlan, CardPlan, Run, build_plan, largest_batch, usable_bytes
 
 __all__ = [
     "BUILTIN_CARDS",
@@ -17,7 +17,6 @@ __all__ = [
     "Card",
     "CardPlan",
     "Run",
-    "accumulation",
     "build_plan",
     "card_table",
     "largest_batch",

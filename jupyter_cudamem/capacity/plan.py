@@ -34,8 +34,9 @@ card's line is the allocated line scaled by what that memory took per byte of it
 ``CALIBRATED_MARGIN``; the reserved line is not needed then. Two runs cannot see what a cap changes (the cache the allocator gives back under it, the
 workspaces libraries skip); the calibration measures it where it matters.
 
-For the batch as written: it fits, or the plan gives the largest micro-batch that both fits and
-divides the batch, with the gradient-accumulation steps that keep the effective batch exactly.
+For the batch as written: it fits, or the plan gives gradient-accumulation steps by the rule ``%oomfix``'s
+advice uses (``growth.accumulation``): the largest micro-batch that fits and divides the batch where one is
+within half of the largest that fits, else steps of the largest that fits and a smaller last one.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..growth.accumulation import accumulation_plan
 from .cards import Card
 from .fit import Agreement, Line
 
@@ -61,10 +63,6 @@ driver and firmware keep, 0.5-1.7% of the nominal memory (see ``cards``), and ho
 between the card it was measured at and another: measured up to 1.1% between a 16 GiB cap and an 80 GiB
 card's limit (the LSTM of ``benchmarks/plan.py``: 1.144 and 1.134), smaller on the larger card, so the
 drift is on the cautious side; the driver's share is not. Their sum, rounded up."""
-
-CLOSE_DIVISOR = 0.75
-"""A divisor of the batch at least this fraction of the largest batch that fits is "close": below it,
-exact accumulation wastes a quarter or more of the card, and the plan says so."""
 
 
 @dataclass(frozen=True)
@@ -131,22 +129,6 @@ def calibrated(line: Line, ratio: float) -> Line:
     return Line(line.slope_bytes * ratio, line.intercept_bytes * ratio)
 
 
-def accumulation(effective: int, largest: int) -> tuple[int, int]:
-    """``(micro_batch, steps)`` with ``micro_batch * steps == effective`` exactly and the largest
-    such micro-batch at or below ``largest`` (``largest >= 1``)."""
-    if effective < 1 or largest < 1:
-        raise ValueError("both the effective batch and the largest fitting batch must be at least 1")
-    if effective <= largest:
-        return effective, 1
-    best = 1
-    for low in range(1, math.isqrt(effective) + 1):
-        if effective % low == 0:
-            for divisor in (low, effective // low):
-                if best < divisor <= largest:
-                    best = divisor
-    return best, effective // best
-
-
 @dataclass(frozen=True)
 class Calibration:
     """The largest batch that fitted with ``usable_bytes`` for PyTorch (on ``card``, or this card capped
@@ -177,15 +159,14 @@ class CardPlan:
     largest_batch: int | None = None
     micro_batch: int | None = None  # when it does not fit: the micro-batch and accumulation steps
     steps: int | None = None
+    last_batch: int | None = None  # the last step's batch, where no divisor is close (``growth.accumulation``)
     largest_autocast_batch: int | None = None
     this_card: bool = False
 
     @property
     def divisor_close(self) -> bool:
-        """Whether the exact micro-batch is close to the largest that fits (``CLOSE_DIVISOR``)."""
-        if self.micro_batch is None or not self.largest_batch:
-            return True
-        return self.micro_batch >= CLOSE_DIVISOR * self.largest_batch
+        """Whether the steps are equal and add up to the batch exactly (``growth.accumulation``)."""
+        return self.last_batch is None or self.last_batch == self.micro_batch
 
     def advice(self, batch: int | None, trains: bool = True) -> str:
         """What to do on this card, in words: gradient accumulation for a training cell, chunks otherwise."""
@@ -199,8 +180,8 @@ class CardPlan:
         text = f"batch {self.micro_batch} x {self.steps} {steps}"
         if not self.divisor_close:
             text += (
-                f" (no divisor of {batch} is close to {self.largest_batch}; or change the effective batch to a "
-                f"multiple of {self.largest_batch})"
+                f", the last of {self.last_batch} (no divisor of {batch} is close to {self.largest_batch}; or change "
+                f"the effective batch to {(self.micro_batch or 0) * (self.steps or 0)})"
             )
         return text
 
@@ -231,13 +212,14 @@ def plan_card(
     largest = plan_largest(line, usable, margin, reserved_line)
     peak = line.peak(batch)
     fits = batch <= largest
-    micro = steps = None
+    micro = steps = last = None
     if not fits and largest >= 1:
-        micro, steps = accumulation(batch, largest)
+        split = accumulation_plan(batch, largest)
+        micro, steps, last = split.micro, split.steps, (None if split.exact else split.last)
     autocast_largest = None
     if autocast_line is not None and autocast_line.slope_bytes > 0:
         autocast_largest = largest_batch(autocast_line, usable, margin)
-    return CardPlan(name, total, usable, peak, fits, largest, micro, steps, autocast_largest, this_card)
+    return CardPlan(name, total, usable, peak, fits, largest, micro, steps, last, autocast_largest, this_card)
 
 
 @dataclass(frozen=True)

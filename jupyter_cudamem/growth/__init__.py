@@ -10,7 +10,7 @@ One room for the memory model that ``%oomfix``'s batch search and ``%%cudamem_pl
   largest batch whose allocations fit under a cap.
 """
 
-from .fixed import FixedMemory
+from .fixed import FixedMemory, batch_independent_requests
 from .line import Growth, fit, lowest_slope, through_fixed, through_origin, uncertainty
 
-__all__ = ["FixedMemory", "Growth", "fit", "lowest_slope", "through_fixed", "through_origin", "uncertainty"]
+__all__ = ["FixedMemory", "batch_independent_requests", "Growth", "fit", "lowest_slope", "through_fixed", "through_origin", "uncertainty"]

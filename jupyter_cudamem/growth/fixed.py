@@ -17,10 +17,12 @@ first step created no state; a probe that ran one step leaves it, and later runs
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .replay import block_bytes
+from .replay import Event, block_bytes
 
 
 @dataclass(frozen=True)
@@ -32,13 +34,20 @@ class FixedMemory:
     that require one and have none now); ``optimizer_state_bytes``: state the optimizers' first step
     will create; ``tensor_bytes``: the sizes of single parameter tensors (and of their half-precision
     copies, which autocast makes), so that a recorded request of one of these sizes is taken as a
-    parameter's, a gradient's or the optimizer's, not as a batch's.
+    parameter's, a gradient's or the optimizer's, not as a batch's; ``gradient_sizes``: the size of each
+    gradient the step will create (``gradients_bytes`` is their sum, where given), ``state_sizes`` of each
+    tensor the optimizers' first step will create, ``built_sizes`` of each parameter and buffer the cell
+    builds; ``trains``: whether the step runs a backward pass and an optimizer's step.
     """
 
     parameters_bytes: int = 0
     gradients_bytes: int = 0
     optimizer_state_bytes: int = 0
     tensor_bytes: frozenset[int] = field(default_factory=frozenset)
+    gradient_sizes: tuple[int, ...] = ()
+    state_sizes: tuple[int, ...] = ()
+    built_sizes: tuple[int, ...] = ()
+    trains: bool = False
 
     @property
     def total_bytes(self) -> int:
@@ -59,3 +68,52 @@ class FixedMemory:
     @cached_property
     def _blocks(self) -> frozenset[int]:
         return frozenset(block_bytes(size) for size in self.tensor_bytes if size > 0)
+
+
+def batch_independent_requests(events: Sequence[Event], left: Collection[int], fixed: FixedMemory) -> frozenset[int]:
+    """The keys of one recorded run's requests that do not grow with the batch, read from their sizes
+    and their lifetimes; the rest of the run is taken as proportional to its batch (``replay.fitting_from_one``).
+
+    - a parameter-sized request the run left allocated (``left``): the optimizer's state made at its first
+      step, a model the cell built, gradients it kept;
+    - the gradients the step creates: of each size, as many as ``gradient_sizes`` says, the parameter-sized
+      requests freed last (or never): a gradient lives from its layer's backward through the optimizer's
+      step, an activation the size of a weight (at batch 1 where a sequence is as long as the model is
+      wide) and its gradient are freed within the backward pass;
+    - the optimizer's step: the parameter-sized requests made after the last of those gradients (state,
+      foreach temporaries).
+
+    Any other parameter-sized request keeps growing with the batch: at batch 1 a weight-sized activation
+    is indistinguishable by its size (the H100 put the next try at 21 where 6 fits when all of them were
+    taken as fixed; ``tests/gpu/test_oomfix_finetune_gpu.py``)."""
+    sized = fixed.is_parameter_sized
+    allocations = [(index, key, size) for index, (kind, key, size, _) in enumerate(events)
+                   if kind != "free" and sized(size)]
+    found = {key for _, key, _ in allocations if key in left}
+    wanted = Counter(block_bytes(size) for size in fixed.gradient_sizes if size > 0)
+    if not fixed.trains or not wanted:
+        return frozenset(found)
+    # Gradients the run left allocated are among what it left: of each size, what it left between the
+    # parameters it built (made first) and the state its step made (made last).
+    state = Counter(block_bytes(size) for size in fixed.state_sizes if size > 0)
+    built = Counter(block_bytes(size) for size in fixed.built_sizes if size > 0)
+    last_gradient = -1
+    left_by_block: dict[int, list[int]] = {}
+    for index, key, size in allocations:
+        if key in left:
+            left_by_block.setdefault(block_bytes(size), []).append(index)
+    for block, indices in left_by_block.items():
+        gradients = indices[built[block]:len(indices) - state[block]]
+        taken = gradients[-wanted[block]:] if wanted[block] > 0 else []
+        wanted[block] -= len(taken)
+        last_gradient = max([last_gradient, *taken])
+    freed_at = {key: index for index, (kind, key, _, _) in enumerate(events) if kind == "free"}
+    for index, key, size in sorted(allocations, key=lambda a: (freed_at.get(a[1], len(events)), a[0]), reverse=True):
+        block = block_bytes(size)
+        if key not in found and wanted[block] > 0:
+            found.add(key)
+            wanted[block] -= 1
+            last_gradient = max(last_gradient, index)
+    if last_gradient >= 0:
+        found.update(key for index, key, _ in allocations if index > last_gradient)
+    return frozenset(found)

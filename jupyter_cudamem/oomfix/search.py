@@ -87,7 +87,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..growth import FixedMemory, Growth, fit, lowest_slope, through_fixed
+from ..growth import FixedMemory, Growth, batch_independent_requests, fit, lowest_slope, through_fixed
 from ..growth import replay
 
 from .recording import RecordedRun
@@ -264,7 +264,8 @@ class BatchSearch:
         batches = sorted(runs)
         if len(batches) == 1:
             run = runs[batches[0]]
-            fixed = run.kept(self.fixed.is_parameter_sized) if self.fixed is not None else frozenset()
+            fixed = (batch_independent_requests(run.events, {key for _, key in run.left}, self.fixed)
+                     if self.fixed is not None else frozenset())
             return replay.fitting_from_one(run.events_from(self._segments), batches[0], self._segments,
                                            cap, batch_independent=fixed, margin=margin)
         low, high = batches[-2], batches[-1]

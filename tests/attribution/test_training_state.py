@@ -18,6 +18,8 @@ def test_a_fresh_adamw_will_make_two_tensors_per_parameter_and_a_model_built_in_
     assert fixed.optimizer_state_bytes == 2 * 4040
     assert fixed.tensor_bytes >= {4000, 40}
     assert fixed.is_parameter_sized(4000) and not fixed.is_parameter_sized(4 * 4000)
+    assert sorted(fixed.gradient_sizes) == [40, 4000] and sorted(fixed.built_sizes) == [40, 4000]
+    assert sorted(fixed.state_sizes) == [40, 40, 4000, 4000] and fixed.trains
 
 
 def test_after_a_step_nothing_is_left_to_create_and_a_model_from_an_earlier_cell_is_below_the_reference():
@@ -36,6 +38,7 @@ def test_sgd_with_momentum_makes_one_tensor_and_inference_makes_none():
     assert fixed_memory({"m": model, "o": sgd}, set(), CPU).optimizer_state_bytes == 440
     inference = fixed_memory({"m": model, "o": sgd}, set(), CPU, trains=False)
     assert (inference.gradients_bytes, inference.optimizer_state_bytes) == (0, 0)
+    assert not inference.trains and inference.gradient_sizes == () and inference.state_sizes == ()
 
 
 def test_models_in_a_dict_are_found_and_shared_parameters_count_once():

@@ -10,9 +10,7 @@ import pytest
 from jupyter_cudamem.capacity.cards import Card
 from jupyter_cudamem.capacity.fit import faster_than_linear, fit, same
 from jupyter_cudamem.capacity.plan import (
-    CLOSE_DIVISOR,
     Run,
-    accumulation,
     build_plan,
     largest_batch,
     plan_card,
@@ -71,23 +69,6 @@ def test_a_reserved_line_that_needs_more_than_the_margin_decides():
     assert plan.predicted["T4"] == largest_batch(wasteful, 15 * GiB) and "reserved by PyTorch's cache" in plan.text()
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_accumulation_keeps_the_effective_batch_exactly(seed):
-    rng = random.Random(seed)
-    effective = rng.randint(2, 5000)
-    largest = rng.randint(1, effective)
-    micro, steps = accumulation(effective, largest)
-    assert micro * steps == effective and micro <= largest
-    # no divisor of the batch between the micro-batch and the largest that fits
-    assert not any(effective % d == 0 for d in range(micro + 1, largest + 1))
-
-
-def test_accumulation_when_it_fits_or_the_batch_is_prime():
-    assert accumulation(64, 100) == (64, 1)
-    assert accumulation(256, 100) == (64, 4)
-    assert accumulation(97, 50) == (1, 97)  # prime: only 1 divides it
-
-
 def test_card_plan_for_a_batch_that_does_not_fit():
     line = Line(100 * MiB, 2 * GiB)
     plan = plan_card(Card("Small", 8), line, None, 256, 512 * MiB, 0.0)
@@ -100,9 +81,22 @@ def test_card_plan_for_a_batch_that_does_not_fit():
 def test_a_prime_batch_says_no_divisor_is_close():
     line = Line(100 * MiB, 2 * GiB)
     plan = plan_card(Card("Small", 8), line, None, 257, 512 * MiB, 0.0)
-    assert plan.micro_batch == 1 and plan.steps == 257
+    # 56 fit ((8 GiB - 512 MiB - 2 GiB) / 100 MiB = 56.3); 257 is prime, so no divisor is within half of 56:
+    # four steps of 56 and a last of 33 (257 - 224), the same rule as %oomfix's advice (growth.accumulation).
+    assert (plan.largest_batch, plan.micro_batch, plan.steps, plan.last_batch) == (56, 56, 5, 33)
     assert not plan.divisor_close and "no divisor of 257 is close" in plan.advice(257)
-    assert CLOSE_DIVISOR * plan.largest_batch > 1
+    assert "the last of 33" in plan.advice(257) and "to 280" in plan.advice(257)
+
+
+def test_the_plan_and_oomfix_advice_split_a_batch_by_one_rule():
+    from jupyter_cudamem.advice import accumulation_plan as advice_rule
+
+    # 56 fit; 32 divides 256 and is at least half of 56: eight equal steps of 32 in both features.
+    line = Line(100 * MiB, 2 * GiB)
+    plan = plan_card(Card("Small", 8), line, None, 256, 512 * MiB, 0.0)
+    assert (plan.micro_batch, plan.steps, plan.last_batch) == (32, 8, None) and plan.divisor_close
+    advice = advice_rule(256, 56)
+    assert (advice.micro, advice.steps, advice.exact) == (32, 8, True)
 
 
 def test_a_card_too_small_for_the_fixed_part():

@@ -78,6 +78,10 @@ class Step:
             gradients_bytes=0 if not self.training or (created and self.grads_kept) else params,
             optimizer_state_bytes=0 if not self.training or created else params * self.state_per_parameter,
             tensor_bytes=frozenset(self.parameters),
+            gradient_sizes=() if not self.training or (created and self.grads_kept) else self.parameters,
+            state_sizes=() if not self.training or created else self.parameters * self.state_per_parameter,
+            built_sizes=self.parameters if self.built_in_cell else (),
+            trains=self.training,
         )
 
     # -- one run ------------------------------------------------------------------------------------
@@ -274,7 +278,7 @@ def search(step: Step, start: int, seed: int, max_tries: int = 3, recorded: bool
     host copy would not fit), so a try that fitted leaves its optimizer state and kept gradients to the
     next."""
     rng = random.Random(seed)
-    failed = run(step, start, False, rng)
+    failed = run(step, start, False, None)  # as ``draw`` saw it fail; later runs jitter
     assert not failed.fitted, "the start must fail"
     reference_segments = start_segments(step.held_at_start(False))
     reference = _allocated(reference_segments)
@@ -355,7 +359,7 @@ def draw(rng: random.Random) -> tuple[Step, int, int] | None:
         return None
     ratio = math.exp(rng.uniform(math.log(1.05), math.log(100)))
     start = max(int(round(largest * ratio)), largest + 1)
-    if start < 2 or run(step, start, False, random.Random(0)).fitted:
+    if start < 2 or run(step, start, False, None).fitted:
         return None
     return step, start, largest
 
