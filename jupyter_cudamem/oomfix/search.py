@@ -394,10 +394,11 @@ class BatchSearch:
             largest = self._nominal_largest(growth, high)
             return self._bounded(largest, low, high, f"{how}; {largest} fits but for the margin, and a rerun is left",
                                  growth.peak_high(largest))
-        untried = next(iter(self._halving_candidates(low, high)), None)
+        untried = min(self._halving_candidates(low, high), default=None)
         if untried is not None and 2 * low >= untried:
-            # Halving's next batch is untried: a rerun of it ends the search on no less than halving ends on,
-            # fitted or not (if it fails, halving's next is at most what fitted).
+            # The batch halving ends on if those above it fail (the smallest it tries above what fitted) is
+            # untried: a rerun of it ends the search on no less than halving ends on, fitted or not (if it
+            # fails, halving's next is at most what fitted).
             return self._bounded(untried, low, high, f"{how}; {untried}, halving's next batch, is untried",
                                  growth.peak_high(untried))
         fixed = min(growth.fixed_bytes, self.usable_bytes)
