@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 from ..growth.accumulation import accumulation_plan
 from .cards import Card
-from .fit import Agreement, Line
+from ..growth.through_points import Agreement, Line
 
 DEFAULT_MARGIN = 0.04
 """Fraction of the room above the fixed part (the card less the non-PyTorch part less the fixed part)

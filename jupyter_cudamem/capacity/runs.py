@@ -42,8 +42,8 @@ from typing import Any, Protocol
 
 from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
-from .fit import Line
-from .fit import Agreement, faster_than_linear, fit, same
+from ..growth.through_points import Line
+from ..growth.through_points import Agreement, faster_than_linear, fit, same
 from .plan import Calibration, Run
 
 

@@ -6,8 +6,12 @@ One room for the memory model that ``%oomfix``'s batch search and ``%%cudamem_pl
   slope the allocator's rounding allows;
 - ``fixed``: what does not grow with the batch (parameters, their gradients, the optimizer's state),
   as read from the objects a cell trains, and which of it a run creates;
+- ``through_points``: the same line fitted exactly through the points, with how far they agree with it
+  (what the plan reports);
+- ``fixed``: also which requests of one recorded run do not grow with the batch;
 - ``replay``: PyTorch's caching allocator replayed over a run's recorded allocations, to find the
-  largest batch whose allocations fit under a cap.
+  largest batch whose allocations fit under a cap;
+- ``accumulation``: one rule for gradient-accumulation steps that keep an effective batch.
 """
 
 from .fixed import FixedMemory, batch_independent_requests

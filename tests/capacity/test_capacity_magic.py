@@ -18,7 +18,7 @@ from jupyter_cudamem import magics
 from jupyter_cudamem.capacity.cards import card_table
 from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, largest_batch, usable_bytes
 from jupyter_cudamem.hardware import Hardware
-from jupyter_cudamem.capacity.fit import Line
+from jupyter_cudamem.growth.through_points import Line
 
 WEIGHTS = 2 * GiB
 PER_SAMPLE = 30 * MiB

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from jupyter_cudamem.capacity.cards import Card
-from jupyter_cudamem.capacity.fit import faster_than_linear, fit, same
+from jupyter_cudamem.growth.through_points import faster_than_linear, fit, same
 from jupyter_cudamem.capacity.plan import (
     Run,
     build_plan,
@@ -16,7 +16,7 @@ from jupyter_cudamem.capacity.plan import (
     plan_card,
     usable_bytes,
 )
-from jupyter_cudamem.capacity.fit import Line
+from jupyter_cudamem.growth.through_points import Line
 
 GiB, MiB = 1024**3, 1024**2
 

@@ -1,4 +1,7 @@
-"""The line through measured peaks, and how far the measurements agree with it.
+"""The line through measured peaks, exactly, and how far the measurements agree with it: what
+``%%cudamem_plan`` fits and reports. ``line.Growth`` is the same line with the steepest slope the
+allocator's rounding allows, what ``%oomfix``'s search must use because a batch it picks must fit; the plan
+must not hide a line that disagrees with its points, so none of the search's safety fallbacks apply here.
 
 Peak memory in a cell is close to linear in the batch size: the batch's activations, gradients of
 activations and inputs grow with it, while weights, gradients of weights, optimizer state and
@@ -9,11 +12,6 @@ batch of four kinds of workload under caps playing 16, 24 and 40 GiB cards, and 
 
 where ``peak`` is PyTorch's allocated peak during the cell, *including* what was allocated when the
 cell started (a model and optimizer state built in earlier cells are there on any card).
-
-The line is fitted here exactly through the points. ``%oomfix``'s search models the same growth
-(``jupyter_cudamem.growth``) with a steepest slope the allocator's rounding allows, because it must
-not pick a batch that fails; the capacity plan must not hide a line that disagrees with its points,
-so none of the search's safety fallbacks apply.
 
 Pure arithmetic: sizes in bytes, no torch, no IPython.
 """
