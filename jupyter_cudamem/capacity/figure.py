@@ -28,9 +28,11 @@ def plan_figure(plan: CapacityPlan) -> Any:
     axes = figure.add_subplot()
     cards = ([plan.this_card] if plan.this_card is not None else []) + list(plan.cards)
     groups: dict[int, list[str]] = {}
+    planned_batch: dict[int, int | None] = {}  # the table's largest batch of the cards at each level
     for card in cards:
         name = f"this card ({card.name})" if card.this_card else card.name
         groups.setdefault(card.usable_bytes, []).append(name)
+        planned_batch[card.usable_bytes] = card.largest_batch
     # the line each card's batch is planned on: the calibrated one, if any
     ratio = plan.calibration_ratio
     planned = plan.line if plan.line is None or ratio is None else calibrated(plan.line, ratio)
@@ -76,10 +78,10 @@ def plan_figure(plan: CapacityPlan) -> Any:
         axes.annotate(f"{', '.join(names)}: {level:.1f} GiB", xy=(0.01 + 0.3 * (slot % 3), level),
                       xycoords=("axes fraction", "data"), xytext=(0, 2), textcoords="offset points", fontsize=7,
                       color=color)
-        if planned is not None and planned.slope_bytes > 0:
-            largest = max(int((usable - planned.intercept_bytes) // planned.slope_bytes), 0)
-            if largest >= 1:
-                axes.plot([largest], [planned.peak(largest) / GiB], "o", color=color, markersize=4)
+        largest = planned_batch.get(usable)
+        if planned is not None and largest:
+            # The batch the table gives this card (its margin and reserved line included), on the card's level.
+            axes.plot([largest], [level], "o", color=color, markersize=5)
     axes.set_ylabel("GiB (log scale)")
     axes.set_title("Peak memory against batch, and what each card leaves PyTorch", fontsize=10)
     axes.legend(loc="lower right", fontsize=8)

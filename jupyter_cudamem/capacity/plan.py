@@ -105,12 +105,25 @@ def largest_batch(line: Line, usable: float, margin: float = 0.0) -> int:
 
 
 def plan_largest(line: Line, usable: float, margin: float, reserved_line: Line | None = None) -> int:
-    """The smaller largest batch of the allocated line (with ``margin``) and the reserved line (without:
-    it measured the allocator's overhead); see the module docstring."""
+    """The smaller largest batch of the allocated line (with ``margin``) and the reserved line, which
+    measured the allocator's overhead that ``DEFAULT_MARGIN`` stands for: it keeps only what a larger
+    margin asks beyond that (``--margin 0.1`` leaves 6% of the room free below it), so a margin the user
+    sets moves the batch whichever line decides; see the module docstring."""
     largest = largest_batch(line, usable, margin)
     if reserved_line is not None and reserved_line.slope_bytes > 0:
-        largest = min(largest, largest_batch(reserved_line, usable))
+        largest = min(largest, largest_batch(reserved_line, usable, max(margin - DEFAULT_MARGIN, 0.0)))
     return largest
+
+
+def reserved_alike(line: Line, measured: Line, reserved: Line | None) -> Line | None:
+    """The reserved line of ``line`` (the autocast line, which was measured allocated only), taken to waste
+    what the measured float32 runs wasted: its slope and fixed part scaled by the reserved line's over the
+    allocated one's. ``None`` where nothing was wasted to scale by."""
+    if reserved is None or measured.slope_bytes <= 0 or reserved.slope_bytes <= 0:
+        return None
+    slope_ratio = reserved.slope_bytes / measured.slope_bytes
+    fixed_ratio = reserved.intercept_bytes / measured.intercept_bytes if measured.intercept_bytes > 0 else 1.0
+    return Line(line.slope_bytes * max(slope_ratio, 1.0), line.intercept_bytes * max(fixed_ratio, 1.0))
 
 
 def calibrated(line: Line, ratio: float) -> Line:
@@ -207,8 +220,11 @@ def plan_card(
         peak = float(fixed_peak_bytes or 0)
         return CardPlan(name, total, usable, peak, peak <= usable, this_card=this_card)
     usable = usable_bytes(total, non_pytorch_bytes)
+    autocast_reserved = None if autocast_line is None else reserved_alike(autocast_line, line, reserved_line)
     if ratio is not None:
         line, reserved_line = calibrated(line, ratio), None
+        autocast_line = None if autocast_line is None else calibrated(autocast_line, ratio)
+        autocast_reserved = None
     largest = plan_largest(line, usable, margin, reserved_line)
     peak = line.peak(batch)
     fits = batch <= largest
@@ -218,7 +234,8 @@ def plan_card(
         micro, steps, last = split.micro, split.steps, (None if split.exact else split.last)
     autocast_largest = None
     if autocast_line is not None and autocast_line.slope_bytes > 0:
-        autocast_largest = largest_batch(autocast_line, usable, margin)
+        # The same limits as the float32 column: the margin, the reserved line's waste, a calibration.
+        autocast_largest = plan_largest(autocast_line, usable, margin, autocast_reserved)
     return CardPlan(name, total, usable, peak, fits, largest, micro, steps, last, autocast_largest, this_card)
 
 

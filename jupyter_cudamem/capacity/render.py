@@ -7,7 +7,7 @@ import html
 from typing import TYPE_CHECKING
 
 from ..units import format_bytes
-from .plan import calibrated
+from .plan import DEFAULT_MARGIN, calibrated
 
 if TYPE_CHECKING:
     from .plan import CapacityPlan, CardPlan
@@ -93,6 +93,9 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
             f"  reserved by PyTorch's cache: {format_bytes(plan.reserved_line.intercept_bytes)} + "
             f"{format_bytes(plan.reserved_line.slope_bytes)} x batch; a card limits what is reserved, so the "
             "largest batch is the smaller of the two lines'"
+            + (f" (below the reserved line, which holds the allocator's own share, {plan.margin - DEFAULT_MARGIN:.0%} "
+               "of the room is left free)" if plan.margin > DEFAULT_MARGIN else "")
+            + ("; the autocast column takes the same waste per byte" if plan.autocast_line is not None else "")
         )
     return lines
 

@@ -142,3 +142,20 @@ def test_plan_object_text_html_and_predicted():
     html = plan._repr_html_()
     assert "<table" in html and "data:image/png;base64," in html
     assert repr(plan) == text
+
+
+def test_every_number_of_the_plan_comes_from_the_same_limits():
+    # Allocated: 2 GiB + 100 MiB a sample; reserved: 2 GiB + 125 MiB (the allocator wastes a fifth per sample).
+    # On an 8 GiB card with 512 MiB outside PyTorch the room above the fixed part is 5,632 MiB: the
+    # allocated line with 4% allows 54 (5,632 x 0.96 / 100 = 54.07), the reserved line 45 (5,632 / 125 =
+    # 45.06), which decides. --margin 0.10 leaves 6% more free below the reserved line: 5,632 x 0.94 / 125 =
+    # 42.35, so 42 (it used to stay 45 while the text said 10%).
+    line, reserved = Line(100 * MiB, 2 * GiB), Line(125 * MiB, 2 * GiB)
+    card = Card("Small", 8)
+    assert plan_card(card, line, None, 256, 512 * MiB, 0.04, reserved_line=reserved).largest_batch == 45
+    assert plan_card(card, line, None, 256, 512 * MiB, 0.10, reserved_line=reserved).largest_batch == 42
+    # Autocast halves the per-sample bytes (50 MiB): by the allocated line alone 108 (5,632 x 0.96 / 50),
+    # but its runs waste what the float32 runs wasted: 62.5 MiB a sample reserved, 5,632 / 62.5 = 90.1, so 90.
+    autocast = Line(50 * MiB, 2 * GiB)
+    plan = plan_card(card, line, None, 256, 512 * MiB, 0.04, autocast_line=autocast, reserved_line=reserved)
+    assert plan.largest_autocast_batch == 90
