@@ -6,7 +6,7 @@ start ratios 1.05 to 100, every run played through the project's model of PyTorc
 The goal (issue "where large models meet small batches"): found >= largest - 1 where the largest is 10
 or less, else >= 0.90 of it, within 3 reruns, in 99% of models, none below halving. Not met yet:
 ``benchmarks/oomfix_simulated.py`` runs 10,000 such models (``benchmarks/results/oomfix_simulated.json``:
-97.4% meet it, 3.4% end below halving, median 0.98). This test runs 1,500 of another seed (97.7%, 51
+98.7% meet it, 1.4% end below halving, median 0.985). This test runs 1,500 of another seed (98.9%, 19
 below halving, measured) and holds the search there, so that a change that loses ground fails here.
 """
 
@@ -22,8 +22,8 @@ def test_the_search_holds_its_measured_ground_across_the_space():
     met = sum(case.met_goal for case in cases) / len(cases)
     worse = sum(case.worse_than_halving for case in cases)
     assert all(case.reruns <= 3 for case in cases)
-    assert met >= 0.975, met
-    assert worse <= 0.035 * len(cases), worse
+    assert met >= 0.985, met
+    assert worse <= 0.015 * len(cases), worse
     small = [case.found / case.largest for case in cases if 10 < case.largest <= 64]
     heavy = [case.found / case.largest for case in cases if case.fixed_share >= 0.5]
     assert statistics.median(small) >= 0.95 and statistics.median(heavy) >= 0.95
