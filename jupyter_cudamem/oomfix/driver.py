@@ -41,8 +41,8 @@ from .leftovers import Mover, SetAside, TorchMover, names_bound_before_read, res
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
 from .parse import OomInfo, parse_oom
-from .recording import Recorder
-from .search import BatchSearch
+from ..reruns.recording import Recorder
+from ..reruns.search import BatchSearch
 from .strategies import STRATEGIES
 from .whole_data import whole_data_decision
 

@@ -14,8 +14,8 @@ from ..advice import Suggestion
 from ..cell.edit import CellDiff, unified_diff
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
-from .recording import RecordedRun
-from .search import Observation
+from ..reruns.recording import RecordedRun
+from ..reruns.search import Observation
 from .whole_data import CHUNKED_NOTE
 
 if TYPE_CHECKING:

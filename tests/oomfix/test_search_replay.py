@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 from jupyter_cudamem.growth import replay
-from jupyter_cudamem.oomfix.recording import RecordedRun
-from jupyter_cudamem.oomfix.search import REPLAY_MARGIN, BatchSearch, Observation
+from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.reruns.search import REPLAY_MARGIN, BatchSearch, Observation
 from tests.fakes import GiB, MiB
 
 CAP = 6 * GiB

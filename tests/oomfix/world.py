@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from jupyter_cudamem.growth import FixedMemory
 from jupyter_cudamem.growth.replay import Event, StartSegment, block_bytes, replay, segment_bytes
-from jupyter_cudamem.oomfix.recording import RecordedRun
-from jupyter_cudamem.oomfix.search import BatchSearch, Observation
+from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.reruns.search import BatchSearch, Observation
 
 MiB = 2**20
 GiB = 2**30

@@ -1,8 +1,8 @@
-"""Recording a rerun's allocations for the replay (oomfix/recording.py), on the fake allocator."""
+"""Recording a rerun's allocations for the replay (reruns/recording.py), on the fake allocator."""
 
 from __future__ import annotations
 
-from jupyter_cudamem.oomfix.recording import MAX_EVENTS, RecordedRun, Recorder, start_segments
+from jupyter_cudamem.reruns.recording import MAX_EVENTS, RecordedRun, Recorder, start_segments
 from jupyter_cudamem.growth.replay import StartSegment
 from tests.fakes import FakeAllocator, FakeMachine, MiB
 from tests.oomfix.test_driver import TRAINING_CELL, fail_first, setup
