@@ -27,6 +27,8 @@ cache (``Out``/``_oh``, ``_N``, ``_``/``__``/``___``) and in the execution resul
 
 from __future__ import annotations
 
+import re
+
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -432,6 +434,7 @@ def release_output_cache(shell: Any, holds_cuda: Callable[[object], bool] | None
 
 
 _UNDERSCORES = ("_", "__", "___")
+_NUMBERED = re.compile(r"_\d+")
 
 
 def release_flushed_underscores(shell: Any) -> list[str]:
@@ -458,6 +461,10 @@ def release_flushed_underscores(shell: Any) -> list[str]:
         if value is getattr(displayhook, name) and hidden[name] is not value:
             hidden[name] = value
             released.append(name)
+    # IPython 8 also keeps the numbered names (``_1``) there after ``flush()`` took them out of the namespace.
+    for name in [key for key in hidden if _NUMBERED.fullmatch(key) and key not in namespace]:
+        del hidden[name]
+        released.append(name)
     return released
 
 

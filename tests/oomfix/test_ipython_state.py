@@ -225,3 +225,17 @@ def test_chained_exception_frames_are_cleared(shell) -> None:
     del exc
     assert "1 chained exception (__cause__/__context__)" in released
     assert not alive(shell, "big")
+
+
+def test_numbered_outputs_flushed_from_the_namespace_leave_the_hidden_one_too():
+    # IPython 8.12: after ``%reset -f out`` the namespace has lost ``_1`` but ``user_ns_hidden`` still holds it.
+    from types import SimpleNamespace
+
+    from jupyter_cudamem.oomfix.ipython_state import release_flushed_underscores
+
+    kept, flushed = object(), object()
+    shell = SimpleNamespace(displayhook=SimpleNamespace(_="", __="", ___=""),
+                            user_ns={"_": "", "_2": kept, "_20": 5},
+                            user_ns_hidden={"_": "", "_1": flushed, "_2": kept, "_x1": flushed})
+    assert release_flushed_underscores(shell) == ["_1"]
+    assert shell.user_ns_hidden == {"_": "", "_2": kept, "_x1": flushed}
