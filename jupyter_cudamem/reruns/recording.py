@@ -36,15 +36,6 @@ class RecordedRun:
     events: tuple[Event, ...]
     left: tuple[tuple[int, int], ...] = ()
 
-    def kept(self, is_parameter_sized: Callable[[int], bool]) -> frozenset[int]:
-        """The keys of the requests the run left allocated that are a parameter's size: the optimizer's
-        state made at its first step, a model the cell built, gradients kept. Sure not to grow with the
-        batch; a parameter-sized request the run freed is not (at batch 1, a sequence of 1,024 tokens of
-        width 1,024 is the size of a 1,024 x 1,024 weight)."""
-        left = {key for _, key in self.left}
-        return frozenset(key for kind, key, size, _ in self.events
-                         if kind == "alloc" and key in left and is_parameter_sized(size))
-
     def events_from(self, start: tuple[StartSegment, ...]) -> list[Event]:
         """The events a run from ``start`` makes (``replay.held_elsewhere``)."""
         return held_elsewhere(self.events, self.left, start)
