@@ -586,3 +586,25 @@ def test_a_rerun_count_with_no_oomfix_beside_it_is_caught():
 def test_the_tutorials_page_states_the_budget():
     page = (REPO / "docs" / "tutorials.md").read_text()
     assert f"{BUDGET['cells']} cells, {BUDGET['output_lines']} lines of text output, {BUDGET['bytes'] / 1e6:g} MB on disk" in page
+
+
+def test_the_readme_quotes_notebook_4_as_committed():
+    """The README's text of the %oomfix example is notebook 4's output, line for line (``[...]`` leaves lines out,
+    in order): executing the notebook again shows here where the README must follow."""
+    readme = (REPO / "README.md").read_text()
+    marker = "<!-- output of notebooks/04_fixing_out_of_memory.ipynb, cell 8"
+    assert marker in readme
+    block = readme.split(marker, 1)[1].split("```", 2)[1].strip("\n").splitlines()
+    notebook = nbformat.read(REPO / "notebooks" / "04_fixing_out_of_memory.ipynb", as_version=4)
+    output = _plain(notebook.cells[8]).splitlines()
+    position, skipping = 0, True
+    for line in block:
+        if line == "[...]":
+            skipping = True
+            continue
+        if skipping:
+            assert line in output[position:], f"not in notebook 4's cell 8 output (in this order): {line!r}"
+            position = output.index(line, position)
+        else:
+            assert output[position : position + 1] == [line], f"not the next line of notebook 4's cell 8 output: {line!r}"
+        position, skipping = position + 1, False
