@@ -6,7 +6,17 @@
   "N x M = T" and "N micro batches of M = T" need N*M == T (and T == E where E was named);
 - no cell's output prints the same diagnosis (or any block of lines) twice, and no two cells of one notebook
   print the same out-of-memory diagnosis;
-- each notebook stays within a budget of cells, output lines and bytes (``BUDGET``).
+- each notebook stays within a budget of cells, output lines and bytes (``BUDGET``);
+- the words say what the outputs show (``claim_problems``; ``tests/notebook_claims.py`` says what is read as a
+  claim): a figure a markdown cell quotes (``found batch 236``, ``peak 2.05 GiB``, ``largest batch 2,962``, ``215 ms``) is
+  among the outputs of the code cells beside it (after it up to the next markdown cell, before it back to the
+  previous one; the header's, anywhere in the notebook), to the precision written and in any binary unit; a
+  verdict it gives ("fits", "does not fit", "ran out of memory", "runs unchanged") is one the ``%oomfix`` or
+  ``%%cudamem`` output beside it gives; a count of reruns or tries is the one ``%oomfix`` reports. Numbers
+  that are not claims about an output are not read: bare numbers (``notebook 4``, a year), code spans, links,
+  decimal ``GB`` (a card's marketed size) and numbers the code beside it wrote (its inputs). A deliberate
+  exception is marked in the markdown with ``<!-- claim: not-output -->`` (the whole cell) or
+  ``<!-- claim: not-output 90%, 4 GiB -->`` (those figures).
 
 Cells whose outputs were cleared count as having none. The checks themselves are tested on small synthetic
 notebooks holding each defect the tutorials once had.
@@ -18,6 +28,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+from tests import notebook_claims as claims
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -212,6 +224,36 @@ def duplication_problems(notebook) -> list[str]:
     return problems
 
 
+def claim_problems(notebook) -> list[str]:
+    """Where a markdown cell's words and its neighbours' outputs part ways (``tests/notebook_claims.py`` says
+    what is read as a claim)."""
+    problems = []
+    header = next((i for i, cell in enumerate(notebook.cells) if cell.cell_type == "markdown"), None)
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "markdown":
+            continue
+        whole, marked = claims.exemptions(cell.source)
+        if whole:
+            continue
+        words = claims.readable(cell.source)
+        shown = claims.beside(notebook.cells, index, _plain)
+        where = f"markdown cell {index}"
+        for figure in claims.figures_in(words):
+            if claims.is_marked(figure, marked) or claims.is_input(figure, shown.literals):
+                continue
+            if not claims.shown(figure, shown.with_unit, shown.numbers):
+                problems.append(f"{where} quotes {figure.text!r}, which no output beside it shows")
+        if shown.verdicts and index != header:  # the header speaks in general ("until a later cell runs out of memory")
+            for verdict, phrase in claims.claimed_verdicts(words).items():
+                if verdict not in shown.verdicts:
+                    problems.append(f"{where} says {phrase!r}, but the outputs beside it say {', '.join(sorted(shown.verdicts))}")
+        for count, phrase in claims.claimed_reruns(words):
+            if count not in shown.reruns:
+                said = ", ".join(str(n) for n in sorted(shown.reruns)) or "no count"
+                problems.append(f"{where} says {phrase!r}, but the %oomfix output beside it reports {said}")
+    return list(dict.fromkeys(problems))
+
+
 def budget_problems(notebook, size_bytes: int) -> list[str]:
     lines = sum(len(_plain(cell).splitlines()) for cell in _code_cells(notebook))
     measured = {"cells": len(notebook.cells), "output_lines": lines, "bytes": size_bytes}
@@ -224,6 +266,7 @@ def all_problems(notebook, size_bytes: int = 0) -> list[str]:
         + path_problems(notebook)
         + accumulation_problems(notebook)
         + duplication_problems(notebook)
+        + claim_problems(notebook)
         + budget_problems(notebook, size_bytes)
     )
 
@@ -395,3 +438,173 @@ def test_the_runner_tidies_what_would_break_these_promises():
     assert warns.outputs[0].text == "transformers/training_args.py:10: FutureWarning: old\n"
     assert unexpected.outputs[0].traceback == frames  # someone has to debug it
     assert path_problems(_notebook(expected, warns)) == []
+
+
+# -- the words agree with the outputs ---------------------------------------------------------------------------
+def _md(text):
+    return nbformat.v4.new_markdown_cell(text)
+
+
+def _oomfix_output(batch=236, was=1024, reruns=3):
+    return _plain_output(f"%oomfix: fits with batch {batch} (was {was}) after {reruns} reruns\n 1  smaller batch  15  fitted  290.93 MiB  1.07 s\n")
+
+
+def _cudamem_output(peak="2.05 GiB", failed=False):
+    title = "cudamem [3] · 8 ms" + (" · PyTorch capped at 2.00 GiB · failed with OutOfMemoryError" if failed else "")
+    return _plain_output(f"{title}\n  cuda:0 NVIDIA H100 80GB HBM3\n    peak allocated     {peak}   +1.00 GiB above start\n")
+
+
+def _with_header(*cells):
+    """A notebook whose header claims nothing, so the cells under test are not its first markdown cell."""
+    return _notebook(_md("# A tutorial"), *cells)
+
+
+@pytest.mark.parametrize(
+    ("words", "output"),
+    [
+        ("`%oomfix` found batch 230:", _oomfix_output(batch=236)),
+        ("The step peaks at 2.05 GiB:", _cudamem_output(peak="2.08 GiB")),
+        ("It peaks at 2,100 MiB:", _cudamem_output(peak="2.08 GiB")),  # 2.05 GiB in MiB
+        ("The table gives this card a largest batch of 2,993:", _plain_output("this card  79.2 GiB  78.4 GiB  2,962\n")),
+        ("It took 103 ms:", _plain_output("cudamem [23] · 215 ms\n")),
+        ("The fitted step is 12% of the card:", _plain_output("peak allocated 1.11 GiB, 27.8% of the 4.00 GiB cap\n")),
+        ("We train with 4 micro batches of 256:", _stream("we train with 8 micro batches of 128 = 1024 samples\n")),
+    ],
+    ids=["batch", "GiB", "MiB-for-GiB", "thousands", "ms", "percent", "micro-batches"],
+)
+def test_a_figure_the_outputs_do_not_show_is_caught(words, output):
+    notebook = _with_header(_md(words), _cell("%oomfix --yes", [output]))
+    assert any("which no output beside it shows" in problem for problem in claim_problems(notebook))
+
+
+@pytest.mark.parametrize(
+    ("words", "output"),
+    [
+        ("`%oomfix` found batch 236:", _oomfix_output(batch=236)),
+        ("The step peaks at 2.05 GiB:", _cudamem_output(peak="2.05 GiB")),
+        ("It peaks at about 2 GiB (2,099 MiB):", _cudamem_output(peak="2.05 GiB")),  # rounded, and in MiB
+        ("It needs about 7 GiB:", _cudamem_output(peak="6.85 GiB")),
+        ("The table gives this card a largest batch of 2,962:", _plain_output("this card  79.2 GiB  78.4 GiB  2,962\n")),
+        ("The step took 215 ms, 0.2 s:", _plain_output("cudamem [23] · 215 ms\n")),
+        ("The fitted step is 27.8% of the cap:", _plain_output("peak allocated 1.11 GiB, 27.8% of the 4.00 GiB cap\n")),
+    ],
+    ids=["batch", "GiB", "rounded-and-MiB", "rounded-up", "thousands", "ms-and-s", "percent"],
+)
+def test_a_figure_the_outputs_show_passes(words, output):
+    assert claim_problems(_with_header(_md(words), _cell("%oomfix --yes", [output]))) == []
+
+
+def test_numbers_that_are_not_claims_about_the_outputs_pass():
+    words = (
+        "## 3. Section three\n\nNotebook 4 did this in 2024; see [notebook 5](05_x.ipynb#batch-999) and "
+        "<https://example.com/77GiB>. `batch_size = 230` and `--limit 7GiB` are code, so is\n\n```python\nx = 5 GiB\n```\n"
+        "A 24 GB card, a 16 GB T4. <!-- an aside: batch 12 -->"
+    )
+    assert claim_problems(_with_header(_md(words), _cell("%oomfix --yes", [_oomfix_output()]))) == []
+
+
+def test_a_figure_the_code_beside_it_wrote_is_an_input():
+    notebook = _with_header(
+        _md("We cap PyTorch at 4 GiB, size the data to 30% of the free memory and train at batch 1024:"),
+        _cell("PRETEND = 4 * 2**30\nplanned = 0.3 * free\nbatch_size = 1024", [_stream("ok\n")]),
+    )
+    assert claim_problems(notebook) == []
+
+
+def test_a_marked_exception_passes():
+    shown = _cell("%config CudaMemMonitor", [_stream("Current: 0.9\n")])
+    whole = _with_header(_md("The default, 90% of the card, and 25% for chance. <!-- claim: not-output -->"), shown)
+    assert claim_problems(whole) == []
+    listed = _with_header(_md("The default, 90% of the card, and 25% for chance. <!-- claim: not-output 90% -->"), shown)
+    assert [problem for problem in claim_problems(listed)] == ["markdown cell 1 quotes '25%', which no output beside it shows"]
+
+
+def test_a_markdown_cell_speaks_about_its_neighbours_only():
+    far = _with_header(_md("The fix found batch 236."), _cell("x = 1"), _md("Next:"), _cell("%oomfix --yes", [_oomfix_output(236)]))
+    assert claim_problems(far)
+    before = _with_header(_cell("%oomfix --yes", [_oomfix_output(236)]), _cell("y = 2"), _md("It found batch 236."))
+    assert claim_problems(before) == []
+
+
+def test_the_header_speaks_about_the_whole_notebook():
+    notebook = _notebook(
+        _md("# 1. Measuring\n\nNeeds about 7 GiB of GPU memory (its largest cell peaks there)."),
+        _cell("import torch"),
+        _md("## A cell"),
+        _cell("%%cudamem", [_cudamem_output(peak="6.85 GiB")]),
+    )
+    assert claim_problems(notebook) == []
+    notebook.cells[3].outputs = [_cudamem_output(peak="3.50 GiB")]
+    assert claim_problems(notebook) == ["markdown cell 0 quotes '7 GiB', which no output beside it shows"]
+
+
+@pytest.mark.parametrize(
+    ("words", "outputs", "caught"),
+    [
+        ("At batch 64 it fits:", [_cudamem_output(failed=True)], True),
+        ("At batch 64 it fits:", [_cudamem_output()], False),
+        ("A step at batch 1024 does not fit:", [_cudamem_output()], True),
+        ("A step at batch 1024 does not fit:", [_cudamem_output(failed=True), _error()], False),
+        ("The cell ran out of memory; `%oomfix` fixed it:", [_oomfix_output()], True),
+        ("`--del` frees the room; the cell then runs unchanged:", [_plain_output("%oomfix: fits under autocast after 1 rerun\n")], True),
+        ("`%oomfix` reruns the cell unchanged once it fits:", [_plain_output("%oomfix: fits unchanged after cleanup (1 rerun)\n")], False),
+        ("Nothing helps here: it fits under autocast.", [_plain_output("%oomfix: nothing fitted after 3 reruns\n")], True),
+        ("`%%oomfix` fixes it if it runs out of GPU memory:", [_stream("%%oomfix: the cell ran out of GPU memory (OutOfMemoryError); fixing it\n"), _oomfix_output()], False),
+    ],
+    ids=["fits-but-failed", "fits", "no-fit-but-fitted", "no-fit", "oom-but-fitted", "unchanged-but-autocast", "unchanged", "autocast-but-nothing", "cell-form"],
+)
+def test_a_verdict_the_outputs_do_not_give_is_caught(words, outputs, caught):
+    problems = [problem for problem in claim_problems(_with_header(_md(words), _cell("%%cudamem", outputs))) if " says " in problem]
+    assert bool(problems) is caught, problems
+
+
+def test_verdicts_are_read_only_beside_a_magic_report():
+    # A section's introduction beside the failing cell, before %oomfix has said anything: no report to hold it to.
+    notebook = _with_header(_md("`%oomfix` reruns the cell in a form that fits."), _cell("train()", [_error()], tags=["raises-exception"]))
+    assert claim_problems(notebook) == []
+
+
+@pytest.mark.parametrize(
+    ("words", "reported", "caught"),
+    [
+        ("`%oomfix` fitted it after 2 reruns:", 3, True),
+        ("`%oomfix` fitted it in three reruns:", 3, False),
+        ("One try was enough:", 1, False),
+        ("It took two more tries:", 3, True),
+    ],
+)
+def test_a_rerun_count_the_output_does_not_report_is_caught(words, reported, caught):
+    output = _plain_output(f"%oomfix: fits with batch 236 (was 1024) after {reported} rerun{'s' if reported != 1 else ''}\n")
+    problems = claim_problems(_with_header(_md(words), _cell("%oomfix --yes", [output])))
+    assert bool(problems) is caught, problems
+
+
+def test_a_rerun_count_with_no_oomfix_beside_it_is_caught():
+    assert claim_problems(_with_header(_md("It fitted after 3 reruns."), _cell("x = 1", [_stream("done\n")])))
+
+
+def test_the_tutorials_page_states_the_budget():
+    page = (REPO / "docs" / "tutorials.md").read_text()
+    assert f"{BUDGET['cells']} cells, {BUDGET['output_lines']} lines of text output, {BUDGET['bytes'] / 1e6:g} MB on disk" in page
+
+
+def test_the_readme_quotes_notebook_4_as_committed():
+    """The README's text of the %oomfix example is notebook 4's output, line for line (``[...]`` leaves lines out,
+    in order): executing the notebook again shows here where the README must follow."""
+    readme = (REPO / "README.md").read_text()
+    marker = "<!-- output of notebooks/04_fixing_out_of_memory.ipynb, cell 8"
+    assert marker in readme
+    block = readme.split(marker, 1)[1].split("```", 2)[1].strip("\n").splitlines()
+    notebook = nbformat.read(REPO / "notebooks" / "04_fixing_out_of_memory.ipynb", as_version=4)
+    output = _plain(notebook.cells[8]).splitlines()
+    position, skipping = 0, True
+    for line in block:
+        if line == "[...]":
+            skipping = True
+            continue
+        if skipping:
+            assert line in output[position:], f"not in notebook 4's cell 8 output (in this order): {line!r}"
+            position = output.index(line, position)
+        else:
+            assert output[position : position + 1] == [line], f"not the next line of notebook 4's cell 8 output: {line!r}"
+        position, skipping = position + 1, False
