@@ -10,7 +10,7 @@ from jupyter_cudamem import magics
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.report import CellReport
 
-from fakes import FakeAllocator, FakeMachine, FakeNvml
+from tests.fakes import FakeAllocator, FakeMachine, FakeNvml
 
 GiB = 1024**3
 

@@ -1,0 +1,76 @@
+"""Rules the test suite keeps about itself, checked by reading its source (nothing here runs a test).
+
+- The tests' own modules (``tests/fakes.py``, ``tests/oomfix/simulated.py``, ...) are imported by one path,
+  ``tests.fakes``: pytest puts each test folder on ``sys.path``, so a bare ``import fakes`` also works, and
+  loads a second copy of the module beside ``tests.fakes`` (two ``FakeTensor`` classes that
+  ``isinstance`` tells apart). Code that a kernel, an engine or a child process runs counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
+
+
+def _python_files(*folders: Path) -> list[Path]:
+    """The Python files under ``folders``, this one excepted (its own examples break the rules on purpose)."""
+    here = Path(__file__).resolve()
+    return sorted(path for folder in folders for path in folder.rglob("*.py") if path.resolve() != here)
+
+
+def _own_module_names() -> set[str]:
+    """Every name a bare import of one of the tests' own modules or folders would start with."""
+    names = {path.stem for path in TESTS.rglob("*.py") if path.stem != "conftest"}
+    names |= {path.name for path in TESTS.rglob("*") if path.is_dir() and any(path.glob("*.py"))}
+    return names - {"tests"}
+
+
+def _bare_imports(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """Imports in ``tree`` (and in the code its strings hold for kernels and child processes) of ``names``."""
+    found = []
+    statement = re.compile(r"^\s*(?:%px\s+)?(?:from|import)\s+([A-Za-z_][\w.]*)", re.MULTILINE)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] in names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] in names:
+                found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for match in statement.finditer(node.value):
+                if match.group(1).split(".")[0] in names:
+                    found.append((node.lineno, f"{match.group(1)} (in a string of code)"))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
+            if node.args and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).split(".")[0] in names:
+                found.append((node.lineno, f"__import__({node.args[0].value!r})"))
+    return sorted(found)
+
+
+def test_the_tests_own_modules_are_imported_as_tests_dot_name():
+    names = _own_module_names()
+    assert {"fakes", "engine_fakes", "notebook_runner", "history_day", "simulated", "lab"} <= names
+    bare = [
+        f"{path.relative_to(REPO)}:{line}: {module}"
+        for path in _python_files(TESTS, REPO / "benchmarks", REPO / "scripts")
+        for line, module in _bare_imports(ast.parse(path.read_text(encoding="utf-8")), names)
+    ]
+    assert not bare, "import these as tests.<name> (e.g. `from tests.fakes import ...`):\n" + "\n".join(bare)
+
+
+def test_the_check_sees_each_way_of_a_bare_import():
+    names = {"fakes", "oomfix"}
+    source = '''
+import fakes
+from fakes import FakeMachine
+from oomfix.simulated import SimulatedCell
+from tests.fakes import FakeMachine
+import tests.fakes
+CELL = "import os\\nfrom fakes import FakeNvml"
+SETUP = "%px import fakes; machine = fakes.FakeMachine()"
+nvml = __import__("fakes").FakeNvml
+'''
+    assert [line for line, _ in _bare_imports(ast.parse(source), names)] == [2, 3, 4, 7, 8, 9]
