@@ -4,6 +4,8 @@
   ``tests.fakes``: pytest puts each test folder on ``sys.path``, so a bare ``import fakes`` also works, and
   loads a second copy of the module beside ``tests.fakes`` (two ``FakeTensor`` classes that
   ``isinstance`` tells apart). Code that a kernel, an engine or a child process runs counts too.
+- A test that runs a benchmark script's code carries the ``benchmark_smoke`` marker (``make test-fast``
+  skips those).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -74,3 +77,47 @@ SETUP = "%px import fakes; machine = fakes.FakeMachine()"
 nvml = __import__("fakes").FakeNvml
 '''
     assert [line for line, _ in _bare_imports(ast.parse(source), names)] == [2, 3, 4, 7, 8, 9]
+
+
+def _runs_benchmark_code(tree: ast.AST) -> bool:
+    """Whether a test module imports from ``benchmarks`` or names a script in it as a path."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "benchmarks":
+            return True
+        if isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "benchmarks" for alias in node.names):
+            return True
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value == "benchmarks" or re.fullmatch(r"benchmarks/\w+\.py", node.value):
+                return True
+    return False
+
+
+def _marked_benchmark_smoke(tree: ast.Module) -> bool:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            return any(isinstance(n, ast.Attribute) and n.attr == "benchmark_smoke" for n in ast.walk(node.value))
+    return False
+
+
+def test_tests_that_run_benchmark_code_carry_the_benchmark_smoke_marker():
+    # tests/gpu is left out: a GPU test that borrows a benchmark's cases (test_leaks_gpu.py) tests the
+    # extension on the card, and never runs in the CPU suite.
+    modules = [path for path in _python_files(TESTS) if path.name.startswith("test_") and "gpu" not in path.parts]
+    runs_benchmarks = [path for path in modules if _runs_benchmark_code(ast.parse(path.read_text(encoding="utf-8")))]
+    assert len(runs_benchmarks) >= 7
+    unmarked = [
+        str(path.relative_to(REPO))
+        for path in runs_benchmarks
+        if not _marked_benchmark_smoke(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert not unmarked, "add `pytestmark = pytest.mark.benchmark_smoke` to:\n" + "\n".join(unmarked)
+
+
+@pytest.mark.parametrize("source, marked", [
+    ("import pytest\npytestmark = pytest.mark.benchmark_smoke\n", True),
+    ("import pytest\npytestmark = [pytest.mark.gpu, pytest.mark.benchmark_smoke]\n", True),
+    ("import pytest\npytestmark = pytest.mark.gpu\n", False),
+    ("import pytest\n", False),
+])
+def test_the_marker_check_reads_pytestmark(source, marked):
+    assert _marked_benchmark_smoke(ast.parse(source)) is marked
