@@ -6,6 +6,8 @@
   ``isinstance`` tells apart). Code that a kernel, an engine or a child process runs counts too.
 - A test that runs a benchmark script's code carries the ``benchmark_smoke`` marker (``make test-fast``
   skips those).
+- A test's asserts are not all behind an ``if``: a condition on the machine is a skip with a reason, so
+  a run that checked nothing does not pass as one that did.
 """
 
 from __future__ import annotations
@@ -121,3 +123,59 @@ def test_tests_that_run_benchmark_code_carry_the_benchmark_smoke_marker():
 ])
 def test_the_marker_check_reads_pytestmark(source, marked):
     assert _marked_benchmark_smoke(ast.parse(source)) is marked
+
+
+def _asserts(node: ast.AST, under_if: bool = False) -> list[bool]:
+    """For each assert in a test's own body (not in functions it defines): whether an ``if`` holds it."""
+    found = []
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(child, ast.Assert):
+            found.append(under_if)
+        found += _asserts(child, under_if or isinstance(child, ast.If))
+    return found
+
+
+def _tests_with_every_assert_under_an_if(tree: ast.AST) -> list[str]:
+    return [
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
+        and (held := _asserts(node)) and all(held)
+    ]
+
+
+def test_no_test_keeps_all_its_asserts_behind_an_if():
+    hidden = [
+        f"{path.relative_to(REPO)}::{name}"
+        for path in _python_files(TESTS)
+        for name in _tests_with_every_assert_under_an_if(ast.parse(path.read_text(encoding="utf-8")))
+    ]
+    assert not hidden, "make the condition a skip with a reason (or drop it):\n" + "\n".join(hidden)
+
+
+def test_the_if_check_tells_a_hidden_body_from_a_branch():
+    source = '''
+def test_hidden():
+    if not cuda():
+        assert a
+        assert b
+
+def test_skipped():
+    if cuda():
+        pytest.skip("needs no CUDA")
+    assert a
+
+def test_branch():
+    assert a
+    if b:
+        assert c
+
+def test_in_a_helper():
+    def check():
+        if a:
+            assert b
+    check()
+'''
+    assert _tests_with_every_assert_under_an_if(ast.parse(source)) == ["test_hidden"]
