@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 MIN_VENV ?= .venv-min
 MIN_BIN := $(MIN_VENV)/bin
 
-.PHONY: demo test test-min test-gpu test-browser test-real docs-images typecheck clean
+.PHONY: demo test test-fast test-min test-gpu test-browser test-real docs-images typecheck clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q
+
+# The suite without the benchmark scripts' smoke runs (marker `benchmark_smoke`): the quick loop while editing.
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -m "not benchmark_smoke"
 
 # The suite on the oldest versions we declare: scripts/min_constraints.py turns each `>=X` of pyproject.toml
 # into `==X` (a pip constraints file), torch excepted (TORCH_SPEC: no CPU build of torch 2.1 for our Pythons).

@@ -320,8 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     shell.run_line_magic("load_ext", "jupyter_cudamem")
     device = "cpu" if args.cpu_smoke else "cuda"
     if args.cpu_smoke:  # no allocator to measure: a tracker of CPU tensors over fake hardware
-        sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-        from fakes import FakeAllocator, FakeMachine, FakeNvml
+        sys.path.insert(0, str(Path(__file__).parents[1]))
+        from tests.fakes import FakeAllocator, FakeMachine, FakeNvml
 
         from jupyter_cudamem import magics
         from jupyter_cudamem.hardware import Hardware

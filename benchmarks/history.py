@@ -65,9 +65,9 @@ def _reset_peak_rss() -> bool:
 
 
 def child(size: int, view: str, repeats: int) -> dict[str, Any]:
-    sys.path[:0] = [str(REPO), str(REPO / "tests")]
-    import history_day
-    from fakes import FakeAllocator, FakeMachine, FakeNvml
+    sys.path[:0] = [str(REPO)]
+    from tests import history_day
+    from tests.fakes import FakeAllocator, FakeMachine, FakeNvml
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
@@ -160,8 +160,8 @@ def _machine() -> dict[str, Any]:
 
 def _save_plots(directory: Path, sizes: list[int]) -> None:
     """The figure each size gives, to look at (the README shows the one at 10,000 cells)."""
-    sys.path[:0] = [str(REPO), str(REPO / "tests")]
-    import history_day
+    sys.path[:0] = [str(REPO)]
+    from tests import history_day
 
     from jupyter_cudamem.report.plot import HistoryPlot
 

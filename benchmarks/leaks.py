@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO)]
 
 RESULTS = REPO / "benchmarks" / "results"
 ATTRIBUTED_GOAL = 0.9
@@ -217,7 +217,7 @@ def _cpu_hardware(shell: Any, probe: Any) -> Any:
     """Fake sources whose "allocated" counts the CPU tensors the process can see: every tensor the
     garbage collector tracks (a cell's value not yet in ``Out``) and what the namespace, IPython's
     references and their autograd graphs reach."""
-    from fakes import FakeAllocator, FakeMachine, FakeNvml
+    from tests.fakes import FakeAllocator, FakeMachine, FakeNvml
 
     from jupyter_cudamem.attribution.holders import walk_roots
     from jupyter_cudamem.hardware import Hardware
@@ -258,7 +258,7 @@ def _shell(cpu_smoke: bool) -> tuple[Any, Any]:
     probe = None
     hardware = None
     if cpu_smoke:
-        from fakes import torch_cpu_probe
+        from tests.fakes import torch_cpu_probe
 
         probe = torch_cpu_probe()
         hardware = _cpu_hardware(shell, probe)
@@ -393,7 +393,7 @@ def run_cost(cpu_smoke: bool, results: dict[str, Any], write: Any) -> None:
     from jupyter_cudamem.attribution.left import NamespaceSnapshot, left_behind
 
     if cpu_smoke:
-        from fakes import FakeTensor, fake_probe
+        from tests.fakes import FakeTensor, fake_probe
 
         probe = fake_probe()
 

@@ -31,7 +31,7 @@ from importlib import metadata
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path[:0] = [str(REPO)]
 
 WORKLOADS = '''\
 %%px
@@ -68,7 +68,7 @@ kind, step = make_step(k)
 
 FAKE_WORKLOADS = '''\
 %%px
-import engine_fakes
+from tests import engine_fakes
 machine = engine_fakes.install(get_ipython())
 kind = ("fake-small", "fake-large")[k % 2]
 
@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     from jupyter_cudamem.magics.engines import CudaMemEngines, engine_report
 
     ip = start_ipython()
-    # Engines are processes of their own: they find this checkout (and, for --dry-run, tests/) on their path.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
+    # Engines are processes of their own: they find this checkout (and, for --dry-run, tests.engine_fakes) on their path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     started = time.perf_counter()
     cluster = ipp.Cluster(n=args.engines, log_level=40)
     client = cluster.start_and_connect_sync()

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .units import GiB
+from .units import GiB, MiB
 from .attribution.holders import VARIABLE
 from .attribution.left import (
     DEFAULT_THRESHOLD_BYTES,
@@ -46,7 +46,7 @@ from .units import format_bytes
 CACHED_GROWTH_HINT_BYTES = 1 * GiB
 # Where %%cudamem names who holds what a cell left; the hint stands in for that report where none was made.
 LEFT_ALLOCATED_HINT_BYTES = DEFAULT_THRESHOLD_BYTES
-OUTSIDE_PYTORCH_HINT_BYTES = 256 * 1024**2
+OUTSIDE_PYTORCH_HINT_BYTES = 256 * MiB
 NEAR_FULL_FRACTION = 0.85
 EXPANDABLE = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 

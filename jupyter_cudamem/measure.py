@@ -14,9 +14,10 @@ from .devices import Device
 from .errors import CudaMemError
 from .hardware import Hardware
 from .sources.base import AllocatorReading, NvmlMemory
+from .units import MiB
 
 # NVML "used" of a whole device moves with other processes too; below this we call it noise.
-NVML_NOISE_BYTES = 2 * 1024**2
+NVML_NOISE_BYTES = 2 * MiB
 
 
 @dataclass(frozen=True)

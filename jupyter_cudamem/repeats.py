@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .measure import Measurement
-from .units import format_bytes
+from .units import MiB, format_bytes
 
 # Why 1 MiB: PyTorch hands out memory in blocks of 512 bytes and segments of 2 MiB, and a cell that
 # keeps a scalar loss leaves a few hundred bytes; under 1 MiB a run would need thousands of repeats to
 # matter. It is also the every-cell mode's default threshold for printing a line at all.
-GROWTH_MIN_BYTES = 1024**2
+GROWTH_MIN_BYTES = MiB
 
 
 class _Record(Protocol):

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .units import MiB
+
 _LIBRARY_MARKERS = (
     "/site-packages/",
     "/dist-packages/",
@@ -100,7 +102,7 @@ def _outermost(frames: list[dict[str, Any]], is_cell_file: Callable[[str], bool]
 
 # What a loop must show before it is called growing: repeats, and kept allocations from most of them.
 MIN_ITERATIONS = 3
-MIN_KEPT_BYTES = 1024**2
+MIN_KEPT_BYTES = MiB
 
 
 def loop_growth(

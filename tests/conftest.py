@@ -7,7 +7,7 @@ import pytest
 from jupyter_cudamem import magics
 from jupyter_cudamem.hardware import Hardware
 
-from fakes import FakeAllocator, FakeMachine, FakeNvml
+from tests.fakes import FakeAllocator, FakeMachine, FakeNvml
 
 
 def pytest_collection_modifyitems(config, items):

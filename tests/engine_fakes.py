@@ -1,16 +1,17 @@
 """Test only: jupyter_cudamem on an ipyparallel engine over the fake machine of ``tests/fakes.py``.
 
 Engines are processes of their own, so a test cannot hand them its fixtures. A test that starts a cluster
-puts this folder on the engines' ``PYTHONPATH``; a cell run there with ``%px`` then imports this module and
-calls ``install()``, which loads the extension over a fake card instead of PyTorch and NVML. Every engine
-gets the same card (one UUID) with its own process id, as engines sharing one GPU are.
+puts the checkout on the engines' ``PYTHONPATH``; a cell run there with ``%px`` then imports this module
+(``from tests import engine_fakes``) and calls ``install()``, which loads the extension over a fake card
+instead of PyTorch and NVML. Every engine gets the same card (one UUID) with its own process id, as
+engines sharing one GPU are.
 """
 
 from __future__ import annotations
 
 import os
 
-from fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
+from tests.fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
 
 SHARED_UUID = "GPU-5ca1ab1e-0000-4000-8000-000000000001"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
-from fakes import FakeAllocator, FakeMachine, FakeNvml, FakeOutOfMemoryError, GiB, MiB
+from tests.fakes import FakeAllocator, FakeMachine, FakeNvml, FakeOutOfMemoryError, GiB, MiB
 
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.history import CellRecord

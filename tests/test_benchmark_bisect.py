@@ -10,6 +10,8 @@ import pytest
 
 from benchmarks.bisect_batch import largest_fitting
 
+pytestmark = pytest.mark.benchmark_smoke
+
 DOUBLE = dict(up=lambda batch: 2 * batch)
 PLAN = dict(  # benchmarks/plan.py's real_largest
     up=lambda batch: max(int(batch * 1.25), batch + 1),

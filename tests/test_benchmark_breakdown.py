@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.benchmark_smoke
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.benchmark_smoke
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -51,9 +53,9 @@ def test_cpu_smoke_run_names_every_case(tmp_path):
 
 CHECK_IN_A_SHELL = r"""
 import contextlib, io, json, sys
-sys.path[:0] = ["tests", "tests/gpu", "."]
+sys.path[:0] = ["."]
 from benchmarks.leaks import CASES, PRELUDE, _run, _shell
-from test_leaks_gpu import CHECK
+from tests.gpu.test_leaks_gpu import CHECK
 
 shell, _ = _shell(cpu_smoke=True)
 case = next(c for c in CASES if c.name == "losses_list")

@@ -15,6 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+pytestmark = pytest.mark.benchmark_smoke
+
 REPO = Path(__file__).resolve().parents[1]
 
 

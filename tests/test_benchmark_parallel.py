@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.benchmark_smoke
+
 REPO = Path(__file__).resolve().parents[1]
 GiB = 1024**3
 

@@ -6,7 +6,11 @@ import gzip
 import importlib.util
 import json
 
+import pytest
+
 from tests.fakes import MiB
+
+pytestmark = pytest.mark.benchmark_smoke
 
 spec = importlib.util.spec_from_file_location("bench_replay", "benchmarks/replay.py")
 bench = importlib.util.module_from_spec(spec)

@@ -1,7 +1,7 @@
 from jupyter_cudamem.devices import DeviceMap, match_devices, normalize_uuid, visible_gpus
 from jupyter_cudamem.sources.base import GpuIdentity, TorchDevice
 
-from fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
+from tests.fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
 
 GiB = 1024**3
 

@@ -4,7 +4,7 @@ from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.measure import Meter
 
-from fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
+from tests.fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
 
 GiB = 1024**3
 MiB = 1024**2

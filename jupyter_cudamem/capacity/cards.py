@@ -31,9 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CudaMemError
-from ..units import parse_size
+from ..units import GiB, parse_size
 
-GiB = 1024**3
 
 ECC_FRACTION = 1 / 16
 """Share of GDDR memory that ECC check bits take when ECC is on (one bit in 16)."""

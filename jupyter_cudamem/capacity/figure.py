@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
+from ..units import GiB, MiB
 from .plan import calibrated
 
 if TYPE_CHECKING:
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
 
 FIGURE_SIZE_IN = (8.0, 4.5)
 PNG_DPI = 100
-GiB = 1024**3
 LABEL_CLEARANCE = 1.12  # ratio of two card lines' heights below which their labels would overlap
 
 
@@ -51,7 +51,7 @@ def plan_figure(plan: CapacityPlan) -> Any:
         high = max(largest_batches + measured) * 1.3
         xs = [low * (high / low) ** (i / 200) for i in range(201)]
         axes.plot(xs, [line.peak(x) / GiB for x in xs], color="black", linewidth=2,
-                  label=f"peak = {line.intercept_bytes / GiB:.2f} GiB + {line.slope_bytes / 2**20:.2f} MiB x batch")
+                  label=f"peak = {line.intercept_bytes / GiB:.2f} GiB + {line.slope_bytes / MiB:.2f} MiB x batch")
         if planned is not None and planned is not line:
             axes.plot(xs, [planned.peak(x) / GiB for x in xs], color="#8b0000", linestyle="-.",
                       label=f"under a card's cap: {ratio:.3f} x the line (calibrated)")

@@ -6,7 +6,7 @@ import base64
 import html
 from typing import TYPE_CHECKING
 
-from ..units import format_bytes
+from ..units import GiB, format_bytes
 from .plan import DEFAULT_MARGIN, calibrated
 
 if TYPE_CHECKING:
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def _gib(size: float) -> str:
-    return f"{size / 1024**3:.1f} GiB"
+    return f"{size / GiB:.1f} GiB"
 
 
 def _per_sample(size: float) -> str:

@@ -44,6 +44,7 @@ from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
 from ..growth.through_points import Line
 from ..growth.through_points import Agreement, faster_than_linear, fit, same
+from ..units import MiB
 from .plan import Calibration, Run
 
 
@@ -385,13 +386,13 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
         warm_up = again.start_bytes - first.start_bytes > REPEAT_SLACK
         if warm_up:
             notes.append(
-                f"the first run kept {(again.start_bytes - first.start_bytes) / 2**20:,.0f} MiB (optimizer state, "
+                f"the first run kept {(again.start_bytes - first.start_bytes) / MiB:,.0f} MiB (optimizer state, "
                 "caches): it counts as a warm-up"
             )
         elif not same(first.peak_bytes, again.peak_bytes, first.start_bytes):
             raise CudaMemError(
-                f"the cell is not repeatable: two runs at batch {batch} peaked at {first.peak_bytes / 2**20:,.0f} "
-                f"and {again.peak_bytes / 2**20:,.0f} MiB; a plan needs a cell that does the same work each run"
+                f"the cell is not repeatable: two runs at batch {batch} peaked at {first.peak_bytes / MiB:,.0f} "
+                f"and {again.peak_bytes / MiB:,.0f} MiB; a plan needs a cell that does the same work each run"
             )
     points = [r for r in measured.runs if r.label in (SMALLER, SMALLEST, AGAIN) and not r.oom]
     if len({r.batch for r in points}) < 2:
@@ -407,14 +408,14 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
     start = min(r.start_bytes or 0 for r in points)
     if line.slope_bytes <= 0:
         raise CudaMemError(
-            f"the peak did not grow with the batch ({', '.join(f'{r.batch}: {(r.peak_bytes or 0) / 2**20:,.0f} MiB' for r in points)}): "
+            f"the peak did not grow with the batch ({', '.join(f'{r.batch}: {(r.peak_bytes or 0) / MiB:,.0f} MiB' for r in points)}): "
             f"is {batch!r} really the cell's batch? Plan it as fixed-size by setting the batch in the cell"
         )
     if faster_than_linear(line, start, top.peak_bytes or 0):
         raise CudaMemError(
-            f"the peak grows faster than the batch ({line.slope_bytes / 2**20:,.2f} MiB per sample from two runs puts "
-            f"the part that does not depend on the batch at {line.intercept_bytes / 2**20:,.0f} MiB, below the "
-            f"{start / 2**20:,.0f} MiB held before the cell): a line would promise batches that do not fit"
+            f"the peak grows faster than the batch ({line.slope_bytes / MiB:,.2f} MiB per sample from two runs puts "
+            f"the part that does not depend on the batch at {line.intercept_bytes / MiB:,.0f} MiB, below the "
+            f"{start / MiB:,.0f} MiB held before the cell): a line would promise batches that do not fit"
         )
     agreements: list[Agreement] = []
     for run in measured.runs:
@@ -448,7 +449,7 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
     return Judged(line, tuple(agreements), autocast_line, tuple(notes), reserved_line)
 
 
-REPEAT_SLACK = 4 * 1024**2
+REPEAT_SLACK = 4 * MiB
 """Allocated bytes at a run's start that may differ between runs without meaning the cell kept
 memory (a cached index tensor, a counter on the GPU)."""
 

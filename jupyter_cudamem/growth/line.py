@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-MiB = 2**20
+from ..units import MiB
 
 ALLOCATOR_BLOCK_BYTES = 2 * MiB
 """PyTorch's caching allocator rounds allocations above 1 MiB up to 2 MiB multiples (``kRoundLarge``)."""

@@ -41,18 +41,20 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterable, Literal, Sequence
 
+from ..units import MiB
+
 MIN_BLOCK_BYTES = 512
 """Every request is rounded up to a multiple of this (torch's ``kMinBlockSize``)."""
-SMALL_REQUEST_BYTES = 1 << 20
+SMALL_REQUEST_BYTES = MiB
 """Rounded requests up to this size come from the small pool (``kSmallSize``); it is also the most a
 large block may leave unsplit."""
-SMALL_SEGMENT_BYTES = 2 << 20
+SMALL_SEGMENT_BYTES = 2 * MiB
 """Segment size of the small pool (``kSmallBuffer``)."""
-MID_REQUEST_BYTES = 10 << 20
+MID_REQUEST_BYTES = 10 * MiB
 """Large requests under this share 20 MiB segments (``kMinLargeAlloc``)."""
-MID_SEGMENT_BYTES = 20 << 20
+MID_SEGMENT_BYTES = 20 * MiB
 """Segment size for large requests under 10 MiB (``kLargeBuffer``)."""
-LARGE_ROUND_BYTES = 2 << 20
+LARGE_ROUND_BYTES = 2 * MiB
 """Larger requests get a segment of their size rounded up to this (``kRoundLarge``)."""
 
 EventKind = Literal["alloc", "free", "try"]

@@ -22,13 +22,15 @@ from collections.abc import Sequence
 import math
 from dataclasses import dataclass
 
+from ..units import MiB
+
 REPEAT_TOLERANCE = 0.03
 """Two runs of one cell at one batch agree when their peaks above the start differ by at most this
 fraction (plus ``REPEAT_SLACK_BYTES``). A deterministic cell repeats its allocated peak to the byte;
 what moves it is a library choosing another algorithm and workspace between runs (cuDNN, cuBLAS),
 a few MiB, or a cell whose work changes run to run, which a line cannot plan."""
 
-REPEAT_SLACK_BYTES = 4 * 1024**2
+REPEAT_SLACK_BYTES = 4 * MiB
 """Absolute slack for tiny cells, where one workspace of a few MiB is a large fraction."""
 
 

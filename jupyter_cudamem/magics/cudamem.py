@@ -30,7 +30,7 @@ from ..report.cell import left_summary
 from ..report.plot import HistoryPlot
 from ..report.table import DEFAULT_SHOWN_CELLS
 from ..trace import TraceSummary, save_snapshot, summarize
-from ..units import format_bytes, parse_size
+from ..units import MiB, format_bytes, parse_size
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors, parse_devices
 from .cellrun import NO_VALUE, Ran, run_cell_body
 
@@ -145,7 +145,7 @@ class CudaMem(CudaMemMagicsBase):
                  "{'memory': ..., 'ecc': True}}; a built-in name overrides it, None removes it.").tag(config=True)
     attribute_threshold = Union(
         [Int(), Unicode()],
-        default_value=f"{DEFAULT_THRESHOLD_BYTES // 1024**2}MiB",
+        default_value=f"{DEFAULT_THRESHOLD_BYTES // MiB}MiB",
         help="When a measured cell leaves at least this much more allocated, the report names who holds it "
         "(variables, autograd graphs, module hooks, Out[...], a failed cell's traceback), says which of it is a "
         "leak and what to change. 'off' (or 0) never does.",

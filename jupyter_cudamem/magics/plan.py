@@ -19,6 +19,7 @@ from traitlets import Float
 
 from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN
 from ..errors import CudaMemError
+from ..units import GiB
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, BodyRuns, run_cell_body
 from ..oomfix.leftovers import TorchMover, set_aside
@@ -216,7 +217,7 @@ class CudaMemPlan(CudaMemMagicsBase):
             # PyTorch may reserve ``fraction x total``; the memory outside PyTorch comes on top of it.
             capped = int(fraction * total) + measured.non_pytorch_bytes
             if capped < total:
-                return f"{name}, PyTorch capped at {fraction * total / 2**30:.1f} GiB", capped
+                return f"{name}, PyTorch capped at {fraction * total / GiB:.1f} GiB", capped
         return name, total
 
     def _calibration_scale(self, measured: Any, cards: Any) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..units import GiB
+from ..units import GiB, MiB
 from ..report.plot import figure_png
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
@@ -31,7 +31,7 @@ def y_top(data_top_gib: float, total_gib: float) -> float:
     whole = total_gib * 1.05
     if total_gib <= 0 or data_top_gib >= WHOLE_CARD_FROM * total_gib:
         return whole if total_gib > 0 else max(data_top_gib * HEADROOM, 1.0)
-    return min(max(data_top_gib * HEADROOM, 1 / 1024), whole)  # 1 MiB at least: an empty plot still has a scale
+    return min(max(data_top_gib * HEADROOM, MiB / GiB), whole)  # 1 MiB at least: an empty plot still has a scale
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from .. import advice
 from ..advice import EXPANDABLE as EXPANDABLE  # re-exported: the diagnosis names this setting
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
-from ..units import format_bytes
+from ..units import MiB, format_bytes
 from ..attribution.holders import EXCEPTION, FRAME, Holder
 from ..breakdown import MODEL_STATE, Category
 from .parse import OomInfo
@@ -105,7 +105,7 @@ class Diagnosis(TextReport):
             return ""
         listed = max((h.cuda_bytes for h in self.holders if not h.user_variable), default=0)
         only = self.ipython_only_bytes
-        slack = max(1024**2, int(0.1 * max(listed, freed_bytes)))
+        slack = max(MiB, int(0.1 * max(listed, freed_bytes)))
         if listed - only > slack and freed_bytes <= only + slack:
             shared = listed - only
             return (
@@ -363,7 +363,7 @@ def diagnose(
         explanation = f"the cell needs more GPU memory than {left}; a smaller or cheaper computation must fit."
         suggestions += advice.needs_more_advice()
     own = ipython_only - cache_only
-    if own >= 1024**2:
+    if own >= MiB:
         frames = _user_frames([h.name for h in holders if h.origin == FRAME])
         where = f" (in {', '.join(frames[:3])})" if frames else ""
         explanation += (

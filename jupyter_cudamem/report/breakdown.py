@@ -9,7 +9,7 @@ from typing import Any
 from ..advice import CategoryAdvice, category_advice
 from ..breakdown import CATEGORIES, OTHER_MODULE, Breakdown, Category, Phase
 from ..collector import collector_paused
-from ..units import format_bytes
+from ..units import GiB, KiB, MiB, format_bytes
 
 FIGURE_SIZE_IN = (9.0, 3.0)
 PNG_DPI = 100
@@ -23,7 +23,7 @@ COLORS = {
     Category.TEMPORARIES: "#fdb863",
     Category.OTHER: "#bdbdbd",
 }
-_UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1))
+_UNITS = (("GiB", GiB), ("MiB", MiB), ("KiB", KiB), ("B", 1))
 
 
 def _share(part: int, whole: int) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 from ..collector import collector_paused
 from ..errors import CudaMemError
 from ..history import CellRecord
-from ..units import format_bytes
+from ..units import GiB, KiB, MiB, format_bytes
 from .text import TextReport
 
 # Fixed size: 9 x 3.6 inches is 900 x 360 pixels at the 100 dpi we render at, about 650 of them for the
@@ -37,7 +37,7 @@ MAX_BARS = 40
 MAX_BINS = 300
 
 SAVE_FORMATS = ("png", "svg", "pdf")
-_UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024), ("B", 1))
+_UNITS = (("GiB", GiB), ("MiB", MiB), ("KiB", KiB), ("B", 1))
 
 
 @dataclass(frozen=True)

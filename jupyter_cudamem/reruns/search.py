@@ -89,6 +89,7 @@ from dataclasses import dataclass, field
 
 from ..growth import FixedMemory, Growth, batch_independent_requests, fit, lowest_slope, through_fixed
 from ..growth import replay
+from ..units import MiB
 
 from .recording import RecordedRun
 
@@ -474,8 +475,8 @@ class BatchSearch:
                 held = "its parameters" if self.fixed is not None and self.fixed.surely_held_bytes else "zero"
                 how = f"surest from {growth.anchor[0]}'s peak (line through it and {held})"
             else:
-                how = (f"line through measured peaks: {growth.fixed_bytes / 2**20:.0f} MiB fixed + "
-                       f"{growth.per_sample_bytes / 2**20:.3f} MiB per sample")
+                how = (f"line through measured peaks: {growth.fixed_bytes / MiB:.0f} MiB fixed + "
+                       f"{growth.per_sample_bytes / MiB:.3f} MiB per sample")
             slowest = lowest_slope(self._fitted_points(), self._failed_points())
             if slowest > 0:
                 # No batch needing more than the budget by the least growth the failures show.

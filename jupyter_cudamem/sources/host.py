@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ..units import KiB
+
 
 def available_bytes(meminfo_path: str = "/proc/meminfo") -> int | None:
     """Bytes of host memory available to a new allocation, ``None`` where this system does not say.
@@ -16,7 +18,7 @@ def available_bytes(meminfo_path: str = "/proc/meminfo") -> int | None:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
                     value, unit = line.split()[1:3]
-                    return int(value) * (1024 if unit.lower() == "kb" else 1)
+                    return int(value) * (KiB if unit.lower() == "kb" else 1)
     except (OSError, ValueError, IndexError):
         pass
     try:

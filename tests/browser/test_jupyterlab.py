@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-import lab as jl
-from fakes import FakeGpu, GiB
+from tests.browser import lab as jl
+from tests.fakes import FakeGpu, GiB
 from jupyter_cudamem.history import source_head
 from jupyter_cudamem.units import format_bytes, parse_size
 
@@ -47,8 +47,8 @@ def _monitor_registered() -> bool:
 SETUP = """\
 # Test only: a fake GPU from the repository's tests/ instead of PyTorch and NVML.
 import os, sys
-sys.path[:0] = [{repo!r}, {tests!r}]
-from fakes import FakeAllocator, FakeMachine, FakeNvml, GiB
+sys.path[:0] = [{repo!r}]
+from tests.fakes import FakeAllocator, FakeMachine, FakeNvml, GiB
 import jupyter_cudamem, jupyter_cudamem.magics
 from jupyter_cudamem.hardware import Hardware
 machine = FakeMachine()
@@ -119,7 +119,7 @@ def write_notebook(path: Path, cells: list[str]) -> None:
 
 
 def setup_cell_source() -> str:
-    return SETUP.format(repo=str(jl.REPO), tests=str(jl.REPO / "tests"))
+    return SETUP.format(repo=str(jl.REPO))
 
 
 # -- fixtures ------------------------------------------------------------------------------------

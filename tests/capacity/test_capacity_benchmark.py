@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.benchmark_smoke
+
 torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import math
 import pytest
 from IPython.core.error import UsageError
 
-from fakes import FakeAllocator, GiB, MiB
+from tests.fakes import FakeAllocator, FakeNvml, GiB, MiB
 from jupyter_cudamem import magics
 from jupyter_cudamem.capacity.cards import card_table
 from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, largest_batch, usable_bytes
@@ -132,7 +132,7 @@ def test_small_overrides_the_second_batch(plan_shell):
 def test_no_gpu_runs_the_body_as_a_plain_cell_and_says_what_it_cannot_measure(ip, machine, capsys):
     magics.unload(ip)
     hardware = Hardware(allocator=FakeAllocator(machine, status="no CUDA device (torch.cuda.is_available() is False)"),
-                        nvml=__import__("fakes").FakeNvml(machine, failure="NVML: no driver"), pid=machine.pid)
+                        nvml=FakeNvml(machine, failure="NVML: no driver"), pid=machine.pid)
     magics.load(ip, hardware)
     try:
         ip.user_ns["ran"] = []
@@ -320,8 +320,6 @@ def test_memory_outside_pytorch_is_measured_not_assumed(plan_shell):
 
 
 def test_without_process_listing_the_whole_card_counts_and_says_so(ip, machine):
-    from fakes import FakeNvml
-
     magics.unload(ip)
     machine.allocate(0, WEIGHTS)
     machine.gpus[0].other_process_bytes = GiB
@@ -337,8 +335,6 @@ def test_without_process_listing_the_whole_card_counts_and_says_so(ip, machine):
 
 
 def test_without_nvml_the_plan_says_the_context_was_not_measured(ip, machine):
-    from fakes import FakeNvml
-
     magics.unload(ip)
     machine.allocate(0, WEIGHTS)
     magics.load(ip, Hardware(allocator=FakeAllocator(machine), nvml=FakeNvml(machine, failure="NVML: no library"),

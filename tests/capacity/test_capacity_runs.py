@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from fakes import FakeMover, FakeTensor, GiB, MiB
+from tests.fakes import FakeMover, FakeTensor, GiB, MiB
 from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, build_plan
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs

@@ -22,13 +22,13 @@ from jupyter_cudamem.engines.live import EngineLiveStatus  # noqa: E402
 from jupyter_cudamem.engines.records import EngineStatus  # noqa: E402
 from jupyter_cudamem.magics.engines import CudaMemEngines  # noqa: E402
 
-from engine_fakes import SHARED_UUID, feeds, own_last_cell  # noqa: E402
+from tests.engine_fakes import SHARED_UUID, feeds, own_last_cell  # noqa: E402
 
 GiB, MiB = 1024**3, 1024**2
-TESTS = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60
 
-SETUP = "%px import engine_fakes; machine = engine_fakes.install(get_ipython()); GiB = 1024**3; k = engine_fakes.engine_id(get_ipython())"
+SETUP = "%px from tests import engine_fakes; machine = engine_fakes.install(get_ipython()); GiB = 1024**3; k = engine_fakes.engine_id(get_ipython())"
 WORKLOAD = "%%px\n%%cudamem\nmachine.allocate(0, (k + 1) * GiB)\nmachine.allocate(0, GiB)\nmachine.free(0, GiB)"
 
 
@@ -40,8 +40,8 @@ def cluster():
     if not InteractiveShell.initialized():
         start_ipython()  # the client shell must exist before connecting: ipyparallel registers %px on it
     saved = os.environ.get("PYTHONPATH")
-    # Engines are processes of their own: they find this checkout and tests/engine_fakes.py on their path.
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS.parent), str(TESTS), saved]))
+    # Engines are processes of their own: they find this checkout (and so tests.engine_fakes) on their path.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), saved]))
     cluster = ipp.Cluster(n=2, log_level=40)
     try:
         client = cluster.start_and_connect_sync()

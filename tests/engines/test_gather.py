@@ -8,7 +8,7 @@ from jupyter_cudamem.engines.gather import ask_engines, parse_targets
 from jupyter_cudamem.engines.records import EngineIdentity, EngineReport, EngineStatus
 from jupyter_cudamem.errors import CudaMemError
 
-from fakes import FakeClock
+from tests.fakes import FakeClock
 
 
 class Result:

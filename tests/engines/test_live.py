@@ -14,7 +14,7 @@ from jupyter_cudamem.engines.live import (
 from jupyter_cudamem.engines.records import EngineIdentity
 from jupyter_cudamem.monitor.poller import Poller
 
-from fakes import GiB, FakeClock
+from tests.fakes import GiB, FakeClock
 
 IDENTITY = EngineIdentity(host="node-1", pid=4242)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from notebook_runner import html_of, json_line, run_cells, text_of
+from tests.notebook_runner import html_of, json_line, run_cells, text_of
 
 pytestmark = [pytest.mark.gpu, pytest.mark.notebook]
 

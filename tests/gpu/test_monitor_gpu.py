@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from notebook_runner import run_cell_outputs, stdout_json
+from tests.notebook_runner import run_cell_outputs, stdout_json
 
 torch = pytest.importorskip("torch")
 

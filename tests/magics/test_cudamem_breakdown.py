@@ -127,7 +127,7 @@ def test_nvtx_range_closes_when_the_cell_fails(shell):
 
 
 def test_breakdown_without_a_gpu_is_one_line_and_the_cell_does_not_run(ip, capsys):
-    from fakes import FakeAllocator, FakeMachine, FakeNvml
+    from tests.fakes import FakeAllocator, FakeMachine, FakeNvml
 
     from jupyter_cudamem.hardware import Hardware
 

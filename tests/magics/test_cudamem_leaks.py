@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from fakes import FakeTensor, MiB, fake_probe
+from tests.fakes import FakeTensor, MiB, fake_probe
 
 from jupyter_cudamem import magics
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-import history_day
+from tests import history_day
 import pytest
 
 from jupyter_cudamem import magics

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from notebook_runner import run_cell_outputs, stdout_json
+from tests.notebook_runner import run_cell_outputs, stdout_json
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

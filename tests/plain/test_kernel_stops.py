@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from notebook_runner import REPO
+from tests.notebook_runner import REPO
 
 pytestmark = pytest.mark.notebook
 

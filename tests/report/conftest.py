@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-import history_day
+from tests import history_day
 import pytest
 
 from jupyter_cudamem.history import CellRecord

@@ -5,7 +5,7 @@ differs one footnote says why."""
 from __future__ import annotations
 
 import pytest
-from fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
+from tests.fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
 
 from jupyter_cudamem.advice import measurement_hints
 from jupyter_cudamem.hardware import Hardware
