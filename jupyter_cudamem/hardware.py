@@ -1,8 +1,9 @@
 """The sources one kernel measures with, bundled so every feature shares them.
 
 ``%%cudamem``, the monitor and ``%oomfix`` all read through one ``Hardware``: one NVML session (see
-``sources/nvml.py`` for why there must be only one) and one map of devices. Tests build a ``Hardware``
-from the fakes in ``tests/fakes.py``.
+``sources/nvml.py`` for why there must be only one) and one map of devices; and the headroom a cell starting
+now has on a device (``headroom_bytes``, ``reserved_limit_bytes``), read through them. Tests build a
+``Hardware`` from the fakes in ``tests/fakes.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .devices import DeviceMap
+from .errors import CudaMemError
 from .sources.base import AllocatorReading, AllocatorSource, NvmlSource
 
 
@@ -86,3 +88,40 @@ def default_hardware() -> Hardware:
     from .sources.torch_alloc import TorchAllocator
 
     return Hardware(allocator=TorchAllocator(), nvml=shared_session())
+
+
+# -- headroom: what a cell starting now may use ---------------------------------------------------------
+def _room(hardware: Hardware, torch_index: int) -> tuple[int, AllocatorReading] | None:
+    """What PyTorch may still reserve on ``cuda:torch_index`` (the least of the per-process cap less
+    what it has reserved, and what the device has free by NVML, so other processes count), with the
+    allocator's reading; ``None`` when the allocator cannot be read."""
+    allocator = hardware.allocator
+    if allocator.status() is not None or not allocator.is_initialized():
+        return None
+    reading = allocator.read(torch_index)
+    total = allocator.device(torch_index).total_bytes
+    fraction = allocator.memory_fraction(torch_index)
+    room = int(total * (fraction if fraction is not None else 1.0)) - reading.reserved_bytes
+    device = next((d for d in hardware.device_map.devices() if d.torch_index == torch_index), None)
+    if device is not None and device.nvml_index is not None and hardware.nvml.status() is None:
+        try:
+            room = min(room, hardware.nvml.memory(device.nvml_index).free_bytes)
+        except CudaMemError:
+            pass
+    return max(room, 0), reading
+
+
+def headroom_bytes(hardware: Hardware, torch_index: int) -> int | None:
+    """What a cell starting now may allocate on ``cuda:torch_index``, in bytes: what PyTorch may still
+    reserve (``_room``) plus what it has reserved but not allocated, which it reuses first. ``None``
+    when the allocator cannot be read.
+    """
+    found = _room(hardware, torch_index)
+    return None if found is None else found[0] + found[1].reserved_unallocated_bytes
+
+
+def reserved_limit_bytes(hardware: Hardware, torch_index: int) -> int | None:
+    """The reserved bytes PyTorch may reach on ``cuda:torch_index``: the cap the allocator replay
+    plays under (what it has reserved plus what it may still reserve)."""
+    found = _room(hardware, torch_index)
+    return None if found is None else found[0] + found[1].reserved_bytes

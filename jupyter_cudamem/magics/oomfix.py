@@ -401,7 +401,7 @@ class OomFix(CudaMemMagicsBase):
     ) -> Outcome:
         """``--dry-run``: the diagnosis and the plan (which knob, where it lives, the first try); no GPU needed."""
         from ..batch import find_batch
-        from ..oomfix.driver import headroom_bytes
+        from ..hardware import headroom_bytes
         from ..oomfix.ipython_state import input_history
         from ..oomfix.plan import budget_from_message, plan_batch, preview
 

@@ -24,9 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import CudaMemError
-from ..hardware import Hardware
+from ..hardware import Hardware, headroom_bytes, reserved_limit_bytes
 from ..measure import Meter
-from ..sources.base import AllocatorReading
 from ..units import format_bytes
 from ..advice import build_suggestions
 from ..attribution.probe import TensorProbe, default_probe
@@ -48,42 +47,6 @@ from .whole_data import whole_data_decision
 
 RunSource = Callable[[str], "BaseException | None"]
 Cleanup = Callable[["BaseException | None"], Any]
-
-
-def _room(hardware: Hardware, torch_index: int) -> tuple[int, AllocatorReading] | None:
-    """What PyTorch may still reserve on ``cuda:torch_index`` (the least of the per-process cap less
-    what it has reserved, and what the device has free by NVML, so other processes count), with the
-    allocator's reading; ``None`` when the allocator cannot be read."""
-    allocator = hardware.allocator
-    if allocator.status() is not None or not allocator.is_initialized():
-        return None
-    reading = allocator.read(torch_index)
-    total = allocator.device(torch_index).total_bytes
-    fraction = allocator.memory_fraction(torch_index)
-    room = int(total * (fraction if fraction is not None else 1.0)) - reading.reserved_bytes
-    device = next((d for d in hardware.device_map.devices() if d.torch_index == torch_index), None)
-    if device is not None and device.nvml_index is not None and hardware.nvml.status() is None:
-        try:
-            room = min(room, hardware.nvml.memory(device.nvml_index).free_bytes)
-        except CudaMemError:
-            pass
-    return max(room, 0), reading
-
-
-def headroom_bytes(hardware: Hardware, torch_index: int) -> int | None:
-    """What a cell starting now may allocate on ``cuda:torch_index``, in bytes: what PyTorch may still
-    reserve (``_room``) plus what it has reserved but not allocated, which it reuses first. ``None``
-    when the allocator cannot be read.
-    """
-    found = _room(hardware, torch_index)
-    return None if found is None else found[0] + found[1].reserved_unallocated_bytes
-
-
-def reserved_limit_bytes(hardware: Hardware, torch_index: int) -> int | None:
-    """The reserved bytes PyTorch may reach on ``cuda:torch_index``: the cap the allocator replay
-    plays under (what it has reserved plus what it may still reserve)."""
-    found = _room(hardware, torch_index)
-    return None if found is None else found[0] + found[1].reserved_bytes
 
 
 def _lacked_bytes(oom: OomInfo) -> int | None:
@@ -540,9 +503,10 @@ class Driver:
         found = best.batch
         last_fitted = next((t for t in reversed(self._tries) if t.fitted), None)
         source = change.apply(found)  # the knob holds the best batch whether or not it is rerun
-        if last_fitted is not best and self._left() > 0:
+        if (last_fitted is not best or not self._tries[-1].fitted) and self._left() > 0:
             # Failed tries are undone, so the variables hold the last try that fitted; when that is
-            # not the best, rerun the best so they hold the run the outcome reports.
+            # not the best, or a try failed after it (the model's state was put back before that try),
+            # rerun the best so they and the model hold the run the outcome reports.
             confirm = self._try("batch", source, "rerun of the largest batch that fitted", device, batch=found)
             if confirm.fitted:
                 best = confirm

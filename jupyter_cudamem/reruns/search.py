@@ -396,10 +396,12 @@ class BatchSearch:
             return self._bounded(largest, low, high, f"{how}; {largest} fits but for the margin, and a rerun is left",
                                  growth.peak_high(largest))
         untried = min(self._halving_candidates(low, high), default=None)
-        if untried is not None and 2 * low >= untried:
+        if untried is not None and 2 * low >= untried and not self._last_try():
             # The batch halving ends on if those above it fail (the smallest it tries above what fitted) is
             # untried: a rerun of it ends the search on no less than halving ends on, fitted or not (if it
-            # fails, halving's next is at most what fitted).
+            # fails, halving's next is at most what fitted). Not on the last rerun: should it fail, the
+            # driver reruns the best batch with the one left, so the variables and the model hold one run
+            # of the cell it reports.
             return self._bounded(untried, low, high, f"{how}; {untried}, halving's next batch, is untried",
                                  growth.peak_high(untried))
         fixed = min(growth.fixed_bytes, self.usable_bytes)
