@@ -263,7 +263,7 @@ class CudaMem(CudaMemMagicsBase):
             return None
         if not self.hardware.allocator.is_initialized():
             return NamespaceSnapshot({}, frozenset())  # nothing on the device yet: all it will hold is new
-        from ..oomfix.ipython_state import ipython_references
+        from ..ipython_state import ipython_references
 
         return NamespaceSnapshot.take(self.shell.user_ns, ipython_references(self.shell), probe)
 
@@ -277,7 +277,7 @@ class CudaMem(CudaMemMagicsBase):
         left = sum(max(device.allocated_delta_bytes or 0, 0) for device in measurement.devices)
         if left < threshold:
             return None
-        from ..oomfix.ipython_state import cell_references
+        from ..ipython_state import cell_references
 
         try:
             references = cell_references(self.shell, None if value is NO_VALUE else value, error)

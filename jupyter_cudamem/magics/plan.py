@@ -94,8 +94,8 @@ class CudaMemPlan(CudaMemMagicsBase):
         from ..cell.edit import AutocastNotApplicable, wrap_in_autocast
         from ..cell.traits import cell_traits
         from ..measure import Meter
-        from ..oomfix.ipython_state import input_history
-        from ..oomfix.parse import is_cuda_oom
+        from ..ipython_state import input_history
+        from ..oom import is_cuda_oom
         from ..repeats import source_key
 
         args = parse_argstring(self.cudamem_plan, line)

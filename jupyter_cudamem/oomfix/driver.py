@@ -40,7 +40,7 @@ from .cleanup import CleanupResult
 from .leftovers import Mover, SetAside, TorchMover, names_bound_before_read, restore_bindings, set_aside
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
-from .parse import OomInfo, parse_oom
+from ..oom import OomInfo, parse_oom
 from .recording import Recorder
 from .search import BatchSearch
 from .strategies import STRATEGIES
