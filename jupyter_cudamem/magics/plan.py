@@ -21,16 +21,8 @@ from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN
 from ..errors import CudaMemError
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, BodyRuns, run_cell_body
-from ..oomfix.leftovers import TorchMover, set_aside
-
-
-class TensorsOnly(TorchMover):
-    """Sets aside tensors only. A module is moved in place, so whatever else refers to it (a list of
-    models, an optimizer) would see it on the host in the next run; a plan must leave the cell's
-    objects as they were, so a module the cell binds again is left bound (it is the cell's fixed part)."""
-
-    def to_host(self, value: object) -> Any:
-        return super().to_host(value) if getattr(value, "is_cuda", False) is True else None
+from ..oomfix.leftovers import set_aside
+from ..sources.torch_host import TorchMover
 
 
 @magics_class
@@ -155,9 +147,13 @@ class CudaMemPlan(CudaMemMagicsBase):
         change = BatchChange(finding, knob, shell.user_ns, history) if knob is not None else None
         meter = Meter(self.hardware, reset_peak=True)
         body = BodyRuns(shell)
+        # Tensors only: a plan must leave the cell's objects as they were, and a module moved in place would
+        # be seen on the host by whatever else refers to it; a module the cell binds again stays bound (it is
+        # the cell's fixed part).
+        tensors_only = TorchMover(tensors_only=True)
         runner = Runner(meter, run=body.run, is_oom=is_cuda_oom,
                         release=self.hardware.allocator.empty_cache, quiet=capture_output,
-                        set_aside=lambda source: set_aside(shell.user_ns, source, TensorsOnly(), shell.transform_cell))
+                        set_aside=lambda source: set_aside(shell.user_ns, source, tensors_only, shell.transform_cell))
         calibrate_at = None
         if args.calibrate:
             if knob is None:
