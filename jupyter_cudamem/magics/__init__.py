@@ -15,11 +15,12 @@ from .base import CudaMemMagicsBase
 def _magic_classes() -> list[type[CudaMemMagicsBase]]:
     from .cudamem import CudaMem
     from .engines import CudaMemEngines
+    from .history import CudaMemHistory
     from .monitor import CudaMemMonitor
     from .oomfix import OomFix
     from .plan import CudaMemPlan
 
-    return [CudaMem, CudaMemMonitor, OomFix, CudaMemPlan, CudaMemEngines]
+    return [CudaMem, CudaMemHistory, CudaMemMonitor, OomFix, CudaMemPlan, CudaMemEngines]
 
 
 class Extension:

@@ -190,8 +190,8 @@ def test_unload_removes_magics_callbacks_and_configurables(shell):
     assert shell.find_cell_magic("cudamem") is None
     assert shell.find_line_magic("cudamem_history") is None
     assert instance not in shell.configurables
-    assert instance._pre_run_cell not in shell.events.callbacks["pre_run_cell"]
-    assert instance._post_run_cell not in shell.events.callbacks["post_run_cell"]
+    assert instance.every_cell.pre_run_cell not in shell.events.callbacks["pre_run_cell"]
+    assert instance.every_cell.post_run_cell not in shell.events.callbacks["post_run_cell"]
 
 
 def test_no_gpu_runs_the_cell_and_says_what_it_cannot_measure(ip, capsys):
