@@ -206,7 +206,13 @@ class CudaMem(CudaMemMagicsBase):
     @magic_arguments()
     @argument("-d", "--device", help="CUDA device(s) to report, e.g. 0 or 0,1 (default: every device the cell touched).")
     @argument("-q", "--quiet", action="store_true", help="Record in the history but show no report.")
-    @argument("-o", "--output", action="store_true", help="Return the result object (as %%timeit -o does) instead of displaying it.")
+    @argument(
+        "-o",
+        "--output",
+        action="store_true",
+        help="Show the report and also return it, as %%timeit -o does: report = %%cudamem -o STATEMENT (with -q, "
+        "return it only). The every-cell mode's on, off and status return nothing.",
+    )
     @argument(
         "-l",
         "--limit",
@@ -275,11 +281,11 @@ class CudaMem(CudaMemMagicsBase):
         report = self._measure(
             cell, meter, limit_bytes, args.trace, show=not args.quiet, breakdown=breakdown, nvtx=args.nvtx or self.nvtx
         )
-        if report is None or args.output:
-            return report
+        if report is None:
+            return None
         if not args.quiet:
             display(report)
-        return None
+        return report if args.output else None
 
     def limit_of(self, source: str) -> int | None:
         """The ``--limit`` (bytes) a ``%%cudamem`` or ``%cudamem`` cell ran under; ``None`` for any other

@@ -62,7 +62,14 @@ class CudaMemHistory(CudaMemMagicsBase):
         "separated by commas.",
     )
     @argument("--clear", action="store_true", help="Forget all measured cells.")
-    @argument("-o", "--output", action="store_true", help="Return the records (a list of dicts for pandas.DataFrame).")
+    @argument(
+        "-o",
+        "--output",
+        action="store_true",
+        help="Show the table (or the plot, or the line --save prints) and also return the selected records, as "
+        "%%timeit -o does: rows = %%cudamem_history -o, one dict per cell and device for pandas.DataFrame. --clear "
+        "returns nothing.",
+    )
     @line_magic
     @one_line_errors
     def cudamem_history(self, line: str = "") -> Any:
@@ -70,8 +77,8 @@ class CudaMemHistory(CudaMemMagicsBase):
 
         The table lists the latest cells and sums up the rest in one line (--all lists every cell); the plot
         keeps one size and bins what the screen cannot tell apart. --last and --cells pick the cells for
-        every view, --save and -o included. ``pandas.DataFrame(%cudamem_history -o)`` gives one row per cell
-        and device, sizes in bytes.
+        every view, --save and -o included. ``rows = %cudamem_history -o`` shows the table and returns the
+        records: ``pandas.DataFrame(rows)`` gives one row per cell and device, sizes in bytes.
         """
         args = parse_argstring(self.cudamem_history, line)
         history = self._history()
@@ -92,11 +99,8 @@ class CudaMemHistory(CudaMemMagicsBase):
             if args.save:
                 print(_saved(args.save, plot.save))
             display(plot)
-            return None
-        if args.save:
+        elif args.save:
             print(_saved(args.save, lambda path: save_records(records, path)))
-        if args.output:
-            return flat_rows(records)
-        if not args.save:
+        else:
             display(HistoryTable(records, shown=None if args.all else DEFAULT_SHOWN_CELLS))
-        return None
+        return flat_rows(records) if args.output else None

@@ -74,7 +74,10 @@ def _options(function: Callable[..., Any]) -> Callable[..., Any]:
                       "rerun (needed where that copy would not fit in host memory); each rerun's steps then stay."),
         argument("--strategy", default=None, metavar="LIST",
                  help=f"Strategies to try, in order, comma-separated: {', '.join(STRATEGIES)} (default: all)."),
-        argument("-o", "--output", action="store_true", help="Return the outcome object."),
+        argument("-o", "--output", action="store_true",
+                 help="Show the outcome and also return it, as %%timeit -o does: outcome = %%oomfix -o "
+                      "(.tries, .diff, .fixed_source); None where no fix was tried (the rerun declined, or a %%%%oomfix "
+                      "cell that did not run out of memory)."),
     )):
         function = decorator(function)
     return function

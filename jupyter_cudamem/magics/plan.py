@@ -54,7 +54,9 @@ class CudaMemPlan(CudaMemMagicsBase):
               f"or CudaMemPlan.margin; with --calibrate {CALIBRATED_MARGIN}, or CudaMemPlan.calibrated_margin).")
     @argument("--cards", default=None, metavar="NAME,NAME",
               help="Plan for these cards of the table only (add cards with %%config CudaMem.cards = {...}).")
-    @argument("-o", "--output", default=None, metavar="NAME", help="Store the plan object in this variable.")
+    @argument("-o", "--output", action="store_true",
+              help="Show the plan and also return it, as %%timeit -o does: it is the cell's Out[N], so plan = _ in the "
+              "next cell keeps it (.predicted, .cards, .line, .figure()).")
     @argument("--small", type=int, default=None, metavar="N",
               help="The second batch to measure (default: half the batch as written).")
     @argument("--calibrate", action="store_true",
@@ -65,7 +67,7 @@ class CudaMemPlan(CudaMemMagicsBase):
     @no_var_expand
     @cell_magic("cudamem_plan")  # type: ignore[arg-type]  # IPython annotates cell_magic("name") as taking Never
     @one_line_errors
-    def cudamem_plan(self, line: str, cell: str) -> None:
+    def cudamem_plan(self, line: str, cell: str) -> Any:
         """Run the cell at its batch and at a smaller one, fit peak = fixed + per sample x batch, and say
         for this card and a table of common cards the largest batch that fits, and for the batch as
         written: fits, or a micro-batch and the gradient-accumulation steps that keep it exactly.
@@ -99,8 +101,6 @@ class CudaMemPlan(CudaMemMagicsBase):
                 f"CudaMemPlan.calibrated_margin takes a fraction from 0 to 1 such as 0.03, got {self.calibrated_margin}: "
                 "set it with %config CudaMemPlan.calibrated_margin = 0.03"
             )
-        if args.output is not None and not args.output.isidentifier():
-            raise CudaMemError(f"-o takes a variable name, got {args.output!r}")
         cards = select_cards(card_table(self._cards_setting()), args.cards)
         reason = self.hardware.allocator.status()
         if reason is not None:
@@ -194,8 +194,7 @@ class CudaMemPlan(CudaMemMagicsBase):
         if measured.has_value and measured.value is not NO_VALUE:
             shell.displayhook(measured.value)  # the cell's value first, as %%cudamem shows it
         display(plan)
-        if args.output is not None:
-            shell.user_ns[args.output] = plan
+        return plan if args.output else None
 
     def _this_card(self, measured: Any) -> tuple[str, int] | None:
         """The card the runs used, as a plan's card: under a per-process cap, what the cap leaves."""
