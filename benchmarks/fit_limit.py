@@ -52,7 +52,7 @@ WARM_BEFORE = 0.3
 
 def run_once(bench: Any, torch: Any, workload: sweep.Workload, batch: int, fresh: bool = True) -> dict[str, Any]:
     """One run of the cell at ``batch``: a fresh namespace and emptied cache first when ``fresh``."""
-    from jupyter_cudamem.oomfix.parse import parse_oom
+    from jupyter_cudamem.oom import parse_oom
 
     if fresh:
         bench._setup(workload)

@@ -221,7 +221,7 @@ def _cpu_hardware(shell: Any, probe: Any) -> Any:
 
     from jupyter_cudamem.attribution.holders import walk_roots
     from jupyter_cudamem.hardware import Hardware
-    from jupyter_cudamem.oomfix.ipython_state import ipython_references
+    from jupyter_cudamem.ipython_state import ipython_references
     from jupyter_cudamem.sources.base import AllocatorReading
 
     class CensusAllocator(FakeAllocator):

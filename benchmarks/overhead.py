@@ -195,7 +195,7 @@ def run_namespaces(shell, quick: bool, device: str = "cuda") -> dict:
     """Part ``namespaces``: bare, %%cudamem and the every-cell mode over namespaces of each size."""
     from jupyter_cudamem.attribution.left import NamespaceSnapshot
     from jupyter_cudamem.attribution.probe import default_probe
-    from jupyter_cudamem.oomfix.ipython_state import ipython_references
+    from jupyter_cudamem.ipython_state import ipython_references
 
     modes = [Mode("bare"), *our_modes(shell)]
     probe = default_probe()

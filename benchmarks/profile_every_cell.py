@@ -28,8 +28,8 @@ def main() -> None:
     result = SimpleNamespace(execution_count=1, error_in_exec=None, error_before_exec=None)
 
     def one_cell() -> None:
-        cudamem._pre_run_cell(info)
-        cudamem._post_run_cell(result)
+        cudamem.every_cell.pre_run_cell(info)
+        cudamem.every_cell.post_run_cell(result)
 
     for _ in range(300):
         one_cell()

@@ -9,12 +9,14 @@ now has on a device (``headroom_bytes``, ``reserved_limit_bytes``), read through
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .devices import DeviceMap
 from .errors import CudaMemError
 from .sources.base import AllocatorReading, AllocatorSource, NvmlSource
+from .units import format_bytes
 
 
 @dataclass
@@ -50,6 +52,31 @@ class Hardware:
         if not self.allocator.is_initialized():
             return {}
         return {index: self.allocator.read(index) for index in range(self.allocator.device_count())}
+
+    @contextmanager
+    def pytorch_capped(self, limit_bytes: int, devices: list[int] | None = None) -> Iterator[int]:
+        """PyTorch's allocator capped at ``limit_bytes`` on each of ``devices`` (every device when ``None``)
+        through its per-process memory fraction, and the fractions put back after: a smaller card played
+        on this one (``%%cudamem --limit``). The cap covers PyTorch's allocator only, not the CUDA context
+        or other libraries. One line when the cap is more than a device has."""
+        allocator = self.allocator
+        indexes = devices if devices is not None else list(range(allocator.device_count()))
+        allocator.empty_cache()  # cached blocks from earlier cells would count against the cap
+        previous: dict[int, float] = {}
+        try:
+            for index in indexes:
+                total = allocator.device(index).total_bytes
+                if limit_bytes > total:
+                    raise CudaMemError(
+                        f"--limit {format_bytes(limit_bytes)} is more than cuda:{index} has ({format_bytes(total)}): "
+                        "a cap can only play a smaller card"
+                    )
+                previous[index] = allocator.memory_fraction(index) or 1.0
+                allocator.set_memory_fraction(index, limit_bytes / total)
+            yield limit_bytes
+        finally:
+            for index, fraction in previous.items():
+                allocator.set_memory_fraction(index, fraction)
 
     def own_process_bytes(self, nvml_index: int, device_used_bytes: int | None = None) -> int | None:
         """GPU memory NVML attributes to this process, or ``None`` where it cannot tell.

@@ -164,6 +164,25 @@ class Measurement:
         peaks = [d.peak_allocated_bytes for d in self.devices if d.peak_allocated_bytes is not None]
         return max(peaks) if peaks else None
 
+    @property
+    def left_allocated_bytes(self) -> int:
+        """What the block left allocated, over every device: each device's rise (one that freed counts 0)."""
+        return sum(max(device.allocated_delta_bytes or 0, 0) for device in self.devices)
+
+    def moved_at_least(self, threshold_bytes: int) -> bool:
+        """Whether on some device the peak rose, or allocated, reserved or NVML's used memory changed, by at
+        least ``threshold_bytes`` (either way)."""
+        for device in self.devices:
+            for value in (
+                device.peak_above_start_bytes,
+                device.allocated_delta_bytes,
+                device.reserved_delta_bytes,
+                device.nvml_used_delta_bytes,
+            ):
+                if value is not None and abs(value) >= threshold_bytes:
+                    return True
+        return False
+
 
 class Meter:
     """Measures blocks of code on the devices of a ``Hardware``.

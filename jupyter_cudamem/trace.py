@@ -14,11 +14,17 @@ come from most iterations (at least three) grew steadily, by what it kept divide
 
 from __future__ import annotations
 
+import linecache
 import pickle
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .sources.base import AllocatorSource
 
 from .units import MiB
 
@@ -234,3 +240,35 @@ def save_snapshot(snapshot: dict[str, Any], path: str | Path) -> Path:
     with target.open("wb") as handle:
         pickle.dump(snapshot, handle)
     return target
+
+
+@contextmanager
+def traced(
+    allocator: AllocatorSource,
+    max_entries: int,
+    directory: str | Path,
+    cell_number: int | None,
+    describe_file: Callable[[str], str],
+) -> Iterator[list[TraceSummary]]:
+    """Record the allocations of the block run inside (at most ``max_entries`` events); when it ends, save the
+    snapshot in ``directory`` as ``cell<N>-<time>.pickle`` and fill the list yielded with one summary per
+    device that allocated. ``describe_file`` names a code object's file as the user knows it (``In[3]``)."""
+    summaries: list[TraceSummary] = []
+    allocator.start_trace(max_entries)
+    try:
+        yield summaries
+    finally:
+        snapshot = allocator.stop_trace()
+        path = save_snapshot(snapshot, Path(directory) / f"cell{cell_number}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
+        cell_name = f"In[{cell_number}]"
+        for index, events in enumerate(snapshot.get("device_traces") or []):
+            if not events:
+                continue
+            summary = summarize(
+                snapshot,
+                index,
+                describe_file=describe_file,
+                source_line=lambda f, n: linecache.getline(f, n) or None,
+                is_cell_file=lambda f: describe_file(f) == cell_name,
+            )
+            summaries.append(replace(summary, snapshot_path=str(path)))

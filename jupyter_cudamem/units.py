@@ -16,7 +16,7 @@ GiB = 1024**3
 TiB = 1024**4
 
 # The one table of unit names (lower case) to bytes: people's sizes here, and the sizes in PyTorch's
-# and other libraries' error messages (``oomfix.parse``: "0 bytes", "3.19 MiB").
+# and other libraries' error messages (``oom``: "0 bytes", "3.19 MiB").
 UNIT_FACTORS = {
     "": 1,
     "b": 1,

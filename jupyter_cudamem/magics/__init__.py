@@ -15,11 +15,12 @@ from .base import CudaMemMagicsBase
 def _magic_classes() -> list[type[CudaMemMagicsBase]]:
     from .cudamem import CudaMem
     from .engines import CudaMemEngines
+    from .history import CudaMemHistory
     from .monitor import CudaMemMonitor
     from .oomfix import OomFix
     from .plan import CudaMemPlan
 
-    return [CudaMem, CudaMemMonitor, OomFix, CudaMemPlan, CudaMemEngines]
+    return [CudaMem, CudaMemHistory, CudaMemMonitor, OomFix, CudaMemPlan, CudaMemEngines]
 
 
 class Extension:
@@ -30,8 +31,8 @@ class Extension:
         self.hardware = hardware
         self.magics: list[CudaMemMagicsBase] = []
         # ``%reset -f out`` leaves the last values shown alive in IPython's hidden namespace: released
-        # after each cell (``oomfix.ipython_state.release_flushed_underscores``).
-        from ..oomfix.ipython_state import release_flushed_underscores_after_cell
+        # after each cell (``ipython_state.release_flushed_underscores``).
+        from ..ipython_state import release_flushed_underscores_after_cell
 
         self.after_cell = release_flushed_underscores_after_cell(shell)
 

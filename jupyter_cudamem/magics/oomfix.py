@@ -1,6 +1,6 @@
 """``%oomfix`` and ``%%oomfix``: turn a CUDA out-of-memory error into a cell that fits.
 
-Thin: finds the failed cell in IPython's records (``oomfix.ipython_state``), asks before rerunning,
+Thin: finds the failed cell in IPython's records (``ipython_state``), asks before rerunning,
 and hands the work to ``oomfix.diagnosis``, ``oomfix.cleanup`` and ``oomfix.driver``. Configure with
 ``%config OomFix.max_tries = 5`` and the like.
 """
@@ -20,7 +20,7 @@ from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
 from ..errors import CudaMemError
 from ..oomfix.driver import Driver
-from ..oomfix.parse import OomInfo, parse_oom
+from ..oom import OomInfo, parse_oom
 from ..oomfix.outcome import Outcome
 from ..oomfix.options import check_max_tries, check_strategies
 from ..oomfix.strategies import STRATEGIES
@@ -74,7 +74,10 @@ def _options(function: Callable[..., Any]) -> Callable[..., Any]:
                       "rerun (needed where that copy would not fit in host memory); each rerun's steps then stay."),
         argument("--strategy", default=None, metavar="LIST",
                  help=f"Strategies to try, in order, comma-separated: {', '.join(STRATEGIES)} (default: all)."),
-        argument("-o", "--output", action="store_true", help="Return the outcome object."),
+        argument("-o", "--output", action="store_true",
+                 help="Show the outcome and also return it, as %%timeit -o does: outcome = %%oomfix -o "
+                      "(.tries, .diff, .fixed_source); None where no fix was tried (the rerun declined, or a %%%%oomfix "
+                      "cell that did not run out of memory)."),
     )):
         function = decorator(function)
     return function
@@ -121,7 +124,7 @@ class OomFix(CudaMemMagicsBase):
 
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
-        from ..oomfix.ipython_state import FailureRecorder, recorder_for
+        from ..ipython_state import FailureRecorder, recorder_for
 
         existing = recorder_for(shell)
         self._recorder = existing if existing is not None else FailureRecorder()
@@ -177,7 +180,7 @@ class OomFix(CudaMemMagicsBase):
         under autocast. Prints every try, the cell that fitted as a diff, and advice.
         """
         args = parse_argstring(self.oomfix, line)
-        from ..oomfix.ipython_state import last_failure
+        from ..ipython_state import last_failure
 
         if not args.dry_run:
             self._require_gpu()
@@ -331,7 +334,7 @@ class OomFix(CudaMemMagicsBase):
         from ..oomfix import cleanup as cleanup_module
         from ..oomfix.diagnosis import diagnose
         from ..attribution.holders import find_holders, reaches_cuda
-        from ..oomfix.ipython_state import input_history, ipython_references, user_variables
+        from ..ipython_state import input_history, ipython_references, user_variables
 
         if not args.dry_run:
             self._require_gpu()
@@ -402,7 +405,7 @@ class OomFix(CudaMemMagicsBase):
         """``--dry-run``: the diagnosis and the plan (which knob, where it lives, the first try); no GPU needed."""
         from ..batch import find_batch
         from ..hardware import headroom_bytes
-        from ..oomfix.ipython_state import input_history
+        from ..ipython_state import input_history
         from ..oomfix.plan import budget_from_message, plan_batch, preview
 
         shell: Any = self.shell

@@ -22,16 +22,8 @@ from ..errors import CudaMemError
 from ..units import GiB
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, BodyRuns, run_cell_body
-from ..oomfix.leftovers import TorchMover, set_aside
-
-
-class TensorsOnly(TorchMover):
-    """Sets aside tensors only. A module is moved in place, so whatever else refers to it (a list of
-    models, an optimizer) would see it on the host in the next run; a plan must leave the cell's
-    objects as they were, so a module the cell binds again is left bound (it is the cell's fixed part)."""
-
-    def to_host(self, value: object) -> Any:
-        return super().to_host(value) if getattr(value, "is_cuda", False) is True else None
+from ..oomfix.leftovers import set_aside
+from ..sources.torch_host import TorchMover
 
 
 @magics_class
@@ -63,7 +55,9 @@ class CudaMemPlan(CudaMemMagicsBase):
               f"or CudaMemPlan.margin; with --calibrate {CALIBRATED_MARGIN}, or CudaMemPlan.calibrated_margin).")
     @argument("--cards", default=None, metavar="NAME,NAME",
               help="Plan for these cards of the table only (add cards with %%config CudaMem.cards = {...}).")
-    @argument("-o", "--output", default=None, metavar="NAME", help="Store the plan object in this variable.")
+    @argument("-o", "--output", action="store_true",
+              help="Show the plan and also return it, as %%timeit -o does: it is the cell's Out[N], so plan = _ in the "
+              "next cell keeps it (.predicted, .cards, .line, .figure()).")
     @argument("--small", type=int, default=None, metavar="N",
               help="The second batch to measure (default: half the batch as written).")
     @argument("--calibrate", action="store_true",
@@ -74,7 +68,7 @@ class CudaMemPlan(CudaMemMagicsBase):
     @no_var_expand
     @cell_magic("cudamem_plan")  # type: ignore[arg-type]  # IPython annotates cell_magic("name") as taking Never
     @one_line_errors
-    def cudamem_plan(self, line: str, cell: str) -> None:
+    def cudamem_plan(self, line: str, cell: str) -> Any:
         """Run the cell at its batch and at a smaller one, fit peak = fixed + per sample x batch, and say
         for this card and a table of common cards the largest batch that fits, and for the batch as
         written: fits, or a micro-batch and the gradient-accumulation steps that keep it exactly.
@@ -95,8 +89,8 @@ class CudaMemPlan(CudaMemMagicsBase):
         from ..cell.edit import AutocastNotApplicable, wrap_in_autocast
         from ..cell.traits import cell_traits
         from ..measure import Meter
-        from ..oomfix.ipython_state import input_history
-        from ..oomfix.parse import is_cuda_oom
+        from ..ipython_state import input_history
+        from ..oom import is_cuda_oom
         from ..repeats import source_key
 
         args = parse_argstring(self.cudamem_plan, line)
@@ -108,8 +102,6 @@ class CudaMemPlan(CudaMemMagicsBase):
                 f"CudaMemPlan.calibrated_margin takes a fraction from 0 to 1 such as 0.03, got {self.calibrated_margin}: "
                 "set it with %config CudaMemPlan.calibrated_margin = 0.03"
             )
-        if args.output is not None and not args.output.isidentifier():
-            raise CudaMemError(f"-o takes a variable name, got {args.output!r}")
         cards = select_cards(card_table(self._cards_setting()), args.cards)
         reason = self.hardware.allocator.status()
         if reason is not None:
@@ -156,9 +148,13 @@ class CudaMemPlan(CudaMemMagicsBase):
         change = BatchChange(finding, knob, shell.user_ns, history) if knob is not None else None
         meter = Meter(self.hardware, reset_peak=True)
         body = BodyRuns(shell)
+        # Tensors only: a plan must leave the cell's objects as they were, and a module moved in place would
+        # be seen on the host by whatever else refers to it; a module the cell binds again stays bound (it is
+        # the cell's fixed part).
+        tensors_only = TorchMover(tensors_only=True)
         runner = Runner(meter, run=body.run, is_oom=is_cuda_oom,
                         release=self.hardware.allocator.empty_cache, quiet=capture_output,
-                        set_aside=lambda source: set_aside(shell.user_ns, source, TensorsOnly(), shell.transform_cell))
+                        set_aside=lambda source: set_aside(shell.user_ns, source, tensors_only, shell.transform_cell))
         calibrate_at = None
         if args.calibrate:
             if knob is None:
@@ -199,8 +195,7 @@ class CudaMemPlan(CudaMemMagicsBase):
         if measured.has_value and measured.value is not NO_VALUE:
             shell.displayhook(measured.value)  # the cell's value first, as %%cudamem shows it
         display(plan)
-        if args.output is not None:
-            shell.user_ns[args.output] = plan
+        return plan if args.output else None
 
     def _this_card(self, measured: Any) -> tuple[str, int] | None:
         """The card the runs used, as a plan's card: under a per-process cap, what the cap leaves."""

@@ -1,10 +1,10 @@
 """``%oomfix``: diagnose a CUDA out-of-memory error, free what it left behind, and rerun in a form that fits.
 
-``parse`` reads OOM messages, ``ipython_state`` (what IPython keeps; ``attribution`` says who holds memory) is the
-only module that knows IPython's attribute names, ``cleanup`` frees and measures, ``diagnosis`` turns
-it into a verdict; ``search`` picks the next batch (the memory model is ``jupyter_cudamem.growth``),
-``strategies`` names the ways to fit, ``options`` checks their settings, and the driver runs them,
-recording each try in ``outcome``; ``leftovers`` makes sure a failed try leaves nothing; ``plan`` is
-what ``--dry-run`` shows. Where the batch lives and changing it there is ``jupyter_cudamem.batch``'s,
+What an OOM is and what its message says is ``jupyter_cudamem.oom``'s, what IPython keeps
+``jupyter_cudamem.ipython_state``'s (``attribution`` says who holds memory). Here ``cleanup`` frees and
+measures, ``diagnosis`` turns it into a verdict; ``search`` picks the next batch (the memory model is
+``jupyter_cudamem.growth``), ``strategies`` names the ways to fit, ``options`` checks their settings, and the
+driver runs them, recording each try in ``outcome``; ``leftovers`` makes sure a failed try leaves nothing;
+``plan`` is what ``--dry-run`` shows. Where the batch lives and changing it there is ``jupyter_cudamem.batch``'s,
 advice ``jupyter_cudamem.advice``'s.
 """

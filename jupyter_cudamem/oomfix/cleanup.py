@@ -20,7 +20,7 @@ from ..hardware import Hardware
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
-from .ipython_state import release_ipython_references, release_output_cache
+from ..ipython_state import release_ipython_references, release_output_cache
 
 
 @dataclass(frozen=True, repr=False)

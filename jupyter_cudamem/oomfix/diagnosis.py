@@ -35,19 +35,13 @@ from ..sources.base import AllocatorReading
 from ..units import MiB, format_bytes
 from ..attribution.holders import EXCEPTION, FRAME, Holder
 from ..breakdown import MODEL_STATE, Category
-from .parse import OomInfo
+from ..oom import KIND_WORDS
+from ..oom import OomInfo
 
 
 _SIGNIFICANT_SHARE = 0.05
 _NAMESPACE_SHARE = 0.5
 
-_KIND_WORDS = {
-    "allocator": "PyTorch's allocator",
-    "driver": "the CUDA driver",
-    "cublas": "cuBLAS (its workspace or handle)",
-    "cudnn": "cuDNN (its workspace)",
-    "other": "a library outside PyTorch",
-}
 
 
 @dataclass(frozen=True, repr=False)
@@ -69,7 +63,7 @@ class Diagnosis(TextReport):
 
     def text(self) -> str:
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
-        lines = [f"CUDA out of memory{where} ({_KIND_WORDS.get(self.oom.kind, self.oom.kind)}): {self.verdict}"]
+        lines = [f"CUDA out of memory{where} ({KIND_WORDS.get(self.oom.kind, self.oom.kind)}): {self.verdict}"]
         lines.append(f"  {self.explanation}")
         if self.figures:
             width = max(len(label) for label, _ in self.figures)
@@ -126,7 +120,7 @@ class Diagnosis(TextReport):
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
         parts = [
             '<div class="cudamem-oomfix-diagnosis">',
-            f"<p><b>CUDA out of memory{e(where)}</b> ({e(_KIND_WORDS.get(self.oom.kind, self.oom.kind))}): "
+            f"<p><b>CUDA out of memory{e(where)}</b> ({e(KIND_WORDS.get(self.oom.kind, self.oom.kind))}): "
             f"<b>{e(self.verdict)}</b>. {e(self.explanation)}</p>",
         ]
         if self.figures:
@@ -372,7 +366,7 @@ def diagnose(
         )
     if oom.kind in ("cublas", "cudnn", "driver", "other") and cached_now and verdict != "fragmentation":
         explanation += (
-            f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {_KIND_WORDS[oom.kind]} cannot use "
+            f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {KIND_WORDS[oom.kind]} cannot use "
             "until the cleanup returns it (empty_cache)."
         )
     categories = failure_categories(oom, model_state)

@@ -36,10 +36,11 @@ from ..cell.edit import AutocastNotApplicable, CellDiff, wrap_in_autocast
 from ..cell.source import ParsedCell, default_transform, parse_cell
 from ..cell.traits import cell_traits
 from .cleanup import CleanupResult
-from .leftovers import Mover, SetAside, TorchMover, names_bound_before_read, restore_bindings, set_aside
+from .leftovers import Mover, SetAside, names_bound_before_read, restore_bindings, set_aside
+from ..sources.torch_host import TorchMover
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
-from .parse import OomInfo, parse_oom
+from ..oom import OomInfo, parse_oom
 from ..reruns.recording import Recorder
 from ..reruns.search import BatchSearch
 from .strategies import STRATEGIES

@@ -17,7 +17,7 @@ from typing import Any
 from ..batch import BatchChange, BatchFinding, Knob
 from ..cell.edit import CellDiff
 from .outcome import Outcome, diff_html
-from .parse import OomInfo
+from ..oom import OomInfo
 from ..reruns.search import BatchSearch
 from .strategies import STRATEGY_TITLES, Strategy
 from .whole_data import whole_data_decision

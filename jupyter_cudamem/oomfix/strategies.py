@@ -22,10 +22,8 @@ STRATEGY_TITLES: dict[str, str] = {"cleanup": "cleanup alone", "batch": "smaller
 
 
 def default_autocast_dtype() -> str:
-    """bfloat16 where the current card supports it (Ampere and later), else float16."""
-    import torch
+    """bfloat16 where the current card supports it (Ampere and later), else float16 (also without CUDA:
+    the driver will not get to run anyway)."""
+    from ..sources.torch_device import bf16_supported
 
-    try:
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    except Exception:  # no CUDA: the driver will not get to run anyway
-        return "float16"
+    return "bfloat16" if bf16_supported() else "float16"

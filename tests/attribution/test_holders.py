@@ -186,7 +186,7 @@ def test_real_torch_cpu_tensors_are_not_cuda() -> None:
 def test_handles_on_the_machinery_are_not_user_holders() -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from jupyter_cudamem.oomfix.ipython_state import FailureRecorder
+    from jupyter_cudamem.ipython_state import FailureRecorder
 
     shell = InteractiveShell.instance()
     shell.user_ns["kept"] = FakeTensor(3 * MiB)

@@ -76,9 +76,9 @@ def expected_largest(total_bytes, margin=DEFAULT_MARGIN, per_sample=PER_SAMPLE):
 def test_plan_fits_the_line_and_plans_every_card(plan_shell, capsys):
     shell, machine, stepper = plan_shell
     shell.run_cell("batch_size = 64")
-    result = shell.run_cell("%%cudamem_plan -o plan\nstep(batch_size)\nran_with = batch_size\nbatch_size")
+    result = shell.run_cell("%%cudamem_plan -o\nstep(batch_size)\nran_with = batch_size\nbatch_size")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["plan"]
+    plan = shell.user_ns["_"]
     assert plan.line.slope_bytes == pytest.approx(PER_SAMPLE) and plan.line.intercept_bytes == pytest.approx(WEIGHTS)
     assert plan.non_pytorch_bytes == CONTEXT
     for card in card_table():
@@ -92,10 +92,19 @@ def test_plan_fits_the_line_and_plans_every_card(plan_shell, capsys):
     assert "measured here through NVML" in out and "the first run at batch 64" in out
 
 
+def test_without_output_option_the_plan_is_shown_and_not_returned(plan_shell, capsys):
+    shell, machine, stepper = plan_shell
+    result = shell.run_cell("%%cudamem_plan\nran = step(64)")
+    assert result.success, result.error_in_exec
+    assert result.result is None
+    assert "Capacity plan for" in capsys.readouterr().out
+    assert not shell.run_cell("%%cudamem_plan -o plan\nstep(64)").success  # -o takes no name: it returns the plan
+
+
 def test_a_batch_too_big_for_a_card_gets_exact_accumulation(plan_shell):
     shell, machine, stepper = plan_shell
-    shell.run_cell("%%cudamem_plan -o plan --cards T4,H100\nbatch_size = 768\nstep(batch_size)")
-    plan = shell.user_ns["plan"]
+    shell.run_cell("%%cudamem_plan -o --cards T4,H100\nbatch_size = 768\nstep(batch_size)")
+    plan = shell.user_ns["_"]
     t4 = plan.card("T4")
     assert not t4.fits and t4.largest_batch == expected_largest(15 * GiB)
     assert t4.micro_batch * t4.steps == 768 and t4.micro_batch <= t4.largest_batch
@@ -103,29 +112,29 @@ def test_a_batch_too_big_for_a_card_gets_exact_accumulation(plan_shell):
     assert [c.name for c in plan.cards] == ["T4", "H100 80GB"]
     assert "batch 384 x 2 chunks" in plan.text()  # the cell only runs a model: chunks
     assert shell.user_ns["batch_size"] == 768  # the cell's own number: the last run used it
-    shell.run_cell("%%cudamem_plan -o plan --cards T4\nbatch_size = 768\nstep(batch_size).backward()")
-    assert "batch 384 x 2 accumulation steps" in shell.user_ns["plan"].text()  # a training cell: accumulation
+    shell.run_cell("%%cudamem_plan -o --cards T4\nbatch_size = 768\nstep(batch_size).backward()")
+    assert "batch 384 x 2 accumulation steps" in shell.user_ns["_"].text()  # a training cell: accumulation
 
 
 def test_config_cards_and_margin(plan_shell):
     shell, machine, stepper = plan_shell
     shell.run_cell("%config CudaMem.cards = {'Mine': 12, 'T4': None}")
-    shell.run_cell("%%cudamem_plan -o plan --margin 0.1\nstep(64)")
-    plan = shell.user_ns["plan"]
+    shell.run_cell("%%cudamem_plan -o --margin 0.1\nstep(64)")
+    plan = shell.user_ns["_"]
     assert "T4" not in plan.predicted and plan.predicted["Mine"] == expected_largest(12 * GiB, 0.1)
     assert plan.margin == 0.1
     assert "not in the table" in usage_error(shell, "%%cudamem_plan --cards T4\nstep(64)")
     assert "--margin" in usage_error(shell, "%%cudamem_plan --margin 1.5\nstep(64)")
     shell.run_cell("%config CudaMem.cards = {'Bad': 'lots'}")  # refused when set (one line), the table kept
-    shell.run_cell("%%cudamem_plan -o plan --margin 0.1\nstep(64)")
-    assert "Bad" not in shell.user_ns["plan"].predicted and "Mine" in shell.user_ns["plan"].predicted
+    shell.run_cell("%%cudamem_plan -o --margin 0.1\nstep(64)")
+    assert "Bad" not in shell.user_ns["_"].predicted and "Mine" in shell.user_ns["_"].predicted
 
 
 def test_small_overrides_the_second_batch(plan_shell):
     shell, machine, stepper = plan_shell
-    shell.run_cell("%%cudamem_plan --small 16 -o plan\nstep(64)")
+    shell.run_cell("%%cudamem_plan --small 16 -o\nstep(64)")
     assert stepper.calls == [64, 16, 64]
-    assert shell.user_ns["plan"].line.slope_bytes == pytest.approx(PER_SAMPLE)
+    assert shell.user_ns["_"].line.slope_bytes == pytest.approx(PER_SAMPLE)
     assert "--small" in usage_error(shell, "%%cudamem_plan --small 64\nstep(64)")
 
 
@@ -159,9 +168,9 @@ def test_out_of_memory_at_both_sizes(plan_shell):
 def test_out_of_memory_as_written_plans_from_two_smaller_batches(plan_shell):
     shell, machine, stepper = plan_shell
     machine.gpus[0].fraction = 8 * GiB / machine.gpus[0].total_bytes  # 2 GiB weights + 30 MiB x 200 fits, 256 not
-    result = shell.run_cell("%%cudamem_plan -o plan\nbatch_size = 256\nstep(batch_size)")
+    result = shell.run_cell("%%cudamem_plan -o\nbatch_size = 256\nstep(batch_size)")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["plan"]
+    plan = shell.user_ns["_"]
     assert stepper.calls == [256, 128, 64]
     assert plan.line.slope_bytes == pytest.approx(PER_SAMPLE)
     assert any("ran out of GPU memory here" in note for note in plan.notes)
@@ -190,9 +199,9 @@ def test_first_run_that_creates_state_is_a_warm_up(plan_shell):
     shell, machine, stepper = plan_shell
     shell.user_ns["state"] = []
     shell.user_ns["make_state"] = lambda: (machine.allocate(0, GiB), shell.user_ns["state"].append(1)) if not shell.user_ns["state"] else None
-    result = shell.run_cell("%%cudamem_plan -o plan\nstep(64)\nmake_state()")
+    result = shell.run_cell("%%cudamem_plan -o\nstep(64)\nmake_state()")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["plan"]
+    plan = shell.user_ns["_"]
     assert plan.line.intercept_bytes == pytest.approx(WEIGHTS + GiB)  # the optimizer-like state is part of the fixed part
     assert any("warm-up" in note for note in plan.notes)
 
@@ -241,9 +250,9 @@ def test_the_cells_own_error_shows_the_plain_cells_traceback(plan_shell, capsys,
 def test_a_cell_with_no_batch_is_measured_once(plan_shell, capsys):
     shell, machine, stepper = plan_shell
     shell.user_ns["calls"] = []
-    result = shell.run_cell("%%cudamem_plan -o plan\ncalls.append(1)\nm.allocate(0, 3 * GiB); m.free(0, 3 * GiB)")
+    result = shell.run_cell("%%cudamem_plan -o\ncalls.append(1)\nm.allocate(0, 3 * GiB); m.free(0, 3 * GiB)")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["plan"]
+    plan = shell.user_ns["_"]
     assert shell.user_ns["calls"] == [1] and plan.line is None
     assert plan.fixed_bytes == WEIGHTS + 3 * GiB
     assert plan.card("T4").fits and "fixed-size" in capsys.readouterr().out
@@ -271,9 +280,9 @@ def test_autocast_run_says_what_it_buys(plan_shell):
                 stepper.autocast = False
 
     shell.user_ns["torch"] = FakeTorch
-    result = shell.run_cell("%%cudamem_plan --autocast -o plan\nstep(64)")
+    result = shell.run_cell("%%cudamem_plan --autocast -o\nstep(64)")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["plan"]
+    plan = shell.user_ns["_"]
     assert plan.autocast_line.slope_bytes == pytest.approx(PER_SAMPLE / 2)
     t4 = plan.card("T4")
     assert t4.largest_autocast_batch == expected_largest(15 * GiB, per_sample=PER_SAMPLE / 2)
@@ -283,19 +292,19 @@ def test_autocast_run_says_what_it_buys(plan_shell):
 def test_history_measurement_of_the_same_cell_is_compared(plan_shell):
     shell, machine, stepper = plan_shell
     shell.run_cell("%%cudamem -q\nstep(64)")
-    shell.run_cell("%%cudamem_plan -o plan\nstep(64)")
-    labels = [a.label for a in shell.user_ns["plan"].agreements]
+    shell.run_cell("%%cudamem_plan -o\nstep(64)")
+    labels = [a.label for a in shell.user_ns["_"].agreements]
     assert any(label.startswith("%%cudamem") for label in labels)
-    agreement = shell.user_ns["plan"].agreements[-1]
+    agreement = shell.user_ns["_"].agreements[-1]
     assert abs(agreement.relative) < 0.01
 
 
 def test_plan_html_carries_the_figure(plan_shell):
     shell, machine, stepper = plan_shell
-    shell.run_cell("%%cudamem_plan -o plan\nstep(64)")
-    html = shell.user_ns["plan"]._repr_html_()
+    shell.run_cell("%%cudamem_plan -o\nstep(64)")
+    html = shell.user_ns["_"]._repr_html_()
     assert "<table" in html and "data:image/png;base64," in html
-    figure = shell.user_ns["plan"].figure()
+    figure = shell.user_ns["_"].figure()
     assert figure.axes[0].get_yscale() == "log"
     # Each card's dot sits at the batch its table row gives, on its usable level (it once sat where the
     # allocated line alone crossed the level: 1,050 against the table's 529).
@@ -310,8 +319,8 @@ def test_plan_html_carries_the_figure(plan_shell):
 def test_memory_outside_pytorch_is_measured_not_assumed(plan_shell):
     shell, machine, stepper = plan_shell
     machine.gpus[0].outside_bytes = 700 * MiB  # cuBLAS/cuDNN workspaces, CuPy...
-    shell.run_cell("%%cudamem_plan -o plan --cards T4\nstep(64)")
-    plan = shell.user_ns["plan"]
+    shell.run_cell("%%cudamem_plan -o --cards T4\nstep(64)")
+    plan = shell.user_ns["_"]
     assert plan.non_pytorch_bytes == CONTEXT + 700 * MiB
     assert plan.card("T4").largest_batch == largest_batch(
         Line(PER_SAMPLE, WEIGHTS), usable_bytes(15 * GiB, CONTEXT + 700 * MiB), DEFAULT_MARGIN)
@@ -327,8 +336,8 @@ def test_without_process_listing_the_whole_card_counts_and_says_so(ip, machine):
                              pid=machine.pid))
     try:
         ip.user_ns.update(step=Stepper(machine))
-        assert ip.run_cell("%%cudamem_plan -o plan\nstep(64)").success
-        plan = ip.user_ns["plan"]
+        assert ip.run_cell("%%cudamem_plan -o\nstep(64)").success
+        plan = ip.user_ns["_"]
         assert plan.non_pytorch_bytes == CONTEXT + GiB and "other processes on the card count too" in plan.text()
     finally:
         magics.unload(ip)
@@ -341,8 +350,8 @@ def test_without_nvml_the_plan_says_the_context_was_not_measured(ip, machine):
                              pid=machine.pid))
     try:
         ip.user_ns.update(step=Stepper(machine))
-        assert ip.run_cell("%%cudamem_plan -o plan\nstep(64)").success
-        plan = ip.user_ns["plan"]
+        assert ip.run_cell("%%cudamem_plan -o\nstep(64)").success
+        plan = ip.user_ns["_"]
         assert plan.non_pytorch_bytes == 0 and "NOT measured (NVML: no library)" in plan.text()
     finally:
         magics.unload(ip)
@@ -351,8 +360,8 @@ def test_without_nvml_the_plan_says_the_context_was_not_measured(ip, machine):
 def test_this_card_under_a_cap_is_what_the_cap_leaves(plan_shell):
     shell, machine, stepper = plan_shell
     machine.gpus[0].fraction = 10 * GiB / machine.gpus[0].total_bytes
-    shell.run_cell("%%cudamem_plan -o plan --cards T4\nbatch_size = 512\nstep(batch_size)")
-    here = shell.user_ns["plan"].this_card
+    shell.run_cell("%%cudamem_plan -o --cards T4\nbatch_size = 512\nstep(batch_size)")
+    here = shell.user_ns["_"].this_card
     assert "capped at 10.0 GiB" in here.name
     assert here.usable_bytes == 10 * GiB  # the margin is taken from the room above the fixed part
     assert not here.fits and here.largest_batch == math.floor((10 * GiB - WEIGHTS) * (1 - DEFAULT_MARGIN) / PER_SAMPLE)
@@ -363,9 +372,9 @@ def test_state_created_by_the_smaller_run_after_an_oom_is_a_warm_up(plan_shell):
     machine.gpus[0].fraction = 12 * GiB / machine.gpus[0].total_bytes
     shell.user_ns["state"] = []
     shell.user_ns["make_state"] = lambda: (machine.allocate(0, GiB), shell.user_ns["state"].append(1)) if not shell.user_ns["state"] else None
-    result = shell.run_cell("%%cudamem_plan -o plan\nbatch_size = 512\nstep(batch_size)\nmake_state()")
+    result = shell.run_cell("%%cudamem_plan -o\nbatch_size = 512\nstep(batch_size)\nmake_state()")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["plan"]
+    plan = shell.user_ns["_"]
     assert stepper.calls == [512, 256, 128, 256]
     assert [r.label for r in plan.runs] == ["as written", "smaller (warm-up)", "smaller still", "smaller"]
     assert plan.line.intercept_bytes == pytest.approx(WEIGHTS + GiB)
@@ -390,9 +399,9 @@ def test_calibrate_finds_the_largest_batch_here_and_scales_every_card(plan_shell
     what is asked, so the ratio is 1 and every card's batch is the allocated line's."""
     shell, machine, stepper = plan_shell
     shell.run_cell("batch_size = 64")
-    result = shell.run_cell("%%cudamem_plan --calibrate -o plan\nstep(batch_size)")
+    result = shell.run_cell("%%cudamem_plan --calibrate -o\nstep(batch_size)")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["plan"]
+    plan = shell.user_ns["_"]
     # calibrated at the smallest card of the table, a T4, played by capping the fake card at what a T4
     # leaves PyTorch; the cap is put back
     t4 = usable_bytes(15 * GiB, CONTEXT)
@@ -412,15 +421,15 @@ def test_calibrate_finds_the_largest_batch_here_and_scales_every_card(plan_shell
     labels = [line.get_label() for line in plan.figure().axes[0].get_lines()]
     assert any("calibrated" in label for label in labels)  # the line the cards are planned on is drawn
     assert plan.card("T4").largest_batch == math.floor((t4 - WEIGHTS * k) * (1 - CALIBRATED_MARGIN) / (PER_SAMPLE * k) + 1e-9)
-    shell.run_cell("%%cudamem_plan --calibrate --margin 0.1 -o plan\nstep(batch_size)")
-    assert shell.user_ns["plan"].margin == 0.1  # --margin still decides
+    shell.run_cell("%%cudamem_plan --calibrate --margin 0.1 -o\nstep(batch_size)")
+    assert shell.user_ns["_"].margin == 0.1  # --margin still decides
 
 
 def test_calibrate_without_a_batch_says_so(plan_shell):
     shell, machine, stepper = plan_shell
     shell.user_ns["calls"] = []
-    shell.run_cell("%%cudamem_plan --calibrate -o plan\ncalls.append(1)\nm.allocate(0, 3 * GiB); m.free(0, 3 * GiB)")
-    plan = shell.user_ns["plan"]
+    shell.run_cell("%%cudamem_plan --calibrate -o\ncalls.append(1)\nm.allocate(0, 3 * GiB); m.free(0, 3 * GiB)")
+    plan = shell.user_ns["_"]
     assert shell.user_ns["calls"] == [1]
     assert plan.calibration_ratio is None and any("--calibrate needs a batch" in note for note in plan.notes)
 
@@ -431,9 +440,9 @@ def test_calibrate_keeps_a_cap_the_user_set(plan_shell):
     shell, machine, stepper = plan_shell
     machine.gpus[0].fraction = 0.5
     shell.run_cell("batch_size = 64")
-    result = shell.run_cell("%%cudamem_plan --calibrate --cards H100 -o plan\nstep(batch_size)")
+    result = shell.run_cell("%%cudamem_plan --calibrate --cards H100 -o\nstep(batch_size)")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["plan"]
+    plan = shell.user_ns["_"]
     assert machine.gpus[0].fraction == 0.5
     assert plan.calibration is not None and plan.calibration.fitted <= (40 * GiB - WEIGHTS) // PER_SAMPLE
     machine.gpus[0].fraction = 1.0

@@ -2,7 +2,7 @@
 
 - the autocast rewrite of a training loop runs the forward under autocast and backward and the
   optimizer step outside it (jupyter_cudamem/cell/edit.py);
-- ``%reset -f out`` frees a tensor a ``%%cudamem`` cell showed (oomfix/ipython_state.py);
+- ``%reset -f out`` frees a tensor a ``%%cudamem`` cell showed (ipython_state.py);
 - a single request larger than ``--limit`` gets no expandable_segments hint (advice.py);
 - ``%oomfix`` after ``%%cudamem --limit 2GiB`` ran out of memory plans under 2 GiB (magics/oomfix.py);
 - top-level ``await`` in ``%%cudamem`` is measured (magics/cellrun.py).

@@ -47,7 +47,7 @@ from jupyter_cudamem.hardware import default_hardware
 from jupyter_cudamem.oomfix.cleanup import cleanup
 from jupyter_cudamem.oomfix.diagnosis import diagnose
 from jupyter_cudamem.attribution.holders import find_holders
-from jupyter_cudamem.oomfix.ipython_state import ipython_references, last_failure, user_variables
+from jupyter_cudamem.ipython_state import ipython_references, last_failure, user_variables
 
 ip = get_ipython()
 hardware = default_hardware()

@@ -58,12 +58,25 @@ def test_keyboard_interrupt_is_measured_then_reraised(shell, capsys):
     assert "failed with KeyboardInterrupt" in capsys.readouterr().out
 
 
-def test_line_form_with_output_option(shell, machine):
+def test_line_form_with_output_option_shows_the_report_and_returns_it(shell, machine, capsys):
     shell.run_cell("r = %cudamem -o m.allocate(0, GiB)")
     report = shell.user_ns["r"]
     assert isinstance(report, CellReport)
     assert report.peak_allocated_bytes == GiB
     assert "peak allocated" in repr(report) and "<table>" in report._repr_html_()
+    assert capsys.readouterr().out.count("peak allocated") == 1  # shown once; the assignment shows no Out
+
+
+def test_output_option_with_quiet_returns_the_report_only(shell, machine, capsys):
+    shell.run_cell("r = %cudamem -q -o m.allocate(0, GiB)")
+    assert shell.user_ns["r"].peak_allocated_bytes == GiB
+    assert "peak" not in capsys.readouterr().out
+
+
+def test_without_output_option_nothing_is_returned(shell, machine, capsys):
+    shell.run_cell("r = %cudamem m.allocate(0, GiB)")
+    assert shell.user_ns["r"] is None
+    assert "peak allocated" in capsys.readouterr().out
 
 
 def test_quiet_records_without_showing(shell, capsys):
@@ -190,8 +203,8 @@ def test_unload_removes_magics_callbacks_and_configurables(shell):
     assert shell.find_cell_magic("cudamem") is None
     assert shell.find_line_magic("cudamem_history") is None
     assert instance not in shell.configurables
-    assert instance._pre_run_cell not in shell.events.callbacks["pre_run_cell"]
-    assert instance._post_run_cell not in shell.events.callbacks["post_run_cell"]
+    assert instance.every_cell.pre_run_cell not in shell.events.callbacks["pre_run_cell"]
+    assert instance.every_cell.post_run_cell not in shell.events.callbacks["post_run_cell"]
 
 
 def test_no_gpu_runs_the_cell_and_says_what_it_cannot_measure(ip, capsys):

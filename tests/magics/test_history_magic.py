@@ -52,10 +52,14 @@ def test_save_says_one_line_and_writes_the_selection(filled, capsys, tmp_path):
     assert out == f"cudamem history: 50 cells ({len(rows)} rows) saved to {target}\n"
 
 
-def test_output_returns_the_selected_rows(filled):
+def test_output_shows_the_table_and_returns_the_selected_rows(filled, capsys):
     filled.run_cell("rows = %cudamem_history -o --last 10")
     assert [row["execution_count"] for row in filled.user_ns["rows"]][-1] == 1_000
     assert {row["execution_count"] for row in filled.user_ns["rows"]} == set(range(991, 1_001))
+    out = capsys.readouterr().out
+    assert "[1000]" in out and "[990]" not in out  # the table of the same selection, as without -o
+    filled.run_cell("nothing = %cudamem_history --last 10")
+    assert filled.user_ns["nothing"] is None
 
 
 def test_plot_saves_in_one_line_and_shows_text_in_a_terminal(filled, capsys, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jupyter_cudamem.oomfix.diagnosis import EXPANDABLE, diagnose
 from jupyter_cudamem.attribution.holders import EXCEPTION, FRAME, Holder, Holders
-from jupyter_cudamem.oomfix.parse import OomInfo, parse_oom
+from jupyter_cudamem.oom import OomInfo, parse_oom
 from jupyter_cudamem.sources.base import AllocatorReading
 
 GiB, MiB = 1024**3, 1024**2

@@ -8,7 +8,8 @@ import pytest
 
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.oomfix.cleanup import CleanupResult
-from jupyter_cudamem.oomfix.driver import Driver, headroom_bytes
+from jupyter_cudamem.hardware import headroom_bytes
+from jupyter_cudamem.oomfix.driver import Driver
 from jupyter_cudamem.advice import accumulation_plan, build_suggestions
 from jupyter_cudamem.cell.traits import cell_traits
 from jupyter_cudamem.oomfix.options import check_max_tries, check_strategies

@@ -166,7 +166,7 @@ def test_an_optimizer_rebound_by_the_cell_has_its_state_set_aside_and_given_back
     weights) must not stay on the device during the reruns. Its tensors go to the host in place."""
     import torch
 
-    from jupyter_cudamem.oomfix.leftovers import TorchMover
+    from jupyter_cudamem.sources.torch_host import TorchMover
 
     class DeviceTensor:  # stands in for a CUDA tensor on a machine without one
         is_cuda = True

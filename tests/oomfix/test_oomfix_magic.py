@@ -11,7 +11,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import jupyter_cudamem.magics as magics
 from jupyter_cudamem.magics.oomfix import OomFix
-from jupyter_cudamem.oomfix.ipython_state import recorder_for
+from jupyter_cudamem.ipython_state import recorder_for
 from tests.fakes import FakeAllocator, FakeNvml, FakeTensor, GiB, MiB, fake_probe
 from tests.oomfix.simulated import SimulatedCell, capped_machine, fake_hardware
 from jupyter_cudamem.hardware import Hardware
@@ -229,9 +229,9 @@ def test_unload_detaches_the_failure_recorder():
 
 
 def test_each_oom_is_parsed_once_from_the_failed_cell_through_every_rerun(env, monkeypatch):
-    # Parsing an OOM ends in parse._from_text, whoever asks (is_cuda_oom, parse_oom, the recorder, the
+    # Parsing an OOM ends in oom._from_text, whoever asks (is_cuda_oom, parse_oom, the recorder, the
     # hook that hides a rerun's traceback, the driver): once for the failed cell, once per failed rerun.
-    from jupyter_cudamem.oomfix import parse
+    from jupyter_cudamem import oom as parse
 
     shell, machine, cell, magic = env
     cell.hidden_limit_bytes = 5 * GiB  # fragmentation: the first prediction fails, so reruns run out of memory

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jupyter_cudamem.batch import find_batch
-from jupyter_cudamem.oomfix.parse import parse_oom
+from jupyter_cudamem.oom import parse_oom
 from jupyter_cudamem.oomfix.plan import budget_from_message, plan_batch, preview
 from jupyter_cudamem.reruns.search import BatchSearch
 from tests.fakes import GiB, MiB

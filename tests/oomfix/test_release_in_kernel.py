@@ -23,7 +23,7 @@ import json, weakref
 from tests.fakes import FakeAllocator, FakeMachine, FakeNvml, FakeTensor, GiB, MiB, fake_probe
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.attribution.holders import find_holders, reaches_cuda
-from jupyter_cudamem.oomfix.ipython_state import FailureRecorder, ipython_references, last_failure, user_variables
+from jupyter_cudamem.ipython_state import FailureRecorder, ipython_references, last_failure, user_variables
 from jupyter_cudamem.oomfix.cleanup import cleanup
 from jupyter_cudamem.oomfix.diagnosis import diagnose
 machine = FakeMachine()

@@ -82,7 +82,7 @@ def test_cleanup_that_frees_less_than_listed_says_who_still_holds_it(env, capsys
 def test_cleanup_that_frees_more_than_listed_says_what_the_rest_was():
     from jupyter_cudamem.attribution.holders import FRAME, Holder
     from jupyter_cudamem.oomfix.diagnosis import diagnose
-    from jupyter_cudamem.oomfix.parse import OomInfo
+    from jupyter_cudamem.oom import OomInfo
 
     GiB, MiB = 1024**3, 1024**2
     oom = OomInfo(kind="allocator", message="CUDA out of memory.", device_index=0, requested_bytes=256 * MiB,

@@ -72,12 +72,14 @@ def test_a_statement_is_not_expanded(shell, statement, stored, options):
 
 
 def test_the_parser_owns_the_option_list(shell):
-    from jupyter_cudamem.magics.cudamem import _split_options, _value_options
+    from jupyter_cudamem.magics.options import OptionSplitter
 
     magic = shell.magics_manager.magics["line"]["cudamem"]
-    takes_value = _value_options(magic.parser)
-    assert {"--device", "-d", "--limit", "-l"} <= takes_value and "--quiet" not in takes_value
-    assert _split_options("-q --limit 2GiB x = f(-1)", takes_value) == ("-q --limit 2GiB", "x = f(-1)")
+    splitter = OptionSplitter(magic.parser)
+    assert all(splitter.takes_value(option) for option in ("--device", "-d", "--limit", "-l"))
+    assert not any(splitter.takes_value(option) for option in ("--quiet", "-q", "-o", "--unknown"))
+    assert splitter.split("-q --limit 2GiB x = f(-1)") == ("-q --limit 2GiB", "x = f(-1)")
+    assert splitter.split("-q --limit=2GiB -d 0 x = f(-1)") == ("-q --limit=2GiB -d 0", "x = f(-1)")
 
 
 @pytest.mark.parametrize("suffix", (".csv", ".json"))

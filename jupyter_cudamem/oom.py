@@ -27,13 +27,22 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..units import UNIT_FACTORS as _FACTORS
+from .units import UNIT_FACTORS as _FACTORS
 
 # Sizes as PyTorch's ``format_size`` and other libraries print them: "0 bytes", "3.19 MiB", "1,024 bytes".
 _SIZE = r"([0-9][0-9,]*(?:\.[0-9]+)?)\s*(bytes|B|KiB|MiB|GiB|TiB|PiB|KB|MB|GB|TB)\b"
 
 # Kinds, most informative first: when an exception chain matches several, the first kind here wins.
 _KIND_ORDER = ("allocator", "cublas", "cudnn", "driver", "other")
+
+# Who ran out, in words, for each kind.
+KIND_WORDS = {
+    "allocator": "PyTorch's allocator",
+    "driver": "the CUDA driver",
+    "cublas": "cuBLAS (its workspace or handle)",
+    "cudnn": "cuDNN (its workspace)",
+    "other": "a library outside PyTorch",
+}
 
 _NOT_CUDA = re.compile(r"\b(?:MPS backend|XPU|HIP) out of memory", re.IGNORECASE)
 _PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {

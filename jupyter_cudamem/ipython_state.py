@@ -1,5 +1,7 @@
-"""What IPython remembers about the last failure, and everything it keeps alive: the only oomfix
-module that knows IPython's (and ipykernel's) attribute names.
+"""What IPython itself holds: the last failure, the input history, and everything it keeps alive (the
+output cache, the exception and its traceback). ``%oomfix``, ``%%cudamem``'s report of what a cell left
+and ``%%cudamem_plan`` read it here, the one module that knows IPython's (and ipykernel's) attribute
+names for them.
 
 **Finding the failed cell.** ``shell.last_execution_result`` is assigned when a cell *finishes*, so
 while ``%oomfix`` runs it still describes the cell before; but a frontend's silent executions
@@ -36,9 +38,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..ipython_names import OUTPUT_CACHE_NAMES
-from ..attribution.holders import EXCEPTION, FRAME, OUTPUT_CACHE, Reference, reaches_cuda
-from .parse import OomInfo, describe_chain, exception_chain, parse_oom
+from .ipython_names import OUTPUT_CACHE_NAMES
+from .attribution.holders import EXCEPTION, FRAME, OUTPUT_CACHE, Reference, reaches_cuda
+from .oom import OomInfo, describe_chain, exception_chain, parse_oom
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
 # IPython's own frames (``run_code``) are cleared too but not worth naming in a report.

@@ -9,7 +9,7 @@ import pytest
 from tests.oomfix.shells import shell_without_failures
 
 from jupyter_cudamem.attribution.holders import find_holders, reaches_cuda
-from jupyter_cudamem.oomfix.ipython_state import (
+from jupyter_cudamem.ipython_state import (
     FailureRecorder,
     ipython_references,
     last_failure,
@@ -104,8 +104,8 @@ def test_release_from_inside_the_next_cell(shell) -> None:
     assert alive(shell, "big")
     result = run(
         shell,
-        "from jupyter_cudamem.oomfix.ipython_state import release_ipython_references, last_failure\n"
-        "from tests.oomfix.test_ipython_state import fake_holds_cuda\n"
+        "from jupyter_cudamem.ipython_state import release_ipython_references, last_failure\n"
+        "from tests.test_ipython_state import fake_holds_cuda\n"
         "failure = last_failure(get_ipython())\n"
         "found = (type(failure.exception).__name__, failure.raw_cell)\n"
         "del failure\n"
@@ -181,7 +181,7 @@ def test_without_recorder_uses_last_execution_result(shell) -> None:
     run(shell, "f(1)")
     result = run(
         shell,
-        "from jupyter_cudamem.oomfix.ipython_state import last_failure\n"
+        "from jupyter_cudamem.ipython_state import last_failure\n"
         "failure = last_failure(get_ipython())\n"
         "found = (type(failure.exception).__name__, failure.raw_cell)\n"
         "del failure\n",
@@ -231,7 +231,7 @@ def test_numbered_outputs_flushed_from_the_namespace_leave_the_hidden_one_too():
     # IPython 8.12: after ``%reset -f out`` the namespace has lost ``_1`` but ``user_ns_hidden`` still holds it.
     from types import SimpleNamespace
 
-    from jupyter_cudamem.oomfix.ipython_state import release_flushed_underscores
+    from jupyter_cudamem.ipython_state import release_flushed_underscores
 
     kept, flushed = object(), object()
     shell = SimpleNamespace(displayhook=SimpleNamespace(_="", __="", ___=""),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_cudamem.oomfix.parse import OomInfo, is_cuda_oom, parse_oom
+from jupyter_cudamem.oom import OomInfo, is_cuda_oom, parse_oom
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 

@@ -1,0 +1,102 @@
+"""What the magics' options and settings accept: splitting a line magic's options from the statement that
+follows them, expanding ``{x}``/``$x`` in the options only, and checking a ``%config`` setting when it is set."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from IPython.core.error import UsageError
+from traitlets import TraitError
+
+from ..errors import CudaMemError
+from ..units import parse_size
+
+_OPTION = re.compile(r"\s*(--?[A-Za-z][\w-]*)")
+_OPTION_VALUE = re.compile(r"(?:=|\s+)(\S+)")
+# A value no option of ours refuses (none has ``choices``): what ``takes_value`` offers an option.
+_PROBE_VALUE = "0"
+
+
+class OptionSplitter:
+    """Splits ``-o --limit 2GiB x = f()`` into its options and the statement that follows them.
+
+    The parser owns the option list: whether an option takes a value is asked of it through
+    ``parse_known_args`` (public argparse), once per option string, so an option added with ``@argument``
+    (or an abbreviation argparse accepts) is split right with no second list to keep.
+    """
+
+    def __init__(self, parser: argparse.ArgumentParser):
+        self.parser = parser
+        self._takes_value: dict[str, bool] = {}
+
+    def takes_value(self, option: str) -> bool:
+        """Whether ``option`` needs a value: alone it is refused, with one it parses. An unknown or
+        ambiguous option takes none here; the parser says what is wrong with it when the options are parsed."""
+        known = self._takes_value.get(option)
+        if known is None:
+            known = not self._parses([option]) and self._parses([option, _PROBE_VALUE])
+            self._takes_value[option] = known
+        return known
+
+    def _parses(self, argv: list[str]) -> bool:
+        try:
+            _, extra = self.parser.parse_known_args(argv)
+        except (UsageError, SystemExit):  # IPython's parser raises UsageError; a plain one exits
+            return False
+        return not extra
+
+    def split(self, line: str) -> tuple[str, str]:
+        position = 0
+        while True:
+            match = _OPTION.match(line, position)
+            if not match:
+                break
+            end = match.end()
+            if self.takes_value(match.group(1)):
+                value = _OPTION_VALUE.match(line, end)
+                if value:
+                    end = value.end()
+            position = end
+        return line[:position].strip(), line[position:].strip()
+
+
+def expand_options(options: str, namespace: Mapping[str, Any]) -> str:
+    """``{x}`` and ``$x`` in the options (never in the code measured) expand from the user's namespace,
+    as IPython expands a magic's line: ``%%cudamem --limit {cap}``. Left as written when they do not
+    expand, as IPython leaves them."""
+    if "{" not in options and "$" not in options:
+        return options
+    from IPython.utils.text import DollarFormatter
+
+    try:
+        return DollarFormatter().vformat(options, args=[], kwargs=dict(namespace))
+    except Exception:
+        return options
+
+
+_OFF_WORDS = ("", "0", "off", "none")
+
+
+def size_setting(option: str, value: Any, allowed: str) -> int | None:
+    """The bytes of a size option (``None``: off); a ``TraitError`` naming ``option`` and what it takes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise TraitError(f"{option} takes {allowed}; got {value!r}")
+        return value or None
+    if isinstance(value, str):
+        if value.strip().lower() in _OFF_WORDS:
+            return None
+        try:
+            return parse_size(value)
+        except CudaMemError:
+            pass
+    raise TraitError(f"{option} takes {allowed}; got {value!r}")
+
+
+def positive_int(option: str, value: int, what: str) -> int:
+    if value < 1:
+        raise TraitError(f"{option} takes {what} (a whole number, at least 1); got {value!r}")
+    return value
