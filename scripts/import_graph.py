@@ -1,0 +1,132 @@
+"""The package's rooms (top-level modules and folders of ``jupyter_cudamem``) and the imports between them.
+
+    python scripts/import_graph.py            # every arrow, then the arrows that run up the map and the circles
+
+A room's imports are read from its modules' ``import`` statements (``TYPE_CHECKING`` blocks included: a
+circle there is still a circle for a reader). The map's order is ``ROOMS``: data flows one way, from the
+hardware (``sources``) through measurement and models (``growth``, ``reruns``, ``batch``, ``attribution``) to
+the features (``oomfix``, ``capacity``, ``engines``) and ``magics``; a room may import only rooms before it, and
+``tests/test_layout.py`` holds the package to that.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_cudamem"
+
+ROOMS = (
+    "errors", "units", "oom", "breakdown", "sources", "devices", "hardware", "collector", "measure", "repeats",
+    "trace", "cell", "ipython_names", "ipython_state", "growth", "reruns", "batch", "attribution", "history",
+    "advice", "report", "monitor", "oomfix", "capacity", "engines", "magics",
+)
+"""The map, lowest first. ``__init__`` (the extension's entry points) may import anything."""
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "jupyter_cudamem" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def imports(path: Path) -> set[str]:
+    """The package modules a file imports, as dotted names."""
+    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    package = list(relative.parts[:-1]) if relative.name != "__init__" else list(relative.parts[:-1])
+    if relative.name == "__init__":
+        package = list(relative.parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+                found.add(module)
+                if not node.module:
+                    found.update(f"{module}.{alias.name}" for alias in node.names)
+            elif node.module:
+                found.add(node.module)
+    return {name for name in found if name.startswith("jupyter_cudamem")}
+
+
+def graph() -> dict[str, set[str]]:
+    arrows: dict[str, set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE)
+        source = relative.parts[0].removesuffix(".py")
+        if source == "__init__":
+            continue
+        for name in imports(path):
+            target = room_of(name)
+            if target and target != source and target != "__init__":
+                arrows[source].add(target)
+    return arrows
+
+
+def upward(arrows: dict[str, set[str]]) -> list[tuple[str, str]]:
+    order = {room: index for index, room in enumerate(ROOMS)}
+    return sorted((a, b) for a, targets in arrows.items() for b in targets
+                  if a in order and b in order and order[b] > order[a])
+
+
+def unknown(arrows: dict[str, set[str]]) -> set[str]:
+    rooms = set(arrows) | {b for targets in arrows.values() for b in targets}
+    return rooms - set(ROOMS)
+
+
+def circles(arrows: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one room (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+    sys.setrecursionlimit(10_000)
+
+    def visit(room: str) -> None:
+        index[room] = low[room] = counter[0]
+        counter[0] += 1
+        stack.append(room)
+        on_stack.add(room)
+        for target in arrows.get(room, ()):
+            if target not in index:
+                visit(target)
+                low[room] = min(low[room], low[target])
+            elif target in on_stack:
+                low[room] = min(low[room], index[target])
+        if low[room] == index[room]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == room:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for room in sorted(set(arrows) | {b for t in arrows.values() for b in t}):
+        if room not in index:
+            visit(room)
+    return found
+
+
+def main() -> None:
+    arrows = graph()
+    for room in ROOMS:
+        if arrows.get(room):
+            print(f"{room} -> {', '.join(sorted(arrows[room], key=ROOMS.index))}")
+    print("up the map:", upward(arrows) or "none")
+    print("circles:", circles(arrows) or "none")
+    print("rooms not on the map:", sorted(unknown(arrows)) or "none")
+
+
+if __name__ == "__main__":
+    main()
