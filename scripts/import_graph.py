@@ -20,10 +20,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_cudamem"
 
 ROOMS = (
     "errors", "units", "oom", "breakdown", "sources", "devices", "hardware", "collector", "measure", "repeats",
-    "trace", "cell", "ipython_names", "ipython_state", "growth", "reruns", "batch", "attribution", "history",
+    "trace", "cell", "ipython_names", "growth", "reruns", "batch", "attribution", "ipython_state", "history",
     "advice", "report", "monitor", "oomfix", "capacity", "engines", "magics",
 )
-"""The map, lowest first. ``__init__`` (the extension's entry points) may import anything."""
+"""The map, lowest first. ``__init__`` (the extension's entry points) may import anything. ``ipython_state``
+(what IPython itself holds) sits above ``attribution``: it names what it finds with attribution's vocabulary
+of holders (an output cache entry, a traceback's frame) and asks it whether a value reaches CUDA memory."""
 
 
 def room_of(module: str) -> str | None:
