@@ -1,7 +1,7 @@
 """The names IPython itself puts in a user namespace, in one place.
 
 ``attribution.holders`` leaves them out of "your variables" (the output cache and input history are
-reported under their own holders); ``oomfix.leftovers`` never sets them aside, and undoes a failed
+reported under their own holders); ``reruns.set_aside`` never sets them aside, and undoes a failed
 try's bindings of them only for the output cache (``OUTPUT_CACHE_NAMES``).
 """
 

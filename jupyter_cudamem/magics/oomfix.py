@@ -430,7 +430,7 @@ class OomFix(CudaMemMagicsBase):
         is to be taken, and why not when it would not fit in host memory; one line asking for
         --no-restore when it would not fit and nobody can be asked."""
         from ..cell.source import parse_cell
-        from ..oomfix.leftovers import names_bound_before_read
+        from ..reruns.set_aside import names_bound_before_read
         from ..reruns.model_state import TrainingState, copy_fits, training_state
         from ..sources.host import available_bytes
         from ..units import format_bytes

@@ -4,7 +4,7 @@ What an OOM is and what its message says is ``jupyter_cudamem.oom``'s, what IPyt
 ``jupyter_cudamem.ipython_state``'s (``attribution`` says who holds memory). Here ``cleanup`` frees and
 measures, ``diagnosis`` turns it into a verdict; ``search`` picks the next batch (the memory model is
 ``jupyter_cudamem.growth``), ``strategies`` names the ways to fit, ``options`` checks their settings, and the
-driver runs them, recording each try in ``outcome``; ``leftovers`` makes sure a failed try leaves nothing;
+driver runs them, recording each try in ``outcome``; ``reruns.set_aside`` makes sure a failed try leaves nothing;
 ``plan`` is what ``--dry-run`` shows. Where the batch lives and changing it there is ``jupyter_cudamem.batch``'s,
 advice ``jupyter_cudamem.advice``'s.
 """

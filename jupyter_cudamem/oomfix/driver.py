@@ -11,7 +11,7 @@ larger batch will not fit), and at any error that is not an OOM: that one is the
 The batch is changed where it lives (``batch.BatchChange``: the cell's text, a variable or config of an
 earlier cell, a DataLoader, a Trainer's arguments), found once per fix and kept at the best batch that
 fitted, or put back when none did. Every try starts with what the failed cell started with: what the
-failed cell bound and binds again is set aside first (``leftovers``), and each failed try is undone.
+failed cell bound and binds again is set aside first (``reruns.set_aside``), and each failed try is undone.
 The OOM of each try is parsed once, and only its figures are kept (``TryResult``), never the exception;
 each source (the failed cell's, each try's) is parsed once per fix, and every reader gets that tree.
 """
@@ -36,7 +36,7 @@ from ..cell.edit import AutocastNotApplicable, CellDiff, wrap_in_autocast
 from ..cell.source import ParsedCell, default_transform, parse_cell
 from ..cell.traits import cell_traits
 from .cleanup import CleanupResult
-from .leftovers import Mover, SetAside, names_bound_before_read, restore_bindings, set_aside
+from ..reruns.set_aside import Mover, SetAside, names_bound_before_read, restore_bindings, set_aside
 from ..sources.torch_host import TorchMover
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
@@ -75,7 +75,7 @@ def needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | Non
 
 
 def undo_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:
-    """``leftovers.restore_bindings``: put the namespace back as it was before a failed try."""
+    """``set_aside.restore_bindings``: put the namespace back as it was before a failed try."""
     return restore_bindings(namespace, before)
 
 
@@ -102,8 +102,8 @@ def _one_line(error: BaseException) -> str:
 class Driver:
     """Runs the strategies in order for one failed cell; see the module docstring.
 
-    ``mover`` moves what the failed cell bound to the host before the reruns (``leftovers``);
-    ``None`` uses PyTorch's (``leftovers.TorchMover``), tests pass fakes. ``oom_of`` reads a try's OOM
+    ``mover`` moves what the failed cell bound to the host before the reruns (``reruns.set_aside``);
+    ``None`` uses PyTorch's (``set_aside.TorchMover``), tests pass fakes. ``oom_of`` reads a try's OOM
     from its exception (``parse.parse_oom`` when ``None``): a caller that has parsed it already (the
     magic, to hide a try's OOM traceback) hands that over, so each try's OOM is parsed once.
     """
@@ -349,7 +349,7 @@ class Driver:
         )
 
     def _set_aside(self, source: str, device: int) -> SetAside:
-        """Set aside (``leftovers.set_aside``) what ``source`` binds again; kept with what earlier tries
+        """Set aside (``set_aside.set_aside``) what ``source`` binds again; kept with what earlier tries
         set aside until a try that fits supersedes it or the fix ends."""
         namespace = self._namespace
         if not isinstance(namespace, MutableMapping):
@@ -383,7 +383,7 @@ class Driver:
         return self._cells[source]
 
     def _bound_again(self, source: str) -> list[str]:
-        """``leftovers.bound_before_read`` of ``source`` from its tree parsed once. A cell under a cell
+        """``set_aside.bound_before_read`` of ``source`` from its tree parsed once. A cell under a cell
         magic (``%%time``) runs as one call of it: it binds no name of its own."""
         parsed = self._parsed(source)
         return [] if parsed is None or parsed.header_lines else names_bound_before_read(parsed.tree)

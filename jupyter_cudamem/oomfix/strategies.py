@@ -16,14 +16,10 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+from ..sources.torch_device import default_autocast_dtype
+
+__all__ = ["STRATEGIES", "STRATEGY_TITLES", "Strategy", "default_autocast_dtype"]
+
 Strategy = Literal["cleanup", "batch", "autocast"]
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 STRATEGY_TITLES: dict[str, str] = {"cleanup": "cleanup alone", "batch": "smaller batch", "autocast": "autocast"}
-
-
-def default_autocast_dtype() -> str:
-    """bfloat16 where the current card supports it (Ampere and later), else float16 (also without CUDA:
-    the driver will not get to run anyway)."""
-    from ..sources.torch_device import bf16_supported
-
-    return "bfloat16" if bf16_supported() else "float16"

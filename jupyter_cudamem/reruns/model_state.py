@@ -7,7 +7,7 @@ the copy put back before each rerun (and after the last, when the last one faile
 optimizer end as one run of the cell that fitted leaves them (``Restorer``).
 
 What the cell reads: the names it reads that it does not bind first (a name it binds before reading is a
-new object each run, ``leftovers.names_bound_before_read``), followed through the notebook's own
+new object each run, ``set_aside.names_bound_before_read``), followed through the notebook's own
 functions and classes (their globals, closures and defaults), bound methods, and the attributes and
 items of other objects a few levels deep (a Trainer's ``model``, a dict of models).
 

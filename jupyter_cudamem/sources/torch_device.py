@@ -12,3 +12,9 @@ def bf16_supported() -> bool:
         return bool(torch.cuda.is_bf16_supported())
     except Exception:  # no CUDA: whoever asks will not get to run on it anyway
         return False
+
+
+def default_autocast_dtype() -> str:
+    """bfloat16 where the current card supports it (Ampere and later), else float16 (also without CUDA:
+    the driver will not get to run anyway)."""
+    return "bfloat16" if bf16_supported() else "float16"

@@ -308,7 +308,7 @@ def test_plan_html_carries_the_figure(plan_shell):
     assert figure.axes[0].get_yscale() == "log"
     # Each card's dot sits at the batch its table row gives, on its usable level (it once sat where the
     # allocated line alone crossed the level: 1,050 against the table's 529).
-    plan = shell.user_ns["plan"]
+    plan = shell.user_ns["_"]
     dots = {(round(line.get_xdata()[0]), round(line.get_ydata()[0] * GiB)) for line in figure.axes[0].get_lines()
             if len(line.get_xdata()) == 1 and line.get_markersize() == 5}
     cards = ([plan.this_card] if plan.this_card is not None else []) + list(plan.cards)

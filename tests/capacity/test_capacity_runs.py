@@ -17,7 +17,7 @@ from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, build_plan
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs
 from jupyter_cudamem.measure import Meter
-from jupyter_cudamem.oomfix.leftovers import set_aside
+from jupyter_cudamem.reruns.set_aside import set_aside
 
 PER_SAMPLE = 20 * MiB
 WEIGHTS = GiB

@@ -30,7 +30,7 @@ def _step(model, optimizer, scheduler=None, steps=2):
 
 def _found(namespace, source):
     tree = ast.parse(source)
-    from jupyter_cudamem.oomfix.leftovers import names_bound_before_read
+    from jupyter_cudamem.reruns.set_aside import names_bound_before_read
 
     return training_state(namespace, tree, names_bound_before_read(tree))
 

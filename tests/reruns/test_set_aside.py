@@ -1,4 +1,4 @@
-"""A failed try leaves nothing (jupyter_cudamem/oomfix/leftovers.py, and the driver's use of it).
+"""A failed try leaves nothing (jupyter_cudamem/reruns/set_aside.py, and the driver's use of it).
 
 Fake tensors (``tests.fakes.FakeTensor`` on a ``FakeMachine``) hold fake GPU memory as long as they
 live, as PyTorch's tensors hold the caching allocator's; a fake mover copies them to the host.
@@ -10,7 +10,7 @@ import gc
 
 from jupyter_cudamem.ipython_names import IPYTHON_NAMES, OUTPUT_CACHE_NAMES
 from jupyter_cudamem.oomfix.driver import Driver
-from jupyter_cudamem.oomfix.leftovers import bound_before_read, restore_bindings, set_aside
+from jupyter_cudamem.reruns.set_aside import bound_before_read, restore_bindings, set_aside
 from tests.fakes import FakeMover, FakeOutOfMemoryError, FakeTensor, GiB, MiB
 from tests.oomfix.simulated import OutOfMemoryError, capped_machine, fake_hardware, torch_oom_message
 

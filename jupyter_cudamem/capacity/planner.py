@@ -1,0 +1,189 @@
+"""The capacity feature's driver: from a cell and the hardware, the runs and the plan (``%%cudamem_plan``).
+
+It finds the batch where ``%oomfix`` finds it (``batch.find_batch``), decides what to run (the batch as written,
+a smaller one, under autocast, a calibration at the smallest card), has ``runs`` measure them, and builds
+``plan``'s plan. The magic (``magics/plan.py``) parses the options, hands over how to run a cell through the
+shell and how to keep it quiet, and shows the result: nothing here displays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ContextManager
+
+from ..batch import BatchChange, find_batch
+from ..cell.edit import AutocastNotApplicable, wrap_in_autocast
+from ..cell.traits import cell_traits
+from ..errors import CudaMemError
+from ..hardware import Hardware
+from ..measure import Meter
+from ..oom import is_cuda_oom
+from ..reruns.set_aside import set_aside
+from ..sources.torch_device import default_autocast_dtype
+from ..repeats import source_key
+from ..sources.torch_host import TorchMover
+from ..units import GiB
+from .cards import Card
+from .plan import CapacityPlan, build_plan, usable_bytes
+from .runs import CalibrationScale, Measured, Runner, history_match, judge, measure_runs
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the user asked for: ``margin`` ``None`` takes ``default_margin`` (``calibrated_margin`` for a
+    calibrated plan); ``small`` the second batch (``None``: half the batch as written)."""
+
+    cards: Sequence[Card]
+    default_margin: float
+    calibrated_margin: float
+    margin: float | None = None
+    autocast: bool = False
+    small: int | None = None
+    calibrate: bool = False
+
+    def check(self) -> None:
+        """A one-line error for a margin out of range (before anything runs)."""
+        margin = self.default_margin if self.margin is None else self.margin
+        if not 0 <= margin < 1:
+            raise CudaMemError(f"--margin takes a fraction from 0 to 1 such as 0.05, got {margin}")
+        if self.calibrate and not 0 <= self.calibrated_margin < 1:
+            raise CudaMemError(
+                f"CudaMemPlan.calibrated_margin takes a fraction from 0 to 1 such as 0.03, got {self.calibrated_margin}: "
+                "set it with %config CudaMemPlan.calibrated_margin = 0.03"
+            )
+
+
+@dataclass(frozen=True)
+class CellAccess:
+    """How the planner reaches the cell's world: its namespace, IPython's input transform and history, the
+    cell's number, a way to run a source as a cell (``run``) and to keep a run quiet (``quiet``)."""
+
+    namespace: dict[str, Any]
+    transform: Callable[[str], str]
+    history: list[str]
+    cell_number: int | None
+    run: Callable[[str], Any]
+    quiet: Callable[[], ContextManager[Any]]
+
+
+def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Hardware,
+              history_records: Sequence[Any] = ()) -> tuple[CapacityPlan, Measured]:
+    """Measure ``cell`` and plan it. The cell's own errors propagate from ``access.run`` (the magic shows
+    them as a plain cell does); ours are ``CudaMemError``."""
+    options.check()
+    finding = find_batch(cell, access.namespace, access.transform, history=access.history,
+                         cell_number=access.cell_number)
+    knob = finding.chosen
+    batch = knob.value if knob is not None else None
+    notes: list[str] = []
+    if options.small is not None:
+        if knob is None:
+            raise CudaMemError(f"--small: {finding.summary()}")
+        if options.small < 1 or options.small == batch:
+            raise CudaMemError(f"--small takes a batch size of at least 1 other than {batch}, got {options.small}")
+    if knob is None:
+        notes.append(f"{finding.summary()}: measured once and planned as fixed-size")
+    traits = cell_traits(cell, access.transform)
+    autocast_source = dtype = None
+    if options.autocast:
+        if knob is None:
+            notes.append("--autocast needs a batch to compare per-sample memory: not run")
+        elif traits.autocast:
+            notes.append("the cell already runs under autocast: --autocast adds nothing")
+        else:
+            dtype = default_autocast_dtype()
+            try:
+                autocast_source = wrap_in_autocast(cell, dtype, import_torch="torch" not in access.namespace,
+                                                   transform=access.transform)
+            except SyntaxError as error:
+                raise CudaMemError(f"--autocast: the cell does not parse ({error.msg}); nothing ran") from None
+            except AutocastNotApplicable as reason:
+                notes.append(f"--autocast not run: {reason}")
+
+    change = BatchChange(finding, knob, access.namespace, access.history) if knob is not None else None
+    # Tensors only: a plan must leave the cell's objects as they were, and a module moved in place would be
+    # seen on the host by whatever else refers to it; a module the cell binds again stays bound (it is the
+    # cell's fixed part).
+    tensors_only = TorchMover(tensors_only=True)
+    runner = Runner(Meter(hardware, reset_peak=True), run=access.run, is_oom=is_cuda_oom,
+                    release=hardware.allocator.empty_cache, quiet=access.quiet,
+                    set_aside=lambda source: set_aside(access.namespace, source, tensors_only, access.transform))
+    calibrate_at = None
+    if options.calibrate:
+        if knob is None:
+            notes.append("--calibrate needs a batch to search: not calibrated")
+        else:
+            calibrate_at = lambda: calibration_scale(hardware, runner.measured, options.cards)  # noqa: E731
+    measured = measure_runs(runner, cell, batch, change, options.small, autocast_source, calibrate_at)
+    gc.collect()
+
+    history_peak = None
+    if batch is not None:
+        history_peak = next(history_match(history_records, source_key(cell), batch), None)
+    judged = judge(measured, batch, history_peak)
+    how = measured.non_pytorch_how
+    if not how:
+        why = hardware.nvml.status() or "NVML could not be read"
+        how = f"NOT measured ({why}): counted as 0, so every card's usable memory is overstated by it"
+    calibration = measured.calibration if judged.line is not None else None
+    margin = options.default_margin if options.margin is None else options.margin
+    if calibration is not None and options.margin is None:
+        margin = options.calibrated_margin
+    plan = build_plan(
+        measured.runs, batch, knob.label if knob is not None else None, options.cards, margin,
+        measured.non_pytorch_bytes, how, this_card(hardware, measured), judged.line, judged.autocast_line, dtype,
+        judged.agreements, notes + measured.notes + list(judged.notes), traits.trains,
+        finding.summary() if knob is not None else "", judged.reserved_line, calibration,
+    )
+    return plan, measured
+
+
+def this_card(hardware: Hardware, measured: Measured) -> tuple[str, int] | None:
+    """The card the runs used, as a plan's card: under a per-process cap, what the cap leaves."""
+    if measured.total_bytes is None:
+        return None
+    name, total = measured.device_name or "this card", measured.total_bytes
+    fraction = None
+    if measured.torch_index is not None:
+        try:
+            fraction = hardware.allocator.memory_fraction(measured.torch_index)
+        except Exception:  # noqa: BLE001 - an unreadable cap is no cap we can plan with
+            fraction = None
+    if fraction is not None and fraction < 1:
+        # PyTorch may reserve ``fraction x total``; the memory outside PyTorch comes on top of it.
+        capped = int(fraction * total) + measured.non_pytorch_bytes
+        if capped < total:
+            return f"{name}, PyTorch capped at {fraction * total / GiB:.1f} GiB", capped
+    return name, total
+
+
+def calibration_scale(hardware: Hardware, measured: Measured, cards: Sequence[Card]) -> CalibrationScale | None:
+    """Where --calibrate searches (``runs.CalibrationScale``): the smallest card of the plan smaller than
+    this one, played by capping PyTorch here, or this card itself."""
+    here = this_card(hardware, measured)
+    if here is None or measured.torch_index is None or not measured.total_bytes:
+        return None
+    usable_here = usable_bytes(here[1], measured.non_pytorch_bytes)
+    smaller = sorted((usable_bytes(card.total_bytes, measured.non_pytorch_bytes), card.name) for card in cards)
+    smaller = [(usable, name) for usable, name in smaller if 0 < usable < usable_here]
+    allocator, index, total = hardware.allocator, measured.torch_index, measured.total_bytes
+    try:
+        before = allocator.memory_fraction(index)
+    except Exception:  # noqa: BLE001 - a cap we cannot read is one we must not overwrite
+        before = None
+    if not smaller or before is None:
+        return CalibrationScale(usable_here, here[0])
+    usable, name = smaller[0]
+
+    @contextlib.contextmanager
+    def capped() -> Iterator[None]:
+        allocator.set_memory_fraction(index, min(usable / total, before))
+        try:
+            yield
+        finally:
+            allocator.set_memory_fraction(index, before)
+
+    return CalibrationScale(usable, name, capped)
