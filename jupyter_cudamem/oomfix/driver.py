@@ -104,7 +104,7 @@ class Driver:
 
     ``mover`` moves what the failed cell bound to the host before the reruns (``reruns.set_aside``);
     ``None`` uses PyTorch's (``set_aside.TorchMover``), tests pass fakes. ``oom_of`` reads a try's OOM
-    from its exception (``parse.parse_oom`` when ``None``): a caller that has parsed it already (the
+    from its exception (``oom.parse_oom`` when ``None``): a caller that has parsed it already (the
     magic, to hide a try's OOM traceback) hands that over, so each try's OOM is parsed once.
     """
 
