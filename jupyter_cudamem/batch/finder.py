@@ -44,6 +44,7 @@ from enum import Enum
 from typing import Any
 
 from ..cell.source import ParsedCell, Transform, callable_name, dotted_name, int_constant, parse_cell
+from .earlier_cells import path_of
 from .knobs import (
     BatchFinding,
     Default,
@@ -55,6 +56,7 @@ from .knobs import (
     ObjectPath,
     Rows,
     Step,
+    Trace,
     TrainerArgs,
     Value,
     Written,
@@ -79,7 +81,7 @@ from .libraries import (
 )
 from .names import batch_like, generation_count, name_score, phase_of
 from .notebook_classes import ITERATION_METHODS, kept_parameters, local_aliases, methods
-from .provenance import History, Trace, path_of
+from .provenance import History
 from .sequence_first import builds_sequence_first, calls_sequence_first, recurrent_states
 from .tensors import SHAPE_CONSTRUCTORS, shape_nodes, tensor_shape, trace_rows, whole_tensor
 from .whole import covers_whole_data
@@ -868,7 +870,7 @@ class _Reader:
 
     def _kept_uses(self, cls: type) -> dict[str, Use]:
         """A notebook class's constructor parameters that its methods use as a batch, each with its best use."""
-        defined = self.scan.history.definition(cls.__name__)
+        defined = self.scan.history.cells.definition(cls.__name__)
         if defined is None or not isinstance(defined[2], ast.ClassDef):
             return {}
         return _class_batch_parameters(defined[2])
@@ -947,7 +949,7 @@ class _Reader:
 
     def _definition_of(self, function: Any) -> tuple[int, ParsedCell, ast.FunctionDef | ast.AsyncFunctionDef] | None:
         qualified = getattr(function, "__qualname__", function.__name__).split(".")
-        defined = self.scan.history.definition(qualified[0])
+        defined = self.scan.history.cells.definition(qualified[0])
         if defined is None:
             return None
         number, parsed, node = defined
