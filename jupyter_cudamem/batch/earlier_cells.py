@@ -205,7 +205,12 @@ def class_attribute(statement: ast.ClassDef, steps: tuple[Step, ...]) -> tuple[a
     for item in reversed(statement.body):
         if isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in item.targets):
             return item.value, steps[1:]
-        if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.target.id == name and item.value:
+        if (
+            isinstance(item, ast.AnnAssign)
+            and isinstance(item.target, ast.Name)
+            and item.target.id == name
+            and item.value
+        ):
             return item.value, steps[1:]
     init = next((i for i in statement.body if isinstance(i, ast.FunctionDef) and i.name == "__init__"), None)
     if init is not None and len(steps) == 1:
