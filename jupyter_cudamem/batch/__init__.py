@@ -4,7 +4,7 @@
 returns every knob that sets the cell's batch, with its provenance (``knobs``, traced by
 ``provenance``); ``BatchChange`` (``change``) changes one where it lives for a try, puts it back,
 and shows the diff of every cell that should change. Finding is not changing: the next kind of knob
-is one reader in ``finder._KNOB_READERS`` and, if it lives somewhere new, one setter in ``change``.
+is one reader in ``namespace_knobs.KNOB_READERS`` and, if it lives somewhere new, one setter in ``change``.
 Used by ``%oomfix``; knows nothing of IPython's shell or of GPUs.
 """
 

@@ -154,6 +154,15 @@ class Written:
 
 
 @dataclass(frozen=True)
+class Trace:
+    """Where a value was set: the numbers to rewrite (maybe none), in words, and what it passed through."""
+
+    written: tuple[Written, ...]
+    origin: str
+    via: tuple[ObjectPath, ...] = ()  # namespace paths on the way that hold the same value
+
+
+@dataclass(frozen=True)
 class Knob:
     """One batch size and every place that must change together to change it."""
 

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..cell.source import callable_name, dotted_name
+from .earlier_cells import path_of
 from .knobs import ObjectPath
 from .libraries import SEQUENCE_FIRST_CLASSES, class_names, found, is_module, resolve, sequence_first
-from .provenance import path_of
 
 
 def builds_sequence_first(tree: ast.AST, namespace: Mapping[str, Any]) -> bool:

@@ -15,9 +15,10 @@ import ast
 from typing import Any
 
 from ..cell.source import callable_name, int_constant
-from .knobs import ObjectPath, Written
+from .earlier_cells import path_of
+from .knobs import ObjectPath, Trace, Written
 from .libraries import class_names
-from .provenance import History, Trace, path_of
+from .provenance import History
 
 # Callables whose arguments give a tensor's shape.
 SHAPE_CONSTRUCTORS = frozenset(
@@ -96,7 +97,7 @@ def trace_rows(history: History, path: ObjectPath, dim: int, rows: int, depth: i
     """Where the ``rows`` of a tensor at ``path`` were written: the constructor's dimension ``dim`` in the
     cell that made it (``torch.randn(64, ...)``), or the variable it was written with, traced in turn;
     through a tensor it was moved from (``x_gpu = x.cuda()``) too."""
-    made = history.assignment(path.root) if not path.steps and depth < 4 else None
+    made = history.cells.assignment(path.root) if not path.steps and depth < 4 else None
     if made is None:
         return Trace((), "made in an earlier cell")
     number, parsed, expression = made

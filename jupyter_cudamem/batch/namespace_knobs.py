@@ -1,0 +1,379 @@
+"""From what the failed cell reads in the namespace to knobs: one function per kind of knob.
+
+Each function (``KNOB_READERS``) looks at one path the cell read, its value now and how it was read
+(``reads.Read``), and says whether it is a batch and where it lives: an int named or used as a batch,
+a DataLoader the cell iterates or passes on, a Hugging Face ``Trainer`` or ``TrainingArguments``, a
+Lightning holder, a config handed to code we cannot read, a dict of loaders. The next kind of knob is
+one more function here. Also here: defaults of notebook functions the cell calls, and the rows of
+tensors from earlier cells that it feeds whole to a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .knobs import Default, Knob, KnobKind, LiveTarget, Loader, ObjectPath, Rows, Step, Trace, TrainerArgs, Value
+from .libraries import (
+    batch_fields,
+    found,
+    is_config_like,
+    is_dataloader,
+    is_hf_trainer,
+    is_lightning_holder,
+    is_training_arguments,
+    lightning_batch_paths,
+    loader_batch_size,
+    loader_problem,
+    resolve,
+    settable,
+)
+from .names import name_score
+from .reads import (
+    AUTHORITATIVE,
+    DIRECT_BONUS,
+    PHASE_PENALTY,
+    STATE_BATCH,
+    USE_SCORES,
+    Context,
+    Read,
+    Use,
+    phase_penalty,
+)
+from .tensors import tensor_shape, trace_rows
+
+
+def _evidence(read: Read, uses: Iterable[Use]) -> tuple[str, ...]:
+    evidence = tuple(u.value for u in sorted(uses, key=lambda u: -USE_SCORES.get(u, 0)) if u in USE_SCORES)
+    if not read.direct and read.readers:
+        evidence += (f"read by {', '.join(sorted(read.readers))}()",)
+    return evidence
+
+
+def _batch_uses(read: Read, context: Context) -> set[Use]:
+    uses = set(read.uses) - {Use.PRINTED, Use.OTHER, Use.MATMUL}
+    if context.batch_dimension in read.dims or STATE_BATCH in read.dims:
+        uses.add(Use.DIMENSION)
+    return uses
+
+
+def _traced(context: Context, path: ObjectPath, value: int) -> Trace:
+    trace = context.scan.history.trace(path, value)
+    return trace if trace is not None else Trace((), "set in an earlier cell")
+
+
+def _via(trace: Trace, context: Context) -> tuple[LiveTarget, ...]:
+    """The places a traced value passed through, as places to change: a loader's ``batch_size`` is changed
+    by rebuilding the loader, anything else by setting it."""
+    targets: list[LiveTarget] = []
+    for path in trace.via:
+        parent = ObjectPath(path.root, path.steps[:-1]) if path.steps else None
+        if (
+            parent is not None
+            and path.last_name == "batch_size"
+            and is_dataloader(resolve(context.scan.namespace, parent))
+        ):
+            targets.append(Loader(parent))
+        else:
+            targets.append(Value(path))
+    return tuple(targets)
+
+
+def _integer(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+    """An int the cell reads, named or used as a batch: a variable, or a field of a config."""
+    if type(value) is not int or value < 2:
+        return []
+    uses = {u for u in _batch_uses(read, context) if u in USE_SCORES}  # iterated or passed on says nothing of an int
+    named = name_score(path.last_name)
+    if not named and not uses:
+        return []
+    if read.uses <= {Use.PRINTED}:
+        return []  # only printed or logged: changing it changes no memory
+    if path.steps:
+        parent = resolve(context.scan.namespace, ObjectPath(path.root, path.steps[:-1]))
+        if not settable(parent, path.steps[-1]):
+            return []
+    score = named + max((USE_SCORES.get(u, 0) for u in uses), default=0) + (DIRECT_BONUS if read.direct else 0)
+    score -= phase_penalty(path.text, context)
+    trace = _traced(context, path, value)
+    kind = KnobKind.FIELD if path.steps else KnobKind.VARIABLE
+    return [
+        Knob(
+            path.text,
+            value,
+            kind,
+            "value",
+            score,
+            trace.written,
+            (Value(path),) + _via(trace, context),
+            trace.origin,
+            _evidence(read, uses),
+        )
+    ]
+
+
+def _dataloader(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+    """A DataLoader the cell iterates or hands on: rebuilt with the new batch size."""
+    if not is_dataloader(value) or not (read.uses & {Use.ITERATED, Use.ARGUMENT}):
+        return []
+    size = loader_batch_size(value)
+    problem = loader_problem(value)
+    label = f"{path.text}.batch_size"
+    if size is None:
+        return [Knob(label, 0, KnobKind.DATALOADER, "value", 0, (), (), "", (), problem or "it has no batch size")]
+    iterated_here = read.direct and Use.ITERATED in read.uses
+    score = AUTHORITATIVE + (DIRECT_BONUS if iterated_here else 0) - phase_penalty(path.text, context)
+    trace = _traced(context, path.attribute("batch_size"), size)
+    how = (
+        "iterated"
+        if Use.ITERATED in read.uses
+        else "passed to " + ("a call" if not read.readers else ", ".join(sorted(read.readers)) + "()")
+    )
+    return [
+        Knob(
+            label,
+            size,
+            KnobKind.DATALOADER,
+            "value",
+            score,
+            trace.written,
+            (Loader(path),) + _via(trace, context),
+            trace.origin,
+            (how,) + _evidence(read, set()),
+            problem,
+        )
+    ]
+
+
+def _hf_trainer(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+    """A Hugging Face Trainer the cell trains (``per_device_train_batch_size``) or evaluates (``..._eval_...``)."""
+    if not is_hf_trainer(value):
+        return []
+    knobs = []
+    wanted = []
+    if read.methods & {"train"}:
+        wanted.append(("per_device_train_batch_size", "train"))
+    if read.methods & {"evaluate", "predict"}:
+        wanted.append(("per_device_eval_batch_size", "eval"))
+    for field_name, phase in wanted:
+        size = getattr(value.args, field_name, None)
+        if type(size) is not int:
+            continue
+        field_path = path.attribute("args").attribute(field_name)
+        trace = _traced(context, field_path, size)
+        penalty = (
+            PHASE_PENALTY if context.scan.phase is not None and context.scan.phase != phase and len(wanted) > 1 else 0
+        )
+        knobs.append(
+            Knob(
+                field_path.text,
+                size,
+                KnobKind.TRAINER,
+                "value",
+                AUTHORITATIVE - penalty,
+                trace.written,
+                (TrainerArgs(path, field_name),) + _via(trace, context),
+                trace.origin,
+                (f"{path.text}.{'/'.join(sorted(read.methods & {'train', 'evaluate', 'predict'}))}() is called",),
+            )
+        )
+    return knobs
+
+
+def _training_arguments(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+    """``TrainingArguments`` the cell passes to a ``Trainer`` it builds."""
+    if not is_training_arguments(value) or Use.ARGUMENT not in read.uses:
+        return []
+    field_name = "per_device_eval_batch_size" if context.scan.phase == "eval" else "per_device_train_batch_size"
+    size = getattr(value, field_name, None)
+    if type(size) is not int:
+        return []
+    field_path = path.attribute(field_name)
+    trace = _traced(context, field_path, size)
+    return [
+        Knob(
+            field_path.text,
+            size,
+            KnobKind.FIELD,
+            "value",
+            AUTHORITATIVE - 2,
+            trace.written,
+            (Value(field_path),) + _via(trace, context),
+            trace.origin,
+            ("passed to a Trainer",),
+        )
+    ]
+
+
+def _lightning(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+    """A Lightning datamodule (or module building its own loaders) the cell fits or evaluates."""
+    if not (read.uses & {Use.ARGUMENT}) or not is_lightning_holder(value):
+        return []
+    holders = lightning_batch_paths(value, path)
+    if not holders:
+        return []
+    first, size = holders[0]
+    trace = _traced(context, first, size)
+    if not trace.written:
+        for other, _ in holders[1:]:
+            alternative = _traced(context, other, size)
+            if alternative.written:
+                trace = alternative
+                break
+    live = tuple(Value(p) for p, v in holders if v == size) + _via(trace, context)
+    return [
+        Knob(
+            first.text,
+            size,
+            KnobKind.LIGHTNING,
+            "value",
+            AUTHORITATIVE,
+            trace.written,
+            live,
+            trace.origin,
+            ("passed to a Lightning Trainer" if read.opaque_argument else "passed to a call",),
+        )
+    ]
+
+
+def _config(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+    """A config the cell hands to code we cannot read: its fields named like a batch size, weakly."""
+    if not read.opaque_argument or not is_config_like(value) or isinstance(value, (list, tuple)):
+        return []
+    knobs = []
+    for field_path, size in batch_fields(value, path):
+        if size < 2:
+            continue
+        parent = resolve(context.scan.namespace, ObjectPath(field_path.root, field_path.steps[:-1]))
+        if not settable(parent, field_path.steps[-1]):
+            continue
+        score = name_score(field_path.last_name) - 2 - phase_penalty(field_path.text, context)
+        trace = _traced(context, field_path, size)
+        knobs.append(
+            Knob(
+                field_path.text,
+                size,
+                KnobKind.FIELD,
+                "value",
+                score,
+                trace.written,
+                (Value(field_path),) + _via(trace, context),
+                trace.origin,
+                (f"in {path.text}, passed to a call",),
+            )
+        )
+    return knobs
+
+
+def _loader_collection(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+    """A dict or list of DataLoaders whose items the cell takes by a computed key (``dataloaders[phase]``)."""
+    if not (read.element_uses & {Use.ITERATED, Use.ARGUMENT}):
+        return []
+    items = (
+        list(value.items())
+        if isinstance(value, Mapping)
+        else list(enumerate(value))
+        if isinstance(value, (list, tuple))
+        else []
+    )
+    knobs = []
+    for key, item in items[:50]:
+        if isinstance(key, (str, int)) and is_dataloader(item):
+            item_read = Read(uses=set(read.element_uses), direct=read.direct, readers=set(read.readers))
+            knobs += _dataloader(path.child(Step(key, key=True)), item, item_read, context)
+    return knobs
+
+
+# One function per kind of knob; the first that recognises a value decides what it is.
+KNOB_READERS: tuple[Callable[[ObjectPath, Any, Read, Context], list[Knob]], ...] = (
+    _hf_trainer,
+    _training_arguments,
+    _dataloader,
+    _loader_collection,
+    _lightning,
+    _integer,
+    _config,
+)
+
+
+def function_defaults(context: Context) -> list[Knob]:
+    """Defaults of notebook functions the cell calls without that argument (``def train(..., bs=64)``)."""
+    knobs = []
+    for function_path, parameter, value, uses in context.scan.defaults:
+        function = resolve(context.scan.namespace, function_path)
+        score = name_score(parameter) + max((USE_SCORES.get(u, 0) for u in uses), default=0)
+        trace = context.scan.history.default_of(
+            getattr(function, "__name__", function_path.last_name), parameter, value
+        )
+        knobs.append(
+            Knob(
+                f"{parameter} (default of {function_path.text}())",
+                value,
+                KnobKind.DEFAULT,
+                "default",
+                score - phase_penalty(parameter, context),
+                trace.written if trace else (),
+                (Default(function_path, parameter),),
+                trace.origin if trace else "",
+                tuple(u.value for u in uses if u in USE_SCORES),
+            )
+        )
+    return knobs
+
+
+def earlier_tensors(context: Context) -> list[Knob]:
+    """Tensors from earlier cells the cell feeds whole to a module (``model(inputs)``), one knob per batch:
+    their batch dimension, with the tensors the cell passes to other calls with as many rows (the labels).
+    Only where the rows are written in a cell (a constructor's dimension, or the variable it was given)."""
+    fed: dict[int, list[tuple[ObjectPath, int]]] = {}
+    beside: dict[int, list[ObjectPath]] = {}
+    for path, read in context.scan.reads.items():
+        if not read.direct or read.uses <= {Use.PRINTED}:
+            continue
+        value = resolve(context.scan.namespace, path)
+        shape = tensor_shape(value) if found(value) else None
+        if not shape:
+            continue
+        rank = len(shape)
+        dim = 1 if rank == 3 and path.root in context.scan.states else context.batch_dimension if rank >= 3 else 0
+        rows = shape[dim]
+        if rows < 2:
+            continue
+        if read.fed and rank >= 2:
+            fed.setdefault(rows, []).append((path, dim))
+        elif Use.ARGUMENT in read.uses and shape[0] >= 2:
+            beside.setdefault(shape[0], []).append(path)  # labels, one-hot targets, masks: cut with the batch
+    knobs = []
+    for rows, tensors in fed.items():
+        tensors.sort(key=lambda t: t[0].text)
+        first, dim = tensors[0]
+        trace = trace_rows(context.scan.history, first, dim, rows)
+        if not trace.written:
+            for other, other_dim in tensors[1:]:
+                alternative = trace_rows(context.scan.history, other, other_dim, rows)
+                if alternative.written:
+                    trace = alternative
+                    break
+        if not trace.written:
+            # Rows taken from elsewhere (``images, labels = next(iter(loader))``): the cell may index them by a
+            # count of its own (``for i in range(4)``), so cutting them is not safe to guess.
+            continue
+        written = list(trace.written)
+        for other, other_dim in tensors[1:] + [(p, 0) for p in sorted(beside.get(rows, []), key=lambda p: p.text)]:
+            written += [w for w in trace_rows(context.scan.history, other, other_dim, rows).written if w not in written]
+        live = tuple(Rows(p, d) for p, d in tensors) + tuple(Rows(p) for p in beside.get(rows, []))
+        score = USE_SCORES[Use.DIMENSION] + DIRECT_BONUS - phase_penalty(first.text, context)
+        knobs.append(
+            Knob(
+                f"{first.text}.shape[{dim}]",
+                rows,
+                KnobKind.TENSOR,
+                "value",
+                score,
+                tuple(written),
+                live + _via(trace, context),
+                trace.origin,
+                (f"fed whole to a module, {'dimension 1 (sequence-first)' if dim else 'its rows'}",),
+            )
+        )
+    return knobs
