@@ -391,7 +391,6 @@ for what was left and walks every unchanged name: the cost of the full walk."""
 
 def run_cost(cpu_smoke: bool, results: dict[str, Any], write: Any) -> None:
     from jupyter_cudamem.attribution.left import NamespaceSnapshot, left_behind
-    from jupyter_cudamem.advice import advised
 
     if cpu_smoke:
         from tests.fakes import FakeTensor, fake_probe
@@ -421,7 +420,7 @@ def run_cost(cpu_smoke: bool, results: dict[str, Any], write: Any) -> None:
             before = NamespaceSnapshot.take(namespace, (), probe)
             snapshots.append((time.perf_counter() - started) * 1000)
             namespace["leaked"] = [make_tensor(2**20) for _ in range(10)]  # what the "cell" left: 10 MiB
-            left = advised(left_behind(namespace, (), before, 10 * 2**20 + unheld, probe))
+            left = left_behind(namespace, (), before, 10 * 2**20 + unheld, probe)
             attributions.append(left.elapsed_s * 1000)
             del namespace["leaked"]
         cost[label] = {

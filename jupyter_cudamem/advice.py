@@ -27,7 +27,6 @@ from .attribution.left import (
     OPTIMIZER_STATE,
     OUTPUT_CACHE_CAUSE,
     TRACEBACK_CAUSE,
-    LeftBehind,
     LeftHolder,
     _plural,
 )
@@ -115,14 +114,6 @@ def measurement_hints(measurement: Measurement, left_attributed: bool = False) -
 def _del_names(holder: LeftHolder) -> str:
     names = [holder.name] + [name for name in holder.also if name.isidentifier()]
     return ", ".join(dict.fromkeys(names))
-
-
-def advised(left: LeftBehind) -> LeftBehind:
-    """``left`` with each holder's advice (``leak_advice``) filled in: attribution says who holds what,
-    this room what to change."""
-    from dataclasses import replace
-
-    return replace(left, holders=tuple(replace(holder, advice=leak_advice(holder)) for holder in left.holders))
 
 
 def leak_advice(holder: LeftHolder) -> tuple[str, ...]:

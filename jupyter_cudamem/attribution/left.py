@@ -24,8 +24,7 @@ A new storage belongs to one holder: a variable before IPython's caches, a tenso
 one reached through an autograd graph. What nothing explains is the remainder, shown, never hidden.
 Each holder gets a cause: memory reached through autograd graphs, a module hook, IPython's output
 cache or a failed cell's traceback is a leak; a module's parameters, an optimizer's state, gradients
-and plain data are results, reported as what they are. What to change is advice's (``advice.advised``
-fills ``LeftHolder.advice``): attribution only says who holds what.
+and plain data are results, reported as what they are. ``advice.leak_advice`` says what to change.
 """
 
 from __future__ import annotations
@@ -949,7 +948,7 @@ def left_behind(
             where=where,
             likely=index in likely_roots,
         )
-        holders.append(made)
+        holders.append(_with_advice(made))
     holders.sort(key=lambda h: (-h.nbytes, h.name))
     return LeftBehind(
         left_bytes=left_bytes,
@@ -959,3 +958,11 @@ def left_behind(
         elapsed_s=time.perf_counter() - started,
         truncated=any(entry.root.reach.truncated for entry in judged),
     )
+
+
+def _with_advice(holder: LeftHolder) -> LeftHolder:
+    from dataclasses import replace
+
+    from ..advice import leak_advice  # advice reads this module's vocabulary: import it late
+
+    return replace(holder, advice=leak_advice(holder))

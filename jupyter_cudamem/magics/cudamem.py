@@ -16,7 +16,6 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 from traitlets import Bool, Dict, Int, TraitError, Unicode, Union, observe, validate
 
-from ..advice import advised
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
 from ..attribution.probe import default_probe
 from ..errors import CudaMemError
@@ -190,7 +189,7 @@ class CudaMem(CudaMemMagicsBase):
 
         try:
             references = cell_references(self.shell, None if value is NO_VALUE else value, error)
-            return advised(left_behind(self.shell.user_ns, references, snapshot, left, self.probe))
+            return left_behind(self.shell.user_ns, references, snapshot, left, self.probe)
         except Exception as failure:  # a bug of ours must not cost the user the report
             self.note(f"could not attribute what the cell left: {type(failure).__name__}: {failure}")
             return None

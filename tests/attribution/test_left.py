@@ -12,15 +12,9 @@ from jupyter_cudamem.attribution.left import (
     HOOK_CAUSE,
     MIN_HOLDER_BYTES,
     NamespaceSnapshot,
+    left_behind,
 )
-from jupyter_cudamem.attribution.left import left_behind as attributed
-from jupyter_cudamem.advice import advised
 from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe, torch_cpu_probe
-
-
-def left_behind(*args, **kwargs):
-    """What the report shows: attribution's holders with advice's words on each (``advice.advised``)."""
-    return advised(attributed(*args, **kwargs))
 
 torch = pytest.importorskip("torch")
 
@@ -251,7 +245,6 @@ def test_shared_storages_belong_to_one_holder_and_name_the_others():
     holder = left.holders[0]
     assert set(holder.also) | {holder.name} == {"out", "history"}
     assert "del history, out" in holder.advice[-1] or "del out, history" in holder.advice[-1]
-    assert attributed(ns, (), before, 10 * MiB, fake_probe()).holders[0].advice == ()  # advice is advice's
 
 
 def test_optimizer_state_of_fakes_and_its_parameters_stay_the_models():
