@@ -8,7 +8,7 @@ nothing is kept alive and a cell costs microseconds per name.
 
 **After a cell that left more allocated than the threshold** the names whose fingerprint changed (and
 IPython's references that appeared) are walked one by one, the unchanged ones together in one walk
-(``walk.walk_together``), and each storage is sorted by what the fingerprint says of the part of the
+(``fast_walk.walk_together``), and each storage is sorted by what the fingerprint says of the part of the
 root it hangs under:
 
 - *new*: under a name that is new or rebound, the items a list or dict gained (by position), an
@@ -54,43 +54,45 @@ from .holders import (
     tensor_text,
 )
 from .probe import ModuleHook, TensorProbe, default_probe, grad_of
-from .walk import (
+from .captures import capture_names
+from .fast_walk import walk_together
+from .type_codes import (
     ATOM_TYPES,
     ATOMS,
-    memo_by_type,
-    ATTRIBUTE,
-    BUFFERS,
     EXCEPTION_CODE,
     FRAME_CODE,
     FUNCTION_CODE,
+    MACHINERY_CODE,
+    MAPPING_CODE,
+    MODULE_CODE,
+    OBJECT_CODE,
+    OPAQUE_CODE,
+    OPTIMIZER_CODE,
+    SEQUENCE_CODE,
+    SET_CODE,
+    TENSOR_CODE,
+    TRACEBACK_CODE,
+    memo_by_type,
+    type_code,
+)
+from .walk import (
+    ATTRIBUTE,
+    BUFFERS,
     GRADIENTS,
     GRAPH,
     GRAPH_SCALAR,
     HOOK,
     HOOKS,
     ITEM,
-    MACHINERY_CODE,
-    MAPPING_CODE,
     MODULE_ATTRIBUTES,
-    MODULE_CODE,
     NO_GRAPH,
-    OBJECT_CODE,
-    OPAQUE_CODE,
-    OPTIMIZER_CODE,
     PARAMETERS,
-    SEQUENCE_CODE,
-    SET_CODE,
     STATE,
-    TENSOR_CODE,
     TENSORS,
-    TRACEBACK_CODE,
     Hit,
     Reach,
-    capture_names,
     describe_path,
-    type_code,
     walk,
-    walk_together,
 )
 
 # Why 64 MiB: below it a cell's leftovers are the normal small change of a notebook (a loss, a batch
