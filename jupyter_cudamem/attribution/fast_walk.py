@@ -380,7 +380,7 @@ def walk_together(
     """One walk of many roots, each object visited once whichever root leads to it, with what modules
     keep out of sight (hooks' captures, plain attributes) walked last, into ``Reach.late``: where those
     are also reached otherwise, they are counted there. ``Hit.owner`` is the index of the root. Cheaper
-    than a walk per root when only the union matters (``left`` walks every unchanged name this way).
+    than a walk per root when only the union matters (``judge`` walks every unchanged name this way).
 
     Only which storages are reached is kept of the first part, in ``Reach.reached``: ``storages`` holds
     ``Hit``s only for what went through the full visit (modules' own tensors, optimizers' state...).
