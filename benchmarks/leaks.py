@@ -390,7 +390,8 @@ for what was left and walks every unchanged name: the cost of the full walk."""
 
 
 def run_cost(cpu_smoke: bool, results: dict[str, Any], write: Any) -> None:
-    from jupyter_cudamem.attribution.left import NamespaceSnapshot, left_behind
+    from jupyter_cudamem.attribution.left import left_behind
+    from jupyter_cudamem.attribution.snapshot import NamespaceSnapshot
 
     if cpu_smoke:
         from tests.fakes import FakeTensor, fake_probe

@@ -8,7 +8,7 @@ the bare cell. Writes benchmarks/results/overhead.json.
 Part ``namespaces``: the same three of ours (bare, ``%%cudamem``, every-cell mode) on namespaces of 0,
 1,000 and 10,000 user names (``NAMESPACE_MIX``: tensors on the device, lists and dicts of them, objects
 holding one, a small module per hundred names, plain numbers, strings and lists), since the every-cell
-mode fingerprints every name before each cell (``attribution.left.NamespaceSnapshot``). Fewer cells
+mode fingerprints every name before each cell (``attribution.snapshot.NamespaceSnapshot``). Fewer cells
 for the bigger namespaces (``NAMESPACE_CELLS``): a cell there costs up to ~15 ms, and the median of 100
 is already steady. Also the snapshot alone per size (``snapshot_ms``).
 
@@ -193,7 +193,7 @@ def our_modes(shell) -> list[Mode]:
 
 def run_namespaces(shell, quick: bool, device: str = "cuda") -> dict:
     """Part ``namespaces``: bare, %%cudamem and the every-cell mode over namespaces of each size."""
-    from jupyter_cudamem.attribution.left import NamespaceSnapshot
+    from jupyter_cudamem.attribution.snapshot import NamespaceSnapshot
     from jupyter_cudamem.attribution.probe import default_probe
     from jupyter_cudamem.ipython_state import ipython_references
 

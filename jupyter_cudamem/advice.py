@@ -1,12 +1,12 @@
-"""Every piece of advice the extension gives, in one room.
+"""The advice the extension gives from numbers and facts, in one room.
 
 Three callers, one vocabulary: ``%%cudamem`` turns a measurement into one-line hints
-(``measurement_hints``) and says what to change about each holder of what a cell left (``leak_advice``,
-matched to its cause); ``%oomfix``'s diagnosis says what to try for each verdict (``too_big_advice``,
+(``measurement_hints``); ``%oomfix``'s diagnosis says what to try for each verdict (``too_big_advice``,
 ``fragmentation_advice``...); its outcome ends with advice that fits the cell and what fitted
 (``build_suggestions``: gradient accumulation through the place the batch lives, no_grad,
 checkpointing, a GradScaler, expandable segments). Pure text from numbers and facts: nothing here
-measures or decides a verdict.
+measures or decides a verdict. What to change about each holder of what a cell left is written with
+its description, beside the attribution that names its cause (``attribution.text.leak_advice``).
 """
 
 from __future__ import annotations
@@ -16,21 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .units import GiB, MiB
-from .attribution.holders import VARIABLE
-from .attribution.left import (
-    DEFAULT_THRESHOLD_BYTES,
-    GRADIENTS_CAUSE,
-    GRAPH_CAUSE,
-    HOOK_CAUSE,
-    MODEL,
-    MODULE_ATTRIBUTES_CAUSE,
-    OPTIMIZER_STATE,
-    OUTPUT_CACHE_CAUSE,
-    TRACEBACK_CAUSE,
-    LeftHolder,
-    _plural,
-)
-from .attribution.walk import GRADIENTS
+from .attribution.left import DEFAULT_THRESHOLD_BYTES
 from .breakdown import Category
 from .batch.knobs import KnobKind
 from .cell.traits import CellTraits
@@ -108,79 +94,6 @@ def measurement_hints(measurement: Measurement, left_attributed: bool = False) -
         prefix = f"{device.device.label}: " if len(measurement.devices) > 1 else ""
         hints.extend(prefix + hint for hint in device_hints(device, left_attributed, out_of_memory))
     return hints
-
-
-# -- %%cudamem: what to change about what a cell left behind ------------------------------------------
-def _del_names(holder: LeftHolder) -> str:
-    names = [holder.name] + [name for name in holder.also if name.isidentifier()]
-    return ", ".join(dict.fromkeys(names))
-
-
-def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
-    """What to change, matched to the cause; a result that is not a leak gets what to know about it."""
-    name = holder.name
-    free_now = f"free it now: del {_del_names(holder)}, then torch.cuda.empty_cache() returns it to the driver"
-    if holder.cause == GRAPH_CAUSE:
-        name = holder.where or name  # tracker.outputs, where an object's attribute keeps them
-        scalars = holder.scalar_graph_tensors
-        if holder.kind == "tensor" and scalars:
-            first = (
-                f"accumulate numbers, not graphs: {name} += value.item() (or value.detach()), so each step's "
-                "graph and the activations it saved are freed"
-            )
-        elif scalars and scalars * 2 >= max(holder.graph_tensors, 1):
-            first = (
-                f"keep numbers, not graphs: store loss.item() (a Python float) or loss.detach() in {name}, "
-                "so each step's graph with its saved activations is freed"
-            )
-        else:
-            first = (
-                "if nothing needs their gradients, compute them under `with torch.no_grad():` (or "
-                f"torch.inference_mode()); otherwise store .detach() in {name}, which drops the graph"
-            )
-        return (first, free_now)
-    if holder.cause == HOOK_CAUSE:
-        hook = holder.hooks[0] if holder.hooks else "a module hook"
-        fix = (
-            f"the {hook} keeps what it is given: store output.detach() (or a summary such as "
-            "output.mean().item()), or remove the hook when done (handle.remove() on what "
-            "register_forward_hook returned)"
-        )
-        if holder.origin == VARIABLE and holder.kind != "module":
-            return (fix, free_now)
-        return (fix, "removing the hook frees what it kept (its closure or object goes with it)")
-    if holder.cause == OUTPUT_CACHE_CAUSE:
-        fix = (
-            f"{name} keeps a cell's value: end the cell with ';' or assign the value to a name; "
-            "%reset -f out empties IPython's output cache"
-        )
-        return (fix,)
-    if holder.cause == TRACEBACK_CAUSE:
-        fix = (
-            "a failed cell's traceback keeps its frames' tensors until the next error replaces it; "
-            "after an out-of-memory error %oomfix releases them"
-        )
-        return (fix,)
-    if holder.cause == MODEL:
-        grads = " (and its gradients until zero_grad(set_to_none=True))" if holder.by_category.get(GRADIENTS) else ""
-        return (f"a model's weights{grads}: expected; it stays until the model is deleted",)
-    if holder.cause == OPTIMIZER_STATE:
-        note = (
-            "an optimizer's state, made on its first step (Adam: two tensors per parameter): expected, "
-            "it does not grow on later steps"
-        )
-        return (note,)
-    if holder.cause == GRADIENTS_CAUSE:
-        return ("gradients from backward(): expected; optimizer.zero_grad(set_to_none=True) frees them between steps",)
-    if holder.cause == MODULE_ATTRIBUTES_CAUSE:
-        return (f"tensors kept as module attributes ({holder.where or name}): expected if the module needs them",)
-    if holder.change == "grew":
-        fix = (
-            f"{name} gained {_plural(holder.tensors, 'tensor')} in this cell: a container that grows every run "
-            "fills the card; keep what you need as numbers (.item()) or on the CPU (.cpu())"
-        )
-        return (fix, free_now)
-    return (f"data on the GPU: expected if you meant to keep it; {free_now}",)
 
 
 # -- %oomfix's diagnosis: what to try for each verdict ------------------------------------------------

@@ -19,22 +19,20 @@ from typing import Any
 
 from ..units import format_bytes
 from .probe import TensorProbe, default_probe, grad_of
-from .walk import (
+from .type_codes import (
     ATOMS,
     EXCEPTION_CODE,
     FRAME_CODE,
-    GRAPH,
     MACHINERY_PREFIXES,
     MODULE_CODE,
     OPAQUE,
     OPTIMIZER_CODE,
     TENSOR_CODE,
     TRACEBACK_CODE,
-    Reach,
     memo_by_type,
     type_code,
-    walk,
 )
+from .walk import GRAPH, Reach, walk
 
 # Names IPython itself puts in the user namespace: its output cache and input history are reported
 # under their own holders (from ``ipython_state.ipython_references``), the rest hold no tensors.

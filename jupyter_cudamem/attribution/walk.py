@@ -15,22 +15,21 @@ Python modules, classes, a function's globals or code (only its defaults and clo
 objects of IPython, ipykernel and the like (they lead back to the shell); and it stops after
 ``WALK_LIMIT`` objects per root, so a huge object graph cannot stall the kernel. Atoms (numbers,
 strings) are never queued: a list of a million floats costs one pass over it.
+
+This plain walk, one object at a time (``_Walker.visit``), is the specification of what a root
+reaches; ``fast_walk.walk_together`` is the fast path for many roots, held to it (its docstring says
+how, and ``tests/attribution/test_walk.py`` proves they agree).
 """
 
 from __future__ import annotations
 
-import types
 from collections import deque
-from collections.abc import Callable
-from functools import cache, partial
-from itertools import chain, compress, repeat
-from operator import attrgetter, eq, is_, is_not, itemgetter, methodcaller, ne, not_
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
+from .captures import function_captures
 from .probe import (
     ModuleHook,
-    _is_cuda,
     TensorProbe,
     grad_fn_of,
     grad_of,
@@ -39,6 +38,23 @@ from .probe import (
     module_hooks,
     next_nodes,
     saved_by,
+)
+from .type_codes import (
+    EXCEPTION_CODE,
+    FRAME_CODE,
+    FUNCTION_CODE,
+    MACHINERY_CODE,
+    MAPPING_CODE,
+    MODULE_CODE,
+    OBJECT_CODE,
+    OPTIMIZER_CODE,
+    SEQUENCE_CODE,
+    SET_CODE,
+    TENSOR_CODE,
+    TRACEBACK_CODE,
+    ATOM_TYPES,
+    slots_of,
+    type_code,
 )
 
 WALK_LIMIT = 200_000  # objects queued per root
@@ -57,22 +73,6 @@ HOOKS = "hooks"
 ITEM, ATTRIBUTE, HOOK = 0, 1, 2
 NO_GRAPH, WITH_GRAPH, GRAPH_SCALAR = 0, 1, 2
 PATH_STEPS = 2
-
-ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview)
-OPAQUE = (
-    types.ModuleType,
-    type,
-    types.FunctionType,  # below a root, walked for what it keeps (``function_captures``)
-    types.BuiltinFunctionType,
-    types.MethodType,  # likewise
-    types.CodeType,
-    types.GeneratorType,
-    types.CoroutineType,
-)
-# Objects of these packages are the machinery around the user, not the user's data; walking them
-# would lead back into the shell and its namespaces.
-MACHINERY_PREFIXES = ("IPython.", "ipykernel.", "traitlets.", "zmq.", "tornado.", "jupyter_client.", "asyncio.")
-
 Step = tuple[int, Any, int]
 
 
@@ -109,7 +109,7 @@ class Reach:
     truncated: bool = False
     late: dict[Any, Hit] = field(default_factory=dict)
     # In a walk of several roots: every storage reached outside what modules keep out of sight,
-    # including those a keys-only pass met without making a ``Hit`` (see ``walk_together``).
+    # including those a keys-only pass met without making a ``Hit`` (see ``fast_walk.walk_together``).
     reached: set[Any] = field(default_factory=set)
 
     @property
@@ -136,196 +136,11 @@ def _numel(tensor: Any) -> int | None:
         return count
 
 
-# What the walk does with an object, decided once per type (isinstance chains cost more than the walk).
-TENSOR_CODE, MODULE_CODE, OPTIMIZER_CODE, MAPPING_CODE, SEQUENCE_CODE, SET_CODE = range(6)
-TRACEBACK_CODE, FRAME_CODE, EXCEPTION_CODE, OPAQUE_CODE, MACHINERY_CODE, OBJECT_CODE = range(6, 12)
-FUNCTION_CODE = 12
-_TENSOR, _MODULE, _OPTIMIZER, _MAPPING, _SEQUENCE, _SET = range(6)
-_TRACEBACK, _FRAME, _EXCEPTION, _OPAQUE, _MACHINERY, _OBJECT = range(6, 12)  # the same codes, short
-_FUNCTION = FUNCTION_CODE
-ATOM_TYPES = frozenset(ATOMS)
-
-
-R = TypeVar("R")
-_MEMO_LIMIT = 8192  # distinct types remembered; past it the memo starts again (classes redefined in a loop)
-
-
-class _TypeMemo(dict):
-    """A dict from type to ``function(type)``, filled on first use; called like the function. Calling
-    it is ``dict.__getitem__`` (C, with ``__missing__`` only for a type not seen yet), a fraction of
-    the cost of a Python wrapper: it runs once per name of a namespace, before every cell."""
-
-    def __init__(self, function: Callable[[type], Any]) -> None:
-        super().__init__()
-        self.function = function
-
-    def __missing__(self, kind: type) -> Any:
-        if len(self) >= _MEMO_LIMIT:
-            self.clear()
-        found = self[kind] = self.function(kind)
-        return found
-
-    __call__ = dict.__getitem__
-
-
-def memo_by_type(function: Callable[[type], R]) -> Callable[[type], R]:
-    """``function`` computed once per type (an ``lru_cache`` that type checkers accept for types)."""
-    return _TypeMemo(function)
-
-
-_CODES: dict[tuple[type, tuple[type, ...], tuple[type, ...], tuple[type, ...]], int] = {}
-
-
-def type_code(kind: type, probe: TensorProbe) -> int:
-    """What the walk does with objects of this type (one of the ``*_CODE`` constants), cached."""
-    key = (kind, probe.tensor_types, probe.module_types, probe.optimizer_types)
-    code = _CODES.get(key)
-    if code is None:
-        if len(_CODES) >= _MEMO_LIMIT:
-            _CODES.clear()
-        code = _CODES[key] = _type_code(*key)
-    return code
-
-
-def _type_code(
-    kind: type, tensor_types: tuple[type, ...], module_types: tuple[type, ...], optimizer_types: tuple[type, ...]
-) -> int:
-    if issubclass(kind, tensor_types):
-        return _TENSOR
-    if module_types and issubclass(kind, module_types):
-        return _MODULE
-    if optimizer_types and issubclass(kind, optimizer_types):
-        return _OPTIMIZER
-    if issubclass(kind, _CALLABLES_KEEPING):
-        return _FUNCTION
-    for code, bases in (
-        (_MAPPING, dict),
-        (_SEQUENCE, (list, tuple, deque)),
-        (_SET, (set, frozenset)),
-        (_TRACEBACK, types.TracebackType),
-        (_FRAME, types.FrameType),
-        (_EXCEPTION, BaseException),
-        (_OPAQUE, OPAQUE),
-    ):
-        if issubclass(kind, bases):
-            return code
-    module = getattr(kind, "__module__", "") or ""
-    return _MACHINERY if module.startswith(MACHINERY_PREFIXES) else _OBJECT
-
-
-@memo_by_type
-def _slots_of(kind: type) -> tuple[str, ...]:
-    names: list[str] = []
-    for klass in kind.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
-            if slot not in ("__dict__", "__weakref__") and slot not in names:
-                names.append(slot)
-    return tuple(names)
-
-
-_DIRECT, _DUCK = 1, 2  # how the keys-only pass reads a tensor type: plain attributes, or getattr with defaults
-
-
-def _reads_directly(kind: type) -> bool:
-    """Whether a tensor type's class defines what the keys-only pass reads (PyTorch's does), so plain
-    attribute access works; tensor-likes are read through ``getattr`` with defaults instead."""
-    return all(hasattr(kind, name) for name in ("grad_fn", "is_cuda", "retains_grad", "grad"))
-
-# How ``_Walker.fast_lane`` treats a type: skipped (not counted), counted and skipped, read in bulk, or
-# handed back to ``collect_keys``' loop.
-_LANE_ATOM, _LANE_DROP, _LANE_TENSOR, _LANE_SEQUENCE, _LANE_MAPPING, _LANE_OBJECT, _LANE_SLOW = range(7)
-_NOT_A_ROOT = object()  # what ``collect_keys`` compares with for an object handed back below the roots
-_IS_CUDA, _GRAD_FN, _GRAD = attrgetter("is_cuda"), attrgetter("grad_fn"), attrgetter("grad")
-_DATA_PTR = methodcaller("data_ptr")
-_UNTYPED_STORAGE = methodcaller("untyped_storage")
-
-
-# Callables that keep values alive of their own: a function (defaults, closure cells), a bound method
-# (its object, its function), a ``functools.partial`` (its function and arguments).
-_CALLABLES_KEEPING = (types.FunctionType, types.MethodType, partial)
-
-
-def function_captures(function: Any) -> list[tuple[str, Any]]:
-    """What a Python function keeps alive of its own: its default arguments and the contents of its
-    closure cells (not its globals, not its code); a bound method, its object and function; a
-    ``functools.partial``, its function and arguments. Each with the expression that reads it."""
-    if isinstance(function, types.MethodType):
-        return [("__self__", function.__self__), ("__func__", function.__func__)]
-    if isinstance(function, partial):
-        arguments = [(f"args[{i}]", value) for i, value in enumerate(function.args)]
-        return [("func", function.func), *arguments, *((f"keywords[{k!r}]", v) for k, v in function.keywords.items())]
-    captures: list[tuple[str, Any]] = []
-    for index, value in enumerate(function.__defaults__ or ()):
-        captures.append((f"__defaults__[{index}]", value))
-    for name, value in (function.__kwdefaults__ or {}).items():
-        captures.append((f"__kwdefaults__[{name!r}]", value))
-    for index, cell in enumerate(function.__closure__ or ()):
-        try:
-            captures.append((f"__closure__[{index}].cell_contents", cell.cell_contents))
-        except ValueError:  # a cell not filled yet (the enclosing function has not bound the name)
-            continue
-    return captures
-
-
-def capture_names(function: Any) -> dict[str, str]:
-    """The variable each of ``function_captures``' expressions reads: ``{"__defaults__[0]": "t"}``."""
-    code = function.__code__
-    positional = code.co_varnames[: code.co_argcount]
-    defaults = function.__defaults__ or ()
-    names = {f"__defaults__[{i}]": name for i, name in enumerate(positional[len(positional) - len(defaults) :])}
-    names.update({f"__kwdefaults__[{name!r}]": name for name in function.__kwdefaults__ or {}})
-    names.update({f"__closure__[{i}].cell_contents": name for i, name in enumerate(code.co_freevars)})
-    return names
-
-
-def _items_of(containers: list[Any]) -> list[list[Any]]:
-    return list(map(list, containers))
-
-
-def _values_of(mappings: list[Any]) -> list[list[Any]]:
-    return list(map(list, map(methodcaller("values"), mappings)))
-
-
-def _attributes_of(objects: list[Any]) -> list[list[Any]]:
-    dicts = list(map(attrgetter("__dict__"), objects))
-    if not set(map(type, dicts)) <= {dict}:
-        raise TypeError("a __dict__ that is not a dict")
-    return list(map(list, map(dict.values, dicts)))
-
-
-_CHILDREN_OF = {_LANE_SEQUENCE: _items_of, _LANE_MAPPING: _values_of, _LANE_OBJECT: _attributes_of}
-
-
-def _positions(count: int) -> list[int]:
-    return list(range(count))
-
-
-def _chosen_owners(owners: Callable[[], list[int]], mask: list[bool] | None) -> list[int]:
-    return owners() if mask is None else list(compress(owners(), mask))
-
-
-def _grad_owners(
-    owners_of: Callable[[list[bool] | None], list[int]], mask: list[bool] | None, leaf: list[bool], present: list[bool]
-) -> list[int]:
-    return list(compress(compress(owners_of(mask), leaf), present))
-
-
-def _children_owners(
-    owners_of: Callable[[list[bool] | None], list[int]],
-    mask: list[bool] | None,
-    first: list[bool] | None,
-    children: list[list[Any]],
-) -> list[int]:
-    owners = owners_of(mask) if first is None else compress(owners_of(mask), first)
-    return list(chain.from_iterable(map(repeat, owners, map(len, children))))
-
-
-def _joined_owners(parts: list[Callable[[], list[int]]]) -> list[int]:
-    return list(chain.from_iterable(part() for part in parts))
-
-
 class _Walker:
+    """The plain walk, one object at a time: ``visit`` says what each type leads to, ``push`` queues
+    it (counted against the budget), ``drain`` visits the queue breadth first. The specification of
+    what a root reaches (``fast_walk``'s keys-only pass is held to it)."""
+
     def __init__(
         self,
         probe: TensorProbe,
@@ -336,7 +151,6 @@ class _Walker:
         defer_hidden: bool = False,
     ):
         self.probe = probe
-        self.types = (probe.tensor_types, probe.module_types, probe.optimizer_types)
         self.skip_ids = skip_ids
         self.follow_grad = follow_grad
         self.budget = budget
@@ -351,7 +165,6 @@ class _Walker:
         self.storages: dict[Any, Hit] = {}
         self.reach = Reach(storages=self.storages)
         self.codes: dict[type, int] = {}
-        self.lanes: dict[type, int] = {}
         # Paths are only read for what a holder is named by; a walk of unchanged roots skips them
         # until it reaches what modules keep out of sight.
         self.track_paths = not defer_hidden
@@ -369,12 +182,8 @@ class _Walker:
             (item, category, position, path, False, owner)
         )
 
-    def run(self, roots: list[Any], keys_only: bool = False) -> Reach:
-        if keys_only:
-            self.collect_keys(roots)
-        else:
-            for owner, root in enumerate(roots):
-                self.pending.append((root, TENSORS, -1, (), True, owner))
+    def run(self, roots: list[Any]) -> Reach:
+        self.start(roots)
         self.drain()
         self.reach.reached.update(self.storages)
         if self.deferred:
@@ -386,256 +195,10 @@ class _Walker:
             self.drain()
         return self.reach
 
-    def collect_keys(self, roots: list[Any]) -> None:
-        """The first pass of a walk of unchanged roots, where only which storages are reached matters:
-        tensors, containers and plain objects are handled here on a stack of bare objects, without the
-        categories, positions and paths a ``Hit`` records; everything else (modules, optimizers,
-        tracebacks, frames, exceptions, a root of the machinery) goes through ``visit`` as in any walk,
-        so the outcome is the same set of storages, modules' hidden parts deferred the same way. Same
-        budget: each object queued counts one.
-
-        A namespace is mostly tensors and small containers of tensors, so a tensor met in a container
-        is read where it is met, never queued: its storage's key, its ``.grad`` and its graph (each
-        queued only where there is one). Tensor types whose class defines ``grad_fn``, ``is_cuda``,
-        ``retains_grad`` and ``grad`` (PyTorch's) are read by plain attribute access, a third of what
-        ``getattr`` with a default costs; others (tensor-likes) through ``getattr``."""
-        seen, codes, probe = self.seen, self.codes, self.probe
-        seen.update(self.skip_ids)  # one set to ask instead of two; ``drain`` asks both anyway
-        keys = self.reach.reached
-        storage_key, on_device = probe.storage_key, probe.on_device
-        is_cuda_attribute = on_device is _is_cuda
-        address = probe.storage_address
-        atoms = ATOM_TYPES
-        tensor_reads: dict[type, int] = {}  # tensor type -> _DIRECT or _DUCK
-        graph_saved = self.graph_saved
-        slots_of: dict[type, tuple[str, ...]] = {}
-        handed = self.fast_lane(roots)
-        # Roots are not queued, so they do not count (the loop below counts what it meets, atoms aside).
-        self.budget += sum(is_root for _, _, is_root in handed)
-        for owner, start, is_root in handed:
-            root = start if is_root else _NOT_A_ROOT
-            stack: list[Any] = []
-            more: Any = (start,)
-            while True:
-                budget = self.budget
-                for value in more:
-                    kind = type(value)
-                    reads = tensor_reads.get(kind)  # tensors first: most of what a namespace holds
-                    if reads is None:
-                        if kind in atoms:
-                            continue
-                        code = codes.get(kind)
-                        if code is None:
-                            code = codes[kind] = type_code(kind, probe)
-                        if code != _TENSOR:
-                            if budget <= 0:
-                                self.reach.truncated = True
-                                break
-                            budget -= 1
-                            stack.append(value)
-                            continue
-                        reads = tensor_reads[kind] = _DIRECT if _reads_directly(kind) else _DUCK
-                    if budget <= 0:
-                        self.reach.truncated = True
-                        break
-                    budget -= 1
-                    # Not asked whether seen: a tensor met twice adds its key twice, and what it leads
-                    # to (its gradient, its graph's nodes) is asked when met.
-                    try:
-                        if is_cuda_attribute:
-                            counted = value.is_cuda if reads == _DIRECT else getattr(value, "is_cuda", False)
-                        else:
-                            counted = on_device(value)
-                        if counted:
-                            try:
-                                if address is not None:
-                                    keys.add(("storage", address(value)))
-                                else:
-                                    keys.add(("storage", value.untyped_storage().data_ptr()))
-                            except Exception:
-                                key = storage_key(value)
-                                if key is not None:
-                                    keys.add(key)
-                        if reads == _DIRECT:
-                            # PyTorch: a tensor is a leaf exactly when it has no grad_fn
-                            node = value.grad_fn
-                            grad = value.grad if node is None or value.retains_grad else None
-                        else:
-                            node = getattr(value, "grad_fn", None)
-                            grad = (
-                                getattr(value, "grad", None)
-                                if getattr(value, "is_leaf", True) or getattr(value, "retains_grad", False)
-                                else None
-                            )
-                    except Exception:  # a tensor that cannot be inspected holds nothing we can name
-                        continue
-                    if grad is not None and budget > 0:
-                        budget -= 1
-                        stack.append(grad)
-                    if node is not None:
-                        self.budget = budget
-                        stack.extend(saved for saved in graph_saved(node) if type(saved) not in atoms)
-                        budget = self.budget
-                self.budget = budget
-                if not stack:
-                    break
-                obj = stack.pop()
-                more = ()
-                ident = id(obj)
-                kind = type(obj)
-                code = codes.get(kind)
-                if code is None:  # a root
-                    code = codes[kind] = type_code(kind, probe)
-                if ident in seen:
-                    continue
-                seen.add(ident)  # tensors too: a gradient or saved tensor met again is not read again
-                if code == _TENSOR:  # through the loop above
-                    more = (obj,)
-                    self.budget += 1  # counted when queued
-                    continue
-                try:
-                    if code == _SEQUENCE:
-                        more = list(obj)
-                    elif code == _MAPPING:
-                        more = list(obj.values())
-                    elif code == _SET:
-                        more = list(obj)
-                    elif code == _OBJECT:
-                        attributes = getattr(obj, "__dict__", None)
-                        more = list(attributes.values()) if isinstance(attributes, dict) else []
-                        slots = slots_of.get(kind)
-                        if slots is None:
-                            slots = slots_of[kind] = _slots_of(kind)
-                        for slot in slots:
-                            if hasattr(obj, slot):
-                                more.append(getattr(obj, slot))
-                    elif code == _FUNCTION:
-                        more = [value for _, value in function_captures(obj)]
-                    elif code == _OPAQUE or (code == _MACHINERY and obj is not root):
-                        continue
-                    else:
-                        self.visit(obj, TENSORS, -1, (), obj is root, owner)
-                except Exception:  # an object that cannot be inspected holds nothing we can name
-                    more = ()
-
-    def fast_lane(self, roots: list[Any]) -> list[tuple[int, Any, bool]]:
-        """The bulk of ``collect_keys``: PyTorch's tensors without a graph, lists, tuples, dicts and plain
-        objects without ``__slots__``, a level at a time, each step one C loop over the level's part of
-        that kind (``map``, ``compress``, ``chain``) instead of a Python loop per object. What it does
-        not handle (a tensor with a graph, a module, an optimizer, a set, a traceback, an object with
-        slots, a tensor-like) is handed back as ``(owner, object, is_root)`` to ``collect_keys``' own
-        loop, and so is a whole level that would run past the budget, or a part whose read raises.
-        Which root each object hangs under is worked out only for what is handed back (``functools.cache``
-        over the level's owners). Same storages
-        reached and the same count per object queued as that loop (``tests/attribution``: both ways
-        over the same namespaces), in a fraction of its time on a namespace of many small values
-        (``benchmarks/leaks.py``, part ``cost``)."""
-        seen, keys, probe, lanes = self.seen, self.reach.reached, self.probe, self.lanes
-        on_device, address = probe.on_device, probe.storage_address
-        handed: list[tuple[int, Any, bool]] = []
-        level: list[Any] = list(roots)
-        owners: Callable[[], list[int]] = cache(partial(_positions, len(roots)))
-        depth = 0
-        while level:
-            kinds = list(map(type, level))
-            present = set(kinds)
-            for kind in present.difference(lanes):
-                lanes[kind] = self._lane(kind)
-            kinds_by_lane: dict[int, set[type]] = {}
-            for kind in present:
-                kinds_by_lane.setdefault(lanes[kind], set()).add(kind)
-            kinds_by_lane.pop(_LANE_ATOM, None)
-            if not kinds_by_lane:
-                break
-            whole = len(kinds_by_lane) == 1 and len(present) == len(next(iter(kinds_by_lane.values())))
-
-            parts: dict[int, tuple[list[Any], list[bool] | None]] = {}
-            for lane, lane_kinds in kinds_by_lane.items():
-                # the level's objects of ``lane``, and which positions they are (``None``: all)
-                mask = None if whole else list(map(lane_kinds.__contains__, kinds))
-                parts[lane] = (level, None) if mask is None else (list(compress(level, mask)), mask)
-
-            owners_of = partial(_chosen_owners, owners)
-            queued = sum(len(chosen) for chosen, _ in parts.values())
-            if depth and queued > self.budget:  # the loop below stops where the budget runs out
-                for chosen, mask in parts.values():
-                    handed.extend(zip(owners_of(mask), chosen, repeat(False)))
-                break
-            is_root = depth == 0
-            next_level: list[Any] = []
-            next_parts: list[Callable[[], list[int]]] = []  # the owners of next_level, piece by piece
-            counted = 0
-            for lane, (chosen, mask) in sorted(parts.items(), key=itemgetter(0)):
-                if lane == _LANE_DROP:
-                    counted += len(chosen)
-                    continue
-                if lane == _LANE_SLOW:
-                    handed.extend(zip(owners_of(mask), chosen, repeat(is_root)))
-                    continue
-                if lane == _LANE_TENSOR:
-                    try:
-                        on = list(map(_IS_CUDA, chosen)) if on_device is _is_cuda else list(map(on_device, chosen))
-                        counted_here = list(compress(chosen, on))
-                        if address is not None:
-                            keys.update(zip(repeat("storage"), map(address, counted_here)))
-                        else:
-                            keys.update(zip(repeat("storage"), map(_DATA_PTR, map(_UNTYPED_STORAGE, counted_here))))
-                        leaf = list(map(is_, map(_GRAD_FN, chosen), repeat(None)))
-                        grads = list(map(_GRAD, compress(chosen, leaf)))
-                    except Exception:  # a layout without one storage, a tensor that cannot be read: one by one
-                        handed.extend(zip(owners_of(mask), chosen, repeat(is_root)))
-                        continue
-                    counted += sum(leaf)
-                    if not all(leaf):  # a graph to walk: collect_keys' own loop does it
-                        grown = list(map(not_, leaf))
-                        handed.extend(zip(compress(owners_of(mask), grown), compress(chosen, grown), repeat(is_root)))
-                    present_grads = list(map(is_not, grads, repeat(None)))
-                    if any(present_grads):
-                        next_level.extend(compress(grads, present_grads))
-                        next_parts.append(partial(_grad_owners, owners_of, mask, leaf, present_grads))
-                    continue
-                children_of = _CHILDREN_OF[lane]
-                try:
-                    children = children_of(chosen)
-                except Exception:  # a __dict__ that is not a dict, a container changed while read
-                    handed.extend(zip(owners_of(mask), chosen, repeat(is_root)))
-                    continue
-                counted += len(chosen)
-                identities = list(map(id, chosen))
-                fresh = set(identities)
-                first: list[bool] | None = None
-                if len(fresh) == len(identities) and fresh.isdisjoint(seen):
-                    seen.update(fresh)
-                else:  # met before, or twice in this level: walked once, counted each time as queued
-                    first = [ident not in seen and not seen.add(ident) for ident in identities]  # type: ignore[func-returns-value]
-                    children = list(compress(children, first))
-                next_level.extend(chain.from_iterable(children))
-                next_parts.append(partial(_children_owners, owners_of, mask, first, children))
-            if depth:
-                self.budget -= counted
-            level, depth = next_level, depth + 1
-            owners = cache(partial(_joined_owners, next_parts))  # made on first use, for what is handed back
-        return handed
-
-    def _lane(self, kind: type) -> int:
-        """How ``fast_lane`` treats objects of this type."""
-        if kind in ATOM_TYPES:
-            return _LANE_ATOM
-        code = self.codes.get(kind)
-        if code is None:
-            code = self.codes[kind] = type_code(kind, self.probe)
-        if code == _TENSOR:
-            return _LANE_TENSOR if _reads_directly(kind) else _LANE_SLOW
-        if code == _OPAQUE:
-            return _LANE_DROP
-        if code == _SEQUENCE:
-            return _LANE_SEQUENCE
-        if code == _MAPPING:
-            return _LANE_MAPPING
-        if code == _OBJECT and not _slots_of(kind):
-            # ``__dictoffset__`` 0: instances have no ``__dict__`` either, so nothing to walk
-            return _LANE_OBJECT if getattr(kind, "__dictoffset__", 1) else _LANE_DROP
-        return _LANE_SLOW
+    def start(self, roots: list[Any]) -> None:
+        """Queue the roots (not counted against the budget)."""
+        for owner, root in enumerate(roots):
+            self.pending.append((root, TENSORS, -1, (), True, owner))
 
     def drain(self) -> None:
         pending, seen, skip = self.pending, self.seen, self.skip_ids
@@ -656,51 +219,51 @@ class _Walker:
         if code is None:
             code = self.codes[kind] = type_code(kind, self.probe)
         push = self.push
-        if code == _TENSOR:
+        if code == TENSOR_CODE:
             self.visit_tensor(obj, category, position, path, is_root, owner)
-        elif code == _MODULE:
+        elif code == MODULE_CODE:
             self.visit_module(obj, position, path, owner)
-        elif code == _OPTIMIZER:
+        elif code == OPTIMIZER_CODE:
             # Only the state: the parameters in ``param_groups`` belong to the model.
             for value in list(getattr(obj, "state", {}).values()):
                 push(value, STATE, position, path, owner)
-        elif code == _MAPPING:
+        elif code == MAPPING_CODE:
             deeper = self.track_paths and len(path) < PATH_STEPS
             for index, (key, value) in enumerate(list(obj.items())):
                 step = path + ((ITEM, key, index),) if deeper else path
                 push(value, category, index if is_root else position, step, owner)
-        elif code == _SEQUENCE:
+        elif code == SEQUENCE_CODE:
             deeper = self.track_paths and len(path) < PATH_STEPS
             for index, value in enumerate(list(obj)):
                 step = path + ((ITEM, index, index),) if deeper else path
                 push(value, category, index if is_root else position, step, owner)
-        elif code == _SET:
+        elif code == SET_CODE:
             for value in list(obj):
                 push(value, category, position, path, owner)
-        elif code == _TRACEBACK:
+        elif code == TRACEBACK_CODE:
             push(obj.tb_frame, category, position, path, owner)
             push(obj.tb_next, category, position, path, owner)
-        elif code == _FRAME:
+        elif code == FRAME_CODE:
             # A module-level frame's locals are its globals: the user namespace, reported name by name.
             if obj.f_code.co_name != "<module>" and obj.f_locals is not obj.f_globals:
                 for value in list(obj.f_locals.values()):
                     push(value, category, position, path, owner)
-        elif code == _EXCEPTION:
+        elif code == EXCEPTION_CODE:
             for value in (obj.__traceback__, obj.__cause__, obj.__context__, *obj.args):
                 push(value, category, position, path, owner)
             for value in list(getattr(obj, "__dict__", {}).values()):
                 push(value, category, position, path, owner)
-        elif code == _FUNCTION:
+        elif code == FUNCTION_CODE:
             deeper = self.track_paths and len(path) < PATH_STEPS
             for expression, value in function_captures(obj):
                 push(value, category, position, path + ((ATTRIBUTE, expression, -1),) if deeper else path, owner)
-        elif code == _OBJECT or (code == _MACHINERY and is_root):
+        elif code == OBJECT_CODE or (code == MACHINERY_CODE and is_root):
             deeper = self.track_paths and len(path) < PATH_STEPS
             attributes = getattr(obj, "__dict__", None)
             if isinstance(attributes, dict):
                 for name, value in list(attributes.items()):
                     push(value, category, position, path + ((ATTRIBUTE, name, -1),) if deeper else path, owner)
-            for slot in _slots_of(type(obj)):
+            for slot in slots_of(type(obj)):
                 if hasattr(obj, slot):
                     step = path + ((ATTRIBUTE, slot, -1),) if deeper else path
                     push(getattr(obj, slot), category, position, step, owner)
@@ -792,30 +355,6 @@ def walk(
     reach = walker.run([root])
     walker.keep_alive.clear()
     return reach
-
-
-def walk_together(
-    roots: list[tuple[str, Any]],
-    probe: TensorProbe,
-    skip_ids: frozenset[int] = frozenset(),
-    limit: int = WALK_LIMIT,
-) -> Reach:
-    """One walk of many roots, each object visited once whichever root leads to it, with what modules
-    keep out of sight (hooks' captures, plain attributes) walked last, into ``Reach.late``: where those
-    are also reached otherwise, they are counted there. ``Hit.owner`` is the index of the root. Cheaper
-    than a walk per root when only the union matters (``left`` walks every unchanged name this way).
-
-    Only which storages are reached is kept of the first part, in ``Reach.reached``: ``storages`` holds
-    ``Hit``s only for what went through the full visit (modules' own tensors, optimizers' state...).
-    Tensors, containers and plain objects, nearly all of a namespace, take a keys-only path (no
-    categories, positions or paths: about half the cost per object or less; ``benchmarks/leaks.py``,
-    part ``cost``, measures the whole attribution)."""
-    walker = _Walker(probe, skip_ids, True, limit, list(map(itemgetter(0), roots)), defer_hidden=True)
-    reach = walker.run(list(map(itemgetter(1), roots)), keys_only=True)
-    walker.keep_alive.clear()
-    return reach
-
-
 
 
 def describe_path(root: str, path: tuple[Step, ...]) -> str:

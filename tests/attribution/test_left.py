@@ -7,13 +7,9 @@ from __future__ import annotations
 import pytest
 
 from jupyter_cudamem.attribution.holders import EXCEPTION, FRAME, OUTPUT_CACHE, Reference
-from jupyter_cudamem.attribution.left import (
-    GRAPH_CAUSE,
-    HOOK_CAUSE,
-    MIN_HOLDER_BYTES,
-    NamespaceSnapshot,
-    left_behind,
-)
+from jupyter_cudamem.attribution.causes import GRAPH_CAUSE, HOOK_CAUSE
+from jupyter_cudamem.attribution.left import MIN_HOLDER_BYTES, left_behind
+from jupyter_cudamem.attribution.snapshot import NamespaceSnapshot
 from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe, torch_cpu_probe
 
 torch = pytest.importorskip("torch")
@@ -285,9 +281,9 @@ def test_custom_function_context_and_saved_tensors_are_counted():
 
 
 def test_a_huge_graph_is_walked_within_the_bound(monkeypatch):
-    from jupyter_cudamem.attribution import left as left_module
+    from jupyter_cudamem.attribution import judge as judge_module
 
-    monkeypatch.setattr(left_module, "walk", _bounded_walk(500))
+    monkeypatch.setattr(judge_module, "walk", _bounded_walk(500))
     ns = namespace()
     left = run(ns, "t = W.sum()\nfor _ in range(2000):\n    t = t + W.sum()", 0)
     assert left.truncated
@@ -338,7 +334,7 @@ def test_attributing_holds_off_the_garbage_collector_and_restores_it():
     from jupyter_cudamem.attribution import left as left_module
 
     seen = []
-    real = left_module._judge
+    real = left_module.judge_namespace
 
     def judge(*args):
         seen.append(gc.isenabled())
@@ -347,8 +343,8 @@ def test_attributing_holds_off_the_garbage_collector_and_restores_it():
     probe = fake_probe()
     ns = {"t": FakeTensor(MiB)}
     before = NamespaceSnapshot.take(ns, (), probe)
-    original = left_module._judge
-    left_module._judge = judge
+    original = left_module.judge_namespace
+    left_module.judge_namespace = judge
     try:
         assert gc.isenabled()
         left_behind(ns, (), before, MiB, probe)
@@ -358,7 +354,7 @@ def test_attributing_holds_off_the_garbage_collector_and_restores_it():
         assert not gc.isenabled()  # left as it was found
     finally:
         gc.enable()
-        left_module._judge = original
+        left_module.judge_namespace = original
 
 
 # -- growth inside a container or object that is the same object before and after ---------------
@@ -449,16 +445,16 @@ def test_the_rest_of_the_namespace_is_walked_only_when_the_new_names_do_not_acco
     new storages under the changed names account for all the cell left (less than 512 bytes a storage
     short, PyTorch's rounding), and made otherwise: memory held out of sight, or a storage counted as new
     that an unchanged name holds (the graphs below save ``W``, which is old)."""
-    from jupyter_cudamem.attribution import left as left_module
+    from jupyter_cudamem.attribution import judge as judge_module
 
     walks = []
-    real = left_module.walk_together
+    real = judge_module.walk_together
 
     def counting(roots, *args, **kwargs):
         walks.append(len(roots))
         return real(roots, *args, **kwargs)
 
-    monkeypatch.setattr(left_module, "walk_together", counting)
+    monkeypatch.setattr(judge_module, "walk_together", counting)
     bystanders = {f"v{i}": torch.zeros(16) for i in range(50)}
     ns = namespace(kept=[], **bystanders)
     code = "kept.append(torch.ones(16 * B, H))"  # 4 MiB

@@ -1,5 +1,5 @@
 """The fingerprint taken before every cell (``NamespaceSnapshot.take``): its fast paths say what the
-per-object ``_fingerprint`` says, and what they exist to see is still seen: a name rebound to a new
+per-object ``fingerprint`` says, and what they exist to see is still seen: a name rebound to a new
 object is new, a list appended in place grew, a tensor that got a gradient changed."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import collections
 
 import pytest
 
-from jupyter_cudamem.attribution.left import NamespaceSnapshot, _first_parameter, _fingerprint, left_behind
+from jupyter_cudamem.attribution.left import left_behind
+from jupyter_cudamem.attribution.snapshot import NamespaceSnapshot, _first_parameter, fingerprint
 from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe, torch_cpu_probe
 
 torch = pytest.importorskip("torch")
@@ -73,18 +74,18 @@ def test_the_snapshot_equals_the_per_object_fingerprint_name_by_name(make_probe)
     snapshot = NamespaceSnapshot.take(namespace, (), probe)
     assert list(snapshot.names) == list(namespace)
     for name, value in namespace.items():
-        assert snapshot.names[name] == _fingerprint(value, probe), name
+        assert snapshot.names[name] == fingerprint(value, probe), name
 
 
 def test_a_tensor_fingerprint_reads_the_gradient_only_where_pytorch_keeps_one():
     probe = torch_cpu_probe()
     leaf = torch.ones(2, requires_grad=True)
     computed = leaf * 2
-    assert _fingerprint(leaf, probe) == (id(leaf), id(None))
+    assert fingerprint(leaf, probe) == (id(leaf), id(None))
     computed.sum().backward()
-    assert _fingerprint(leaf, probe) == (id(leaf), id(leaf.grad))
+    assert fingerprint(leaf, probe) == (id(leaf), id(leaf.grad))
     with _no_warning():
-        assert _fingerprint(leaf * 2, probe)[1] == id(None)  # a non-leaf's .grad is not read (it warns)
+        assert fingerprint(leaf * 2, probe)[1] == id(None)  # a non-leaf's .grad is not read (it warns)
 
 
 class _no_warning:
@@ -121,9 +122,9 @@ def test_the_first_parameter_is_the_one_parameters_yields_first():
 def test_container_attributes_are_told_by_type_without_isinstance_on_tensors():
     probe = torch_cpu_probe()
     holder = _Object(tensor=torch.zeros(2), history=[1, 2], table={}, queue=collections.deque([1]), step=3)
-    fingerprint = _fingerprint(holder, probe)
-    assert fingerprint[0] == id(holder)
-    assert [(name, size) for name, _, size in fingerprint[1]] == [
+    printed = fingerprint(holder, probe)
+    assert printed[0] == id(holder)
+    assert [(name, size) for name, _, size in printed[1]] == [
         ("tensor", -1),
         ("history", 2),
         ("table", 0),
@@ -205,8 +206,8 @@ def test_a_container_fingerprint_holds_the_lengths_of_the_containers_among_its_c
     probe = torch_cpu_probe()
     losses, tensor = [1, 2], torch.zeros(1)
     history = {"losses": losses, "t": tensor, "step": 3}
-    assert _fingerprint(history, probe) == (id(history), 3, ((id(losses), 2),))
-    assert _fingerprint({"t": tensor, "step": 3}, probe)[2] == ()
+    assert fingerprint(history, probe) == (id(history), 3, ((id(losses), 2),))
+    assert fingerprint({"t": tensor, "step": 3}, probe)[2] == ()
     long = [[index] for index in range(100)]
-    fingerprint = _fingerprint(long, probe)
-    assert fingerprint[1] == 100 and len(fingerprint[2]) == 64  # the first 64 only
+    printed = fingerprint(long, probe)
+    assert printed[1] == 100 and len(printed[2]) == 64  # the first 64 only

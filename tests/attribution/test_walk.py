@@ -226,7 +226,7 @@ def _unfilled_cell():
 
 
 def test_the_keys_only_pass_reaches_what_a_full_walk_of_each_root_reaches():
-    from jupyter_cudamem.attribution.walk import walk_together
+    from jupyter_cudamem.attribution.fast_walk import walk_together
 
     probe = fake_probe()
     roots = _fake_roots()
@@ -244,7 +244,7 @@ def test_the_keys_only_pass_reaches_what_a_full_walk_of_each_root_reaches():
 
 def test_the_keys_only_pass_follows_graphs_of_real_tensors():
     torch = pytest.importorskip("torch")
-    from jupyter_cudamem.attribution.walk import walk_together
+    from jupyter_cudamem.attribution.fast_walk import walk_together
 
     probe = torch_cpu_probe()
     w = torch.randn(64, 64, requires_grad=True)
@@ -257,7 +257,7 @@ def test_the_keys_only_pass_follows_graphs_of_real_tensors():
 
 
 def test_the_keys_only_pass_stops_at_its_budget_and_says_so():
-    from jupyter_cudamem.attribution.walk import walk_together
+    from jupyter_cudamem.attribution.fast_walk import walk_together
 
     roots = [("many", [FakeTensor(MiB) for _ in range(100)])]
     together = walk_together(roots, fake_probe(), limit=20)
@@ -281,7 +281,8 @@ class _DuckTensor:
 
 def test_the_keys_only_pass_reads_tensor_likes_without_pytorchs_class_attributes():
     from jupyter_cudamem.attribution import TensorProbe
-    from jupyter_cudamem.attribution.walk import walk, walk_together
+    from jupyter_cudamem.attribution.fast_walk import walk_together
+    from jupyter_cudamem.attribution.walk import walk
 
     probe = TensorProbe(tensor_types=(_DuckTensor,))
     roots = [("kept", [_DuckTensor(MiB, grad=_DuckTensor(2 * MiB))]), ("alone", _DuckTensor(MiB))]
@@ -290,34 +291,38 @@ def test_the_keys_only_pass_reads_tensor_likes_without_pytorchs_class_attributes
     assert together.reached == union and len(union) == 3
 
 
-# -- the keys-only pass's bulk lane against its one-object-at-a-time loop ----------------------------
-def _walk_both_ways(roots, probe, monkeypatch, limit=None):
-    """``walk_together`` as it runs, and with ``fast_lane`` handing every root back to the loop."""
+# -- the fast path against the specification ----------------------------------------------------------
+def _walk_three_ways(roots, probe, monkeypatch, limit=None):
+    """``walk_together`` as it runs (the fast path), with ``fast_lane`` handing every root back to
+    ``collect_keys``' loop, and by the plain walk (``walk._Walker``, the specification) over the same
+    roots with what modules keep out of sight walked last, as ``walk_together`` does."""
+    from jupyter_cudamem.attribution import fast_walk
     from jupyter_cudamem.attribution import walk as walk_module
+    from jupyter_cudamem.attribution.type_codes import ATOM_TYPES
 
-    kwargs = {} if limit is None else {"limit": limit}
-    fast = walk_module.walk_together(roots, probe, **kwargs)
+    limit = walk_module.WALK_LIMIT if limit is None else limit
+    fast = fast_walk.walk_together(roots, probe, limit=limit)
     with monkeypatch.context() as patched:
         patched.setattr(
-            walk_module._Walker,
+            fast_walk._KeysOnlyWalker,
             "fast_lane",
-            lambda self, values: [
-                (owner, value, True) for owner, value in enumerate(values) if type(value) not in walk_module.ATOM_TYPES
-            ],
+            lambda self, values: [(owner, value, True) for owner, value in enumerate(values) if type(value) not in ATOM_TYPES],
         )
-        slow = walk_module.walk_together(roots, probe, **kwargs)
-    return fast, slow
+        loop = fast_walk.walk_together(roots, probe, limit=limit)
+    names = [name for name, _ in roots]
+    plain = walk_module._Walker(probe, frozenset(), True, limit, names, defer_hidden=True)
+    return fast, loop, plain.run([value for _, value in roots])
 
 
 def _late(reach):
     return {key: (hit.owner, hit.category, hit.path) for key, hit in reach.late.items()}
 
 
-def _assert_same(fast, slow):
-    assert fast.reached == slow.reached
-    assert _late(fast) == _late(slow)
-    assert sorted(hook.describe() for hook in fast.hooks) == sorted(hook.describe() for hook in slow.hooks)
-    assert fast.truncated == slow.truncated
+def _assert_same(fast, other):
+    assert fast.reached == other.reached
+    assert _late(fast) == _late(other)
+    assert sorted(hook.describe() for hook in fast.hooks) == sorted(hook.describe() for hook in other.hooks)
+    assert fast.truncated == other.truncated
 
 
 class _Holder:
@@ -377,36 +382,37 @@ def _mixed_roots():
     ]
 
 
-def test_the_bulk_lane_reaches_what_the_loop_reaches_with_the_same_owners(monkeypatch):
+def test_the_fast_path_reaches_what_the_plain_walk_reaches_with_the_same_owners(monkeypatch):
     for roots in (_fake_roots(), _mixed_roots(), _fake_roots() + _mixed_roots()):
-        fast, slow = _walk_both_ways(roots, fake_probe(), monkeypatch)
-        _assert_same(fast, slow)
-    # functions below the roots (in a list, in another function's closure) are walked by both
+        fast, loop, plain = _walk_three_ways(roots, fake_probe(), monkeypatch)
+        _assert_same(fast, plain)
+        _assert_same(loop, plain)
+    # functions below the roots (in a list, in another function's closure) are walked by all three
     roots = _mixed_roots()
     nested = dict(roots)["nested_functions"].__closure__[0].cell_contents.__kwdefaults__["t"]
-    fast, slow = _walk_both_ways(roots, fake_probe(), monkeypatch)
+    fast, _, _ = _walk_three_ways(roots, fake_probe(), monkeypatch)
     assert fake_probe().device_storage(nested)[0] in fast.reached
     # the module under ``trainer`` keeps a hook's capture and a plain attribute: named by that root
     roots = _mixed_roots()
-    fast, _ = _walk_both_ways(roots, fake_probe(), monkeypatch)
+    fast, _, _ = _walk_three_ways(roots, fake_probe(), monkeypatch)
     owners = {roots[hit.owner][0] for hit in fast.late.values()}
     assert owners == {"trainer"}
 
 
-def test_the_bulk_lane_counts_each_object_as_the_loop_does(monkeypatch):
-    """Same count per object queued: both are cut at the same limit, and by it alone."""
+def test_the_fast_path_counts_each_object_as_the_plain_walk_does(monkeypatch):
+    """Same count per object queued: all three ways are cut at the same limit, and by it alone."""
     roots = _mixed_roots()
-    fast, slow = _walk_both_ways(roots, fake_probe(), monkeypatch)
-    assert not fast.truncated and not slow.truncated
+    fast, loop, plain = _walk_three_ways(roots, fake_probe(), monkeypatch)
+    assert not fast.truncated and not loop.truncated and not plain.truncated
     cut = {}
     for limit in range(1, 80):
-        fast, slow = _walk_both_ways(roots, fake_probe(), monkeypatch, limit=limit)
-        assert fast.truncated == slow.truncated, limit
+        fast, loop, plain = _walk_three_ways(roots, fake_probe(), monkeypatch, limit=limit)
+        assert fast.truncated == loop.truncated == plain.truncated, limit
         cut[limit] = fast.truncated
     assert cut[1] and not cut[79]  # the test spans the limit where the walk stops being cut
 
 
-def test_the_bulk_lane_over_real_tensors_with_graphs_and_gradients(monkeypatch):
+def test_the_fast_path_over_real_tensors_with_graphs_and_gradients(monkeypatch):
     torch = pytest.importorskip("torch")
     probe = torch_cpu_probe()
     w = torch.randn(16, 16, requires_grad=True)
@@ -428,8 +434,9 @@ def test_the_bulk_lane_over_real_tensors_with_graphs_and_gradients(monkeypatch):
         ("wrapped", _Holder(model)),
         ("params", list(model.parameters())),
     ]
-    fast, slow = _walk_both_ways(roots, probe, monkeypatch)
-    _assert_same(fast, slow)
+    fast, loop, plain = _walk_three_ways(roots, probe, monkeypatch)
+    _assert_same(fast, plain)
+    _assert_same(loop, plain)
     assert len(fast.reached) >= 10 and fast.late  # the hook's outputs are met late, under ``wrapped``
 
 

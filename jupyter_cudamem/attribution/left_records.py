@@ -1,0 +1,83 @@
+"""What a cell left, as records: ``LeftHolder`` (one holder, its cause and what to change) and
+``LeftBehind`` (all of them, with what nothing explains). Made by ``left.left_behind``; shown by
+``report``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .causes import LEAK_CAUSES
+from .walk import GRAPH
+
+
+@dataclass(frozen=True)
+class LeftHolder:
+    """One holder of what the cell left, with the cause and what to change.
+
+    ``nbytes`` is what the cell left through it (storages attributed to it and no other holder);
+    ``by_category`` splits it (``"autograd graph"``: saved tensors of graphs; ``"tensors"``: tensors
+    held directly...). ``change`` says what happened to the name: ``"new"``, ``"rebound"``,
+    ``"grew"``, ``"changed"`` (in place) or ``"unchanged"`` (then ``likely`` is set: counted to explain
+    what the new storages do not). ``also`` are other holders reaching the same storages, ``hooks``
+    the module hooks that fill it.
+    """
+
+    name: str
+    origin: str
+    kind: str
+    nbytes: int
+    cause: str
+    description: str
+    change: str
+    by_category: dict[str, int] = field(default_factory=dict)
+    tensors: int = 0
+    graph_tensors: int = 0
+    scalar_graph_tensors: int = 0
+    also: tuple[str, ...] = ()
+    hooks: tuple[str, ...] = ()
+    where: str = ""
+    likely: bool = False
+    advice: tuple[str, ...] = ()
+
+    @property
+    def leak(self) -> bool:
+        return self.cause in LEAK_CAUSES
+
+    @property
+    def graph_bytes(self) -> int:
+        return self.by_category.get(GRAPH, 0)
+
+
+@dataclass(frozen=True)
+class LeftBehind:
+    """What a cell left allocated and who holds it.
+
+    ``left_bytes`` is the allocator's growth over the cell; ``holders`` name the part attributed (largest
+    first), ``smaller_bytes`` sums holders under ``left.MIN_HOLDER_BYTES``, and ``remainder_bytes`` is what
+    nothing explains (PyTorch's internal caches such as cuBLAS's workspace, tensors only C++ or an
+    object the walk does not enter keeps). ``elapsed_s`` is what attributing cost; ``truncated`` says a
+    walk stopped at its bound.
+    """
+
+    left_bytes: int
+    holders: tuple[LeftHolder, ...]
+    smaller_bytes: int = 0
+    smaller_count: int = 0
+    elapsed_s: float = 0.0
+    truncated: bool = False
+
+    @property
+    def attributed_bytes(self) -> int:
+        return sum(holder.nbytes for holder in self.holders) + self.smaller_bytes
+
+    @property
+    def remainder_bytes(self) -> int:
+        return max(self.left_bytes - self.attributed_bytes, 0)
+
+    @property
+    def leaks(self) -> tuple[LeftHolder, ...]:
+        return tuple(holder for holder in self.holders if holder.leak)
+
+    @property
+    def has_leak(self) -> bool:
+        return bool(self.leaks)

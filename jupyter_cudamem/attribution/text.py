@@ -1,0 +1,206 @@
+"""The English text of what a cell left: each holder's description and what to change about it.
+
+``describe_holder`` names what a holder is (``list of 40 tensors holding their autograd graphs, 10.00
+MiB of saved activations``) from the storages gathered under it; ``leak_advice`` says what to change,
+matched to its cause (a result that is not a leak gets what to know about it). They live beside the
+attribution rather than in ``report``: the description reads the holder's own objects (a function's
+closure names, a tensor's shape), which the records keep no reference to, so it is written while the
+attribution runs, and ``report`` only lays the records out.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from ..units import format_bytes
+from .captures import capture_names
+from .causes import (
+    GRADIENTS_CAUSE,
+    GRAPH_CAUSE,
+    HOOK_CAUSE,
+    MODEL,
+    MODULE_ATTRIBUTES_CAUSE,
+    OPTIMIZER_STATE,
+    OUTPUT_CACHE_CAUSE,
+    TRACEBACK_CAUSE,
+)
+from .holders import EXCEPTION, FRAME, OUTPUT_CACHE, VARIABLE, Root, tensor_text
+from .left_records import LeftHolder
+from .walk import ATTRIBUTE, BUFFERS, GRADIENTS, GRAPH, HOOKS, MODULE_ATTRIBUTES, PARAMETERS, Hit
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def container_kind(value: Any) -> str | None:
+    """The name a container is shown by (``list``, ``dict``, ``deque``...); ``None`` for anything else."""
+    for kind in (list, tuple, dict, set, frozenset):
+        if isinstance(value, kind):
+            return kind.__name__
+    return "deque" if type(value).__name__ == "deque" else None
+
+
+def captured_by(hit: Hit) -> str | None:
+    """How a callable on the hit's path keeps it (the steps ``captures.function_captures`` names): ``"default
+    argument"``, ``"closure"``, ``"bound object"``, ``"partial argument"``, or ``None``."""
+    for kind, name, _ in hit.path:
+        if kind == ATTRIBUTE and isinstance(name, str):
+            if name.startswith(("__defaults__", "__kwdefaults__")):
+                return "default argument"
+            if name.startswith("__closure__"):
+                return "closure"
+            if name in ("__self__", "__func__"):
+                return "bound object"
+            if name.startswith(("args[", "keywords[")):  # an attribute's name has no bracket: a partial's
+                return "partial argument"
+    return None
+
+
+# -- what each holder is ------------------------------------------------------------------------------
+def describe_holder(root: Root, cause: str, holder: dict[str, Any]) -> str:
+    """What the holder is, from its root and what ``left.left_behind`` gathered under it (``holder``:
+    bytes by category, tensor and storage counts, the hits): ``list of 40 tensors holding their
+    autograd graphs, 10.00 MiB of saved activations``, ``Linear: parameters 4.00 MiB``."""
+    categories: dict[str, int] = holder["categories"]
+    graph = categories.get(GRAPH, 0)
+    tensors = holder["tensors"]
+    graph_tensors = holder["graph_tensors"]
+    value = root.value
+    container = container_kind(value)
+    saved = f"{format_bytes(graph)} of saved activations" if graph else ""
+    if root.origin == OUTPUT_CACHE:
+        tensor_like = hasattr(value, "shape") and hasattr(value, "dtype")
+        what = f"tensor {tensor_text(value)}" if tensor_like else type(value).__name__
+        return f"a cell's value kept by IPython's output cache ({what})"
+    if root.origin in (EXCEPTION, FRAME):
+        where = f"locals of {root.name}" if root.origin == FRAME else root.name
+        return f"{where}, kept by the failed cell's traceback"
+    if root.kind == "module":
+        parts = [
+            f"{label} {format_bytes(categories[label])}"
+            for label in (PARAMETERS, GRADIENTS, BUFFERS, MODULE_ATTRIBUTES, HOOKS, GRAPH)
+            if categories.get(label)
+        ]
+        return f"{type(value).__name__}: " + ", ".join(parts)
+    if root.kind == "optimizer":
+        return f"{type(value).__name__} state: {plural(holder['storages'], 'tensor')}"
+    if root.kind == "gradient":
+        return f"gradient {tensor_text(value)}"
+    if root.kind == "tensor":
+        text = f"tensor {tensor_text(value)}"
+        if graph_tensors:
+            text += " holding its autograd graph" + (f", {saved}" if saved else "")
+        return text
+    captured = sorted({kind for kind in map(captured_by, holder["hits"]) if kind is not None})
+    if captured and all(captured_by(hit) for hit in holder["hits"]):
+        kept = plural(tensors or holder["storages"], "tensor")
+        if isinstance(value, types.FunctionType):
+            names = capture_names(value)
+            variables = dict.fromkeys(names.get(str(hit.path[0][1]), "?") for hit in holder["hits"] if hit.path)
+            how = " and ".join(
+                f"its {kind + 's' if kind in ('default argument', 'partial argument') else kind}" for kind in captured
+            )
+            return f"function {value.__qualname__} keeping {kept} in {how} ({', '.join(variables)})"
+        if container is not None:
+            functions = len({hit.position for hit in holder["hits"]})
+            owner = "its" if functions == 1 else "their"
+            suffix = "s" if functions > 1 else ""
+            how = " and ".join(
+                f"{owner} {kind + 's' if kind in ('default argument', 'partial argument') else kind + suffix}"
+                for kind in captured
+            )
+            return f"{container} of {plural(functions, 'function')} keeping {kept} in {how}"
+    if container is not None:
+        noun = (
+            f"{container} of {plural(tensors, 'tensor')}"
+            if tensors
+            else f"{container} reaching {plural(holder['storages'], 'storage')}"
+        )
+        if graph_tensors:
+            owner = "its" if tensors == 1 else "their"
+            noun += (
+                f" holding {owner} autograd graphs"
+                if graph_tensors == tensors
+                else f" ({graph_tensors} holding autograd graphs)"
+            )
+            noun += f", {saved}" if saved else ""
+        return noun
+    text = f"{type(value).__name__} reaching {plural(tensors or holder['storages'], 'tensor')}"
+    if graph_tensors:
+        text += " with autograd graphs" + (f", {saved}" if saved else "")
+    return text
+
+
+# -- what to change about each holder ------------------------------------------------------------------
+def _del_names(holder: LeftHolder) -> str:
+    names = [holder.name] + [name for name in holder.also if name.isidentifier()]
+    return ", ".join(dict.fromkeys(names))
+
+
+def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
+    """What to change, matched to the cause; a result that is not a leak gets what to know about it."""
+    name = holder.name
+    free_now = f"free it now: del {_del_names(holder)}, then torch.cuda.empty_cache() returns it to the driver"
+    if holder.cause == GRAPH_CAUSE:
+        name = holder.where or name  # tracker.outputs, where an object's attribute keeps them
+        scalars = holder.scalar_graph_tensors
+        if holder.kind == "tensor" and scalars:
+            first = (
+                f"accumulate numbers, not graphs: {name} += value.item() (or value.detach()), so each step's "
+                "graph and the activations it saved are freed"
+            )
+        elif scalars and scalars * 2 >= max(holder.graph_tensors, 1):
+            first = (
+                f"keep numbers, not graphs: store loss.item() (a Python float) or loss.detach() in {name}, "
+                "so each step's graph with its saved activations is freed"
+            )
+        else:
+            first = (
+                "if nothing needs their gradients, compute them under `with torch.no_grad():` (or "
+                f"torch.inference_mode()); otherwise store .detach() in {name}, which drops the graph"
+            )
+        return (first, free_now)
+    if holder.cause == HOOK_CAUSE:
+        hook = holder.hooks[0] if holder.hooks else "a module hook"
+        fix = (
+            f"the {hook} keeps what it is given: store output.detach() (or a summary such as "
+            "output.mean().item()), or remove the hook when done (handle.remove() on what "
+            "register_forward_hook returned)"
+        )
+        if holder.origin == VARIABLE and holder.kind != "module":
+            return (fix, free_now)
+        return (fix, "removing the hook frees what it kept (its closure or object goes with it)")
+    if holder.cause == OUTPUT_CACHE_CAUSE:
+        fix = (
+            f"{name} keeps a cell's value: end the cell with ';' or assign the value to a name; "
+            "%reset -f out empties IPython's output cache"
+        )
+        return (fix,)
+    if holder.cause == TRACEBACK_CAUSE:
+        fix = (
+            "a failed cell's traceback keeps its frames' tensors until the next error replaces it; "
+            "after an out-of-memory error %oomfix releases them"
+        )
+        return (fix,)
+    if holder.cause == MODEL:
+        grads = " (and its gradients until zero_grad(set_to_none=True))" if holder.by_category.get(GRADIENTS) else ""
+        return (f"a model's weights{grads}: expected; it stays until the model is deleted",)
+    if holder.cause == OPTIMIZER_STATE:
+        note = (
+            "an optimizer's state, made on its first step (Adam: two tensors per parameter): expected, "
+            "it does not grow on later steps"
+        )
+        return (note,)
+    if holder.cause == GRADIENTS_CAUSE:
+        return ("gradients from backward(): expected; optimizer.zero_grad(set_to_none=True) frees them between steps",)
+    if holder.cause == MODULE_ATTRIBUTES_CAUSE:
+        return (f"tensors kept as module attributes ({holder.where or name}): expected if the module needs them",)
+    if holder.change == "grew":
+        fix = (
+            f"{name} gained {plural(holder.tensors, 'tensor')} in this cell: a container that grows every run "
+            "fills the card; keep what you need as numbers (.item()) or on the CPU (.cpu())"
+        )
+        return (fix, free_now)
+    return (f"data on the GPU: expected if you meant to keep it; {free_now}",)

@@ -1,0 +1,106 @@
+"""The shape of ``jupyter_cudamem/attribution/``: modules of one job each, small enough to read, and
+imports only from rooms above it in STYLE.md's map (never the advice, the presentation or the features
+that use the attribution)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import jupyter_cudamem.attribution
+
+ATTRIBUTION = Path(jupyter_cudamem.attribution.__file__).parent
+MODULE_LINES = 600
+CLASS_LINES = 300
+# Rooms below attribution in the map (presentation, advice, the features, the magics): it must not import them.
+FORBIDDEN = ("advice", "report", "history", "monitor", "oomfix", "capacity", "magics")
+
+
+def _modules(folder: Path) -> list[Path]:
+    return sorted(folder.rglob("*.py"))
+
+
+def _package_of(path: Path) -> list[str]:
+    """``["jupyter_cudamem", "attribution"]`` for a module of that package: what its relative imports start from."""
+    parts = path.relative_to(ATTRIBUTION.parent.parent).with_suffix("").parts
+    return list(parts[:-1])
+
+
+def _imported(path: Path, package: list[str]) -> list[tuple[int, str]]:
+    """Every module a file imports, relative imports resolved, with its line: ``from ..advice import x``
+    and ``from .. import advice`` both give ``jupyter_cudamem.advice``; imports inside functions too."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.append((node.lineno, module))
+            found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
+    return found
+
+
+def _too_long(folder: Path) -> list[str]:
+    problems = []
+    for path in _modules(folder):
+        text = path.read_text()
+        lines = len(text.splitlines())
+        if lines > MODULE_LINES:
+            problems.append(f"{path.name}: {lines} lines (at most {MODULE_LINES})")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno is not None
+                length = node.end_lineno - node.lineno + 1
+                if length > CLASS_LINES:
+                    problems.append(f"{path.name}: class {node.name} is {length} lines (at most {CLASS_LINES})")
+    return problems
+
+
+def _upward_imports(folder: Path, package: list[str] | None = None) -> list[str]:
+    problems = []
+    for path in _modules(folder):
+        inside = package if package is not None else _package_of(path)
+        for line, module in _imported(path, inside):
+            parts = module.split(".")
+            if parts[0] == "jupyter_cudamem" and len(parts) > 1 and parts[1] in FORBIDDEN:
+                problems.append(f"{path.name}:{line} imports {module}")
+    return sorted(set(problems))
+
+
+def test_no_attribution_module_is_over_600_lines_nor_a_class_over_300():
+    assert _too_long(ATTRIBUTION) == []
+
+
+def test_attribution_imports_neither_the_advice_nor_the_features():
+    assert _upward_imports(ATTRIBUTION) == []
+
+
+def test_the_layout_checks_catch_what_they_exist_to_catch(tmp_path):
+    """The two checks above, on a package made to break them: a 601-line module, a 301-line class, and
+    the imports of the advice and the features written each way Python allows."""
+    (tmp_path / "long.py").write_text("x = 1\n" * 601)
+    body = "".join(f"    a{index} = {index}\n" for index in range(300))
+    (tmp_path / "wide.py").write_text(f"class Wide:\n{body}")  # 301 lines from ``class`` to its end
+    (tmp_path / "fits.py").write_text("class Fits:\n" + body[: body.index("    a299")])  # 300 lines
+    (tmp_path / "upward.py").write_text(
+        "from ..advice import leak_advice\n"
+        "from .. import oomfix\n"
+        "import jupyter_cudamem.capacity.plan\n"
+        "def late():\n"
+        "    from ..magics import cudamem\n"
+        "from ..units import MiB\n"  # above attribution in the map: allowed
+        "from .walk import walk\n"
+    )
+    assert _too_long(tmp_path) == [
+        "long.py: 601 lines (at most 600)",
+        "wide.py: class Wide is 301 lines (at most 300)",
+    ]
+    assert _upward_imports(tmp_path, ["jupyter_cudamem", "attribution"]) == [
+        "upward.py:1 imports jupyter_cudamem.advice",
+        "upward.py:1 imports jupyter_cudamem.advice.leak_advice",
+        "upward.py:2 imports jupyter_cudamem.oomfix",
+        "upward.py:3 imports jupyter_cudamem.capacity.plan",
+        "upward.py:5 imports jupyter_cudamem.magics",
+        "upward.py:5 imports jupyter_cudamem.magics.cudamem",
+    ]
