@@ -6,7 +6,7 @@ A room's imports are read from its modules' ``import`` statements (``TYPE_CHECKI
 circle there is still a circle for a reader). The map's order is ``ROOMS``: data flows one way, from the
 hardware (``sources``) through measurement and models (``growth``, ``reruns``, ``batch``, ``attribution``) to
 the features (``oomfix``, ``capacity``, ``engines``) and ``magics``; a room may import only rooms before it, and
-``tests/test_layout.py`` holds the package to that.
+``tests/test_import_graph.py`` holds the package to that.
 """
 
 from __future__ import annotations
