@@ -2,7 +2,8 @@
 
 Reading is kept apart from tracing (``provenance``): everything here answers "which expression, in
 which ``In[k]``, sets this?" and hands back the expression; ``provenance.History`` follows it to a number.
-Nothing runs and nothing here looks at the namespace.
+Nothing runs and nothing here looks at the namespace. ``path_of`` (the path an expression names, such as
+``config["batch_size"]``) lives here too: the finder's readers name what they read with it.
 """
 
 from __future__ import annotations
