@@ -37,10 +37,8 @@ def room_of(module: str) -> str | None:
 
 def imports(path: Path) -> set[str]:
     """The package modules a file imports, as dotted names."""
-    relative = path.relative_to(PACKAGE.parent).with_suffix("")
-    package = list(relative.parts[:-1]) if relative.name != "__init__" else list(relative.parts[:-1])
-    if relative.name == "__init__":
-        package = list(relative.parts[:-1])
+    # What its relative imports start from: the folder it sits in (``__init__.py`` included).
+    package = list(path.relative_to(PACKAGE.parent).parts[:-1])
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

@@ -8,10 +8,9 @@ import ast
 from pathlib import Path
 
 import jupyter_cudamem.attribution
+from tests.layout import too_long
 
 ATTRIBUTION = Path(jupyter_cudamem.attribution.__file__).parent
-MODULE_LINES = 600
-CLASS_LINES = 300
 # Rooms below attribution in the map (presentation, advice, the features, the magics): it must not import them.
 FORBIDDEN = ("advice", "report", "history", "monitor", "oomfix", "capacity", "magics")
 
@@ -41,22 +40,6 @@ def _imported(path: Path, package: list[str]) -> list[tuple[int, str]]:
     return found
 
 
-def _too_long(folder: Path) -> list[str]:
-    problems = []
-    for path in _modules(folder):
-        text = path.read_text()
-        lines = len(text.splitlines())
-        if lines > MODULE_LINES:
-            problems.append(f"{path.name}: {lines} lines (at most {MODULE_LINES})")
-        for node in ast.walk(ast.parse(text, str(path))):
-            if isinstance(node, ast.ClassDef):
-                assert node.end_lineno is not None
-                length = node.end_lineno - node.lineno + 1
-                if length > CLASS_LINES:
-                    problems.append(f"{path.name}: class {node.name} is {length} lines (at most {CLASS_LINES})")
-    return problems
-
-
 def _upward_imports(folder: Path, package: list[str] | None = None) -> list[str]:
     problems = []
     for path in _modules(folder):
@@ -69,7 +52,7 @@ def _upward_imports(folder: Path, package: list[str] | None = None) -> list[str]
 
 
 def test_no_attribution_module_is_over_600_lines_nor_a_class_over_300():
-    assert _too_long(ATTRIBUTION) == []
+    assert too_long(ATTRIBUTION) == []
 
 
 def test_attribution_imports_neither_the_advice_nor_the_features():
@@ -92,7 +75,7 @@ def test_the_layout_checks_catch_what_they_exist_to_catch(tmp_path):
         "from ..units import MiB\n"  # above attribution in the map: allowed
         "from .walk import walk\n"
     )
-    assert _too_long(tmp_path) == [
+    assert too_long(tmp_path) == [
         "long.py: 601 lines (at most 600)",
         "wide.py: class Wide is 301 lines (at most 300)",
     ]
