@@ -161,17 +161,25 @@ class SetAside:
     entries: dict[str, tuple[object, Callable[[], object]]] = field(default_factory=dict)
     kept: tuple[str, ...] = ()  # names holding GPU memory that could not be moved (left bound)
     freed_bytes: int = 0  # what setting them aside freed, where the caller measured it
+    left_on_host: list[str] = field(default_factory=list)  # given back as their host copies (``give_back``)
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self.entries)
 
     def give_back(self) -> list[str]:
-        """Bind each set-aside name again, moved back to its device (names a try bound since are left alone)."""
+        """Bind each set-aside name again, moved back to its device (names a try bound since are left alone).
+
+        A value that does not fit on its device again (what the reruns left there took its room) is bound
+        as its host copy, which holds the same data, and named in ``left_on_host``: never lost."""
         given = []
-        for name, (_, back) in self.entries.items():
+        for name, (host, back) in self.entries.items():
             if name not in self.namespace:
-                self.namespace[name] = back()
+                try:
+                    self.namespace[name] = back()
+                except Exception:  # noqa: BLE001  out of memory on the way back: the host copy is the data
+                    self.namespace[name] = host
+                    self.left_on_host.append(name)
                 given.append(name)
         self.entries.clear()
         return given

@@ -1,13 +1,15 @@
 """Moving what holds GPU memory to the host and back: the only code that calls torch for it
-(``oomfix.leftovers`` decides what to set aside and when; ``%%cudamem_plan`` sets aside the same way).
+(``reruns.set_aside`` decides what to set aside and when; ``%%cudamem_plan`` sets aside the same way).
 
-A ``TorchMover`` is the ``leftovers.Mover`` for PyTorch: tensors are copied to the host, modules moved
-in place (as ``module.cpu()`` does), and optimizers' state moved in place.
+A ``TorchMover`` is the ``set_aside.Mover`` for PyTorch: tensors are copied to the host, modules moved
+in place (as ``module.cpu()`` does), optimizers' state moved in place, and containers of tensors (a
+model's output, a batch dict) copied with their tensors on the host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import copy
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 
@@ -27,6 +29,8 @@ class TorchMover:
     def holds_gpu(self, value: object) -> bool:
         if getattr(value, "is_cuda", False) is True:
             return True
+        if isinstance(value, (Mapping, list, tuple)):
+            return any(getattr(t, "is_cuda", False) is True for t in _contained(value))
         if _optimizer_state(value) is not None:
             return any(getattr(t, "is_cuda", False) for t in _state_tensors(value))
         parameters = getattr(value, "parameters", None)
@@ -59,10 +63,85 @@ class TorchMover:
                 return None  # spread over devices: moving it back could not restore it exactly
             device = cuda[0]
             value.to("cpu")
-            return value, lambda: value.to(device)
+            return value, lambda: _all_or_nothing(lambda: value.to(device), lambda: value.to("cpu"))
         if isinstance(value, torch.optim.Optimizer):
             return _move_optimizer_state(value)
+        if isinstance(value, (MutableMapping, list, tuple)) and not self.tensors_only:
+            return _move_container(value)
         return None
+
+
+# A container is followed this many levels down, and moved only when it holds at most this many tensors
+# (a model's output, a batch dict, a list of a loop's losses; not a dataset in a list).
+_CONTAINER_DEPTH = 3
+_CONTAINER_TENSORS = 10_000
+
+
+def _children(value: object) -> list[object]:
+    if isinstance(value, Mapping):
+        return list(value.values())
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return []
+
+
+def _contained(value: object, depth: int = _CONTAINER_DEPTH) -> list[Any]:
+    """The tensors inside nested mappings, lists and tuples (at most ``_CONTAINER_TENSORS + 1``)."""
+    found: list[Any] = []
+    pending = [(value, depth)]
+    while pending and len(found) <= _CONTAINER_TENSORS:
+        item, left = pending.pop()
+        if hasattr(item, "is_cuda") and hasattr(item, "detach"):
+            found.append(item)
+        elif left > 0:
+            pending += [(child, left - 1) for child in _children(item)]
+    return found
+
+
+def _move_container(value: Any) -> tuple[object, Callable[[], object]] | None:
+    """A model's output (``transformers``' ``ModelOutput`` is a dict), a batch dict, a list of losses: a
+    copy whose CUDA tensors are on the host, detached (what they free is the failed run's autograd graph
+    too; no rerun reads it back). The container itself is never changed: another name that refers to it
+    sees it as it was (and keeps its memory)."""
+    if len(_contained(value)) > _CONTAINER_TENSORS:
+        return None
+    return _move(value, _CONTAINER_DEPTH)
+
+
+def _move(item: Any, depth: int) -> tuple[Any, Callable[[], Any]] | None:
+    """``(a copy of item with its CUDA tensors on the host, give back)``; ``None`` when nothing in it is
+    on a GPU. ``give back()`` makes another copy, the tensors on their devices again."""
+    if getattr(item, "is_cuda", False) is True and hasattr(item, "detach"):
+        device, host = item.device, item.detach().to("cpu")
+        return host, lambda: host.to(device)
+    if depth <= 0 or not isinstance(item, (MutableMapping, list, tuple)):
+        return None
+    keys = list(item.keys()) if isinstance(item, Mapping) else list(range(len(item)))
+    moved = {key: _move(item[key], depth - 1) for key in keys}
+    backs = {key: entry[1] for key, entry in moved.items() if entry is not None}
+    if not backs:
+        return None
+    try:
+        host = _with(item, {key: entry[0] for key, entry in moved.items() if entry is not None})
+    except Exception:  # noqa: BLE001  a container that cannot be copied is left bound
+        return None
+    return host, lambda: _with(host, {key: back() for key, back in backs.items()})
+
+
+def _with(item: Any, replaced: Mapping[Any, Any]) -> Any:
+    """A shallow copy of a mapping, list or tuple with the items under ``replaced``'s keys replaced."""
+    if isinstance(item, tuple):
+        items = [replaced.get(index, child) for index, child in enumerate(item)]
+        return _rebuilt_tuple(item, items)
+    copied = copy.copy(item)
+    for key, value in replaced.items():
+        copied[key] = value
+    return copied
+
+
+def _rebuilt_tuple(original: tuple[Any, ...], items: list[Any]) -> tuple[Any, ...]:
+    make = getattr(type(original), "_make", None)  # a namedtuple
+    return make(items) if callable(make) else (tuple(items) if type(original) is tuple else type(original)(items))
 
 
 def _optimizer_state(value: object) -> Any:
@@ -94,4 +173,18 @@ def _move_optimizer_state(optimizer: Any) -> tuple[object, Callable[[], object]]
             entry[key] = entry[key].to(device)
         return optimizer
 
-    return optimizer, back
+    def to_host() -> None:
+        for entry, key, _ in moved:
+            entry[key] = entry[key].to("cpu")
+
+    return optimizer, lambda: _all_or_nothing(back, to_host)
+
+
+def _all_or_nothing(move: Callable[[], object], undo: Callable[[], object]) -> object:
+    """``move()``; where it fails half-way (out of memory on the device), ``undo()`` puts everything back on
+    the host before the error is raised: a module or optimizer is never left half on each."""
+    try:
+        return move()
+    except BaseException:
+        undo()
+        raise

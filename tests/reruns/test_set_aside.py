@@ -76,6 +76,18 @@ def test_set_aside_moves_what_the_cell_binds_again_and_gives_it_back():
     assert namespace["x"].is_cuda and machine.gpus[0].allocated == 111 * MiB + 1 * GiB
 
 
+def test_what_no_longer_fits_on_the_device_is_given_back_as_its_host_copy_never_lost():
+    machine = capped_machine(4 * GiB)
+    namespace = {"x": FakeTensor(1 * GiB, machine=machine)}
+    aside = set_aside(namespace, "x = make(batch)\n", FakeMover(machine))
+    gc.collect()
+    taken = FakeTensor(int(3.5 * GiB), machine=machine)  # what the reruns left holds the room x had
+    assert aside.give_back() == ["x"]
+    assert aside.left_on_host == ["x"] and namespace["x"].device == "cpu"
+    assert namespace["x"].untyped_storage().nbytes() == 1 * GiB
+    del taken
+
+
 def test_restore_bindings_puts_back_the_output_cache_too():
     before = {"a": 1, "_": "older output"}
     after = {"a": 2, "_": "the failed try's tensor", "__": "x", "Out": {}, "_i3": "cell"}

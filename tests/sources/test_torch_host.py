@@ -31,3 +31,83 @@ def test_host_tensors_hold_no_gpu_memory():
     assert not mover.holds_gpu(torch.zeros(3))
     assert not mover.holds_gpu(torch.nn.Linear(2, 2))
     assert mover.to_host(torch.zeros(3)) is None  # nothing on a device to move
+
+
+class _FakeCuda:
+    """A tensor that says it is on a CUDA device: moving it to the host gives a ``_FakeHost``."""
+
+    is_cuda = True
+    device = "cuda:0"
+
+    def __init__(self, value):
+        self.value = value
+
+    def detach(self):
+        return self
+
+    def to(self, device):
+        assert device == "cpu"
+        return _FakeHost(self.value)
+
+
+class _FakeHost:
+    is_cuda = False
+
+    def __init__(self, value):
+        self.value = value
+
+    def detach(self):
+        return self
+
+    def to(self, device):
+        assert device == "cuda:0"
+        return _FakeCuda(self.value)
+
+
+class _ModelOutput(dict):
+    """Like transformers' ModelOutput: a dict subclass a model returns (loss, logits, hidden states)."""
+
+
+def _on_devices(value):
+    if isinstance(value, dict):
+        return {k: _on_devices(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_devices(v) for v in value) if not hasattr(value, "_fields") else tuple(
+            _on_devices(v) for v in value)
+    return (type(value).__name__, value.value) if isinstance(value, (_FakeCuda, _FakeHost)) else value
+
+
+def test_a_model_output_goes_to_the_host_as_a_copy_and_comes_back_whole():
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "keys values")
+    out = _ModelOutput(loss=_FakeCuda(1), logits=_FakeCuda(2),
+                       past=(Pair(_FakeCuda(3), _FakeCuda(4)),), hidden=[_FakeCuda(5), "text"], steps=7)
+    mover = TorchMover()
+    assert mover.holds_gpu(out)
+    host, back = mover.to_host(out)
+    # The copy holds host tensors only, of the same types; the user's object is untouched.
+    assert type(host) is _ModelOutput and host is not out
+    assert _on_devices(host) == {"loss": ("_FakeHost", 1), "logits": ("_FakeHost", 2),
+                                 "past": ((("_FakeHost", 3), ("_FakeHost", 4)),),
+                                 "hidden": [("_FakeHost", 5), "text"], "steps": 7}
+    assert isinstance(host["past"][0], Pair)
+    assert _on_devices(out)["loss"] == ("_FakeCuda", 1) and out["hidden"][0].is_cuda
+    assert not mover.holds_gpu(host)
+    given = back()
+    assert type(given) is _ModelOutput and isinstance(given["past"][0], Pair)
+    assert _on_devices(given) == {"loss": ("_FakeCuda", 1), "logits": ("_FakeCuda", 2),
+                                  "past": ((("_FakeCuda", 3), ("_FakeCuda", 4)),),
+                                  "hidden": [("_FakeCuda", 5), "text"], "steps": 7}
+
+
+def test_containers_without_gpu_tensors_or_too_many_of_them_are_left_bound():
+    mover = TorchMover()
+    assert not mover.holds_gpu({"x": _FakeHost(1), "n": 3}) and mover.to_host([_FakeHost(1)]) is None
+    assert TorchMover(tensors_only=True).to_host({"loss": _FakeCuda(1)}) is None  # the plan keeps objects bound
+    from jupyter_cudamem.sources import torch_host
+
+    many = [_FakeCuda(i) for i in range(torch_host._CONTAINER_TENSORS + 1)]
+    assert mover.holds_gpu(many) and mover.to_host(many) is None
+    deep = [[[[_FakeCuda(1)]]]]  # below the depth followed
+    assert not mover.holds_gpu(deep)
