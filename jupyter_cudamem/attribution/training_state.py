@@ -79,7 +79,7 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
         return found
 
     modules: list[tuple[str, Any]] = []
-    optimizers: list[Any] = []
+    optimizers: list[tuple[str, Any]] = []
     for name, value in _values(namespace):
         if id(value) in seen:
             continue
@@ -88,7 +88,7 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
             modules.append((name, value))
         elif probe.optimizer_types and isinstance(value, probe.optimizer_types):
             seen.add(id(value))
-            optimizers.append(value)
+            optimizers.append((name, value))
     for name, module in modules:
         try:
             parameters = list(module.parameters())
@@ -110,10 +110,13 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
                 if id(parameter) in graded or not probe.on_device(parameter):
                     continue
                 graded.add(id(parameter))
-                if getattr(parameter, "requires_grad", False) and getattr(parameter, "grad", None) is None:
+                # A model the cell builds again starts each rerun without gradients, whatever the failed
+                # run's model holds; one built earlier keeps what the failed run left (held at the start).
+                fresh = name in rebuilt or getattr(parameter, "grad", None) is None
+                if getattr(parameter, "requires_grad", False) and fresh:
                     gradients_bytes += _nbytes(parameter)
                     gradient_sizes.append(_nbytes(parameter))
-    for optimizer in optimizers:
+    for name, optimizer in optimizers:
         try:
             groups = list(optimizer.param_groups)
             state = optimizer.state
@@ -126,7 +129,9 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
                     continue
                 found = True
                 sizes.add(_nbytes(parameter))
-                if trains and not state.get(parameter):
+                # An optimizer the cell builds again starts each rerun with no state, whatever the failed
+                # run's one made before it failed.
+                if trains and (name in rebuilt or not state.get(parameter)):
                     state_bytes += per_parameter * _nbytes(parameter)
                     state_sizes.extend([_nbytes(parameter)] * per_parameter)
     if not found:

@@ -53,3 +53,19 @@ def test_nothing_on_the_device_is_no_reading():
     assert fixed_memory({"m": model}, set(), TensorProbe((torch.Tensor,), (torch.nn.Module,), ())) is None
     assert fixed_memory({"x": 1}, set(), CPU) is None
     assert fixed_memory({"m": model}, set(), None) is None
+
+
+def test_a_model_and_optimizer_the_cell_builds_again_count_their_gradients_and_state_whatever_the_failed_run_left():
+    # The failed run built both and took a step before it ran out (a loop's second step): its model holds
+    # gradients and its AdamW state. The rerun builds new ones, which start with neither.
+    model = torch.nn.Linear(100, 10)  # 4,040 bytes
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 100)).sum().backward()
+    optimizer.step()
+    model(torch.randn(3, 100)).sum().backward()
+    built_again = fixed_memory({"model": model, "optimizer": optimizer}, rebuilt={"model", "optimizer"}, probe=CPU)
+    assert (built_again.parameters_bytes, built_again.gradients_bytes, built_again.optimizer_state_bytes) == (
+        4040, 4040, 2 * 4040)
+    # Only the optimizer built again: the model from an earlier cell keeps the gradients it holds.
+    optimizer_again = fixed_memory({"model": model, "optimizer": optimizer}, rebuilt={"optimizer"}, probe=CPU)
+    assert (optimizer_again.gradients_bytes, optimizer_again.optimizer_state_bytes) == (0, 2 * 4040)
