@@ -316,6 +316,9 @@ class Driver:
         # Set aside and not bound again by a try that fitted since: give it back, so the variables hold
         # what the last try that fitted left (or, when none did, what the failed cell left).
         given = self._aside.give_back()
+        if self._aside.left_on_host:
+            self._notes.append(f"{', '.join(self._aside.left_on_host)} stayed on the host: moving them back to the GPU "
+                               "ran out of memory (their data is whole; move them back once there is room)")
         if given and fitted is None:
             self._notes.append(f"nothing fitted: {', '.join(given)} bound again as the failed cell left them")
         if fitted is None and self._stopped is None and self._left() <= 0 and len(self.strategies) > 1:
@@ -474,11 +477,18 @@ class Driver:
                 (fixed.optimizer_state_bytes, "of optimizer state its first step makes")) if size]
             self._notes.append(f"does not grow with the batch: {', '.join(parts)} (read from the namespace)")
         best: TryResult | None = None
+        put_back_after = -1  # the number of tries when the model and optimizer were last put back
         while self._left() > 0:
             if self._tries:
                 # What the last try bound goes to the host now (the names do not depend on the batch),
-                # so the search knows where the next try starts.
+                # and the model and optimizer go back as they were before the reruns (``before_rerun``),
+                # so the allocator's state and the level the search reads are where the next try starts:
+                # read before, the last try's AdamW state would count as held through the next forward
+                # pass (on an H100, a ViT-B/16 fine-tune put at 40 where 48 fits).
                 self._set_aside(self._tries[-1].source, device)
+                if self.before_rerun is not None:
+                    self._before_rerun()
+                    put_back_after = len(self._tries)
             level = self._allocated(device)
             if level is not None and self._reference is not None:
                 search.set_level(level - self._reference)
@@ -504,10 +514,12 @@ class Driver:
         found = best.batch
         last_fitted = next((t for t in reversed(self._tries) if t.fitted), None)
         source = change.apply(found)  # the knob holds the best batch whether or not it is rerun
-        if (last_fitted is not best or not self._tries[-1].fitted) and self._left() > 0:
+        put_back_since = put_back_after == len(self._tries)
+        if (last_fitted is not best or not self._tries[-1].fitted or put_back_since) and self._left() > 0:
             # Failed tries are undone, so the variables hold the last try that fitted; when that is
-            # not the best, or a try failed after it (the model's state was put back before that try),
-            # rerun the best so they and the model hold the run the outcome reports.
+            # not the best, or a try failed after it, or the model's state was put back after it for
+            # a try the search then did not choose, rerun the best so they and the model hold the run
+            # the outcome reports.
             confirm = self._try("batch", source, "rerun of the largest batch that fitted", device, batch=found)
             if confirm.fitted:
                 best = confirm

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
+import gc
+
 import pytest
 
 from jupyter_cudamem.errors import CudaMemError
@@ -186,6 +188,46 @@ def test_state_a_fitted_try_leaves_is_counted_against_the_later_tries(state_with
     assert outcome.batch_after <= true_max
     if state_with_the_activations:
         assert outcome.batch_after >= 0.9 * true_max
+
+
+def test_the_search_reads_where_the_next_try_starts_after_the_state_is_put_back():
+    """An optimizer from an earlier cell, without state when the cell failed: each fitted try's first step
+    makes Adam's moments (after the activations are freed), and ``before_rerun`` (the Restorer) puts the
+    optimizer back without them before the next try. The search must read the allocator and the level
+    after that put-back: read before, the moments count as held through the next try's forward pass (an
+    H100 put a ViT-B/16 fine-tune at 40 where 48 fits). When the search then ends, the best is rerun, so the
+    namespace holds one run of it."""
+    from tests.fakes import FakeTensor
+
+    machine = capped_machine(6 * GiB, held_bytes=256 * MiB)
+    cell = SimulatedCell(machine, CNN)
+    namespace: dict = {}
+    state_bytes = 300 * MiB
+
+    def step(batch):
+        cell.train_step(batch)
+        namespace.setdefault("optimizer_state", FakeTensor(state_bytes, machine=machine))
+        namespace["last_batch"] = batch
+
+    def put_back():  # the optimizer as it was when the cell failed: no state
+        namespace.pop("optimizer_state", None)
+        gc.collect()
+
+    namespace["step"] = step
+    run = cell.run_source(namespace)
+    driver = Driver(run, fake_hardware(machine), lambda error: machine.empty_cache(), strategies=("batch",),
+                    before_rerun=put_back)
+    source = "batch_size = 3000\nstep(batch_size)\n"
+    started = machine.gpus[0].allocated
+    true_max = cell.largest_fitting(20000)  # from the start the failed cell had: no state held
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0, allocated_before=started)
+    assert all(t.start_above_reference_bytes == 0 for t in outcome.tries), outcome.text()
+    assert all(t.fitted for t in outcome.tries) and outcome.reruns <= 3, outcome.text()
+    # Read before the put-back, the line is raised by the state (362 MiB fixed, not 62): 757 where 830 fits.
+    assert 0.95 * true_max <= outcome.batch_after <= true_max, true_max
+    # The namespace holds one run of the reported batch, its state included.
+    assert namespace["last_batch"] == outcome.batch_after and "optimizer_state" in namespace
+    assert outcome.tries[-1].batch == outcome.batch_after
 
 
 def test_fragmentation_is_corrected_within_three_reruns():
