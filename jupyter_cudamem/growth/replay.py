@@ -365,7 +365,7 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
     ratio = batch_second / batch_first
     kinds_first, kinds_second = [e[0] for e in first], [e[0] for e in second]
     partner: list[int | None] = [None] * len(second)
-    for low, high, length in _common_runs(kinds_first, kinds_second):
+    for low, high, length in _common_runs(kinds_first, kinds_second, first, second, ratio):
         for offset in range(length):
             a, b = first[low + offset], second[high + offset]
             if a[0] != "free" and a[3] == b[3] and _one_tensor(a[2], b[2], ratio):
@@ -375,20 +375,31 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
 
 MAX_PAIRING_WORK = 4_000_000
 """The most ``difflib`` may be given to pair (the product of the two middles' lengths; about a second
-in Python). Runs whose middles differ more (a cell that loops over chunks of its data makes as many
-events per chunk as there are chunks, so two chunk sizes give runs of different lengths throughout)
-pair only their common prefix and suffix; the rest is unpaired, taken as proportional to the batch,
-which errs towards a smaller batch. Measured before this bound (``benchmarks/oomfix.py``, H100): on a
-ResNet-50 inference over 3,552 rows chunked by 43 and by 132 rows, ``%oomfix`` took 213 s, against
-5-7 s over 333 and 888 rows."""
+in Python). Longer middles are paired by walking both runs (``_walked_runs``), which costs at most
+this many comparisons: a training step of a large model makes thousands of events, and runs at two
+batches differ by a few inserted requests (another cuBLAS workspace, a gradient accumulated in another
+order), so a walk that steps over them pairs nearly all (on an H100, a ViT-L fine-tune's 6,000-event
+runs at batches 1 and 2 paired 45% of their bytes without it, 100% with it, and the replay put the
+largest batch at 23, where 23 fits, instead of 3). Runs whose middles differ throughout (a cell that
+loops over chunks of its data makes as many events per chunk as there are chunks) pair little either
+way; the rest is unpaired, taken as proportional to the batch, which errs towards a smaller batch.
+Measured before any bound (``benchmarks/oomfix.py``, H100): on a ResNet-50 inference over 3,552 rows
+chunked by 43 and by 132 rows, ``%oomfix`` took 213 s, against 5-7 s over 333 and 888 rows."""
+
+RESYNC_WINDOW = 64
+"""How far ahead (in events, in both runs together) the walk looks for the two runs to agree again."""
+RESYNC_EVENTS = 8
+"""How many events in a row must agree for the walk to take a place as the two runs' common ground."""
 
 
-def _common_runs(first: Sequence[str], second: Sequence[str]) -> list[tuple[int, int, int]]:
-    """Runs ``(start_in_first, start_in_second, length)`` of a common subsequence of the two lists.
+def _common_runs(first: Sequence[str], second: Sequence[str], first_events: Sequence[Event] = (),
+                 second_events: Sequence[Event] = (), ratio: float = 1.0) -> list[tuple[int, int, int]]:
+    """Runs ``(start_in_first, start_in_second, length)`` of a common subsequence of the two lists of kinds.
 
     ``difflib`` costs the product of the lengths on a two-letter alphabet, so it only sees what lies
     between the common prefix and suffix (most runs of a cell differ in a few places, or none), and
-    only up to ``MAX_PAIRING_WORK``.
+    only up to ``MAX_PAIRING_WORK``; a longer middle is walked (``_walked_runs``) where the events
+    themselves are given.
     """
     head = 0
     while head < min(len(first), len(second)) and first[head] == second[head]:
@@ -397,13 +408,55 @@ def _common_runs(first: Sequence[str], second: Sequence[str]) -> list[tuple[int,
     while tail < min(len(first), len(second)) - head and first[-1 - tail] == second[-1 - tail]:
         tail += 1
     first_middle, second_middle = first[head:len(first) - tail], second[head:len(second) - tail]
-    if len(first_middle) * len(second_middle) > MAX_PAIRING_WORK:
-        middle: list[tuple[int, int, int]] = []
-    else:
+    if len(first_middle) * len(second_middle) <= MAX_PAIRING_WORK:
         matcher = difflib.SequenceMatcher(None, first_middle, second_middle, autojunk=False)
         middle = [(a, b, n) for a, b, n in matcher.get_matching_blocks()]
+    elif first_events and second_events:
+        middle = _walked_runs(first_events[head:len(first) - tail], second_events[head:len(second) - tail], ratio)
+    else:
+        middle = []
     return ([(0, 0, head)] + [(a + head, b + head, n) for a, b, n in middle]
             + [(len(first) - tail, len(second) - tail, tail)])
+
+
+def _walked_runs(first: Sequence[Event], second: Sequence[Event], ratio: float) -> list[tuple[int, int, int]]:
+    """Common runs found by walking both runs at once: events agree (same kind and stream, and an
+    allocation's sizes can be one tensor's at the two batches) and are paired while they do; where they
+    stop agreeing, the nearest place within ``RESYNC_WINDOW`` events where ``RESYNC_EVENTS`` in a row
+    agree again is where the walk goes on. At most ``MAX_PAIRING_WORK`` comparisons: past that, the rest
+    is left unpaired."""
+    work = 0
+
+    def agree(i: int, j: int) -> bool:
+        a, b = first[i], second[j]
+        return a[0] == b[0] and a[3] == b[3] and (a[0] == "free" or _one_tensor(a[2], b[2], ratio))
+
+    def agree_from(i: int, j: int) -> bool:
+        nonlocal work
+        length = min(RESYNC_EVENTS, len(first) - i, len(second) - j)
+        work += length
+        return length > 0 and all(agree(i + k, j + k) for k in range(length))
+
+    runs: list[tuple[int, int, int]] = []
+    i = j = 0
+    while i < len(first) and j < len(second) and work < MAX_PAIRING_WORK:
+        start_i, start_j = i, j
+        while i < len(first) and j < len(second) and agree(i, j):
+            i, j = i + 1, j + 1
+        work += i - start_i + 1
+        if i > start_i:
+            runs.append((start_i, start_j, i - start_i))
+            continue
+        found = next(((i + di, j + distance - di) for distance in range(1, RESYNC_WINDOW + 1)
+                      for di in range(distance + 1)
+                      if i + di < len(first) and j + distance - di < len(second)
+                      and agree_from(i + di, j + distance - di)), None)
+        if found is None:  # nothing agrees nearby: step both over this event
+            i, j = i + 1, j + 1
+        else:
+            i, j = found
+    runs.append((len(first), len(second), 0))
+    return runs
 
 
 def _one_tensor(low: int, high: int, ratio: float) -> bool:

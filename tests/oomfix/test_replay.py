@@ -126,3 +126,33 @@ def test_runs_too_different_to_pair_cheaply_pair_only_their_common_ends(monkeypa
     monkeypatch.setattr(module, "MAX_PAIRING_WORK", 100)
     ends = module._common_runs(first, second)
     assert len(full) > len(ends) and ends == [(0, 0, 5), (100, 150, 2)]  # the common prefix and suffix
+
+
+def _step_events(batch: int, layers: int, extra_at: int | None = None) -> list:
+    """A training step's shape: per layer an activation (batch-sized) and a weight-sized gradient; a
+    workspace request inserted after layer ``extra_at`` (another cuBLAS algorithm at this batch)."""
+    events, key = [], 0
+    for layer in range(layers):
+        events.append(("alloc", key, (layer % 7 + 1) * 4096 * batch, 0))
+        events.append(("alloc", key + 1, (layer % 5 + 1) * 65536, 0))
+        events.append(("free", key, 0, 0))
+        key += 2
+        if layer == extra_at:
+            events += [("alloc", 10**6, 3 * 1024 * 1024, 0), ("free", 10**6, 0, 0)]
+    return events
+
+
+def test_long_runs_with_a_few_extra_requests_are_walked_into_pairs_when_too_long_for_difflib(monkeypatch):
+    from jupyter_cudamem.growth import replay as module
+
+    first, second = _step_events(1, 400), _step_events(2, 400, extra_at=5)
+    monkeypatch.setattr(module, "MAX_PAIRING_WORK", 50_000)  # below the middles' product: difflib is not used
+    assert len(first) * len(second) > module.MAX_PAIRING_WORK
+    partner = module.match(first, 1, second, 2)
+    allocations = [i for i, event in enumerate(second) if event[0] == "alloc"]
+    paired = [i for i in allocations if partner[i] is not None]
+    assert len(paired) >= len(allocations) - 2  # all but the inserted workspace and the request beside it
+    assert all(first[partner[i]][2] in (second[i][2], second[i][2] // 2) for i in paired)
+    # Runs that never agree (another chunking throughout) stop within the bound, nearly unpaired.
+    other = [("alloc", k, 4096 * 3 + k % 3, 0) if k % 2 == 0 else ("free", k - 1, 0, 0) for k in range(2400)]
+    assert sum(p is not None for p in module.match(first, 1, other, 2)) < len(other) // 10
