@@ -19,6 +19,7 @@ which keep every row.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -67,18 +68,32 @@ def chunked_source(source: str, whole: WholeData, rows: int) -> tuple[str, tuple
         shift = 0
         for call in sorted(calls, key=lambda c: c.span.col):
             data = f"({call.data})" if _needs_parentheses(call.data) else call.data
-            head = f"torch.cat([{call.callee}({_CHUNK_VARIABLE}).detach() for {_CHUNK_VARIABLE} in {data}.split("
-            replacement = f"{head}{rows})])"
             start, end = call.span.col + shift, call.span.end_col + shift
-            text = text[:start] + replacement + text[end:]
+            # ``model(x).logits``: a model that returns an output object (transformers' ModelOutput, a
+            # tuple) is joined by the tensor the cell takes from it, taken from each chunk's output.
+            taken = _taken_from_output(text[end:])
+            head = (f"torch.cat([{call.callee}({_CHUNK_VARIABLE}){taken}.detach() for {_CHUNK_VARIABLE} "
+                    f"in {data}.split(")
+            replacement = f"{head}{rows})])"
+            text = text[:start] + replacement + text[end + len(taken):]
             number_col = start + len(head)
             written.append(Written(None, Span(line_number, number_col, number_col + len(str(rows)))))
-            shift += len(replacement) - (call.span.end_col - call.span.col)
+            shift += len(replacement) - (call.span.end_col - call.span.col) - len(taken)
         lines[line_number - 1] = text
     result = "".join(lines)
     if source and not result.endswith(("\n", "\r")) and source.endswith(("\n", "\r")):
         result += line_ending(source)
     return result, tuple(written)
+
+
+_TAKEN = re.compile(r"""(?:\.[A-Za-z_]\w*(?!\w|\s*\()|\[\s*(?:\d+|'[^'\]]*'|"[^"\]]*")\s*\])+""")
+
+
+def _taken_from_output(rest: str) -> str:
+    """The attributes and constant subscripts the cell takes from a call's output right after it
+    (``.logits``, ``[0]``, ``["hidden"]``), up to the first method call (``.argmax(...)`` stays outside)."""
+    found = _TAKEN.match(rest)
+    return found.group(0) if found else ""
 
 
 def whole_data_decision(

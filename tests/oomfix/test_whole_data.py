@@ -113,6 +113,19 @@ def test_several_calls_on_one_line_are_all_chunked():
     assert all(lines[w.span.line - 1][w.span.col:w.span.end_col] == "4096" for w in written)
 
 
+def test_an_output_object_is_joined_by_the_tensor_the_cell_takes_from_it():
+    # transformers' models return a ModelOutput: chunks join its .logits, not the object (seen on an H100:
+    # "'CausalLMOutputWithCrossAttentions' object has no attribute 'detach'"); a method call stays outside.
+    source = "x = torch.randn(4096, 8)\nlast = classifier(x).logits[:, -1].argmax(dim=-1)\nfirst = classifier(x)[0]\n"
+    whole = covers_whole_data(find_batch(source, NAMESPACE), NAMESPACE)
+    assert whole is not None and len(whole.calls) == 2
+    text, written = chunked_source(source, whole, 512)
+    assert "torch.cat([classifier(_chunk).logits.detach() for _chunk in x.split(512)])[:, -1].argmax(dim=-1)" in text
+    assert "torch.cat([classifier(_chunk)[0].detach() for _chunk in x.split(512)])\n" in text
+    lines = text.splitlines()
+    assert all(lines[w.span.line - 1][w.span.col:w.span.end_col] == "512" for w in written)
+
+
 # -- the driver over a simulated inference cell ---------------------------------------------------
 class _Rows:
     """A tensor of rows as far as the cell and the chunk rewrite use it."""
