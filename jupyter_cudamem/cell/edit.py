@@ -242,9 +242,12 @@ def _walk(node: ast.AST, nested: bool) -> list[ast.AST]:
 
 
 def _computes(statement: ast.stmt) -> bool:
-    """Whether a statement calls anything but printing, logging and bookkeeping (``loss.item()``)."""
+    """Whether a statement calls anything but printing, logging and bookkeeping (``loss.item()``), or
+    multiplies matrices (``a @ b``: what autocast runs in half precision)."""
     return any(
-        isinstance(node, ast.Call) and _called(node)[0] not in _NOT_COMPUTE for node in _walk(statement, False)
+        (isinstance(node, ast.Call) and _called(node)[0] not in _NOT_COMPUTE)
+        or (isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult))
+        for node in _walk(statement, False)
     )
 
 

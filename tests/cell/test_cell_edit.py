@@ -66,6 +66,13 @@ def test_autocast_without_import_and_of_an_empty_body():
     assert wrap_in_autocast("", import_torch=False) == 'with torch.autocast("cuda", dtype=torch.bfloat16):\n    pass\n'
 
 
+def test_autocast_wraps_a_cell_whose_only_computation_is_a_matrix_product():
+    # No call but range(): ``@`` is what autocast runs in half precision (a GPU test's cell, once refused).
+    wrapped = wrap_in_autocast("outs = [a @ a for _ in range(16)]\n", import_torch=False)
+    assert wrapped == 'with torch.autocast("cuda", dtype=torch.bfloat16):\n    outs = [a @ a for _ in range(16)]\n'
+    assert "autocast" in wrap_in_autocast("c = a.clone()\nc @= b\n", import_torch=False)
+
+
 class _FakeTorch:
     """Just enough of ``torch`` to execute a wrapped cell without CUDA."""
 
