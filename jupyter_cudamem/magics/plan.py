@@ -49,8 +49,8 @@ class CudaMemPlan(CudaMemMagicsBase):
     @argument("--cards", default=None, metavar="NAME,NAME",
               help="Plan for these cards of the table only (add cards with %%config CudaMem.cards = {...}).")
     @argument("-o", "--output", action="store_true",
-              help="Show the plan and also return it, as %%timeit -o does: it is the cell's Out[N], so plan = _ in the "
-              "next cell keeps it (.predicted, .cards, .line, .figure()).")
+              help="Return the plan, as %%timeit -o does: it is the cell's Out[N], shown once as any value is, so "
+              "plan = _ (or Out[N]) in the next cell keeps it (.predicted, .cards, .line, .figure()).")
     @argument("--small", type=int, default=None, metavar="N",
               help="The second batch to measure (default: half the batch as written).")
     @argument("--calibrate", action="store_true",
@@ -110,8 +110,10 @@ class CudaMemPlan(CudaMemMagicsBase):
         self.last_plan = plan
         if measured.has_value and measured.value is not NO_VALUE:
             shell.displayhook(measured.value)  # the cell's value first, as %%cudamem shows it
+        if args.output:
+            return plan  # shown once, as the cell's Out[N] (displayed as well, it would show twice)
         display(plan)
-        return plan if args.output else None
+        return None
 
     def _cudamem(self) -> Any:
         from .cudamem import CudaMem

@@ -67,7 +67,7 @@ def fits(torch, step, batch: int) -> bool:
 def test_plan_on_a_real_gpu_predicts_a_capped_card(shell, torch, capsys):
     result = shell.run_cell("%%cudamem_plan -o --cards T4\nstep(batch_size)\nbatch_size")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["_"]
+    plan = result.result  # the cell's Out (a library may have put its own _ in builtins, which IPython then leaves alone)
     out = capsys.readouterr().out
     assert "Capacity plan for batch_size = 64" in out and "measured here through NVML" in out
     assert shell.user_ns["batch_size"] == 64
@@ -111,7 +111,7 @@ def test_plan_when_the_batch_as_written_does_not_fit(shell, torch):
     shell.run_cell("batch_size = 1024")
     result = shell.run_cell("%%cudamem_plan -o\nstep(batch_size)")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["_"]
+    plan = result.result  # the cell's Out (a library may have put its own _ in builtins, which IPython then leaves alone)
     assert shell.user_ns["batch_size"] == 1024
     assert any("ran out of GPU memory here" in note for note in plan.notes)
     assert plan.line.slope_bytes == pytest.approx(per_sample, rel=0.05)
@@ -123,7 +123,7 @@ def test_plan_when_the_batch_as_written_does_not_fit(shell, torch):
 def test_not_a_gpu_cell_with_no_batch_is_fixed_size(shell, torch):
     result = shell.run_cell("%%cudamem_plan -o\nweights = torch.empty(256 * 2**20, device='cuda')\ndel weights")
     assert result.success, result.error_in_exec
-    plan = shell.user_ns["_"]
+    plan = result.result  # the cell's Out (a library may have put its own _ in builtins, which IPython then leaves alone)
     assert plan.line is None and plan.fixed_bytes >= GiB
 
 
@@ -137,7 +137,7 @@ def test_calibrated_plan_predicts_a_capped_card_within_5_percent(shell, torch):
     result = shell.run_cell("%%cudamem_plan --calibrate --cards four,six -o\nstep(batch_size)\nbatch_size")
     assert result.success, result.error_in_exec
     shell.run_cell("%config CudaMem.cards = {}")
-    plan = shell.user_ns["_"]
+    plan = result.result  # the cell's Out (a library may have put its own _ in builtins, which IPython then leaves alone)
     assert shell.user_ns["batch_size"] == 64
     assert plan.calibration is not None and plan.calibration.card == "four" and plan.calibration_ratio is not None
     assert torch.cuda.get_per_process_memory_fraction(0) == 1.0  # the cap is put back
