@@ -83,11 +83,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import datetime
 import gc
+import gzip
 import io
 import json
 import math
+import pickle
 import platform
 import statistics
 import sys
@@ -603,6 +606,42 @@ def accelerate_search(start: int, run: Callable[[int], bool]) -> PeerResult:
     return result
 
 
+# -- the batch search's states, for debugging it offline -------------------------------------------
+TRACES_DIR: Path | None = None
+"""``--traces DIR``: each ``%oomfix`` case's batch search, as it stood at each of its choices (its tries with
+their recorded allocations, the segments and cap the next try starts from, the fixed memory read from the
+namespace), pickled to ``DIR/<workload>_x<start>.pkl.gz``: ``copy.deepcopy`` of the ``BatchSearch``, so the
+choice can be replayed on a CPU (``search.next()``) and the policy debugged on the GPU's own figures."""
+
+
+@contextlib.contextmanager
+def searches_kept() -> Any:
+    """Every ``BatchSearch`` state at each ``next()`` while the block runs (empty unless ``--traces``)."""
+    kept: list[Any] = []
+    if TRACES_DIR is None:
+        yield kept
+        return
+    from jupyter_cudamem.reruns.search import BatchSearch
+
+    original = BatchSearch.next
+
+    def next_kept(search: Any) -> Any:
+        kept.append(copy.deepcopy(search))
+        return original(search)
+
+    BatchSearch.next = next_kept  # type: ignore[method-assign]
+    try:
+        yield kept
+    finally:
+        BatchSearch.next = original  # type: ignore[method-assign]
+
+
+def keep_searches(path: Path, searches: list[Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as file:
+        pickle.dump(searches, file)
+
+
 # -- reading %oomfix's outcome ----------------------------------------------------------------------
 def read_outcome(outcome: Any) -> dict[str, Any]:
     """What the benchmark takes from ``%oomfix -o``'s outcome, read defensively (the driver changes).
@@ -946,9 +985,12 @@ class ShellBench:
         del error
         at_failed_cell = list(self.allocated_at_cell_start)
         self.allocated_at_cell_start = []
-        with contextlib.redirect_stdout(self.output), contextlib.redirect_stderr(self.output):
+        with contextlib.redirect_stdout(self.output), contextlib.redirect_stderr(self.output), \
+                searches_kept() as searches:
             outcome = self.shell.run_line_magic("oomfix", "--yes -o")
         record = read_outcome(outcome)
+        if TRACES_DIR is not None:
+            keep_searches(TRACES_DIR / f"{workload.name}_x{start}.pkl.gz", searches)
         record["failed_cell_error"] = first_line
         record["allocated_when_failed_cell_started_bytes"] = at_failed_cell[0] if at_failed_cell else None
         record["allocated_at_each_try_start_bytes"] = list(self.allocated_at_cell_start)
@@ -1405,9 +1447,13 @@ def main(argv: list[str] | None = None) -> int:
                              f"{ORACLES.relative_to(REPO)}), no search")
     parser.add_argument("--remeasure-oracles", action="store_true",
                         help=f"measure every oracle again instead of reusing {ORACLES.relative_to(REPO)}")
+    parser.add_argument("--traces", metavar="DIR", default=None,
+                        help="pickle each %%oomfix case's batch search at each choice into DIR (offline debugging)")
     parser.add_argument("--merge", nargs="+", metavar="PART",
                         help="merge parts' result files, in order, into --out (its earlier content first) and exit")
     args = parser.parse_args(argv)
+    global TRACES_DIR
+    TRACES_DIR = Path(args.traces) if args.traces else None
 
     out = Path(args.out) if args.out else (Path(tempfile.gettempdir()) / "oomfix_sweep_smoke.json"
                                            if args.smoke else ORACLES if args.oracles_only else RESULTS)

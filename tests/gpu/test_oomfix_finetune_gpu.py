@@ -67,10 +67,7 @@ def largest(built_in_cell: bool) -> int:
     return low
 
 
-FROM_EARLIER = pytest.param(False, id="model-from-earlier-cell", marks=pytest.mark.xfail(
-    strict=True, reason="measured on the H100 (2026-11-25): tries 1, 3, 4 all fitted where 6 fits; the replay "
-                        "of the runs at 1 and 3 puts the largest at 4 (issue: %oomfix where large models meet "
-                        "small batches)"))
+FROM_EARLIER = pytest.param(False, id="model-from-earlier-cell")
 
 
 @pytest.mark.parametrize("built_in_cell", [FROM_EARLIER, pytest.param(True, id="model-built-in-cell")])
