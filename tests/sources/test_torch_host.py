@@ -33,35 +33,24 @@ def test_host_tensors_hold_no_gpu_memory():
     assert mover.to_host(torch.zeros(3)) is None  # nothing on a device to move
 
 
-class _FakeCuda:
-    """A tensor that says it is on a CUDA device: moving it to the host gives a ``_FakeHost``."""
+class _Fake:
+    """A tensor that says whether it is on a CUDA device; ``to`` the other side gives its twin there."""
 
-    is_cuda = True
     device = "cuda:0"
 
-    def __init__(self, value):
-        self.value = value
+    def __init__(self, value, is_cuda):
+        self.value, self.is_cuda = value, is_cuda
 
     def detach(self):
         return self
 
     def to(self, device):
-        assert device == "cpu"
-        return _FakeHost(self.value)
+        assert device == ("cpu" if self.is_cuda else "cuda:0")
+        return _Fake(self.value, not self.is_cuda)
 
 
-class _FakeHost:
-    is_cuda = False
-
-    def __init__(self, value):
-        self.value = value
-
-    def detach(self):
-        return self
-
-    def to(self, device):
-        assert device == "cuda:0"
-        return _FakeCuda(self.value)
+def _FakeCuda(value):
+    return _Fake(value, True)
 
 
 class _ModelOutput(dict):
@@ -74,7 +63,7 @@ def _on_devices(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_on_devices(v) for v in value) if not hasattr(value, "_fields") else tuple(
             _on_devices(v) for v in value)
-    return (type(value).__name__, value.value) if isinstance(value, (_FakeCuda, _FakeHost)) else value
+    return ("_FakeCuda" if value.is_cuda else "_FakeHost", value.value) if isinstance(value, _Fake) else value
 
 
 def test_a_model_output_goes_to_the_host_as_a_copy_and_comes_back_whole():
@@ -103,7 +92,7 @@ def test_a_model_output_goes_to_the_host_as_a_copy_and_comes_back_whole():
 
 def test_containers_without_gpu_tensors_or_too_many_of_them_are_left_bound():
     mover = TorchMover()
-    assert not mover.holds_gpu({"x": _FakeHost(1), "n": 3}) and mover.to_host([_FakeHost(1)]) is None
+    assert not mover.holds_gpu({"x": _Fake(1, False), "n": 3}) and mover.to_host([_Fake(1, False)]) is None
     assert TorchMover(tensors_only=True).to_host({"loss": _FakeCuda(1)}) is None  # the plan keeps objects bound
     from jupyter_cudamem.sources import torch_host
 
