@@ -9,6 +9,7 @@ model's output, a batch dict) copied with their tensors on the host.
 from __future__ import annotations
 
 import copy
+import types
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -71,10 +72,12 @@ class TorchMover:
         return None
 
 
-# A container is followed this many levels down, and moved only when it holds at most this many tensors
+# A container is followed this many levels down (a model output's cache, its list of layers, a layer, its
+# keys: four), and moved only when it holds at most this many tensors
 # (a model's output, a batch dict, a list of a loop's losses; not a dataset in a list).
-_CONTAINER_DEPTH = 3
+_CONTAINER_DEPTH = 5
 _CONTAINER_TENSORS = 10_000
+_CONTAINER_NODES = 100_000
 
 
 def _children(value: object) -> list[object]:
@@ -82,15 +85,36 @@ def _children(value: object) -> list[object]:
         return list(value.values())
     if isinstance(value, (list, tuple)):
         return list(value)
-    return []
+    attributes = _plain_attributes(value)
+    return [] if attributes is None else list(attributes.values())
+
+
+def _plain_attributes(value: object) -> dict[str, Any] | None:
+    """The attributes of a plain object that may hold tensors (transformers' ``DynamicCache`` in a model's
+    output: its layers' keys and values, which reach the failed run's autograd graph); ``None`` for a
+    tensor, a module or an optimizer (moved otherwise), a class, a function or a module object."""
+    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.MethodType)) or hasattr(value, "is_cuda"):
+        return None
+    if callable(getattr(value, "parameters", None)) or hasattr(value, "param_groups"):
+        return None
+    attributes = getattr(value, "__dict__", None)
+    return attributes if isinstance(attributes, dict) else None
 
 
 def _contained(value: object, depth: int = _CONTAINER_DEPTH) -> list[Any]:
-    """The tensors inside nested mappings, lists and tuples (at most ``_CONTAINER_TENSORS + 1``)."""
+    """The tensors inside nested mappings, lists, tuples and plain objects (at most
+    ``_CONTAINER_TENSORS + 1``; as many, so "too many", where more than ``_CONTAINER_NODES`` objects
+    would have to be looked at)."""
     found: list[Any] = []
     pending = [(value, depth)]
+    seen: set[int] = set()
     while pending and len(found) <= _CONTAINER_TENSORS:
         item, left = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if len(seen) > _CONTAINER_NODES:
+            return found + [None] * (_CONTAINER_TENSORS + 1 - len(found))
         if hasattr(item, "is_cuda") and hasattr(item, "detach"):
             found.append(item)
         elif left > 0:
@@ -114,28 +138,44 @@ def _move(item: Any, depth: int) -> tuple[Any, Callable[[], Any]] | None:
     if getattr(item, "is_cuda", False) is True and hasattr(item, "detach"):
         device, host = item.device, item.detach().to("cpu")
         return host, lambda: host.to(device)
-    if depth <= 0 or not isinstance(item, (MutableMapping, list, tuple)):
+    if depth <= 0:
         return None
-    keys = list(item.keys()) if isinstance(item, Mapping) else list(range(len(item)))
-    moved = {key: _move(item[key], depth - 1) for key in keys}
+    children = _movable_children(item)
+    if children is None:
+        return None
+    moved = {key: _move(child, depth - 1) for key, child in children.items()}
     backs = {key: entry[1] for key, entry in moved.items() if entry is not None}
     if not backs:
         return None
     try:
         host = _with(item, {key: entry[0] for key, entry in moved.items() if entry is not None})
-    except Exception:  # noqa: BLE001  a container that cannot be copied is left bound
+    except Exception:  # noqa: BLE001  a container or object that cannot be copied is left bound
         return None
     return host, lambda: _with(host, {key: back() for key, back in backs.items()})
 
 
+def _movable_children(item: Any) -> dict[Any, Any] | None:
+    """A mapping's items, a list's or tuple's by index, a plain object's attributes (``_plain_attributes``)."""
+    if isinstance(item, Mapping):
+        return dict(item.items()) if isinstance(item, MutableMapping) else None
+    if isinstance(item, (list, tuple)):
+        return dict(enumerate(item))
+    attributes = _plain_attributes(item)
+    return None if attributes is None else dict(attributes)
+
+
 def _with(item: Any, replaced: Mapping[Any, Any]) -> Any:
-    """A shallow copy of a mapping, list or tuple with the items under ``replaced``'s keys replaced."""
+    """A shallow copy of a mapping, list, tuple or plain object with the items (attributes) under
+    ``replaced``'s keys replaced."""
     if isinstance(item, tuple):
         items = [replaced.get(index, child) for index, child in enumerate(item)]
         return _rebuilt_tuple(item, items)
     copied = copy.copy(item)
-    for key, value in replaced.items():
-        copied[key] = value
+    if isinstance(item, (MutableMapping, list)):
+        for key, value in replaced.items():
+            copied[key] = value
+    else:
+        vars(copied).update(replaced)
     return copied
 
 
