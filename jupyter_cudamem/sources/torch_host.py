@@ -80,15 +80,6 @@ _CONTAINER_TENSORS = 10_000
 _CONTAINER_NODES = 100_000
 
 
-def _children(value: object) -> list[object]:
-    if isinstance(value, Mapping):
-        return list(value.values())
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    attributes = _plain_attributes(value)
-    return [] if attributes is None else list(attributes.values())
-
-
 def _plain_attributes(value: object) -> dict[str, Any] | None:
     """The attributes of a plain object that may hold tensors (transformers' ``DynamicCache`` in a model's
     output: its layers' keys and values, which reach the failed run's autograd graph); ``None`` for a
@@ -118,7 +109,7 @@ def _contained(value: object, depth: int = _CONTAINER_DEPTH) -> list[Any]:
         if hasattr(item, "is_cuda") and hasattr(item, "detach"):
             found.append(item)
         elif left > 0:
-            pending += [(child, left - 1) for child in _children(item)]
+            pending += [(child, left - 1) for child in (_movable_children(item) or {}).values()]
     return found
 
 
@@ -155,9 +146,11 @@ def _move(item: Any, depth: int) -> tuple[Any, Callable[[], Any]] | None:
 
 
 def _movable_children(item: Any) -> dict[Any, Any] | None:
-    """A mapping's items, a list's or tuple's by index, a plain object's attributes (``_plain_attributes``)."""
+    """A mapping's items, a list's or tuple's by index, a plain object's attributes (``_plain_attributes``);
+    ``None`` for anything else. (A read-only mapping is listed too: what it holds is seen, but copying it
+    with its tensors replaced fails, so it is left bound.)"""
     if isinstance(item, Mapping):
-        return dict(item.items()) if isinstance(item, MutableMapping) else None
+        return dict(item.items())
     if isinstance(item, (list, tuple)):
         return dict(enumerate(item))
     attributes = _plain_attributes(item)
