@@ -109,7 +109,7 @@ class Replay:
     reserved_at_failure_bytes: int | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Block:
     address: int
     size: int
@@ -141,29 +141,38 @@ class _Allocator:
         pool = self.free[block.small]
         del pool[bisect.bisect_left(pool, (block.stream, block.size, block.address))]
 
-    def add_segment(self, address: int, small: bool, stream: int, sizes: Sequence[int]) -> _Block:
-        """Create a segment of ``sizes`` blocks (all free) and return its first block."""
+    def add_segment(self, address: int, small: bool, stream: int,
+                    blocks: Sequence[tuple[int, bool]]) -> list[_Block]:
+        """Create a segment of ``(size, allocated)`` blocks in address order; only the free ones are cached."""
+        made: list[_Block] = []
         prev: _Block | None = None
-        first: _Block | None = None
-        for size in sizes:
-            block = _Block(address, size, stream, small, prev=prev)
+        for size, allocated in blocks:
+            block = _Block(address, size, stream, small, allocated, prev)
             if prev is not None:
                 prev.next = block
-            first = first or block
+            if allocated:
+                self.allocated += size
+            else:
+                self._cache(block)
+            made.append(block)
             prev = block
-            self._cache(block)
             address += size
-        self.reserved += sum(sizes)
+        self.reserved += address - made[0].address
         self.next_address = max(self.next_address, address)
-        assert first is not None
-        return first
+        return made
 
-    def _new_segment(self, size: int, small: bool, stream: int) -> bool:
+    def _new_segment(self, size: int, small: bool, stream: int) -> _Block | None:
+        """A new segment of one block, not cached (its caller takes it at once), or ``None`` where the
+        cap refuses it even after the wholly free segments are returned."""
         if self.reserved + size > self.cap_bytes:
-            return False
-        self.add_segment(self.next_address, small, stream, [size])
+            self._release_cached()
+            if self.reserved + size > self.cap_bytes:
+                return None
         self.segment_allocs.append(size)
-        return True
+        block = _Block(self.next_address, size, stream, small)
+        self.reserved += size
+        self.next_address += size
+        return block
 
     def _release_cached(self) -> None:
         """Return every wholly free segment to the driver, large pool first (as torch does)."""
@@ -176,29 +185,25 @@ class _Allocator:
                     self.reserved -= size
                     self.segment_frees.append(size)
 
-    def _find(self, size: int, small: bool, stream: int) -> _Block | None:
+    def malloc(self, requested_bytes: int, stream: int) -> _Block | None:
+        size = -(-requested_bytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES  # block_bytes, inlined: the hot path
+        if size < MIN_BLOCK_BYTES:
+            size = MIN_BLOCK_BYTES
+        small = size <= SMALL_REQUEST_BYTES
         pool = self.free[small]
         i = bisect.bisect_left(pool, (stream, size, -1))
-        if i == len(pool) or pool[i][0] != stream:
-            return None
-        return self.by_address[pool[i][2]]
-
-    def malloc(self, requested_bytes: int, stream: int) -> _Block | None:
-        size = block_bytes(requested_bytes)
-        small = size <= SMALL_REQUEST_BYTES
-        block = self._find(size, small, stream)
-        if block is None:
-            segment = segment_bytes(size)
-            if not self._new_segment(segment, small, stream):
-                self._release_cached()
-                if not self._new_segment(segment, small, stream):
-                    return None
-            block = self._find(size, small, stream)
-            assert block is not None
-        self._uncache(block)
+        if i < len(pool) and pool[i][0] == stream:
+            block = self.by_address[pool[i][2]]
+            del pool[i]
+        else:
+            # No cached block of this stream is large enough, so a new segment's is the only one.
+            fresh = self._new_segment(segment_bytes(size), small, stream)
+            if fresh is None:
+                return None
+            block = fresh
         rest = block.size - size
         if rest >= MIN_BLOCK_BYTES if small else rest > SMALL_REQUEST_BYTES:
-            tail = _Block(block.address + size, rest, stream, small, prev=block, next=block.next)
+            tail = _Block(block.address + size, rest, stream, small, False, block, block.next)
             if block.next is not None:
                 block.next.prev = tail
             block.next = tail
@@ -251,40 +256,36 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
     live: dict[int, _Block] = {}
     keys = start_keys(start)
     for segment in start:
-        first: _Block | None = allocator.add_segment(
-            segment.address, segment.small, segment.stream, [size for size, _ in segment.blocks])
-        for _, is_allocated in segment.blocks:
-            assert first is not None
-            if is_allocated:
-                allocator._uncache(first)
-                first.allocated = True
-                allocator.allocated += first.size
-                live[keys[first.address]] = first
-            first = first.next
+        for block in allocator.add_segment(segment.address, segment.small, segment.stream, segment.blocks):
+            if block.allocated:
+                live[keys[block.address]] = block
     peak_allocated, peak_reserved = allocator.allocated, allocator.reserved
     refused: list[int] = []
     failed_at: int | None = None
     at_failure: tuple[int | None, int | None] = (None, None)
+    malloc, release = allocator.malloc, allocator.release
     for index, (kind, key, size, stream) in enumerate(events):
         if kind == "free":
             block = live.pop(key, None)
             if block is not None:
-                allocator.release(block)
+                release(block)
             continue
-        granted = allocator.malloc(size, stream)
-        peak_reserved = max(peak_reserved, allocator.reserved)
+        granted = malloc(size, stream)
+        if allocator.reserved > peak_reserved:
+            peak_reserved = allocator.reserved
         if granted is None:
             if kind == "alloc":
                 failed_at = index
                 at_failure = (allocator.allocated, allocator.reserved)
                 break
             refused.append(index)
-        elif kind == "try":
-            peak_allocated = max(peak_allocated, allocator.allocated)
-            allocator.release(granted)
+            continue
+        if allocator.allocated > peak_allocated:
+            peak_allocated = allocator.allocated
+        if kind == "try":
+            release(granted)
         else:
             live[key] = granted
-            peak_allocated = max(peak_allocated, allocator.allocated)
     return Replay(failed_at is None, failed_at, peak_allocated, peak_reserved,
                   tuple(allocator.segment_allocs), tuple(allocator.segment_frees), tuple(refused), *at_failure)
 
@@ -515,20 +516,29 @@ def events_at(lines: Sequence[Line], batch: float) -> list[Event]:
             for kind, key, stream, fixed, per_sample in lines]
 
 
+PREDICTION_RESOLUTION = 1 / 512
+"""How close a prediction settles on the largest batch: a replay per halving of the gap, and below 512
+samples to the sample; above, a 0.2% error is noise beside the next run's own (another algorithm)."""
+
+
 @dataclass(frozen=True)
 class Fitting:
     """Whether a batch fits, by replaying requests put on lines through measured runs (``fitting``,
     ``fitting_from_one``); ``largest`` the largest batch that does."""
 
     fits: Callable[[int], bool]
-    could_fit: Callable[[int], bool]  # quick, and only rules batches out
+    largest_up_to: Callable[[int], int]  # the largest batch up to a bound close above it that fits
+    allocated_bound: Callable[[int], int]  # quick: the largest batch up to a bound its allocated bytes allow
     measured_batch: int
 
     def largest(self, max_batch: int = 1 << 30) -> int:
         """The largest batch up to ``max_batch`` that fits (``max_batch`` when even that fits: nothing grows
-        with the batch; 0 when none does). Fitting is assumed at every batch below one that fits."""
-        return _largest(self.fits, self.could_fit, self.measured_batch, max_batch)
+        with the batch; 0 when none does). Fitting is assumed at every batch below one that fits.
 
+        The allocated bytes alone give a bound first (no replay), which is often the answer; below it
+        the replay steps down (``largest_below``), so it runs a handful of times, not twice the
+        batch's bits."""
+        return self.largest_up_to(self.allocated_bound(max_batch))
 
 def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
             start: Sequence[StartSegment], cap_bytes: int, margin: float = 0.0) -> Fitting | None:
@@ -595,7 +605,7 @@ def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: S
 
 def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_batch: int,
                      start: Sequence[StartSegment], cap_bytes: int,
-                     margin: float) -> tuple[Callable[[int], bool], Callable[[int], bool]]:
+                     margin: float) -> tuple[Callable[[int], bool], Callable[[int], int], Callable[[int], int]]:
     """Whether a batch fits both when the ``unknown`` requests grow with the batch as their lines say and
     when they keep the size measured at ``measured_batch`` (margins as in ``largest_fitting_batch``).
 
@@ -619,13 +629,54 @@ def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_bat
         # fails whatever the allocator does.
         return all(peak_allocated_bytes(events_at(v, batch * (1 + margin)), held) <= cap_bytes for v in variants)
 
+    def allocated_bound(max_batch: int) -> int:
+        limit = min(allocated_limit(v, held, cap_bytes) / (1 + margin) for v in variants)
+        return largest_below(could_fit, max(0, min(max_batch, math.floor(limit)) if limit < math.inf else max_batch))
+
+    def fits_at(batch: int, scales: Sequence[float]) -> bool:
+        return all(replay(events_at(v, batch * scale), start, cap_bytes).fits for scale in scales for v in variants)
+
     def fits(batch: int) -> bool:
         # Across the sizes the next run may have: the caching allocator is not monotone in them (a block a
         # little larger is cached where a later request reuses it), so fitting at the margin alone is luck.
-        return all(replay(events_at(v, batch * scale), start, cap_bytes).fits
-                   for scale in (1 + margin, 1 + margin / 2) for v in variants)
+        return fits_at(batch, (1 + margin, 1 + margin / 2))
 
-    return fits, could_fit
+    def largest(high: int) -> int:
+        # The search settles on the larger sizes alone, then checks the batch it found at the smaller: the
+        # same answer where the allocator is monotone, in about half the replays.
+        found = largest_below(lambda batch: fits_at(batch, (1 + margin,)), high, PREDICTION_RESOLUTION)
+        while found > 0 and not fits_at(found, (1 + margin / 2,)):
+            found = largest_below(fits, found - 1, PREDICTION_RESOLUTION)
+        return found
+
+    return fits, largest, allocated_bound
+
+
+def allocated_limit(lines: Sequence[Line], start_bytes: int, cap_bytes: int) -> float:
+    """A batch above which the requests on ``lines`` hold more than ``cap_bytes`` at once, with
+    ``start_bytes`` held from the start (``math.inf``: none; a bound, not the answer: each block is at
+    least its line's bytes, and the allocator's rounding and refusals only lower the real one).
+
+    One pass: at each request the bytes held are ``fixed + per_sample * batch`` summed over what is
+    live, so each request bounds the batch by a division; ``peak_allocated_bytes`` at the batches
+    around it then settles it in a few passes, where bisecting on it alone takes the batch's bits."""
+    live: dict[int, tuple[float, float]] = {}
+    fixed_now = per_sample_now = 0.0
+    limit = math.inf
+    room = cap_bytes - start_bytes
+    for kind, key, _, fixed, per_sample in lines:
+        if kind == "free":
+            gone = live.pop(key, None)
+            if gone is not None:
+                fixed_now -= gone[0]
+                per_sample_now -= gone[1]
+        elif kind == "alloc":
+            live[key] = (fixed, per_sample)
+            fixed_now += fixed
+            per_sample_now += per_sample
+            if per_sample_now > 0:
+                limit = min(limit, (room - fixed_now) / per_sample_now)
+    return max(limit, 0.0)
 
 
 def peak_allocated_bytes(events: Sequence[Event], start_bytes: int = 0) -> int:
@@ -644,24 +695,20 @@ def peak_allocated_bytes(events: Sequence[Event], start_bytes: int = 0) -> int:
     return peak
 
 
-def _largest(fits: Callable[[int], bool], could_fit: Callable[[int], bool], guess: int, max_batch: int) -> int:
-    """The largest batch up to ``max_batch`` that ``fits`` (0 when none does; fitting assumed at every batch
-    below one that fits).
-
-    ``could_fit`` is a quick test that only rules batches out: the largest batch it leaves is found first
-    (doubling from ``guess``, then the standard library's bisection), and is often the answer; below it
-    the search steps down in widening steps to a batch that fits, then bisects, so the costly ``fits``
-    (a replay) runs a handful of times, not twice the batch's bits."""
-    if could_fit(max_batch):
-        bound = max_batch
-    else:
-        low, high = 0, max(1, min(guess, max_batch))
-        while could_fit(high):
-            low, high = high, min(2 * high, max_batch)
-        bound = low + bisect.bisect_left(range(low + 1, high), True, key=lambda batch: not could_fit(batch))
-    if bound <= 0 or fits(bound):
-        return max(bound, 0)
-    failed, step = bound, max(1, bound // 256)
-    while (below := max(bound - step, 0)) > 0 and not fits(below):
+def largest_below(fits: Callable[[int], bool], high: int, resolution: float = 0.0) -> int:
+    """The largest batch up to ``high`` that ``fits`` (0 when none does), where fitting is assumed at every
+    batch below one that fits and ``high`` is a bound close above the answer: from ``high`` it steps down
+    in widening steps to a batch that fits, then bisects between it and the last that failed, until
+    they are within ``resolution`` of the batch (0: to the sample)."""
+    if high <= 0 or fits(high):
+        return max(high, 0)
+    failed, step = high, max(1, high // 64)
+    while (below := max(high - step, 0)) > 0 and not fits(below):
         failed, step = below, 2 * step
-    return below + bisect.bisect_left(range(below + 1, failed), True, key=lambda batch: not fits(batch))
+    while failed - below > max(1, int(below * resolution)):
+        middle = (below + failed) // 2
+        if fits(middle):
+            below = middle
+        else:
+            failed = middle
+    return below
