@@ -81,7 +81,8 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
       step, an activation the size of a weight (at batch 1 where a sequence is as long as the model is
       wide) and its gradient are freed within the backward pass;
     - the optimizer's step: the parameter-sized requests made after the last of those gradients (state,
-      foreach temporaries).
+      foreach temporaries), from the first state tensor it made where it made one (a weight-sized
+      activation's gradient may come after the last parameter's, and is freed before the step).
 
     Any other parameter-sized request keeps growing with the batch: at batch 1 a weight-sized activation
     is indistinguishable by its size (the H100 put the next try at 21 where 6 fits when all of them were
@@ -115,5 +116,10 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
             wanted[block] -= 1
             last_gradient = max(last_gradient, index)
     if last_gradient >= 0:
-        found.update(key for index, key, _ in allocations if index > last_gradient)
+        # The step begins where it makes its first state tensor, where this run made one: a weight-sized
+        # activation's gradient, computed after the last parameter's, is freed within the backward pass,
+        # before the step.
+        step_begins = next((index for index, key, _ in allocations if index > last_gradient and key in left),
+                           last_gradient)
+        found.update(key for index, key, _ in allocations if index >= step_begins and index > last_gradient)
     return frozenset(found)

@@ -61,3 +61,27 @@ def test_a_model_built_in_the_cell_is_fixed_and_is_not_taken_for_a_kept_gradient
 def test_without_training_only_what_the_run_left_is_fixed():
     # Inference: no gradient is expected, so nothing freed is taken as one, whatever its size.
     assert batch_independent_requests(RUN, LEFT, training(trains=False)) == {6, 7, 8, 9}
+
+
+def test_a_weight_sized_activation_s_gradient_after_the_last_parameter_gradient_still_grows():
+    # The first layer's input gradient comes last in the backward pass: here after W2's gradient (key 5),
+    # the size of W1, and freed before the step makes its state. Only the state and the step's temporary
+    # after it are the step's.
+    late = [
+        ("alloc", 1, W1, 0),        # an activation the size of W1
+        ("alloc", 4, W1, 0),        # W1's gradient
+        ("alloc", 5, W2, 0),        # W2's gradient
+        ("alloc", 3, W1, 0),        # the activation's gradient, after the last parameter's
+        ("free", 1, 0, 0), ("free", 3, 0, 0),
+        ("alloc", 6, W1, 0), ("alloc", 7, W1, 0), ("alloc", 8, W2, 0), ("alloc", 9, W2, 0),  # AdamW's state
+        ("alloc", 10, W1, 0), ("free", 10, 0, 0),  # a foreach temporary
+        ("free", 4, 0, 0), ("free", 5, 0, 0),
+    ]
+    assert batch_independent_requests(late, LEFT, training()) == {4, 5, 6, 7, 8, 9, 10}
+
+
+def test_without_state_made_in_the_run_what_follows_the_last_gradient_is_the_step_s():
+    # The state existed before the run (a later step): the foreach temporary after the last gradient is fixed.
+    later_step = [("alloc", 1, W1, 0), ("alloc", 4, W1, 0), ("free", 1, 0, 0), ("alloc", 5, W2, 0),
+                  ("alloc", 10, W1, 0), ("free", 10, 0, 0), ("free", 4, 0, 0), ("free", 5, 0, 0)]
+    assert batch_independent_requests(later_step, set(), training(state_made=False)) == {4, 5, 10}
