@@ -5,34 +5,39 @@ start ratios 1.05 to 100, every run played through the project's model of PyTorc
 
 The goal (issue "where large models meet small batches"): found >= largest - 1 where the largest is 10
 or less, else >= 0.90 of it, within 3 reruns, in 99% of models, none below halving. Not met yet:
-``benchmarks/oomfix_simulated.py`` runs 10,000 such models (``benchmarks/results/oomfix_simulated.json``:
-98.7% meet it, 1.5% end below halving, median 0.985). This test runs 1,500 of another seed (98.9%, 20
-below halving, measured) and holds the search there, so that a change that loses ground fails here.
+``benchmarks/oomfix_simulated.py`` runs 10,000 such models of its own seed
+(``benchmarks/results/oomfix_simulated.json`` says how many meet it and end below halving). This test
+runs 10,000 of another seed, on every core (``world.many_cases``), and holds the search where it was
+measured on them: 9,877 meet the goal (98.8%); 155 end below halving, 102 of them within the goal (a
+start near a power of two times the largest batch lets halving land on or next to it), 53 below it.
+A change that loses ground fails here.
 """
 
 import statistics
 
 from tests.oomfix import world
 
-MODELS = 1500
+MODELS = 10_000
 
 
 def test_the_search_holds_its_measured_ground_across_the_space():
-    cases = world.cases(MODELS, seed=7)
-    met = sum(case.met_goal for case in cases) / len(cases)
-    worse = sum(case.worse_than_halving for case in cases)
+    cases = world.many_cases(MODELS, seed=7)
+    assert len(cases) == MODELS
+    met = sum(case.met_goal for case in cases)
+    below_halving_and_goal = sum(case.worse_than_halving and not case.met_goal for case in cases)
     assert all(case.reruns <= 3 for case in cases)
-    assert met >= 0.985, met
-    assert worse <= 0.015 * len(cases), worse
+    assert met >= 9_865, met
+    assert below_halving_and_goal <= 60, below_halving_and_goal
     small = [case.found / case.largest for case in cases if 10 < case.largest <= 64]
     heavy = [case.found / case.largest for case in cases if case.fixed_share >= 0.5]
-    assert statistics.median(small) >= 0.95 and statistics.median(heavy) >= 0.95
+    assert statistics.median(small) >= 0.98 and statistics.median(heavy) >= 0.98
 
 
 def test_without_the_allocator_history_the_line_decides_within_three_reruns():
     # An old torch, or the user's own recording: only the line through the measured peaks. It cannot see
     # the phases of a step (a flat optimizer step under a steep backward pass), and lands lower: measured
-    # by benchmarks/oomfix_simulated.py, a median of 0.63 of the largest batch on this world (0.59 on these).
+    # on these 300, a median of 0.73 of the largest batch (benchmarks/oomfix_simulated.py measures it on
+    # 2,000 of its own seed).
     cases = world.cases(300, seed=11, recorded=False)
     assert all(case.reruns <= 3 and case.found >= 1 for case in cases)
-    assert statistics.median(case.found / case.largest for case in cases) >= 0.55
+    assert statistics.median(case.found / case.largest for case in cases) >= 0.70

@@ -16,20 +16,29 @@ reports what was allocated, what was asked for and what was reserved but unusabl
 The space drawn (``draw``): largest fitting batch 1 to 100,000 (log-uniform), batch-independent memory
 (parameters, gradients, optimizer state, temporaries) 0 to 90% of the card, caps of 4 to 80 GiB, the
 model built in the cell or earlier, optimizer state made at the first step or already there,
-gradients freed or kept, 4 to 40 parameter tensors, 1 to 16 activations (in a third of training steps,
-some of one sample's the size of a weight, as where a sequence is as long as the model is wide), start
-ratios 1.05 to 100
-(log-uniform). The ground truth (``largest_fitting``) is a noise-free run from the failed cell's state.
+gradients freed or kept, 2 to 40 parameter tensors (log-uniform: a few large ones are where the
+allocator's fragments and weight-sized activations matter most), 1 to 16 activations (in a third of
+training steps, some of one sample's the size of a weight, as where a sequence is as long as the model
+is wide), start ratios 1.05 to 100 (log-uniform).
+
+The ground truth (``largest_fitting``) is a noise-free run from the failed cell's state: the largest
+batch that fits below the bound its allocated bytes set, found stepping down from that bound. The
+allocator is not monotone in the batch (a run can fail at one batch and fit at a larger one, where its
+blocks fall into segments otherwise), and a bisection from below can stop at the top of a lower window
+(7 of 400 models); from above, the truth is the largest batch that fits.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import random
 from dataclasses import dataclass
 
 from jupyter_cudamem.growth import FixedMemory
-from jupyter_cudamem.growth.replay import Event, StartSegment, block_bytes, replay, segment_bytes
+from jupyter_cudamem.growth.replay import (Event, Line, StartSegment, allocated_limit, block_bytes, largest_below,
+                                           replay, segment_bytes)
 from jupyter_cudamem.reruns.recording import RecordedRun
 from jupyter_cudamem.reruns.search import BatchSearch, Observation
 
@@ -165,6 +174,11 @@ class Step:
 def start_segments(held: list[int]) -> tuple[StartSegment, ...]:
     """Each held tensor in a segment of its own, as after ``empty_cache()`` (a simplification: the real
     allocator packs small tensors together)."""
+    return _start_segments(tuple(held))
+
+
+@functools.lru_cache(maxsize=64)
+def _start_segments(held: tuple[int, ...]) -> tuple[StartSegment, ...]:
     segments = []
     address = 1 << 40
     for size in held:
@@ -216,19 +230,19 @@ def run(step: Step, batch: int, stepped: bool, rng: random.Random | None) -> Run
 
 
 def largest_fitting(step: Step, limit: int = 10**7) -> int:
-    """The largest batch that fits from the failed cell's state, by doubling then bisection (0: none)."""
-    low, high = 0, 1
-    while run(step, high, False, None).fitted:
-        if high >= limit:
-            return limit
-        low, high = high, high * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        if run(step, middle, False, None).fitted:
-            low = middle
-        else:
-            high = middle
-    return low
+    """The largest batch that fits from the failed cell's state (0: none), assuming every batch below
+    one that fits fits: below the bound the allocated bytes set, the replay steps down and bisects."""
+    fixed_at = {event[1]: event[2] for event in step.events(0, False, None)[0] if event[0] != "free"}
+    grown = step.events(limit, False, None)[0]
+    lines: list[Line] = [(kind, key, stream, 0.0, 0.0) if kind == "free" else
+                         (kind, key, stream, float(fixed_at[key]), (size - fixed_at[key]) / limit)
+                         for kind, key, size, stream in grown]
+    held = _allocated(start_segments(step.held_at_start(False)))
+    # Sizes are truncated to whole bytes: a sample's share of one byte per tensor keeps the bound above.
+    slack = len(lines) / limit
+    bound = allocated_limit([(k, key, st, f - 1, p - slack) for k, key, st, f, p in lines], held, step.cap_bytes)
+    high = min(limit, math.floor(bound)) if bound < math.inf else limit
+    return largest_below(lambda batch: run(step, batch, False, None).fitted, high)
 
 
 def halving(step: Step, start: int, seed: int) -> int:
@@ -248,7 +262,7 @@ class Case:
     start: int
     found: int
     reruns: int
-    halving: int
+    halving: int | None  # None: not run, the search found the largest batch, which halving cannot pass
 
     @property
     def met_goal(self) -> bool:
@@ -257,7 +271,7 @@ class Case:
 
     @property
     def worse_than_halving(self) -> bool:
-        return self.found < self.halving
+        return self.halving is not None and self.found < self.halving
 
     @property
     def fixed_share(self) -> float:
@@ -315,7 +329,7 @@ def draw(rng: random.Random) -> tuple[Step, int, int] | None:
     share = rng.uniform(0.0, 0.9)
     training = rng.random() < 0.8
     state_per_parameter = rng.choices((0, 1, 2), (0.15, 0.2, 0.65))[0] if training else 0
-    n_params = rng.randint(4, 40)
+    n_params = int(math.exp(rng.uniform(math.log(2), math.log(41))))  # 2 to 40, log-uniform
     weights = [rng.uniform(0.2, 1.0) for _ in range(n_params)]
     temporaries = tuple(i for i in range(n_params) if rng.random() < 0.6) if training and rng.random() < 0.6 else ()
     temp_share = sum(weights[i] for i in temporaries) / sum(weights)
@@ -373,5 +387,29 @@ def cases(count: int, seed: int, recorded: bool = True, restored: bool = True) -
             continue
         step, start, largest = drawn
         found, reruns, _ = search(step, start, seed=len(out), recorded=recorded, restored=restored)
-        out.append(Case(step, largest, start, found, reruns, halving(step, start, seed=len(out))))
+        halved = halving(step, start, seed=len(out)) if found < largest else None
+        out.append(Case(step, largest, start, found, reruns, halved))
     return out
+
+
+CHUNKS = 20
+"""``many_cases`` draws its models in this many chunks, each from a seed of its own, so that the models
+drawn are the same whatever the number of processes that draw them."""
+
+
+def _chunk(args: tuple[int, int, bool, bool]) -> list[Case]:
+    return cases(*args)
+
+
+def many_cases(count: int, seed: int, recorded: bool = True, processes: int | None = None) -> list[Case]:
+    """``count`` cases in ``CHUNKS`` chunks of seeds ``seed * 1000 + i``, drawn by ``processes`` processes
+    (every core by default): the same cases on one core or many."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    sizes = [count // CHUNKS + (1 if i < count % CHUNKS else 0) for i in range(CHUNKS)]
+    jobs = [(size, seed * 1000 + i, recorded, True) for i, size in enumerate(sizes) if size]
+    workers = processes or os.cpu_count() or 1
+    if workers == 1:
+        return [case for job in jobs for case in _chunk(job)]
+    with ProcessPoolExecutor(min(workers, len(jobs))) as pool:
+        return [case for part in pool.map(_chunk, jobs) for case in part]
