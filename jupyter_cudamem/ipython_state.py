@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .ipython_names import OUTPUT_CACHE_NAMES
-from .attribution.holders import EXCEPTION, FRAME, OUTPUT_CACHE, Reference, reaches_cuda
+from .attribution.holders import Origin, Reference, reaches_cuda
 from .oom import OomInfo, describe_chain, exception_chain, parse_oom
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
@@ -253,28 +253,28 @@ def ipython_references(shell: Any) -> list[Reference]:
     for name in _SYS_ATTRIBUTES[:3]:
         value = getattr(sys, name, None)
         if value is not None:
-            refs.append(Reference(f"sys.{name}", EXCEPTION, value))
+            refs.append(Reference(f"sys.{name}", Origin.EXCEPTION, value))
     result = getattr(shell, "last_execution_result", None)
     for attribute in ("error_in_exec", "error_before_exec", "result"):
         value = getattr(result, attribute, None)
         if value is not None:
-            origin = OUTPUT_CACHE if attribute == "result" else EXCEPTION
+            origin = Origin.OUTPUT_CACHE if attribute == "result" else Origin.EXCEPTION
             refs.append(Reference(f"last_execution_result.{attribute}", origin, value))
     for handler in ("InteractiveTB", "SyntaxTB"):
         tb = getattr(getattr(shell, handler, None), "tb", None)
         if tb is not None:
-            refs.append(Reference(f"{handler}.tb", EXCEPTION, tb))
+            refs.append(Reference(f"{handler}.tb", Origin.EXCEPTION, tb))
     cache = _output_cache(shell)
     if cache is not None:
         for number, value in list(cache.items()):
-            refs.append(Reference(f"Out[{number}]", OUTPUT_CACHE, value))
+            refs.append(Reference(f"Out[{number}]", Origin.OUTPUT_CACHE, value))
             if shell.user_ns.get(f"_{number}") is value:
-                refs.append(Reference(f"_{number}", OUTPUT_CACHE, value))
+                refs.append(Reference(f"_{number}", Origin.OUTPUT_CACHE, value))
     displayhook = getattr(shell, "displayhook", None)
     for name in OUTPUT_CACHE_NAMES:
         value = getattr(displayhook, name, None)
         if value is not None and not isinstance(value, str):
-            refs.append(Reference(name, OUTPUT_CACHE, value))
+            refs.append(Reference(name, Origin.OUTPUT_CACHE, value))
     refs.extend(_frame_references(_known_exceptions(shell, None)))
     return refs
 
@@ -296,7 +296,7 @@ def _frame_references(errors: list[BaseException]) -> list[Reference]:
                     seen.add(id(frame))
                     label = _frame_label(frame)
                     counts[label] = counts.get(label, 0) + 1
-                    refs.append(Reference(label, FRAME, frame, counts[label]))
+                    refs.append(Reference(label, Origin.FRAME, frame, counts[label]))
                 tb = tb.tb_next
     return refs
 
@@ -307,9 +307,10 @@ def cell_references(shell: Any, value: Any = None, error: BaseException | None =
     refs = ipython_references(shell)
     if value is not None:
         count = getattr(getattr(shell, "displayhook", None), "prompt_count", None)
-        refs.append(Reference(f"Out[{count}]" if isinstance(count, int) else "the cell's value", OUTPUT_CACHE, value))
+        name = f"Out[{count}]" if isinstance(count, int) else "the cell's value"
+        refs.append(Reference(name, Origin.OUTPUT_CACHE, value))
     if error is not None:
-        refs.append(Reference("the cell's exception", EXCEPTION, error))
+        refs.append(Reference("the cell's exception", Origin.EXCEPTION, error))
         refs.extend(_frame_references([error]))
     return refs
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from tests.oomfix.shells import shell_without_failures
 
-from jupyter_cudamem.attribution.holders import find_holders, reaches_cuda
+from jupyter_cudamem.attribution.holders import HolderKind, Origin, find_holders, reaches_cuda
 from jupyter_cudamem.ipython_state import (
     FailureRecorder,
     ipython_references,
@@ -77,13 +77,13 @@ def test_failed_cell_keeps_locals_alive_until_released(shell) -> None:
     assert "frame of f() (from the failed cell's traceback)" in labels
     assert "frame of step() (from the failed cell's traceback)" in labels
     assert "sys.last_value" in labels and "InteractiveTB.tb" in labels
-    assert {ref.origin for ref in refs if ref.name in ("f()", "step()")} == {"traceback frame"}
+    assert {ref.origin for ref in refs if ref.name in ("f()", "step()")} == {Origin.FRAME}
     holders = {h.label: h for h in find_holders(user_variables(shell), refs, probe=fake_probe())}
     assert holders["frame of f() (from the failed cell's traceback)"].cuda_bytes == 4 * GiB  # its own locals
     assert holders["frame of step() (from the failed cell's traceback)"].cuda_bytes == 4 * GiB + 512 * MiB
     assert holders["model"].user_variable and holders["model"].cuda_bytes == 256 * MiB
     exc_holder = next(h for name, h in holders.items() if "sys.last_value" in name)
-    assert exc_holder.kind == "traceback" and exc_holder.exclusive_bytes == 4 * GiB + 512 * MiB
+    assert exc_holder.kind is HolderKind.TRACEBACK and exc_holder.exclusive_bytes == 4 * GiB + 512 * MiB
     del refs, holders, exc_holder
 
     released = release_ipython_references(shell, holds_cuda=fake_holds_cuda)
@@ -131,10 +131,10 @@ def test_output_cache_entries_holding_cuda_are_released_others_kept(shell) -> No
     assert shell.user_ns["Out"][out_number] is not None
     refs = ipython_references(shell)
     names = {ref.name: ref.origin for ref in refs}
-    assert names[f"Out[{out_number}]"] == names[f"_{out_number}"] == "output cache"
+    assert names[f"Out[{out_number}]"] == names[f"_{out_number}"] is Origin.OUTPUT_CACHE
     holders = find_holders(user_variables(shell), refs, probe=fake_probe())
     assert holders[0].name.startswith(f"Out[{out_number}] / _{out_number}")
-    assert holders[0].cuda_bytes == 1 * GiB and holders[0].kind == "ipython"
+    assert holders[0].cuda_bytes == 1 * GiB and holders[0].kind is HolderKind.IPYTHON
     del refs, holders
 
     released = release_ipython_references(shell, holds_cuda=fake_holds_cuda)

@@ -13,7 +13,17 @@ change. ``training_state`` reads what a training step holds whatever its batch. 
 IPython or needs CUDA.
 """
 
-from .holders import Holder, Holders, Reference, find_holders, reaches_cuda
+from .holders import Holder, HolderKind, Holders, Origin, Reference, find_holders, reaches_cuda
 from .probe import TensorProbe, default_probe
 
-__all__ = ["Holder", "Holders", "Reference", "TensorProbe", "default_probe", "find_holders", "reaches_cuda"]
+__all__ = [
+    "Holder",
+    "HolderKind",
+    "Holders",
+    "Origin",
+    "Reference",
+    "TensorProbe",
+    "default_probe",
+    "find_holders",
+    "reaches_cuda",
+]

@@ -9,8 +9,18 @@ what a cell left names them (``callbacks[0].__defaults__[0]``, "keeping 1 tensor
 from __future__ import annotations
 
 import types
+from enum import StrEnum
 from functools import partial
 from typing import Any
+
+class Capture(StrEnum):
+    """How a callable keeps a value, named in the text of what a cell left ("keeping 1 tensor in its closure")."""
+
+    DEFAULT_ARGUMENT = "default argument"
+    CLOSURE = "closure"
+    BOUND_OBJECT = "bound object"
+    PARTIAL_ARGUMENT = "partial argument"
+
 
 # Callables that keep values alive of their own: a function (defaults, closure cells), a bound method
 # (its object, its function), a ``functools.partial`` (its function and arguments).

@@ -46,7 +46,7 @@ from .type_codes import (
     slots_of,
     type_code,
 )
-from .walk import TENSORS, WALK_LIMIT, Reach, _Walker
+from .walk import WALK_LIMIT, Reach, ReachedAs, _Walker
 
 _DIRECT, _DUCK = 1, 2  # how the keys-only pass reads a tensor type: plain attributes, or getattr with defaults
 
@@ -250,7 +250,7 @@ class _KeysOnlyWalker(_Walker):
                     elif code == OPAQUE_CODE or (code == MACHINERY_CODE and obj is not root):
                         continue
                     else:
-                        self.visit(obj, TENSORS, -1, (), obj is root, owner)
+                        self.visit(obj, ReachedAs.TENSORS, -1, (), obj is root, owner)
                 except Exception:  # an object that cannot be inspected holds nothing we can name
                     more = ()
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from itertools import compress, repeat
 from operator import itemgetter
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from ..units import format_bytes
@@ -32,18 +33,45 @@ from .type_codes import (
     memo_by_type,
     type_code,
 )
-from .walk import GRAPH, Reach, walk
+from .walk import Reach, ReachedAs, walk
 
 # Names IPython itself puts in the user namespace: its output cache and input history are reported
 # under their own holders (from ``ipython_state.ipython_references``), the rest hold no tensors.
 from ..ipython_names import IPYTHON_NAME_PATTERN as _IPYTHON_NAME_PATTERN
 from ..ipython_names import IPYTHON_NAMES as _IPYTHON_NAMES
 
-# Where a root comes from.
-VARIABLE = "variable"
-OUTPUT_CACHE = "output cache"  # Out[N], _N, _, the last execution result's value
-EXCEPTION = "exception"  # sys.last_*, the execution result's error, InteractiveTB.tb, a cell's own error
-FRAME = "traceback frame"  # a function's frame on a failed cell's traceback
+
+class Origin(StrEnum):
+    """Where a root comes from: what decides its holder's kind, its cause and how it is named."""
+
+    VARIABLE = "variable"
+    OUTPUT_CACHE = "output cache"  # Out[N], _N, _, the last execution result's value
+    EXCEPTION = "exception"  # sys.last_*, the execution result's error, InteractiveTB.tb, a cell's own error
+    FRAME = "traceback frame"  # a function's frame on a failed cell's traceback
+
+
+class HolderKind(StrEnum):
+    """What a holder is, shown beside its name (``%oomfix``'s table) and matched to what to advise.
+
+    ``OBJECT`` is a container or object reaching tensors; what a cell left names a container by its
+    type instead (``LIST``...``DEQUE``, from ``text.container_kind``). ``IPYTHON`` is the output cache
+    or the execution result; ``TRACEBACK`` exceptions, tracebacks and their frames.
+    """
+
+    TENSOR = "tensor"
+    MODULE = "module"
+    OPTIMIZER = "optimizer"
+    GRADIENT = "gradient"
+    OBJECT = "object"
+    IPYTHON = "ipython"
+    TRACEBACK = "traceback"
+    LIST = "list"
+    TUPLE = "tuple"
+    DICT = "dict"
+    SET = "set"
+    FROZENSET = "frozenset"
+    DEQUE = "deque"
+
 
 @dataclass(slots=True)
 class Reference:
@@ -55,13 +83,13 @@ class Reference:
     """
 
     name: str
-    origin: str
+    origin: Origin
     value: object = field(repr=False, compare=False)
     occurrence: int = 1
 
     @property
     def label(self) -> str:
-        if self.origin == FRAME:
+        if self.origin is Origin.FRAME:
             suffix = f" #{self.occurrence}" if self.occurrence > 1 else ""
             return f"frame of {self.name}{suffix} (from the failed cell's traceback)"
         return self.name
@@ -76,11 +104,11 @@ def as_references(refs: Iterable[Reference] | Mapping[str, object]) -> list[Refe
         made = []
         for name, value in refs.items():
             if isinstance(value, types.FrameType):
-                origin = FRAME
+                origin = Origin.FRAME
             elif isinstance(value, (BaseException, types.TracebackType)):
-                origin = EXCEPTION
+                origin = Origin.EXCEPTION
             else:
-                origin = OUTPUT_CACHE
+                origin = Origin.OUTPUT_CACHE
             made.append(Reference(name, origin, value))
         return made
     return list(refs)
@@ -91,10 +119,8 @@ class Holder:
     """One root through which device memory is reachable.
 
     ``name`` is the variable's name or the IPython reference's (several references to one object are
-    one holder, their names joined by `` / ``); ``origin`` where it comes from (``VARIABLE`` or one of
-    ``OUTPUT_CACHE``, ``EXCEPTION``, ``FRAME``); ``kind`` what it is: ``"tensor"``, ``"module"``, ``"optimizer"``,
-    ``"gradient"``, ``"object"`` (a container or object reaching tensors), ``"ipython"`` (output cache,
-    execution result) or ``"traceback"`` (exceptions, tracebacks and their frames).
+    one holder, their names joined by `` / ``); ``origin`` where it comes from; ``kind`` what it is
+    (``HolderKind``: a tensor, module, optimizer, gradient, object, IPython's cache or a traceback).
 
     ``cuda_bytes`` counts each storage reachable through it once; ``graph_bytes`` is the part first
     reached through autograd graphs (saved activations). ``exclusive_bytes`` is the part no other root
@@ -103,13 +129,13 @@ class Holder:
     """
 
     name: str
-    kind: str
+    kind: HolderKind
     cuda_bytes: int
     user_variable: bool
     exclusive_bytes: int = 0
     tensor_count: int = 0
     detail: str = ""
-    origin: str = VARIABLE
+    origin: Origin = Origin.VARIABLE
     occurrence: int = 1
     graph_bytes: int = 0
     type_name: str = ""
@@ -120,10 +146,10 @@ class Holder:
     @property
     def label(self) -> str:
         """The name as shown: ``opt (Adam state)``, ``frame of f() #2 (from the failed cell's traceback)``."""
-        if self.kind == "optimizer" and self.type_name:
+        if self.kind is HolderKind.OPTIMIZER and self.type_name:
             return f"{self.name} ({self.type_name} state)"
-        if self.origin == FRAME:
-            return Reference(self.name, FRAME, None, self.occurrence).label
+        if self.origin is Origin.FRAME:
+            return Reference(self.name, Origin.FRAME, None, self.occurrence).label
         return self.name
 
     def describe(self) -> str:
@@ -183,17 +209,17 @@ def _is_user_type(kind: type) -> bool:
 
 
 _ROOT_KINDS = {
-    TENSOR_CODE: "tensor",
-    MODULE_CODE: "module",
-    OPTIMIZER_CODE: "optimizer",
-    EXCEPTION_CODE: "traceback",
-    TRACEBACK_CODE: "traceback",
-    FRAME_CODE: "traceback",
+    TENSOR_CODE: HolderKind.TENSOR,
+    MODULE_CODE: HolderKind.MODULE,
+    OPTIMIZER_CODE: HolderKind.OPTIMIZER,
+    EXCEPTION_CODE: HolderKind.TRACEBACK,
+    TRACEBACK_CODE: HolderKind.TRACEBACK,
+    FRAME_CODE: HolderKind.TRACEBACK,
 }
 
 
-def root_kind(value: Any, probe: TensorProbe) -> str:
-    return _ROOT_KINDS.get(type_code(type(value), probe), "object")
+def root_kind(value: Any, probe: TensorProbe) -> HolderKind:
+    return _ROOT_KINDS.get(type_code(type(value), probe), HolderKind.OBJECT)
 
 
 def tensor_text(value: Any) -> str:
@@ -203,21 +229,27 @@ def tensor_text(value: Any) -> str:
     return ", ".join(str(x) for x in (tuple(shape) if shape is not None else None, dtype) if x is not None)
 
 
-def _detail(kind: str, value: Any, reach: Reach) -> str:
+# What a module's description lists, in this order, each by its value: ``parameters 4.00 MiB``.
+MODULE_PARTS = (
+    ReachedAs.PARAMETERS,
+    ReachedAs.GRADIENTS,
+    ReachedAs.BUFFERS,
+    ReachedAs.MODULE_ATTRIBUTES,
+    ReachedAs.HOOKS,
+    ReachedAs.GRAPH,
+)
+
+
+def _detail(kind: HolderKind, value: Any, reach: Reach) -> str:
     count = len(reach.storages)
     parts = reach.by_category()
-    graph = parts.get(GRAPH, 0)
+    graph = parts.get(ReachedAs.GRAPH, 0)
     graph_text = f"autograd graph {format_bytes(graph)} of saved tensors" if graph else ""
-    if kind == "module":
-        named = [
-            f"{label} {format_bytes(parts[label])}"
-            for label in ("parameters", "gradients", "buffers", "other tensors", "hooks", GRAPH)
-            if parts.get(label)
-        ]
-        return ", ".join(named)
-    if kind == "optimizer":
+    if kind is HolderKind.MODULE:
+        return ", ".join(f"{label} {format_bytes(parts[label])}" for label in MODULE_PARTS if parts.get(label))
+    if kind is HolderKind.OPTIMIZER:
         return f"{count} state tensor{'s' if count != 1 else ''}"
-    if kind in ("tensor", "gradient"):
+    if kind in (HolderKind.TENSOR, HolderKind.GRADIENT):
         return "; ".join(part for part in (tensor_text(value), graph_text) if part)
     noun = type(value).__name__
     text = f"{noun} reaching {count} CUDA storage{'s' if count != 1 else ''}"
@@ -233,10 +265,10 @@ class Root:
     """A root as walked: the holder it becomes, before the figures that need every root are known."""
 
     name: str
-    kind: str
+    kind: HolderKind
     value: Any
     user_variable: bool
-    origin: str
+    origin: Origin
     occurrence: int
     reach: Reach = field(default_factory=lambda: NOT_WALKED)
 
@@ -254,10 +286,10 @@ def list_roots(
         if not is_user_name(name, value):
             continue
         kind = root_kind(value, probe)
-        roots.append(Root(name, kind, value, True, VARIABLE, 1))
-        grad = grad_of(value) if kind == "tensor" and split_gradients else None
+        roots.append(Root(name, kind, value, True, Origin.VARIABLE, 1))
+        grad = grad_of(value) if kind is HolderKind.TENSOR and split_gradients else None
         if grad is not None and probe.is_tensor(grad):
-            roots.append(Root(f"{name}.grad", "gradient", grad, True, VARIABLE, 1))
+            roots.append(Root(f"{name}.grad", HolderKind.GRADIENT, grad, True, Origin.VARIABLE, 1))
     grouped: dict[int, list[Reference]] = {}
     for reference in as_references(refs):
         if reference.value is None or isinstance(reference.value, ATOMS):
@@ -265,8 +297,9 @@ def list_roots(
         grouped.setdefault(id(reference.value), []).append(reference)
     for group in grouped.values():
         first = group[0]
-        kind = "traceback" if first.origin in (EXCEPTION, FRAME) else "ipython"
-        name = " / ".join(r.name if r.origin != FRAME else r.label for r in group) if len(group) > 1 else first.name
+        kind = HolderKind.TRACEBACK if first.origin in (Origin.EXCEPTION, Origin.FRAME) else HolderKind.IPYTHON
+        names = (r.label if r.origin is Origin.FRAME else r.name for r in group)
+        name = " / ".join(names) if len(group) > 1 else first.name
         roots.append(Root(name, kind, first.value, False, first.origin, first.occurrence))
     return roots
 
@@ -284,7 +317,7 @@ def walk_roots(
         warnings.simplefilter("ignore")
         roots = list_roots(namespace, refs, probe)
         for root in roots:
-            root.reach = walk(root.value, probe, skip, root.kind != "tensor", root.name)
+            root.reach = walk(root.value, probe, skip, root.kind is not HolderKind.TENSOR, root.name)
     return roots
 
 
@@ -320,7 +353,7 @@ def find_holders(
                 namespace_storages[key] = hit.nbytes
             elif key not in user_reach:
                 ipython_only[key] = hit.nbytes
-                if root.kind == "ipython":
+                if root.kind is HolderKind.IPYTHON:
                     cache_only[key] = hit.nbytes
 
     holders = []
@@ -344,7 +377,7 @@ def find_holders(
                 detail=_detail(root.kind, root.value, reach) if root.user_variable else "",
                 origin=root.origin,
                 occurrence=root.occurrence,
-                graph_bytes=reach.by_category().get(GRAPH, 0),
+                graph_bytes=reach.by_category().get(ReachedAs.GRAPH, 0),
                 type_name=type(root.value).__name__,
             )
         )

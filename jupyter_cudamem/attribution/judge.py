@@ -19,18 +19,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import Enum, StrEnum
 from itertools import compress, islice
 from operator import itemgetter, ne, not_
 from typing import Any
 
 from .fast_walk import walk_together
-from .holders import VARIABLE, Reference, Root, list_roots, root_kind, user_items
+from .holders import HolderKind, Origin, Reference, Root, list_roots, root_kind, user_items
 from .probe import ModuleHook, TensorProbe
 from .snapshot import CHILDREN_FINGERPRINTED, NamespaceSnapshot, fingerprint, fingerprints, grows_in_place, sized
 from .type_codes import MAPPING_CODE, SEQUENCE_CODE, type_code
-from .walk import ATTRIBUTE, GRADIENTS, HOOK, HOOKS, ITEM, MODULE_ATTRIBUTES, STATE, Hit, Reach, walk
+from .walk import ATTRIBUTE, HOOK, ITEM, Hit, Reach, ReachedAs, walk
 
 NEW, OLD, UNKNOWN = 2, 0, 1
+
+
+class Change(StrEnum):
+    """What happened to a name in the cell, as its fingerprint tells: decides which of the storages it
+    reaches are new, and what ``text.leak_advice`` says of a container that grew."""
+
+    NEW = "new"
+    REBOUND = "rebound"
+    GREW = "grew"  # a container gained items, or a child container grew in place
+    CHANGED = "changed"  # in place (``Judged.detail`` says what, where the fingerprint can)
+    UNCHANGED = "unchanged"
+
+
+class InPlace(Enum):
+    """What changed in place in a module, tensor or optimizer: which of its storages are new."""
+
+    MOVED = "moved"  # a module's parameters moved (``.to``, ``.cuda()``)
+    GRADIENTS = "gradients"  # a module or tensor got gradients
+    STATE = "state"  # an optimizer gained state
 
 
 @dataclass
@@ -38,39 +58,40 @@ class Judged:
     """A root with what the fingerprint says of each part of it."""
 
     root: Root
-    change: str
+    change: Change
     novelty: dict[Any, int]  # storage -> NEW / OLD / UNKNOWN as this root reaches it
     detail: Any = None  # what ``_variable_change`` said besides the change
 
 
-def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: TensorProbe) -> tuple[str, Any]:
+def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: TensorProbe) -> tuple[Change, Any]:
     """``(change, detail)``: how the name's object differs from the snapshot."""
-    name = root.name.removesuffix(".grad") if root.kind == "gradient" else root.name
+    is_gradient = root.kind is HolderKind.GRADIENT
+    name = root.name.removesuffix(".grad") if is_gradient else root.name
     old = before.get(name)
     if old is None:
-        return "new", None
-    if root.kind == "gradient":
-        return ("changed", None) if old[1:2] != (id(root.value),) else ("unchanged", None)
+        return Change.NEW, None
+    if is_gradient:
+        return (Change.CHANGED, None) if old[1:2] != (id(root.value),) else (Change.UNCHANGED, None)
     value = root.value
     now = fingerprint(value, probe)
     if now[0] != old[0]:
-        return "rebound", None
+        return Change.REBOUND, None
     if now == old:
-        return "unchanged", None
+        return Change.UNCHANGED, None
     if len(now) == 3 and len(old) == 3 and type_code(type(value), probe) in (SEQUENCE_CODE, MAPPING_CODE):
         return _container_change(value, now, old)
     if isinstance(value, (list, tuple, dict)) or type(value).__name__ == "deque":
         grown = len(now) > 1 and len(old) > 1 and now[1] > old[1]
-        return ("grew", (old[1], {})) if grown else ("changed", None)
+        return (Change.GREW, (old[1], {})) if grown else (Change.CHANGED, None)
     if isinstance(value, (set, frozenset)):
-        return "changed", None
+        return Change.CHANGED, None
     if isinstance(value, probe.module_types):
         moved = len(old) > 1 and now[1] != old[1]
-        return "changed", ("moved" if moved else "gradients")
+        return Change.CHANGED, (InPlace.MOVED if moved else InPlace.GRADIENTS)
     if probe.is_tensor(value):
-        return "changed", "gradients"
+        return Change.CHANGED, InPlace.GRADIENTS
     if isinstance(value, probe.optimizer_types):
-        return "changed", "state"
+        return Change.CHANGED, InPlace.STATE
     if len(now) > 1 and len(old) > 1 and isinstance(now[1], tuple) and isinstance(old[1], tuple):
         earlier = {name: (ident, size) for name, ident, size in old[1]}
         changed: dict[str, int] = {}
@@ -80,19 +101,19 @@ def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: T
                 changed[attribute] = -1  # new or rebound attribute: all of it is new
             elif previous[1] != size:
                 changed[attribute] = previous[1]  # grown in place: the items past the old length
-        return "changed", changed
-    return "unchanged", None
+        return Change.CHANGED, changed
+    return Change.UNCHANGED, None
 
 
-def _container_change(value: Any, now: tuple[Any, ...], old: tuple[Any, ...]) -> tuple[str, Any]:
-    """A list, tuple, dict or deque whose fingerprint changed: ``("grew", (old length, {position: old
+def _container_change(value: Any, now: tuple[Any, ...], old: tuple[Any, ...]) -> tuple[Change, Any]:
+    """A list, tuple, dict or deque whose fingerprint changed: ``(Change.GREW, (old length, {position: old
     length of the child container there, or -1 for one that was not there}))`` when it gained items or
     a child container grew in place or was put where something else was (``history['losses'].append``,
-    ``history['best'] = [...]``); ``("changed", None)`` when it shrank (what it holds can no longer be
-    told apart by position); ``("unchanged", None)`` when only a child shrank or went."""
+    ``history['best'] = [...]``); ``(Change.CHANGED, None)`` when it shrank (what it holds can no longer be
+    told apart by position); ``(Change.UNCHANGED, None)`` when only a child shrank or went."""
     old_length, old_sizes = old[1], dict(old[2])
     if now[1] < old_length:
-        return "changed", None
+        return Change.CHANGED, None
     grown: dict[int, int] = {}
     children = value.values() if isinstance(value, Mapping) else value
     for position, child in enumerate(islice(children, min(old_length, CHILDREN_FINGERPRINTED))):
@@ -104,16 +125,16 @@ def _container_change(value: Any, now: tuple[Any, ...], old: tuple[Any, ...]) ->
         elif sized(child) > length_before:
             grown[position] = length_before
     if now[1] > old_length or grown:
-        return "grew", (old_length, grown)
-    return "unchanged", None
+        return Change.GREW, (old_length, grown)
+    return Change.UNCHANGED, None
 
 
-def _novelty_of(hit: Hit, change: str, detail: Any) -> int:
-    if change in ("new", "rebound"):
+def _novelty_of(hit: Hit, change: Change, detail: Any) -> int:
+    if change in (Change.NEW, Change.REBOUND):
         return NEW
-    if change == "unchanged":
+    if change is Change.UNCHANGED:
         return UNKNOWN if _hidden(hit) else OLD
-    if change == "grew":
+    if change is Change.GREW:
         old_length, children = detail
         if hit.position >= old_length:
             return NEW  # an item the container gained
@@ -126,14 +147,14 @@ def _novelty_of(hit: Hit, change: str, detail: Any) -> int:
             return OLD  # not told where in the child: counted as what was there
         return NEW if hit.path[1][2] >= length_before else OLD
     # changed in place
-    if detail == "moved":
+    if detail is InPlace.MOVED:
         return UNKNOWN if _hidden(hit) else NEW
-    if detail == "gradients":
-        if hit.category == GRADIENTS:
+    if detail is InPlace.GRADIENTS:
+        if hit.category is ReachedAs.GRADIENTS:
             return NEW
         return UNKNOWN if _hidden(hit) else OLD
-    if detail == "state":
-        return NEW if hit.category == STATE else OLD
+    if detail is InPlace.STATE:
+        return NEW if hit.category is ReachedAs.STATE else OLD
     if isinstance(detail, dict):
         if not hit.path or hit.path[0][0] != ATTRIBUTE or hit.path[0][1] not in detail:
             return OLD
@@ -144,9 +165,12 @@ def _novelty_of(hit: Hit, change: str, detail: Any) -> int:
     return NEW  # a set or a container that shrank and grew: what it holds cannot be told apart
 
 
+_HIDDEN = frozenset({ReachedAs.HOOKS, ReachedAs.MODULE_ATTRIBUTES})
+
+
 def _hidden(hit: Hit) -> bool:
     """Reached through what a module keeps out of the fingerprint's sight: hooks, plain attributes."""
-    return hit.category in (HOOKS, MODULE_ATTRIBUTES) or bool(hit.path and hit.path[0][0] == HOOK)
+    return hit.category in _HIDDEN or bool(hit.path and hit.path[0][0] == HOOK)
 
 
 def judge_namespace(
@@ -174,14 +198,16 @@ def judge_namespace(
     # from the one before the cell (a name that is new has ``None`` there), then the split by that.
     flags = list(map(ne, now.values(), map(earlier.get, now)))
     unchanged = list(compress(items, map(not_, flags)))
-    roots = [Root(name, root_kind(value, probe), value, True, VARIABLE, 1) for name, value in compress(items, flags)]
+    roots = [
+        Root(name, root_kind(value, probe), value, True, Origin.VARIABLE, 1) for name, value in compress(items, flags)
+    ]
     roots.extend(list_roots({}, references, probe))
     for root in roots:
         if root.user_variable:
             change, detail = _variable_change(root, before.names, probe)
         else:
-            change, detail = ("unchanged" if id(root.value) in before.references else "new"), None
-        if change == "unchanged":
+            change, detail = (Change.UNCHANGED if id(root.value) in before.references else Change.NEW), None
+        if change is Change.UNCHANGED:
             made[len(unchanged)] = root
             unchanged.append((root.name, root.value))
             continue
@@ -212,9 +238,9 @@ def judge_namespace(
                 hidden.setdefault(positions[hit.owner], {})[key] = hit
     for owner, hits in hidden.items():
         name, value = unchanged[owner]
-        root = made.get(owner) or Root(name, root_kind(value, probe), value, True, VARIABLE, 1)
+        root = made.get(owner) or Root(name, root_kind(value, probe), value, True, Origin.VARIABLE, 1)
         root.reach = Reach(storages=hits, hooks=walked_hooks, truncated=truncated)
-        judged.append(Judged(root, "unchanged", dict.fromkeys(hits, UNKNOWN)))
+        judged.append(Judged(root, Change.UNCHANGED, dict.fromkeys(hits, UNKNOWN)))
     hooks = walked_hooks + [hook for entry in judged for hook in entry.root.reach.hooks]
     if truncated and judged:
         judged[0].root.reach.truncated = True

@@ -26,28 +26,13 @@ from typing import Any
 from ..collector import collector_paused
 from ..units import MiB
 from .causes import cause_of
-from .holders import OUTPUT_CACHE, VARIABLE, Reference, Root, root_kind
-from .judge import NEW, OLD, UNKNOWN, Judged, judge_namespace
+from .holders import Origin, Reference, Root, root_kind
+from .judge import NEW, OLD, UNKNOWN, Change, Judged, judge_namespace
 from .left_records import LeftBehind, LeftHolder
 from .probe import ModuleHook, TensorProbe, default_probe
 from .snapshot import NamespaceSnapshot
 from .text import captured_by, container_kind, describe_holder, leak_advice
-from .walk import (
-    ATTRIBUTE,
-    BUFFERS,
-    GRADIENTS,
-    GRAPH_SCALAR,
-    HOOK,
-    HOOKS,
-    ITEM,
-    MODULE_ATTRIBUTES,
-    NO_GRAPH,
-    PARAMETERS,
-    STATE,
-    TENSORS,
-    Hit,
-    describe_path,
-)
+from .walk import ATTRIBUTE, GRAPH_SCALAR, HOOK, ITEM, NO_GRAPH, Hit, ReachedAs, describe_path
 
 __all__ = [
     "DEFAULT_THRESHOLD_BYTES",
@@ -68,13 +53,22 @@ DEFAULT_THRESHOLD_BYTES = 64 * MiB
 # Holders smaller than this (or than 1% of what the cell left) are summed into one line.
 MIN_HOLDER_BYTES = 1 * MiB
 
-_DIRECT = frozenset({TENSORS, PARAMETERS, BUFFERS, STATE, GRADIENTS, MODULE_ATTRIBUTES})
+_DIRECT = frozenset(
+    {
+        ReachedAs.TENSORS,
+        ReachedAs.PARAMETERS,
+        ReachedAs.BUFFERS,
+        ReachedAs.STATE,
+        ReachedAs.GRADIENTS,
+        ReachedAs.MODULE_ATTRIBUTES,
+    }
+)
 
 
 def _rank(root: Root, hit: Hit) -> tuple[int, int]:
     """Lower owns a storage: a variable before IPython's caches, direct before hooks before graphs."""
-    origin = 0 if root.user_variable else (1 if root.origin == OUTPUT_CACHE else 2)
-    category = 0 if hit.category in _DIRECT else (1 if hit.category == HOOKS else 2)
+    origin = 0 if root.user_variable else (1 if root.origin is Origin.OUTPUT_CACHE else 2)
+    category = 0 if hit.category in _DIRECT else (1 if hit.category is ReachedAs.HOOKS else 2)
     return origin, category
 
 
@@ -82,7 +76,7 @@ def _grown_child(entry: Judged, hits: list[Hit], probe: TensorProbe) -> Root | N
     """The child of an unchanged-identity container that all of its counted memory hangs under, when
     that child grew in place (``history['losses']`` after ``history['losses'].append(loss)``), as a
     root named by its path; else ``None`` (the container is the holder)."""
-    if entry.change != "grew" or not isinstance(entry.detail, tuple) or not entry.root.user_variable:
+    if entry.change is not Change.GREW or not isinstance(entry.detail, tuple) or not entry.root.user_variable:
         return None
     old_length, children = entry.detail
     positions = {hit.position for hit in hits}
@@ -98,7 +92,7 @@ def _grown_child(entry: Judged, hits: list[Hit], probe: TensorProbe) -> Root | N
         child = entry.root.value[step[1]]  # the dict's key, the list's index
     except Exception:
         return None
-    return Root(describe_path(entry.root.name, (step,)), root_kind(child, probe), child, True, VARIABLE, 1)
+    return Root(describe_path(entry.root.name, (step,)), root_kind(child, probe), child, True, Origin.VARIABLE, 1)
 
 
 def _linked_hooks(root: Root, hooks: Sequence[ModuleHook]) -> tuple[str, ...]:
@@ -179,10 +173,11 @@ def left_behind(
     counted: set[Any] = {key for key in owners if verdict[key] == NEW}
     likely_roots: set[int] = set()
     # Unknown storages (an unchanged module's hooks and attributes), hooks first, up to what is unexplained.
-    unknown = sorted(
-        (key for key in owners if verdict[key] == UNKNOWN),
-        key=lambda key: (judged[owners[key][1]].root.reach.storages[key].category != HOOKS, owners[key][1]),
-    )
+    def hooks_first(key: Any) -> tuple[bool, int]:
+        index = owners[key][1]
+        return judged[index].root.reach.storages[key].category is not ReachedAs.HOOKS, index
+
+    unknown = sorted((key for key in owners if verdict[key] == UNKNOWN), key=hooks_first)
     for key in unknown:
         if unexplained <= 0:
             break
@@ -214,7 +209,7 @@ def left_behind(
         holder["categories"][hit.category] = holder["categories"].get(hit.category, 0) + hit.nbytes
         holder["storages"] += 1
         holder["hits"].append(hit)
-        if hit.category == TENSORS:
+        if hit.category is ReachedAs.TENSORS:
             holder["tensors"] += 1
             holder["graph_tensors"] += hit.graph != NO_GRAPH
             holder["scalars"] += hit.graph == GRAPH_SCALAR
@@ -232,8 +227,10 @@ def left_behind(
             smaller_count += 1
             continue
         linked = _linked_hooks(root, list(all_hooks.values()))
-        graph_direct = sum(hit.nbytes for hit in holder["hits"] if hit.category == TENSORS and hit.graph != NO_GRAPH)
-        direct = categories.get(TENSORS, 0)
+        graph_direct = sum(
+            hit.nbytes for hit in holder["hits"] if hit.category is ReachedAs.TENSORS and hit.graph != NO_GRAPH
+        )
+        direct = categories.get(ReachedAs.TENSORS, 0)
         cause = cause_of(root, categories, graph_direct, direct, linked, holder["hits"])
         # A container's new memory all under one child that grew in place is named by its path.
         shown = _grown_child(judged[index], holder["hits"], probe) or root

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .causes import LEAK_CAUSES
-from .walk import GRAPH
+from .causes import Cause
+from .holders import HolderKind, Origin
+from .judge import Change
+from .walk import ReachedAs
 
 
 @dataclass(frozen=True)
@@ -15,21 +17,21 @@ class LeftHolder:
     """One holder of what the cell left, with the cause and what to change.
 
     ``nbytes`` is what the cell left through it (storages attributed to it and no other holder);
-    ``by_category`` splits it (``"autograd graph"``: saved tensors of graphs; ``"tensors"``: tensors
-    held directly...). ``change`` says what happened to the name: ``"new"``, ``"rebound"``,
-    ``"grew"``, ``"changed"`` (in place) or ``"unchanged"`` (then ``likely`` is set: counted to explain
-    what the new storages do not). ``also`` are other holders reaching the same storages, ``hooks``
+    ``by_category`` splits it (``ReachedAs.GRAPH``: saved tensors of graphs; ``ReachedAs.TENSORS``:
+    tensors held directly...). ``change`` says what happened to the name (``Change.UNCHANGED``: then
+    ``likely`` is set, counted to explain what the new storages do not). ``kind`` names a container by
+    its type (``HolderKind.LIST``...). ``also`` are other holders reaching the same storages, ``hooks``
     the module hooks that fill it.
     """
 
     name: str
-    origin: str
-    kind: str
+    origin: Origin
+    kind: HolderKind
     nbytes: int
-    cause: str
+    cause: Cause
     description: str
-    change: str
-    by_category: dict[str, int] = field(default_factory=dict)
+    change: Change
+    by_category: dict[ReachedAs, int] = field(default_factory=dict)
     tensors: int = 0
     graph_tensors: int = 0
     scalar_graph_tensors: int = 0
@@ -41,11 +43,11 @@ class LeftHolder:
 
     @property
     def leak(self) -> bool:
-        return self.cause in LEAK_CAUSES
+        return self.cause.leak
 
     @property
     def graph_bytes(self) -> int:
-        return self.by_category.get(GRAPH, 0)
+        return self.by_category.get(ReachedAs.GRAPH, 0)
 
 
 @dataclass(frozen=True)

@@ -14,103 +14,101 @@ import types
 from typing import Any
 
 from ..units import format_bytes
-from .captures import capture_names
-from .causes import (
-    GRADIENTS_CAUSE,
-    GRAPH_CAUSE,
-    HOOK_CAUSE,
-    MODEL,
-    MODULE_ATTRIBUTES_CAUSE,
-    OPTIMIZER_STATE,
-    OUTPUT_CACHE_CAUSE,
-    TRACEBACK_CAUSE,
-)
-from .holders import EXCEPTION, FRAME, OUTPUT_CACHE, VARIABLE, Root, tensor_text
+from .captures import Capture, capture_names
+from .causes import Cause
+from .holders import MODULE_PARTS, HolderKind, Origin, Root, tensor_text
+from .judge import Change
 from .left_records import LeftHolder
-from .walk import ATTRIBUTE, BUFFERS, GRADIENTS, GRAPH, HOOKS, MODULE_ATTRIBUTES, PARAMETERS, Hit
+from .walk import ATTRIBUTE, Hit, ReachedAs
 
 
 def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def container_kind(value: Any) -> str | None:
-    """The name a container is shown by (``list``, ``dict``, ``deque``...); ``None`` for anything else."""
-    for kind in (list, tuple, dict, set, frozenset):
-        if isinstance(value, kind):
-            return kind.__name__
-    return "deque" if type(value).__name__ == "deque" else None
+_CONTAINER_KINDS = (
+    (list, HolderKind.LIST),
+    (tuple, HolderKind.TUPLE),
+    (dict, HolderKind.DICT),
+    (set, HolderKind.SET),
+    (frozenset, HolderKind.FROZENSET),
+)
 
 
-def captured_by(hit: Hit) -> str | None:
-    """How a callable on the hit's path keeps it (the steps ``captures.function_captures`` names): ``"default
-    argument"``, ``"closure"``, ``"bound object"``, ``"partial argument"``, or ``None``."""
+def container_kind(value: Any) -> HolderKind | None:
+    """The kind a container is shown by (``list``, ``dict``, ``deque``...); ``None`` for anything else."""
+    for container, kind in _CONTAINER_KINDS:
+        if isinstance(value, container):
+            return kind
+    return HolderKind.DEQUE if type(value).__name__ == "deque" else None
+
+
+def captured_by(hit: Hit) -> Capture | None:
+    """How a callable on the hit's path keeps it (the steps ``captures.function_captures`` names), or ``None``."""
     for kind, name, _ in hit.path:
         if kind == ATTRIBUTE and isinstance(name, str):
             if name.startswith(("__defaults__", "__kwdefaults__")):
-                return "default argument"
+                return Capture.DEFAULT_ARGUMENT
             if name.startswith("__closure__"):
-                return "closure"
+                return Capture.CLOSURE
             if name in ("__self__", "__func__"):
-                return "bound object"
+                return Capture.BOUND_OBJECT
             if name.startswith(("args[", "keywords[")):  # an attribute's name has no bracket: a partial's
-                return "partial argument"
+                return Capture.PARTIAL_ARGUMENT
     return None
 
 
+def _capture_words(capture: Capture, functions: int = 1) -> str:
+    """``default arguments``, ``closure`` (``closures`` for several functions): a function may have
+    several arguments, and one closure, one bound object."""
+    if capture in (Capture.DEFAULT_ARGUMENT, Capture.PARTIAL_ARGUMENT) or functions > 1:
+        return f"{capture}s"
+    return str(capture)
+
+
 # -- what each holder is ------------------------------------------------------------------------------
-def describe_holder(root: Root, cause: str, holder: dict[str, Any]) -> str:
+def describe_holder(root: Root, cause: Cause, holder: dict[str, Any]) -> str:
     """What the holder is, from its root and what ``left.left_behind`` gathered under it (``holder``:
     bytes by category, tensor and storage counts, the hits): ``list of 40 tensors holding their
     autograd graphs, 10.00 MiB of saved activations``, ``Linear: parameters 4.00 MiB``."""
-    categories: dict[str, int] = holder["categories"]
-    graph = categories.get(GRAPH, 0)
+    categories: dict[ReachedAs, int] = holder["categories"]
+    graph = categories.get(ReachedAs.GRAPH, 0)
     tensors = holder["tensors"]
     graph_tensors = holder["graph_tensors"]
     value = root.value
     container = container_kind(value)
     saved = f"{format_bytes(graph)} of saved activations" if graph else ""
-    if root.origin == OUTPUT_CACHE:
+    if root.origin is Origin.OUTPUT_CACHE:
         tensor_like = hasattr(value, "shape") and hasattr(value, "dtype")
         what = f"tensor {tensor_text(value)}" if tensor_like else type(value).__name__
         return f"a cell's value kept by IPython's output cache ({what})"
-    if root.origin in (EXCEPTION, FRAME):
-        where = f"locals of {root.name}" if root.origin == FRAME else root.name
+    if root.origin in (Origin.EXCEPTION, Origin.FRAME):
+        where = f"locals of {root.name}" if root.origin is Origin.FRAME else root.name
         return f"{where}, kept by the failed cell's traceback"
-    if root.kind == "module":
-        parts = [
-            f"{label} {format_bytes(categories[label])}"
-            for label in (PARAMETERS, GRADIENTS, BUFFERS, MODULE_ATTRIBUTES, HOOKS, GRAPH)
-            if categories.get(label)
-        ]
+    if root.kind is HolderKind.MODULE:
+        parts = [f"{label} {format_bytes(categories[label])}" for label in MODULE_PARTS if categories.get(label)]
         return f"{type(value).__name__}: " + ", ".join(parts)
-    if root.kind == "optimizer":
+    if root.kind is HolderKind.OPTIMIZER:
         return f"{type(value).__name__} state: {plural(holder['storages'], 'tensor')}"
-    if root.kind == "gradient":
+    if root.kind is HolderKind.GRADIENT:
         return f"gradient {tensor_text(value)}"
-    if root.kind == "tensor":
+    if root.kind is HolderKind.TENSOR:
         text = f"tensor {tensor_text(value)}"
         if graph_tensors:
             text += " holding its autograd graph" + (f", {saved}" if saved else "")
         return text
-    captured = sorted({kind for kind in map(captured_by, holder["hits"]) if kind is not None})
+    captured = sorted({capture for capture in map(captured_by, holder["hits"]) if capture is not None})
     if captured and all(captured_by(hit) for hit in holder["hits"]):
         kept = plural(tensors or holder["storages"], "tensor")
         if isinstance(value, types.FunctionType):
             names = capture_names(value)
             variables = dict.fromkeys(names.get(str(hit.path[0][1]), "?") for hit in holder["hits"] if hit.path)
-            how = " and ".join(
-                f"its {kind + 's' if kind in ('default argument', 'partial argument') else kind}" for kind in captured
-            )
+            how = " and ".join(f"its {_capture_words(capture)}" for capture in captured)
             return f"function {value.__qualname__} keeping {kept} in {how} ({', '.join(variables)})"
         if container is not None:
             functions = len({hit.position for hit in holder["hits"]})
             owner = "its" if functions == 1 else "their"
-            suffix = "s" if functions > 1 else ""
-            how = " and ".join(
-                f"{owner} {kind + 's' if kind in ('default argument', 'partial argument') else kind + suffix}"
-                for kind in captured
-            )
+            how = " and ".join(f"{owner} {_capture_words(capture, functions)}" for capture in captured)
             return f"{container} of {plural(functions, 'function')} keeping {kept} in {how}"
     if container is not None:
         noun = (
@@ -143,10 +141,10 @@ def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
     """What to change, matched to the cause; a result that is not a leak gets what to know about it."""
     name = holder.name
     free_now = f"free it now: del {_del_names(holder)}, then torch.cuda.empty_cache() returns it to the driver"
-    if holder.cause == GRAPH_CAUSE:
+    if holder.cause is Cause.GRAPH:
         name = holder.where or name  # tracker.outputs, where an object's attribute keeps them
         scalars = holder.scalar_graph_tensors
-        if holder.kind == "tensor" and scalars:
+        if holder.kind is HolderKind.TENSOR and scalars:
             first = (
                 f"accumulate numbers, not graphs: {name} += value.item() (or value.detach()), so each step's "
                 "graph and the activations it saved are freed"
@@ -162,42 +160,43 @@ def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
                 f"torch.inference_mode()); otherwise store .detach() in {name}, which drops the graph"
             )
         return (first, free_now)
-    if holder.cause == HOOK_CAUSE:
+    if holder.cause is Cause.HOOK:
         hook = holder.hooks[0] if holder.hooks else "a module hook"
         fix = (
             f"the {hook} keeps what it is given: store output.detach() (or a summary such as "
             "output.mean().item()), or remove the hook when done (handle.remove() on what "
             "register_forward_hook returned)"
         )
-        if holder.origin == VARIABLE and holder.kind != "module":
+        if holder.origin is Origin.VARIABLE and holder.kind is not HolderKind.MODULE:
             return (fix, free_now)
         return (fix, "removing the hook frees what it kept (its closure or object goes with it)")
-    if holder.cause == OUTPUT_CACHE_CAUSE:
+    if holder.cause is Cause.OUTPUT_CACHE:
         fix = (
             f"{name} keeps a cell's value: end the cell with ';' or assign the value to a name; "
             "%reset -f out empties IPython's output cache"
         )
         return (fix,)
-    if holder.cause == TRACEBACK_CAUSE:
+    if holder.cause is Cause.TRACEBACK:
         fix = (
             "a failed cell's traceback keeps its frames' tensors until the next error replaces it; "
             "after an out-of-memory error %oomfix releases them"
         )
         return (fix,)
-    if holder.cause == MODEL:
-        grads = " (and its gradients until zero_grad(set_to_none=True))" if holder.by_category.get(GRADIENTS) else ""
+    if holder.cause is Cause.MODEL:
+        has_gradients = holder.by_category.get(ReachedAs.GRADIENTS)
+        grads = " (and its gradients until zero_grad(set_to_none=True))" if has_gradients else ""
         return (f"a model's weights{grads}: expected; it stays until the model is deleted",)
-    if holder.cause == OPTIMIZER_STATE:
+    if holder.cause is Cause.OPTIMIZER_STATE:
         note = (
             "an optimizer's state, made on its first step (Adam: two tensors per parameter): expected, "
             "it does not grow on later steps"
         )
         return (note,)
-    if holder.cause == GRADIENTS_CAUSE:
+    if holder.cause is Cause.GRADIENTS:
         return ("gradients from backward(): expected; optimizer.zero_grad(set_to_none=True) frees them between steps",)
-    if holder.cause == MODULE_ATTRIBUTES_CAUSE:
+    if holder.cause is Cause.MODULE_ATTRIBUTES:
         return (f"tensors kept as module attributes ({holder.where or name}): expected if the module needs them",)
-    if holder.change == "grew":
+    if holder.change is Change.GREW:
         fix = (
             f"{name} gained {plural(holder.tensors, 'tensor')} in this cell: a container that grows every run "
             "fills the card; keep what you need as numbers (.item()) or on the CPU (.cpu())"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, NamedTuple
 
 from .captures import function_captures
@@ -59,15 +60,21 @@ from .type_codes import (
 
 WALK_LIMIT = 200_000  # objects queued per root
 
-# What a storage was first reached as.
-TENSORS = "tensors"
-PARAMETERS = "parameters"
-GRADIENTS = "gradients"
-BUFFERS = "buffers"
-MODULE_ATTRIBUTES = "other tensors"
-STATE = "state"
-GRAPH = "autograd graph"
-HOOKS = "hooks"
+
+
+class ReachedAs(StrEnum):
+    """What a storage was first reached as: the category its bytes are counted under, named by its
+    value in descriptions (``Linear: parameters 4.00 MiB``) and in ``Reach.by_category``."""
+
+    TENSORS = "tensors"
+    PARAMETERS = "parameters"
+    GRADIENTS = "gradients"
+    BUFFERS = "buffers"
+    MODULE_ATTRIBUTES = "other tensors"
+    STATE = "state"
+    GRAPH = "autograd graph"
+    HOOKS = "hooks"
+
 
 # A path step: (ITEM, index or key, position), (ATTRIBUTE, name, -1) or (HOOK, description, -1).
 ITEM, ATTRIBUTE, HOOK = 0, 1, 2
@@ -86,7 +93,7 @@ class Hit(NamedTuple):
     """
 
     nbytes: int
-    category: str
+    category: ReachedAs
     position: int
     path: tuple[Step, ...]
     graph: int = NO_GRAPH  # for a tensor met outside graphs: whether it carries one (GRAPH_SCALAR: a loss, a metric)
@@ -116,8 +123,8 @@ class Reach:
     def total(self) -> int:
         return sum(hit.nbytes for hit in self.storages.values())
 
-    def by_category(self) -> dict[str, int]:
-        sums: dict[str, int] = {}
+    def by_category(self) -> dict[ReachedAs, int]:
+        sums: dict[ReachedAs, int] = {}
         for hit in self.storages.values():
             sums[hit.category] = sums.get(hit.category, 0) + hit.nbytes
         return sums
@@ -160,8 +167,8 @@ class _Walker:
         # Graph nodes and unpacked tensors are new Python objects: keep them alive while walking, or
         # their ids could be reused by the next ones and those would be taken as already seen.
         self.keep_alive: list[Any] = []
-        self.pending: deque[tuple[Any, str, int, tuple[Step, ...], bool, int]] = deque()
-        self.deferred: deque[tuple[Any, str, int, tuple[Step, ...], bool, int]] = deque()
+        self.pending: deque[tuple[Any, ReachedAs, int, tuple[Step, ...], bool, int]] = deque()
+        self.deferred: deque[tuple[Any, ReachedAs, int, tuple[Step, ...], bool, int]] = deque()
         self.storages: dict[Any, Hit] = {}
         self.reach = Reach(storages=self.storages)
         self.codes: dict[type, int] = {}
@@ -170,7 +177,7 @@ class _Walker:
         self.track_paths = not defer_hidden
 
     def push(
-        self, item: Any, category: str, position: int, path: tuple[Step, ...], owner: int, hidden: bool = False
+        self, item: Any, category: ReachedAs, position: int, path: tuple[Step, ...], owner: int, hidden: bool = False
     ) -> None:
         if type(item) in ATOM_TYPES:
             return
@@ -198,7 +205,7 @@ class _Walker:
     def start(self, roots: list[Any]) -> None:
         """Queue the roots (not counted against the budget)."""
         for owner, root in enumerate(roots):
-            self.pending.append((root, TENSORS, -1, (), True, owner))
+            self.pending.append((root, ReachedAs.TENSORS, -1, (), True, owner))
 
     def drain(self) -> None:
         pending, seen, skip = self.pending, self.seen, self.skip_ids
@@ -213,7 +220,9 @@ class _Walker:
             except Exception:  # an object that cannot be inspected holds nothing we can name
                 continue
 
-    def visit(self, obj: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool, owner: int) -> None:
+    def visit(
+        self, obj: Any, category: ReachedAs, position: int, path: tuple[Step, ...], is_root: bool, owner: int
+    ) -> None:
         kind = type(obj)
         code = self.codes.get(kind)
         if code is None:
@@ -226,7 +235,7 @@ class _Walker:
         elif code == OPTIMIZER_CODE:
             # Only the state: the parameters in ``param_groups`` belong to the model.
             for value in list(getattr(obj, "state", {}).values()):
-                push(value, STATE, position, path, owner)
+                push(value, ReachedAs.STATE, position, path, owner)
         elif code == MAPPING_CODE:
             deeper = self.track_paths and len(path) < PATH_STEPS
             for index, (key, value) in enumerate(list(obj.items())):
@@ -269,32 +278,33 @@ class _Walker:
                     push(getattr(obj, slot), category, position, step, owner)
 
     def visit_tensor(
-        self, tensor: Any, category: str, position: int, path: tuple[Step, ...], is_root: bool, owner: int
+        self, tensor: Any, category: ReachedAs, position: int, path: tuple[Step, ...], is_root: bool, owner: int
     ) -> None:
         found = self.probe.device_storage(tensor)
         node = grad_fn_of(tensor)
         if found is not None:
             key, size = found
             graph = NO_GRAPH
-            if node is not None and category != GRAPH:
+            saved = category is ReachedAs.GRAPH  # saved by a graph: counted as the graph's, not as a tensor met
+            if node is not None and not saved:
                 graph = GRAPH_SCALAR if _numel(tensor) == 1 else WITH_GRAPH
                 self.reach.graph_tensors += 1
                 self.reach.scalar_graph_tensors += graph == GRAPH_SCALAR
             if key not in self.storages:
                 self.storages[key] = Hit(size, category, position, path, graph, owner)
-            if category != GRAPH:
+            if not saved:
                 self.reach.tensors += 1
         if self.follow_grad or not is_root:
             grad = grad_of(tensor)
             if grad is not None:
-                self.push(grad, GRADIENTS, position, path, owner)
+                self.push(grad, ReachedAs.GRADIENTS, position, path, owner)
         if node is not None:
             self.visit_graph(node, position, path, owner)
 
     def visit_graph(self, start: Any, position: int, path: tuple[Step, ...], owner: int) -> None:
         """Every node not yet seen from ``start``, then what each keeps for its backward."""
         for saved in self.graph_saved(start):
-            self.push(saved, GRAPH, position, path, owner)
+            self.push(saved, ReachedAs.GRAPH, position, path, owner)
 
     def graph_saved(self, start: Any) -> list[Any]:
         """What the graph nodes not yet seen from ``start`` keep for their backward (kept alive)."""
@@ -323,22 +333,22 @@ class _Walker:
         deeper = len(path) < PATH_STEPS
         parameters = list(module.parameters())
         for parameter in parameters:
-            self.push(parameter, PARAMETERS, position, path, owner)
+            self.push(parameter, ReachedAs.PARAMETERS, position, path, owner)
         for parameter in parameters:
             grad = grad_of(parameter)
             if grad is not None:
-                self.push(grad, GRADIENTS, position, path, owner)
+                self.push(grad, ReachedAs.GRADIENTS, position, path, owner)
         for buffer in module.buffers():
-            self.push(buffer, BUFFERS, position, path, owner)
+            self.push(buffer, ReachedAs.BUFFERS, position, path, owner)
         label = describe_path(self.root_names[owner] or type(module).__name__, path)
         for attribute_path, value in module_attributes(module, label):
             step = path + ((ATTRIBUTE, attribute_path[len(label) + 1 :], -1),) if deeper else path
-            self.push(value, MODULE_ATTRIBUTES, position, step, owner, hidden=True)
+            self.push(value, ReachedAs.MODULE_ATTRIBUTES, position, step, owner, hidden=True)
         for hook in module_hooks(module, label):
             self.reach.hooks.append(hook)
             step = path + ((HOOK, hook.describe(), -1),) if deeper else path
             for captured in hook.captured:
-                self.push(captured, HOOKS, position, step, owner, hidden=True)
+                self.push(captured, ReachedAs.HOOKS, position, step, owner, hidden=True)
 
 
 def walk(

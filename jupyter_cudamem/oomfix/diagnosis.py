@@ -33,7 +33,7 @@ from ..advice import EXPANDABLE as EXPANDABLE  # re-exported: the diagnosis name
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import MiB, format_bytes
-from ..attribution.holders import EXCEPTION, FRAME, Holder
+from ..attribution.holders import Holder, HolderKind, Origin
 from ..breakdown import MODEL_STATE, Category
 from ..oom import KIND_WORDS
 from ..oom import OomInfo
@@ -164,7 +164,7 @@ def _internals_html(holder: Holder) -> str:
 
 def _in_user_words(holder: Holder) -> Holder:
     """An output-cache holder named by what the user knows (``Out[3] / _3``), IPython's own names kept aside."""
-    if holder.kind != "ipython":
+    if holder.kind is not HolderKind.IPYTHON:
         return holder
     parts = holder.name.split(" / ")
     shown = [part for part in parts if not is_internal_name(part)]
@@ -196,7 +196,7 @@ def _figures(oom: OomInfo, readings: dict[int, AllocatorReading] | None) -> tupl
     return tuple(rows)
 
 
-def _ipython_only(holders: list[Holder], attribute: str, kinds: tuple[str, ...]) -> int:
+def _ipython_only(holders: list[Holder], attribute: str, kinds: tuple[HolderKind, ...]) -> int:
     total = getattr(holders, attribute, None)
     if isinstance(total, int):
         return total
@@ -232,13 +232,13 @@ def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
     ``sys.last_value``, ``InteractiveTB.tb``...), so listing each repeats one figure many times; the
     names Python and IPython give them go to ``Holder.internals`` (``-o``, the HTML's details).
     """
-    parts = [h for h in holders if h.kind == "traceback"]
+    parts = [h for h in holders if h.kind is HolderKind.TRACEBACK]
     if not parts:
         return list(holders)
     frames: list[str] = []
     others: list[str] = []
     for holder in sorted(parts, key=lambda h: -h.cuda_bytes):
-        if holder.origin == FRAME:
+        if holder.origin is Origin.FRAME:
             if holder.name not in frames:
                 frames.append(holder.name)
         elif holder.name not in others:
@@ -248,17 +248,17 @@ def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
     internals = [f"frame of {name}" for name in frames] + others
     merged = Holder(
         name=f"the failed cell's traceback{where}",
-        kind="traceback",
+        kind=HolderKind.TRACEBACK,
         cuda_bytes=max(h.cuda_bytes for h in parts),
         user_variable=False,
         exclusive_bytes=max(h.exclusive_bytes for h in parts),
         tensor_count=max(h.tensor_count for h in parts),
-        origin=EXCEPTION,
+        origin=Origin.EXCEPTION,
         internals="; ".join(internals),
     )
     result: list[Holder] = []
     for holder in holders:
-        if holder.kind != "traceback":
+        if holder.kind is not HolderKind.TRACEBACK:
             result.append(holder)
         elif merged not in result:
             result.append(merged)
@@ -298,8 +298,8 @@ def diagnose(
     holders = renamed
     capacity = oom.capacity_bytes
     asked = oom.requested_bytes
-    ipython_only = _ipython_only(holders, "ipython_only_bytes", ("ipython", "traceback"))
-    cache_only = _ipython_only(holders, "cache_only_bytes", ("ipython",))
+    ipython_only = _ipython_only(holders, "ipython_only_bytes", (HolderKind.IPYTHON, HolderKind.TRACEBACK))
+    cache_only = _ipython_only(holders, "cache_only_bytes", (HolderKind.IPYTHON,))
     namespace = _namespace(holders)
     cached_now = sum(r.reserved_unallocated_bytes for r in readings.values()) if readings else 0
     capped = oom.allowed_bytes is not None and oom.total_bytes is not None and oom.allowed_bytes < oom.total_bytes
@@ -327,7 +327,7 @@ def diagnose(
         suggestions += advice.fragmentation_advice(oom.reserved_unallocated_bytes)
     elif significant(cache_only):
         verdict = "held by IPython after the error"
-        keepers = [h.label for h in holders if h.kind == "ipython"][:3]
+        keepers = [h.label for h in holders if h.kind is HolderKind.IPYTHON][:3]
         explanation = (
             f"{format_bytes(cache_only)} is kept alive only by IPython's output cache "
             f"({'; '.join(keepers)}), not by any of your variables; the cleanup releases it."
@@ -341,7 +341,7 @@ def diagnose(
             f"(largest: {', '.join(f'{h.label} {format_bytes(h.cuda_bytes)}' for h in largest)})."
         )
         # A gradient is not a variable: deleting the tensor it belongs to frees it.
-        named = [(h.name, h.exclusive_bytes) for h in largest if h.kind != "gradient"]
+        named = [(h.name, h.exclusive_bytes) for h in largest if h.kind is not HolderKind.GRADIENT]
         suggestions += advice.held_by_namespace_advice(named)
     else:
         verdict = "too big for the card"
@@ -358,7 +358,7 @@ def diagnose(
         suggestions += advice.needs_more_advice()
     own = ipython_only - cache_only
     if own >= MiB:
-        frames = _user_frames([h.name for h in holders if h.origin == FRAME])
+        frames = _user_frames([h.name for h in holders if h.origin is Origin.FRAME])
         where = f" (in {', '.join(frames[:3])})" if frames else ""
         explanation += (
             f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from jupyter_cudamem.attribution.holders import find_holders
+from jupyter_cudamem.attribution.holders import HolderKind, Origin, find_holders
 from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe
 
 
@@ -19,7 +19,7 @@ def test_views_share_one_storage_and_cpu_tensors_do_not_count() -> None:
     holders = by_name(find_holders(ns, {}, probe=fake_probe()))
     assert holders["x"].cuda_bytes == 100 * MiB
     assert holders["pair"].cuda_bytes == 100 * MiB and holders["pair"].tensor_count == 1
-    assert holders["pair"].kind == "object"
+    assert holders["pair"].kind is HolderKind.OBJECT
     assert "cpu" not in holders
     # x, y and pair all reach the one storage: none of them alone frees it.
     assert all(h.exclusive_bytes == 0 for h in holders.values())
@@ -35,7 +35,7 @@ def test_module_counts_parameters_gradients_buffers_once() -> None:
     model.cache = [FakeTensor(8 * MiB)]  # a tensor kept as a plain attribute
     holders = by_name(find_holders({"model": model}, {}, probe=fake_probe()))
     h = holders["model"]
-    assert h.kind == "module" and h.user_variable
+    assert h.kind is HolderKind.MODULE and h.user_variable
     assert h.cuda_bytes == (40 + 40 + 1 + 2 + 8) * MiB
     assert h.detail == "parameters 41.00 MiB, gradients 40.00 MiB, buffers 2.00 MiB, other tensors 8.00 MiB"
     assert h.exclusive_bytes == h.cuda_bytes
@@ -48,7 +48,7 @@ def test_optimizer_counts_its_state_not_the_models_parameters() -> None:
     opt.step()
     holders = by_name(find_holders({"model": model, "opt": opt}, {}, probe=fake_probe()))
     assert holders["opt (FakeOptimizer state)"].cuda_bytes == 128 * MiB
-    assert holders["opt (FakeOptimizer state)"].kind == "optimizer"
+    assert holders["opt (FakeOptimizer state)"].kind is HolderKind.OPTIMIZER
     assert holders["model"].cuda_bytes == 64 * MiB
     assert holders["model"].exclusive_bytes == 64 * MiB
 
@@ -58,7 +58,7 @@ def test_tensor_gradient_is_its_own_holder_and_order_is_largest_first() -> None:
     ns = {"w": w, "small": FakeTensor(1 * MiB), "big": FakeTensor(50 * MiB)}
     holders = find_holders(ns, {}, probe=fake_probe())
     assert [h.name for h in holders] == ["big", "w.grad", "w", "small"]
-    assert by_name(holders)["w.grad"].kind == "gradient"
+    assert by_name(holders)["w.grad"].kind is HolderKind.GRADIENT
     assert by_name(holders)["w"].cuda_bytes == 10 * MiB
     assert [h.name for h in find_holders(ns, {}, top=2, probe=fake_probe())] == ["big", "w.grad"]
 
@@ -112,13 +112,13 @@ def test_ipython_references_are_grouped_and_measured_against_the_namespace() -> 
     holders = find_holders({"shared": shared}, refs, probe=fake_probe())
     named = by_name(holders)
     exc_holder = named["sys.last_value / sys.last_exc"]
-    assert exc_holder.kind == "traceback" and not exc_holder.user_variable
+    assert exc_holder.kind is HolderKind.TRACEBACK and not exc_holder.user_variable
     assert exc_holder.cuda_bytes == (4096 + 100) * MiB
     assert exc_holder.exclusive_bytes == 4096 * MiB  # `shared` stays reachable from the namespace
     frame_holder = named["frame of train_step() (from the failed cell's traceback)"]
-    assert frame_holder.origin == "traceback frame" and frame_holder.name == "train_step()"
+    assert frame_holder.origin is Origin.FRAME and frame_holder.name == "train_step()"
     assert frame_holder.cuda_bytes == (4096 + 100) * MiB
-    assert named["Out[3]"].kind == "ipython" and named["Out[3]"].cuda_bytes == 7 * MiB
+    assert named["Out[3]"].kind is HolderKind.IPYTHON and named["Out[3]"].cuda_bytes == 7 * MiB
     assert holders.ipython_only_bytes == (4096 + 7) * MiB
     assert holders.namespace_bytes == 100 * MiB
     del exc, frame, refs

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_cudamem.attribution.holders import EXCEPTION, FRAME, OUTPUT_CACHE, Reference
-from jupyter_cudamem.attribution.causes import GRAPH_CAUSE, HOOK_CAUSE
+from jupyter_cudamem.attribution.causes import Cause
+from jupyter_cudamem.attribution.holders import HolderKind, Origin, Reference
+from jupyter_cudamem.attribution.judge import Change
 from jupyter_cudamem.attribution.left import MIN_HOLDER_BYTES, left_behind
 from jupyter_cudamem.attribution.snapshot import NamespaceSnapshot
 from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe, torch_cpu_probe
@@ -51,7 +52,7 @@ def test_losses_kept_in_a_list_are_their_graphs():
     expected = 40 * (ACTIVATION + 4)
     left = run(ns, "for _ in range(40):\n    losses.append(step())", expected)
     losses = only(left, "losses")
-    assert losses.leak and losses.cause == GRAPH_CAUSE and losses.change == "grew"
+    assert losses.leak and losses.cause is Cause.GRAPH and losses.change is Change.GREW
     assert losses.nbytes == expected and losses.graph_bytes == 40 * ACTIVATION
     assert losses.tensors == 40 and losses.graph_tensors == 40 and losses.scalar_graph_tensors == 40
     assert losses.description == "list of 40 tensors holding their autograd graphs, 10.00 MiB of saved activations"
@@ -73,7 +74,7 @@ def test_a_summed_loss_chains_every_step_graph():
     ns = namespace()
     left = run(ns, "total = 0\nfor _ in range(40):\n    total = total + step()", 40 * ACTIVATION)
     total = only(left, "total")
-    assert total.cause == GRAPH_CAUSE and total.kind == "tensor" and total.change == "new"
+    assert total.cause is Cause.GRAPH and total.kind is HolderKind.TENSOR and total.change is Change.NEW
     assert total.graph_bytes == 40 * ACTIVATION  # the chain of Add nodes reaches all 40 steps' graphs
     assert total.description.startswith("tensor (), torch.float32 holding its autograd graph")
     assert "total += value.item()" in total.advice[0]
@@ -94,7 +95,7 @@ for _ in range(20):
 """
     left = run(ns, code, 20 * ACTIVATION + 2 * ACTIVATION)
     metric = only(left, "running_mae")
-    assert metric.cause == GRAPH_CAUSE and metric.graph_bytes == 20 * ACTIVATION
+    assert metric.cause is Cause.GRAPH and metric.graph_bytes == 20 * ACTIVATION
     assert "running_mae += value.item()" in metric.advice[0]
 
 
@@ -104,7 +105,7 @@ def test_a_training_step_keeping_its_output_is_not_a_leak():
     code = "out = (torch.randn(8 * B, 256) @ W).relu()\nloss = out.pow(2).mean()\nloss.backward()"
     left = run(ns, code, 8 * ACTIVATION + 4 * H * 256)
     assert not left.has_leak, [(h.name, h.cause) for h in left.holders]
-    assert only(left, "out").cause == "data" and only(left, "W").cause == "gradients"
+    assert only(left, "out").cause is Cause.DATA and only(left, "W").cause is Cause.GRADIENTS
 
 
 def test_outputs_cached_in_a_dict_advise_no_grad():
@@ -112,7 +113,7 @@ def test_outputs_cached_in_a_dict_advise_no_grad():
     ns = namespace(cache={})
     left = run(ns, "for i in range(8):\n    cache[i] = (x @ W).relu().pow(2)", 16 * ACTIVATION)
     cache = only(left, "cache")
-    assert cache.cause == GRAPH_CAUSE and cache.kind == "dict"
+    assert cache.cause is Cause.GRAPH and cache.kind is HolderKind.DICT
     assert cache.description.startswith("dict of 8 tensors holding their autograd graphs")
     assert "torch.no_grad()" in cache.advice[0] and "inference_mode" in cache.advice[0]
 
@@ -123,7 +124,7 @@ def test_a_forward_hook_appending_to_a_notebook_list_is_named():
     code = "handle = model[0].register_forward_hook(lambda m, i, o: acts.append(o))\nfor _ in range(8):\n    model(x)"
     left = run(ns, code, 8 * ACTIVATION)
     acts = only(left, "acts")
-    assert acts.cause == HOOK_CAUSE and acts.leak and acts.nbytes == 8 * ACTIVATION
+    assert acts.cause is Cause.HOOK and acts.leak and acts.nbytes == 8 * ACTIVATION
     assert acts.hooks == ("forward hook <lambda> on model.0",)
     assert "handle.remove()" in acts.advice[0] and "output.detach()" in acts.advice[0]
 
@@ -139,7 +140,7 @@ def test_a_hook_keeping_outputs_in_its_closure_is_counted_as_likely():
     )
     left = run(ns, "for _ in range(8):\n    model(x)", 8 * ACTIVATION)
     model = only(left, "model")
-    assert model.cause == HOOK_CAUSE and model.likely and model.change == "unchanged"
+    assert model.cause is Cause.HOOK and model.likely and model.change is Change.UNCHANGED
     assert model.nbytes == 8 * ACTIVATION
     assert model.where == "forward hook keeper.<locals>.save on model.1"
     assert "forward hook keeper.<locals>.save on model.1" in model.advice[0]
@@ -157,7 +158,7 @@ def test_a_hook_storing_into_its_objects_attribute():
     )
     left = run(ns, "for _ in range(6):\n    model(x)", 6 * ACTIVATION)
     saver = only(left, "saver")
-    assert saver.cause == HOOK_CAUSE and saver.where == "saver.outputs" and saver.nbytes == 6 * ACTIVATION
+    assert saver.cause is Cause.HOOK and saver.where == "saver.outputs" and saver.nbytes == 6 * ACTIVATION
     assert saver.hooks == ("forward hook Saver.hook on model.0",)
 
 
@@ -175,18 +176,18 @@ def test_the_output_cache_and_a_traceback_are_named_as_such():
         exc = error
     old = torch.ones(MiB)  # an Out entry from before the cell: not what the cell left
     refs = [
-        Reference("Out[3]", OUTPUT_CACHE, value),
-        Reference("_", OUTPUT_CACHE, value),
-        Reference("Out[1]", OUTPUT_CACHE, old),
-        Reference("sys.last_value", EXCEPTION, exc),
-        Reference("failing()", FRAME, exc.__traceback__.tb_next.tb_frame),
+        Reference("Out[3]", Origin.OUTPUT_CACHE, value),
+        Reference("_", Origin.OUTPUT_CACHE, value),
+        Reference("Out[1]", Origin.OUTPUT_CACHE, old),
+        Reference("sys.last_value", Origin.EXCEPTION, exc),
+        Reference("failing()", Origin.FRAME, exc.__traceback__.tb_next.tb_frame),
     ]
     left = run(ns, "pass", 4 * MiB, refs_before=refs[2:3], refs_after=refs)
     out = only(left, "Out[3] / _")
-    assert out.cause == "output cache" and out.leak and out.nbytes == 2 * MiB
+    assert out.cause is Cause.OUTPUT_CACHE and out.leak and out.nbytes == 2 * MiB
     assert "%reset -f out" in out.advice[0]
     tb = only(left, "sys.last_value")
-    assert tb.cause == "traceback" and tb.nbytes == 2 * MiB and "%oomfix" in tb.advice[0]
+    assert tb.cause is Cause.TRACEBACK and tb.nbytes == 2 * MiB and "%oomfix" in tb.advice[0]
     assert all("Out[1]" not in h.name for h in left.holders)
     del exc, refs
 
@@ -195,17 +196,17 @@ def test_results_are_not_leaks_model_dataset_and_adams_first_step():
     ns = namespace()
     left = run(ns, "model = torch.nn.Linear(1024, 1024)", 1024 * 1024 * 4 + 4096)
     model = only(left, "model")
-    assert not model.leak and model.cause == "model" and model.description.startswith("Linear: parameters 4.00 MiB")
+    assert not model.leak and model.cause is Cause.MODEL and model.description.startswith("Linear: parameters 4.00 MiB")
 
     left = run(ns, "X = torch.randn(8192, 256)", 8192 * 256 * 4)
     data = only(left, "X")
-    assert not data.leak and data.cause == "data" and "expected" in data.advice[0]
+    assert not data.leak and data.cause is Cause.DATA and "expected" in data.advice[0]
 
     exec("opt = torch.optim.Adam(model.parameters())", ns)
     left = run(ns, "model(torch.randn(8, 1024)).sum().backward()\nopt.step()", 3 * (4 * MiB + 4096))
     assert not left.has_leak
-    assert only(left, "opt").cause == "optimizer state" and only(left, "opt").change == "changed"
-    assert only(left, "model").cause == "gradients"
+    assert only(left, "opt").cause is Cause.OPTIMIZER_STATE and only(left, "opt").change is Change.CHANGED
+    assert only(left, "model").cause is Cause.GRADIENTS
     # A second step adds no state and no gradients: nothing left to name.
     left = run(ns, "model(torch.randn(8, 1024)).sum().backward()\nopt.step()", 0)
     assert left.holders == ()
@@ -218,7 +219,7 @@ def test_a_module_moved_in_place_is_new_memory_of_an_unchanged_name():
     before = NamespaceSnapshot.take(ns, (), fake_probe())
     model._parameters["w"] = FakeTensor(8 * MiB)  # what .cuda() does: same module, parameters on the device
     left = left_behind(ns, (), before, 8 * MiB, fake_probe())
-    assert only(left, "model").cause == "model" and only(left, "model").nbytes == 8 * MiB
+    assert only(left, "model").cause is Cause.MODEL and only(left, "model").nbytes == 8 * MiB
 
 
 def test_what_no_name_reaches_is_the_remainder_and_small_holders_are_summed():
@@ -251,7 +252,7 @@ def test_optimizer_state_of_fakes_and_its_parameters_stay_the_models():
     before = NamespaceSnapshot.take(ns, (), fake_probe())
     opt.step()
     left = left_behind(ns, (), before, 32 * MiB, fake_probe())
-    assert [(h.name, h.cause, h.nbytes) for h in left.holders] == [("opt", "optimizer state", 32 * MiB)]
+    assert [(h.name, h.cause, h.nbytes) for h in left.holders] == [("opt", Cause.OPTIMIZER_STATE, 32 * MiB)]
 
 
 def test_checkpointed_graphs_are_not_recomputed_by_the_walk():
@@ -363,7 +364,8 @@ def test_a_list_grown_inside_an_unchanged_dict_is_named_by_its_path():
     expected = 40 * (ACTIVATION + 4)
     left = run(ns, "for _ in range(40):\n    history['losses'].append(step())", expected)
     losses = only(left, "history['losses']")
-    assert losses.leak and losses.cause == GRAPH_CAUSE and losses.change == "grew" and losses.kind == "list"
+    assert losses.leak and losses.cause is Cause.GRAPH
+    assert losses.change is Change.GREW and losses.kind is HolderKind.LIST
     assert losses.nbytes == expected and losses.graph_tensors == 40
     assert losses.description == "list of 40 tensors holding their autograd graphs, 10.00 MiB of saved activations"
     assert "loss.item()" in losses.advice[0] and "history['losses']" in losses.advice[0]
@@ -378,7 +380,7 @@ def test_tensors_added_to_a_dict_inside_an_unchanged_dict_and_a_list_inside_a_li
     # pow saves its input: each entry keeps relu's result (an activation) through its graph
     left = run(ns, "for i in range(6):\n    state['acts'][i] = (x @ W).relu().pow(2)", 12 * ACTIVATION)
     acts = only(left, "state['acts']")
-    assert acts.leak and acts.cause == GRAPH_CAUSE and acts.kind == "dict" and acts.nbytes == 12 * ACTIVATION
+    assert acts.leak and acts.cause is Cause.GRAPH and acts.kind is HolderKind.DICT and acts.nbytes == 12 * ACTIVATION
     left = run(ns, "for _ in range(6):\n    runs[1].append(step())", 6 * (ACTIVATION + 4))
     assert only(left, "runs[1]").nbytes == 6 * (ACTIVATION + 4)
 
@@ -389,7 +391,8 @@ def test_an_object_attribute_grown_in_place_names_its_path_in_the_advice():
          "tracker = Tracker()", ns)
     left = run(ns, "for _ in range(8):\n    tracker.outputs.append(step())", 8 * (ACTIVATION + 4))
     tracker = only(left, "tracker")
-    assert tracker.cause == GRAPH_CAUSE and tracker.where == "tracker.outputs" and tracker.nbytes == 8 * (ACTIVATION + 4)
+    assert tracker.cause is Cause.GRAPH
+    assert tracker.where == "tracker.outputs" and tracker.nbytes == 8 * (ACTIVATION + 4)
     assert "tracker.outputs" in tracker.advice[0]
 
 
@@ -398,9 +401,9 @@ def test_results_kept_inside_an_unchanged_dict_are_not_leaks():
     left = run(ns, "with torch.no_grad():\n    for _ in range(4):\n        results['preds'].append((x @ W).relu())",
                4 * ACTIVATION)
     preds = only(left, "results['preds']")
-    assert not preds.leak and preds.cause == "data" and "gained 4 tensors" in preds.advice[0]
+    assert not preds.leak and preds.cause is Cause.DATA and "gained 4 tensors" in preds.advice[0]
     left = run(ns, "models['main'] = torch.nn.Linear(1024, 1024)", 1024 * 1024 * 4 + 4096)
-    assert not left.has_leak and [(h.name, h.cause) for h in left.holders] == [("models", "model")]
+    assert not left.has_leak and [(h.name, h.cause) for h in left.holders] == [("models", Cause.MODEL)]
 
 
 def test_a_child_that_shrank_or_was_replaced_is_judged_by_what_it_holds_now():
@@ -412,7 +415,7 @@ def test_a_child_that_shrank_or_was_replaced_is_judged_by_what_it_holds_now():
     history["losses"].pop()  # shrank: what stays was there before
     history["best"] = [FakeTensor(16 * MiB)]  # replaced by a new list: all it holds is new
     left = left_behind(ns, (), before, 16 * MiB, probe)
-    assert [(h.name, h.nbytes, h.change) for h in left.holders] == [("history['best']", 16 * MiB, "grew")]
+    assert [(h.name, h.nbytes, h.change) for h in left.holders] == [("history['best']", 16 * MiB, Change.GREW)]
     assert left.remainder_bytes == 0
 
     before = NamespaceSnapshot.take(ns, (), probe)
@@ -437,7 +440,7 @@ def test_a_defaultdict_of_lists_grown_in_place_and_growth_in_two_children():
     history["train"].append(FakeTensor(32 * MiB))
     history["val"].append(FakeTensor(32 * MiB))  # two children grew: the dict is the holder
     left = left_behind(ns, (), before, 64 * MiB, probe)
-    assert [(h.name, h.nbytes, h.change) for h in left.holders] == [("history", 64 * MiB, "grew")]
+    assert [(h.name, h.nbytes, h.change) for h in left.holders] == [("history", 64 * MiB, Change.GREW)]
 
 
 def test_the_rest_of_the_namespace_is_walked_only_when_the_new_names_do_not_account_for_what_was_left(monkeypatch):
@@ -477,7 +480,7 @@ def test_tensors_kept_in_lambdas_default_arguments_are_named_by_the_expression_t
     code = "for i in range(3):\n    t = torch.randn(1024, 1024)\n    callbacks.append(lambda y, t=t: y + t)\ndel t"
     left = run(ns, code, 3 * MAT)
     callbacks = only(left, "callbacks")
-    assert callbacks.nbytes == 3 * MAT and callbacks.change == "grew"
+    assert callbacks.nbytes == 3 * MAT and callbacks.change is Change.GREW
     assert callbacks.description == "list of 3 functions keeping 3 tensors in their default arguments"
     assert callbacks.where == "callbacks[0].__defaults__[0], and the same in 2 more"
     assert ns["callbacks"][0].__defaults__[0].nbytes == MAT  # the expression reads what it names
@@ -493,7 +496,7 @@ def test_a_nested_function_closing_over_a_tensor_is_a_holder_of_its_own():
     )
     left = run(ns, code, MAT)
     scaler = only(left, "scaler")
-    assert scaler.nbytes == MAT and scaler.change == "new"
+    assert scaler.nbytes == MAT and scaler.change is Change.NEW
     assert scaler.description == "function make_scaler.<locals>.apply keeping 1 tensor in its closure (scale)"
     assert scaler.where == "scaler.__closure__[0].cell_contents"
 

@@ -8,6 +8,8 @@ import collections
 
 import pytest
 
+from jupyter_cudamem.attribution.causes import Cause
+from jupyter_cudamem.attribution.judge import Change
 from jupyter_cudamem.attribution.left import left_behind
 from jupyter_cudamem.attribution.snapshot import NamespaceSnapshot, _first_parameter, fingerprint
 from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe, torch_cpu_probe
@@ -140,7 +142,7 @@ def test_a_name_rebound_to_a_new_object_is_new():
     before = NamespaceSnapshot.take(namespace, (), probe)
     namespace["x"] = FakeTensor(64 * MiB)
     left = left_behind(namespace, (), before, 64 * MiB, probe)
-    assert [(h.name, h.change, h.nbytes) for h in left.holders] == [("x", "rebound", 64 * MiB)]
+    assert [(h.name, h.change, h.nbytes) for h in left.holders] == [("x", Change.REBOUND, 64 * MiB)]
 
 
 def test_a_list_appended_in_place_grew_and_only_its_new_items_count():
@@ -150,7 +152,7 @@ def test_a_list_appended_in_place_grew_and_only_its_new_items_count():
     before = NamespaceSnapshot.take(namespace, (), probe)
     history.append(FakeTensor(64 * MiB))
     left = left_behind(namespace, (), before, 64 * MiB, probe)
-    assert [(h.name, h.change, h.nbytes) for h in left.holders] == [("history", "grew", 64 * MiB)]
+    assert [(h.name, h.change, h.nbytes) for h in left.holders] == [("history", Change.GREW, 64 * MiB)]
 
 
 def test_an_attribute_list_appended_in_place_is_a_change_of_that_attribute():
@@ -161,7 +163,7 @@ def test_an_attribute_list_appended_in_place_is_a_change_of_that_attribute():
     tracker.history.append(FakeTensor(64 * MiB))
     left = left_behind(namespace, (), before, 64 * MiB, probe)
     assert [(h.name, h.change, h.nbytes, h.where) for h in left.holders] == [
-        ("tracker", "changed", 64 * MiB, "tracker.history")
+        ("tracker", Change.CHANGED, 64 * MiB, "tracker.history")
     ]
 
 
@@ -172,7 +174,7 @@ def test_a_tensor_that_got_its_gradient_in_place_changed():
     before = NamespaceSnapshot.take(namespace, (), probe)
     (weight * 2).sum().backward()
     left = left_behind(namespace, (), before, 1 * MiB, probe)
-    assert [(h.name, h.change, h.cause) for h in left.holders] == [("weight", "changed", "gradients")]
+    assert [(h.name, h.change, h.cause) for h in left.holders] == [("weight", Change.CHANGED, Cause.GRADIENTS)]
 
 
 def test_a_mixed_namespace_of_thousands_of_names_attributes_only_what_changed():
@@ -190,8 +192,8 @@ def test_a_mixed_namespace_of_thousands_of_names_attributes_only_what_changed():
     namespace["v1"].append(FakeTensor(32 * MiB))
     left = left_behind(namespace, (), before, 64 * MiB, probe)
     assert sorted((h.name, h.change, h.nbytes) for h in left.holders) == [
-        ("v0", "rebound", 32 * MiB),
-        ("v1", "grew", 32 * MiB),
+        ("v0", Change.REBOUND, 32 * MiB),
+        ("v1", Change.GREW, 32 * MiB),
     ]
     assert left.remainder_bytes == 0
 

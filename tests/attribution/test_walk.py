@@ -8,7 +8,7 @@ import functools
 import pytest
 
 from jupyter_cudamem.attribution.probe import module_hooks, saved_by
-from jupyter_cudamem.attribution.walk import GRAPH, HOOKS, describe_path, walk
+from jupyter_cudamem.attribution.walk import ReachedAs, describe_path, walk
 from tests.fakes import FakeModule, FakeTensor, MiB, fake_probe, torch_cpu_probe
 
 
@@ -58,7 +58,7 @@ def test_saved_tensors_are_read_without_unpack_hooks_and_packed_data_is_walked()
     loss.grad_fn = node
     reach = walk(loss, fake_probe())
     categories = reach.by_category()
-    assert categories[GRAPH] == 3 * MiB  # the CPU copy a save_on_cpu hook made is not device memory
+    assert categories[ReachedAs.GRAPH] == 3 * MiB  # the CPU copy a save_on_cpu hook made is not device memory
     assert reach.graph_tensors == 1 and reach.scalar_graph_tensors == 1  # a one-element loss
 
 
@@ -67,12 +67,12 @@ def test_old_pytorch_unpacks_saved_tensors_except_in_checkpointed_graphs():
     loss = FakeTensor(4)
     loss.grad_fn = _Node(_OldNode(kept))
     _OldNode.unpacked = 0
-    assert walk(loss, fake_probe()).by_category()[GRAPH] == 2 * MiB
+    assert walk(loss, fake_probe()).by_category()[ReachedAs.GRAPH] == 2 * MiB
     assert _OldNode.unpacked == 1
 
     hooked = FakeTensor(4)
     hooked.grad_fn = _Node(_OldNode(kept), _NoopSaveInputsBackward())
-    assert walk(hooked, fake_probe()).by_category().get(GRAPH, 0) == 0
+    assert walk(hooked, fake_probe()).by_category().get(ReachedAs.GRAPH, 0) == 0
     assert _OldNode.unpacked == 1  # not unpacked: that would rerun the checkpointed forward
 
 
@@ -81,11 +81,11 @@ def test_saved_tensors_freed_by_backward_count_nothing():
     w = torch.randn(256, 256, requires_grad=True)
     loss = (torch.randn(64, 256) @ w).relu().sum()
     probe = torch_cpu_probe()
-    assert walk(loss, probe).by_category()[GRAPH] > 0
+    assert walk(loss, probe).by_category()[ReachedAs.GRAPH] > 0
     loss.backward()
     node = loss.grad_fn.next_functions[0][0]
     assert list(saved_by(node, may_unpack=True)) == []
-    assert GRAPH not in walk(loss, probe).by_category()
+    assert ReachedAs.GRAPH not in walk(loss, probe).by_category()
 
 
 def test_hooks_of_every_kind_with_what_they_captured():
@@ -127,8 +127,8 @@ def test_hooks_of_every_kind_with_what_they_captured():
         ].global_names
     )
     reach = walk(model, fake_probe(), root_name="model")
-    assert reach.by_category()[HOOKS] == (2 + 5 + 3 + 3) * MiB
-    assert reach.by_category()["parameters"] == MiB
+    assert reach.by_category()[ReachedAs.HOOKS] == (2 + 5 + 3 + 3) * MiB
+    assert reach.by_category()[ReachedAs.PARAMETERS] == MiB
 
 
 def test_paths_name_attributes_items_and_hooks():
@@ -239,7 +239,7 @@ def test_the_keys_only_pass_reaches_what_a_full_walk_of_each_root_reaches():
     # what modules keep out of sight is met last, with its owner and path: the hook's capture, model.cache
     late = {hit.owner: hit for hit in together.late.values()}
     assert [name for name, _ in roots][next(iter(late))] == "model"
-    assert {hit.category for hit in together.late.values()} == {HOOKS, "other tensors"}
+    assert {hit.category for hit in together.late.values()} == {ReachedAs.HOOKS, ReachedAs.MODULE_ATTRIBUTES}
 
 
 def test_the_keys_only_pass_follows_graphs_of_real_tensors():

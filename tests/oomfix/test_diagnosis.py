@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from jupyter_cudamem.oomfix.diagnosis import EXPANDABLE, diagnose
-from jupyter_cudamem.attribution.holders import EXCEPTION, FRAME, Holder, Holders
+from jupyter_cudamem.attribution.holders import Holder, HolderKind, Holders, Origin
 from jupyter_cudamem.oom import OomInfo, parse_oom
 from jupyter_cudamem.sources.base import AllocatorReading
 
@@ -55,8 +55,8 @@ def test_fragmentation() -> None:
 
 
 def test_held_by_ipython_after_the_error() -> None:
-    out = Holder("Out[3] / _3 / _", "ipython", 3 * GiB, False, 3 * GiB, 1)
-    model = Holder("model", "module", 1 * GiB, True, 1 * GiB, 10, "parameters 1.00 GiB")
+    out = Holder("Out[3] / _3 / _", HolderKind.IPYTHON, 3 * GiB, False, 3 * GiB, 1)
+    model = Holder("model", HolderKind.MODULE, 1 * GiB, True, 1 * GiB, 10, "parameters 1.00 GiB")
     d = diagnose(
         parse_oom(oom_text("2.00 GiB", total="8.00 GiB", allocated="5.00 GiB")),
         holders(out, model, namespace=1 * GiB, ipython_only=3 * GiB, cache_only=3 * GiB),
@@ -69,7 +69,7 @@ def test_held_by_ipython_after_the_error() -> None:
 
 
 def test_the_failed_cells_own_frames_are_reported_but_do_not_make_the_verdict() -> None:
-    frame = Holder("f()", "traceback", 4 * GiB, False, 4 * GiB, 1, origin=FRAME)
+    frame = Holder("f()", HolderKind.TRACEBACK, 4 * GiB, False, 4 * GiB, 1, origin=Origin.FRAME)
     d = diagnose(
         parse_oom(oom_text("2.00 GiB", total="8.00 GiB", allocated="5.00 GiB")),
         holders(frame, ipython_only=4 * GiB, cache_only=0),
@@ -80,7 +80,7 @@ def test_the_failed_cells_own_frames_are_reported_but_do_not_make_the_verdict() 
 
 
 def test_ipython_share_below_the_request_is_not_the_verdict() -> None:
-    out = Holder("Out[3]", "ipython", 100 * MiB, False, 100 * MiB, 1)
+    out = Holder("Out[3]", HolderKind.IPYTHON, 100 * MiB, False, 100 * MiB, 1)
     d = diagnose(
         parse_oom(oom_text("2.00 GiB", total="8.00 GiB")),
         holders(out, ipython_only=100 * MiB, cache_only=100 * MiB),
@@ -91,8 +91,8 @@ def test_ipython_share_below_the_request_is_not_the_verdict() -> None:
 
 
 def test_held_by_namespace_suggests_deleting_the_largest() -> None:
-    old = Holder("old_model", "module", 5 * GiB, True, 5 * GiB, 100)
-    opt = Holder("opt (Adam state)", "optimizer", 2 * GiB, True, 2 * GiB, 200)
+    old = Holder("old_model", HolderKind.MODULE, 5 * GiB, True, 5 * GiB, 100)
+    opt = Holder("opt (Adam state)", HolderKind.OPTIMIZER, 2 * GiB, True, 2 * GiB, 200)
     d = diagnose(
         parse_oom(oom_text("1.00 GiB", total="10.00 GiB", allocated="8.00 GiB")),
         holders(old, opt, namespace=7 * GiB),
@@ -104,9 +104,9 @@ def test_held_by_namespace_suggests_deleting_the_largest() -> None:
 
 
 def test_plain_list_of_holders_uses_the_safe_estimate() -> None:
-    a = Holder("Out[4]", "ipython", 3 * GiB, False, 3 * GiB, 1)
-    b = Holder("last_execution_result.result", "ipython", 3 * GiB, False, 3 * GiB, 1)
-    c = Holder("sys.last_value", "traceback", 5 * GiB, False, 5 * GiB, 1)
+    a = Holder("Out[4]", HolderKind.IPYTHON, 3 * GiB, False, 3 * GiB, 1)
+    b = Holder("last_execution_result.result", HolderKind.IPYTHON, 3 * GiB, False, 3 * GiB, 1)
+    c = Holder("sys.last_value", HolderKind.TRACEBACK, 5 * GiB, False, 5 * GiB, 1)
     d = diagnose(parse_oom(oom_text("1.00 GiB", total="8.00 GiB")), [a, b, c], None)
     assert d.cache_only_bytes == 3 * GiB  # overlapping holders are not summed
     assert d.ipython_only_bytes == 5 * GiB
@@ -124,7 +124,7 @@ def test_cublas_with_a_full_cache_says_cleanup_returns_it() -> None:
 
 
 def test_renderings_show_verdict_figures_holders_and_escape_html() -> None:
-    weird = Holder("x<script>", "tensor", 1 * GiB, True, 1 * GiB, 1, "(1024,), torch.float32")
+    weird = Holder("x<script>", HolderKind.TENSOR, 1 * GiB, True, 1 * GiB, 1, "(1024,), torch.float32")
     d = diagnose(parse_oom(oom_text("200.00 GiB")), holders(weird, namespace=1 * GiB), None)
     text = repr(d)
     assert text.startswith("CUDA out of memory on GPU 0 (PyTorch's allocator): too big for the card")
@@ -151,11 +151,13 @@ def test_the_failed_traceback_is_one_line_and_a_cap_is_named():
         total_bytes=80 * GiB, free_bytes=74 * GiB, allowed_bytes=4 * GiB, allocated_bytes=3 * GiB,
     )
     holders = [
-        Holder("sys.last_exc / sys.last_value", "traceback", 900 * MiB, False, 768 * MiB, origin=EXCEPTION),
-        Holder("relu()", "traceback", 512 * MiB, False, origin=FRAME),
-        Holder("Module._call_impl()", "traceback", 140 * MiB, False, origin=FRAME),
-        Holder("Module._call_impl()", "traceback", 140 * MiB, False, origin=FRAME, occurrence=2),
-        Holder("model", "module", 600 * MiB, True, 600 * MiB),
+        Holder(
+            "sys.last_exc / sys.last_value", HolderKind.TRACEBACK, 900 * MiB, False, 768 * MiB, origin=Origin.EXCEPTION
+        ),
+        Holder("relu()", HolderKind.TRACEBACK, 512 * MiB, False, origin=Origin.FRAME),
+        Holder("Module._call_impl()", HolderKind.TRACEBACK, 140 * MiB, False, origin=Origin.FRAME),
+        Holder("Module._call_impl()", HolderKind.TRACEBACK, 140 * MiB, False, origin=Origin.FRAME, occurrence=2),
+        Holder("model", HolderKind.MODULE, 600 * MiB, True, 600 * MiB),
     ]
     d = diagnose(oom, holders, None)
     assert [h.name for h in d.holders] == [

@@ -9,6 +9,7 @@ import re
 
 from tests.oomfix.test_oomfix_magic import env, run  # noqa: F401  (the fixture)
 
+from jupyter_cudamem.attribution.holders import Holder, HolderKind, Origin
 from jupyter_cudamem.oomfix.outcome import user_reason
 
 FORBIDDEN = re.compile(
@@ -61,7 +62,7 @@ def test_no_internal_names_in_the_diagnosis_and_outcome(env, capsys):  # noqa: F
     html = diagnosis._repr_html_()
     _assert_user_words(_visible_html(html))
     assert "<details" in html and "Net._call_impl()" in html
-    traceback_holder = next(h for h in diagnosis.holders if h.kind == "traceback")
+    traceback_holder = next(h for h in diagnosis.holders if h.kind is HolderKind.TRACEBACK)
     assert "frame of Net._call_impl()" in traceback_holder.internals
 
 
@@ -80,21 +81,20 @@ def test_cleanup_that_frees_less_than_listed_says_who_still_holds_it(env, capsys
 
 
 def test_cleanup_that_frees_more_than_listed_says_what_the_rest_was():
-    from jupyter_cudamem.attribution.holders import FRAME, Holder
     from jupyter_cudamem.oomfix.diagnosis import diagnose
     from jupyter_cudamem.oom import OomInfo
 
     GiB, MiB = 1024**3, 1024**2
     oom = OomInfo(kind="allocator", message="CUDA out of memory.", device_index=0, requested_bytes=256 * MiB,
                   total_bytes=80 * GiB, allowed_bytes=4 * GiB, allocated_bytes=int(3.86 * GiB))
-    holders = [Holder("GELU.forward()", "traceback", 768 * MiB, False, 256 * MiB, origin=FRAME),
-               Holder("features", "tensor", 256 * MiB, True, 256 * MiB)]
+    holders = [Holder("GELU.forward()", HolderKind.TRACEBACK, 768 * MiB, False, 256 * MiB, origin=Origin.FRAME),
+               Holder("features", HolderKind.TENSOR, 256 * MiB, True, 256 * MiB)]
     diagnosis = diagnose(oom, holders, None)
     why = diagnosis.cleanup_explanation(int(3.25 * GiB))
     assert why.startswith("3.00 GiB more than the holders listed") and "intermediate results" in why
     shared = diagnosis.cleanup_explanation(256 * MiB)  # freed only what nothing else held
     assert shared.startswith("512.00 MiB of the 768.00 MiB listed") and "also held by your variables" in shared
-    alone = diagnose(oom, [Holder("f()", "traceback", 768 * MiB, False, 768 * MiB, origin=FRAME)], None)
+    alone = diagnose(oom, [Holder("f()", HolderKind.TRACEBACK, 768 * MiB, False, 768 * MiB, origin=Origin.FRAME)], None)
     assert alone.cleanup_explanation(768 * MiB) == ""  # freed what was listed: nothing to explain
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from jupyter_cudamem.attribution.causes import Cause
+from jupyter_cudamem.attribution.holders import HolderKind, Origin
+from jupyter_cudamem.attribution.judge import Change
 from jupyter_cudamem.attribution.left import LeftBehind, LeftHolder
 from jupyter_cudamem.repeats import RunGrowth
 from jupyter_cudamem.measure import Meter
@@ -14,22 +17,22 @@ MiB = 1024**2
 def _left() -> LeftBehind:
     losses = LeftHolder(
         name="losses",
-        origin="variable",
-        kind="list",
+        origin=Origin.VARIABLE,
+        kind=HolderKind.LIST,
         nbytes=420 * MiB,
-        cause="autograd graph",
+        cause=Cause.GRAPH,
         description="list of 40 tensors holding their autograd graphs, 419.00 MiB of saved activations",
-        change="grew",
+        change=Change.GREW,
         advice=("keep numbers, not graphs: store loss.item()", "free it now: del losses"),
     )
     model = LeftHolder(
         name="model<b>",
-        origin="variable",
-        kind="module",
+        origin=Origin.VARIABLE,
+        kind=HolderKind.MODULE,
         nbytes=10 * MiB,
-        cause="model",
+        cause=Cause.MODEL,
         description="Linear: parameters 10.00 MiB",
-        change="new",
+        change=Change.NEW,
         advice=("a model's weights: expected",),
     )
     return LeftBehind(left_bytes=433 * MiB, holders=(losses, model), elapsed_s=0.012)
