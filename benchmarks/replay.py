@@ -110,7 +110,7 @@ def _start(raw: list[Any]) -> list[Any]:
 
 
 def validate(paths: list[Path]) -> dict[str, Any]:
-    from jupyter_cudamem.growth import replay
+    from jupyter_cudamem.growth import fitting, pairing, replay
 
     result: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                               "traces": [], "runs": [], "predictions": []}
@@ -146,14 +146,14 @@ def validate(paths: list[Path]) -> dict[str, Any]:
             oracle = workload["oracle"]
             for low, high in PAIRS:
                 (first, _), (second, start) = events[low], events[high]
-                predicted = replay.largest_fitting_batch(first, runs[low]["batch"], second, runs[high]["batch"], start, cap)
+                predicted = fitting.largest_fitting_batch(first, runs[low]["batch"], second, runs[high]["batch"], start, cap)
                 slope = (runs[high]["peak_alloc"] - runs[low]["peak_alloc"]) / (runs[high]["batch"] - runs[low]["batch"])
                 line = runs[high]["batch"] + (cap - runs[high]["start_alloc"] - runs[high]["peak_alloc"]) / slope
                 result["predictions"].append({
                     "workload": name, "pair": [low, high], "oracle_batch": oracle, "replay_batch": predicted,
                     "replay_over_oracle": None if predicted is None else round(predicted / oracle, 4),
                     "line_over_oracle": round(line / oracle, 4),
-                    "paired_share": round(replay.growth_lines(first, runs[low]["batch"], second, runs[high]["batch"])[1], 3),
+                    "paired_share": round(pairing.growth_lines(first, runs[low]["batch"], second, runs[high]["batch"])[1], 3),
                 })
     agree = sum(r["fitted"] == r["replay_fits"] for r in result["runs"])
     ratios = {p["workload"]: p["replay_over_oracle"] for p in result["predictions"] if p["pair"] == [0.3, 0.6]}

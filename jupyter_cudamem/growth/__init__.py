@@ -9,8 +9,9 @@ One room for the memory model that ``%oomfix``'s batch search and ``%%cudamem_pl
 - ``through_points``: the same line fitted exactly through the points, with how far they agree with it
   (what the plan reports);
 - ``fixed``: also which requests of one recorded run do not grow with the batch;
-- ``replay``: PyTorch's caching allocator replayed over a run's recorded allocations, to find the
-  largest batch whose allocations fit under a cap;
+- ``replay``: PyTorch's caching allocator replayed over a run's recorded allocations under a cap;
+- ``pairing``: which requests of two runs at two batches are one tensor, and the line each pair gives;
+- ``fitting``: whether a batch fits, replaying the requests on those lines, and the largest that does;
 - ``accumulation``: one rule for gradient-accumulation steps that keep an effective batch.
 """
 

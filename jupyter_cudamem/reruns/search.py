@@ -88,7 +88,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..growth import FixedMemory, Growth, batch_independent_requests, fit, lowest_slope, through_fixed
-from ..growth import replay
+from ..growth import fitting, replay
 from ..units import MiB
 
 from .recording import RecordedRun
@@ -248,7 +248,7 @@ class BatchSearch:
         what the replay plays from and under (``None``: no replay)."""
         self._segments, self._reserved_limit = segments, reserved_limit_bytes
 
-    def replayed(self, margin: float = 0.0) -> replay.Fitting | None:
+    def replayed(self, margin: float = 0.0) -> fitting.Fitting | None:
         """Whether a batch fits, by the allocator's replay of the two largest recorded tries that fitted (of
         one, where only one did), from the segments the next try starts with, under the cap less what a
         failed try showed the replay does not see; each request's per-sample part taken ``1 + margin``
@@ -267,10 +267,10 @@ class BatchSearch:
             run = runs[batches[0]]
             fixed = (batch_independent_requests(run.events, {key for _, key in run.left}, self.fixed)
                      if self.fixed is not None else frozenset())
-            return replay.fitting_from_one(run.events_from(self._segments), batches[0], self._segments,
+            return fitting.fitting_from_one(run.events_from(self._segments), batches[0], self._segments,
                                            cap, batch_independent=fixed, margin=margin)
         low, high = batches[-2], batches[-1]
-        return replay.fitting(runs[low].events_from(self._segments), low, runs[high].events_from(self._segments),
+        return fitting.fitting(runs[low].events_from(self._segments), low, runs[high].events_from(self._segments),
                               high, self._segments, cap, margin=margin)
 
     def replayed_batch(self, margin: float = 0.0) -> int | None:

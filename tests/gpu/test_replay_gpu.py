@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_cudamem.growth.replay import StartSegment, events_from_trace, largest_fitting_batch, replay
+from jupyter_cudamem.growth.fitting import largest_fitting_batch
+from jupyter_cudamem.growth.replay import StartSegment, events_from_trace, replay
 
 pytestmark = pytest.mark.gpu
 

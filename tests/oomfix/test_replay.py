@@ -1,14 +1,8 @@
 """The caching-allocator replay: rounding, pools, splitting, the cap's refusal, traces, and the batch search."""
 
-from jupyter_cudamem.growth.replay import (
-    StartSegment,
-    block_bytes,
-    events_from_trace,
-    growth_lines,
-    largest_fitting_batch,
-    replay,
-    segment_bytes,
-)
+from jupyter_cudamem.growth.fitting import largest_fitting_batch
+from jupyter_cudamem.growth.pairing import growth_lines
+from jupyter_cudamem.growth.replay import StartSegment, block_bytes, events_from_trace, replay, segment_bytes
 
 MiB = 1 << 20
 
@@ -118,7 +112,7 @@ def test_a_trace_becomes_events_keyed_by_allocation_and_freed_when_completed():
 
 
 def test_runs_too_different_to_pair_cheaply_pair_only_their_common_ends(monkeypatch):
-    from jupyter_cudamem.growth import replay as module
+    from jupyter_cudamem.growth import pairing as module
 
     first = ["alloc"] + ["alloc", "free"] * 50 + ["free"]
     second = ["alloc"] + ["alloc", "free", "alloc", "free", "free"] * 30 + ["free"]
@@ -143,7 +137,7 @@ def _step_events(batch: int, layers: int, extra_at: int | None = None) -> list:
 
 
 def test_long_runs_with_a_few_extra_requests_are_walked_into_pairs_when_too_long_for_difflib(monkeypatch):
-    from jupyter_cudamem.growth import replay as module
+    from jupyter_cudamem.growth import pairing as module
 
     first, second = _step_events(1, 400), _step_events(2, 400, extra_at=5)
     monkeypatch.setattr(module, "MAX_PAIRING_WORK", 50_000)  # below the middles' product: difflib is not used

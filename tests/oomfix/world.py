@@ -37,8 +37,9 @@ import random
 from dataclasses import dataclass
 
 from jupyter_cudamem.growth import FixedMemory
-from jupyter_cudamem.growth.replay import (Event, Line, StartSegment, allocated_limit, block_bytes, largest_below,
-                                           replay, segment_bytes)
+from jupyter_cudamem.growth.fitting import allocated_limit, largest_below
+from jupyter_cudamem.growth.pairing import Line
+from jupyter_cudamem.growth.replay import Event, StartSegment, block_bytes, replay, segment_bytes
 from jupyter_cudamem.reruns.recording import RecordedRun
 from jupyter_cudamem.reruns.search import BatchSearch, Observation
 

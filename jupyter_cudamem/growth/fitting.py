@@ -1,0 +1,216 @@
+"""Whether a batch fits under a cap, by replaying a cell's recorded requests put on lines through its
+measured runs (``pairing``), and the largest batch that does.
+
+Why: the largest batch that fits is where the allocator's replay (``replay``) of the requests at that
+batch stops failing; a replay costs a pass over the run's events, so the search for it starts from the
+bound the allocated bytes alone set (one pass) and replays only below it.
+
+Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Callable, Collection, Sequence
+
+from .pairing import Line, events_at, growth_lines
+from .replay import Event, StartSegment, block_bytes, replay
+
+PREDICTION_RESOLUTION = 1 / 512
+"""How close a prediction settles on the largest batch: a replay per halving of the gap, and below 512
+samples to the sample; above, a 0.2% error is noise beside the next run's own (another algorithm)."""
+
+
+@dataclass(frozen=True)
+class Fitting:
+    """Whether a batch fits, by replaying requests put on lines through measured runs (``fitting``,
+    ``fitting_from_one``); ``largest`` the largest batch that does."""
+
+    fits: Callable[[int], bool]
+    largest_up_to: Callable[[int], int]  # the largest batch up to a bound close above it that fits
+    allocated_bound: Callable[[int], int]  # quick: the largest batch up to a bound its allocated bytes allow
+    measured_batch: int
+
+    def largest(self, max_batch: int = 1 << 30) -> int:
+        """The largest batch up to ``max_batch`` that fits (``max_batch`` when even that fits: nothing grows
+        with the batch; 0 when none does). Fitting is assumed at every batch below one that fits.
+
+        The allocated bytes alone give a bound first (no replay), which is often the answer; below it
+        the replay steps down (``largest_below``), so it runs a handful of times, not twice the
+        batch's bits."""
+        return self.largest_up_to(self.allocated_bound(max_batch))
+
+def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
+            start: Sequence[StartSegment], cap_bytes: int, margin: float = 0.0) -> Fitting | None:
+    """Whether a batch fits under ``cap_bytes``, from two runs' events.
+
+    ``None`` when the two runs do not align: not one request of the larger run can be paired with one
+    of the smaller (a different program ran; no measured line exists), or one of them made none.
+    Requests left unpaired where others pair must fit both as proportional to the batch and at their
+    measured size (``_fits_either_way``); ``growth_lines`` gives the paired share for a caller that
+    wants to judge it. ``margin``: a batch fits when its requests' per-sample parts ``1 + margin`` times
+    as large do (the next run is another run: another cuDNN algorithm, a block of rounding).
+    """
+    if batch_first == batch_second or min(batch_first, batch_second) <= 0:
+        return None
+    if not any(kind != "free" for kind, *_ in first) or not any(kind != "free" for kind, *_ in second):
+        return None  # a run that allocated nothing was not recorded where the allocations were made
+    lines, share = growth_lines(first, batch_first, second, batch_second)
+    if share == 0.0:
+        return None
+    unpaired = [i for i, line in enumerate(lines) if line[0] != "free" and line[3] == 0.0 and line[4] > 0.0]
+    measured = max(batch_first, batch_second)
+    return Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin), measured)
+
+
+def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment], cap_bytes: int,
+                     batch_independent: Collection[int] = (),
+                     margin: float = 0.0) -> Fitting | None:
+    """The same from one run: every request taken as proportional to the batch, but those whose keys
+    ``batch_independent`` lists (the optimizer's state, a model's parameters: ``growth.fixed``), which
+    keep their size; a temporary (freed before the next request) must fit both ways.
+
+    A request is a fixed part plus a per-sample part, neither negative, so scaling all of it with the
+    batch overstates every request above ``batch``: the replay then errs towards a smaller batch in
+    bytes, as the line through the origin and one measured peak does (``growth.through_origin``). Where
+    the parameters, their gradients and AdamW's state are most of a run (a fine-tune whose largest batch
+    is a few dozen), scaling them too would put the largest batch at 0 or 1."""
+    if batch <= 0 or not any(kind != "free" for kind, *_ in events):
+        return None
+    fixed = set(batch_independent)
+    lines: list[Line] = [(kind, key, stream, float(size), 0.0) if kind != "free" and key in fixed
+                         else (kind, key, stream, 0.0, 0.0 if kind == "free" else size / batch)
+                         for kind, key, size, stream in events]
+    temporaries = [i for i in range(len(events) - 1) if events[i][0] != "free" and events[i][1] not in fixed
+                   and events[i + 1][0] == "free" and events[i + 1][1] == events[i][1]]
+    return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin), batch)
+
+
+def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],
+                          batch_second: int, start: Sequence[StartSegment], cap_bytes: int,
+                          max_batch: int = 1 << 30, margin: float = 0.0) -> int | None:
+    """``fitting(...).largest(max_batch)``; ``None`` where the runs give no fitting."""
+    found = fitting(first, batch_first, second, batch_second, start, cap_bytes, margin)
+    return None if found is None else found.largest(max_batch)
+
+
+def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment],
+                                   cap_bytes: int, max_batch: int = 1 << 30,
+                                   batch_independent: Collection[int] = (),
+                                   margin: float = 0.0) -> int | None:
+    """``fitting_from_one(...).largest(max_batch)``; ``None`` where the run gives no fitting."""
+    found = fitting_from_one(events, batch, start, cap_bytes, batch_independent, margin)
+    return None if found is None else found.largest(max_batch)
+
+
+def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_batch: int,
+                     start: Sequence[StartSegment], cap_bytes: int,
+                     margin: float) -> tuple[Callable[[int], bool], Callable[[int], int], Callable[[int], int]]:
+    """Whether a batch fits both when the ``unknown`` requests grow with the batch as their lines say and
+    when they keep the size measured at ``measured_batch`` (margins as in ``largest_fitting_batch``).
+
+    Why both: a request whose growth two runs do not tell (one run, or two sizes that cannot be one
+    tensor's: a workspace another algorithm sized) is either a batch's or a library's. Scaling it errs
+    towards a smaller batch in bytes, but not always in the allocator: a larger block freed early is
+    cached and serves later requests, so a run can fit with the larger block and fail with the real one.
+    The batch must fit either way, with its per-sample parts ``1 + margin`` and ``1 + margin / 2`` times as
+    large. Returned with a quick test that only rules batches out (their allocated bytes alone pass the
+    cap)."""
+    kept = list(lines)
+    for index in unknown:
+        kind, key, stream, fixed, per_sample = lines[index]
+        kept[index] = (kind, key, stream, fixed + per_sample * measured_batch, 0.0)
+
+    held = sum(size for segment in start for size, used in segment.blocks if used)
+    variants = [lines, kept] if unknown else [lines]
+
+    def could_fit(batch: int) -> bool:
+        # Reserved bytes are never below allocated ones: a run whose allocated bytes alone pass the cap
+        # fails whatever the allocator does.
+        return all(peak_allocated_bytes(events_at(v, batch * (1 + margin)), held) <= cap_bytes for v in variants)
+
+    def allocated_bound(max_batch: int) -> int:
+        limit = min(allocated_limit(v, held, cap_bytes) / (1 + margin) for v in variants)
+        return largest_below(could_fit, max(0, min(max_batch, math.floor(limit)) if limit < math.inf else max_batch))
+
+    def fits_at(batch: int, scales: Sequence[float]) -> bool:
+        return all(replay(events_at(v, batch * scale), start, cap_bytes).fits for scale in scales for v in variants)
+
+    def fits(batch: int) -> bool:
+        # Across the sizes the next run may have: the caching allocator is not monotone in them (a block a
+        # little larger is cached where a later request reuses it), so fitting at the margin alone is luck.
+        return fits_at(batch, (1 + margin, 1 + margin / 2))
+
+    def largest(high: int) -> int:
+        # The search settles on the larger sizes alone, then checks the batch it found at the smaller: the
+        # same answer where the allocator is monotone, in about half the replays.
+        found = largest_below(lambda batch: fits_at(batch, (1 + margin,)), high, PREDICTION_RESOLUTION)
+        while found > 0 and not fits_at(found, (1 + margin / 2,)):
+            found = largest_below(fits, found - 1, PREDICTION_RESOLUTION)
+        return found
+
+    return fits, largest, allocated_bound
+
+
+def allocated_limit(lines: Sequence[Line], start_bytes: int, cap_bytes: int) -> float:
+    """A batch above which the requests on ``lines`` hold more than ``cap_bytes`` at once, with
+    ``start_bytes`` held from the start (``math.inf``: none; a bound, not the answer: each block is at
+    least its line's bytes, and the allocator's rounding and refusals only lower the real one).
+
+    One pass: at each request the bytes held are ``fixed + per_sample * batch`` summed over what is
+    live, so each request bounds the batch by a division; ``peak_allocated_bytes`` at the batches
+    around it then settles it in a few passes, where bisecting on it alone takes the batch's bits."""
+    live: dict[int, tuple[float, float]] = {}
+    fixed_now = per_sample_now = 0.0
+    limit = math.inf
+    room = cap_bytes - start_bytes
+    for kind, key, _, fixed, per_sample in lines:
+        if kind == "free":
+            gone = live.pop(key, None)
+            if gone is not None:
+                fixed_now -= gone[0]
+                per_sample_now -= gone[1]
+        elif kind == "alloc":
+            live[key] = (fixed, per_sample)
+            fixed_now += fixed
+            per_sample_now += per_sample
+            if per_sample_now > 0:
+                limit = min(limit, (room - fixed_now) / per_sample_now)
+    return max(limit, 0.0)
+
+
+def peak_allocated_bytes(events: Sequence[Event], start_bytes: int = 0) -> int:
+    """The most ``events`` hold allocated at once, with ``start_bytes`` held from the start (blocks rounded
+    as the allocator rounds them; a ``try``, which the run survives being refused, counts nothing)."""
+    live: dict[int, int] = {}
+    now = peak = start_bytes
+    for kind, key, size, _ in events:
+        if kind == "free":
+            now -= live.pop(key, 0)
+        elif kind == "alloc":
+            block = block_bytes(size)
+            live[key] = block
+            now += block
+            peak = max(peak, now)
+    return peak
+
+
+def largest_below(fits: Callable[[int], bool], high: int, resolution: float = 0.0) -> int:
+    """The largest batch up to ``high`` that ``fits`` (0 when none does), where fitting is assumed at every
+    batch below one that fits and ``high`` is a bound close above the answer: from ``high`` it steps down
+    in widening steps to a batch that fits, then bisects between it and the last that failed, until
+    they are within ``resolution`` of the batch (0: to the sample)."""
+    if high <= 0 or fits(high):
+        return max(high, 0)
+    failed, step = high, max(1, high // 64)
+    while (below := max(high - step, 0)) > 0 and not fits(below):
+        failed, step = below, 2 * step
+    while failed - below > max(1, int(below * resolution)):
+        middle = (below + failed) // 2
+        if fits(middle):
+            below = middle
+        else:
+            failed = middle
+    return below

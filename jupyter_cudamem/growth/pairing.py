@@ -1,0 +1,178 @@
+"""Which requests of two runs of a cell at two batches are the same tensor, and the line each pair gives.
+
+Why: the allocator's replay predicts a batch it has not run by putting each request on the line through
+its two measured sizes (``fitting``). Two runs at different batches mostly make the same requests in
+the same order, but cuDNN and cuBLAS pick algorithms (and workspaces) by the tensors' sizes, so a few
+requests appear in one run only; a pair is kept only where its two sizes can be one tensor's.
+
+Pure Python, no torch: events as ``replay`` plays them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Sequence
+
+from .replay import MIN_BLOCK_BYTES, Event, EventKind
+
+def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
+          batch_second: int) -> list[int | None]:
+    """For each event of ``second``, the index of the same request in ``first`` (``None``: no partner).
+
+    Two runs of a cell at different batches mostly make the same requests in the same order, but not
+    always: cuDNN and cuBLAS pick algorithms (and workspaces) by the tensors' sizes, so a few requests
+    appear in one run only. The longest common subsequence of the event kinds pairs the rest, and a
+    pair is kept only if its sizes can be one tensor's at the two batches (``_one_tensor``).
+    """
+    ratio = batch_second / batch_first
+    kinds_first, kinds_second = [e[0] for e in first], [e[0] for e in second]
+    partner: list[int | None] = [None] * len(second)
+    for low, high, length in _common_runs(kinds_first, kinds_second, first, second, ratio):
+        for offset in range(length):
+            a, b = first[low + offset], second[high + offset]
+            if a[0] != "free" and a[3] == b[3] and _one_tensor(a[2], b[2], ratio):
+                partner[high + offset] = low + offset
+    return partner
+
+
+MAX_PAIRING_WORK = 4_000_000
+"""The most ``difflib`` may be given to pair (the product of the two middles' lengths; about a second
+in Python). Longer middles are paired by walking both runs (``_walked_runs``), which costs at most
+this many comparisons: a training step of a large model makes thousands of events, and runs at two
+batches differ by a few inserted requests (another cuBLAS workspace, a gradient accumulated in another
+order), so a walk that steps over them pairs nearly all (on an H100, a ViT-L fine-tune's 6,000-event
+runs at batches 1 and 2 paired 45% of their bytes without it, 100% with it, and the replay put the
+largest batch at 23, where 23 fits, instead of 3). Runs whose middles differ throughout (a cell that
+loops over chunks of its data makes as many events per chunk as there are chunks) pair little either
+way; the rest is unpaired, taken as proportional to the batch, which errs towards a smaller batch.
+Measured before any bound (``benchmarks/oomfix.py``, H100): on a ResNet-50 inference over 3,552 rows
+chunked by 43 and by 132 rows, ``%oomfix`` took 213 s, against 5-7 s over 333 and 888 rows."""
+
+RESYNC_WINDOW = 64
+"""How far ahead (in events, in both runs together) the walk looks for the two runs to agree again."""
+RESYNC_EVENTS = 8
+"""How many events in a row must agree for the walk to take a place as the two runs' common ground."""
+
+
+def _common_runs(first: Sequence[str], second: Sequence[str], first_events: Sequence[Event] = (),
+                 second_events: Sequence[Event] = (), ratio: float = 1.0) -> list[tuple[int, int, int]]:
+    """Runs ``(start_in_first, start_in_second, length)`` of a common subsequence of the two lists of kinds.
+
+    ``difflib`` costs the product of the lengths on a two-letter alphabet, so it only sees what lies
+    between the common prefix and suffix (most runs of a cell differ in a few places, or none), and
+    only up to ``MAX_PAIRING_WORK``; a longer middle is walked (``_walked_runs``) where the events
+    themselves are given.
+    """
+    head = 0
+    while head < min(len(first), len(second)) and first[head] == second[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(first), len(second)) - head and first[-1 - tail] == second[-1 - tail]:
+        tail += 1
+    first_middle, second_middle = first[head:len(first) - tail], second[head:len(second) - tail]
+    if len(first_middle) * len(second_middle) <= MAX_PAIRING_WORK:
+        matcher = difflib.SequenceMatcher(None, first_middle, second_middle, autojunk=False)
+        middle = [(a, b, n) for a, b, n in matcher.get_matching_blocks()]
+    elif first_events and second_events:
+        middle = _walked_runs(first_events[head:len(first) - tail], second_events[head:len(second) - tail], ratio)
+    else:
+        middle = []
+    return ([(0, 0, head)] + [(a + head, b + head, n) for a, b, n in middle]
+            + [(len(first) - tail, len(second) - tail, tail)])
+
+
+def _walked_runs(first: Sequence[Event], second: Sequence[Event], ratio: float) -> list[tuple[int, int, int]]:
+    """Common runs found by walking both runs at once: events agree (same kind and stream, and an
+    allocation's sizes can be one tensor's at the two batches) and are paired while they do; where they
+    stop agreeing, the nearest place within ``RESYNC_WINDOW`` events where ``RESYNC_EVENTS`` in a row
+    agree again is where the walk goes on. At most ``MAX_PAIRING_WORK`` comparisons: past that, the rest
+    is left unpaired."""
+    work = 0
+
+    def agree(i: int, j: int) -> bool:
+        a, b = first[i], second[j]
+        return a[0] == b[0] and a[3] == b[3] and (a[0] == "free" or _one_tensor(a[2], b[2], ratio))
+
+    def agree_from(i: int, j: int) -> bool:
+        nonlocal work
+        length = min(RESYNC_EVENTS, len(first) - i, len(second) - j)
+        work += length
+        return length > 0 and all(agree(i + k, j + k) for k in range(length))
+
+    runs: list[tuple[int, int, int]] = []
+    i = j = 0
+    while i < len(first) and j < len(second) and work < MAX_PAIRING_WORK:
+        start_i, start_j = i, j
+        while i < len(first) and j < len(second) and agree(i, j):
+            i, j = i + 1, j + 1
+        work += i - start_i + 1
+        if i > start_i:
+            runs.append((start_i, start_j, i - start_i))
+            continue
+        found = next(((i + di, j + distance - di) for distance in range(1, RESYNC_WINDOW + 1)
+                      for di in range(distance + 1)
+                      if i + di < len(first) and j + distance - di < len(second)
+                      and agree_from(i + di, j + distance - di)), None)
+        if found is None:  # nothing agrees nearby: step both over this event
+            i, j = i + 1, j + 1
+        else:
+            i, j = found
+    runs.append((len(first), len(second), 0))
+    return runs
+
+
+def _one_tensor(low: int, high: int, ratio: float) -> bool:
+    """Whether ``low`` and ``high`` requested bytes at two batches (``ratio`` apart) can be one tensor.
+
+    A tensor that does not depend on the batch has the same shape, so exactly the same bytes. One that
+    does is batch-major: the batch multiplies its bytes, and a fixed part (concatenated batch-independent
+    data) is the smaller share; so at the smaller batch at least half its bytes are the per-sample part,
+    and the sizes grow by between (1 + ratio) / 2 and ratio times (512 bytes of slack for rounding).
+    Sizes nearly equal but not equal are two different tensors that the kinds' subsequence paired by
+    position (a layer later, half the spatial size and twice the batch), whose line would say memory
+    hardly grows with the batch.
+    """
+    return low == high or (1 + ratio) / 2 * low - MIN_BLOCK_BYTES <= high <= ratio * low + MIN_BLOCK_BYTES
+
+
+Line = tuple[EventKind, int, int, float, float]
+"""An event as ``(kind, key, stream, fixed_bytes, bytes_per_sample)``: its request at batch ``b`` is
+``fixed_bytes + bytes_per_sample * b``."""
+
+
+def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Event],
+                 batch_second: int) -> tuple[list[Line], float]:
+    """The events of the run at the larger batch, each request on a line; and the share of its
+    requested bytes whose line two measured sizes fix (1.0 when every request has a partner).
+
+    The larger run is the template (its order of requests and frees is kept), being the closer to the
+    batches searched. A request with a partner in the other run gets the line through both sizes; one
+    without (an algorithm chosen at this batch only) is taken as proportional to the batch, the larger
+    of the two guesses its single size allows, so the prediction errs towards a smaller batch.
+    """
+    if batch_first > batch_second:
+        first, batch_first, second, batch_second = second, batch_second, first, batch_first
+    partner = match(first, batch_first, second, batch_second)
+    lines: list[Line] = []
+    matched = total = 0
+    for (kind, key, size, stream), index in zip(second, partner):
+        if kind == "free":
+            lines.append((kind, key, stream, 0.0, 0.0))
+            continue
+        total += size
+        if index is None:
+            lines.append((kind, key, stream, 0.0, size / batch_second))
+        else:
+            matched += size
+            per_sample = (size - first[index][2]) / (batch_second - batch_first)
+            lines.append((kind, key, stream, size - per_sample * batch_second, per_sample))
+    return lines, matched / total if total else 1.0
+
+
+def events_at(lines: Sequence[Line], batch: float) -> list[Event]:
+    """The events at ``batch`` (a fraction of a sample too: a margin is taken on the per-sample part):
+    each request on its line, rounded up to whole bytes, never below zero (the allocator rounds it
+    further)."""
+    return [(kind, key, max(0, math.ceil(fixed + per_sample * batch)) if kind != "free" else 0, stream)
+            for kind, key, stream, fixed, per_sample in lines]
