@@ -15,7 +15,7 @@ from ..cell.edit import CellDiff, unified_diff
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
 from ..reruns.recording import RecordedRun
-from ..reruns.search import Observation
+from ..reruns.tries import Observation
 from .whole_data import CHUNKED_NOTE
 
 if TYPE_CHECKING:

@@ -195,7 +195,7 @@ class MemoryModel:
 
     def observe(self, batch: int):
         """``run(batch)`` as the search sees it (``Observation``), the fragments in a failure's figures."""
-        from jupyter_cudamem.reruns.search import Observation
+        from jupyter_cudamem.reruns.tries import Observation
 
         ok, held, need = self.run(batch)
         if ok:

@@ -27,7 +27,8 @@ import statistics
 import pytest
 
 from jupyter_cudamem.growth import Growth, fit, lowest_slope, through_origin
-from jupyter_cudamem.reruns.search import BatchSearch, Observation
+from jupyter_cudamem.reruns.search import BatchSearch
+from jupyter_cudamem.reruns.tries import Observation
 from tests.fakes import GiB, MiB
 from tests.oomfix.simulated import MemoryModel, search_outcome
 

@@ -1,0 +1,183 @@
+"""What the tries of one batch search showed, and what follows from it: the largest batch that fitted,
+the smallest that failed, the budget, the memory model the fitted tries give (``growth``) and the
+allocator's replay of their recorded runs (``replayed``). ``search.BatchSearch`` chooses from it.
+
+Pure arithmetic: no torch, no IPython. Sizes in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..growth import FixedMemory, Growth, batch_independent_requests, fit, through_fixed
+from ..growth import fitting, replay
+
+from .recording import RecordedRun
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one try showed: whether it fitted; for a fit its peak, for an OOM the least it needed
+    (what it held when it failed plus what it asked for), what it held, and what PyTorch held reserved
+    but unallocated when it failed (``stuck_bytes``, from the OOM message). All but the last above the
+    search's reference level (what was allocated when the reruns began); ``start_bytes`` is how far
+    above it the try started (state an earlier try left: gradients, optimizer state)."""
+
+    fitted: bool
+    peak_bytes: int | None = None
+    need_bytes: int | None = None
+    held_bytes: int | None = None
+    start_bytes: int = 0
+    stuck_bytes: int | None = None
+    recorded: RecordedRun | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try: the batch, what it showed, and why it was chosen."""
+
+    batch: int
+    observation: Observation
+    reason: str
+
+    @property
+    def fitted(self) -> bool:
+        return self.observation.fitted
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return self.observation.peak_bytes if self.fitted else self.observation.held_bytes
+
+
+@dataclass
+class Tries:
+    """What one search knows. ``failed_batch`` failed first (not counted as a try); ``budget_bytes`` is
+    what the cell may use above what is allocated when it starts; ``need_bytes`` the least the failed
+    batch needed and ``stuck_bytes`` what PyTorch held reserved but could not use when it failed, both
+    from its OOM message (``None`` when unknown); ``fixed`` what does not grow with the batch, read from
+    the namespace."""
+
+    failed_batch: int
+    budget_bytes: int
+    need_bytes: int | None = None
+    stuck_bytes: int | None = None
+    fixed: FixedMemory | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    level_bytes: int = 0  # allocated above the reference now, where the next try starts (``set_level``)
+    _usable_bytes: float | None = None  # the budget, lowered when a try fails where the line said it fits
+    _segments: tuple[replay.StartSegment, ...] | None = None  # where the next try starts (``set_allocator``)
+    _reserved_limit: int | None = None
+    _replay_cut_bytes: int = 0  # what a try the replay said fits showed it cannot use
+
+    def __post_init__(self) -> None:
+        if self.failed_batch < 2:
+            raise ValueError(f"a batch of {self.failed_batch} cannot be made smaller")
+        # The failed cell's fragments, per sample of its batch (see ``search``'s module docstring).
+        self._stuck_per_sample = 0.0
+        if self._failed_on_fragments(self.need_bytes, self.stuck_bytes):
+            self._stuck_per_sample = float(self.stuck_bytes or 0) / self.failed_batch
+
+    def _failed_on_fragments(self, need: int | None, stuck: int | None) -> bool:
+        """The failure's bytes fit the budget, and PyTorch held some it could not use: its fragments
+        decided it."""
+        return bool(stuck) and need is not None and need <= self.budget_bytes
+
+    @property
+    def best(self) -> int | None:
+        """The largest batch that fitted."""
+        fitted = [a.batch for a in self.attempts if a.fitted]
+        return max(fitted) if fitted else None
+
+    @property
+    def smallest_failed(self) -> int:
+        return min([self.failed_batch] + [a.batch for a in self.attempts if not a.fitted])
+
+    @property
+    def usable_bytes(self) -> float:
+        """The budget, lowered by tries that failed where the line said they fit."""
+        return float(self.budget_bytes) if self._usable_bytes is None else self._usable_bytes
+
+    def _fitted_points(self) -> list[tuple[int, float]]:
+        return [(a.batch, float(a.observation.peak_bytes)) for a in self.attempts
+                if a.fitted and a.observation.peak_bytes is not None]
+
+    def _failed_points(self) -> list[tuple[int, float]]:
+        points = [(a.batch, float(a.observation.need_bytes)) for a in self.attempts
+                  if not a.fitted and a.observation.need_bytes is not None]
+        if self.need_bytes is not None:
+            points.append((self.failed_batch, float(self.need_bytes)))
+        return points
+
+    def set_level(self, level_bytes: int) -> None:
+        """Where the next try starts, above the reference level: what earlier tries left that stays
+        allocated whatever the batch (it is part of every later peak)."""
+        self.level_bytes = level_bytes
+
+    def set_allocator(self, segments: tuple[replay.StartSegment, ...] | None, reserved_limit_bytes: int | None) -> None:
+        """The allocator's segments where the next try starts, and the reserved bytes it may reach:
+        what the replay plays from and under (``None``: no replay)."""
+        self._segments, self._reserved_limit = segments, reserved_limit_bytes
+
+    def replayed(self, margin: float = 0.0) -> fitting.Fitting | None:
+        """Whether a batch fits, by the allocator's replay of the two largest recorded tries that fitted (of
+        one, where only one did), from the segments the next try starts with, under the cap less what a
+        failed try showed the replay does not see; each request's per-sample part taken ``1 + margin``
+        times as large. ``None`` without a replay (see the module docstring)."""
+        if self._segments is None or self._reserved_limit is None:
+            return None
+        runs: dict[int, RecordedRun] = {}
+        for attempt in self.attempts:
+            if attempt.fitted and attempt.observation.recorded is not None:
+                runs[attempt.batch] = attempt.observation.recorded
+        if not runs:
+            return None
+        cap = self._reserved_limit - self._replay_cut_bytes
+        batches = sorted(runs)
+        if len(batches) == 1:
+            run = runs[batches[0]]
+            fixed = (batch_independent_requests(run.events, {key for _, key in run.left}, self.fixed)
+                     if self.fixed is not None else frozenset())
+            return fitting.fitting_from_one(run.events_from(self._segments), batches[0], self._segments,
+                                           cap, batch_independent=fixed, margin=margin)
+        low, high = batches[-2], batches[-1]
+        return fitting.fitting(runs[low].events_from(self._segments), low, runs[high].events_from(self._segments),
+                              high, self._segments, cap, margin=margin)
+
+    def replayed_batch(self, margin: float = 0.0) -> int | None:
+        """The largest batch below the smallest that failed whose replay fits (``replayed``)."""
+        found = self.replayed(margin)
+        return None if found is None else found.largest(max(self.smallest_failed - 1, 1))
+
+    def growth(self) -> Growth | None:
+        """The memory model the fitted tries give (``None`` before any fit was measured), for a try
+        starting at ``level_bytes``.
+
+        One point bounds the slope by its peak above its own start over its batch (the batch-independent
+        part of that peak is never negative), on top of what the next try starts with. Two or more are
+        fitted as measured from the reference: a state an earlier try created after its peak (Adam's
+        moments, made in ``step()``) then steepens the line, which errs toward batches that fit. The
+        anchor is raised by whatever more the next try starts with than the anchor's try did."""
+        fitted = [a for a in self.attempts if a.fitted and a.observation.peak_bytes is not None]
+        if not fitted:
+            return None
+        if self._one_batch_measured():
+            top = max(fitted, key=lambda a: a.observation.peak_bytes or 0)
+            own = float(top.observation.peak_bytes or 0) - top.observation.start_bytes
+            # Every moment of a run after its model is built holds the parameters it builds: the line
+            # from the peak through them bounds every phase's growth (``line.through_fixed``).
+            held = 0.0 if self.fixed is None else float(self.fixed.surely_held_bytes)
+            growth = through_fixed(top.batch, max(own, 0.0), held).raised(self.level_bytes)
+        else:
+            line = fit(self._fitted_points())
+            if line is None:
+                return None
+            started = max(a.observation.start_bytes for a in fitted if a.batch == line.anchor[0])
+            growth = line.raised(max(self.level_bytes - started, 0))
+        return growth.steeper(self._stuck_per_sample)
+
+    def _one_batch_measured(self) -> bool:
+        return len({b for b, _ in self._fitted_points()}) == 1
+
+    def _need_at(self, batch: int) -> float | None:
+        needs = [n for b, n in self._failed_points() if b == batch]
+        return max(needs) if needs else None
