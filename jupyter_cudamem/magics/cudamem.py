@@ -1,36 +1,32 @@
 """``%%cudamem`` and ``%cudamem`` (a statement, or ``on``/``off`` for every cell).
 
-Thin: the options are ``options``'s, the every-cell mode ``every_cell``'s, ``%cudamem_history`` is
-``history.CudaMemHistory``; measuring is ``measure.Meter``'s, the cap ``Hardware.pytorch_capped``'s, the
-trace ``trace.traced``'s, who holds what a cell left ``attribution.left``'s.
+Thin: the option line is ``cudamem_arguments``'s, the every-cell mode ``every_cell``'s, ``%cudamem_history``
+is ``history.CudaMemHistory``; running a cell measured is ``measured_cell``'s, who holds what a cell left
+``left_attribution``'s. This class holds the settings (``%config CudaMem...``), the history of measured cells,
+and the magic itself.
 """
 
 from __future__ import annotations
 
-import argparse
-from contextlib import ExitStack
 from typing import Any
 
 from IPython.core.magic import line_cell_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Bool, Dict, Int, TraitError, Unicode, Union, observe, validate
 
-from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
-from ..attribution.probe import default_probe
+from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot
 from ..errors import CudaMemError
 from ..history import CellRecord, History, source_head
 from ..measure import Measurement, Meter
 from ..repeats import run_growth, source_key
-from ..report import CellReport
-from ..trace import TraceSummary, traced
 from ..units import MiB, parse_size
-from .base import CudaMemMagicsBase, current_cell_number, one_line_errors, parse_devices
-from .cellrun import NO_VALUE, Ran, run_cell_body
+from .base import CudaMemMagicsBase, one_line_errors, parse_devices
+from .cudamem_arguments import CudaMemArguments
 from .every_cell import AUTO_ALLOWED, EveryCell, mode_of
-from .options import OptionSplitter, expand_options, positive_int, size_setting
-
-_ATTRIBUTE_ALLOWED = "a size such as 64MiB or 1GB, or 'off' (or 0) to never name holders"
+from .left_attribution import ATTRIBUTE_ALLOWED, LeftAttribution
+from .measured_cell import CellMeasurer
+from .options import positive_int, size_setting
 
 
 @magics_class
@@ -84,7 +80,7 @@ class CudaMem(CudaMemMagicsBase):
 
     @validate("attribute_threshold")
     def _check_attribute_threshold(self, proposal: Any) -> Any:
-        size_setting("CudaMem.attribute_threshold", proposal["value"], _ATTRIBUTE_ALLOWED)
+        size_setting("CudaMem.attribute_threshold", proposal["value"], ATTRIBUTE_ALLOWED)
         return proposal["value"]
 
     @validate("history_size")
@@ -121,10 +117,9 @@ class CudaMem(CudaMemMagicsBase):
         super().__init__(shell, hardware, extension, **kwargs)
         self.history = History(self.history_size)
         self.every_cell = EveryCell(self)
-        self._parsed_options: dict[str, Any] = {}
-        self._splitter = OptionSplitter(self.cudamem.parser)
-        self._attribute_text: str | int | None = None
-        self._attribute_value: int | None = DEFAULT_THRESHOLD_BYTES
+        self.arguments = CudaMemArguments(self.cudamem.parser)
+        self.attribution = LeftAttribution(self)
+        self.measurer = CellMeasurer(self)
         # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
         self.probe: Any = None
         # What --breakdown counts with: ``namespace -> tracker`` (``sources.torch_breakdown.PeakTracker``
@@ -152,55 +147,17 @@ class CudaMem(CudaMemMagicsBase):
         self.history.add(record)
         return record
 
-    # -- who holds what a cell left ----------------------------------------------------------
-    def _attribute_bytes(self) -> int | None:
-        """The attribution threshold in bytes, ``None`` when it is off."""
-        setting = self.attribute_threshold
-        if setting != self._attribute_text:  # parsed once per setting, not once per cell
-            value = size_setting("CudaMem.attribute_threshold", setting, _ATTRIBUTE_ALLOWED)
-            self._attribute_text, self._attribute_value = setting, value
-        return self._attribute_value
-
+    # -- who holds what a cell left (``left_attribution``) ------------------------------------
     def snapshot(self) -> NamespaceSnapshot | None:
         """The namespace's fingerprint as the cell starts (see ``attribution.left``); ``None`` when
         attribution is off or nothing can hold device memory (torch not imported)."""
-        if self._attribute_bytes() is None:
-            return None
-        probe = self.probe if self.probe is not None else default_probe()
-        if probe is None:
-            return None
-        if not self.hardware.allocator.is_initialized():
-            return NamespaceSnapshot({}, frozenset())  # nothing on the device yet: all it will hold is new
-        from ..ipython_state import ipython_references
-
-        return NamespaceSnapshot.take(self.shell.user_ns, ipython_references(self.shell), probe)
+        return self.attribution.snapshot()
 
     def left_behind(
         self, measurement: Measurement, snapshot: NamespaceSnapshot | None, value: Any = None, error: Any = None
     ) -> LeftBehind | None:
         """Who holds what the cell left, when it left at least the threshold; never fails the cell."""
-        threshold = self._attribute_bytes()
-        if snapshot is None or threshold is None:
-            return None
-        left = measurement.left_allocated_bytes
-        if left < threshold:
-            return None
-        from ..ipython_state import cell_references
-
-        try:
-            references = cell_references(self.shell, None if value is NO_VALUE else value, error)
-            return left_behind(self.shell.user_ns, references, snapshot, left, self.probe)
-        except Exception as failure:  # a bug of ours must not cost the user the report
-            self.note(f"could not attribute what the cell left: {type(failure).__name__}: {failure}")
-            return None
-
-    def _describe_file(self, filename: str) -> str:
-        formatter = getattr(self.shell.compile, "format_code_name", None)
-        if formatter is not None:
-            named = formatter(filename)
-            if named:
-                return named[1]
-        return filename
+        return self.attribution.left_behind(measurement, snapshot, value, error)
 
     # -- %%cudamem / %cudamem ------------------------------------------------------------------
     @magic_arguments()
@@ -260,14 +217,14 @@ class CudaMem(CudaMemMagicsBase):
         """
         __tracebackhide__ = True  # noqa: F841
         if cell is None:
-            options, statement = self._splitter.split(line)
+            options, statement = self.arguments.split(line)
             mode = mode_of(options, statement, self.shell.user_ns)
             if mode is not None:
                 return self.every_cell.switch(mode)
             if not statement:
                 raise CudaMemError("nothing to measure: use %%cudamem as a cell magic, %cudamem STATEMENT, or %cudamem on")
             cell, line = statement, options
-        args = self._parse_cudamem_options(expand_options(line, self.shell.user_ns))
+        args = self.arguments.parse(line, self.shell.user_ns)
         devices = None if args.device is None else list(parse_devices(args.device, option="--device"))
         meter = self.meter(devices, reset_peak=False if args.no_reset_peak else None)
         gpu_present = self.gpu_present()
@@ -278,7 +235,7 @@ class CudaMem(CudaMemMagicsBase):
         needs_cuda = "limit" if limit_bytes else "trace" if args.trace else "breakdown" if breakdown else None
         if needs_cuda and self.hardware.allocator.status() is not None:
             raise CudaMemError(f"--{needs_cuda} needs PyTorch with a CUDA device: {self.hardware.allocator.status()}")
-        report = self._measure(
+        report = self.measurer.measure(
             cell, meter, limit_bytes, args.trace, show=not args.quiet, breakdown=breakdown, nvtx=args.nvtx or self.nvtx
         )
         if report is None:
@@ -290,118 +247,7 @@ class CudaMem(CudaMemMagicsBase):
     def limit_of(self, source: str) -> int | None:
         """The ``--limit`` (bytes) a ``%%cudamem`` or ``%cudamem`` cell ran under; ``None`` for any other
         cell, or one whose options do not parse. ``%oomfix`` plans a failed cell under its cap."""
-        text = source.lstrip()
-        if text.startswith("%%cudamem"):
-            line = text[len("%%cudamem"):].split("\n", 1)[0]
-        elif text.startswith("%cudamem ") and "\n" not in text.strip():
-            line, _ = self._splitter.split(text[len("%cudamem"):].strip())
-        else:
-            return None
-        try:
-            args = self._parse_cudamem_options(expand_options(line.strip(), self.shell.user_ns))
-            return parse_size(args.limit) if args.limit else None
-        except (CudaMemError, Exception):  # noqa: BLE001  a header argparse rejects ran no cell
-            return None
-
-    def _parse_cudamem_options(self, line: str) -> Any:
-        """argparse costs ~80 µs a call; the same option line always parses the same way."""
-        cached = self._parsed_options.get(line)
-        if cached is None:
-            cached = parse_argstring(self.cudamem, line)
-            if len(self._parsed_options) < 256:
-                self._parsed_options[line] = cached
-        return argparse.Namespace(**vars(cached))
-
-    def _measure(
-        self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool, show: bool = True,
-        breakdown: bool = False, nvtx: bool = False,
-    ) -> CellReport | None:
-        """Run ``cell`` as a plain cell, measured; ``None`` when it failed (its error shown as a plain cell's).
-
-        A body that does not compile gets no report: nothing ran. When reading the counters after a
-        failed cell fails too (a sticky CUDA error makes ``synchronize()`` raise again), the user's
-        error is still the one shown, after a one-line note.
-        """
-        __tracebackhide__ = True  # noqa: F841
-        count = current_cell_number(self.shell)
-        label = f"[{count}]"
-        snapshot = self.snapshot()
-        ran: Ran | None = None
-        measurement: Measurement | None = None
-        tracing: list[TraceSummary] | None = None
-        tracker: Any = None
-        try:
-            with ExitStack() as stack:
-                cap_note = stack.enter_context(self.hardware.pytorch_capped(limit_bytes, meter.devices)) if limit_bytes else None
-                tracing = stack.enter_context(self._tracing(count)) if trace else None
-                if nvtx:
-                    stack.enter_context(self._nvtx_range(count, cell))
-                baseline = meter.start()
-                self.every_cell.inside_magic = True
-                try:
-                    if breakdown:
-                        with self._tracker() as tracker:
-                            ran = run_cell_body(self.shell, cell)
-                    else:
-                        ran = run_cell_body(self.shell, cell)
-                finally:
-                    self.every_cell.inside_magic = False
-                if ran.started:
-                    error_name = None if ran.error is None else type(ran.error).__name__
-                    measurement = meter.stop(baseline, error=error_name, limit_bytes=cap_note)
-        except Exception as failure:
-            if ran is None or ran.error is None:
-                raise
-            self.note(f"could not read GPU memory after the cell ({type(failure).__name__}: {failure}); your error follows")
-            ran.fail(self.shell)
-            return None
-        if measurement is None:  # it did not compile: a plain cell's SyntaxError, nothing measured
-            ran.fail(self.shell)
-            return None
-        traces = tuple(tracing or ())
-        left = self.left_behind(measurement, snapshot, ran.value, ran.error)
-        record = self.record(count, cell, measurement)
-        breakdowns = self._breakdowns(tracker, measurement) if tracker is not None else ()
-        report = CellReport(
-            measurement, label=label, traces=traces, left=left, growth=record.growth, breakdowns=breakdowns
-        )
-        del left, snapshot, tracker
-        ran.show_values(self.shell)
-        if ran.error is not None:
-            if show:
-                display(report)
-            ran.fail(self.shell)
-            return None
-        return report
-
-    def _tracker(self) -> Any:
-        """What counts the cell's tensors for --breakdown (imports torch: only when asked)."""
-        if self.breakdown_tracker is not None:
-            return self.breakdown_tracker(self.shell.user_ns)
-        from ..sources.torch_breakdown import PeakTracker
-
-        return PeakTracker(self.shell.user_ns)
-
-    def _breakdowns(self, tracker: Any, measurement: Measurement) -> tuple[Any, ...]:
-        """Where each measured device's peak went; a failure of ours costs the user only this part."""
-        from ..breakdown import breakdowns_for
-
-        peaks = {d.device.label: d.peak_allocated_bytes for d in measurement.devices if d.peak_allocated_bytes}
-        start = {d.device.label: d.before.allocator.allocated_bytes for d in measurement.devices if d.before.allocator}
-        try:
-            return breakdowns_for(peaks, tracker.peaks(), start)
-        except Exception as failure:  # noqa: BLE001  a bug of ours must not cost the user the report
-            self.note(f"could not break the peak down: {type(failure).__name__}: {failure}")
-            return ()
-
-    def _nvtx_range(self, count: int | None, cell: str) -> Any:
-        from ..sources.nvtx import TorchNvtx, range_name
-
-        ranges = self.nvtx_ranges if self.nvtx_ranges is not None else TorchNvtx()
-        return ranges.range(range_name(count, cell))
-
-    def _tracing(self, count: int | None) -> Any:
-        return traced(self.hardware.allocator, self.trace_max_entries, self.trace_dir, count, self._describe_file)
+        return self.arguments.limit_of(source, self.shell.user_ns)
 
     def close(self) -> None:
         if self.every_cell.on:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 
 from ..units import format_bytes, format_seconds
-from .poller import DeviceState, MonitorState, Sample
+from .state import DeviceState, MonitorState, Sample
 
 DEFAULT_ALERT_FRACTION = 0.9
 OWN_COLOR, OTHER_COLOR = "#1f77b4", "#aec7e8"

@@ -13,7 +13,7 @@ from ..units import GiB, MiB
 from ..report.plot import figure_png
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
-from .poller import MonitorState, Sample
+from .state import MonitorState, Sample
 from .render import DEFAULT_ALERT_FRACTION
 
 # The y-axis shows the whole card only when the data reaches this share of it; below, it zooms to the

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .poller import MonitorState, Poller
+from .poller import Poller
+from .state import MonitorState
 from .render import DEFAULT_ALERT_FRACTION, panel_html, text_line
 from .snapshot import Snapshot
 

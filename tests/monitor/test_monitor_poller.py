@@ -355,7 +355,7 @@ def test_even_a_bug_in_the_poller_itself_stays_on_its_thread(machine, monkeypatc
     poller = Poller(make_hardware(machine), interval_s=0.05, max_backoff_s=0.05)
     assert poller.start()
     try:
-        monkeypatch.setattr(Poller, "_shown_key", staticmethod(lambda state: 1 / 0))
+        monkeypatch.setattr("jupyter_cudamem.monitor.notify.shown_key", lambda state: 1 / 0)
         assert wait_until(lambda: poller.state().error is not None)
         assert poller.state().error.startswith("internal error in the monitor")
         assert poller.running

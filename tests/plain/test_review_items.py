@@ -32,7 +32,7 @@ def test_oomfix_puts_back_the_showtraceback_that_was_there(shell, own):
     if own:
         shell.showtraceback = mine
     try:
-        with magic._quiet_oom_tracebacks():
+        with magic.reruns.quiet_oom_tracebacks():
             assert vars(shell)["showtraceback"] is not mine
         assert (vars(shell).get("showtraceback") is mine) if own else ("showtraceback" not in vars(shell))
     finally:

@@ -1,0 +1,39 @@
+"""A failed ``%%cudamem --limit`` cell ran under its cap, and ``%oomfix``'s reruns of it do again: the fix
+plans under it, with PyTorch's allocator capped as the cell capped it while the fix runs (put back after)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ..hardware import Hardware
+
+
+@contextmanager
+def cell_cap(extension: Any, hardware: Hardware, source: str, device: int) -> Iterator[int | None]:
+    """The cap (bytes) ``source`` ran under, applied to ``device`` while inside; ``None``: no cap, nothing applied."""
+    from .cudamem import CudaMem
+
+    measuring = extension.get(CudaMem) if extension is not None else None
+    cap = measuring.limit_of(source) if isinstance(measuring, CudaMem) else None
+    allocator = hardware.allocator
+    if cap is None or allocator.status() is not None:
+        yield None
+        return
+    previous = allocator.memory_fraction(device)
+    before = 1.0 if previous is None else previous
+    allocator.set_memory_fraction(device, min(cap / allocator.device(device).total_bytes, before))
+    try:
+        yield cap
+    finally:
+        allocator.set_memory_fraction(device, before)
+
+
+def cap_note(cap: int | None) -> tuple[str, ...]:
+    """What the outcome says of the cap it was planned under."""
+    from ..units import format_bytes
+
+    if cap is None:
+        return ()
+    return (f"planned under the cell's --limit {format_bytes(cap)}: its reruns run under it too",)

@@ -1,0 +1,132 @@
+"""One ``%%cudamem`` cell, measured: run as a plain cell under the ``--limit`` cap, the ``--trace`` recording,
+the ``--nvtx`` range and the ``--breakdown`` counting it asked for, then its report built and its record kept.
+
+The measuring is ``measure.Meter``'s, the cap ``Hardware.pytorch_capped``'s, the trace ``trace.traced``'s,
+the breakdown ``breakdown``'s; this is the order they run in and what a failure of each costs the user.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+from IPython.display import display
+
+from ..measure import Measurement, Meter
+from ..report import CellReport
+from ..trace import TraceSummary, traced
+from .base import current_cell_number
+from .cellrun import Ran, run_cell_body
+
+if TYPE_CHECKING:
+    from .cudamem import CudaMem
+
+
+class CellMeasurer:
+    """Runs cells measured for one ``CudaMem``, with its settings, history and attribution."""
+
+    def __init__(self, cudamem: CudaMem):
+        self.cudamem = cudamem
+
+    def measure(
+        self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool, show: bool = True,
+        breakdown: bool = False, nvtx: bool = False,
+    ) -> CellReport | None:
+        """Run ``cell`` as a plain cell, measured; ``None`` when it failed (its error shown as a plain cell's).
+
+        A body that does not compile gets no report: nothing ran. When reading the counters after a
+        failed cell fails too (a sticky CUDA error makes ``synchronize()`` raise again), the user's
+        error is still the one shown, after a one-line note.
+        """
+        __tracebackhide__ = True  # noqa: F841
+        cudamem = self.cudamem
+        shell = cudamem.shell
+        count = current_cell_number(shell)
+        label = f"[{count}]"
+        snapshot = cudamem.snapshot()
+        ran: Ran | None = None
+        measurement: Measurement | None = None
+        tracing: list[TraceSummary] | None = None
+        tracker: Any = None
+        try:
+            with ExitStack() as stack:
+                cap_note = stack.enter_context(cudamem.hardware.pytorch_capped(limit_bytes, meter.devices)) if limit_bytes else None
+                tracing = stack.enter_context(self._tracing(count)) if trace else None
+                if nvtx:
+                    stack.enter_context(self._nvtx_range(count, cell))
+                baseline = meter.start()
+                cudamem.every_cell.inside_magic = True
+                try:
+                    if breakdown:
+                        with self._tracker() as tracker:
+                            ran = run_cell_body(shell, cell)
+                    else:
+                        ran = run_cell_body(shell, cell)
+                finally:
+                    cudamem.every_cell.inside_magic = False
+                if ran.started:
+                    error_name = None if ran.error is None else type(ran.error).__name__
+                    measurement = meter.stop(baseline, error=error_name, limit_bytes=cap_note)
+        except Exception as failure:
+            if ran is None or ran.error is None:
+                raise
+            cudamem.note(f"could not read GPU memory after the cell ({type(failure).__name__}: {failure}); your error follows")
+            ran.fail(shell)
+            return None
+        if measurement is None:  # it did not compile: a plain cell's SyntaxError, nothing measured
+            ran.fail(shell)
+            return None
+        traces = tuple(tracing or ())
+        left = cudamem.left_behind(measurement, snapshot, ran.value, ran.error)
+        record = cudamem.record(count, cell, measurement)
+        breakdowns = self._breakdowns(tracker, measurement) if tracker is not None else ()
+        report = CellReport(
+            measurement, label=label, traces=traces, left=left, growth=record.growth, breakdowns=breakdowns
+        )
+        del left, snapshot, tracker
+        ran.show_values(shell)
+        if ran.error is not None:
+            if show:
+                display(report)
+            ran.fail(shell)
+            return None
+        return report
+
+    def _tracker(self) -> Any:
+        """What counts the cell's tensors for --breakdown (imports torch: only when asked)."""
+        cudamem = self.cudamem
+        if cudamem.breakdown_tracker is not None:
+            return cudamem.breakdown_tracker(cudamem.shell.user_ns)
+        from ..sources.torch_breakdown import PeakTracker
+
+        return PeakTracker(cudamem.shell.user_ns)
+
+    def _breakdowns(self, tracker: Any, measurement: Measurement) -> tuple[Any, ...]:
+        """Where each measured device's peak went; a failure of ours costs the user only this part."""
+        from ..breakdown import breakdowns_for
+
+        peaks = {d.device.label: d.peak_allocated_bytes for d in measurement.devices if d.peak_allocated_bytes}
+        start = {d.device.label: d.before.allocator.allocated_bytes for d in measurement.devices if d.before.allocator}
+        try:
+            return breakdowns_for(peaks, tracker.peaks(), start)
+        except Exception as failure:  # noqa: BLE001  a bug of ours must not cost the user the report
+            self.cudamem.note(f"could not break the peak down: {type(failure).__name__}: {failure}")
+            return ()
+
+    def _nvtx_range(self, count: int | None, cell: str) -> Any:
+        from ..sources.nvtx import TorchNvtx, range_name
+
+        ranges = self.cudamem.nvtx_ranges if self.cudamem.nvtx_ranges is not None else TorchNvtx()
+        return ranges.range(range_name(count, cell))
+
+    def _tracing(self, count: int | None) -> Any:
+        cudamem = self.cudamem
+        return traced(cudamem.hardware.allocator, cudamem.trace_max_entries, cudamem.trace_dir, count, self._describe_file)
+
+    def _describe_file(self, filename: str) -> str:
+        formatter = getattr(self.cudamem.shell.compile, "format_code_name", None)
+        if formatter is not None:
+            named = formatter(filename)
+            if named:
+                return named[1]
+        return filename

@@ -1,0 +1,64 @@
+"""``%oomfix``'s and ``%%oomfix``'s options: the ones both forms share (with their help), and what they
+are checked against before anything runs (``OomFix``'s settings fill what is not given)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.magic_arguments import argument
+
+from ..errors import CudaMemError
+from ..hardware import Hardware
+from ..oomfix.options import check_max_tries, check_strategies
+from ..oomfix.strategies import STRATEGIES
+
+
+def oomfix_options(function: Callable[..., Any]) -> Callable[..., Any]:
+    """The options both forms share."""
+    for decorator in reversed((
+        argument("--dry-run", action="store_true", help="Diagnose only: free nothing, rerun nothing."),
+        argument("--max-tries", type=int, default=None, metavar="N",
+                 help="At most N reruns (default: OomFix.max_tries, 3)."),
+        argument("--del", dest="delete", action="append", default=[], metavar="NAME",
+                 help="Also delete this variable before rerunning (repeatable). Nothing of yours is deleted otherwise."),
+        argument("--apply", action="store_true",
+                 help="Put the cell that fitted into the next input (shown, never run silently)."),
+        argument("--yes", "-y", action="store_true",
+                 help="Do not ask before rerunning; the rerun repeats the cell's side effects."),
+        argument("--no-autocast", action="store_true", help="Never try torch.autocast."),
+        argument("--no-restore", action="store_true",
+                 help="Do not copy the model and optimizer state the cell trains to put it back before each "
+                      "rerun (needed where that copy would not fit in host memory); each rerun's steps then stay."),
+        argument("--strategy", default=None, metavar="LIST",
+                 help=f"Strategies to try, in order, comma-separated: {', '.join(STRATEGIES)} (default: all)."),
+        argument("-o", "--output", action="store_true",
+                 help="Show the outcome and also return it, as %%timeit -o does: outcome = %%oomfix -o "
+                      "(.tries, .diff, .fixed_source); None where no fix was tried (the rerun declined, or a %%%%oomfix "
+                      "cell that did not run out of memory)."),
+    )):
+        function = decorator(function)
+    return function
+
+
+def require_gpu(hardware: Hardware) -> None:
+    reason = hardware.allocator.status()
+    if reason is not None:
+        raise CudaMemError(f"%oomfix needs a CUDA device: {reason}")
+
+
+def chosen_strategies(args: Any, configured: str, autocast: bool) -> tuple[str, ...]:
+    """The strategies to try: ``--strategy`` or ``OomFix.strategies``, less autocast where it is off."""
+    chosen = check_strategies(args.strategy if args.strategy is not None else configured)
+    if args.no_autocast or not autocast:
+        chosen = tuple(s for s in chosen if s != "autocast")
+    if not chosen:
+        raise CudaMemError("no strategy left to try: --strategy autocast with --no-autocast leaves nothing")
+    return chosen
+
+
+def check_options(args: Any, configured: str, autocast: bool) -> None:
+    """The options' values, checked before anything runs; each error is one line."""
+    if args.max_tries is not None:
+        check_max_tries(args.max_tries)
+    chosen_strategies(args, configured, autocast)

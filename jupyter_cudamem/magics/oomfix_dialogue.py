@@ -1,0 +1,59 @@
+"""What ``%oomfix`` says to the user and asks of them: the question before rerunning (the cell's side
+effects repeat; what becomes of the training state), and the outcome shown, with how to keep the cell
+that fitted."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.display import display
+
+from ..errors import CudaMemError
+from ..oomfix.outcome import Outcome
+
+_SIDE_EFFECTS = (
+    "%oomfix reruns the cell (up to {tries} times): anything it does besides computing (writing files, "
+    "printing, appending to lists) happens again."
+)
+_RESTORED = " The model and optimizer state it trains ({names}) is put back before each rerun."
+_NOT_RESTORED = " The reruns' training steps stay in {names} (--no-restore)."
+
+
+def state_note(trained: Any, restore: bool, too_large: str | None) -> str:
+    """What the question before rerunning says of the training state."""
+    if trained.empty:
+        return ""
+    if restore:
+        return _RESTORED.format(names=trained.describe())
+    if too_large is not None:
+        return f" Note: {too_large}."
+    return _NOT_RESTORED.format(names=trained.describe())
+
+
+def confirmed(max_tries: int, state_note: str = "") -> bool:
+    """Ask before rerunning; where nobody can be asked, one line saying to add --yes."""
+    from IPython.core.error import StdinNotImplementedError
+
+    print(_SIDE_EFFECTS.format(tries=max_tries) + state_note)
+    try:
+        answer = input("Rerun it? [y/N] ")
+    except (StdinNotImplementedError, EOFError, OSError):
+        raise CudaMemError(
+            "cannot ask before rerunning (no input here, as under nbclient or a script): "
+            "add --yes to accept that the rerun repeats the cell's side effects"
+        ) from None
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("Nothing rerun; memory not freed. %oomfix --dry-run shows the diagnosis only.")
+    return False
+
+
+def show(outcome: Outcome, apply: bool, shell: Any) -> None:
+    """Display the outcome; put the cell that fitted into the next input with ``--apply``, else say how."""
+    display(outcome)
+    if outcome.changed:
+        if apply:
+            shell.set_next_input(outcome.paste, replace=False)
+            print("%oomfix: the cell that fitted is in the next input; run it to keep it")
+        elif not outcome.dry_run:
+            print("%oomfix: add --apply to get the cell that fitted as the next input")

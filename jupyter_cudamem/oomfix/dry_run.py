@@ -1,0 +1,43 @@
+"""``%oomfix --dry-run``: the plan beside the diagnosis (which knob, where it lives, the first try), from
+the batch's finding and the free memory, measured where a GPU can be read, else as the error message
+reported it. Runs nothing; needs no GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..hardware import Hardware
+from ..oom import OomInfo
+from .outcome import Outcome
+
+
+def dry_run(
+    source: str,
+    oom: OomInfo | None,
+    diagnosis: Any,
+    strategies: tuple[str, ...],
+    max_tries: int,
+    cell_number: int | None,
+    *,
+    namespace: dict[str, Any],
+    transform: Callable[[str], str],
+    history: list[str],
+    hardware: Hardware,
+    margin: float,
+) -> Outcome:
+    """The preview ``--dry-run`` shows: the diagnosis and the plan."""
+    from ..batch import find_batch
+    from ..hardware import headroom_bytes
+    from .plan import budget_from_message, plan_batch, preview
+
+    if cell_number is None:  # the failure was found without its count: the last time this source ran
+        cell_number = next((k for k in range(len(history) - 1, 0, -1) if history[k] == source), None)
+    finding = find_batch(source, namespace, transform, history=history, cell_number=cell_number)
+    device = oom.device_index if oom is not None and oom.device_index is not None else 0
+    measured = headroom_bytes(hardware, device) if hardware.allocator.status() is None else None
+    budget = measured if measured is not None else budget_from_message(oom)
+    plan = plan_batch(finding, namespace, history, budget, strategies,  # type: ignore[arg-type]
+                      max_tries=max_tries, margin=margin,
+                      budget_source="the measured" if measured is not None else "the error message's")
+    return preview(source, finding, plan, diagnosis, measured)
