@@ -35,23 +35,23 @@ def room_of(module: str) -> str | None:
     return parts[1]
 
 
-def imports(path: Path) -> set[str]:
-    """The package modules a file imports, as dotted names."""
-    # What its relative imports start from: the folder it sits in (``__init__.py`` included).
-    package = list(path.relative_to(PACKAGE.parent).parts[:-1])
+def imports(path: Path, package: list[str] | None = None) -> set[str]:
+    """The package modules a file imports, as dotted names, relative imports resolved and imports inside
+    functions included: ``from ..advice import x`` gives ``jupyter_cudamem.advice`` (and ``.x``), ``from
+    .. import advice`` and ``from jupyter_cudamem import advice`` both ``jupyter_cudamem.advice``.
+    ``package`` is what its relative imports start from (``["jupyter_cudamem", "attribution"]``): by
+    default the folder it sits in in the package (``__init__.py`` included)."""
+    if package is None:
+        package = list(path.relative_to(PACKAGE.parent).parts[:-1])
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package[: len(package) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-                found.add(module)
-                if not node.module:
-                    found.update(f"{module}.{alias.name}" for alias in node.names)
-            elif node.module:
-                found.add(node.module)
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)  # a name may be a module
     return {name for name in found if name.startswith("jupyter_cudamem")}
 
 

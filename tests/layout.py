@@ -8,10 +8,22 @@ Counted with ``ast``: a module by its lines, a class from its ``class`` line to 
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 MODULE_LINES = 600
 CLASS_LINES = 300
+IMPORT_GRAPH = Path(__file__).resolve().parents[1] / "scripts" / "import_graph.py"
+
+
+def import_graph() -> ModuleType:
+    """``scripts/import_graph.py`` (a script, not a package module): the one reader of a file's imports."""
+    spec = importlib.util.spec_from_file_location("import_graph", IMPORT_GRAPH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def too_long(folder: Path) -> list[str]:

@@ -1,17 +1,7 @@
 """The package's rooms import one way (scripts/import_graph.py): no arrow up the map, no circle between
 rooms, every room on the map."""
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "import_graph.py"
-
-
-def _graph_module():
-    spec = importlib.util.spec_from_file_location("import_graph", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.layout import import_graph as _graph_module
 
 
 def test_no_room_imports_one_above_it_and_no_rooms_import_each_other():

@@ -105,15 +105,8 @@ class CallReader:
             self.expressions.expr(node.args[0], Use.OTHER)
             self.expressions.expr(node.args[1], Use.OTHER)
             self.expressions.expr(node.args[2], Use.STEP)
-            value = int_constant(node.args[2])
-            if self.cell and value is not None and value >= 2:
-                self.numbers.add(
-                    "range step",
-                    self.numbers.text(node) or f"range(..., {value})",
-                    node.args[2],
-                    USE_SCORES[Use.STEP] + CELL_BONUS,
-                    (Use.STEP.value,),
-                )
+            if self.cell:
+                self.numbers.add_use("range step", Use.STEP, node.args[2], "range(..., {})", code=node)
             return
         if name in ("split", "chunk", "array_split", "tensor_split") and self._size_call(node, name, dotted):
             return
@@ -177,21 +170,14 @@ class CallReader:
             self.expressions.expr(extra, Use.OTHER)
         value = int_constant(size)
         if self.cell and value is not None and value >= 2:
-            label = self.numbers.text(node) or f"{name}({value})"
+            label = name + "({})"
             if counts:
                 chunked = self.scope.namespace_path(receiver) if receiver is not None else None
                 total = _leading_size(resolve(self.scan.namespace, chunked)) if chunked is not None else None
                 if total:
-                    self.numbers.add(
-                        "chunks",
-                        label,
-                        size,
-                        USE_SCORES[Use.CHUNKS] + CELL_BONUS,
-                        (Use.CHUNKS.value,),
-                        total=total,
-                    )
+                    self.numbers.add_use("chunks", Use.CHUNKS, size, label, code=node, total=total)
             else:
-                self.numbers.add("split", label, size, USE_SCORES[Use.SPLIT] + CELL_BONUS, (Use.SPLIT.value,))
+                self.numbers.add_use("split", Use.SPLIT, size, label, code=node)
         return True
 
     def _stacked_count(self, comprehension: ast.ListComp | ast.GeneratorExp) -> None:
@@ -204,15 +190,8 @@ class CallReader:
             return
         count = iterable.args[-1]
         self.expressions.expr(count, Use.STACKED)
-        value = int_constant(count)
-        if self.cell and value is not None and value >= 2:
-            self.numbers.add(
-                "count",
-                self.numbers.text(iterable) or f"range({value})",
-                count,
-                USE_SCORES[Use.STACKED] + CELL_BONUS,
-                (Use.STACKED.value,),
-            )
+        if self.cell:
+            self.numbers.add_use("count", Use.STACKED, count, "range({})", code=iterable)
 
     def _arguments(self, node: ast.Call, name: str) -> None:
         callee = self._callee(node)
@@ -245,11 +224,9 @@ class CallReader:
         if parameter and batch_like(parameter):
             use = Use.GENERATION if generation_count(parameter) else Use.BATCH_ARGUMENT
             self.expressions.expr(argument, use)
-            value = int_constant(argument)
-            if self.cell and value is not None and value >= 2:
-                bonus = 1 if parameter in ("batch_size",) else 0
-                score = name_score(parameter) + USE_SCORES[use] + CELL_BONUS + bonus
-                self.numbers.add("keyword", parameter, argument, score, (use.value,))
+            if self.cell:
+                named = name_score(parameter) + (1 if parameter == "batch_size" else 0)
+                self.numbers.add_use("keyword", use, argument, parameter, extra_score=named)
             return
         path = self.scope.namespace_path(argument)
         if path is not None:

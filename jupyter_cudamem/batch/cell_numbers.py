@@ -79,6 +79,29 @@ class CellNumbers:
         batch = math.ceil(total / value) if total else value
         self.literals.append(CellNumber(form, label, batch, [node], score, evidence, sliced, total))
 
+    def add_use(
+        self,
+        form: Form,
+        use: Use,
+        number: ast.AST,
+        label: str,
+        *,
+        code: ast.AST | None = None,
+        extra_score: int = 0,
+        sliced: ObjectPath | None = None,
+        total: int | None = None,
+    ) -> None:
+        """``add`` for an int the cell writes where it is used as ``use`` (a range step, a slice width, a
+        split size, a count of chunks or of items stacked, a list replication, a batch keyword): scored
+        by that use (plus ``extra_score``), its evidence the use. Labelled with ``code`` as typed, or
+        ``label`` where there is no such text (its ``{}`` is the number)."""
+        value = int_constant(number)
+        if value is None or value < 2:
+            return
+        text = self.text(code) if code is not None else None
+        score = USE_SCORES[use] + CELL_BONUS + extra_score
+        self.add(form, text or label.format(value), number, score, (use.value,), sliced, total)
+
 
 def cell_knobs(numbers: CellNumbers, context: Context, parsed: ParsedCell) -> list[Knob]:
     """Numbers written in the failed cell: assignments, keywords, defaults, dict values, slices... and

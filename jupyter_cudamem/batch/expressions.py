@@ -15,7 +15,7 @@ from ..cell.source import int_constant
 from .calls import CallReader
 from .earlier_cells import path_of
 from .names import batch_like, name_score
-from .reads import CARRIED_THROUGH_ARITHMETIC, CELL_BONUS, USE_SCORES, Use
+from .reads import CARRIED_THROUGH_ARITHMETIC, CELL_BONUS, Use
 from .scope import range_step
 
 if TYPE_CHECKING:
@@ -162,18 +162,9 @@ class ExpressionReader:
                 assert isinstance(upper, ast.BinOp) and lower is not None
                 width = upper.right if ast.dump(upper.left) == ast.dump(lower) else upper.left
             self.expr(width, Use.SLICE)
-            value = int_constant(width)
-            if self.cell and value is not None and value >= 2:
+            if self.cell:
                 sliced = self.scope.namespace_path(subscript.value)
-                label = self.numbers.text(subscript) or f"[:{value}]"
-                self.numbers.add(
-                    "slice",
-                    label,
-                    width,
-                    USE_SCORES[Use.SLICE] + CELL_BONUS,
-                    (Use.SLICE.value,),
-                    sliced=sliced,
-                )
+                self.numbers.add_use("slice", Use.SLICE, width, "[:{}]", code=subscript, sliced=sliced)
             if offset:
                 self.expr(lower, Use.OTHER)
         else:
@@ -197,15 +188,8 @@ class ExpressionReader:
                         return
                     self.expr(element, Use.OTHER)
                     self.expr(count, Use.REPEAT)
-                    value = int_constant(count)
-                    if self.cell and value is not None and value >= 2:
-                        self.numbers.add(
-                            "replication",
-                            self.numbers.text(node) or f"[...] * {value}",
-                            count,
-                            USE_SCORES[Use.REPEAT] + CELL_BONUS,
-                            (Use.REPEAT.value,),
-                        )
+                    if self.cell:
+                        self.numbers.add_use("replication", Use.REPEAT, count, "[...] * {}", code=node)
                     return
         carried = use if use in CARRIED_THROUGH_ARITHMETIC else Use.OTHER
         self.expr(node.left, carried, dim)

@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..cell.source import ParsedCell, Transform, parse_cell
+from ..cell.source import Transform, parse_cell
 from .cell_numbers import cell_knobs
 from .knobs import BatchFinding, Knob, KnobKind, Value
 from .libraries import found, is_module, resolve, sequence_first
@@ -102,19 +102,16 @@ def find_batch(
     *,
     history: list[str] | None = None,
     cell_number: int | None = None,
-    parsed: ParsedCell | None = None,
 ) -> BatchFinding:
     """Every place the failed cell's batch size may live, most plausible first (see the module docstring).
 
     ``namespace`` is the user's; ``history`` IPython's raw input history (``In``: index ``k`` holds
     ``In[k]``) and ``cell_number`` the failed cell's ``k`` (cells from it on are ignored). ``transform``
-    turns IPython input into Python (the shell's ``transform_cell``; IPython's own by default);
-    ``parsed`` is ``source`` already parsed with it, so it is not parsed again. Never raises for bad
-    input: ``problem`` says what is wrong.
+    turns IPython input into Python (the shell's ``transform_cell``; IPython's own by default). Never
+    raises for bad input: ``problem`` says what is wrong.
     """
     try:
-        if parsed is None or parsed.source != source:
-            parsed = parse_cell(source, transform)
+        parsed = parse_cell(source, transform)
     except SyntaxError as error:
         return BatchFinding(
             source,
@@ -156,7 +153,7 @@ def find_batch(
         _merge([k for k in knobs if k.score > 0 or k.problem]),
         key=lambda k: (-k.score if k.changeable else 1, k.line or parsed.body_line),
     )
-    whole = covers_whole_data(BatchFinding(source, tuple(ranked)), namespace, transform, parsed)
+    whole = covers_whole_data(BatchFinding(source, tuple(ranked)), namespace, transform)
     if not any(k.changeable for k in ranked):
         problem = (
             "no batch size in the cell: no integer named or used like a batch size, no tensor with a literal "

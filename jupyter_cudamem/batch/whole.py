@@ -218,16 +218,14 @@ def covers_whole_data(
     finding: BatchFinding,
     namespace: Mapping[str, Any] | None = None,
     transform: Any = None,
-    parsed: ParsedCell | None = None,
 ) -> WholeData | None:
     """``WholeData`` when the cell's batch is its data (see the module docstring), else ``None``."""
     namespace = namespace if namespace is not None else {}
     try:
-        if parsed is None or parsed.source != finding.source:
-            parsed = parse_cell(finding.source, transform)
+        parsed = parse_cell(finding.source, transform)
     except Exception:  # noqa: BLE001  a cell that does not parse has no batch to judge
         return None
-    if cell_traits(finding.source, transform, parsed).trains:
+    if cell_traits(finding.source, transform).trains:
         return None
     knob = finding.chosen
     statements = list(_top_level(parsed.tree.body))

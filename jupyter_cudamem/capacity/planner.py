@@ -34,7 +34,8 @@ from .runs import CalibrationScale, Measured, Runner, history_match, judge, meas
 @dataclass(frozen=True)
 class PlanOptions:
     """What the user asked for: ``margin`` ``None`` takes ``default_margin`` (``calibrated_margin`` for a
-    calibrated plan); ``small`` the second batch (``None``: half the batch as written)."""
+    calibrated plan); ``small`` the second batch (``None``: half the batch as written). Checked when made,
+    so options out of range are refused before anything runs, whoever makes them."""
 
     cards: Sequence[Card]
     default_margin: float
@@ -44,8 +45,8 @@ class PlanOptions:
     small: int | None = None
     calibrate: bool = False
 
-    def check(self) -> None:
-        """A one-line error for a margin out of range (before anything runs)."""
+    def __post_init__(self) -> None:
+        """A one-line error for a margin out of range."""
         margin = self.default_margin if self.margin is None else self.margin
         if not 0 <= margin < 1:
             raise CudaMemError(f"--margin takes a fraction from 0 to 1 such as 0.05, got {margin}")
@@ -73,7 +74,6 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
               history_records: Sequence[Any] = ()) -> tuple[CapacityPlan, Measured]:
     """Measure ``cell`` and plan it. The cell's own errors propagate from ``access.run`` (the magic shows
     them as a plain cell does); ours are ``CudaMemError``."""
-    options.check()
     finding = find_batch(cell, access.namespace, access.transform, history=access.history,
                          cell_number=access.cell_number)
     knob = finding.chosen

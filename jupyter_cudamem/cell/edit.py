@@ -14,7 +14,7 @@ import tokenize
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .source import ParsedCell, Span, Transform, line_ending, parse_cell, split_lines
+from .source import Span, Transform, line_ending, parse_cell, split_lines
 
 
 @dataclass(frozen=True)
@@ -256,7 +256,6 @@ def wrap_in_autocast(
     dtype: str = "bfloat16",
     import_torch: bool = True,
     transform: Transform | None = None,
-    parsed: ParsedCell | None = None,
     outside_names: frozenset[str] = frozenset(),
 ) -> str:
     """``source`` with its forward passes and losses inside ``with torch.autocast("cuda", dtype=torch.<dtype>):``.
@@ -273,12 +272,11 @@ def wrap_in_autocast(
     it); IPython accepts indented ``!cmd`` and ``%magic`` lines. Raises ``SyntaxError`` when the
     cell does not parse, so a broken cell is never wrapped, and ``AutocastNotApplicable`` when a
     Trainer trains (its mixed precision is one of its arguments) or nothing in the cell computes
-    outside a stepping function of another cell. ``parsed`` is ``source`` already parsed.
+    outside a stepping function of another cell.
     """
     if dtype not in {"bfloat16", "float16"}:
         raise ValueError(f"autocast dtype must be bfloat16 or float16, got {dtype!r}")
-    if parsed is None or parsed.source != source:
-        parsed = parse_cell(source, transform)
+    parsed = parse_cell(source, transform)  # read only: the wrapper finds lines and edits the text
     wrapper = _Wrapper(parsed.tree, outside_names)
     wrapper.block(parsed.tree.body)
     if wrapper.trainer_calls:

@@ -5,6 +5,10 @@ A cell is IPython input, not Python: it may start with a cell magic (``%%time``)
 that back to the raw line it came from when the transformer left it unchanged. Edits then go to the
 *raw* text at the AST positions of what they change, so comments, spacing and IPython syntax survive
 byte for byte, which ``ast.unparse`` of the whole cell could not promise.
+
+A cell is parsed once: ``parse_cell`` is memoised, so every reader of one source (the batch finder,
+the traits, the set-aside, the autocast wrapper) calls it and gets the same ``ParsedCell``, with no
+parsed tree handed from one to the next.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 import ast
 import difflib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 
 Transform = Callable[[str], str]
 
@@ -61,14 +67,18 @@ def _char_col(line_text: str, byte_col: int) -> int:
     return len(line_text.encode("utf-8")[:byte_col].decode("utf-8", errors="ignore"))
 
 
-@dataclass
+@dataclass(frozen=True)
 class ParsedCell:
-    """The AST of what IPython runs for ``source``, and the way back to ``source``'s own lines."""
+    """The AST of what IPython runs for ``source``, and the way back to ``source``'s own lines.
+
+    One object is shared by every reader of the source (``parse_cell`` is memoised): read it, never
+    change it. A reader that would rewrite the tree works on ``copy.deepcopy(parsed.tree)``.
+    """
 
     source: str
     tree: ast.Module
-    transformed_lines: list[str]
-    line_map: dict[int, int]  # transformed 1-based line -> raw 1-based line, for unchanged lines only
+    transformed_lines: tuple[str, ...]
+    line_map: Mapping[int, int]  # transformed 1-based line -> raw 1-based line, for unchanged lines only
     header_lines: int  # cell-magic header lines before the Python body
 
     @property
@@ -108,8 +118,27 @@ class ParsedCell:
 
 
 def parse_cell(source: str, transform: Transform | None = None) -> ParsedCell:
-    """Parse ``source`` as IPython input. Raises ``SyntaxError`` when what IPython would run does not parse."""
+    """Parse ``source`` as IPython input. Raises ``SyntaxError`` when what IPython would run does not parse.
+
+    Memoised on ``(source, transform)`` (``_parse``): a source read again with the same transform is not
+    parsed again. ``None`` is IPython's own transform, so both spellings share one entry.
+    """
     transform = transform or default_transform
+    try:
+        hash(transform)
+    except TypeError:  # a callable object that defines equality but no hash: parsed each time
+        return _parse.__wrapped__(source, transform)
+    return _parse(source, transform)
+
+
+# Keyed on the transform itself, held by the cache, not on its id: the shell's ``transform_cell`` is a
+# new bound method at each attribute access, and bound methods of one object and one function are equal
+# and hash alike, so they share an entry; a new closure each time is a new key (a miss, never a wrong
+# hit), and an id freed and reused by another transform could not be mistaken for it. A source that does
+# not parse is not cached (its ``SyntaxError`` is raised again each time). The bound keeps at most a few
+# fixes' worth of cells (the failed cell, each try, the earlier cells the finder reads).
+@lru_cache(maxsize=128)
+def _parse(source: str, transform: Transform) -> ParsedCell:
     raw_lines = split_lines(source)
     header = _cell_magic_header_lines(raw_lines)
     body = "".join(raw_lines[header:])
@@ -125,7 +154,7 @@ def parse_cell(source: str, transform: Transform | None = None) -> ParsedCell:
         if tag == "equal":
             for offset in range(a1 - a0):
                 line_map[b0 + offset + 1] = header + a0 + offset + 1
-    return ParsedCell(source, tree, new_lines, line_map, header)
+    return ParsedCell(source, tree, tuple(new_lines), MappingProxyType(line_map), header)
 
 
 # -- small readers of AST nodes that every cell reader needs ---------------------------------------

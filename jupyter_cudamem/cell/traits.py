@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from .source import ParsedCell, Transform, parse_cell
+from .source import Transform, parse_cell
 
 
 @dataclass(frozen=True)
@@ -23,10 +23,10 @@ class CellTraits:
     calls_model: bool  # calls what looks like a model (inference cells do)
 
 
-def cell_traits(source: str, transform: Transform | None = None, parsed: ParsedCell | None = None) -> CellTraits:
-    """What ``source`` does; ``parsed`` is ``source`` already parsed (``parse_cell``), so it is not parsed again."""
+def cell_traits(source: str, transform: Transform | None = None) -> CellTraits:
+    """What ``source`` does, read from its tree as IPython runs it (``parse_cell``)."""
     try:
-        tree = (parsed if parsed is not None and parsed.source == source else parse_cell(source, transform)).tree
+        tree = parse_cell(source, transform).tree
     except Exception:  # unparseable: the text is all we have
         return CellTraits(
             ".backward(" in source,

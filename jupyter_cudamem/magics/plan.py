@@ -82,7 +82,6 @@ class CudaMemPlan(CudaMemMagicsBase):
         args = parse_argstring(self.cudamem_plan, line)
         options = PlanOptions(select_cards(card_table(self._cards_setting()), args.cards), self.margin,
                               self.calibrated_margin, args.margin, args.autocast, args.small, args.calibrate)
-        options.check()
         reason = self.hardware.allocator.status()
         if reason is not None:
             # As every magic of ours without a GPU: the body runs as a plain cell, and this says what is missing.

@@ -13,7 +13,7 @@ earlier cell, a DataLoader, a Trainer's arguments), found once per fix and kept 
 fitted, or put back when none did. Every try starts with what the failed cell started with: what the
 failed cell bound and binds again is set aside first (``reruns.set_aside``), and each failed try is undone.
 The OOM of each try is parsed once, and only its figures are kept (``TryResult``), never the exception;
-each source (the failed cell's, each try's) is parsed once per fix, and every reader gets that tree.
+each source (the failed cell's, each try's) is parsed once (``parse_cell`` is memoised), whoever reads it.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from ..attribution.training_state import fixed_memory
 from ..growth import FixedMemory
 from ..batch import BatchChange, BatchFinding, Knob, find_batch
 from ..cell.edit import AutocastNotApplicable, CellDiff, wrap_in_autocast
-from ..cell.source import ParsedCell, default_transform, parse_cell
+from ..cell.source import default_transform
 from ..cell.traits import cell_traits
 from .cleanup import CleanupResult
-from ..reruns.set_aside import Mover, SetAside, names_bound_before_read, restore_bindings, set_aside
+from ..reruns.set_aside import Mover, SetAside, bound_before_read, restore_bindings, set_aside
 from ..sources.torch_host import TorchMover
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
@@ -138,7 +138,6 @@ class Driver:
         self._kept_noted: set[str] = set()
         self._transform: Callable[[str], str] | None = self.transform
         self._reference: int | None = None  # allocated bytes every try's figures are taken from
-        self._cells: dict[str, ParsedCell | None] = {}  # every source of this fix, parsed once (``_parsed``)
         self._recorder = Recorder(self.hardware.allocator)
         self._fixed: FixedMemory | None = None  # what the cell's step holds whatever its batch
 
@@ -262,11 +261,10 @@ class Driver:
         device = oom.device_index if oom is not None and oom.device_index is not None else 0
         transform = self._transform = self.transform or default_transform
         if finding is None and "batch" in self.strategies:
-            finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number,
-                                 parsed=self._parsed(source))
-        traits = cell_traits(source, transform, self._parsed(source))
+            finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number)
+        traits = cell_traits(source, transform)
         # Read before the models the cell builds again are set aside (on the host, they count nothing).
-        self._fixed = fixed_memory(namespace or {}, self._bound_again(source),
+        self._fixed = fixed_memory(namespace or {}, bound_before_read(source, transform),
                                    self.probe if self.probe is not None else default_probe(), traits.trains)
         aside = self._set_aside(source, device)
         if allocated_before is None and freed_bytes is not None:
@@ -295,7 +293,7 @@ class Driver:
                 fitted = self._cleanup_alone(source, oom, need, budget, device, cleaned)
             elif name == "batch" and finding is not None:
                 # The batch is the data (inference over a whole tensor): chunks over all of it, or a refusal.
-                whole = whole_data_decision(finding, namespace, transform, self._parsed(finding.source))
+                whole = whole_data_decision(finding, namespace, transform)
                 if whole is not None:
                     self._notes.append(whole.note)
                 if whole is None or whole.chunked is not None:
@@ -359,7 +357,7 @@ class Driver:
             return self._aside
         mover = self.mover if self.mover is not None else TorchMover()
         before = self._allocated(device)
-        aside = set_aside(namespace, source, mover, names=self._bound_again(source))
+        aside = set_aside(namespace, source, mover, self._transform)
         after = self._allocated(device)
         if before is not None and after is not None:
             aside.freed_bytes = max(before - after, 0)
@@ -374,22 +372,6 @@ class Driver:
                 self._notes.append(f"could not set aside {name}: its GPU memory stays held during the reruns")
         self._aside.merge(aside)
         return aside
-
-    def _parsed(self, source: str) -> ParsedCell | None:
-        """``source`` as IPython runs it (``parse_cell``), parsed once per fix; ``None`` when it does not
-        parse (each reader then says so in its own words)."""
-        if source not in self._cells:
-            try:
-                self._cells[source] = parse_cell(source, self._transform)
-            except Exception:  # noqa: BLE001  SyntaxError, or IPython's transformer on odd input
-                self._cells[source] = None
-        return self._cells[source]
-
-    def _bound_again(self, source: str) -> list[str]:
-        """``set_aside.bound_before_read`` of ``source`` from its tree parsed once. A cell under a cell
-        magic (``%%time``) runs as one call of it: it binds no name of its own."""
-        parsed = self._parsed(source)
-        return [] if parsed is None or parsed.header_lines else names_bound_before_read(parsed.tree)
 
     # -- strategies ---------------------------------------------------------------------------------
     def _cleanup_alone(self, source: str, oom: OomInfo | None, needed: int | None, budget: int | None,
@@ -433,7 +415,7 @@ class Driver:
         variable deleted with ``--del`` that the cell does not bind (one it binds, it made)."""
         if cleaned is None:
             return 0, []
-        rebound = set(self._bound_again(source))
+        rebound = set(bound_before_read(source, self._transform))
         gained, held_by = 0, []
         if cleaned.freed_output_cache_bytes:
             gained += cleaned.freed_output_cache_bytes
@@ -533,7 +515,7 @@ class Driver:
         dtype = self._dtype()
         try:
             wrapped = wrap_in_autocast(source, dtype, import_torch=import_torch, transform=self.transform,
-                                       parsed=self._parsed(source), outside_names=stepping_functions(self._namespace))
+                                       outside_names=stepping_functions(self._namespace))
         except SyntaxError as error:
             self._notes.append(f"could not wrap the cell in autocast: it does not parse ({error.msg})")
             return None

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..batch.knobs import BatchFinding, Knob, KnobKind, Written
 from ..batch.whole import WholeData, covers_whole_data
-from ..cell.source import ParsedCell, Span, line_ending, split_lines
+from ..cell.source import Span, line_ending, split_lines
 
 CHUNK_LABEL = "rows per chunk"
 CHUNKED_NOTE = "the batch is the data: "  # how the note of a chunked fix begins (the outcome's headline reads it)
@@ -100,16 +100,15 @@ def whole_data_decision(
     finding: BatchFinding,
     namespace: Mapping[str, Any] | None = None,
     transform: Callable[[str], str] | None = None,
-    parsed: ParsedCell | None = None,
 ) -> WholeDataDecision | None:
     """``None`` when a smaller batch is a fix; else chunks over all the data, or a refusal (see the module
     docstring). ``finding.whole_data`` is used when it was decided for the knob chosen now (as ``find_batch``
-    decides it); ``parsed`` is the finding's source already parsed."""
+    decides it)."""
     whole = finding.whole_data
     chosen = finding.chosen
     stale = whole is not None and chosen is not None and whole.knob != chosen.label
     if stale or (whole is None and not finding.whole_data_decided):
-        whole = covers_whole_data(finding, namespace, transform, parsed)
+        whole = covers_whole_data(finding, namespace, transform)
     if whole is None:
         return None
     if not whole.chunkable or not whole.rows or whole.rows < 2:

@@ -23,10 +23,11 @@ the host is a ``Mover`` (``sources.torch_host.TorchMover`` for PyTorch; tests pa
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..cell.source import parse_cell
 from ..ipython_names import OUTPUT_CACHE_NAMES, is_ipython_name
 
 
@@ -56,16 +57,19 @@ def bound_before_read(source: str, transform: Callable[[str], str] | None = None
     them: whether or not the body runs, the old value is never read again. Seen on an H100 with an LSTM
     whose loop bound 1 GiB of ``logits`` (``benchmarks/oomfix.py``): left bound, each try started with
     the last one's.
+
+    ``source`` is read as IPython runs it (``parse_cell``, with ``transform``; IPython's own by default).
+    A cell under a cell magic (``%%time``) runs as one call of it: it binds no name of its own.
     """
     try:
-        tree = ast.parse(transform(source) if transform is not None else source)
-    except (SyntaxError, ValueError):
+        parsed = parse_cell(source, transform)
+    except Exception:  # noqa: BLE001  SyntaxError, or IPython's transformer on odd input
         return []
-    return names_bound_before_read(tree)
+    return [] if parsed.header_lines else names_bound_before_read(parsed.tree)
 
 
 def names_bound_before_read(tree: ast.Module) -> list[str]:
-    """``bound_before_read`` of a cell already parsed (``tree`` is what IPython runs)."""
+    """``bound_before_read``'s names read from ``tree``, a cell's body as IPython runs it."""
     read: set[str] = set()
     bound: list[str] = []
     top = _in_order(tree.body, read)
@@ -205,15 +209,11 @@ def set_aside(
     source: str,
     mover: Mover,
     transform: Callable[[str], str] | None = None,
-    names: Sequence[str] | None = None,
 ) -> SetAside:
-    """Move to the host and unbind what the failed cell bound and will bind again (see the module docstring).
-
-    ``names`` is ``bound_before_read(source, transform)`` where the caller has it already (the source is
-    then not parsed again)."""
+    """Move to the host and unbind what the failed cell bound and will bind again (see the module docstring)."""
     aside = SetAside(namespace)
     kept = []
-    for name in bound_before_read(source, transform) if names is None else names:
+    for name in bound_before_read(source, transform):
         if name.startswith("_") or is_ipython_name(name) or name not in namespace:
             continue
         value = namespace[name]

@@ -4,11 +4,10 @@ that use the attribution)."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import jupyter_cudamem.attribution
-from tests.layout import too_long
+from tests.layout import import_graph, too_long
 
 ATTRIBUTION = Path(jupyter_cudamem.attribution.__file__).parent
 # Rooms below attribution in the map (presentation, advice, the features, the magics): it must not import them.
@@ -25,30 +24,16 @@ def _package_of(path: Path) -> list[str]:
     return list(parts[:-1])
 
 
-def _imported(path: Path, package: list[str]) -> list[tuple[int, str]]:
-    """Every module a file imports, relative imports resolved, with its line: ``from ..advice import x``
-    and ``from .. import advice`` both give ``jupyter_cudamem.advice``; imports inside functions too."""
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            found.append((node.lineno, module))
-            found.extend((node.lineno, f"{module}.{alias.name}") for alias in node.names)
-    return found
-
-
 def _upward_imports(folder: Path, package: list[str] | None = None) -> list[str]:
+    """Each import of a room below attribution, read by the import graph's own reader (``imports``)."""
+    graph = import_graph()
     problems = []
     for path in _modules(folder):
         inside = package if package is not None else _package_of(path)
-        for line, module in _imported(path, inside):
-            parts = module.split(".")
-            if parts[0] == "jupyter_cudamem" and len(parts) > 1 and parts[1] in FORBIDDEN:
-                problems.append(f"{path.name}:{line} imports {module}")
-    return sorted(set(problems))
+        for module in graph.imports(path, inside):
+            if graph.room_of(module) in FORBIDDEN:
+                problems.append(f"{path.name} imports {module}")
+    return sorted(problems)
 
 
 def test_no_attribution_module_is_over_600_lines_nor_a_class_over_300():
@@ -72,6 +57,7 @@ def test_the_layout_checks_catch_what_they_exist_to_catch(tmp_path):
         "import jupyter_cudamem.capacity.plan\n"
         "def late():\n"
         "    from ..magics import cudamem\n"
+        "from jupyter_cudamem import report\n"
         "from ..units import MiB\n"  # above attribution in the map: allowed
         "from .walk import walk\n"
     )
@@ -80,10 +66,11 @@ def test_the_layout_checks_catch_what_they_exist_to_catch(tmp_path):
         "wide.py: class Wide is 301 lines (at most 300)",
     ]
     assert _upward_imports(tmp_path, ["jupyter_cudamem", "attribution"]) == [
-        "upward.py:1 imports jupyter_cudamem.advice",
-        "upward.py:1 imports jupyter_cudamem.advice.leak_advice",
-        "upward.py:2 imports jupyter_cudamem.oomfix",
-        "upward.py:3 imports jupyter_cudamem.capacity.plan",
-        "upward.py:5 imports jupyter_cudamem.magics",
-        "upward.py:5 imports jupyter_cudamem.magics.cudamem",
+        "upward.py imports jupyter_cudamem.advice",
+        "upward.py imports jupyter_cudamem.advice.leak_advice",
+        "upward.py imports jupyter_cudamem.capacity.plan",
+        "upward.py imports jupyter_cudamem.magics",
+        "upward.py imports jupyter_cudamem.magics.cudamem",
+        "upward.py imports jupyter_cudamem.oomfix",
+        "upward.py imports jupyter_cudamem.report",
     ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
@@ -30,51 +29,55 @@ def test_usable_is_card_less_outside_less_margin():
 def test_largest_batch_is_the_last_that_fits():
     line = Line(10 * MiB, 2 * GiB)
     usable = 6 * GiB
-    best = largest_batch(line, usable)
-    assert line.peak(best) <= usable < line.peak(best + 1)
+    # (6 GiB - 2 GiB) / 10 MiB = 4,096 / 10 = 409.6: 409 samples (2 GiB + 4,090 MiB) fit, 410 (4,100 MiB) do not.
+    assert largest_batch(line, usable) == 409
     assert largest_batch(line, GiB) == 0
     with pytest.raises(ValueError):
         largest_batch(Line(0, GiB), usable)
 
 
-@pytest.mark.parametrize("fixed_gib", [0.5, 4, 10])
-def test_the_margin_costs_the_same_share_of_the_batch_whatever_the_fixed_part(fixed_gib):
+# 10 MiB a sample on 16 GiB (16,384 MiB). Room above the fixed part: 15,872 MiB for 0.5 GiB, 12,288 for 4,
+# 6,144 for 10; without a margin room / 10 (1,587.2, 1,228.8, 614.4), with 4% of the room 0.96 x room / 10
+# (1,523.7, 1,179.6, 589.8). The old rule took 4% of the whole card: (15,728.64 MiB - fixed) / 10 = 1,521.7,
+# 1,163.3, 548.9.
+@pytest.mark.parametrize(("fixed_gib", "full", "planned", "old"),
+                         [(0.5, 1587, 1523, 1521), (4, 1228, 1179, 1163), (10, 614, 589, 548)])
+def test_the_margin_costs_the_same_share_of_the_batch_whatever_the_fixed_part(fixed_gib, full, planned, old):
     """The margin is taken from the room above the fixed part: the plan's batch is 1 - margin of the
     line's largest batch on every card, so "never above by more than the margin" holds in batch terms;
     a margin taken from the whole card would cost a cell with a large fixed part a larger share."""
     line = Line(10 * MiB, int(fixed_gib * GiB))
     usable = 16 * GiB
-    full = largest_batch(line, usable)
-    planned = largest_batch(line, usable, 0.04)
-    assert planned == math.floor((usable - line.intercept_bytes) * 0.96 / line.slope_bytes)
-    assert 0.96 * full - 1 <= planned <= 0.96 * (full + 1)
+    assert largest_batch(line, usable) == full
+    assert largest_batch(line, usable, 0.04) == planned
     # what the old rule (4% of the whole) would give: a larger share lost as the fixed part grows
-    old = largest_batch(line, usable * 0.96)
-    assert old <= planned
+    assert largest_batch(line, usable * 0.96) == old
 
 
 def test_a_reserved_line_that_needs_more_than_the_margin_decides():
     """A card limits what PyTorch reserves: where the reserved line leaves fewer samples than the
     allocated line with its margin, it decides; where it is within the margin, the allocated line does."""
+    # 15 GiB = 15,360 MiB. Allocated with 4%: (15,360 - 1,024) x 0.96 / 20 = 688.1, so 688. Reserved (its
+    # margin is what 4% stands for, so none more): (15,360 - 1,075.2) / 23 = 621.1, so 621; thrifty:
+    # (15,360 - 1,034.24) / 20.2 = 709.2, more than 688.
     line = Line(20 * MiB, GiB)
-    usable = 15 * GiB
-    by_allocated = largest_batch(line, usable, 0.04)
     wasteful = Line(20 * MiB * 1.15, GiB * 1.05)  # 15% more reserved than allocated per sample
     card = plan_card(("16 GiB", 15 * GiB), line, None, 64, 0, 0.04, reserved_line=wasteful)
-    assert card.largest_batch == largest_batch(wasteful, usable) < by_allocated
+    assert card.largest_batch == 621
     thrifty = Line(20 * MiB * 1.01, GiB * 1.01)  # 1%: within the margin
     card = plan_card(("16 GiB", 15 * GiB), line, None, 64, 0, 0.04, reserved_line=thrifty)
-    assert card.largest_batch == by_allocated
+    assert card.largest_batch == 688
+    # A T4 with ECC on keeps 15/16 of its 16 GiB: the same 15 GiB.
     plan = build_plan([], 64, "b", [Card("T4", 16, ecc=True)], 0.04, 0, "x", line=line, reserved_line=wasteful)
-    assert plan.predicted["T4"] == largest_batch(wasteful, 15 * GiB) and "reserved by PyTorch's cache" in plan.text()
+    assert plan.predicted["T4"] == 621 and "reserved by PyTorch's cache" in plan.text()
 
 
 def test_card_plan_for_a_batch_that_does_not_fit():
     line = Line(100 * MiB, 2 * GiB)
     plan = plan_card(Card("Small", 8), line, None, 256, 512 * MiB, 0.0)
-    expected = math.floor((8 * GiB - 512 * MiB - 2 * GiB) / (100 * MiB))
-    assert plan.largest_batch == expected and not plan.fits
-    assert plan.micro_batch * plan.steps == 256 and plan.micro_batch <= expected
+    # (8,192 MiB - 512 - 2,048) / 100 = 56.32: 56 fit, not 256; 32 divides 256 and is at least half of 56.
+    assert plan.largest_batch == 56 and not plan.fits
+    assert (plan.micro_batch, plan.steps) == (32, 8)
     assert "accumulation steps" in plan.advice(256) and "chunks" in plan.advice(256, trains=False)
 
 
@@ -117,7 +120,7 @@ def test_fixed_size_cell_fits_or_not():
 def test_fit_recovers_a_line_and_judges_it():
     line = fit([(32, 2 * GiB + 32 * 7 * MiB), (64, 2 * GiB + 64 * 7 * MiB)])
     assert line.slope_bytes == pytest.approx(7 * MiB) and line.intercept_bytes == pytest.approx(2 * GiB)
-    assert not faster_than_linear(line, start_bytes=2 * GiB, peak_bytes=int(line.peak(64)))
+    assert not faster_than_linear(line, start_bytes=2 * GiB, peak_bytes=2 * GiB + 64 * 7 * MiB)
     quadratic = lambda b: GiB + 4 * MiB * b + 0.2 * MiB * b * b  # noqa: E731
     curved = fit([(32, int(quadratic(32))), (64, int(quadratic(64)))])
     assert faster_than_linear(curved, start_bytes=GiB, peak_bytes=int(quadratic(64)))
@@ -132,11 +135,12 @@ def test_same_allows_small_noise_only():
 
 def test_plan_object_text_html_and_predicted():
     line = Line(10 * MiB, GiB)
-    runs = [Run("smaller", 32, int(line.peak(32)), GiB), Run("as written, again", 64, int(line.peak(64)), GiB)]
+    runs = [Run("smaller", 32, GiB + 32 * 10 * MiB, GiB), Run("as written, again", 64, GiB + 64 * 10 * MiB, GiB)]
     plan = build_plan(runs, 64, "batch_size", [Card("T4", 16, ecc=True), Card("Big", 80)], 0.04, 512 * MiB,
                       "measured here through NVML", this_card=("Fake", 40 * GiB), line=line)
     assert plan.per_sample_bytes == 10 * MiB and plan.fixed_bytes == GiB
-    assert plan.predicted["T4"] == math.floor((15 * GiB - 512 * MiB - GiB) * 0.96 / (10 * MiB))
+    # The T4 keeps 15 GiB with ECC: (15,360 MiB - 512 - 1,024) x 0.96 / 10 = 1,327.1, so 1,327.
+    assert plan.predicted["T4"] == 1327
     text = plan.text()
     assert "batch_size = 64" in text and "measured here through NVML" in text and "this card (Fake)" in text
     html = plan._repr_html_()

@@ -510,10 +510,16 @@ def test_the_oom_is_parsed_once_per_try_and_the_finder_runs_once(monkeypatch):
 
 
 def _count_parses(monkeypatch):
-    """Every ``ast.parse`` of the package, counted by the text parsed (``parse_cell`` and leftovers call it)."""
+    """Every ``ast.parse`` of the package, counted by the text parsed (``parse_cell`` and leftovers call it),
+    from an empty memo of ``parse_cell`` (this test's own: what earlier tests parsed is not in it)."""
     import ast
     from collections import Counter
+    from functools import lru_cache
 
+    from jupyter_cudamem.cell import source as cell_source
+
+    memo = cell_source._parse
+    monkeypatch.setattr(cell_source, "_parse", lru_cache(maxsize=memo.cache_info().maxsize)(memo.__wrapped__))
     counts: Counter[str] = Counter()
     real = ast.parse
 
@@ -525,9 +531,23 @@ def _count_parses(monkeypatch):
     return counts
 
 
+def _trees_as_parsed(sources, transform, counts) -> bool:
+    """Whether the trees ``parse_cell`` hands out for ``sources`` (from its memo: nothing is parsed again)
+    are still what ``ast.parse`` makes of them: every reader shares one tree, so none may change it."""
+    import ast
+
+    from jupyter_cudamem.cell.source import parse_cell
+
+    parses = sum(counts.values())
+    trees = [parse_cell(s).tree for s in sources]
+    assert sum(counts.values()) == parses
+    return all(ast.dump(tree) == ast.dump(ast.parse(transform(s))) for tree, s in zip(trees, sources))
+
+
 def test_each_source_of_a_fix_is_parsed_once(monkeypatch):
     # A batch fix of three tries: the failed cell's source once (finder, traits, whole data and set-aside
-    # read one tree), and each try's source once (set aside when the try starts and again before the next).
+    # read one tree, memoised by ``parse_cell``), and each try's source once (set aside when the try starts
+    # and again before the next).
     _, cell, namespace, run, driver, _ = setup(hidden_limit=5 * GiB)
     source = TRAINING_CELL.format(batch=6000)
     error = fail_first(run, source)
@@ -537,6 +557,7 @@ def test_each_source_of_a_fix_is_parsed_once(monkeypatch):
     sources = {source} | {t.source for t in outcome.tries}
     assert len(sources) == 4 and set(counts) == {cell.transform(s) for s in sources}
     assert set(counts.values()) == {1}
+    assert _trees_as_parsed(sources, cell.transform, counts)
 
 
 def test_the_failed_cell_is_parsed_once_when_autocast_wraps_it(monkeypatch):
@@ -550,6 +571,7 @@ def test_the_failed_cell_is_parsed_once_when_autocast_wraps_it(monkeypatch):
     outcome = driver.fix(source, error, namespace, freed_bytes=0)
     assert outcome.strategy == "autocast"
     assert counts == {cell.transform(source): 1, cell.transform(outcome.fixed_source): 1}
+    assert _trees_as_parsed([source, outcome.fixed_source], cell.transform, counts)
 
 
 def test_the_outcome_says_what_does_not_grow_with_the_batch_read_from_the_namespace():

@@ -209,14 +209,17 @@ def test_an_optimizer_rebound_by_the_cell_has_its_state_set_aside_and_given_back
     assert not mover.holds_gpu(torch.optim.SGD([weight], lr=0.1))  # no state: nothing to move
 
 
-def test_the_driver_reads_the_names_bound_again_from_its_one_tree_as_bound_before_read_does():
+def test_names_bound_before_read_in_ipython_input_as_the_shell_runs_it():
+    # The driver sets aside what ``bound_before_read`` lists, read through the shell's transform (one
+    # parse of each source, memoised in ``parse_cell``).
     from jupyter_cudamem.cell.source import default_transform
 
-    driver = Driver(lambda source: None, fake_hardware(capped_machine(GiB)), lambda failed: None,
-                    transform=default_transform)
-    for source in ("x = make(b)\nh = h * 2\nfor _ in range(n):\n    out = model(x)\n",
-                   "with torch.autocast('cuda', dtype=torch.bfloat16):\n    x = make(8)\n    y = model(x)\n",
-                   "!nvidia-smi\nx = make(b)\n%time y = model(x)\n",
-                   "%%time\nx = make(b)\n",  # a cell magic's body runs as one call: nothing bound at the top
-                   "def f(:\n"):
-        assert driver._bound_again(source) == bound_before_read(source, default_transform), source
+    cases = {
+        "x = make(b)\nh = h * 2\nfor _ in range(n):\n    out = model(x)\n": ["x", "_", "out"],  # h is read first
+        "with torch.autocast('cuda', dtype=torch.bfloat16):\n    x = make(8)\n    y = model(x)\n": ["x", "y"],
+        "!nvidia-smi\nx = make(b)\n%time y = model(x)\n": ["x"],  # y is bound inside %time's call
+        "%%time\nx = make(b)\n": [],  # a cell magic's body runs as one call: nothing bound at the top
+        "def f(:\n": [],
+    }
+    for source, names in cases.items():
+        assert bound_before_read(source, default_transform) == names, source
