@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
+from ..reruns.measured import run_measured
 from ..growth.through_points import Line
 from ..growth.through_points import Agreement, faster_than_linear, fit, same
 from ..units import MiB
@@ -129,26 +130,30 @@ class Runner:
         aside = self.set_aside(source) if self.set_aside is not None else None
         gc.collect()
         self.release()
-        baseline = self.meter.start()
-        oom = False
-        value: Any = None
-        try:
-            with contextlib.nullcontext() if last else self.quiet():
-                value = self.run(source)
-        except BaseException as error:  # noqa: BLE001 - the cell's error: measured, then re-raised unless an OOM
-            if aside is not None:
-                aside.give_back()
-            if not self.is_oom(error):
-                self.meter.stop(baseline, error=type(error).__name__)
-                raise
-            oom = True
-            # The exception's frames hold the failed run's tensors: drop them before measuring on.
-            with contextlib.suppress(Exception):
-                import traceback
+        returned: list[Any] = []
 
-                traceback.clear_frames(error.__traceback__)
-            del error
-        measurement = self.meter.stop(baseline, error="OutOfMemoryError" if oom else None)
+        def attempt() -> BaseException | None:
+            try:
+                with contextlib.nullcontext() if last else self.quiet():
+                    returned.append(self.run(source))
+            except BaseException as error:  # noqa: BLE001 - the cell's error: measured, then re-raised unless an OOM
+                if aside is not None:
+                    aside.give_back()
+                if not self.is_oom(error):
+                    raise
+                # The exception's frames hold the failed run's tensors: drop them before measuring on.
+                with contextlib.suppress(Exception):
+                    import traceback
+
+                    traceback.clear_frames(error.__traceback__)
+                return error
+            return None
+
+        measured = run_measured(attempt, self.meter)
+        oom = measured.error is not None
+        measurement = measured.measurement
+        del measured  # its error's frames are cleared, but it is the failed run's: not kept
+        value: Any = returned[0] if returned else None
         if aside is not None and not oom:
             aside.drop()  # the run bound those names again
         if oom:
