@@ -1,4 +1,4 @@
-"""Rooms a reader can hold: no module over 600 lines, no class over 300 (``tests/batch/test_batch_layout.py``,
+"""Rooms a reader can hold: no module over 600 lines, no class over 300 (``tests/test_package_layout.py``,
 ``tests/attribution/test_attribution_layout.py``; its self-test breaks both limits on purpose).
 
 Counted with ``ast``: a module by its lines, a class from its ``class`` line to its last line

@@ -18,65 +18,33 @@ each source (the failed cell's, each try's) is parsed once (``parse_cell`` is me
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import CudaMemError
-from ..hardware import Hardware, headroom_bytes, reserved_limit_bytes
-from ..measure import Meter
+from ..hardware import Hardware, headroom_bytes
 from ..units import format_bytes
 from ..advice import build_suggestions
 from ..attribution.probe import TensorProbe, default_probe
 from ..attribution.training_state import fixed_memory
 from ..growth import FixedMemory
-from ..batch import BatchChange, BatchFinding, Knob, find_batch
+from ..batch import BatchFinding, find_batch
 from ..cell.edit import AutocastNotApplicable, CellDiff, wrap_in_autocast
 from ..cell.source import default_transform
 from ..cell.traits import cell_traits
 from .cleanup import CleanupResult
-from ..reruns.set_aside import Mover, SetAside, bound_before_read, restore_bindings, set_aside
-from ..sources.torch_host import TorchMover
+from ..reruns.set_aside import Mover, SetAside, bound_before_read
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
+from .smaller_batch import SmallerBatch
+from .tries import FixTries, lacked_bytes, needed_bytes, one_line
 from ..oom import OomInfo, parse_oom
-from ..reruns.recording import Recorder
-from ..reruns.search import BatchSearch
 from .strategies import STRATEGIES
 from .whole_data import whole_data_decision
 
 RunSource = Callable[[str], "BaseException | None"]
 Cleanup = Callable[["BaseException | None"], Any]
-
-
-def _lacked_bytes(oom: OomInfo) -> int | None:
-    """How much more room the allocation that failed needed than the process had then: the request less
-    what was free for it (under a per-process cap, the cap less what the process held; never more than
-    the device had free). ``None`` where the message does not say."""
-    if oom.requested_bytes is None:
-        return None
-    free = []
-    if oom.allowed_bytes is not None and oom.process_bytes is not None:
-        free.append(oom.allowed_bytes - oom.process_bytes)
-    if oom.free_bytes is not None:
-        free.append(oom.free_bytes)
-    if not free:
-        return None
-    return max(oom.requested_bytes - max(min(free), 0), 0)
-
-
-def needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | None:
-    """A lower bound of what the failed cell needs above what it started with: what it had allocated
-    when it failed (less what was allocated when it started), plus the allocation that failed."""
-    if oom is None or allocated_before is None or oom.allocated_bytes is None or oom.requested_bytes is None:
-        return None
-    return max(oom.allocated_bytes - allocated_before, 0) + oom.requested_bytes
-
-
-def undo_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:
-    """``set_aside.restore_bindings``: put the namespace back as it was before a failed try."""
-    return restore_bindings(namespace, before)
 
 
 def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
@@ -88,14 +56,6 @@ def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
         name for name, value in (namespace or {}).items()
         if isinstance(value, types.FunctionType) and {"backward", "step", "zero_grad"} & set(value.__code__.co_names)
     )
-
-
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    first = text[0] if text else ""
-    if len(first) > 160:
-        first = first[:159] + "…"
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 @dataclass
@@ -129,99 +89,15 @@ class Driver:
     def __post_init__(self) -> None:
         self.max_tries = check_max_tries(self.max_tries)
         self.strategies = check_strategies(self.strategies)
-        self._tries: list[TryResult] = []
-        self._notes: list[str] = []
-        self._namespace: Mapping[str, Any] | None = None
+        # Through lambdas, so that what a caller sets on the driver later (a test's run_source) is used.
+        self._runs = FixTries(lambda source: self.run_source(source), self.hardware, lambda error: self.cleanup(error),
+                              self.max_tries, self.mover, self.oom_of, self._put_back, self.transform)
         self._history: Sequence[str] | None = None
-        self._stopped: str | None = None  # why no more tries are made (never an overwrite of max_tries)
-        self._aside = SetAside({})  # what is on the host until a try that fits binds it anew
-        self._kept_noted: set[str] = set()
-        self._transform: Callable[[str], str] | None = self.transform
-        self._reference: int | None = None  # allocated bytes every try's figures are taken from
-        self._recorder = Recorder(self.hardware.allocator)
         self._fixed: FixedMemory | None = None  # what the cell's step holds whatever its batch
 
-    # -- one measured try -------------------------------------------------------------------------
-    def _allocated(self, device: int) -> int | None:
-        readings = self.hardware.allocator_readings()
-        reading = readings.get(device) if readings else None
-        return None if reading is None else reading.allocated_bytes
-
-    def _try(self, strategy: str, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
-        self._before_rerun()
-        namespace = self._namespace if isinstance(self._namespace, MutableMapping) else None
-        # What the last state bound and this try binds again (the failed cell's input, or a fitted
-        # try's) goes to the host first, so the try starts where the failed cell started.
-        self._set_aside(source, device)
-        before = dict(namespace) if namespace is not None else None
-        meter = Meter(self.hardware, devices=[device])
-        baseline = meter.start()
-        at_start = self._allocated(device)
-        # A batch try's allocations are recorded for the search's replay of the allocator (``replay``).
-        recording = self._recorder.start(device) if batch is not None else None
-        started = time.perf_counter()
-        try:
-            error = self.run_source(source)
-        except BaseException:
-            self._recorder.stop(recording, device, failed=True)  # an interrupt must not leave it recording
-            raise
-        wall_s = time.perf_counter() - started
-        recorded = self._recorder.stop(recording, device, failed=error is not None)
-        measurement = meter.stop(baseline, error=None if error is None else type(error).__name__)
-        if error is not None and namespace is not None and before is not None:
-            # A failed try leaves nothing behind: the variables are as the last try that fitted left them.
-            undo_bindings(namespace, before)
-        before = None
-        peak = next((d.peak_above_start_bytes for d in measurement.devices), None)
-        # Parsed once (here or by ``oom_of``'s owner); only its figures are kept.
-        oom = None if error is None else (self.oom_of or parse_oom)(error)
-        message = None if error is None or oom is not None else _one_line(error)
-        # Free what this try left (a failed try holds its frames like the original failure did), then
-        # let go of the exception: nothing of ours may keep its traceback.
-        self.cleanup(error)
-        error = None
-        if message is None and oom is None:
-            self._aside.drop_rebound()  # the try bound its own values: what was set aside is superseded
-        left = self._allocated(device)
-        # Above the fix's reference level (see ``fix``): what the try started with counts as its own.
-        offset = 0 if at_start is None or self._reference is None else at_start - self._reference
-        need = needed_bytes(oom, at_start)
-        result = TryResult(
-            number=len(self._tries) + 1,
-            strategy=strategy,
-            source=source,
-            fitted=message is None and oom is None,
-            out_of_memory=oom is not None,
-            peak_bytes=peak,
-            wall_s=wall_s,
-            reason=reason,
-            batch=batch,
-            error=message,
-            allocated_at_start_bytes=at_start,
-            need_bytes=need,
-            left_bytes=None if left is None or at_start is None else left - at_start,
-            start_above_reference_bytes=offset,
-            stuck_bytes=None if oom is None else oom.reserved_unallocated_bytes,
-            recorded=recorded,
-        )
-        self._tries.append(result)
-        if message is not None:
-            # A changed cell that fails otherwise (a shape that needed the old batch...) is not ours
-            # to keep retrying; spend no more tries.
-            self._stop(f"rerun #{result.number} failed with {message}; stopped")
-        return result
-
-    def _before_rerun(self) -> None:
+    def _put_back(self) -> None:
         if self.before_rerun is not None:
             self.before_rerun()
-
-    def _left(self) -> int:
-        return 0 if self._stopped is not None else self.max_tries - len(self._tries)
-
-    def _stop(self, reason: str) -> None:
-        if self._stopped is None:
-            self._stopped = reason
-            self._notes.append(reason)
 
     # -- the whole fix ------------------------------------------------------------------------------
     def fix(
@@ -249,35 +125,35 @@ class Driver:
         found in the earlier cells that set it; ``finding`` a finding already made for this cell;
         ``cleaned`` the cleanup's result, whose figures say what it freed that was held before the cell.
         """
-        self._namespace = namespace
+        self._runs.namespace = namespace
         self._history = history
         if isinstance(namespace, MutableMapping):
-            self._aside = SetAside(namespace)
+            self._runs.aside = SetAside(namespace)
         if oom is None and error is not None:
             oom = parse_oom(error)
         if error is not None and oom is None:
-            raise CudaMemError(f"the last failure was not a GPU out-of-memory error ({_one_line(error)}); %oomfix does nothing for it")
+            raise CudaMemError(f"the last failure was not a GPU out-of-memory error ({one_line(error)}); %oomfix does nothing for it")
         error = None  # the figures are all we keep
         device = oom.device_index if oom is not None and oom.device_index is not None else 0
-        transform = self._transform = self.transform or default_transform
+        transform = self._runs.transform = self.transform or default_transform
         if finding is None and "batch" in self.strategies:
             finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number)
         traits = cell_traits(source, transform)
         # Read before the models the cell builds again are set aside (on the host, they count nothing).
         self._fixed = fixed_memory(namespace or {}, bound_before_read(source, transform),
                                    self.probe if self.probe is not None else default_probe(), traits.trains)
-        aside = self._set_aside(source, device)
+        aside = self._runs.set_aside(source, device)
         if allocated_before is None and freed_bytes is not None:
             # Unknown: at most what is allocated now plus what the cleanup and the set-aside freed
             # (both may include what was there before the cell), so the need it gives errs low.
-            now = self._allocated(device)
+            now = self._runs.allocated(device)
             if now is not None:
                 allocated_before = now + freed_bytes + aside.freed_bytes
         budget = headroom_bytes(self.hardware, device)
         # Every try's figures are taken from this level, not from the try's own start: a try that fits
         # leaves state the user keeps (gradients, an optimizer's first-step state, cuBLAS's workspace),
         # so later tries start higher, and a peak measured from a higher start would mix two scales.
-        self._reference = self._allocated(device)
+        self._runs.reference = self._runs.allocated(device)
         need = needed_bytes(oom, allocated_before)
         fragmented = bool(oom is not None and oom.looks_fragmented)
         fitted: TryResult | None = None
@@ -287,7 +163,7 @@ class Driver:
         paste: str | None = None
 
         for name in self.strategies:
-            if fitted is not None or self._left() <= 0:
+            if fitted is not None or self._runs.left() <= 0:
                 break
             if name == "cleanup":
                 fitted = self._cleanup_alone(source, oom, need, budget, device, cleaned)
@@ -295,7 +171,7 @@ class Driver:
                 # The batch is the data (inference over a whole tensor): chunks over all of it, or a refusal.
                 whole = whole_data_decision(finding, namespace, transform)
                 if whole is not None:
-                    self._notes.append(whole.note)
+                    self._runs.notes.append(whole.note)
                 if whole is None or whole.chunked is not None:
                     chosen = whole.chunked if whole is not None and whole.chunked is not None else finding
                     stuck = None if oom is None else oom.reserved_unallocated_bytes
@@ -313,17 +189,17 @@ class Driver:
                 strategy = name
         # Set aside and not bound again by a try that fitted since: give it back, so the variables hold
         # what the last try that fitted left (or, when none did, what the failed cell left).
-        given = self._aside.give_back()
-        if self._aside.left_on_host:
-            self._notes.append(f"{', '.join(self._aside.left_on_host)} stayed on the host: moving them back to the GPU "
+        given = self._runs.aside.give_back()
+        if self._runs.aside.left_on_host:
+            self._runs.notes.append(f"{', '.join(self._runs.aside.left_on_host)} stayed on the host: moving them back to the GPU "
                                "ran out of memory (their data is whole; move them back once there is room)")
         if given and fitted is None:
-            self._notes.append(f"nothing fitted: {', '.join(given)} bound again as the failed cell left them")
-        if fitted is None and self._stopped is None and self._left() <= 0 and len(self.strategies) > 1:
-            self._notes.append(f"stopped after --max-tries {self.max_tries} reruns")
-        if self._tries and not self._tries[-1].fitted and fitted is not None:
-            self._notes.append(
-                f"the last rerun (#{self._tries[-1].number}) failed after #{fitted.number} fitted: the variables "
+            self._runs.notes.append(f"nothing fitted: {', '.join(given)} bound again as the failed cell left them")
+        if fitted is None and self._runs.stopped is None and self._runs.left() <= 0 and len(self.strategies) > 1:
+            self._runs.notes.append(f"stopped after --max-tries {self.max_tries} reruns")
+        if self._runs.tries and not self._runs.tries[-1].fitted and fitted is not None:
+            self._runs.notes.append(
+                f"the last rerun (#{self._runs.tries[-1].number}) failed after #{fitted.number} fitted: the variables "
                 "hold what the failed rerun left; run the fixed cell again to get its results"
             )
         autocast_dtype = self._dtype() if "autocast" in self.strategies else None
@@ -336,42 +212,18 @@ class Driver:
             original_source=source,
             fixed_source=None if fitted is None else fitted.source,
             strategy=strategy,
-            tries=tuple(self._tries),
+            tries=tuple(self._runs.tries),
             batch_before=batch_before,
             batch_after=batch_after,
             batch_summary=finding.summary() if finding is not None and "batch" in self.strategies else "",
             budget_bytes=budget,
             freed_bytes=freed_bytes,
             suggestions=suggestions,
-            notes=tuple(self._notes),
+            notes=tuple(self._runs.notes),
             diagnosis=diagnosis,
             cell_diffs=cell_diffs if strategy == "batch" else (),
             paste_code=paste if strategy == "batch" else None,
         )
-
-    def _set_aside(self, source: str, device: int) -> SetAside:
-        """Set aside (``set_aside.set_aside``) what ``source`` binds again; kept with what earlier tries
-        set aside until a try that fits supersedes it or the fix ends."""
-        namespace = self._namespace
-        if not isinstance(namespace, MutableMapping):
-            return self._aside
-        mover = self.mover if self.mover is not None else TorchMover()
-        before = self._allocated(device)
-        aside = set_aside(namespace, source, mover, self._transform)
-        after = self._allocated(device)
-        if before is not None and after is not None:
-            aside.freed_bytes = max(before - after, 0)
-        new = [name for name in aside.names if name not in self._aside.entries]
-        if new and not self._tries:
-            self._notes.append(
-                f"set aside on the host before rerunning (the cell binds them again): {', '.join(new)}"
-            )
-        for name in aside.kept:
-            if name not in self._kept_noted:
-                self._kept_noted.add(name)
-                self._notes.append(f"could not set aside {name}: its GPU memory stays held during the reruns")
-        self._aside.merge(aside)
-        return aside
 
     # -- strategies ---------------------------------------------------------------------------------
     def _cleanup_alone(self, source: str, oom: OomInfo | None, needed: int | None, budget: int | None,
@@ -387,27 +239,27 @@ class Driver:
         if oom is None:
             return self._plain("as written", source, device)  # the cell has not failed yet (``%%oomfix``)
         if needed is not None and budget is not None and needed > budget:
-            self._notes.append(
+            self._runs.notes.append(
                 f"skipped a plain rerun: the cell needs at least {format_bytes(needed)} "
                 f"(what it held when it failed plus the allocation that failed), {format_bytes(budget)} is free"
             )
             return None
         gained, held_by = self._freed_from_before(source, cleaned)
-        lacked = _lacked_bytes(oom)
+        lacked = lacked_bytes(oom)
         if not gained:
-            self._notes.append("skipped a plain rerun: the cleanup freed only what the failed cell had made, "
+            self._runs.notes.append("skipped a plain rerun: the cleanup freed only what the failed cell had made, "
                                "which a rerun makes again, and it would fail the same way")
             return None
         what = f"{format_bytes(gained)} held before the cell ({', '.join(held_by)})"
         if lacked is not None and gained < lacked:
-            self._notes.append(f"skipped a plain rerun: the cleanup freed {what}, less than the "
+            self._runs.notes.append(f"skipped a plain rerun: the cleanup freed {what}, less than the "
                                f"{format_bytes(lacked)} the allocation that failed lacked")
             return None
         lacking = "" if lacked is None else f"; the allocation that failed lacked {format_bytes(lacked)}"
         return self._plain(f"the cleanup freed {what}{lacking}", source, device)
 
     def _plain(self, reason: str, source: str, device: int) -> TryResult | None:
-        result = self._try("cleanup", source, reason, device)
+        result = self._runs.run("cleanup", source, reason, device)
         return result if result.fitted else None
 
     def _freed_from_before(self, source: str, cleaned: CleanupResult | None) -> tuple[int, list[str]]:
@@ -415,7 +267,7 @@ class Driver:
         variable deleted with ``--del`` that the cell does not bind (one it binds, it made)."""
         if cleaned is None:
             return 0, []
-        rebound = set(bound_before_read(source, self._transform))
+        rebound = set(bound_before_read(source, self._runs.transform))
         gained, held_by = 0, []
         if cleaned.freed_output_cache_bytes:
             gained += cleaned.freed_output_cache_bytes
@@ -426,103 +278,28 @@ class Driver:
                 held_by.append(name)
         return gained, held_by
 
-    def _batch_knob(self, finding: BatchFinding) -> Knob | None:
-        """The knob the batch strategy changes: the one place where it is chosen (a check that a knob
-        must not be shrunk belongs here). ``None``, with a note saying why, when there is none."""
-        knob = finding.chosen
-        if knob is None:
-            self._notes.append(finding.summary())
-            return None
-        if knob.value < 2:
-            self._notes.append(f"the batch size is already {knob.value}; it cannot shrink")
-            return None
-        return knob
-
     def _smaller_batch(
         self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None
     ) -> tuple[TryResult | None, int | None, tuple[CellDiff, ...], str | None]:
-        knob = self._batch_knob(finding)
-        if knob is None:
-            return None, None if finding.chosen is None else finding.chosen.value, (), None
-        if budget is None:
-            self._notes.append("the free memory could not be read, so the batch search has no budget")
-            return None, knob.value, (), None
-        namespace = self._namespace if isinstance(self._namespace, MutableMapping) else {}
-        change = BatchChange(finding, knob, namespace, list(self._history or []))
-        search = BatchSearch(knob.value, budget, max_tries=self._left(), margin=self.margin, need_bytes=need,
-                             stuck_bytes=stuck, fixed=self._fixed)
-        if self._fixed is not None and self._fixed.total_bytes:
-            fixed = self._fixed
-            parts = [f"{format_bytes(size)} {what}" for size, what in (
-                (fixed.parameters_bytes, "of parameters the cell builds"),
-                (fixed.gradients_bytes, "of gradients its backward pass makes"),
-                (fixed.optimizer_state_bytes, "of optimizer state its first step makes")) if size]
-            self._notes.append(f"does not grow with the batch: {', '.join(parts)} (read from the namespace)")
-        best: TryResult | None = None
-        put_back_after = -1  # the number of tries when the model and optimizer were last put back
-        while self._left() > 0:
-            if self._tries:
-                # What the last try bound goes to the host now (the names do not depend on the batch),
-                # and the model and optimizer go back as they were before the reruns (``before_rerun``),
-                # so the allocator's state and the level the search reads are where the next try starts:
-                # read before, the last try's AdamW state would count as held through the next forward
-                # pass (on an H100, a ViT-B/16 fine-tune put at 40 where 48 fits).
-                self._set_aside(self._tries[-1].source, device)
-                if self.before_rerun is not None:
-                    self._before_rerun()
-                    put_back_after = len(self._tries)
-            level = self._allocated(device)
-            if level is not None and self._reference is not None:
-                search.set_level(level - self._reference)
-            search.set_allocator(self._recorder.state(device), reserved_limit_bytes(self.hardware, device))
-            if (batch := search.next()) is None:
-                break
-            try:
-                source = change.apply(batch)
-            except CudaMemError as problem:
-                self._stop(f"could not set the batch: {problem}")
-                break
-            result = self._try("batch", source, search.reason, device, batch=batch)
-            search.record(batch, result.observation())
-            if result.fitted and (best is None or batch > (best.batch or 0)):
-                best = result
-            if self._stopped is not None:
-                search.stop(self._stopped)
-        if search.stopped is not None and self._stopped is None and self._left() > 0:
-            self._notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed
-        if best is None or best.batch is None:
-            change.restore()
-            return None, knob.value, (), None
-        found = best.batch
-        last_fitted = next((t for t in reversed(self._tries) if t.fitted), None)
-        source = change.apply(found)  # the knob holds the best batch whether or not it is rerun
-        put_back_since = put_back_after == len(self._tries)
-        if (last_fitted is not best or not self._tries[-1].fitted or put_back_since) and self._left() > 0:
-            # Failed tries are undone, so the variables hold the last try that fitted; when that is
-            # not the best, or a try failed after it, or the model's state was put back after it for
-            # a try the search then did not choose, rerun the best so they and the model hold the run
-            # the outcome reports.
-            confirm = self._try("batch", source, "rerun of the largest batch that fitted", device, batch=found)
-            if confirm.fitted:
-                best = confirm
-        change.forget_originals()
-        return best, knob.value, change.diffs(found), change.paste_code(found)
+        strategy = SmallerBatch(self._runs, self.hardware, self.margin, self._fixed, list(self._history or []),
+                                self._put_back if self.before_rerun is not None else None)
+        return strategy.run(finding, budget, need, device, stuck)
 
     def _autocast(self, source: str, traits: Any, device: int, import_torch: bool = True) -> TryResult | None:
         if traits.autocast:
-            self._notes.append("the cell already uses autocast")
+            self._runs.notes.append("the cell already uses autocast")
             return None
         dtype = self._dtype()
         try:
             wrapped = wrap_in_autocast(source, dtype, import_torch=import_torch, transform=self.transform,
-                                       outside_names=stepping_functions(self._namespace))
+                                       outside_names=stepping_functions(self._runs.namespace))
         except SyntaxError as error:
-            self._notes.append(f"could not wrap the cell in autocast: it does not parse ({error.msg})")
+            self._runs.notes.append(f"could not wrap the cell in autocast: it does not parse ({error.msg})")
             return None
         except AutocastNotApplicable as reason:
-            self._notes.append(f"autocast not tried: {reason}")
+            self._runs.notes.append(f"autocast not tried: {reason}")
             return None
-        result = self._try("autocast", wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", device)
+        result = self._runs.run("autocast", wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", device)
         return result if result.fitted else None
 
     def _dtype(self) -> str:

@@ -406,7 +406,7 @@ def test_a_failed_try_leaves_nothing_behind():
     """A try whose backward() runs out of memory has already bound ``loss``, and with it the
     autograd graph of the forward pass. Seen on the H100: left bound, that graph made the next try
     fail too and stayed allocated after %oomfix. Failed tries are undone."""
-    from jupyter_cudamem.oomfix.driver import undo_bindings
+    from jupyter_cudamem.oomfix.tries import undo_bindings
 
     machine = capped_machine(4 * GiB)
     namespace: dict = {"kept": "the user's own"}
@@ -479,7 +479,7 @@ def test_when_no_batch_fits_the_value_is_put_back_where_it_lives():
 
 def test_the_oom_is_parsed_once_per_try_and_the_finder_runs_once(monkeypatch):
     from jupyter_cudamem.batch import finder
-    from jupyter_cudamem.oomfix import driver as driver_module, whole_data
+    from jupyter_cudamem.oomfix import driver as driver_module, tries as tries_module, whole_data
 
     calls = {"parse": 0, "find": 0, "whole data": 0}
     real_parse, real_find, real_whole = driver_module.parse_oom, driver_module.find_batch, finder.covers_whole_data
@@ -499,7 +499,8 @@ def test_the_oom_is_parsed_once_per_try_and_the_finder_runs_once(monkeypatch):
         calls["find"] += 1
         return real_find(*args, **kwargs)
 
-    monkeypatch.setattr(driver_module, "parse_oom", parse)
+    monkeypatch.setattr(driver_module, "parse_oom", parse)  # the failed cell's OOM
+    monkeypatch.setattr(tries_module, "parse_oom", parse)  # each try's
     monkeypatch.setattr(driver_module, "find_batch", find)
     _, cell, namespace, run, driver, _ = setup(hidden_limit=5 * GiB)
     source = TRAINING_CELL.format(batch=6000)

@@ -1,0 +1,119 @@
+"""``%oomfix``'s batch strategy: the batch search's tries, each made by the fix's ``FixTries``, with the
+batch changed where it lives (``batch.BatchChange``) and put back, or kept at the largest that fitted.
+
+Why apart from the driver: the driver orders the strategies; this runs the one that reruns the most,
+and knows how the search (``reruns.search``) and the tries meet: where each try starts, what the search
+reads before choosing, and when the best batch must be run once more so that the variables and the
+model hold the run the outcome reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+
+from ..batch import BatchChange, BatchFinding, Knob
+from ..cell.edit import CellDiff
+from ..errors import CudaMemError
+from ..growth import FixedMemory
+from ..hardware import Hardware, reserved_limit_bytes
+from ..reruns.search import BatchSearch
+from ..units import format_bytes
+from .outcome import TryResult
+from .tries import FixTries
+
+
+@dataclass
+class SmallerBatch:
+    """One run of the batch strategy over ``runs``. ``fixed`` is what the step holds whatever its batch
+    (read from the namespace); ``history`` IPython's input history, where the batch may live;
+    ``put_back`` puts the trained model and optimizer back before a try (``None``: nothing to put back)."""
+
+    runs: FixTries
+    hardware: Hardware
+    margin: float
+    fixed: FixedMemory | None
+    history: list[str]
+    put_back: Callable[[], None] | None = None
+
+    def _knob(self, finding: BatchFinding) -> Knob | None:
+        """The knob the batch strategy changes: the one place where it is chosen (a check that a knob
+        must not be shrunk belongs here). ``None``, with a note saying why, when there is none."""
+        knob = finding.chosen
+        if knob is None:
+            self.runs.notes.append(finding.summary())
+            return None
+        if knob.value < 2:
+            self.runs.notes.append(f"the batch size is already {knob.value}; it cannot shrink")
+            return None
+        return knob
+
+    def run(
+        self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None
+    ) -> tuple[TryResult | None, int | None, tuple[CellDiff, ...], str | None]:
+        knob = self._knob(finding)
+        if knob is None:
+            return None, None if finding.chosen is None else finding.chosen.value, (), None
+        if budget is None:
+            self.runs.notes.append("the free memory could not be read, so the batch search has no budget")
+            return None, knob.value, (), None
+        namespace = self.runs.namespace if isinstance(self.runs.namespace, MutableMapping) else {}
+        change = BatchChange(finding, knob, namespace, self.history)
+        search = BatchSearch(knob.value, budget, max_tries=self.runs.left(), margin=self.margin, need_bytes=need,
+                             stuck_bytes=stuck, fixed=self.fixed)
+        if self.fixed is not None and self.fixed.total_bytes:
+            fixed = self.fixed
+            parts = [f"{format_bytes(size)} {what}" for size, what in (
+                (fixed.parameters_bytes, "of parameters the cell builds"),
+                (fixed.gradients_bytes, "of gradients its backward pass makes"),
+                (fixed.optimizer_state_bytes, "of optimizer state its first step makes")) if size]
+            self.runs.notes.append(f"does not grow with the batch: {', '.join(parts)} (read from the namespace)")
+        best: TryResult | None = None
+        put_back_after = -1  # the number of tries when the model and optimizer were last put back
+        while self.runs.left() > 0:
+            if self.runs.tries:
+                # What the last try bound goes to the host now (the names do not depend on the batch),
+                # and the model and optimizer go back as they were before the reruns (``before_rerun``),
+                # so the allocator's state and the level the search reads are where the next try starts:
+                # read before, the last try's AdamW state would count as held through the next forward
+                # pass (on an H100, a ViT-B/16 fine-tune put at 40 where 48 fits).
+                self.runs.set_aside(self.runs.tries[-1].source, device)
+                if self.put_back is not None:
+                    self.put_back()
+                    put_back_after = len(self.runs.tries)
+            level = self.runs.allocated(device)
+            if level is not None and self.runs.reference is not None:
+                search.set_level(level - self.runs.reference)
+            search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device))
+            if (batch := search.next()) is None:
+                break
+            try:
+                source = change.apply(batch)
+            except CudaMemError as problem:
+                self.runs.stop(f"could not set the batch: {problem}")
+                break
+            result = self.runs.run("batch", source, search.reason, device, batch=batch)
+            search.record(batch, result.observation())
+            if result.fitted and (best is None or batch > (best.batch or 0)):
+                best = result
+            if self.runs.stopped is not None:
+                search.stop(self.runs.stopped)
+        if search.stopped is not None and self.runs.stopped is None and self.runs.left() > 0:
+            self.runs.notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed
+        if best is None or best.batch is None:
+            change.restore()
+            return None, knob.value, (), None
+        found = best.batch
+        last_fitted = next((t for t in reversed(self.runs.tries) if t.fitted), None)
+        source = change.apply(found)  # the knob holds the best batch whether or not it is rerun
+        put_back_since = put_back_after == len(self.runs.tries)
+        if (last_fitted is not best or not self.runs.tries[-1].fitted or put_back_since) and self.runs.left() > 0:
+            # Failed tries are undone, so the variables hold the last try that fitted; when that is
+            # not the best, or a try failed after it, or the model's state was put back after it for
+            # a try the search then did not choose, rerun the best so they and the model hold the run
+            # the outcome reports.
+            confirm = self.runs.run("batch", source, "rerun of the largest batch that fitted", device, batch=found)
+            if confirm.fitted:
+                best = confirm
+        change.forget_originals()
+        return best, knob.value, change.diffs(found), change.paste_code(found)

@@ -1,0 +1,186 @@
+"""The measured tries of one ``%oomfix``: each rerun starts where the failed cell started (what it binds
+again set aside on the host), runs measured (``reruns.measured``), is undone when it fails, and counts
+against ``max_tries``; the notes the tries leave for the outcome.
+
+Why apart from the driver: the driver decides what to try (the strategies, the batch search); this
+knows how one try is made and read, and nothing of why it was chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..hardware import Hardware
+from ..measure import Meter
+from ..oom import OomInfo, parse_oom
+from ..reruns.measured import run_measured
+from ..reruns.recording import Recorder
+from ..reruns.set_aside import Mover, SetAside, restore_bindings, set_aside
+from ..sources.torch_host import TorchMover
+from .outcome import TryResult
+
+RunSource = Callable[[str], "BaseException | None"]
+Cleanup = Callable[["BaseException | None"], Any]
+
+
+def lacked_bytes(oom: OomInfo) -> int | None:
+    """How much more room the allocation that failed needed than the process had then: the request less
+    what was free for it (under a per-process cap, the cap less what the process held; never more than
+    the device had free). ``None`` where the message does not say."""
+    if oom.requested_bytes is None:
+        return None
+    free = []
+    if oom.allowed_bytes is not None and oom.process_bytes is not None:
+        free.append(oom.allowed_bytes - oom.process_bytes)
+    if oom.free_bytes is not None:
+        free.append(oom.free_bytes)
+    if not free:
+        return None
+    return max(oom.requested_bytes - max(min(free), 0), 0)
+
+
+def needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | None:
+    """A lower bound of what the failed cell needs above what it started with: what it had allocated
+    when it failed (less what was allocated when it started), plus the allocation that failed."""
+    if oom is None or allocated_before is None or oom.allocated_bytes is None or oom.requested_bytes is None:
+        return None
+    return max(oom.allocated_bytes - allocated_before, 0) + oom.requested_bytes
+
+
+def undo_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:
+    """``set_aside.restore_bindings``: put the namespace back as it was before a failed try."""
+    return restore_bindings(namespace, before)
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    first = text[0] if text else ""
+    if len(first) > 160:
+        first = first[:159] + "…"
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+@dataclass
+class FixTries:
+    """The tries of one fix (see the module docstring). ``run_source`` runs a cell's source and returns
+    its error; ``cleanup`` frees what a failed try left; ``before_rerun`` puts the trained model and
+    optimizer back before each try (``Driver.before_rerun``); ``oom_of`` reads a try's OOM (``parse_oom``
+    when ``None``); ``mover`` moves what is set aside (``TorchMover`` when ``None``)."""
+
+    run_source: RunSource
+    hardware: Hardware
+    cleanup: Cleanup
+    max_tries: int
+    mover: Mover | None = None
+    oom_of: Callable[[BaseException], OomInfo | None] | None = None
+    before_rerun: Callable[[], object] | None = None
+    transform: Callable[[str], str] | None = None
+    tries: list[TryResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    namespace: Mapping[str, Any] | None = None
+    stopped: str | None = None  # why no more tries are made (never an overwrite of max_tries)
+    aside: SetAside = field(default_factory=lambda: SetAside({}))  # on the host until a try that fits binds it anew
+    reference: int | None = None  # allocated bytes every try's figures are taken from
+
+    def __post_init__(self) -> None:
+        self._kept_noted: set[str] = set()
+        self.recorder = Recorder(self.hardware.allocator)
+
+    def allocated(self, device: int) -> int | None:
+        readings = self.hardware.allocator_readings()
+        reading = readings.get(device) if readings else None
+        return None if reading is None else reading.allocated_bytes
+
+    def run(self, strategy: str, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
+        self._before()
+        namespace = self.namespace if isinstance(self.namespace, MutableMapping) else None
+        # What the last state bound and this try binds again (the failed cell's input, or a fitted
+        # try's) goes to the host first, so the try starts where the failed cell started.
+        self.set_aside(source, device)
+        before = dict(namespace) if namespace is not None else None
+        at_start = self.allocated(device)
+        # A batch try's allocations are recorded for the search's replay of the allocator (``replay``).
+        run = run_measured(lambda: self.run_source(source), Meter(self.hardware, devices=[device]),
+                           self.recorder if batch is not None else None, device)
+        error, measurement, wall_s, recorded = run.error, run.measurement, run.wall_s, run.recorded
+        del run
+        if error is not None and namespace is not None and before is not None:
+            # A failed try leaves nothing behind: the variables are as the last try that fitted left them.
+            undo_bindings(namespace, before)
+        before = None
+        peak = next((d.peak_above_start_bytes for d in measurement.devices), None)
+        # Parsed once (here or by ``oom_of``'s owner); only its figures are kept.
+        oom = None if error is None else (self.oom_of or parse_oom)(error)
+        message = None if error is None or oom is not None else one_line(error)
+        # Free what this try left (a failed try holds its frames like the original failure did), then
+        # let go of the exception: nothing of ours may keep its traceback.
+        self.cleanup(error)
+        error = None
+        if message is None and oom is None:
+            self.aside.drop_rebound()  # the try bound its own values: what was set aside is superseded
+        left = self.allocated(device)
+        # Above the fix's reference level (see ``fix``): what the try started with counts as its own.
+        offset = 0 if at_start is None or self.reference is None else at_start - self.reference
+        need = needed_bytes(oom, at_start)
+        result = TryResult(
+            number=len(self.tries) + 1,
+            strategy=strategy,
+            source=source,
+            fitted=message is None and oom is None,
+            out_of_memory=oom is not None,
+            peak_bytes=peak,
+            wall_s=wall_s,
+            reason=reason,
+            batch=batch,
+            error=message,
+            allocated_at_start_bytes=at_start,
+            need_bytes=need,
+            left_bytes=None if left is None or at_start is None else left - at_start,
+            start_above_reference_bytes=offset,
+            stuck_bytes=None if oom is None else oom.reserved_unallocated_bytes,
+            recorded=recorded,
+        )
+        self.tries.append(result)
+        if message is not None:
+            # A changed cell that fails otherwise (a shape that needed the old batch...) is not ours
+            # to keep retrying; spend no more tries.
+            self.stop(f"rerun #{result.number} failed with {message}; stopped")
+        return result
+
+    def _before(self) -> None:
+        if self.before_rerun is not None:
+            self.before_rerun()
+
+    def left(self) -> int:
+        return 0 if self.stopped is not None else self.max_tries - len(self.tries)
+
+    def stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+            self.notes.append(reason)
+
+    def set_aside(self, source: str, device: int) -> SetAside:
+        """Set aside (``set_aside.set_aside``) what ``source`` binds again; kept with what earlier tries
+        set aside until a try that fits supersedes it or the fix ends."""
+        namespace = self.namespace
+        if not isinstance(namespace, MutableMapping):
+            return self.aside
+        mover = self.mover if self.mover is not None else TorchMover()
+        before = self.allocated(device)
+        aside = set_aside(namespace, source, mover, self.transform)
+        after = self.allocated(device)
+        if before is not None and after is not None:
+            aside.freed_bytes = max(before - after, 0)
+        new = [name for name in aside.names if name not in self.aside.entries]
+        if new and not self.tries:
+            self.notes.append(
+                f"set aside on the host before rerunning (the cell binds them again): {', '.join(new)}"
+            )
+        for name in aside.kept:
+            if name not in self._kept_noted:
+                self._kept_noted.add(name)
+                self.notes.append(f"could not set aside {name}: its GPU memory stays held during the reruns")
+        self.aside.merge(aside)
+        return aside
