@@ -43,7 +43,7 @@ from .outcome import Outcome, TryResult
 from ..oom import OomInfo, parse_oom
 from ..reruns.recording import Recorder
 from ..reruns.search import BatchSearch
-from .strategies import STRATEGIES
+from .strategies import STRATEGIES, Strategy
 from .whole_data import whole_data_decision
 
 RunSource = Callable[[str], "BaseException | None"]
@@ -112,7 +112,7 @@ class Driver:
     hardware: Hardware
     cleanup: Cleanup
     max_tries: int = 3
-    strategies: tuple[str, ...] = tuple(STRATEGIES)
+    strategies: tuple[Strategy, ...] = STRATEGIES
     autocast_dtype: Callable[[], str] | None = None
     transform: Callable[[str], str] | None = None
     margin: float = 0.04
@@ -148,7 +148,7 @@ class Driver:
         reading = readings.get(device) if readings else None
         return None if reading is None else reading.allocated_bytes
 
-    def _try(self, strategy: str, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
+    def _try(self, strategy: Strategy, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
         self._before_rerun()
         namespace = self._namespace if isinstance(self._namespace, MutableMapping) else None
         # What the last state bound and this try binds again (the failed cell's input, or a fitted
@@ -261,7 +261,7 @@ class Driver:
         error = None  # the figures are all we keep
         device = oom.device_index if oom is not None and oom.device_index is not None else 0
         transform = self._transform = self.transform or default_transform
-        if finding is None and "batch" in self.strategies:
+        if finding is None and Strategy.BATCH in self.strategies:
             finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number,
                                  parsed=self._parsed(source))
         traits = cell_traits(source, transform, self._parsed(source))
@@ -283,7 +283,7 @@ class Driver:
         need = needed_bytes(oom, allocated_before)
         fragmented = bool(oom is not None and oom.looks_fragmented)
         fitted: TryResult | None = None
-        strategy: str | None = None
+        strategy: Strategy | None = None
         batch_before = batch_after = None
         cell_diffs: tuple[CellDiff, ...] = ()
         paste: str | None = None
@@ -291,9 +291,9 @@ class Driver:
         for name in self.strategies:
             if fitted is not None or self._left() <= 0:
                 break
-            if name == "cleanup":
+            if name is Strategy.CLEANUP:
                 fitted = self._cleanup_alone(source, oom, need, budget, device, cleaned)
-            elif name == "batch" and finding is not None:
+            elif name is Strategy.BATCH and finding is not None:
                 # The batch is the data (inference over a whole tensor): chunks over all of it, or a refusal.
                 whole = whole_data_decision(finding, namespace, transform, self._parsed(finding.source))
                 if whole is not None:
@@ -308,7 +308,7 @@ class Driver:
                         cell_diffs = tuple(
                             replace(d, before=source) if d.cell_number is None else d for d in cell_diffs
                         )
-            elif name == "autocast":
+            elif name is Strategy.AUTOCAST:
                 has_torch = namespace is not None and getattr(namespace.get("torch"), "autocast", None) is not None
                 fitted = self._autocast(source, traits, device, import_torch=not has_torch)
             if fitted is not None:
@@ -328,9 +328,9 @@ class Driver:
                 f"the last rerun (#{self._tries[-1].number}) failed after #{fitted.number} fitted: the variables "
                 "hold what the failed rerun left; run the fixed cell again to get its results"
             )
-        autocast_dtype = self._dtype() if "autocast" in self.strategies else None
+        autocast_dtype = self._dtype() if Strategy.AUTOCAST in self.strategies else None
         suggestions = build_suggestions(
-            source, traits, batch_before, batch_after, autocast_dtype, fragmented, strategy == "autocast",
+            source, traits, batch_before, batch_after, autocast_dtype, fragmented, strategy is Strategy.AUTOCAST,
             # Where the batch lives decides how to accumulate (a Trainer's gradient_accumulation_steps).
             batch_home=None if finding is None or finding.chosen is None else finding.chosen.kind,
         )
@@ -341,14 +341,14 @@ class Driver:
             tries=tuple(self._tries),
             batch_before=batch_before,
             batch_after=batch_after,
-            batch_summary=finding.summary() if finding is not None and "batch" in self.strategies else "",
+            batch_summary=finding.summary() if finding is not None and Strategy.BATCH in self.strategies else "",
             budget_bytes=budget,
             freed_bytes=freed_bytes,
             suggestions=suggestions,
             notes=tuple(self._notes),
             diagnosis=diagnosis,
-            cell_diffs=cell_diffs if strategy == "batch" else (),
-            paste_code=paste if strategy == "batch" else None,
+            cell_diffs=cell_diffs if strategy is Strategy.BATCH else (),
+            paste_code=paste if strategy is Strategy.BATCH else None,
         )
 
     def _set_aside(self, source: str, device: int) -> SetAside:
@@ -425,7 +425,7 @@ class Driver:
         return self._plain(f"the cleanup freed {what}{lacking}", source, device)
 
     def _plain(self, reason: str, source: str, device: int) -> TryResult | None:
-        result = self._try("cleanup", source, reason, device)
+        result = self._try(Strategy.CLEANUP, source, reason, device)
         return result if result.fitted else None
 
     def _freed_from_before(self, source: str, cleaned: CleanupResult | None) -> tuple[int, list[str]]:
@@ -500,7 +500,7 @@ class Driver:
             except CudaMemError as problem:
                 self._stop(f"could not set the batch: {problem}")
                 break
-            result = self._try("batch", source, search.reason, device, batch=batch)
+            result = self._try(Strategy.BATCH, source, search.reason, device, batch=batch)
             search.record(batch, result.observation())
             if result.fitted and (best is None or batch > (best.batch or 0)):
                 best = result
@@ -520,7 +520,7 @@ class Driver:
             # not the best, or a try failed after it, or the model's state was put back after it for
             # a try the search then did not choose, rerun the best so they and the model hold the run
             # the outcome reports.
-            confirm = self._try("batch", source, "rerun of the largest batch that fitted", device, batch=found)
+            confirm = self._try(Strategy.BATCH, source, "rerun of the largest batch that fitted", device, batch=found)
             if confirm.fitted:
                 best = confirm
         change.forget_originals()
@@ -540,7 +540,7 @@ class Driver:
         except AutocastNotApplicable as reason:
             self._notes.append(f"autocast not tried: {reason}")
             return None
-        result = self._try("autocast", wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", device)
+        result = self._try(Strategy.AUTOCAST, wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", device)
         return result if result.fitted else None
 
     def _dtype(self) -> str:
