@@ -35,8 +35,7 @@ from ..sources.base import AllocatorReading
 from ..units import MiB, format_bytes
 from ..attribution.holders import Holder, HolderKind, Origin
 from ..breakdown import MODEL_STATE, Category
-from ..oom import KIND_WORDS
-from ..oom import OomInfo
+from ..oom import KIND_WORDS, OomInfo, OomKind
 
 
 _SIGNIFICANT_SHARE = 0.05
@@ -63,7 +62,7 @@ class Diagnosis(TextReport):
 
     def text(self) -> str:
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
-        lines = [f"CUDA out of memory{where} ({KIND_WORDS.get(self.oom.kind, self.oom.kind)}): {self.verdict}"]
+        lines = [f"CUDA out of memory{where} ({KIND_WORDS[self.oom.kind]}): {self.verdict}"]
         lines.append(f"  {self.explanation}")
         if self.figures:
             width = max(len(label) for label, _ in self.figures)
@@ -120,7 +119,7 @@ class Diagnosis(TextReport):
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
         parts = [
             '<div class="cudamem-oomfix-diagnosis">',
-            f"<p><b>CUDA out of memory{e(where)}</b> ({e(KIND_WORDS.get(self.oom.kind, self.oom.kind))}): "
+            f"<p><b>CUDA out of memory{e(where)}</b> ({e(KIND_WORDS[self.oom.kind])}): "
             f"<b>{e(self.verdict)}</b>. {e(self.explanation)}</p>",
         ]
         if self.figures:
@@ -364,7 +363,7 @@ def diagnose(
             f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "
             "the cleanup frees it."
         )
-    if oom.kind in ("cublas", "cudnn", "driver", "other") and cached_now and verdict != "fragmentation":
+    if oom.kind is not OomKind.ALLOCATOR and cached_now and verdict != "fragmentation":
         explanation += (
             f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {KIND_WORDS[oom.kind]} cannot use "
             "until the cleanup returns it (empty_cache)."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jupyter_cudamem.oomfix.diagnosis import EXPANDABLE, diagnose
 from jupyter_cudamem.attribution.holders import Holder, HolderKind, Holders, Origin
-from jupyter_cudamem.oom import OomInfo, parse_oom
+from jupyter_cudamem.oom import OomInfo, OomKind, parse_oom
 from jupyter_cudamem.sources.base import AllocatorReading
 
 GiB, MiB = 1024**3, 1024**2
@@ -147,7 +147,7 @@ def test_renderings_show_verdict_figures_holders_and_escape_html() -> None:
 
 def test_the_failed_traceback_is_one_line_and_a_cap_is_named():
     oom = OomInfo(
-        kind="allocator", message="CUDA out of memory.", device_index=0, requested_bytes=512 * MiB,
+        kind=OomKind.ALLOCATOR, message="CUDA out of memory.", device_index=0, requested_bytes=512 * MiB,
         total_bytes=80 * GiB, free_bytes=74 * GiB, allowed_bytes=4 * GiB, allocated_bytes=3 * GiB,
     )
     holders = [
