@@ -45,7 +45,9 @@ class OomKind(StrEnum):
 
 
 # Kinds, most informative first: when an exception chain matches several, the first kind here wins.
-_KIND_ORDER: tuple[OomKind, ...] = (OomKind.ALLOCATOR, OomKind.CUBLAS, OomKind.CUDNN, OomKind.DRIVER, OomKind.OTHER)
+_KIND_ORDER: tuple[OomKind, ...] = (
+    OomKind.ALLOCATOR, OomKind.CUBLAS, OomKind.CUDNN, OomKind.DRIVER, OomKind.OTHER
+)
 
 # Who ran out, in words, for each kind.
 KIND_WORDS: dict[OomKind, str] = {
@@ -105,9 +107,9 @@ _MESSAGE_CHARS = 1200
 class OomInfo:
     """What one out-of-memory error says, in bytes; ``None`` where the message does not say.
 
-    ``kind`` says who ran out (``OomKind``). ``other_processes`` lists ``(pid, bytes)`` PyTorch attributed to processes it
-    could not identify as itself; inside a container, where NVML shows host PIDs, that is often
-    this very process.
+    ``kind`` says who ran out (``OomKind``). ``other_processes`` lists ``(pid, bytes)`` PyTorch
+    attributed to processes it could not identify as itself; inside a container, where NVML shows
+    host PIDs, that is often this very process.
     """
 
     kind: OomKind
