@@ -26,39 +26,53 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 
 from .units import UNIT_FACTORS as _FACTORS
 
 # Sizes as PyTorch's ``format_size`` and other libraries print them: "0 bytes", "3.19 MiB", "1,024 bytes".
 _SIZE = r"([0-9][0-9,]*(?:\.[0-9]+)?)\s*(bytes|B|KiB|MiB|GiB|TiB|PiB|KB|MB|GB|TB)\b"
 
+
+class OomKind(StrEnum):
+    """Who ran out of memory, which decides what freeing PyTorch's cache can do for it."""
+
+    ALLOCATOR = "allocator"  # PyTorch's caching allocator: torch.OutOfMemoryError
+    CUBLAS = "cublas"
+    CUDNN = "cudnn"
+    DRIVER = "driver"  # CUDA error: out of memory
+    OTHER = "other"  # CuPy, JAX, cuFFT...
+
+
 # Kinds, most informative first: when an exception chain matches several, the first kind here wins.
-_KIND_ORDER = ("allocator", "cublas", "cudnn", "driver", "other")
+_KIND_ORDER: tuple[OomKind, ...] = (
+    OomKind.ALLOCATOR, OomKind.CUBLAS, OomKind.CUDNN, OomKind.DRIVER, OomKind.OTHER
+)
 
 # Who ran out, in words, for each kind.
-KIND_WORDS = {
-    "allocator": "PyTorch's allocator",
-    "driver": "the CUDA driver",
-    "cublas": "cuBLAS (its workspace or handle)",
-    "cudnn": "cuDNN (its workspace)",
-    "other": "a library outside PyTorch",
+KIND_WORDS: dict[OomKind, str] = {
+    OomKind.ALLOCATOR: "PyTorch's allocator",
+    OomKind.DRIVER: "the CUDA driver",
+    OomKind.CUBLAS: "cuBLAS (its workspace or handle)",
+    OomKind.CUDNN: "cuDNN (its workspace)",
+    OomKind.OTHER: "a library outside PyTorch",
 }
 
 _NOT_CUDA = re.compile(r"\b(?:MPS backend|XPU|HIP) out of memory", re.IGNORECASE)
-_PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {
-    "allocator": (re.compile(r"CUDA out of memory\.", re.IGNORECASE),),
-    "cublas": (re.compile(r"CUBLAS_STATUS_ALLOC_FAILED"),),
-    "cudnn": (
+_PATTERNS: dict[OomKind, tuple[re.Pattern[str], ...]] = {
+    OomKind.ALLOCATOR: (re.compile(r"CUDA out of memory\.", re.IGNORECASE),),
+    OomKind.CUBLAS: (re.compile(r"CUBLAS_STATUS_ALLOC_FAILED"),),
+    OomKind.CUDNN: (
         re.compile(r"CUDNN_STATUS_ALLOC_FAILED"),
         re.compile(r"cuDNN[^\n]*out of memory", re.IGNORECASE),
     ),
-    "driver": (
+    OomKind.DRIVER: (
         re.compile(r"CUDA (?:driver )?error: out of memory", re.IGNORECASE),
         re.compile(r"cuda runtime error \(2\) : out of memory", re.IGNORECASE),
         re.compile(r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY"),
         re.compile(r"Cuda failure '?out of memory'?", re.IGNORECASE),  # NCCL's wording
     ),
-    "other": (
+    OomKind.OTHER: (
         re.compile(r"Out of memory allocating [0-9,]+ bytes"),  # CuPy
         re.compile(r"RESOURCE_EXHAUSTED:?\s*Out of memory", re.IGNORECASE),  # JAX / XLA
         re.compile(r"OOM when allocating tensor"),  # TensorFlow
@@ -93,14 +107,12 @@ _MESSAGE_CHARS = 1200
 class OomInfo:
     """What one out-of-memory error says, in bytes; ``None`` where the message does not say.
 
-    ``kind`` is ``"allocator"`` (PyTorch's caching allocator: ``torch.OutOfMemoryError``),
-    ``"driver"`` (``CUDA error: out of memory``), ``"cublas"``, ``"cudnn"`` or ``"other"`` (CuPy,
-    JAX, cuFFT...). ``other_processes`` lists ``(pid, bytes)`` PyTorch attributed to processes it
-    could not identify as itself; inside a container, where NVML shows host PIDs, that is often
-    this very process.
+    ``kind`` says who ran out (``OomKind``). ``other_processes`` lists ``(pid, bytes)`` PyTorch
+    attributed to processes it could not identify as itself; inside a container, where NVML shows
+    host PIDs, that is often this very process.
     """
 
-    kind: str
+    kind: OomKind
     message: str
     device_index: int | None = None
     requested_bytes: int | None = None
@@ -210,7 +222,7 @@ def _text_of(error: BaseException) -> str:
     return text
 
 
-def _kind_of_text(text: str) -> str | None:
+def _kind_of_text(text: str) -> OomKind | None:
     if _NOT_CUDA.search(text):
         return None
     for kind in _KIND_ORDER:
@@ -219,15 +231,15 @@ def _kind_of_text(text: str) -> str | None:
     return None
 
 
-def _kind_of_type(error: BaseException) -> str | None:
+def _kind_of_type(error: BaseException) -> OomKind | None:
     """Kinds that follow from the exception's class alone, whatever its text says."""
     for klass in type(error).__mro__:
         if klass.__name__ == "OutOfMemoryError":
             module = klass.__module__ or ""
             if module.startswith("torch"):
-                return "allocator"
+                return OomKind.ALLOCATOR
             if module.startswith("cupy"):
-                return "other"
+                return OomKind.OTHER
     return None
 
 
@@ -239,7 +251,7 @@ def _shorten(text: str) -> str:
     return short
 
 
-def _from_text(kind: str, text: str, exception_type: str | None) -> OomInfo:
+def _from_text(kind: OomKind, text: str, exception_type: str | None) -> OomInfo:
     device = None
     for pattern in _DEVICE:
         match = pattern.search(text)
@@ -291,7 +303,7 @@ def parse_oom(error_or_text: BaseException | str) -> OomInfo | None:
         return None if kind is None else _from_text(kind, error_or_text, None)
     if not isinstance(error_or_text, BaseException):
         return None
-    best: tuple[int, BaseException, str, str] | None = None
+    best: tuple[int, BaseException, OomKind, str] | None = None
     for error in exception_chain(error_or_text):
         text = _text_of(error)
         kind = _kind_of_text(text) or (None if _NOT_CUDA.search(text) else _kind_of_type(error))

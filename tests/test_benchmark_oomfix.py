@@ -104,15 +104,18 @@ def test_start_batch_is_the_ratio_of_the_oracle_and_always_fails(oracle, ratio, 
 # -- reading the outcome --------------------------------------------------------------------------
 def test_read_outcome_takes_the_best_fitting_batch_and_counts_every_try():
     from jupyter_cudamem.oomfix.outcome import Outcome, TryResult
+    from jupyter_cudamem.oomfix.strategies import Strategy
 
     tries = (
-        TryResult(1, "batch", "b=10", True, False, 100, 0.1, "probe", batch=10),
-        TryResult(2, "batch", "b=80", False, True, 700, 0.1, "line", batch=80),
-        TryResult(3, "batch", "b=60", True, False, 600, 0.1, "line", batch=60),
+        TryResult(1, Strategy.BATCH, "b=10", True, False, 100, 0.1, "probe", batch=10),
+        TryResult(2, Strategy.BATCH, "b=80", False, True, 700, 0.1, "line", batch=80),
+        TryResult(3, Strategy.BATCH, "b=60", True, False, 600, 0.1, "line", batch=60),
     )
-    outcome = Outcome("b=800", "b=60", "batch", tries, batch_before=800, batch_after=60, notes=("a note",))
+    outcome = Outcome("b=800", "b=60", Strategy.BATCH, tries, batch_before=800, batch_after=60, notes=("a note",))
     record = bench_module.read_outcome(outcome)
     assert record["found_batch"] == 60 and record["reruns"] == 3 and record["strategy"] == "batch"
+    # The record is written as JSON: the strategy as the word it is today.
+    assert json.loads(json.dumps(record))["tries"][0]["strategy"] == "batch"
     assert [t["batch"] for t in record["tries"]] == [10, 80, 60]
     assert [t["fitted"] for t in record["tries"]] == [True, False, True]
     assert record["notes"] == ["a note"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_cudamem.oom import OomInfo, is_cuda_oom, parse_oom
+from jupyter_cudamem.oom import OomInfo, OomKind, is_cuda_oom, parse_oom
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
@@ -89,7 +89,7 @@ JAX = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17179869184 by
 def test_torch_2_11_message_gives_every_figure() -> None:
     info = parse_oom(TORCH_2_11)
     assert info == OomInfo(
-        kind="allocator",
+        kind=OomKind.ALLOCATOR,
         message=TORCH_2_11,
         device_index=0,
         requested_bytes=200 * GiB,
@@ -190,7 +190,7 @@ def test_torch_1_0_cached() -> None:
 def test_errors_outside_the_allocator(text: str, kind: str) -> None:
     info = parse_oom(text)
     assert info is not None
-    assert info.kind == kind
+    assert info.kind == kind and info.kind is OomKind(kind)
     assert info.requested_bytes is None and info.total_bytes is None
 
 

@@ -45,7 +45,7 @@ def _oomfix_summary(outcome: Any) -> OomfixSummary | None:
         headline=outcome.headline(),
         fitted=outcome.fitted,
         dry_run=outcome.dry_run,
-        strategy=outcome.strategy,
+        strategy=None if outcome.strategy is None else outcome.strategy.value,  # plain, as the record's fields
         batch_before=outcome.batch_before,
         batch_after=outcome.batch_after,
         reruns=outcome.reruns,

@@ -20,7 +20,7 @@ from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
 from ..errors import CudaMemError
 from ..oomfix.driver import Driver
-from ..oom import OomInfo, parse_oom
+from ..oom import OomInfo, OomKind, parse_oom
 from ..oomfix.outcome import Outcome
 from ..oomfix.options import check_max_tries, check_strategies
 from ..oomfix.strategies import STRATEGIES
@@ -234,7 +234,7 @@ class OomFix(CudaMemMagicsBase):
             raise CudaMemError(f"--del {missing[0]}: no such variable; nothing was deleted")
         holders = find_holders(user_variables(self.shell), ipython_references(self.shell), probe=self.probe)
         if oom is None:  # an OOM whose message says nothing we parse: diagnose from the holders alone
-            oom = OomInfo("other", "" if error is None else str(error))
+            oom = OomInfo(OomKind.OTHER, "" if error is None else str(error))
         diagnosis = diagnose(oom, holders, self._readings(), self._model_state())
         if args.dry_run:
             preview = dry_run(source, oom, diagnosis, strategies, max_tries, cell_number, namespace=self.shell.user_ns,

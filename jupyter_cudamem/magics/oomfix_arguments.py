@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument
 from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..oomfix.options import check_max_tries, check_strategies
-from ..oomfix.strategies import STRATEGIES
+from ..oomfix.strategies import STRATEGIES, Strategy
 
 
 def oomfix_options(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -47,11 +47,11 @@ def require_gpu(hardware: Hardware) -> None:
         raise CudaMemError(f"%oomfix needs a CUDA device: {reason}")
 
 
-def chosen_strategies(args: Any, configured: str, autocast: bool) -> tuple[str, ...]:
+def chosen_strategies(args: Any, configured: str, autocast: bool) -> tuple[Strategy, ...]:
     """The strategies to try: ``--strategy`` or ``OomFix.strategies``, less autocast where it is off."""
     chosen = check_strategies(args.strategy if args.strategy is not None else configured)
     if args.no_autocast or not autocast:
-        chosen = tuple(s for s in chosen if s != "autocast")
+        chosen = tuple(s for s in chosen if s is not Strategy.AUTOCAST)
     if not chosen:
         raise CudaMemError("no strategy left to try: --strategy autocast with --no-autocast leaves nothing")
     return chosen

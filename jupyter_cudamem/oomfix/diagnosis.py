@@ -1,6 +1,6 @@
 """Why a cell ran out of GPU memory, in one verdict, with the figures and holders behind it.
 
-Verdicts, checked in this order (the first that applies is the one acted on):
+Verdicts (``Verdict``, shown in these words), checked in this order (the first that applies is acted on):
 
 - ``"too big for the card"`` when one allocation asked for more than this process may ever have (the
   card, or the per-process cap): nothing but a smaller or cheaper computation helps. It is also the
@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import html
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from .. import advice
 from ..advice import EXPANDABLE as EXPANDABLE  # re-exported: the diagnosis names this setting
@@ -35,13 +36,20 @@ from ..sources.base import AllocatorReading
 from ..units import MiB, format_bytes
 from ..attribution.holders import Holder, HolderKind, Origin
 from ..breakdown import MODEL_STATE, Category
-from ..oom import KIND_WORDS
-from ..oom import OomInfo
+from ..oom import KIND_WORDS, OomInfo, OomKind
 
 
 _SIGNIFICANT_SHARE = 0.05
 _NAMESPACE_SHARE = 0.5
 
+
+class Verdict(StrEnum):
+    """Why the cell ran out, in the words the diagnosis shows; it decides the advice and which notes follow."""
+
+    TOO_BIG = "too big for the card"
+    FRAGMENTATION = "fragmentation"
+    HELD_BY_IPYTHON = "held by IPython after the error"
+    HELD_BY_NAMESPACE = "held by namespace"
 
 
 @dataclass(frozen=True, repr=False)
@@ -50,7 +58,7 @@ class Diagnosis(TextReport):
 
     oom: OomInfo
     holders: list[Holder]
-    verdict: str
+    verdict: Verdict
     explanation: str
     suggestions: tuple[str, ...] = ()
     readings: dict[int, AllocatorReading] | None = None
@@ -63,7 +71,7 @@ class Diagnosis(TextReport):
 
     def text(self) -> str:
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
-        lines = [f"CUDA out of memory{where} ({KIND_WORDS.get(self.oom.kind, self.oom.kind)}): {self.verdict}"]
+        lines = [f"CUDA out of memory{where} ({KIND_WORDS[self.oom.kind]}): {self.verdict}"]
         lines.append(f"  {self.explanation}")
         if self.figures:
             width = max(len(label) for label, _ in self.figures)
@@ -120,7 +128,7 @@ class Diagnosis(TextReport):
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
         parts = [
             '<div class="cudamem-oomfix-diagnosis">',
-            f"<p><b>CUDA out of memory{e(where)}</b> ({e(KIND_WORDS.get(self.oom.kind, self.oom.kind))}): "
+            f"<p><b>CUDA out of memory{e(where)}</b> ({e(KIND_WORDS[self.oom.kind])}): "
             f"<b>{e(self.verdict)}</b>. {e(self.explanation)}</p>",
         ]
         if self.figures:
@@ -311,7 +319,7 @@ def diagnose(
 
     suggestions: list[str] = []
     if oom.exceeds_capacity:
-        verdict = "too big for the card"
+        verdict = Verdict.TOO_BIG
         limit = "the per-process cap" if capped else "the card"
         explanation = (
             f"one allocation asked for {format_bytes(asked)}, more than {limit} allows "
@@ -319,14 +327,14 @@ def diagnose(
         )
         suggestions += advice.too_big_advice(capped)
     elif oom.looks_fragmented:
-        verdict = "fragmentation"
+        verdict = Verdict.FRAGMENTATION
         explanation = (
             f"PyTorch had {format_bytes(oom.reserved_unallocated_bytes)} cached but unallocated, enough for the "
             f"{format_bytes(asked)} asked, but not in one piece."
         )
         suggestions += advice.fragmentation_advice(oom.reserved_unallocated_bytes)
     elif significant(cache_only):
-        verdict = "held by IPython after the error"
+        verdict = Verdict.HELD_BY_IPYTHON
         keepers = [h.label for h in holders if h.kind is HolderKind.IPYTHON][:3]
         explanation = (
             f"{format_bytes(cache_only)} is kept alive only by IPython's output cache "
@@ -334,7 +342,7 @@ def diagnose(
         )
         suggestions += advice.held_by_ipython_advice()
     elif capacity is not None and namespace >= _NAMESPACE_SHARE * capacity:
-        verdict = "held by namespace"
+        verdict = Verdict.HELD_BY_NAMESPACE
         largest = [h for h in holders if h.user_variable][:3]
         explanation = (
             f"your variables hold {format_bytes(namespace)} of the {format_bytes(capacity)} this process may use "
@@ -344,7 +352,7 @@ def diagnose(
         named = [(h.name, h.exclusive_bytes) for h in largest if h.kind is not HolderKind.GRADIENT]
         suggestions += advice.held_by_namespace_advice(named)
     else:
-        verdict = "too big for the card"
+        verdict = Verdict.TOO_BIG
         if capped:
             left = (
                 f"the per-process cap allows ({format_bytes(oom.allowed_bytes)}, "
@@ -364,13 +372,13 @@ def diagnose(
             f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "
             "the cleanup frees it."
         )
-    if oom.kind in ("cublas", "cudnn", "driver", "other") and cached_now and verdict != "fragmentation":
+    if oom.kind is not OomKind.ALLOCATOR and cached_now and verdict is not Verdict.FRAGMENTATION:
         explanation += (
             f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {KIND_WORDS[oom.kind]} cannot use "
             "until the cleanup returns it (empty_cache)."
         )
     categories = failure_categories(oom, model_state)
-    if categories is not None and verdict not in ("fragmentation", "held by IPython after the error"):
+    if categories is not None and verdict not in (Verdict.FRAGMENTATION, Verdict.HELD_BY_IPYTHON):
         explanation += _category_sentence(categories)
         fitting = advice.category_advice(categories)
         if fitting and fitting[0].category is Category.ACTIVATIONS:
@@ -379,7 +387,7 @@ def diagnose(
             suggestions = [item for item in suggestions if item not in general]
         suggestions += [item.text("what the cell needed") for item in fitting]
     if (
-        verdict != "fragmentation"
+        verdict is not Verdict.FRAGMENTATION
         and oom.fits_unfragmented  # a request larger than all the room there is: no allocator setting helps
         and oom.reserved_unallocated_bytes
         and capacity

@@ -40,7 +40,7 @@ from .outcome import Outcome, TryResult
 from .smaller_batch import SmallerBatch
 from .tries import FixTries, lacked_bytes, needed_bytes, one_line
 from ..oom import OomInfo, parse_oom
-from .strategies import STRATEGIES
+from .strategies import STRATEGIES, Strategy
 from .whole_data import whole_data_decision
 
 RunSource = Callable[[str], "BaseException | None"]
@@ -72,7 +72,7 @@ class Driver:
     hardware: Hardware
     cleanup: Cleanup
     max_tries: int = 3
-    strategies: tuple[str, ...] = tuple(STRATEGIES)
+    strategies: tuple[Strategy, ...] = STRATEGIES
     autocast_dtype: Callable[[], str] | None = None
     transform: Callable[[str], str] | None = None
     margin: float = 0.04
@@ -136,7 +136,7 @@ class Driver:
         error = None  # the figures are all we keep
         device = oom.device_index if oom is not None and oom.device_index is not None else 0
         transform = self._runs.transform = self.transform or default_transform
-        if finding is None and "batch" in self.strategies:
+        if finding is None and Strategy.BATCH in self.strategies:
             finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number)
         traits = cell_traits(source, transform)
         # Read before the models the cell builds again are set aside (on the host, they count nothing).
@@ -157,7 +157,7 @@ class Driver:
         need = needed_bytes(oom, allocated_before)
         fragmented = bool(oom is not None and oom.looks_fragmented)
         fitted: TryResult | None = None
-        strategy: str | None = None
+        strategy: Strategy | None = None
         batch_before = batch_after = None
         cell_diffs: tuple[CellDiff, ...] = ()
         paste: str | None = None
@@ -165,9 +165,9 @@ class Driver:
         for name in self.strategies:
             if fitted is not None or self._runs.left() <= 0:
                 break
-            if name == "cleanup":
+            if name is Strategy.CLEANUP:
                 fitted = self._cleanup_alone(source, oom, need, budget, device, cleaned)
-            elif name == "batch" and finding is not None:
+            elif name is Strategy.BATCH and finding is not None:
                 # The batch is the data (inference over a whole tensor): chunks over all of it, or a refusal.
                 whole = whole_data_decision(finding, namespace, transform)
                 if whole is not None:
@@ -182,7 +182,7 @@ class Driver:
                         cell_diffs = tuple(
                             replace(d, before=source) if d.cell_number is None else d for d in cell_diffs
                         )
-            elif name == "autocast":
+            elif name is Strategy.AUTOCAST:
                 has_torch = namespace is not None and getattr(namespace.get("torch"), "autocast", None) is not None
                 fitted = self._autocast(source, traits, device, import_torch=not has_torch)
             if fitted is not None:
@@ -202,9 +202,9 @@ class Driver:
                 f"the last rerun (#{self._runs.tries[-1].number}) failed after #{fitted.number} fitted: the variables "
                 "hold what the failed rerun left; run the fixed cell again to get its results"
             )
-        autocast_dtype = self._dtype() if "autocast" in self.strategies else None
+        autocast_dtype = self._dtype() if Strategy.AUTOCAST in self.strategies else None
         suggestions = build_suggestions(
-            source, traits, batch_before, batch_after, autocast_dtype, fragmented, strategy == "autocast",
+            source, traits, batch_before, batch_after, autocast_dtype, fragmented, strategy is Strategy.AUTOCAST,
             # Where the batch lives decides how to accumulate (a Trainer's gradient_accumulation_steps).
             batch_home=None if finding is None or finding.chosen is None else finding.chosen.kind,
         )
@@ -215,14 +215,14 @@ class Driver:
             tries=tuple(self._runs.tries),
             batch_before=batch_before,
             batch_after=batch_after,
-            batch_summary=finding.summary() if finding is not None and "batch" in self.strategies else "",
+            batch_summary=finding.summary() if finding is not None and Strategy.BATCH in self.strategies else "",
             budget_bytes=budget,
             freed_bytes=freed_bytes,
             suggestions=suggestions,
             notes=tuple(self._runs.notes),
             diagnosis=diagnosis,
-            cell_diffs=cell_diffs if strategy == "batch" else (),
-            paste_code=paste if strategy == "batch" else None,
+            cell_diffs=cell_diffs if strategy is Strategy.BATCH else (),
+            paste_code=paste if strategy is Strategy.BATCH else None,
         )
 
     # -- strategies ---------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ class Driver:
         return self._plain(f"the cleanup freed {what}{lacking}", source, device)
 
     def _plain(self, reason: str, source: str, device: int) -> TryResult | None:
-        result = self._runs.run("cleanup", source, reason, device)
+        result = self._runs.run(Strategy.CLEANUP, source, reason, device)
         return result if result.fitted else None
 
     def _freed_from_before(self, source: str, cleaned: CleanupResult | None) -> tuple[int, list[str]]:
@@ -299,7 +299,7 @@ class Driver:
         except AutocastNotApplicable as reason:
             self._runs.notes.append(f"autocast not tried: {reason}")
             return None
-        result = self._runs.run("autocast", wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", device)
+        result = self._runs.run(Strategy.AUTOCAST, wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", device)
         return result if result.fitted else None
 
     def _dtype(self) -> str:

@@ -10,13 +10,14 @@ from typing import Any
 from ..hardware import Hardware
 from ..oom import OomInfo
 from .outcome import Outcome
+from .strategies import Strategy
 
 
 def dry_run(
     source: str,
     oom: OomInfo | None,
     diagnosis: Any,
-    strategies: tuple[str, ...],
+    strategies: tuple[Strategy, ...],
     max_tries: int,
     cell_number: int | None,
     *,
@@ -37,7 +38,7 @@ def dry_run(
     device = oom.device_index if oom is not None and oom.device_index is not None else 0
     measured = headroom_bytes(hardware, device) if hardware.allocator.status() is None else None
     budget = measured if measured is not None else budget_from_message(oom)
-    plan = plan_batch(finding, namespace, history, budget, strategies,  # type: ignore[arg-type]
+    plan = plan_batch(finding, namespace, history, budget, strategies,
                       max_tries=max_tries, margin=margin,
                       budget_source="the measured" if measured is not None else "the error message's")
     return preview(source, finding, plan, diagnosis, measured)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import CudaMemError
-from .strategies import STRATEGIES
+from .strategies import STRATEGIES, Strategy
 
 
 def check_max_tries(value: object) -> int:
@@ -25,23 +25,26 @@ def check_max_tries(value: object) -> int:
     return value
 
 
-def check_strategies(names: str | Iterable[str] | None) -> tuple[str, ...]:
-    """Strategy names in the order given, duplicates dropped: a comma-separated string or a sequence.
-    ``None``, ``""`` or ``"all"`` mean all of them (``cleanup, batch, autocast``)."""
+def check_strategies(names: str | Iterable[str] | None) -> tuple[Strategy, ...]:
+    """The strategies named, in the order given, duplicates dropped: a comma-separated string or a sequence.
+    ``None``, ``""`` or ``"all"`` mean all of them (``cleanup, batch, autocast``). The one place where the
+    user's text (``--strategy``, ``OomFix.strategies``) becomes ``Strategy``."""
     if names is None:
-        return tuple(STRATEGIES)
+        return STRATEGIES
     parts = names.replace(" ", ",").split(",") if isinstance(names, str) else [str(n) for n in names]
-    chosen: list[str] = []
+    chosen: list[Strategy] = []
     for part in parts:
         name = part.strip().lower()
         if not name:
             continue
         if name == "all" and isinstance(names, str) and names.strip().lower() == "all":
-            return tuple(STRATEGIES)
-        if name not in STRATEGIES:
+            return STRATEGIES
+        try:
+            strategy = Strategy(name)
+        except ValueError:
             raise CudaMemError(
                 f"unknown strategy {part.strip()!r}; choose from {', '.join(STRATEGIES)} (comma-separated)"
-            )
-        if name not in chosen:
-            chosen.append(name)
-    return tuple(chosen) or tuple(STRATEGIES)
+            ) from None
+        if strategy not in chosen:
+            chosen.append(strategy)
+    return tuple(chosen) or STRATEGIES

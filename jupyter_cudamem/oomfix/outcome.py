@@ -16,16 +16,11 @@ from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
 from ..reruns.recording import RecordedRun
 from ..reruns.tries import Observation
+from .strategies import STRATEGY_TITLES, Strategy
 from .whole_data import CHUNKED_NOTE
 
 if TYPE_CHECKING:
     from .plan import BatchPlan
-
-
-def _title(strategy: str) -> str:
-    from .strategies import STRATEGY_TITLES  # strategies re-exports this module's names: import it late
-
-    return STRATEGY_TITLES.get(strategy, strategy)
 
 
 @dataclass(frozen=True)
@@ -33,7 +28,7 @@ class TryResult:
     """One rerun: what ran, whether it fitted, and what it measured."""
 
     number: int
-    strategy: str  # one of strategies.STRATEGIES (typed Strategy once the driver's loop is)
+    strategy: Strategy
     source: str
     fitted: bool
     out_of_memory: bool
@@ -120,7 +115,7 @@ class Outcome(TextReport):
 
     original_source: str
     fixed_source: str | None
-    strategy: str | None  # the strategy that fitted, one of strategies.STRATEGIES
+    strategy: Strategy | None  # the strategy that fitted
     tries: tuple[TryResult, ...]
     batch_before: int | None = None
     batch_after: int | None = None
@@ -170,11 +165,11 @@ class Outcome(TextReport):
         count = f"{self.reruns} rerun{'s' if self.reruns != 1 else ''}"
         if not self.fitted:
             return f"%oomfix: nothing fitted after {count}"
-        if self.strategy == "batch" and any(note.startswith(CHUNKED_NOTE) for note in self.notes):
+        if self.strategy is Strategy.BATCH and any(note.startswith(CHUNKED_NOTE) for note in self.notes):
             return f"%oomfix: fits in chunks of {self.batch_after} rows (all {self.batch_before} computed) after {count}"
-        if self.strategy == "batch":
+        if self.strategy is Strategy.BATCH:
             return f"%oomfix: fits with batch {self.batch_after} (was {self.batch_before}) after {count}"
-        if self.strategy == "autocast":
+        if self.strategy is Strategy.AUTOCAST:
             return f"%oomfix: fits under autocast after {count}"
         return f"%oomfix: fits unchanged after cleanup ({count})"
 
@@ -207,7 +202,7 @@ class Outcome(TextReport):
             for t in self.tries:
                 batch = "" if t.batch is None else str(t.batch)
                 parts.append(
-                    f"{t.number:>2}  {_title(t.strategy):<14} {batch:>6}   "
+                    f"{t.number:>2}  {STRATEGY_TITLES[t.strategy]:<14} {batch:>6}   "
                     f"{t.verdict:<14} {format_bytes(t.peak_bytes):>11} {format_seconds(t.wall_s):>8}   {user_reason(t.reason)}"
                 )
         if self.diff:
@@ -240,7 +235,7 @@ class Outcome(TextReport):
             for t in self.tries:
                 colour = "#2e7d32" if t.fitted else "#c62828"
                 out.append(
-                    f"<tr><td>{t.number}</td><td>{e(_title(t.strategy))}</td>"
+                    f"<tr><td>{t.number}</td><td>{e(STRATEGY_TITLES[t.strategy])}</td>"
                     f"<td>{'' if t.batch is None else t.batch}</td>"
                     f"<td style='color:{colour}'>{e(t.verdict)}</td><td>{e(format_bytes(t.peak_bytes))}</td>"
                     f"<td>{e(format_seconds(t.wall_s))}</td><td>{e(user_reason(t.reason))}</td></tr>"

@@ -38,7 +38,7 @@ class BatchPlan:
     def lines(self) -> list[str]:
         order = ", ".join(STRATEGY_TITLES[s] for s in self.strategies)
         lines = [f"plan: {order}, in that order"]
-        if "batch" in self.strategies:
+        if Strategy.BATCH in self.strategies:
             if self.knob is None:
                 lines.append(f"  smaller batch: nothing to shrink ({self.summary})")
             else:
@@ -65,7 +65,7 @@ class BatchPlan:
         e = html.escape
         order = ", ".join(STRATEGY_TITLES[s] for s in self.strategies)
         parts = [f"<p><b>Plan</b>: {e(order)}, in that order.</p>"]
-        if "batch" in self.strategies:
+        if Strategy.BATCH in self.strategies:
             if self.knob is None:
                 parts.append(f"<p>Smaller batch: nothing to shrink ({e(self.summary)}).</p>")
             else:
@@ -109,13 +109,13 @@ def plan_batch(
     knob = finding.chosen
     notes = finding.notes
     original = finding.source
-    whole = whole_data_decision(finding, namespace) if "batch" in strategies else None
+    whole = whole_data_decision(finding, namespace) if Strategy.BATCH in strategies else None
     if whole is not None:  # the batch is the data: chunks over all of it, or no batch try at all
         notes = notes + (whole.note,)
         if whole.chunked is None:
             return BatchPlan(finding.summary(), knob, None, "none: the batch is the data", (), strategies, notes)
         finding, knob = whole.chunked, whole.chunked.chosen
-    if knob is None or "batch" not in strategies:
+    if knob is None or Strategy.BATCH not in strategies:
         return BatchPlan(finding.summary(), knob, None, "", (), strategies, notes)
     if knob.value < 2:
         return BatchPlan(

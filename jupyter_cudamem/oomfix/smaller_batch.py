@@ -20,6 +20,7 @@ from ..hardware import Hardware, reserved_limit_bytes
 from ..reruns.search import BatchSearch
 from ..units import format_bytes
 from .outcome import TryResult
+from .strategies import Strategy
 from .tries import FixTries
 
 
@@ -92,7 +93,7 @@ class SmallerBatch:
             except CudaMemError as problem:
                 self.runs.stop(f"could not set the batch: {problem}")
                 break
-            result = self.runs.run("batch", source, search.reason, device, batch=batch)
+            result = self.runs.run(Strategy.BATCH, source, search.reason, device, batch=batch)
             search.record(batch, result.observation())
             if result.fitted and (best is None or batch > (best.batch or 0)):
                 best = result
@@ -112,7 +113,7 @@ class SmallerBatch:
             # not the best, or a try failed after it, or the model's state was put back after it for
             # a try the search then did not choose, rerun the best so they and the model hold the run
             # the outcome reports.
-            confirm = self.runs.run("batch", source, "rerun of the largest batch that fitted", device, batch=found)
+            confirm = self.runs.run(Strategy.BATCH, source, "rerun of the largest batch that fitted", device, batch=found)
             if confirm.fitted:
                 best = confirm
         change.forget_originals()

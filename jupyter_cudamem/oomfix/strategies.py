@@ -14,12 +14,25 @@ The driver (``driver.py``) runs them; each try is recorded in ``outcome.TryResul
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from enum import StrEnum
 
 from ..sources.torch_device import default_autocast_dtype
 
 __all__ = ["STRATEGIES", "STRATEGY_TITLES", "Strategy", "default_autocast_dtype"]
 
-Strategy = Literal["cleanup", "batch", "autocast"]
-STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
-STRATEGY_TITLES: dict[str, str] = {"cleanup": "cleanup alone", "batch": "smaller batch", "autocast": "autocast"}
+
+class Strategy(StrEnum):
+    """A way to make the cell fit, named as ``--strategy`` takes it; members in the order they are tried."""
+
+    CLEANUP = "cleanup"
+    BATCH = "batch"
+    AUTOCAST = "autocast"
+
+
+STRATEGIES: tuple[Strategy, ...] = tuple(Strategy)
+# Each strategy as a try's row names it.
+STRATEGY_TITLES: dict[Strategy, str] = {
+    Strategy.CLEANUP: "cleanup alone",
+    Strategy.BATCH: "smaller batch",
+    Strategy.AUTOCAST: "autocast",
+}

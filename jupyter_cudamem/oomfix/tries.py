@@ -20,6 +20,7 @@ from ..reruns.recording import Recorder
 from ..reruns.set_aside import Mover, SetAside, restore_bindings, set_aside
 from ..sources.torch_host import TorchMover
 from .outcome import TryResult
+from .strategies import Strategy
 
 RunSource = Callable[[str], "BaseException | None"]
 Cleanup = Callable[["BaseException | None"], Any]
@@ -93,7 +94,7 @@ class FixTries:
         reading = readings.get(device) if readings else None
         return None if reading is None else reading.allocated_bytes
 
-    def run(self, strategy: str, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
+    def run(self, strategy: Strategy, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
         self._before()
         namespace = self.namespace if isinstance(self.namespace, MutableMapping) else None
         # What the last state bound and this try binds again (the failed cell's input, or a fitted

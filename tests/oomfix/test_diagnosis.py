@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from jupyter_cudamem.oomfix.diagnosis import EXPANDABLE, diagnose
+from jupyter_cudamem.oomfix.diagnosis import EXPANDABLE, Verdict, diagnose
 from jupyter_cudamem.attribution.holders import Holder, HolderKind, Holders, Origin
-from jupyter_cudamem.oom import OomInfo, parse_oom
+from jupyter_cudamem.oom import OomInfo, OomKind, parse_oom
 from jupyter_cudamem.sources.base import AllocatorReading
 
 GiB, MiB = 1024**3, 1024**2
@@ -35,7 +35,7 @@ def holders(*items: Holder, namespace: int = 0, ipython_only: int = 0, cache_onl
 
 def test_allocation_larger_than_the_card() -> None:
     d = diagnose(parse_oom(oom_text("200.00 GiB")), [], None)
-    assert d.verdict == "too big for the card"
+    assert d.verdict == "too big for the card" and d.verdict is Verdict.TOO_BIG
     assert "200.00 GiB" in d.explanation and "the card" in d.explanation
 
 
@@ -50,7 +50,7 @@ def test_fragmentation() -> None:
     d = diagnose(
         parse_oom(oom_text("2.00 GiB", total="40.00 GiB", allocated="30.00 GiB", unallocated="8.00 GiB")), [], None
     )
-    assert d.verdict == "fragmentation"
+    assert d.verdict == "fragmentation" and d.verdict is Verdict.FRAGMENTATION
     assert any(EXPANDABLE in s for s in d.suggestions)
 
 
@@ -62,7 +62,7 @@ def test_held_by_ipython_after_the_error() -> None:
         holders(out, model, namespace=1 * GiB, ipython_only=3 * GiB, cache_only=3 * GiB),
         {0: AllocatorReading(5 * GiB, 6 * GiB, 5 * GiB, 6 * GiB)},
     )
-    assert d.verdict == "held by IPython after the error"
+    assert d.verdict == "held by IPython after the error" and d.verdict is Verdict.HELD_BY_IPYTHON
     assert "3.00 GiB" in d.explanation and "Out[3]" in d.explanation
     assert "traceback" not in d.explanation
     assert ("allocated now", "5.00 GiB") in d.figures and ("reserved now", "6.00 GiB") in d.figures
@@ -98,7 +98,7 @@ def test_held_by_namespace_suggests_deleting_the_largest() -> None:
         holders(old, opt, namespace=7 * GiB),
         None,
     )
-    assert d.verdict == "held by namespace"
+    assert d.verdict == "held by namespace" and d.verdict is Verdict.HELD_BY_NAMESPACE
     assert "%oomfix --del old_model if you no longer need it (frees up to 5.00 GiB)" in d.suggestions
     assert any(s.startswith("%oomfix --del opt ") for s in d.suggestions)
 
@@ -147,7 +147,7 @@ def test_renderings_show_verdict_figures_holders_and_escape_html() -> None:
 
 def test_the_failed_traceback_is_one_line_and_a_cap_is_named():
     oom = OomInfo(
-        kind="allocator", message="CUDA out of memory.", device_index=0, requested_bytes=512 * MiB,
+        kind=OomKind.ALLOCATOR, message="CUDA out of memory.", device_index=0, requested_bytes=512 * MiB,
         total_bytes=80 * GiB, free_bytes=74 * GiB, allowed_bytes=4 * GiB, allocated_bytes=3 * GiB,
     )
     holders = [

@@ -15,6 +15,7 @@ from jupyter_cudamem.oomfix.driver import Driver
 from jupyter_cudamem.advice import accumulation_plan, build_suggestions
 from jupyter_cudamem.cell.traits import cell_traits
 from jupyter_cudamem.oomfix.options import check_max_tries, check_strategies
+from jupyter_cudamem.oomfix.strategies import Strategy
 from tests.fakes import FakeOutOfMemoryError, GiB, MiB
 from tests.oomfix.simulated import OutOfMemoryError, SimulatedCell, capped_machine, fake_hardware
 
@@ -324,8 +325,9 @@ def test_strategy_selection_and_bad_options():
     namespace["torch"] = _FakeAutocastTorch()
     source = TRAINING_CELL.format(batch=4000)
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
-    assert [t.strategy for t in outcome.tries] == ["autocast"]
-    assert check_strategies("batch, autocast") == ("batch", "autocast")
+    assert [t.strategy for t in outcome.tries] == [Strategy.AUTOCAST]
+    assert check_strategies("batch, autocast") == (Strategy.BATCH, Strategy.AUTOCAST)
+    assert all(type(s) is Strategy for s in check_strategies("cleanup batch") + check_strategies(None))
     assert check_strategies(None) == ("cleanup", "batch", "autocast")
     assert check_strategies(["autocast", "batch", "autocast"]) == ("autocast", "batch")
     with pytest.raises(CudaMemError, match="unknown strategy 'halve'; choose from cleanup, batch, autocast"):

@@ -82,10 +82,10 @@ def test_cleanup_that_frees_less_than_listed_says_who_still_holds_it(env, capsys
 
 def test_cleanup_that_frees_more_than_listed_says_what_the_rest_was():
     from jupyter_cudamem.oomfix.diagnosis import diagnose
-    from jupyter_cudamem.oom import OomInfo
+    from jupyter_cudamem.oom import OomInfo, OomKind
 
     GiB, MiB = 1024**3, 1024**2
-    oom = OomInfo(kind="allocator", message="CUDA out of memory.", device_index=0, requested_bytes=256 * MiB,
+    oom = OomInfo(kind=OomKind.ALLOCATOR, message="CUDA out of memory.", device_index=0, requested_bytes=256 * MiB,
                   total_bytes=80 * GiB, allowed_bytes=4 * GiB, allocated_bytes=int(3.86 * GiB))
     holders = [Holder("GELU.forward()", HolderKind.TRACEBACK, 768 * MiB, False, 256 * MiB, origin=Origin.FRAME),
                Holder("features", HolderKind.TENSOR, 256 * MiB, True, 256 * MiB)]
