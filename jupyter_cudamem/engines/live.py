@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from ..monitor.notify import Listeners
 from ..monitor.poller import MonitorState
 from ..units import format_bytes, format_seconds
 from .records import EngineIdentity
@@ -173,7 +174,7 @@ class EnginesLive:
         self._gone: set[int] = set()
         self._error: str | None = None
         self._stop_reason: str | None = None
-        self._listeners: list[Listener] = []
+        self._listeners: Listeners[LiveState] = Listeners(self._lock, "cudamem engines monitor", logger)
         self._last_key: object = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -184,15 +185,7 @@ class EnginesLive:
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
-        with self._lock:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._listeners.subscribe(listener)
 
     def start(self) -> None:
         if self.running:
@@ -270,15 +263,8 @@ class EnginesLive:
                 return
             self._last_key = key
             self.notifications += 1
-            listeners = list(self._listeners)
-        for listener in listeners:
-            try:
-                listener(state)
-            except Exception:  # a broken view must not stop the gathering, nor reach the kernel
-                logger.warning("cudamem engines monitor: a view failed and was detached", exc_info=True)
-                with self._lock:
-                    if listener in self._listeners:
-                        self._listeners.remove(listener)
+            listeners = self._listeners.snapshot()
+        self._listeners.tell(listeners, state)
 
 
 # -- rendering ----------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from ..units import MiB
 from .state import Listener, MonitorState
@@ -35,6 +36,48 @@ def shown_key(state: MonitorState) -> object:
     return (state.running, state.interval_s, state.error, state.unavailable, state.stop_reason, tuple(rows))
 
 
+S = TypeVar("S")
+
+
+class Listeners(Generic[S]):
+    """The views told of each new state: added and removed from any thread under the owner's lock, and
+    called outside it; one that raises is detached with a warning (a broken view must not stop the
+    thread that tells it, nor reach the kernel). The monitor's poller and the engines' gatherer share it."""
+
+    def __init__(self, lock: threading.RLock, who: str, log: logging.Logger = logger):
+        self._lock = lock
+        self._who, self._log = who, log  # the warning's words ("cudamem monitor") and its logger
+        self._items: list[Callable[[S], None]] = []
+
+    def subscribe(self, listener: Callable[[S], None]) -> Callable[[], None]:
+        """Call ``listener(state)`` on each state told; returns an unsubscribe."""
+        with self._lock:
+            self._items.append(listener)
+
+        def unsubscribe() -> None:
+            self._remove(listener)
+
+        return unsubscribe
+
+    def _remove(self, listener: Callable[[S], None]) -> None:
+        with self._lock:
+            if listener in self._items:
+                self._items.remove(listener)
+
+    def snapshot(self) -> list[Callable[[S], None]]:
+        """The listeners now (taken under the lock; call them outside it with ``tell``)."""
+        with self._lock:
+            return list(self._items)
+
+    def tell(self, listeners: list[Callable[[S], None]], state: S) -> None:
+        for listener in listeners:
+            try:
+                listener(state)
+            except Exception:  # noqa: BLE001 - see the class docstring
+                self._log.warning("%s: a view failed and was detached", self._who, exc_info=True)
+                self._remove(listener)
+
+
 class Notifier:
     """The listeners of one poller and the rate limit on what they are told.
 
@@ -55,7 +98,7 @@ class Notifier:
         # Listeners that must hear from the poller even while nothing changes (an engine's feed to the
         # client: silence there means "not answering") are told the unchanged state this often.
         self.keepalive_s = keepalive_s
-        self._listeners: list[Listener] = []
+        self._listeners: Listeners[MonitorState] = Listeners(lock, "cudamem monitor")
         self._last_key: object = None
         self._last_notified_at: float | None = None
         self._pending = False
@@ -63,15 +106,7 @@ class Notifier:
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(state)`` on each shown change; returns an unsubscribe."""
-        with self._lock:
-            self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._listeners.subscribe(listener)
 
     def reset(self) -> None:
         """A new run: its first state goes out whatever the last run showed."""
@@ -97,15 +132,8 @@ class Notifier:
             self._last_notified_at = now
             self._pending = False
             self.notifications += 1
-            listeners = list(self._listeners)
-        for listener in listeners:
-            try:
-                listener(state)
-            except Exception:  # a broken view must not stop the polling, nor reach the kernel
-                logger.warning("cudamem monitor: a view failed and was detached", exc_info=True)
-                with self._lock:
-                    if listener in self._listeners:
-                        self._listeners.remove(listener)
+            listeners = self._listeners.snapshot()
+        self._listeners.tell(listeners, state)
 
     def next_delay(self, delay: float) -> float:
         """``delay`` to the next read, shortened so that a change held back by the rate limit goes out
