@@ -93,13 +93,16 @@ _REASON_WORDS = (
     ("MiB per item", "MiB per sample"),
     ("bisection", "halfway between what fitted and what failed"),
     ("probe", "a small first try, to measure memory per sample"),
+    # The one-peak bound (``reruns.search``): "surest from 76's peak (line through it and zero)".
+    ("(line through it and zero)", "(all of it taken as growing with the batch)"),
+    ("(line through it and its parameters)", "(all but the parameters the cell builds taken as growing with the batch)"),
 )
 
 
 def user_reason(reason: str) -> str:
     """A try's reason as the user reads it (the search names its own method otherwise)."""
     for internal, words in _REASON_WORDS:
-        if reason.startswith(internal) or internal.startswith("MiB"):
+        if reason.startswith(internal) or internal.startswith(("MiB", "(line through it")):
             reason = reason.replace(internal, words, 1)
     return reason
 

@@ -103,6 +103,10 @@ def test_search_reasons_in_the_users_words():
                    "bisection (no peak measured)", "probe", "rerun of the largest batch that fitted"):
         words = user_reason(reason)
         _assert_user_words(words)
+    assert user_reason("surest from 76's peak (line through it and zero)") == (
+        "surest from 76's peak (all of it taken as growing with the batch)"
+    )
+    assert "line through" not in user_reason("surest from 3's peak (line through it and its parameters)")
     assert user_reason("line through origin: 14.935 MiB per item") == (
         "predicted from the first measured peak: 14.935 MiB per sample"
     )
