@@ -42,6 +42,7 @@ from typing import Any, Protocol
 
 from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
+from ..reruns.bracket import bracket_largest
 from ..reruns.measured import run_measured
 from ..growth.through_points import Line
 from ..growth.through_points import Agreement, faster_than_linear, fit, same
@@ -314,14 +315,10 @@ def calibrate(runner: Runner, change: Change | None, scale: CalibrationScale | N
         return None
     guess_line = fit([(r.batch, r.peak_bytes) for r in points])  # type: ignore[misc]
     guess = max(guess_line.largest_batch(usable), 1) if guess_line.slope_bytes > 0 else max(r.batch or 1 for r in points)
-    fitted: int | None = None
-    failed: int | None = None
-    runs = 0
     stopped = ""
 
     def fits(batch: int) -> bool | None:
-        nonlocal runs, stopped
-        runs += 1
+        nonlocal stopped
         try:
             with scale.cap() if scale is not None and scale.cap is not None else contextlib.nullcontext():
                 return not runner.changed(change, CALIBRATION, batch).oom
@@ -329,25 +326,8 @@ def calibrate(runner: Runner, change: Change | None, scale: CalibrationScale | N
             stopped = f"batch {batch} raised {type(error).__name__}: {error}".split("\n")[0][:200]
             return None
 
-    batch = guess
-    while runs < CALIBRATION_RUNS and not stopped:
-        if fitted is not None and failed is not None:
-            if failed - fitted <= max(1, int(fitted * CALIBRATION_RESOLUTION)):
-                break
-            batch = (fitted + failed) // 2
-        elif fitted is not None:
-            batch = max(int(fitted * CALIBRATION_STEP), fitted + 1)
-        elif failed is not None:
-            if failed == 1:
-                break
-            batch = max(int(failed / CALIBRATION_STEP), 1)
-        answer = fits(batch)
-        if answer is None:
-            break
-        if answer:
-            fitted = batch
-        else:
-            failed = batch
+    found_bracket = bracket_largest(fits, guess, CALIBRATION_RUNS, CALIBRATION_STEP, CALIBRATION_RESOLUTION)
+    fitted, failed, runs = found_bracket.fitted, found_bracket.failed, found_bracket.runs
     if fitted is None:
         measured.notes.append(
             "--calibrate: " + (stopped or f"no batch fitted here in {runs} runs (down to {failed})") + ": not calibrated"
