@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
 from .pairing import Line, events_at, growth_lines
-from .replay import Event, StartSegment, block_bytes, replay
+from .replay import ALLOC, FREE, Event, StartSegment, block_bytes, replay
 
 PREDICTION_RESOLUTION = 1 / 512
 """How close a prediction settles on the largest batch: a replay per halving of the gap, and below 512
@@ -55,12 +55,12 @@ def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], b
     """
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
-    if not any(kind != "free" for kind, *_ in first) or not any(kind != "free" for kind, *_ in second):
+    if not any(kind != FREE for kind, *_ in first) or not any(kind != FREE for kind, *_ in second):
         return None  # a run that allocated nothing was not recorded where the allocations were made
     lines, share = growth_lines(first, batch_first, second, batch_second)
     if share == 0.0:
         return None
-    unpaired = [i for i, line in enumerate(lines) if line[0] != "free" and line[3] == 0.0 and line[4] > 0.0]
+    unpaired = [i for i, line in enumerate(lines) if line[0] != FREE and line[3] == 0.0 and line[4] > 0.0]
     measured = max(batch_first, batch_second)
     return Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin), measured)
 
@@ -77,14 +77,14 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
     bytes, as the line through the origin and one measured peak does (``growth.through_origin``). Where
     the parameters, their gradients and AdamW's state are most of a run (a fine-tune whose largest batch
     is a few dozen), scaling them too would put the largest batch at 0 or 1."""
-    if batch <= 0 or not any(kind != "free" for kind, *_ in events):
+    if batch <= 0 or not any(kind != FREE for kind, *_ in events):
         return None
     fixed = set(batch_independent)
-    lines: list[Line] = [(kind, key, stream, float(size), 0.0) if kind != "free" and key in fixed
-                         else (kind, key, stream, 0.0, 0.0 if kind == "free" else size / batch)
+    lines: list[Line] = [(kind, key, stream, float(size), 0.0) if kind != FREE and key in fixed
+                         else (kind, key, stream, 0.0, 0.0 if kind == FREE else size / batch)
                          for kind, key, size, stream in events]
-    temporaries = [i for i in range(len(events) - 1) if events[i][0] != "free" and events[i][1] not in fixed
-                   and events[i + 1][0] == "free" and events[i + 1][1] == events[i][1]]
+    temporaries = [i for i in range(len(events) - 1) if events[i][0] != FREE and events[i][1] not in fixed
+                   and events[i + 1][0] == FREE and events[i + 1][1] == events[i][1]]
     return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin), batch)
 
 
@@ -167,12 +167,12 @@ def allocated_limit(lines: Sequence[Line], start_bytes: int, cap_bytes: int) -> 
     limit = math.inf
     room = cap_bytes - start_bytes
     for kind, key, _, fixed, per_sample in lines:
-        if kind == "free":
+        if kind == FREE:
             gone = live.pop(key, None)
             if gone is not None:
                 fixed_now -= gone[0]
                 per_sample_now -= gone[1]
-        elif kind == "alloc":
+        elif kind == ALLOC:
             live[key] = (fixed, per_sample)
             fixed_now += fixed
             per_sample_now += per_sample
@@ -187,9 +187,9 @@ def peak_allocated_bytes(events: Sequence[Event], start_bytes: int = 0) -> int:
     live: dict[int, int] = {}
     now = peak = start_bytes
     for kind, key, size, _ in events:
-        if kind == "free":
+        if kind == FREE:
             now -= live.pop(key, 0)
-        elif kind == "alloc":
+        elif kind == ALLOC:
             block = block_bytes(size)
             live[key] = block
             now += block

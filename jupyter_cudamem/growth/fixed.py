@@ -22,7 +22,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .replay import Event, block_bytes
+from .replay import FREE, Event, block_bytes
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
     taken as fixed; ``tests/gpu/test_oomfix_finetune_gpu.py``)."""
     sized = fixed.is_parameter_sized
     allocations = [(index, key, size) for index, (kind, key, size, _) in enumerate(events)
-                   if kind != "free" and sized(size)]
+                   if kind != FREE and sized(size)]
     found = {key for _, key, _ in allocations if key in left}
     wanted = Counter(block_bytes(size) for size in fixed.gradient_sizes if size > 0)
     if not fixed.trains or not wanted:
@@ -108,7 +108,7 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
         taken = gradients[-wanted[block]:] if wanted[block] > 0 else []
         wanted[block] -= len(taken)
         last_gradient = max([last_gradient, *taken])
-    freed_at = {key: index for index, (kind, key, _, _) in enumerate(events) if kind == "free"}
+    freed_at = {key: index for index, (kind, key, _, _) in enumerate(events) if kind == FREE}
     for index, key, size in sorted(allocations, key=lambda a: (freed_at.get(a[1], len(events)), a[0]), reverse=True):
         block = block_bytes(size)
         if key not in found and wanted[block] > 0:

@@ -14,7 +14,7 @@ import difflib
 import math
 from typing import Sequence
 
-from .replay import MIN_BLOCK_BYTES, Event, EventKind
+from .replay import FREE, MIN_BLOCK_BYTES, Event, EventKind
 
 def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
           batch_second: int) -> list[int | None]:
@@ -31,7 +31,7 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
     for low, high, length in _common_runs(kinds_first, kinds_second, first, second, ratio):
         for offset in range(length):
             a, b = first[low + offset], second[high + offset]
-            if a[0] != "free" and a[3] == b[3] and _one_tensor(a[2], b[2], ratio):
+            if a[0] != FREE and a[3] == b[3] and _one_tensor(a[2], b[2], ratio):
                 partner[high + offset] = low + offset
     return partner
 
@@ -92,7 +92,7 @@ def _walked_runs(first: Sequence[Event], second: Sequence[Event], ratio: float) 
 
     def agree(i: int, j: int) -> bool:
         a, b = first[i], second[j]
-        return a[0] == b[0] and a[3] == b[3] and (a[0] == "free" or _one_tensor(a[2], b[2], ratio))
+        return a[0] == b[0] and a[3] == b[3] and (a[0] == FREE or _one_tensor(a[2], b[2], ratio))
 
     def agree_from(i: int, j: int) -> bool:
         nonlocal work
@@ -157,7 +157,7 @@ def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Even
     lines: list[Line] = []
     matched = total = 0
     for (kind, key, size, stream), index in zip(second, partner):
-        if kind == "free":
+        if kind == FREE:
             lines.append((kind, key, stream, 0.0, 0.0))
             continue
         total += size
@@ -174,5 +174,5 @@ def events_at(lines: Sequence[Line], batch: float) -> list[Event]:
     """The events at ``batch`` (a fraction of a sample too: a margin is taken on the per-sample part):
     each request on its line, rounded up to whole bytes, never below zero (the allocator rounds it
     further)."""
-    return [(kind, key, max(0, math.ceil(fixed + per_sample * batch)) if kind != "free" else 0, stream)
+    return [(kind, key, max(0, math.ceil(fixed + per_sample * batch)) if kind != FREE else 0, stream)
             for kind, key, stream, fixed, per_sample in lines]

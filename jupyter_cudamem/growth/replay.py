@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Sequence
+from enum import StrEnum
+from typing import Iterable, Sequence
 
 from ..units import MiB
 
@@ -55,7 +56,16 @@ MID_SEGMENT_BYTES = 20 * MiB
 LARGE_ROUND_BYTES = 2 * MiB
 """Larger requests get a segment of their size rounded up to this (``kRoundLarge``)."""
 
-EventKind = Literal["alloc", "free", "try"]
+class EventKind(StrEnum):
+    """What an event does to the allocator: the words of torch's trace, so a recorded trace reads as one."""
+
+    ALLOC = "alloc"
+    FREE = "free"
+    TRY = "try"
+
+
+ALLOC, FREE, TRY = EventKind.ALLOC, EventKind.FREE, EventKind.TRY  # read in the replay's hot loops
+
 Event = tuple[EventKind, int, int, int]
 """``(kind, key, requested_bytes, stream)``. ``alloc`` must be satisfied for the cell to fit; ``free``
 returns the block allocated under ``key``; ``try`` is an allocation the program survives being refused
@@ -263,7 +273,7 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
     at_failure: tuple[int | None, int | None] = (None, None)
     malloc, release = allocator.malloc, allocator.release
     for index, (kind, key, size, stream) in enumerate(events):
-        if kind == "free":
+        if kind == FREE:
             block = live.pop(key, None)
             if block is not None:
                 release(block)
@@ -272,7 +282,7 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
         if allocator.reserved > peak_reserved:
             peak_reserved = allocator.reserved
         if granted is None:
-            if kind == "alloc":
+            if kind == ALLOC:
                 failed_at = index
                 at_failure = (allocator.allocated, allocator.reserved)
                 break
@@ -280,7 +290,7 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
             continue
         if allocator.allocated > peak_allocated:
             peak_allocated = allocator.allocated
-        if kind == "try":
+        if kind == TRY:
             release(granted)
         else:
             live[key] = granted
@@ -315,11 +325,11 @@ def read_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
         stream_id = int(stream) if isinstance(stream, int) else 0
         if action == "alloc" and isinstance(address, int) and isinstance(size, int):
             live[address] = len(events)
-            events.append(("alloc", len(events), size, stream_id))
+            events.append((ALLOC, len(events), size, stream_id))
         elif action == "free_completed" and isinstance(address, int) and address in live:
-            events.append(("free", live.pop(address), 0, stream_id))
+            events.append((FREE, live.pop(address), 0, stream_id))
         elif action == "oom" and isinstance(size, int):
-            events.append(("alloc" if i == fatal else "try", len(events), size, stream_id))
+            events.append((ALLOC if i == fatal else TRY, len(events), size, stream_id))
     return events, tuple((address, key) for address, key in live.items() if key >= 0)
 
 
@@ -349,4 +359,4 @@ def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
     again = {key for address, key in left if address in held}
     if not again:
         return list(events)
-    return [event for event in events if not (event[0] == "alloc" and event[1] in again)]
+    return [event for event in events if not (event[0] == ALLOC and event[1] in again)]
