@@ -29,9 +29,7 @@ class Fitting:
     ``fitting_from_one``); ``largest`` the largest batch that does."""
 
     fits: Callable[[int], bool]
-    largest_up_to: Callable[[int], int]  # the largest batch up to a bound close above it that fits
-    allocated_bound: Callable[[int], int]  # quick: the largest batch up to a bound its allocated bytes allow
-    measured_batch: int
+    largest_up_to: Callable[[int], int]
 
     def largest(self, max_batch: int = 1 << 30) -> int:
         """The largest batch up to ``max_batch`` that fits (``max_batch`` when even that fits: nothing grows
@@ -40,7 +38,8 @@ class Fitting:
         The allocated bytes alone give a bound first (no replay), which is often the answer; below it
         the replay steps down (``largest_below``), so it runs a handful of times, not twice the
         batch's bits."""
-        return self.largest_up_to(self.allocated_bound(max_batch))
+        return self.largest_up_to(max_batch)
+
 
 def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
             start: Sequence[StartSegment], cap_bytes: int, margin: float = 0.0) -> Fitting | None:
@@ -62,7 +61,7 @@ def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], b
         return None
     unpaired = [i for i, line in enumerate(lines) if line[0] != FREE and line[3] == 0.0 and line[4] > 0.0]
     measured = max(batch_first, batch_second)
-    return Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin), measured)
+    return Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin))
 
 
 def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment], cap_bytes: int,
@@ -85,7 +84,7 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
                          for kind, key, size, stream in events]
     temporaries = [i for i in range(len(events) - 1) if events[i][0] != FREE and events[i][1] not in fixed
                    and events[i + 1][0] == FREE and events[i + 1][1] == events[i][1]]
-    return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin), batch)
+    return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
 
 
 def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],
@@ -107,7 +106,7 @@ def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: S
 
 def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_batch: int,
                      start: Sequence[StartSegment], cap_bytes: int,
-                     margin: float) -> tuple[Callable[[int], bool], Callable[[int], int], Callable[[int], int]]:
+                     margin: float) -> tuple[Callable[[int], bool], Callable[[int], int]]:
     """Whether a batch fits both when the ``unknown`` requests grow with the batch as their lines say and
     when they keep the size measured at ``measured_batch`` (margins as in ``largest_fitting_batch``).
 
@@ -116,8 +115,9 @@ def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_bat
     towards a smaller batch in bytes, but not always in the allocator: a larger block freed early is
     cached and serves later requests, so a run can fit with the larger block and fail with the real one.
     The batch must fit either way, with its per-sample parts ``1 + margin`` and ``1 + margin / 2`` times as
-    large. Returned with a quick test that only rules batches out (their allocated bytes alone pass the
-    cap)."""
+    large. Returned with the largest batch up to a bound that fits so: found below the bound the
+    allocated bytes alone set (a run whose allocated bytes pass the cap fails whatever the allocator
+    does), then by replays."""
     kept = list(lines)
     for index in unknown:
         kind, key, stream, fixed, per_sample = lines[index]
@@ -131,10 +131,6 @@ def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_bat
         # fails whatever the allocator does.
         return all(peak_allocated_bytes(events_at(v, batch * (1 + margin)), held) <= cap_bytes for v in variants)
 
-    def allocated_bound(max_batch: int) -> int:
-        limit = min(allocated_limit(v, held, cap_bytes) / (1 + margin) for v in variants)
-        return largest_below(could_fit, max(0, min(max_batch, math.floor(limit)) if limit < math.inf else max_batch))
-
     def fits_at(batch: int, scales: Sequence[float]) -> bool:
         return all(replay(events_at(v, batch * scale), start, cap_bytes).fits for scale in scales for v in variants)
 
@@ -143,15 +139,17 @@ def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_bat
         # little larger is cached where a later request reuses it), so fitting at the margin alone is luck.
         return fits_at(batch, (1 + margin, 1 + margin / 2))
 
-    def largest(high: int) -> int:
-        # The search settles on the larger sizes alone, then checks the batch it found at the smaller: the
+    def largest(max_batch: int) -> int:
+        limit = min(allocated_limit(v, held, cap_bytes) / (1 + margin) for v in variants)
+        bound = largest_below(could_fit, max(0, min(max_batch, math.floor(limit))) if limit < math.inf else max_batch)
+        # The replays settle on the larger sizes alone, then check the batch found at the smaller: the
         # same answer where the allocator is monotone, in about half the replays.
-        found = largest_below(lambda batch: fits_at(batch, (1 + margin,)), high, PREDICTION_RESOLUTION)
+        found = largest_below(lambda batch: fits_at(batch, (1 + margin,)), bound, PREDICTION_RESOLUTION)
         while found > 0 and not fits_at(found, (1 + margin / 2,)):
             found = largest_below(fits, found - 1, PREDICTION_RESOLUTION)
         return found
 
-    return fits, largest, allocated_bound
+    return fits, largest
 
 
 def allocated_limit(lines: Sequence[Line], start_bytes: int, cap_bytes: int) -> float:
@@ -204,7 +202,7 @@ def largest_below(fits: Callable[[int], bool], high: int, resolution: float = 0.
     they are within ``resolution`` of the batch (0: to the sample)."""
     if high <= 0 or fits(high):
         return max(high, 0)
-    failed, step = high, max(1, high // 64)
+    failed, step = high, max(1, high // 64)  # a bound from allocated bytes is a median 2% above (simulator)
     while (below := max(high - step, 0)) > 0 and not fits(below):
         failed, step = below, 2 * step
     while failed - below > max(1, int(below * resolution)):
