@@ -38,13 +38,10 @@ from ..reruns.set_aside import Mover, SetAside, bound_before_read
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
 from .smaller_batch import SmallerBatch
-from .tries import FixTries, lacked_bytes, needed_bytes, one_line
+from .tries import Cleanup, FixTries, RunSource, lacked_bytes, needed_bytes, one_line
 from ..oom import OomInfo, parse_oom
 from .strategies import STRATEGIES, Strategy
 from .whole_data import whole_data_decision
-
-RunSource = Callable[[str], "BaseException | None"]
-Cleanup = Callable[["BaseException | None"], Any]
 
 
 def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
