@@ -97,12 +97,9 @@ def test_plan_on_a_real_gpu_predicts_a_capped_card(shell, torch, capsys):
     step = shell.user_ns["step"]
     assert fits(torch, step, predicted), f"the predicted batch {predicted} does not fit the 4 GiB card"
     # The largest batch that really fits, by doubling then bisection above the prediction.
-    low, high = predicted, 2 * predicted
-    while fits(torch, step, high):
-        low, high = high, 2 * high
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(torch, step, middle) else (low, middle)
+    from benchmarks.bisect_batch import largest_fitting
+
+    low, _ = largest_fitting(lambda batch: fits(torch, step, batch), predicted, up=lambda batch: 2 * batch)
     print(f"4 GiB card: predicted {predicted}, largest that fits {low}, ratio {low / predicted:.3f}")
     assert low <= predicted * CAUTION_BOUND, f"{low} fits where the plan says {predicted}: more cautious than measured"
 
