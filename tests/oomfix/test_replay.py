@@ -91,6 +91,32 @@ def test_an_extra_request_in_one_run_is_taken_as_proportional_to_the_batch():
     assert largest_fitting_batch(first, 10, second, 20, [], 800 * MiB) == 100
 
 
+def chunked(rows: int, chunk: int) -> list:
+    """A cell that runs its model over chunks of ``rows`` rows (8 MiB of work a row, freed each chunk) and
+    then joins all rows' results (4 MiB a row: a request of the same size at every chunk size)."""
+    events, key = [], 0
+    for start in range(0, rows, chunk):
+        size = min(chunk, rows - start)
+        events += [("alloc", key, 8 * MiB * size, 0), ("free", key, 0, 0)]
+        key += 1
+    return events + [("alloc", key, 4 * MiB * rows, 0)]
+
+
+def test_a_join_after_a_loop_whose_passes_change_with_the_batch_is_batch_independent():
+    # 12 rows in chunks of 1 and of 2: the passes shift the join against another event of the other run;
+    # its size, left over once in each run, is the same tensor at both chunk sizes, not one that grows.
+    lines, share = growth_lines(chunked(12, 1), 1, chunked(12, 2), 2)
+    assert share == 1.0 and lines[-1][3:] == (48 * MiB, 0.0)
+    # The largest chunk is where 8 MiB a row of work reaches the cap (the join, 48 MiB, comes after it).
+    assert largest_fitting_batch(chunked(12, 1), 1, chunked(12, 2), 2, [], 96 * MiB) == 12
+    assert largest_fitting_batch(chunked(120, 1), 1, chunked(120, 2), 2, [], 600 * MiB) == 75
+    # A size left over more often in one run than in the other is not paired by size: of two joins where
+    # the other run made one, one pairs, the other stays proportional (the conservative guess).
+    twice = chunked(12, 2) + [("alloc", 99, 48 * MiB, 0)]
+    joins = [line[3:] for line in growth_lines(chunked(12, 1), 1, twice, 2)[0] if line[0] == "alloc" and line[3] + line[4] * 2 == 48 * MiB]
+    assert sorted(joins) == [(0.0, 24 * MiB), (48 * MiB, 0.0)]
+
+
 def test_a_trace_becomes_events_keyed_by_allocation_and_freed_when_completed():
     start = [StartSegment(address=1000 * 512, small=True, blocks=((512, True), (2 * MiB - 512, False)))]
     trace = [
