@@ -172,7 +172,9 @@ class Driver:
                 if whole is None or whole.chunked is not None:
                     chosen = whole.chunked if whole is not None and whole.chunked is not None else finding
                     stuck = None if oom is None else oom.reserved_unallocated_bytes
-                    fitted, batch_before, cell_diffs, paste = self._smaller_batch(chosen, budget, need, device, stuck)
+                    on_host = None if whole is None else whole.on_host
+                    fitted, batch_before, cell_diffs, paste = self._smaller_batch(chosen, budget, need, device, stuck,
+                                                                                  on_host)
                     batch_after = None if fitted is None else fitted.batch
                     if chosen is not finding:
                         # The chunked cell's diff starts from the cell as the user wrote it.
@@ -276,11 +278,12 @@ class Driver:
         return gained, held_by
 
     def _smaller_batch(
-        self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None
+        self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None,
+        on_host: BatchFinding | None = None,
     ) -> tuple[TryResult | None, int | None, tuple[CellDiff, ...], str | None]:
         strategy = SmallerBatch(self._runs, self.hardware, self.margin, self._fixed, list(self._history or []),
                                 self._put_back if self.before_rerun is not None else None)
-        return strategy.run(finding, budget, need, device, stuck)
+        return strategy.run(finding, budget, need, device, stuck, on_host)
 
     def _autocast(self, source: str, traits: Any, device: int, import_torch: bool = True) -> TryResult | None:
         if traits.autocast:

@@ -24,6 +24,14 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class FailureSite:
+    """Where in the cell a try's OOM arose: the cell's line, and whether inside a model's forward pass."""
+
+    line: int
+    in_module: bool
+
+
+@dataclass(frozen=True)
 class TryResult:
     """One rerun: what ran, whether it fitted, and what it measured."""
 
@@ -50,6 +58,7 @@ class TryResult:
     stuck_bytes: int | None = None
     # Its allocations and frees as PyTorch recorded them (``recording``), for the allocator replay.
     recorded: RecordedRun | None = field(default=None, repr=False, compare=False)
+    failed_at: FailureSite | None = None  # for an OOM, where in the cell it arose
 
     def observation(self) -> Observation:
         """What the batch search learns from this try, measured from the fix's reference level (a peak

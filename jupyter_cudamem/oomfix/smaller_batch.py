@@ -18,10 +18,12 @@ from ..errors import CudaMemError
 from ..growth import FixedMemory
 from ..hardware import Hardware, reserved_limit_bytes
 from ..reruns.search import BatchSearch
+from ..reruns.tries import Observation
 from ..units import format_bytes
 from .outcome import TryResult
 from .strategies import Strategy
 from .tries import FixTries
+from .whole_data import kept_on_host_note, moved_back_ran_out
 
 
 @dataclass
@@ -50,8 +52,11 @@ class SmallerBatch:
         return knob
 
     def run(
-        self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None
+        self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None,
+        on_host: BatchFinding | None = None,
     ) -> tuple[TryResult | None, int | None, tuple[CellDiff, ...], str | None]:
+        """``on_host``: the chunked cell with its result left on the host, for when moving the joined
+        result back runs out of memory (``whole_data.Join``)."""
         knob = self._knob(finding)
         if knob is None:
             return None, None if finding.chosen is None else finding.chosen.value, (), None
@@ -70,6 +75,7 @@ class SmallerBatch:
                 (fixed.optimizer_state_bytes, "of optimizer state its first step makes")) if size]
             self.runs.notes.append(f"does not grow with the batch: {', '.join(parts)} (read from the namespace)")
         best: TryResult | None = None
+        host_chunk: int | None = None  # the chunk whose work fitted before the move back ran out of memory
         put_back_after = -1  # the number of tries when the model and optimizer were last put back
         while self.runs.left() > 0:
             if self.runs.tries:
@@ -94,13 +100,31 @@ class SmallerBatch:
                 self.runs.stop(f"could not set the batch: {problem}")
                 break
             result = self.runs.run(Strategy.BATCH, source, search.reason, device, batch=batch)
-            search.record(batch, result.observation())
+            observation = result.observation()
+            if on_host is not None and moved_back_ran_out(result, knob):
+                # Every chunk's work fitted and the joined result did not fit on the GPU: no chunk size
+                # changes that, so the chunks go on with the result left on the host, and this try is
+                # what they showed: the work of chunks of ``batch`` fits (the peak it reached).
+                change.restore()
+                finding, knob = on_host, on_host.chosen or knob
+                change = BatchChange(finding, knob, namespace, self.history)
+                self.runs.notes.append(kept_on_host_note(knob.value, batch))
+                on_host = None
+                host_chunk = batch
+                observation = Observation(True, peak_bytes=observation.held_bytes, start_bytes=observation.start_bytes,
+                                          recorded=result.recorded)
+            search.record(batch, observation)
             if result.fitted and (best is None or batch > (best.batch or 0)):
                 best = result
             if self.runs.stopped is not None:
                 search.stop(self.runs.stopped)
         if search.stopped is not None and self.runs.stopped is None and self.runs.left() > 0:
             self.runs.notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed
+        if (best is None or best.batch is None) and host_chunk is not None and self.runs.left() > 0:
+            # Only the try whose result could not move back fitted its chunks: run them on the host.
+            result = self.runs.run(Strategy.BATCH, change.apply(host_chunk), "the chunks that fitted, result on the host",
+                                   device, batch=host_chunk)
+            best = result if result.fitted else None
         if best is None or best.batch is None:
             change.restore()
             return None, knob.value, (), None

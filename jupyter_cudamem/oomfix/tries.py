@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..batch.libraries import is_module
 from ..hardware import Hardware
 from ..measure import Meter
 from ..oom import OomInfo, parse_oom
@@ -19,7 +20,7 @@ from ..reruns.measured import run_measured
 from ..reruns.recording import Recorder
 from ..reruns.set_aside import Mover, SetAside, restore_bindings, set_aside
 from ..sources.torch_host import TorchMover
-from .outcome import TryResult
+from .outcome import FailureSite, TryResult
 from .strategies import Strategy
 
 RunSource = Callable[[str], "BaseException | None"]
@@ -53,6 +54,23 @@ def needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | Non
 def undo_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:
     """``set_aside.restore_bindings``: put the namespace back as it was before a failed try."""
     return restore_bindings(namespace, before)
+
+
+def failure_site(error: BaseException) -> FailureSite | None:
+    """Where in the cell ``error`` arose: the line of the cell's own code (the first ``<module>`` frame of
+    its traceback: IPython's frames above it are functions) and whether a model's forward pass (a frame
+    whose ``self`` is a module) lies below it. ``None`` when no frame of the cell is in the traceback."""
+    cell = None
+    in_module = False
+    traceback = error.__traceback__
+    while traceback is not None:
+        frame = traceback.tb_frame
+        if cell is None and frame.f_code.co_name == "<module>":
+            cell = traceback.tb_lineno
+        elif cell is not None and is_module(frame.f_locals.get("self")):
+            in_module = True
+        traceback = traceback.tb_next
+    return None if cell is None else FailureSite(cell, in_module)
 
 
 def one_line(error: BaseException) -> str:
@@ -115,6 +133,7 @@ class FixTries:
         # Parsed once (here or by ``oom_of``'s owner); only its figures are kept.
         oom = None if error is None else (self.oom_of or parse_oom)(error)
         message = None if error is None or oom is not None else one_line(error)
+        site = None if oom is None or error is None else failure_site(error)
         # Free what this try left (a failed try holds its frames like the original failure did), then
         # let go of the exception: nothing of ours may keep its traceback.
         self.cleanup(error)
@@ -142,6 +161,7 @@ class FixTries:
             start_above_reference_bytes=offset,
             stuck_bytes=None if oom is None else oom.reserved_unallocated_bytes,
             recorded=recorded,
+            failed_at=site,
         )
         self.tries.append(result)
         if message is not None:

@@ -6,14 +6,21 @@ that fits with 12,923 of 32,768 rows would leave the cell's names holding a part
 each model call over the data is rewritten to run over chunks of it and join them,
 
     predictions = classifier(features).argmax(dim=1)
-    predictions = torch.cat([classifier(_chunk).detach() for _chunk in features.split(32768)]).argmax(dim=1)
+    predictions = torch.cat([classifier(_chunk).detach().cpu() for _chunk in features.split(32768)]).to(features.device).argmax(dim=1)
 
-and the batch search shrinks the chunk, not the data: every row is computed whatever size fits. The
-chunk's output is detached so each chunk's autograd graph (kept for a backward pass the cell never
-runs) is freed before the next chunk; the cell does not train, so nothing needed it. Where the rewrite
-is not safe (the result is not a model's, the call is in a loop or spans lines), ``%oomfix`` says in
-one line why it will not shrink the batch, and tries the other strategies (a plain rerun, autocast),
-which keep every row.
+and the batch search shrinks the chunk, not the data: every row is computed whatever size fits. Where
+the chunks' results are joined (``Join``) decides what the cell holds at once besides one chunk's work:
+joined on the GPU, every chunk's result and then their join (twice the whole result); joined on the
+host and moved back, the whole result once, at the end (each chunk's result goes to the host as it
+comes: a copy over PCIe for the room of a whole result). Where even one whole result does not fit
+beside the model (the logits of many long sequences: 8 GB for 40 rows of GPT-2's vocabulary at 1024
+tokens), the move back is what runs out of memory, at any chunk size; the batch search then keeps the
+result on the host (``on_host``), where the cell's later lines compute on it, and says so. The chunk's
+output is detached so each chunk's autograd graph (kept for a backward pass the cell never runs) is
+freed before the next chunk; the cell does not train, so nothing needed it. Where the rewrite is not
+safe (the result is not a model's, the call is in a loop or spans lines), ``%oomfix`` says in one line
+why it will not shrink the batch, and tries the other strategies (a plain rerun, autocast), which keep
+every row.
 """
 
 from __future__ import annotations
@@ -22,15 +29,27 @@ import ast
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 from ..batch.knobs import BatchFinding, Knob, KnobKind, Written
 from ..batch.whole import WholeData, covers_whole_data
 from ..cell.source import Span, line_ending, split_lines
 
+if TYPE_CHECKING:
+    from .outcome import TryResult
+
 CHUNK_LABEL = "rows per chunk"
 CHUNKED_NOTE = "the batch is the data: "  # how the note of a chunked fix begins (the outcome's headline reads it)
 _CHUNK_VARIABLE = "_chunk"
+
+
+class Join(Enum):
+    """Where the chunks' results are joined, and where the joined result is left."""
+
+    ON_DEVICE = "on the GPU"  # data written as an expression the rewrite must not evaluate twice
+    THROUGH_HOST = "on the host, then moved back to the data's device"
+    ON_HOST = "on the host, and left there"
 
 
 @dataclass(frozen=True)
@@ -41,6 +60,7 @@ class WholeDataDecision:
     whole: WholeData
     note: str
     chunked: BatchFinding | None
+    on_host: BatchFinding | None = None  # the same chunks with the result left on the host (see ``Join``)
 
     @property
     def refused(self) -> bool:
@@ -55,9 +75,27 @@ def _needs_parentheses(data: str) -> bool:
     return not isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
 
 
-def chunked_source(source: str, whole: WholeData, rows: int) -> tuple[str, tuple[Written, ...]]:
-    """``source`` with each of ``whole.calls`` run over chunks of ``rows`` rows, and where each written
-    chunk size sits (so the batch search can change it)."""
+def _evaluated_once(data: str) -> bool:
+    """Whether ``data`` may be written twice (``x.split(n)`` and ``x.device``): a name, an attribute or a
+    subscript of one, never a call that would make the data again."""
+    try:
+        node = ast.parse(data, mode="eval").body
+    except SyntaxError:
+        return False
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Subscript, ast.Load, ast.Slice, ast.Constant, ast.Tuple,
+                              ast.UnaryOp, ast.USub)) for n in ast.walk(node))
+
+
+def join_of(whole: WholeData, keep_on_host: bool = False) -> Join:
+    """How ``chunked_source`` joins ``whole.calls``: on the host where it can name the data's device."""
+    if keep_on_host:
+        return Join.ON_HOST
+    return Join.THROUGH_HOST if all(_evaluated_once(call.data) for call in whole.calls) else Join.ON_DEVICE
+
+
+def chunked_source(source: str, whole: WholeData, rows: int, join: Join = Join.ON_DEVICE) -> tuple[str, tuple[Written, ...]]:
+    """``source`` with each of ``whole.calls`` run over chunks of ``rows`` rows and joined as ``join`` says,
+    and where each written chunk size sits (so the batch search can change it)."""
     lines = split_lines(source)
     written: list[Written] = []
     by_line: dict[int, list[Any]] = {}
@@ -72,9 +110,11 @@ def chunked_source(source: str, whole: WholeData, rows: int) -> tuple[str, tuple
             # ``model(x).logits``: a model that returns an output object (transformers' ModelOutput, a
             # tuple) is joined by the tensor the cell takes from it, taken from each chunk's output.
             taken = _taken_from_output(text[end:])
-            head = (f"torch.cat([{call.callee}({_CHUNK_VARIABLE}){taken}.detach() for {_CHUNK_VARIABLE} "
+            host = "" if join is Join.ON_DEVICE else ".cpu()"
+            head = (f"torch.cat([{call.callee}({_CHUNK_VARIABLE}){taken}.detach(){host} for {_CHUNK_VARIABLE} "
                     f"in {data}.split(")
-            replacement = f"{head}{rows})])"
+            back = f".to({data}.device)" if join is Join.THROUGH_HOST else ""
+            replacement = f"{head}{rows})]){back}"
             text = text[:start] + replacement + text[end + len(taken):]
             number_col = start + len(head)
             written.append(Written(None, Span(line_number, number_col, number_col + len(str(rows)))))
@@ -115,22 +155,47 @@ def whole_data_decision(
         why = whole.problem or "the number of rows is unknown"
         note = f"%oomfix does not shrink the batch: {whole.reason}; nor can it split the work into chunks ({why})"
         return WholeDataDecision(whole, note, None)
-    source, written = chunked_source(finding.source, whole, whole.rows)
-    knob = Knob(
-        CHUNK_LABEL,
-        whole.rows,
-        KnobKind.CELL,
-        "split",
-        1,
-        written,
-        (),
-        f"line {written[0].span.line}",
-        ("a split size", "the batch is the data: chunks keep every row"),
-    )
+    join = join_of(whole)
+
+    def written_in(keep_on_host: bool) -> BatchFinding:
+        source, written = chunked_source(finding.source, whole, whole.rows or 0, join_of(whole, keep_on_host))
+        knob = Knob(
+            CHUNK_LABEL,
+            whole.rows or 0,
+            KnobKind.CELL,
+            "split",
+            1,
+            written,
+            (),
+            f"line {written[0].span.line}",
+            ("a split size", "the batch is the data: chunks keep every row"),
+        )
+        return replace(finding, source=source, knobs=(knob,), problem=None, whole_data=whole)
+
     note = (
         f"{CHUNKED_NOTE}{whole.reason}; so %oomfix runs "
         + ", ".join(f"{call.callee}(...)" for call in whole.calls)
-        + " over chunks of the rows and joins them (torch.cat), shrinking the chunk instead: every row is computed"
+        + f" over chunks of the rows and joins them (torch.cat) {join.value}, shrinking the chunk instead: "
+        "every row is computed"
     )
-    chunked = replace(finding, source=source, knobs=(knob,), problem=None, whole_data=whole)
-    return WholeDataDecision(whole, note, chunked)
+    on_host = written_in(True) if join is Join.THROUGH_HOST else None
+    return WholeDataDecision(whole, note, written_in(False), on_host)
+
+
+def moved_back_ran_out(result: TryResult, knob: Knob) -> bool:
+    """Whether a try of chunks joined through the host ran out of memory moving the joined result back:
+    on a line the chunk size is written on, outside any model's forward pass (the chunks' own work runs
+    inside it; the host's join allocates nothing on the GPU)."""
+    site = result.failed_at
+    lines = {written.span.line for written in knob.written if written.cell is None}
+    return result.out_of_memory and site is not None and not site.in_module and site.line in lines
+
+
+def kept_on_host_note(rows: int | None, chunk: int) -> str:
+    """The note of a switch to ``WholeDataDecision.on_host`` after the move back ran out of memory."""
+    over = f"all {rows:,} rows" if rows else "all the rows"
+    return (
+        f"the joined result of {over} did not fit on the GPU beside the rest (moving it back ran out of memory "
+        f"after chunks of {chunk:,} had fitted): the chunks' results stay on the host (.cpu()), where the "
+        "cell's names hold them; move them to the GPU once there is room"
+    )

@@ -58,3 +58,20 @@ def test_inference_over_the_whole_data_keeps_every_row(case):
     else:
         # No partial result: the cell's name was never bound, and the report says why in one line.
         assert "does not shrink the batch" in report or "nothing fitted" in report, report
+
+
+def test_a_result_too_large_for_the_gpu_is_kept_on_the_host():
+    # 65,536 rows of 8,192 outputs: a 2 GiB result that cannot come back beside the 512 MiB of data under a
+    # 2 GiB cap, whatever the chunk: the chunks' results stay on the host, and every row is computed.
+    model = MODEL + 'wide = nn.Linear(2048, 8192).cuda()\n'
+    check = ("print(json.dumps({'rows': logits.shape[0] if 'logits' in globals() else None, "
+             "'device': str(logits.device) if 'logits' in globals() else None}))")
+    outputs = execute([SETUP + cap(2) + model, "logits = wide(features_all)\n", "%oomfix --yes", check])
+    setup, failed, fixed, result_cell = outputs
+    assert errors_of(setup) == [], text_of(setup)
+    assert errors_of(failed) == ["OutOfMemoryError"], text_of(failed)
+    report = text_of(fixed)
+    result = last_json(result_cell)
+    assert result == {"rows": ROWS, "device": "cpu"}, report
+    assert "stay on the host" in report and ".cpu()" in report, report
+    assert "fits in chunks of" in report, report
