@@ -147,6 +147,9 @@ class FakeAllocator:
     def empty_cache(self) -> None:
         self.machine.empty_cache()
 
+    def release_workspaces(self) -> None:
+        self.calls.append("release_workspaces")
+
     def memory_fraction(self, index: int) -> float | None:
         return self._gpu(index).fraction
 

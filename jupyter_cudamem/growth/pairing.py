@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from .replay import FREE, MIN_BLOCK_BYTES, Event, EventKind
 
@@ -141,10 +141,19 @@ Line = tuple[EventKind, int, int, float, float]
 ``fixed_bytes + bytes_per_sample * b``."""
 
 
+class GrowthLines(NamedTuple):
+    """The larger run's events on lines (``lines``), the share of its requested bytes whose line two
+    measured sizes fix, and the indices of its requests with no partner (``unpaired``): a line through
+    zero is also what an exactly proportional pair gives, so the value alone cannot tell them apart."""
+
+    lines: list[Line]
+    share: float
+    unpaired: tuple[int, ...]
+
+
 def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Event],
-                 batch_second: int) -> tuple[list[Line], float]:
-    """The events of the run at the larger batch, each request on a line; and the share of its
-    requested bytes whose line two measured sizes fix (1.0 when every request has a partner).
+                 batch_second: int) -> GrowthLines:
+    """The events of the run at the larger batch, each request on a line (see ``GrowthLines``).
 
     The larger run is the template (its order of requests and frees is kept), being the closer to the
     batches searched. A request with a partner in the other run gets the line through both sizes; one
@@ -155,6 +164,7 @@ def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Even
         first, batch_first, second, batch_second = second, batch_second, first, batch_first
     partner = _same_size_left_over(first, second, match(first, batch_first, second, batch_second))
     lines: list[Line] = []
+    unpaired: list[int] = []
     matched = total = 0
     for (kind, key, size, stream), index in zip(second, partner):
         if kind == FREE:
@@ -162,12 +172,14 @@ def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Even
             continue
         total += size
         if index is None:
+            if size > 0:
+                unpaired.append(len(lines))
             lines.append((kind, key, stream, 0.0, size / batch_second))
         else:
             matched += size
             per_sample = (size - first[index][2]) / (batch_second - batch_first)
             lines.append((kind, key, stream, size - per_sample * batch_second, per_sample))
-    return lines, matched / total if total else 1.0
+    return GrowthLines(lines, matched / total if total else 1.0, tuple(unpaired))
 
 
 def _same_size_left_over(first: Sequence[Event], second: Sequence[Event],

@@ -89,6 +89,9 @@ class AllocatorSource(Protocol):
 
     def empty_cache(self) -> None: ...
 
+    def release_workspaces(self) -> None:
+        """Free the cuBLAS workspaces PyTorch keeps for the process (the next matmul makes them again)."""
+
     def memory_fraction(self, index: int) -> float | None:
         """The per-process cap as a fraction of the card, or ``None`` when PyTorch cannot say."""
 

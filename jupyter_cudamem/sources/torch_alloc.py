@@ -120,6 +120,12 @@ class TorchAllocator:
         if self.is_initialized():
             _torch().cuda.empty_cache()
 
+    def release_workspaces(self) -> None:
+        # Private but stable since torch 2.0 (CUDA graphs call it before a capture); absent on CPU builds.
+        clear = getattr(_torch()._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None and self.is_initialized():
+            clear()
+
     def memory_fraction(self, index: int) -> float | None:
         getter = getattr(_torch().cuda, "get_per_process_memory_fraction", None)
         if getter is None:

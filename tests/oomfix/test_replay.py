@@ -85,7 +85,8 @@ def test_an_extra_request_in_one_run_is_taken_as_proportional_to_the_batch():
     # conservative guess), so the limit is where 6b MiB of tensors plus 2b of workspace reach the cap.
     first = [("alloc", 0, 6 * 10 * MiB, 0)]
     second = [("alloc", 0, 6 * 20 * MiB, 0), ("alloc", 1, 2 * 20 * MiB, 0), ("free", 1, 0, 0)]
-    lines, share = growth_lines(first, 10, second, 20)
+    lines, share, unpaired = growth_lines(first, 10, second, 20)
+    assert unpaired == (1,)
     assert share == 6 / 8
     assert lines[1][3:] == (0.0, 2 * MiB)
     assert largest_fitting_batch(first, 10, second, 20, [], 800 * MiB) == 100
@@ -105,7 +106,8 @@ def chunked(rows: int, chunk: int) -> list:
 def test_a_join_after_a_loop_whose_passes_change_with_the_batch_is_batch_independent():
     # 12 rows in chunks of 1 and of 2: the passes shift the join against another event of the other run;
     # its size, left over once in each run, is the same tensor at both chunk sizes, not one that grows.
-    lines, share = growth_lines(chunked(12, 1), 1, chunked(12, 2), 2)
+    lines, share, unpaired = growth_lines(chunked(12, 1), 1, chunked(12, 2), 2)
+    assert unpaired == ()
     assert share == 1.0 and lines[-1][3:] == (48 * MiB, 0.0)
     # The largest chunk is where 8 MiB a row of work reaches the cap (the join, 48 MiB, comes after it).
     assert largest_fitting_batch(chunked(12, 1), 1, chunked(12, 2), 2, [], 96 * MiB) == 12
@@ -113,7 +115,7 @@ def test_a_join_after_a_loop_whose_passes_change_with_the_batch_is_batch_indepen
     # A size left over more often in one run than in the other is not paired by size: of two joins where
     # the other run made one, one pairs, the other stays proportional (the conservative guess).
     twice = chunked(12, 2) + [("alloc", 99, 48 * MiB, 0)]
-    joins = [line[3:] for line in growth_lines(chunked(12, 1), 1, twice, 2)[0] if line[0] == "alloc" and line[3] + line[4] * 2 == 48 * MiB]
+    joins = [line[3:] for line in growth_lines(chunked(12, 1), 1, twice, 2).lines if line[0] == "alloc" and line[3] + line[4] * 2 == 48 * MiB]
     assert sorted(joins) == [(0.0, 24 * MiB), (48 * MiB, 0.0)]
 
 
