@@ -147,8 +147,8 @@ class FakeAllocator:
     def empty_cache(self) -> None:
         self.machine.empty_cache()
 
-    def release_workspaces(self) -> None:
-        self.calls.append("release_workspaces")
+    def renew_workspaces(self, index: int) -> None:
+        self.calls.append(f"renew_workspaces:{index}")
 
     def memory_fraction(self, index: int) -> float | None:
         return self._gpu(index).fraction

@@ -88,7 +88,7 @@ class SmallerBatch:
                 if self.put_back is not None:
                     self.put_back()
                     put_back_after = len(self.runs.tries)
-            self.runs.fresh_workspaces()
+            self.runs.renew_workspaces(device)
             level = self.runs.allocated(device)
             if level is not None and self.runs.reference is not None:
                 search.set_level(level - self.runs.reference)

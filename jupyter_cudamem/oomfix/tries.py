@@ -174,17 +174,16 @@ class FixTries:
         if self.before_rerun is not None:
             self.before_rerun()
 
-    def fresh_workspaces(self) -> None:
-        """Free cuBLAS's workspaces and what they alone kept reserved, so that each try makes them again.
+    def renew_workspaces(self, device: int) -> None:
+        """cuBLAS's workspaces freed and made again in segments of their own before a try.
 
         Why: made during an earlier run while a large freed block was cached, they are carved from it and
         pin its segment, which no ``empty_cache()`` then returns; every later try starts from those
         fragments and the replay, which plays from them, rightly finds less room (on an H100, a DataLoader
         CNN's two 32 MiB workspaces in the middle of a 1.8 GiB segment: the replay put the largest batch at
-        274, where a run from clean segments fits 360). Made again by each try, they are in every recorded
-        run alike, and the last try leaves them as a plain run does."""
-        self.hardware.allocator.release_workspaces()
-        self.hardware.allocator.empty_cache()
+        274, where 360 fits from a fresh process). Made again only by the try itself, they are carved
+        during it instead (an MLP then failed at batches its replay said fit), so they are made at once."""
+        self.hardware.allocator.renew_workspaces(device)
 
     def left(self) -> int:
         return 0 if self.stopped is not None else self.max_tries - len(self.tries)

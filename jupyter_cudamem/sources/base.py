@@ -89,8 +89,9 @@ class AllocatorSource(Protocol):
 
     def empty_cache(self) -> None: ...
 
-    def release_workspaces(self) -> None:
-        """Free the cuBLAS workspaces PyTorch keeps for the process (the next matmul makes them again)."""
+    def renew_workspaces(self, index: int) -> None:
+        """Free the cuBLAS workspaces PyTorch keeps on device ``index``, empty the cache, and make them
+        again at once, so they sit in segments of their own as in a fresh process."""
 
     def memory_fraction(self, index: int) -> float | None:
         """The per-process cap as a fraction of the card, or ``None`` when PyTorch cannot say."""

@@ -120,11 +120,22 @@ class TorchAllocator:
         if self.is_initialized():
             _torch().cuda.empty_cache()
 
-    def release_workspaces(self) -> None:
+    def renew_workspaces(self, index: int) -> None:
+        torch = _torch()
         # Private but stable since torch 2.0 (CUDA graphs call it before a capture); absent on CPU builds.
-        clear = getattr(_torch()._C, "_cuda_clearCublasWorkspaces", None)
-        if clear is not None and self.is_initialized():
-            clear()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is None or not self.is_initialized():
+            return
+        clear()
+        torch.cuda.empty_cache()
+        with torch.cuda.device(index):
+            # A matmul (cuBLAS) and a matmul with bias (cuBLASLt) make their workspaces now, with the cache
+            # empty: each in a segment of its own; the operands are too small to take any other segment.
+            a = torch.ones(8, 8, device=f"cuda:{index}")
+            torch.mm(a, a)
+            torch.addmm(a[0], a, a)
+            del a
+            torch.cuda.synchronize(index)
 
     def memory_fraction(self, index: int) -> float | None:
         getter = getattr(_torch().cuda, "get_per_process_memory_fraction", None)

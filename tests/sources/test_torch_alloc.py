@@ -33,3 +33,38 @@ def test_pci_bus_id_in_nvml_form():
     props = types.SimpleNamespace(pci_bus_id=0x1A, pci_device_id=0, pci_domain_id=0)
     assert _pci_bus_id(props) == "00000000:1a:00.0"
     assert _pci_bus_id(types.SimpleNamespace()) is None
+
+
+def test_renewing_workspaces_without_cuda_does_nothing():
+    if torch.cuda.is_initialized():
+        pytest.skip("an earlier test in this process initialised CUDA (the GPU suite does)")
+    TorchAllocator().renew_workspaces(0)
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run `pytest -m gpu` on a GPU machine)")
+def test_renewed_workspaces_sit_in_segments_of_their_own():
+    # A workspace made while a freed 1 GiB block is cached is carved from it and pins its segment.
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    big = torch.empty(1 << 28, device="cuda")
+    del big
+    a = torch.ones(64, 64, device="cuda")
+    torch.mm(a, a)
+    torch.addmm(a[0], a, a)
+    torch.cuda.synchronize()
+
+    def pinned() -> list[int]:
+        """Segments holding a live block beside a free one of 256 MiB or more."""
+        return [s["total_size"] for s in torch.cuda.memory_snapshot()
+                if any(b["state"] == "active_allocated" for b in s["blocks"])
+                and any(b["state"] == "inactive" and b["size"] >= 1 << 28 for b in s["blocks"])]
+
+    torch.cuda.empty_cache()
+    assert pinned(), "the workspace was not carved from the cached block: the test proves nothing here"
+    allocated = torch.cuda.memory_allocated()
+    TorchAllocator().renew_workspaces(torch.cuda.current_device())
+    assert pinned() == []
+    assert torch.cuda.memory_allocated() == allocated  # the same workspaces, made again
+    del a
