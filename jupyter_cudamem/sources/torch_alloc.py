@@ -126,15 +126,22 @@ class TorchAllocator:
         clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
         if clear is None or not self.is_initialized():
             return
-        clear()
-        torch.cuda.empty_cache()
         with torch.cuda.device(index):
-            # A matmul (cuBLAS) and a matmul with bias (cuBLASLt) make their workspaces now, with the cache
-            # empty: each in a segment of its own; the operands are too small to take any other segment.
-            a = torch.ones(8, 8, device=f"cuda:{index}")
-            torch.mm(a, a)
-            torch.addmm(a[0], a, a)
-            del a
+            before = torch.cuda.memory_allocated(index)
+            clear()
+            torch.cuda.empty_cache()
+            if torch.cuda.memory_allocated(index) >= before:
+                return  # none was there: the process makes them when it first needs them, as before
+            # Made again now, with the cache empty, each in a segment of its own: a matmul with bias in
+            # this thread, then (where the process had more) one in autograd's backward thread, which
+            # has a cuBLAS handle, so a workspace, of its own. The operands take no other segment.
+            a = torch.ones(8, 8, device=f"cuda:{index}", requires_grad=True)
+            with torch.enable_grad():
+                out = torch.addmm(a[0], a, a)
+                torch.mm(a, a)
+                if torch.cuda.memory_allocated(index) < before:
+                    out.sum().backward()
+            del a, out
             torch.cuda.synchronize(index)
 
     def memory_fraction(self, index: int) -> float | None:
