@@ -8,8 +8,9 @@ or less, else >= 0.90 of it, within 3 reruns, in 99% of models, none below halvi
 ``benchmarks/oomfix_simulated.py`` runs 10,000 such models of its own seed
 (``benchmarks/results/oomfix_simulated.json`` says how many meet it and end below halving). This test
 runs 10,000 of another seed, on every core (``world.many_cases``), and holds the search where it was
-measured on them: 9,877 meet the goal (98.8%); 155 end below halving, 102 of them within the goal (a
-start near a power of two times the largest batch lets halving land on or next to it), 53 below it.
+measured on them: 9,891 meet the goal (98.9%; 9,877 before the replay paired leftover requests by size
+and held only unpaired ones at their measured size); 143 end below halving, 102 of them within the goal
+(a start near a power of two times the largest batch lets halving land on or next to it), 41 below it.
 A change that loses ground fails here.
 """
 
@@ -26,8 +27,8 @@ def test_the_search_holds_its_measured_ground_across_the_space():
     met = sum(case.met_goal for case in cases)
     below_halving_and_goal = sum(case.worse_than_halving and not case.met_goal for case in cases)
     assert all(case.reruns <= 3 for case in cases)
-    assert met >= 9_865, met
-    assert below_halving_and_goal <= 60, below_halving_and_goal
+    assert met >= 9_880, met
+    assert below_halving_and_goal <= 48, below_halving_and_goal
     small = [case.found / case.largest for case in cases if 10 < case.largest <= 64]
     heavy = [case.found / case.largest for case in cases if case.fixed_share >= 0.5]
     assert statistics.median(small) >= 0.98 and statistics.median(heavy) >= 0.98
