@@ -28,6 +28,39 @@ def _torch() -> Any:
     return torch
 
 
+def _hold_free_blocks(torch: Any, index: int) -> list[Any]:
+    """Placeholders filling every free block of this stream's large segments on device ``index``.
+
+    Each is asked for at its block's exact size, so the allocator's best fit hands it that block (or one
+    of the same size) and opens no segment; one it cannot place ends the filling."""
+    stream = torch.cuda.current_stream(index).cuda_stream
+    held: list[Any] = []
+    for segment in torch.cuda.memory_snapshot():
+        if (segment.get("device") != index or segment.get("segment_type") != "large"
+                or segment.get("is_expandable") or segment.get("stream", 0) != stream):
+            continue  # expandable segments give back their free pages: nothing to pin
+        for block in segment.get("blocks", ()):
+            if block.get("state") != "inactive":
+                continue
+            try:
+                held.append(torch.empty(int(block["size"]), dtype=torch.uint8, device=f"cuda:{index}"))
+            except torch.cuda.OutOfMemoryError:
+                return held
+    return held
+
+
+def _make_workspaces(torch: Any, index: int, allocated_before: int) -> None:
+    """cuBLAS's workspaces made now: a matmul with bias in this thread, then (where the process had more)
+    one in autograd's backward thread, which has a cuBLAS handle, so a workspace, of its own."""
+    a = torch.ones(8, 8, device=f"cuda:{index}", requires_grad=True)
+    with torch.enable_grad():
+        out = torch.addmm(a[0], a, a)
+        torch.mm(a, a)
+        if torch.cuda.memory_allocated(index) < allocated_before:
+            out.sum().backward()
+    del a, out
+
+
 def _pci_bus_id(props: Any) -> str | None:
     """NVML's form of the PCI address (``00000000:00:06.0``), where this torch exposes it."""
     bus = getattr(props, "pci_bus_id", None)
@@ -132,16 +165,19 @@ class TorchAllocator:
             torch.cuda.empty_cache()
             if torch.cuda.memory_allocated(index) >= before:
                 return  # none was there: the process makes them when it first needs them, as before
-            # Made again now, with the cache empty, each in a segment of its own: a matmul with bias in
-            # this thread, then (where the process had more) one in autograd's backward thread, which
-            # has a cuBLAS handle, so a workspace, of its own. The operands take no other segment.
-            a = torch.ones(8, 8, device=f"cuda:{index}", requires_grad=True)
-            with torch.enable_grad():
-                out = torch.addmm(a[0], a, a)
-                torch.mm(a, a)
-                if torch.cuda.memory_allocated(index) < before:
-                    out.sum().backward()
-            del a, out
+            # Made again now, each in a segment of its own: the free blocks of segments that live tensors
+            # keep (no empty_cache() returns those) are held meanwhile, or the workspaces would be carved
+            # from them and pin them after the tensors go (on an H100, notebook 04's two 32 MiB workspaces
+            # kept a 944 MiB segment once its activations were deleted).
+            held = _hold_free_blocks(torch, index)
+            try:
+                _make_workspaces(torch, index, before)
+            except torch.cuda.OutOfMemoryError:
+                held.clear()  # no room for a segment of their own under the cap: carved, as before
+                _make_workspaces(torch, index, before)
+            finally:
+                held.clear()
+                torch.cuda.empty_cache()
             torch.cuda.synchronize(index)
 
     def memory_fraction(self, index: int) -> float | None:

@@ -68,3 +68,35 @@ def test_renewed_workspaces_sit_in_segments_of_their_own():
     assert pinned() == []
     assert torch.cuda.memory_allocated() == allocated  # the same workspaces, made again
     del a
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run `pytest -m gpu` on a GPU machine)")
+def test_renewed_workspaces_leave_the_segment_of_a_live_tensor():
+    # A live tensor keeps a 1 GiB segment that no empty_cache() returns; workspaces made again with its
+    # free block at hand would be carved from it and keep the segment after the tensor is gone.
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    big = torch.empty(1 << 28, device="cuda")
+    del big
+    kept = torch.empty(1 << 20, device="cuda")  # 4 MiB, cut from the cached 1 GiB block
+    a = torch.ones(64, 64, device="cuda")
+    torch.addmm(a[0], a, a)
+    torch.cuda.synchronize()
+
+    def beside_kept() -> list[int]:
+        """Sizes of the other live blocks in the segment that holds ``kept``."""
+        address = kept.data_ptr()
+        for segment in torch.cuda.memory_snapshot():
+            if segment["address"] <= address < segment["address"] + segment["total_size"]:
+                return [b["size"] for b in segment["blocks"]
+                        if b["state"] == "active_allocated" and b["address"] != address]
+        raise AssertionError("no segment holds the kept tensor")
+
+    torch.cuda.empty_cache()
+    assert beside_kept(), "the workspace was not carved beside the kept tensor: the test proves nothing here"
+    allocated = torch.cuda.memory_allocated()
+    TorchAllocator().renew_workspaces(torch.cuda.current_device())
+    assert beside_kept() == []
+    assert torch.cuda.memory_allocated() == allocated  # the same workspaces, made again
+    del kept, a
