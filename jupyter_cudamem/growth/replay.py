@@ -73,6 +73,12 @@ returns the block allocated under ``key``; ``try`` is an allocation the program 
 cached segments that the refusal causes, and freed at once when granted."""
 
 
+def _same_block(block_size: int | None, requested_bytes: int) -> bool:
+    """Whether a block of ``block_size`` can be the one the allocator gave a request of ``requested_bytes``:
+    its rounded size, or more by at most the remainder a large block is left unsplit with (1 MiB)."""
+    return block_size is not None and 0 <= block_size - block_bytes(requested_bytes) <= SMALL_REQUEST_BYTES
+
+
 def block_bytes(requested_bytes: int) -> int:
     """The block size the allocator reserves for a request: at least 512 bytes, a multiple of 512."""
     return max(MIN_BLOCK_BYTES, -(-requested_bytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES)
@@ -333,30 +339,36 @@ def read_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
     return events, tuple((address, key) for address, key in live.items() if key >= 0)
 
 
-def allocated_addresses(start: Sequence[StartSegment]) -> frozenset[int]:
-    """The addresses of the blocks allocated in ``start``."""
-    found = set()
+def allocated_blocks(start: Sequence[StartSegment]) -> dict[int, int]:
+    """The size of each block allocated in ``start``, by address."""
+    found = {}
     for segment in start:
         address = segment.address
         for size, is_allocated in segment.blocks:
             if is_allocated:
-                found.add(address)
+                found[address] = size
             address += size
-    return frozenset(found)
+    return found
 
 
 def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
                    start: Sequence[StartSegment]) -> list[Event]:
     """``events`` as a run from ``start`` makes them: without the allocations an earlier run made and
-    left (``left``, ``(address, key)``) that ``start`` still holds at the same address.
+    left (``left``, ``(address, key)``) that ``start`` still holds at the same address, in a block of
+    the size the allocator gives that request.
 
     Why: a run replayed for the next try starts from the segments that try starts with. What the
     recorded run created once and kept, AdamW's state at its first step, gradients kept after it, is in
     those segments already, and the next run does not create it again: replayed as recorded it would be
     counted twice. What the next run does create again (a model the cell builds, set aside before it)
-    is no longer held there, and stays."""
-    held = allocated_addresses(start)
-    again = {key for address, key in left if address in held}
+    is no longer held there, and stays, though the driver may hand its address to another block (on an
+    H100, cuBLAS's 32 MiB workspace, made again where a ViT-L's 16 MiB weight had been: taken for the
+    weight, the weight's request left one run, the two runs' requests no longer paired, and the replay
+    put the largest batch at 8 where 23 fits)."""
+    held = allocated_blocks(start)
+    sizes = {key: size for kind, key, size, _ in events if kind == ALLOC}
+    again = {key for address, key in left
+             if key in sizes and _same_block(held.get(address), sizes[key])}
     if not again:
         return list(events)
     return [event for event in events if not (event[0] == ALLOC and event[1] in again)]

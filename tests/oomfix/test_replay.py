@@ -2,7 +2,8 @@
 
 from jupyter_cudamem.growth.fitting import largest_fitting_batch
 from jupyter_cudamem.growth.pairing import growth_lines
-from jupyter_cudamem.growth.replay import StartSegment, block_bytes, events_from_trace, replay, segment_bytes
+from jupyter_cudamem.growth.replay import (StartSegment, block_bytes, events_from_trace, held_elsewhere, read_trace,
+                                           replay, segment_bytes)
 
 MiB = 1 << 20
 
@@ -137,6 +138,23 @@ def test_a_trace_becomes_events_keyed_by_allocation_and_freed_when_completed():
     result = replay(events, start, 60 * MiB)
     assert result.refused_tries == (3,)
     assert not result.fits and result.failed_at == 5
+
+
+def test_what_a_run_left_counts_once_only_where_the_next_start_holds_that_very_block():
+    trace = [
+        ["alloc", 10 << 30, 3 * MiB, 0],   # the data, set aside before the next run: made again there
+        ["alloc", 11 << 30, 40 * MiB, 0],  # AdamW's state, kept: the next run does not make it again
+    ]
+    events, left = read_trace(trace, ())
+    assert left == ((10 << 30, 0), (11 << 30, 1))
+    kept_state = StartSegment(address=11 << 30, small=False, blocks=((40 * MiB, True),))
+    assert held_elsewhere(events, left, [kept_state]) == [("alloc", 0, 3 * MiB, 0)]
+    # The driver gave the data's freed address to another block (cuBLAS's workspace): not the data.
+    workspace_there = StartSegment(address=10 << 30, small=False, blocks=((32 * MiB, True),))
+    assert held_elsewhere(events, left, [workspace_there]) == events
+    # A block the allocator left unsplit by less than 1 MiB is still that request's.
+    unsplit = StartSegment(address=11 << 30, small=False, blocks=((40 * MiB + 512 * 1024, True),))
+    assert held_elsewhere(events, left, [unsplit]) == [("alloc", 0, 3 * MiB, 0)]
 
 
 def test_runs_too_different_to_pair_cheaply_pair_only_their_common_ends(monkeypatch):
