@@ -23,6 +23,20 @@ PREDICTION_RESOLUTION = 1 / 512
 samples to the sample; above, a 0.2% error is noise beside the next run's own (another algorithm)."""
 
 
+REPLAY_MARGIN = 0.02
+"""How much larger than its line each request's per-sample part is taken when the replay predicts a
+batch: the replay is exact for the runs it was given (54 of 54 recorded runs replayed to their real
+outcome, ``benchmarks/replay.py``; ``tests/gpu/test_replay_gpu.py`` checks it on the GPU), but the next
+run is another run: cuDNN may pick another algorithm and workspace (peaks measured twice at one batch
+differ by up to half a percent), and a request's size between two measured batches is read off their
+line, which rounding to 512-byte and 2 MiB blocks leaves a block or two off. 2% is a few times either.
+Taken on the sizes, not off the batch found: what jitters is the sizes, and the allocator's reuse of
+cached blocks makes a run that fits with 2% smaller sizes fit or fail at the same batch as one without
+(a bytes margin off the cap moved nothing there); where a sample is a few percent of the card (a
+fine-tune whose largest batch is a few dozen) it costs a sample only when the batch fits with less
+than 2% of a sample's requests to spare."""
+
+
 @dataclass(frozen=True)
 class Fitting:
     """Whether a batch fits, by replaying requests put on lines through measured runs (``fitting``,
@@ -52,6 +66,14 @@ def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], b
     wants to judge it. ``margin``: a batch fits when its requests' per-sample parts ``1 + margin`` times
     as large do (the next run is another run: another cuDNN algorithm, a block of rounding).
     """
+    under = fittings(first, batch_first, second, batch_second, start, margin)
+    return None if under is None else under(cap_bytes)
+
+
+def fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
+             start: Sequence[StartSegment], margin: float = 0.0) -> Callable[[int], Fitting] | None:
+    """``fitting`` under any cap: the runs are paired once, and each cap (a card of a capacity plan) costs
+    only its replays. ``None`` where ``fitting`` would be."""
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
     if not any(kind != FREE for kind, *_ in first) or not any(kind != FREE for kind, *_ in second):
@@ -63,7 +85,7 @@ def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], b
     # keeping it at its measured size would hold a batch's activations fixed (on an H100, a DataLoader
     # CNN's replay from batches 6 and 243 then put the largest at 281, where 360 fits).
     measured = max(batch_first, batch_second)
-    return Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin))
+    return lambda cap_bytes: Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin))
 
 
 def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment], cap_bytes: int,

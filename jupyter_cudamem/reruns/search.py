@@ -88,6 +88,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..growth import Growth, lowest_slope
+from ..growth.fitting import REPLAY_MARGIN
 from ..units import MiB
 
 from .tries import Attempt, Observation, Tries
@@ -103,19 +104,6 @@ AGAIN_PROBE_DIVISOR = 8
 """A probe that fails shows the start was more than 64x too big: the next probe is 8x lower again
 (covering starts up to 512x), not 64x (which would leave the second probe so small that the line from
 it is mostly rounding)."""
-
-REPLAY_MARGIN = 0.02
-"""How much larger than its line each request's per-sample part is taken when the replay predicts a
-batch: the replay is exact for the runs it was given (54 of 54 recorded runs replayed to their real
-outcome, ``benchmarks/replay.py``; ``tests/gpu/test_replay_gpu.py`` checks it on the GPU), but the next
-run is another run: cuDNN may pick another algorithm and workspace (peaks measured twice at one batch
-differ by up to half a percent), and a request's size between two measured batches is read off their
-line, which rounding to 512-byte and 2 MiB blocks leaves a block or two off. 2% is a few times either.
-Taken on the sizes, not off the batch found: what jitters is the sizes, and the allocator's reuse of
-cached blocks makes a run that fits with 2% smaller sizes fit or fail at the same batch as one without
-(a bytes margin off the cap moved nothing there); where a sample is a few percent of the card (a
-fine-tune whose largest batch is a few dozen) it costs a sample only when the batch fits with less
-than 2% of a sample's requests to spare."""
 
 JITTER = 0.005
 """How much two runs of a step at one batch differ: peaks measured twice differ by up to half a percent
