@@ -45,9 +45,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING, Callable
+
 from ..growth.accumulation import accumulation_plan
+from ..growth.fitting import REPLAY_MARGIN, fittings
+from ..growth.replay import optional_workspaces
 from .cards import Card
 from ..growth.through_points import Agreement, Line
+
+if TYPE_CHECKING:
+    from ..reruns.recording import RecordedRun
 
 DEFAULT_MARGIN = 0.04
 """Fraction of the room above the fixed part (the card less the non-PyTorch part less the fixed part)
@@ -72,7 +79,8 @@ class Run:
     ``peak_bytes`` is PyTorch's allocated peak during the run (counters reset as it started);
     ``peak_reserved_bytes`` its reserved peak (the cache emptied as it started);
     ``start_bytes`` what was allocated as it started; ``non_pytorch_bytes`` what the process held
-    outside PyTorch's pools when it ended; ``oom`` whether it ran out of GPU memory.
+    outside PyTorch's pools when it ended; ``oom`` whether it ran out of GPU memory; ``recorded`` the
+    allocator's history of the run (``None`` where this torch or another recording did not allow it).
     """
 
     label: str
@@ -83,6 +91,7 @@ class Run:
     oom: bool = False
     autocast: bool = False
     peak_reserved_bytes: int | None = None
+    recorded: RecordedRun | None = field(default=None, repr=False, compare=False)
 
 
 def usable_bytes(total_bytes: int, non_pytorch_bytes: int, margin: float = 0.0) -> int:
@@ -113,6 +122,36 @@ def plan_largest(line: Line, usable: float, margin: float, reserved_line: Line |
     if reserved_line is not None and reserved_line.slope_bytes > 0:
         largest = min(largest, largest_batch(reserved_line, usable, max(margin - DEFAULT_MARGIN, 0.0)))
     return largest
+
+
+def replayed_largest(smaller: Run, larger: Run, margin: float,
+                     workspaces_optional: bool = False) -> Callable[[int], int] | None:
+    """The largest batch that fits what PyTorch may use on a card (the argument, in bytes), by the
+    allocator's replay of the line's two recorded runs, the model %oomfix's search plays its tries through
+    (``growth.fitting``): their requests on the lines their two sizes give, replayed through the caching
+    allocator under the card's cap from the segments the larger run started with, so what the allocated
+    line cannot see (rounding, blocks that split segments, a cuDNN LSTM's buffers that leave part of the
+    cap unusable) counts where it arises; workspaces a library frees at once count as what it may do
+    without (``growth.replay.optional_workspaces``) where ``workspaces_optional`` (the cell coped with
+    them refused: ``runs.probe_workspaces``), else as needed. ``margin`` is taken on the requests' per-sample
+    parts (``growth.fitting.REPLAY_MARGIN`` and what a user's margin asks beyond the default).
+    ``None`` where the runs were not recorded or do not pair."""
+    if smaller.recorded is None or larger.recorded is None or not smaller.batch or not larger.batch:
+        return None
+    start = larger.recorded.start
+    small, large = smaller.recorded.events_from(start), larger.recorded.events_from(start)
+    if workspaces_optional:
+        small, large = optional_workspaces(small), optional_workspaces(large)
+    under = fittings(small, smaller.batch, large, larger.batch, start, margin)
+    if under is None:
+        return None
+    return lambda usable: under(usable).largest()
+
+
+def replay_margin(margin: float) -> float:
+    """The replay's margin on the requests for a plan's ``margin``: its own, plus what a user's margin asks
+    beyond the default one (which stands for what the replay sees: the allocator's rounding and waste)."""
+    return REPLAY_MARGIN + max(margin - DEFAULT_MARGIN, 0.0)
 
 
 def reserved_alike(line: Line, measured: Line, reserved: Line | None) -> Line | None:
@@ -210,10 +249,12 @@ def plan_card(
     this_card: bool = False,
     reserved_line: Line | None = None,
     ratio: float | None = None,
+    replayed: Callable[[int], int] | None = None,
 ) -> CardPlan:
     """One card's plan from the line (or, for a cell with no batch, its one measured peak). With a
     calibration ``ratio`` the line is scaled by it and the reserved line is not needed (see
-    ``calibrated``)."""
+    ``calibrated``); else, where the runs were recorded, the allocator's replay of them decides the
+    largest batch (``replayed_largest``), the lines where they were not."""
     name, total = (card.name, card.total_bytes) if isinstance(card, Card) else card
     if line is None or batch is None:
         usable = usable_bytes(total, non_pytorch_bytes, margin)
@@ -225,7 +266,10 @@ def plan_card(
         line, reserved_line = calibrated(line, ratio), None
         autocast_line = None if autocast_line is None else calibrated(autocast_line, ratio)
         autocast_reserved = None
-    largest = plan_largest(line, usable, margin, reserved_line)
+    if ratio is None and replayed is not None:
+        largest = replayed(usable)
+    else:
+        largest = plan_largest(line, usable, margin, reserved_line)
     peak = line.peak(batch)
     fits = batch <= largest
     micro = steps = last = None
@@ -265,6 +309,8 @@ class CapacityPlan:
     batch_where: str = ""  # where the batch lives, as the finder says it
     reserved_line: Line | None = None  # the line through the runs' reserved peaks (``None``: not read)
     calibration: Calibration | None = None  # with --calibrate (and a line): the largest batch found to fit, and where
+    replayed: bool = False  # the largest batches come from the allocator's replay of the recorded runs
+    workspaces_optional: bool = False  # ... with the workspaces libraries give back at once as optional
 
     @property
     def calibration_ratio(self) -> float | None:
@@ -332,26 +378,33 @@ def build_plan(
     batch_where: str = "",
     reserved_line: Line | None = None,
     calibration: Calibration | None = None,
+    replay_runs: tuple[Run, Run] | None = None,
+    workspaces_optional: bool = False,
 ) -> CapacityPlan:
     """The plan for every card, from a fitted ``line`` (or the one peak of a cell with no batch).
     With a ``calibration`` (``runs.calibrate``) the line is scaled by its ratio on every card
-    (``calibrated``)."""
+    (``calibrated``); else, with the line's two runs recorded (``replay_runs``: smaller batch, larger
+    batch), the allocator's replay of them gives each card's largest batch (``replayed_largest``), with
+    the workspaces given back at once as optional where ``workspaces_optional``."""
     ratio = calibration.ratio(line) if calibration is not None and line is not None else None
+    replayed = None
+    if ratio is None and line is not None and batch is not None and replay_runs is not None:
+        replayed = replayed_largest(*replay_runs, replay_margin(margin), workspaces_optional)
     fixed_peak = None
     if line is None:
         peaks = [r.peak_bytes for r in runs if not r.oom and not r.autocast and r.peak_bytes is not None]
         fixed_peak = max(peaks) if peaks else None
     plans = tuple(
         plan_card(card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line,
-                  reserved_line=reserved_line, ratio=ratio)
+                  reserved_line=reserved_line, ratio=ratio, replayed=replayed)
         for card in cards
     )
     here = None
     if this_card is not None:
         here = plan_card(this_card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line, this_card=True,
-                         reserved_line=reserved_line, ratio=ratio)
+                         reserved_line=reserved_line, ratio=ratio, replayed=replayed)
     return CapacityPlan(
         tuple(runs), batch, knob, line, fixed_peak, non_pytorch_bytes, non_pytorch_how, margin, plans, here,
         tuple(agreements), autocast_line, autocast_dtype, tuple(notes), trains, batch_where, reserved_line,
-        calibration if ratio is not None else None,
+        calibration if ratio is not None else None, replayed is not None, replayed is not None and workspaces_optional,
     )

@@ -21,6 +21,7 @@ from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..measure import Meter
 from ..oom import is_cuda_oom
+from ..reruns.recording import Recorder
 from ..reruns.set_aside import set_aside
 from ..sources.torch_device import default_autocast_dtype
 from ..repeats import source_key
@@ -110,14 +111,16 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
     tensors_only = TorchMover(tensors_only=True)
     runner = Runner(Meter(hardware, reset_peak=True), run=access.run, is_oom=is_cuda_oom,
                     release=hardware.allocator.empty_cache, quiet=access.quiet,
-                    set_aside=lambda source: set_aside(access.namespace, source, tensors_only, access.transform))
+                    set_aside=lambda source: set_aside(access.namespace, source, tensors_only, access.transform),
+                    recorder=Recorder(hardware.allocator))
     calibrate_at = None
     if options.calibrate:
         if knob is None:
             notes.append("--calibrate needs a batch to search: not calibrated")
         else:
             calibrate_at = lambda: calibration_scale(hardware, runner.measured, options.cards)  # noqa: E731
-    measured = measure_runs(runner, cell, batch, change, options.small, autocast_source, calibrate_at)
+    measured = measure_runs(runner, cell, batch, change, options.small, autocast_source, calibrate_at,
+                            cap_at=lambda usable: capped_at(hardware, runner.measured, usable))
     gc.collect()
 
     history_peak = None
@@ -136,7 +139,8 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
         measured.runs, batch, knob.label if knob is not None else None, options.cards, margin,
         measured.non_pytorch_bytes, how, this_card(hardware, measured), judged.line, judged.autocast_line, dtype,
         judged.agreements, notes + measured.notes + list(judged.notes), traits.trains,
-        finding.summary() if knob is not None else "", judged.reserved_line, calibration,
+        finding.summary() if knob is not None else "", judged.reserved_line, calibration, judged.replay_runs,
+        judged.workspaces_optional,
     )
     return plan, measured
 
@@ -158,6 +162,25 @@ def this_card(hardware: Hardware, measured: Measured) -> tuple[str, int] | None:
         if capped < total:
             return f"{name}, PyTorch capped at {fraction * total / GiB:.1f} GiB", capped
     return name, total
+
+
+@contextlib.contextmanager
+def capped_at(hardware: Hardware, measured: Measured, usable: int) -> Iterator[bool]:
+    """PyTorch capped at ``usable`` bytes on the runs' device for the block (never above a cap already set),
+    the cap put back after; yields whether it capped (not where the device or its cap cannot be read)."""
+    index, total, allocator = measured.torch_index, measured.total_bytes, hardware.allocator
+    try:
+        before = allocator.memory_fraction(index) if index is not None and total else None
+    except Exception:  # noqa: BLE001 - a cap we cannot read is one we must not overwrite
+        before = None
+    if before is None or index is None or not total:
+        yield False
+        return
+    allocator.set_memory_fraction(index, min(max(usable, 0) / total, before))
+    try:
+        yield True
+    finally:
+        allocator.set_memory_fraction(index, before)
 
 
 def calibration_scale(hardware: Hardware, measured: Measured, cards: Sequence[Card]) -> CalibrationScale | None:

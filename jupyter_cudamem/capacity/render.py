@@ -7,7 +7,7 @@ import html
 from typing import TYPE_CHECKING
 
 from ..units import GiB, format_bytes
-from .plan import DEFAULT_MARGIN, calibrated
+from .plan import DEFAULT_MARGIN, calibrated, replay_margin
 
 if TYPE_CHECKING:
     from .plan import CapacityPlan, CardPlan
@@ -67,10 +67,13 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
             f"  usable = card memory - outside PyTorch - {plan.margin:.0%} margin (the allocator's rounding, the driver's share)"
         )
         return lines
-    lines.append(
-        f"  usable = card memory - outside PyTorch; the largest batch leaves {plan.margin:.0%} of the room above "
-        "the fixed part free (the allocator's rounding, the driver's share)"
-    )
+    if plan.replayed and plan.calibration is None:
+        lines.append("  usable = card memory - outside PyTorch")
+    else:
+        lines.append(
+            f"  usable = card memory - outside PyTorch; the largest batch leaves {plan.margin:.0%} of the room above "
+            "the fixed part free (the allocator's rounding, the driver's share)"
+        )
     found, ratio = plan.calibration, plan.calibration_ratio
     if found is not None and ratio is not None:
         where = ("this card" if found.card == "this card"
@@ -81,6 +84,17 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
         lines.append(
             f"  calibrated: {bracket}, so a card's cap takes {ratio:.3f} x the allocated line "
             f"(peak under a cap = {format_bytes(scaled.intercept_bytes)} + {format_bytes(scaled.slope_bytes)} x batch)"
+        )
+        return lines
+    if plan.replayed:
+        lines.append(
+            "  largest batch: the two runs' recorded allocations replayed through PyTorch's caching allocator "
+            "under each card's cap (its rounding and waste counted where they arise; workspaces a library gives "
+            "back at once taken as "
+            + ("ones it can do without, as it did in a run capped below its peak" if plan.workspaces_optional
+               else "needed")
+            + f"), each request {replay_margin(plan.margin):.0%} larger than its line; an estimate from two runs, "
+            "which --calibrate checks on the smallest card of the plan"
         )
         return lines
     lines.append(

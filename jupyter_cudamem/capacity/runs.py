@@ -7,8 +7,9 @@ The order is chosen so the namespace ends as after a normal run of the cell at i
 2. at the smaller batch, changed where the batch lives (``batch.BatchChange``) and put back;
 3. under ``torch.autocast`` at the batch as written, when asked;
 4. at the batch as written again, last: its value is the cell's, and with run 1 it says whether the
-   cell is repeatable. With ``--calibrate`` the calibration's runs come after it, and the cell runs at
-   its batch once more, last (``FINAL``, not a point of the line).
+   cell is repeatable. Where the smaller run gave a workspace back at once, the smaller batch runs once
+   more under a cap below its own peak (``probe_workspaces``); with ``--calibrate`` the calibration's runs
+   come after; after either the cell runs at its batch once more, last (``FINAL``, not a point of the line).
 
 The line goes through runs 2 and 4. A cell with no batch is run once.
 
@@ -36,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,6 +45,8 @@ from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
 from ..reruns.bracket import bracket_largest
 from ..reruns.measured import run_measured
+from ..growth.replay import ALLOC, FREE
+from ..reruns.recording import Recorder
 from ..growth.through_points import Line
 from ..growth.through_points import Agreement, faster_than_linear, fit, same
 from ..units import MiB
@@ -72,6 +75,7 @@ class Measured:
     non_pytorch_how: str = ""
     notes: list[str] = field(default_factory=list)
     calibration: Calibration | None = None  # with --calibrate: the largest batch found to fit here
+    workspaces_optional: bool = False  # the cell coped with its workspaces refused (``probe_workspaces``)
 
     def get(self, label: str) -> Run | None:
         return next((r for r in self.runs if r.label == label), None)
@@ -115,6 +119,7 @@ class Runner:
         release: Callable[[], None] = lambda: None,
         quiet: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         set_aside: Callable[[str], Any] | None = None,
+        recorder: Recorder | None = None,
     ):
         self.meter = meter
         self.run = run
@@ -124,6 +129,9 @@ class Runner:
         # ``set_aside(source)`` unbinds what the cell will bind again and returns an object with
         # ``give_back()`` and ``drop()`` (``oomfix.leftovers.SetAside``); see the module docstring.
         self.set_aside = set_aside
+        # Records the allocator's history of each run once the device is known (after the first run): the
+        # plan replays the line's two runs under each card's cap (``plan.replayed_largest``).
+        self.recorder = recorder
         self.measured = Measured()
 
     def once(self, label: str, source: str, batch: int | None, autocast: bool = False, last: bool = False) -> Run:
@@ -150,8 +158,11 @@ class Runner:
                 return error
             return None
 
+        index = self.measured.torch_index
+        start = self.recorder.start(index) if self.recorder is not None and index is not None else None
         measured = run_measured(attempt, self.meter)
         oom = measured.error is not None
+        recorded = self.recorder.stop(start, index, failed=oom) if self.recorder is not None and index is not None else None
         measurement = measured.measurement
         del measured  # its error's frames are cleared, but it is the failed run's: not kept
         value: Any = returned[0] if returned else None
@@ -170,6 +181,7 @@ class Runner:
             oom,
             autocast,
             None if device is None else device.peak_reserved_bytes,
+            recorded,
         )
         if device is not None:
             self.measured.total_bytes = device.device.total_bytes
@@ -199,6 +211,7 @@ SMALLER_WARM_UP = "smaller (warm-up)"
 AUTOCAST = "autocast"
 AGAIN = "as written, again"
 FINAL = "last run"  # with --calibrate: the cell's own last run, after the calibration (not a point of the line)
+WORKSPACES = "smaller, workspaces refused"  # ``probe_workspaces``: under a cap below its own peak (not a point)
 
 
 def measure_runs(
@@ -209,6 +222,7 @@ def measure_runs(
     small: int | None = None,
     autocast_source: str | None = None,
     calibrate_at: Callable[[], CalibrationScale | None] | None = None,
+    cap_at: Callable[[int], contextlib.AbstractContextManager[bool]] | None = None,
 ) -> Measured:
     """The runs described in the module docstring. Raises ``CudaMemError`` (one line) when they
     cannot make a plan; the cell's own errors propagate as they are. With ``calibrate_at`` (where to
@@ -252,18 +266,62 @@ def measure_runs(
         return measured
     if autocast_source is not None:
         runner.once(AUTOCAST, autocast_source, batch, autocast=True)
-    again = runner.once(AGAIN, source, batch, last=calibrate_at is None)
+    again = runner.once(AGAIN, source, batch, last=True)
     if again.oom:
         raise CudaMemError(
             f"the cell fitted at batch {batch} once and ran out of GPU memory the next time: it is not repeatable "
             "enough to plan (does it keep memory from run to run?)"
         )
+    # After the line's points, so that what these runs may leave (a library's buffer for a new shape, the
+    # gradients of a run that ran out of memory) cannot move their starts; then the cell runs at its batch
+    # once more, last, for its value.
+    probed = cap_at is not None and probe_workspaces(runner, change, second, cap_at)
     if calibrate_at is not None:
-        # After the line's points, so what a calibration run may leave (a library's buffer for a new shape)
-        # cannot move their starts; then the cell runs at its batch once more, last, for its value.
         calibrate(runner, change, calibrate_at())
+    if probed or calibrate_at is not None:
         runner.once(FINAL, source, batch, last=True)
     return measured
+
+
+def given_back_at_once(events: Sequence[tuple[Any, int, int, int]]) -> int:
+    """The largest request that ``events`` free right after making it (0: none): a workspace, a library's
+    or one that a library needs."""
+    return max((event[2] for event, after in zip(events, events[1:])
+                if event[0] == ALLOC and after[0] == FREE and after[1] == event[1]), default=0)
+
+
+WORKSPACE_PROBE_MIN = 2 * MiB
+"""Workspaces smaller than this are not probed: refusing them moves no card's batch by a block."""
+
+
+def probe_workspaces(runner: Runner, change: Change, smaller: Run,
+                     cap_at: Callable[[int], contextlib.AbstractContextManager[bool]]) -> bool:
+    """Run the cell at ``smaller``'s batch again under a cap half its largest workspace below its own reserved
+    peak, and record whether it coped (``Measured.workspaces_optional``).
+
+    Why: a request made and given back at once is a library's workspace, and uncapped runs make every one
+    they ask for. cuDNN's convolutions size theirs by what they can get and fall back to an algorithm that
+    needs less (on the H100, a convnet's inference asked for 2.3 GiB uncapped and fitted a 16 GiB card at
+    413 where replaying its workspaces as needed said 271); cuDNN's RNNs fail without theirs (a GRU's
+    975 MiB backward workspace: taken as optional, the plan said 643 where 529 fit). The runs cannot tell
+    them apart; a run that fits below its own peak can only have done without a workspace, so the plan's
+    replay takes them as optional only then (``plan.replayed_largest``). Returns whether the probe ran."""
+    recorded = smaller.recorded
+    if recorded is None or smaller.batch is None or smaller.peak_reserved_bytes is None:
+        return False
+    workspace = given_back_at_once(recorded.events)
+    if workspace < WORKSPACE_PROBE_MIN:
+        return False
+    try:
+        with cap_at(smaller.peak_reserved_bytes - workspace // 2) as capped:
+            if not capped:
+                return False  # uncapped it would fit whatever the library does: nothing learnt
+            run = runner.changed(change, WORKSPACES, smaller.batch)
+    except Exception as error:  # noqa: BLE001 - an error only the cap brought (a library's own): not coped
+        runner.measured.notes.append(f"with its workspaces refused the cell raised {type(error).__name__}")
+        return True
+    runner.measured.workspaces_optional = not run.oom
+    return True
 
 
 CALIBRATION = "largest here"
@@ -351,6 +409,8 @@ class Judged:
     autocast_line: Line | None
     notes: tuple[str, ...]
     reserved_line: Line | None = None  # through the same runs' reserved peaks; ``None`` when not read
+    replay_runs: tuple[Run, Run] | None = None  # the line's runs at its smallest and largest batch, both recorded
+    workspaces_optional: bool = False  # ``Measured.workspaces_optional``
 
 
 def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] | None = None) -> Judged:
@@ -431,7 +491,10 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
         # misreading (the allocator's counters from another device, say), never a smaller need.
         if candidate.slope_bytes > 0 and candidate.peak(batch) >= line.peak(batch):
             reserved_line = candidate
-    return Judged(line, tuple(agreements), autocast_line, tuple(notes), reserved_line)
+    low, high = min(points, key=lambda r: r.batch or 0), top
+    replay_runs = (low, high) if low.recorded is not None and high.recorded is not None else None
+    return Judged(line, tuple(agreements), autocast_line, tuple(notes), reserved_line, replay_runs,
+                  measured.workspaces_optional)
 
 
 REPEAT_SLACK = 4 * MiB

@@ -25,8 +25,9 @@ class CudaMemPlan(CudaMemMagicsBase):
 
     margin = Float(
         DEFAULT_MARGIN,
-        help="Fraction of the memory PyTorch may use on a card that the plan leaves free (the allocator's "
-        "rounding, the driver's share). --margin overrides it for one plan.",
+        help="How cautious a plan is: above the default 0.04, each request the allocator's replay plays is "
+        "taken that much larger besides its own 2%; where the runs could not be recorded, the fraction of each "
+        "card's room above the fixed part left free. --margin overrides it for one plan.",
     ).tag(config=True)
 
     calibrated_margin = Float(
@@ -44,8 +45,8 @@ class CudaMemPlan(CudaMemMagicsBase):
     @argument("--autocast", action="store_true",
               help="Also run the cell at its batch under torch.autocast, to say what bfloat16/float16 buys.")
     @argument("--margin", type=float, default=None, metavar="FRACTION",
-              help=f"Fraction of each card's memory for PyTorch left free (default {DEFAULT_MARGIN}, "
-              f"or CudaMemPlan.margin; with --calibrate {CALIBRATED_MARGIN}, or CudaMemPlan.calibrated_margin).")
+              help=f"How cautious the plan is (default {DEFAULT_MARGIN}, or CudaMemPlan.margin; with --calibrate "
+              f"{CALIBRATED_MARGIN}, or CudaMemPlan.calibrated_margin): see CudaMemPlan.margin.")
     @argument("--cards", default=None, metavar="NAME,NAME",
               help="Plan for these cards of the table only (add cards with %%config CudaMem.cards = {...}).")
     @argument("-o", "--output", action="store_true",
