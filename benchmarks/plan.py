@@ -12,8 +12,9 @@ cell ``step(batch)``:
 
 For each workload the plan is made exactly as the magic makes it: ``capacity.runs`` runs the cell
 at its batch, at half of it and at its batch again through the project's ``Meter`` (PyTorch's peak,
-NVML for what the process holds outside PyTorch), ``judge`` fits the line, ``build_plan`` predicts
-each card. Cards of 16, 24 and 40 GiB are then played on this GPU the way a real card limits a
+NVML for what the process holds outside PyTorch), recording the allocator's history of each run, and
+probes whether the cell does without its workspaces; ``judge`` fits the line, ``build_plan`` predicts
+each card by the allocator's replay of the two recorded runs. Cards of 16, 24 and 40 GiB are then played on this GPU the way a real card limits a
 process: PyTorch is capped (``set_per_process_memory_fraction``) at the card's memory less what this
 process holds outside PyTorch (the CUDA context, library workspaces, measured here), and the real
 largest batch is found by real steps (from the prediction, up or down by 25% until the answer flips,
@@ -72,6 +73,8 @@ from jupyter_cudamem.capacity.plan import (  # noqa: E402
 from jupyter_cudamem.capacity.runs import CalibrationScale, Runner, judge, measure_runs  # noqa: E402
 from jupyter_cudamem.hardware import default_hardware  # noqa: E402
 from jupyter_cudamem.measure import Meter  # noqa: E402
+from jupyter_cudamem.capacity.planner import capped_at  # noqa: E402
+from jupyter_cudamem.reruns.recording import Recorder  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "plan.json"
 CARDS_GIB = (16, 24, 40)
@@ -299,17 +302,19 @@ def make_plan(workload: Workload, cards: list[Card], margin: float, calibrate: b
     def run(source: str) -> None:
         exec(source, namespace)
 
-    runner = Runner(Meter(hardware, reset_peak=True), run, is_oom, release=release)
+    runner = Runner(Meter(hardware, reset_peak=True), run, is_oom, release=release, recorder=Recorder(hardware.allocator))
 
     measured = measure_runs(runner, "step(batch)", workload.batch, NamespaceBatch(namespace, workload.batch),
-                            calibrate_at=(lambda: smallest_card(cards, runner.measured)) if calibrate else None)
+                            calibrate_at=(lambda: smallest_card(cards, runner.measured)) if calibrate else None,
+                            cap_at=lambda usable: capped_at(hardware, runner.measured, usable))
     judged = judge(measured, workload.batch)
 
     def plan_with(calibration: Any) -> Any:
         return build_plan(measured.runs, workload.batch, "batch", cards,
                           margin if calibration is None else CALIBRATED_MARGIN, measured.non_pytorch_bytes,
                           measured.non_pytorch_how or "not measured", line=judged.line, notes=judged.notes,
-                          reserved_line=judged.reserved_line, calibration=calibration)
+                          reserved_line=judged.reserved_line, calibration=calibration,
+                          replay_runs=judged.replay_runs, workspaces_optional=judged.workspaces_optional)
 
     found = measured.calibration
     calibrated = None
@@ -393,6 +398,8 @@ def run_workload(name: str, margin: float) -> tuple[list[dict[str, Any]], dict[s
         "fixed_bytes": line.intercept_bytes,
         "reserved_per_sample_bytes": None if plan.reserved_line is None else plan.reserved_line.slope_bytes,
         "reserved_fixed_bytes": None if plan.reserved_line is None else plan.reserved_line.intercept_bytes,
+        "decided_by": "the allocator's replay of the two runs" if plan.replayed else "the lines",
+        "workspaces_optional": plan.workspaces_optional,
         "largest_by_allocated_line": {c.name: largest_batch(line, c.usable_bytes, margin) for c in plan.cards},
         "largest_by_reserved_line": None if plan.reserved_line is None else
         {c.name: largest_batch(plan.reserved_line, c.usable_bytes) for c in plan.cards},

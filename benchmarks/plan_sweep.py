@@ -1,9 +1,10 @@
-"""Benchmark: the capacity plan on the nine workloads of the %oomfix sweep, which it was not built against.
+"""Benchmark: the capacity plan on the workloads of the %oomfix sweep, which it was not built against.
 
 ``benchmarks/plan.py`` holds the four workloads the plan was developed on. This one asks the same question
-of ``benchmarks/oomfix.py``'s workloads (torchvision and timm convnets, a BERT built from its config with
-AdamW, a GRU and an LSTM, an MLP that builds its own model and optimizer, ResNet-50 inference without
-``no_grad``, a DataLoader loop, autocast), each in a plain namespace: its setup cells once, its batch set
+of ``benchmarks/oomfix.py``'s sixteen workloads (torchvision and timm convnets, a BERT built from its config
+with AdamW, a GRU and an LSTM, an MLP that builds its own model and optimizer, ResNet-50 inference without
+``no_grad``, a DataLoader loop, autocast; Llama-style, GPT-2, BERT-base and ViT fine-tunes and a GPT-2 850M
+inference whose largest batch is 1 to 48), each in a plain namespace: its setup cells once, its batch set
 where it lives (a knob cell or the cell itself). The batch as written is a quarter of the sweep's largest
 batch under 6 GiB (``benchmarks/results/oomfix_sweep.json``), so it fits comfortably. The plan is made
 as ``%%cudamem_plan --calibrate`` makes it (``capacity.runs.measure_runs``, ``judge``, ``build_plan``),
@@ -15,7 +16,7 @@ calibrated prediction).
 
 Writes ``benchmarks/results/plan_sweep.json`` ({device, versions, date, cards_gib, cases: [{workload,
 card_gib, default_batch, calibrated_batch, real_batch, default_error, calibrated_error}], workloads:
-[{workload, batch_as_written, calibration, error}]}). Run on the GPU machine (a few minutes on an H100)::
+[{workload, batch_as_written, calibration, workspaces_optional, error}], summary}). Run on the GPU machine (a few minutes on an H100)::
 
     python benchmarks/plan_sweep.py
     python benchmarks/plan_sweep.py --workloads mlp_builds_own_model,gru_config_dict_from_earlier_cell
@@ -46,6 +47,8 @@ from jupyter_cudamem.capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN, bui
 from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs  # noqa: E402
 from jupyter_cudamem.hardware import default_hardware  # noqa: E402
 from jupyter_cudamem.measure import Meter  # noqa: E402
+from jupyter_cudamem.capacity.planner import capped_at  # noqa: E402
+from jupyter_cudamem.reruns.recording import Recorder  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "plan_sweep.json"
 SWEEP = REPO / "benchmarks" / "results" / "oomfix_sweep.json"
@@ -103,21 +106,26 @@ class Cell:
 def run_workload(workload: Workload, oracle: int, total: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     batch = max(2, oracle // 4)
     cell = Cell(workload, batch)
-    runner = Runner(Meter(default_hardware(), reset_peak=True), cell.run, _is_oom, release=cell.release)
+    hardware = default_hardware()
+    runner = Runner(Meter(hardware, reset_peak=True), cell.run, _is_oom, release=cell.release,
+                    recorder=Recorder(hardware.allocator))
     cards = [Card(f"{gib} GiB", gib) for gib in CARDS_GIB]
 
     started = time.perf_counter()
     cell.apply(batch)
     measured = measure_runs(runner, workload.cell_at(batch, "cuda"), batch, cell,
-                            calibrate_at=lambda: smallest_card(cards, runner.measured))
+                            calibrate_at=lambda: smallest_card(cards, runner.measured),
+                            cap_at=lambda usable: capped_at(hardware, runner.measured, usable))
     judged = judge(measured, batch)
     found = measured.calibration
     summary: dict[str, Any] = {"workload": workload.name, "kind": workload.kind, "batch_as_written": batch,
+                               "replay_recorded": judged.replay_runs is not None,
+                               "workspaces_optional": judged.workspaces_optional,
                                "plan_s": round(time.perf_counter() - started, 2), "notes": list(judged.notes)
                                + list(measured.notes), "calibration": None}
     common = dict(non_pytorch_bytes=measured.non_pytorch_bytes, non_pytorch_how="measured", line=judged.line)
     default = build_plan(measured.runs, batch, "batch", cards, DEFAULT_MARGIN, reserved_line=judged.reserved_line,
-                         **common)  # type: ignore[arg-type]
+                         replay_runs=judged.replay_runs, workspaces_optional=judged.workspaces_optional, **common)  # type: ignore[arg-type]
     calibrated = None
     if found is not None and judged.line is not None:
         summary["calibration"] = {"fitted_batch": found.fitted, "failed_batch": found.failed, "runs": found.runs,
@@ -200,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     errors = [c["calibrated_error"] for c in results["cases"] if c["calibrated_error"] is not None]
+    defaults = [c["default_error"] for c in results["cases"] if c["default_error"] is not None]
     results["summary"] = {
+        "default_within_5_percent": sum(-0.05 <= e <= 0.05 for e in defaults),
+        "default_above_by_more_than_margin": sum(e > DEFAULT_MARGIN for e in defaults),
         "calibrated_within_5_percent": sum(-0.05 <= e <= 0.05 for e in errors),
         "calibrated_above": sum(e > 0 for e in errors), "cases": len(results["cases"]),
     }
