@@ -37,18 +37,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
 from ..reruns.bracket import bracket_largest
+from ..growth.replay import given_back_at_once
+from ..growth.through_points import Agreement, Line, faster_than_linear, fit, same
 from ..reruns.measured import run_measured
-from ..growth.replay import ALLOC, FREE
 from ..reruns.recording import Recorder
-from ..growth.through_points import Line
-from ..growth.through_points import Agreement, faster_than_linear, fit, same
 from ..units import MiB
 from .plan import Calibration, Run
 
@@ -283,13 +282,6 @@ def measure_runs(
     return measured
 
 
-def given_back_at_once(events: Sequence[tuple[Any, int, int, int]]) -> int:
-    """The largest request that ``events`` free right after making it (0: none): a workspace, a library's
-    or one that a library needs."""
-    return max((event[2] for event, after in zip(events, events[1:])
-                if event[0] == ALLOC and after[0] == FREE and after[1] == event[1]), default=0)
-
-
 WORKSPACE_PROBE_MIN = 2 * MiB
 """Workspaces smaller than this are not probed: refusing them moves no card's batch by a block."""
 
@@ -309,7 +301,7 @@ def probe_workspaces(runner: Runner, change: Change, smaller: Run,
     recorded = smaller.recorded
     if recorded is None or smaller.batch is None or smaller.peak_reserved_bytes is None:
         return False
-    workspace = given_back_at_once(recorded.events)
+    workspace = max((recorded.events[i][2] for i in given_back_at_once(recorded.events)), default=0)
     if workspace < WORKSPACE_PROBE_MIN:
         return False
     try:

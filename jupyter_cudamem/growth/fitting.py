@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
 from .pairing import Line, events_at, growth_lines
-from .replay import ALLOC, FREE, Event, StartSegment, block_bytes, replay
+from .replay import ALLOC, FREE, Event, StartSegment, block_bytes, given_back_at_once, replay
 
 PREDICTION_RESOLUTION = 1 / 512
 """How close a prediction settles on the largest batch: a replay per halving of the gap, and below 512
@@ -106,8 +106,7 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
     lines: list[Line] = [(kind, key, stream, float(size), 0.0) if kind != FREE and key in fixed
                          else (kind, key, stream, 0.0, 0.0 if kind == FREE else size / batch)
                          for kind, key, size, stream in events]
-    temporaries = [i for i in range(len(events) - 1) if events[i][0] != FREE and events[i][1] not in fixed
-                   and events[i + 1][0] == FREE and events[i + 1][1] == events[i][1]]
+    temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed]
     return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
 
 

@@ -339,28 +339,30 @@ def read_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
     return events, tuple((address, key) for address, key in live.items() if key >= 0)
 
 
+def given_back_at_once(events: Sequence[Event]) -> list[int]:
+    """The indices of the requests that the next event frees: a temporary, or a library's workspace."""
+    return [index for index, (event, after) in enumerate(zip(events, events[1:]))
+            if event[0] == ALLOC and after[0] == FREE and after[1] == event[1]]
+
+
 def optional_workspaces(events: Sequence[Event]) -> list[Event]:
-    """``events`` with each request freed right after it was made (its free the next event) as a ``try``.
+    """``events`` with each request freed right after it was made (``given_back_at_once``) as a ``try``.
 
     Why: that is how a library's workspace looks (cuDNN's convolutions take one for the call and give it
     back), and a library sizes it by what it can get: refused, cuDNN falls back to an algorithm that needs
     less. Runs recorded with room to spare made every workspace they asked for, so replayed under a
     smaller cap each would count as needed. On the H100 (``benchmarks/plan.py``), a convnet's inference
     asked for 2.3 GiB workspaces uncapped; near a 16 GiB cap's limit it asked for 14.8 GiB, was refused,
-    and fitted at 413 where a replay that needs them found 271 and one that may skip them 405. A request
-    that is needed though freed at once (a sort's scratch) is taken as optional too: the plan's
-    benchmarks check that no prediction passes the real largest batch by more than its margin."""
+    and fitted at 413 where a replay that needs them found 271 and one that may skip them 405. Only for a
+    cell shown to cope without them (``capacity.runs.probe_workspaces``): cuDNN's RNNs fail without
+    theirs."""
+    at_once = set(given_back_at_once(events))
     kept: list[Event] = []
-    skip = -1
     for index, event in enumerate(events):
-        if index == skip:
-            continue
-        after = events[index + 1] if index + 1 < len(events) else None
-        if event[0] == ALLOC and after is not None and after[0] == FREE and after[1] == event[1]:
+        if index in at_once:
             kept.append((TRY, event[1], event[2], event[3]))
-            skip = index + 1
-        else:
-            kept.append(event)
+        elif index - 1 not in at_once:
+            kept.append(event)  # the free right after a workspace goes: a try frees itself
     return kept
 
 
