@@ -42,10 +42,10 @@ within half of the largest that fits, else steps of the largest that fits and a 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..growth.accumulation import accumulation_plan
 from ..growth.fitting import REPLAY_MARGIN, fittings
