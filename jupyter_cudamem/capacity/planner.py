@@ -192,21 +192,11 @@ def calibration_scale(hardware: Hardware, measured: Measured, cards: Sequence[Ca
     usable_here = usable_bytes(here[1], measured.non_pytorch_bytes)
     smaller = sorted((usable_bytes(card.total_bytes, measured.non_pytorch_bytes), card.name) for card in cards)
     smaller = [(usable, name) for usable, name in smaller if 0 < usable < usable_here]
-    allocator, index, total = hardware.allocator, measured.torch_index, measured.total_bytes
     try:
-        before = allocator.memory_fraction(index)
+        before = hardware.allocator.memory_fraction(measured.torch_index)
     except Exception:  # noqa: BLE001 - a cap we cannot read is one we must not overwrite
         before = None
     if not smaller or before is None:
         return CalibrationScale(usable_here, here[0])
     usable, name = smaller[0]
-
-    @contextlib.contextmanager
-    def capped() -> Iterator[None]:
-        allocator.set_memory_fraction(index, min(usable / total, before))
-        try:
-            yield
-        finally:
-            allocator.set_memory_fraction(index, before)
-
-    return CalibrationScale(usable, name, capped)
+    return CalibrationScale(usable, name, lambda: capped_at(hardware, measured, usable))

@@ -67,7 +67,7 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
             f"  usable = card memory - outside PyTorch - {plan.margin:.0%} margin (the allocator's rounding, the driver's share)"
         )
         return lines
-    if plan.replayed and plan.calibration is None:
+    if plan.replayed:  # never calibrated too: a calibration's ratio decides instead (``build_plan``)
         lines.append("  usable = card memory - outside PyTorch")
     else:
         lines.append(

@@ -42,14 +42,19 @@ def test_renewing_workspaces_without_cuda_does_nothing():
     assert not torch.cuda.is_initialized()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run `pytest -m gpu` on a GPU machine)")
-def test_renewed_workspaces_sit_in_segments_of_their_own():
-    # A workspace made while a freed 1 GiB block is cached is carved from it and pins its segment.
+def cache_a_freed_gib() -> None:
+    """No cuBLAS workspace, an empty cache, then a 1 GiB block freed into it: what the next request is cut from."""
     torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
     big = torch.empty(1 << 28, device="cuda")
     del big
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run `pytest -m gpu` on a GPU machine)")
+def test_renewed_workspaces_sit_in_segments_of_their_own():
+    # A workspace made while a freed 1 GiB block is cached is carved from it and pins its segment.
+    cache_a_freed_gib()
     a = torch.ones(64, 64, device="cuda")
     torch.mm(a, a)
     torch.addmm(a[0], a, a)
@@ -75,10 +80,7 @@ def test_renewed_workspaces_sit_in_segments_of_their_own():
 def test_renewed_workspaces_leave_the_segment_of_a_live_tensor():
     # A live tensor keeps a 1 GiB segment that no empty_cache() returns; workspaces made again with its
     # free block at hand would be carved from it and keep the segment after the tensor is gone.
-    torch._C._cuda_clearCublasWorkspaces()
-    torch.cuda.empty_cache()
-    big = torch.empty(1 << 28, device="cuda")
-    del big
+    cache_a_freed_gib()
     kept = torch.empty(1 << 20, device="cuda")  # 4 MiB, cut from the cached 1 GiB block
     a = torch.ones(64, 64, device="cuda")
     torch.addmm(a[0], a, a)
