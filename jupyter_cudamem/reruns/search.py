@@ -41,8 +41,13 @@ The tries, in order:
 Every prediction keeps a margin; the search stops only when no larger whole batch is predicted to fit.
 While reruns are left, a batch predicted to fit but for the margin (with the jitter of runs at one
 batch, ``JITTER``) is tried too, halving's batches (half the failed one, a quarter...) first: fitting
-one, the search ends on no less than halving would. A gain of one sample is a gain: there is no
-minimum share.
+one, the search ends on no less than halving would. On the last rerun, a batch of halving's that the
+replay fits with no margin at all is tried instead of the margin's (where what fitted is at least
+halving's next batch below it, so a failure costs nothing against halving): a failed batch near a power
+of two times the largest lets halving land within the margin of it. "Fits" is every batch up to the
+largest that does: the allocator is not monotone in the batch, and a single batch that fits above ones
+that fail is a window the next run's jitter closes. A gain of one sample is a gain: there is no minimum
+share.
 
 A failure whose bytes fit the budget (what it held plus what it asked for is within it) failed on the
 allocator's fragments: its OOM message says how much PyTorch held reserved but could not use for the
@@ -83,8 +88,8 @@ Pure arithmetic: no torch, no IPython. Sizes in bytes.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..growth import Growth, lowest_slope
@@ -206,9 +211,20 @@ class BatchSearch(Tries):
             return self._bounded((low + high) // 2, low, high, "bisection (the line was contradicted twice)", None)
         predicted, how = self._predicted(growth)
         predicted = min(predicted, high - 1)
-        nominal = self._nominal(growth)
+        # Every batch up to the largest that fits but for the margin (the allocator is not monotone in the
+        # batch: a single batch that fits above ones that fail is a window the next run's jitter closes),
+        # or with no margin at all; each replayed only when asked.
+        nominal_largest = functools.cache(lambda: self._nominal_largest(growth, high))
+        exact_largest = functools.cache(lambda: self._nominal_largest(growth, high, 0.0))
         for halving in self._halving_candidates(max(low, predicted), high):
-            if (not self._last_try() or 2 * low >= halving) and nominal(halving):
+            if self._last_try() and 2 * low >= halving and exact_largest() >= halving:
+                # On the last rerun, a batch halving tries that fits with no margin at all: where the failed
+                # batch is near a power of two times the largest, halving lands within the margin of it, and
+                # the margin's batch would end below halving; should this one fail, what fitted is at least
+                # halving's next batch below it.
+                return self._bounded(halving, low, high, f"{how}; {halving}, halving's, fits with no margin",
+                                     growth.peak_high(halving))
+            if (not self._last_try() or 2 * low >= halving) and nominal_largest() >= halving:
                 # A batch halving from the failed one would try, predicted to fit but for the margin: fitting
                 # it, the search ends on at least what halving ends on (on the last rerun, only where what
                 # fitted is at least halving's next batch below it, so that a failure costs nothing either).
@@ -217,8 +233,8 @@ class BatchSearch(Tries):
         if predicted > low:
             return self._bounded(predicted, low, high, how, growth.peak_high(predicted))
         # No larger batch is predicted to fit with the margin; a rerun is left.
-        if nominal(low + 1):
-            largest = self._nominal_largest(growth, high)
+        if nominal_largest() >= low + 1:
+            largest = nominal_largest()
             return self._bounded(largest, low, high, f"{how}; {largest} fits but for the margin, and a rerun is left",
                                  growth.peak_high(largest))
         untried = min(self._halving_candidates(low, high), default=None)
@@ -239,25 +255,16 @@ class BatchSearch(Tries):
         self.stop(f"{how}: {low}, which fitted, is the largest batch predicted to fit")
         return None
 
-    def _nominal(self, growth: Growth) -> Callable[[int], bool]:
-        """Whether a batch fits but for the margin, that is with only what runs at one batch differ by
-        (``JITTER``): by the replay, or by the line with its steepest slope."""
+    def _nominal_largest(self, growth: Growth, high: int, margin: float = JITTER) -> int:
+        """The largest batch below ``high`` that fits but for the margin, that is with only what runs at
+        one batch differ by (``JITTER``; or with ``margin``): by the replay, or by the line with its
+        steepest slope."""
         if self._chosen_by_replay:
-            plain = self.replayed(JITTER)
-            if plain is not None:
-                return plain.fits
-        fixed = min(growth.fixed_bytes, self.usable_bytes)
-        largest = growth.largest_batch(fixed + (self.usable_bytes - fixed) * (1 - JITTER), sure=True)
-        return lambda batch: largest >= batch
-
-    def _nominal_largest(self, growth: Growth, high: int) -> int:
-        """The largest batch below ``high`` that fits but for the margin (``_nominal``)."""
-        if self._chosen_by_replay:
-            plain = self.replayed(JITTER)
+            plain = self.replayed(margin)
             if plain is not None:
                 return plain.largest(high - 1)
         fixed = min(growth.fixed_bytes, self.usable_bytes)
-        return min(growth.largest_batch(fixed + (self.usable_bytes - fixed) * (1 - JITTER), sure=True), high - 1)
+        return min(growth.largest_batch(fixed + (self.usable_bytes - fixed) * (1 - margin), sure=True), high - 1)
 
     def _last_try(self) -> bool:
         return len(self.attempts) == self.max_tries - 1

@@ -1,6 +1,6 @@
 """The caching-allocator replay: rounding, pools, splitting, the cap's refusal, traces, and the batch search."""
 
-from jupyter_cudamem.growth.fitting import largest_fitting_batch
+from jupyter_cudamem.growth.fitting import fitting, largest_fitting_batch
 from jupyter_cudamem.growth.pairing import growth_lines
 from jupyter_cudamem.growth.replay import (StartSegment, block_bytes, events_from_trace, held_elsewhere, read_trace,
                                            replay, segment_bytes)
@@ -68,6 +68,20 @@ def test_bisection_finds_the_fragmentation_limit_from_two_small_runs():
     # is b = 100 under 600 MiB, where the allocated peak (5b MiB) would allow 120.
     assert largest_fitting_batch(fragmenting(10), 10, fragmenting(20), 20, [], 600 * MiB) == 100
     assert largest_fitting_batch(fragmenting(20), 20, fragmenting(10), 10, [], 612 * MiB) == 102
+
+
+def test_a_batch_fits_only_where_its_line_sizes_fit_too_not_only_the_margins():
+    # A tensor of 0.995 MiB a sample, then an 11 MiB one. At batch 10 the first is 9.95 MiB, under 10 MiB:
+    # it takes a share of a 20 MiB segment, and with the other's 12 MiB the run needs 32 MiB of a 30 MiB
+    # cap. 1% or 2% larger it passes 10 MiB and gets a 12 MiB segment of its own: 24 MiB fits.
+    def run(batch: int, scale: float = 1.0) -> list:
+        return [("alloc", 0, int(0.995 * MiB * batch * scale), 0), ("alloc", 1, 11 * MiB, 0),
+                ("free", 1, 0, 0), ("free", 0, 0, 0)]
+
+    cap = 30 * MiB
+    assert [replay(run(10, scale), (), cap).fits for scale in (1.0, 1.01, 1.02)] == [False, True, True]
+    predicted = fitting(run(4), 4, run(8), 8, (), cap, margin=0.02)
+    assert predicted is not None and not predicted.fits(10)  # the next run's sizes are likeliest its line's
 
 
 def test_runs_that_are_not_one_program_give_no_prediction():

@@ -272,3 +272,25 @@ def test_with_a_rerun_left_the_search_tries_the_batch_halving_would_end_on_just_
     # Not on the last rerun: were it to fail, no rerun would be left to run the best batch again (the driver
     # does, so that the model holds one run of the cell it reports).
     assert _tries_of(3) == ([3, 11], 11)
+
+
+def _tries_within(budget_mib: int, start: int) -> list[tuple[int, str]]:
+    # 100 MiB a sample, nothing fixed: the largest batch that fits is budget // 100.
+    search = BatchSearch(start, budget_mib * MiB, max_tries=3)
+    tries = []
+    while (batch := search.next()) is not None:
+        fits = 100 * batch <= budget_mib
+        tries.append((batch, search.reason))
+        search.record(batch, Observation(fits, peak_bytes=100 * MiB * batch if fits else None,
+                                         need_bytes=None if fits else 100 * MiB * batch))
+    return tries
+
+
+def test_on_the_last_rerun_a_batch_of_halvings_that_fits_with_no_margin_is_tried():
+    # 12 fits with 5 MiB to spare, less than the margin's share: the margin's batch is 11. Halving from 192
+    # (96, 48, 24, 12) ends on 12; the last rerun tries it, and should it fail, 11 is more than its next (6).
+    tries = _tries_within(1205, 192)
+    assert [batch for batch, _ in tries] == [3, 11, 12]
+    assert "12, halving's, fits with no margin" in tries[-1][1]
+    # From 208 halving tries 13 (which cannot fit) and ends on 6: the search ends on 11, the last rerun kept.
+    assert [batch for batch, _ in _tries_within(1205, 208)] == [3, 11]
