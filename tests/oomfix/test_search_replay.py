@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from jupyter_cudamem.growth import replay
+from jupyter_cudamem.growth.fitting import Fitting
 from jupyter_cudamem.reruns.recording import RecordedRun
 from jupyter_cudamem.reruns.search import REPLAY_MARGIN, BatchSearch
 from jupyter_cudamem.reruns.tries import Observation
@@ -92,3 +93,20 @@ def test_a_search_the_replay_ends_says_so():
         assert "allocator's replay" in search.stopped and f"{search.best}, which fitted" in search.stopped
     else:
         assert search.stopped == "the 3 tries allowed are spent"
+
+
+class _WindowedReplay(BatchSearch):
+    """A search whose replay fits every batch up to 200 (less the margin) and, alone above them, 250: a
+    window of the allocator's, where the batches between fail."""
+
+    def replayed(self, margin: float = 0.0) -> Fitting:
+        largest = int(200 / (1 + margin))
+        return Fitting(lambda batch: batch <= largest or batch == 250, lambda most: min(largest, most))
+
+
+def test_a_batch_the_replay_fits_alone_above_failing_ones_is_not_taken_for_one_that_fits():
+    search = _WindowedReplay(2000, CAP)
+    search.set_allocator((), CAP)
+    search.record(31, Observation(True, peak_bytes=31 * MiB, recorded=RecordedRun((), tuple(events(31)))))
+    # 250 is halving's (2,000 / 8) and its replay fits, but 201 to 249 do not: not "fits but for the margin".
+    assert search.next() == int(200 / (1 + REPLAY_MARGIN)), search.reason
