@@ -147,10 +147,10 @@ def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_bat
     tensor's: a workspace another algorithm sized) is either a batch's or a library's. Scaling it errs
     towards a smaller batch in bytes, but not always in the allocator: a larger block freed early is
     cached and serves later requests, so a run can fit with the larger block and fail with the real one.
-    The batch must fit either way, with its per-sample parts ``1 + margin``, ``1 + margin / 2`` and once
-    times as large (``NEXT_RUN_SCALES``). Returned with the largest batch up to a bound that fits so: found below the bound the
-    allocated bytes alone set (a run whose allocated bytes pass the cap fails whatever the allocator
-    does), then by replays."""
+    The batch must fit either way, with its per-sample parts as their lines say and ``1 + margin / 2`` and
+    ``1 + margin`` times as large (``NEXT_RUN_SCALES``). Returned with the largest batch up to a bound that
+    fits so: found below the bound the allocated bytes alone set (a run whose allocated bytes pass the cap
+    fails whatever the allocator does), then by replays."""
     kept = list(lines)
     for index in unknown:
         kind, key, stream, fixed, per_sample = lines[index]

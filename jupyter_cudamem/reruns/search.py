@@ -42,7 +42,7 @@ Every prediction keeps a margin; the search stops only when no larger whole batc
 While reruns are left, a batch predicted to fit but for the margin (with the jitter of runs at one
 batch, ``JITTER``) is tried too, halving's batches (half the failed one, a quarter...) first: fitting
 one, the search ends on no less than halving would. On the last rerun, a batch of halving's that the
-replay fits with no margin at all is tried instead of the margin's (where what fitted is at least
+replay (or the line) fits with no margin at all is tried instead of the margin's (where what fitted is at least
 halving's next batch below it, so a failure costs nothing against halving): a failed batch near a power
 of two times the largest lets halving land within the margin of it. "Fits" is every batch up to the
 largest that does: the allocator is not monotone in the batch, and a single batch that fits above ones
