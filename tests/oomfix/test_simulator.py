@@ -10,9 +10,9 @@ met, the second not: ``benchmarks/oomfix_simulated.py`` runs 10,000 such models 
 runs 10,000 of another seed, on every core (``world.many_cases``), and holds the search where it was
 measured on them: 9,920 meet the goal (99.2%; 9,890 before a predicted batch had to fit at its line's own
 sizes too, 9,877 before the replay paired leftover requests by size); 82 end below halving (143 before
-the last rerun tried halving's batch where it fits with no margin), 51 of them within the goal (a start
-near a power of two times the largest batch lets halving land on or next to it), 31 below it. A change
-that loses ground fails here.
+both that and the last rerun's try of halving's batch where it fits with no margin), 51 of them within
+the goal (a start near a power of two times the largest batch lets halving land on or next to it), 31
+below it. A change that loses ground fails here.
 """
 
 import statistics
