@@ -164,23 +164,31 @@ def this_card(hardware: Hardware, measured: Measured) -> tuple[str, int] | None:
     return name, total
 
 
+def current_cap(hardware: Hardware, measured: Measured) -> float | None:
+    """PyTorch's memory fraction on the runs' device; ``None`` where the device, its size or its cap cannot
+    be read (a cap we cannot read is one we must not overwrite)."""
+    if measured.torch_index is None or not measured.total_bytes:
+        return None
+    try:
+        return hardware.allocator.memory_fraction(measured.torch_index)
+    except Exception:  # noqa: BLE001 - unreadable: not to be overwritten
+        return None
+
+
 @contextlib.contextmanager
 def capped_at(hardware: Hardware, measured: Measured, usable: int) -> Iterator[bool]:
     """PyTorch capped at ``usable`` bytes on the runs' device for the block (never above a cap already set),
     the cap put back after; yields whether it capped (not where the device or its cap cannot be read)."""
-    index, total, allocator = measured.torch_index, measured.total_bytes, hardware.allocator
-    try:
-        before = allocator.memory_fraction(index) if index is not None and total else None
-    except Exception:  # noqa: BLE001 - a cap we cannot read is one we must not overwrite
-        before = None
+    before = current_cap(hardware, measured)
+    index, total = measured.torch_index, measured.total_bytes
     if before is None or index is None or not total:
         yield False
         return
-    allocator.set_memory_fraction(index, min(max(usable, 0) / total, before))
+    hardware.allocator.set_memory_fraction(index, min(max(usable, 0) / total, before))
     try:
         yield True
     finally:
-        allocator.set_memory_fraction(index, before)
+        hardware.allocator.set_memory_fraction(index, before)
 
 
 def calibration_scale(hardware: Hardware, measured: Measured, cards: Sequence[Card]) -> CalibrationScale | None:
@@ -192,11 +200,7 @@ def calibration_scale(hardware: Hardware, measured: Measured, cards: Sequence[Ca
     usable_here = usable_bytes(here[1], measured.non_pytorch_bytes)
     smaller = sorted((usable_bytes(card.total_bytes, measured.non_pytorch_bytes), card.name) for card in cards)
     smaller = [(usable, name) for usable, name in smaller if 0 < usable < usable_here]
-    try:
-        before = hardware.allocator.memory_fraction(measured.torch_index)
-    except Exception:  # noqa: BLE001 - a cap we cannot read is one we must not overwrite
-        before = None
-    if not smaller or before is None:
+    if not smaller or current_cap(hardware, measured) is None:
         return CalibrationScale(usable_here, here[0])
     usable, name = smaller[0]
     return CalibrationScale(usable, name, lambda: capped_at(hardware, measured, usable))
