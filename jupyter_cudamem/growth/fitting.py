@@ -168,6 +168,8 @@ def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_bat
         return all(replay(events_at(v, batch * scale), start, cap_bytes).fits for scale in scales for v in variants)
 
     scales = tuple(dict.fromkeys(1 + margin * share for share in NEXT_RUN_SCALES))
+    settling = 1 + margin  # the largest sizes: the replays settle on them first (``largest``)
+    checked_after = tuple(scale for scale in scales if scale != settling)
 
     def fits(batch: int) -> bool:
         return fits_at(batch, scales)
@@ -177,8 +179,8 @@ def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_bat
         bound = largest_below(could_fit, max(0, min(max_batch, math.floor(limit))) if limit < math.inf else max_batch)
         # The replays settle on the larger sizes alone, then check the batch found at the smaller: the
         # same answer where the allocator is monotone, in about half the replays.
-        found = largest_below(lambda batch: fits_at(batch, (1 + margin,)), bound, PREDICTION_RESOLUTION)
-        while found > 0 and not fits_at(found, scales[1:]):
+        found = largest_below(lambda batch: fits_at(batch, (settling,)), bound, PREDICTION_RESOLUTION)
+        while found > 0 and not fits_at(found, checked_after):
             found = largest_below(fits, found - 1, PREDICTION_RESOLUTION)
         return found
 
