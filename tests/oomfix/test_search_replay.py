@@ -110,3 +110,23 @@ def test_a_batch_the_replay_fits_alone_above_failing_ones_is_not_taken_for_one_t
     search.record(31, Observation(True, peak_bytes=31 * MiB, recorded=RecordedRun((), tuple(events(31)))))
     # 250 is halving's (2,000 / 8) and its replay fits, but 201 to 249 do not: not "fits but for the margin".
     assert search.next() == int(200 / (1 + REPLAY_MARGIN)), search.reason
+
+
+class _ExactReplay(BatchSearch):
+    """A search whose replay fits every batch up to 200 with no margin (fewer with one)."""
+
+    def replayed(self, margin: float = 0.0) -> Fitting:
+        largest = int(200 / (1 + margin))
+        return Fitting(lambda batch: batch <= largest, lambda most: min(largest, most))
+
+
+def test_on_the_last_rerun_halvings_batch_that_fits_with_no_margin_is_tried_after_a_low_second_try():
+    # Halving from 400 ends on 200. The second try (60) fitted below halving's next batch under 200 (100):
+    # should 200 fail, the search ends below where halving would; the margin's batch (196) ends below it
+    # whenever 200 fits. The replay says 200 fits: the last rerun tries it (it tried 196 before).
+    search = _ExactReplay(400, CAP)
+    search.set_allocator((), CAP)
+    for batch in (6, 60):
+        search.record(batch, Observation(True, peak_bytes=batch * MiB, recorded=RecordedRun((), tuple(events(batch)))))
+    assert search.next() == 200, search.reason
+    assert "200, halving's, fits with no margin" in search.reason
