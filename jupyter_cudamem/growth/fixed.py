@@ -82,7 +82,11 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
       wide) and its gradient are freed within the backward pass;
     - the optimizer's step: the parameter-sized requests made after the last of those gradients (state,
       foreach temporaries), from the first state tensor it made where it made one (a weight-sized
-      activation's gradient may come after the last parameter's, and is freed before the step).
+      activation's gradient may come after the last parameter's, and is freed before the step); where
+      it made none, from when the backward pass freed the last weight-sized tensor it frees while the
+      gradients live (in the project's simulator, ``tests/oomfix/world.py``, taking those gradients for
+      the step's put the next try above the largest batch that fits, up to twice it, in 9 of 20,000
+      models).
 
     Any other parameter-sized request keeps growing with the batch: at batch 1 a weight-sized activation
     is indistinguishable by its size (the H100 put the next try at 21 where 6 fits when all of them were
@@ -99,6 +103,7 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
     state = Counter(block_bytes(size) for size in fixed.state_sizes if size > 0)
     built = Counter(block_bytes(size) for size in fixed.built_sizes if size > 0)
     last_gradient = -1
+    gradient_indices: list[int] = []
     left_by_block: dict[int, list[int]] = {}
     for index, key, size in allocations:
         if key in left:
@@ -107,19 +112,25 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
         gradients = indices[built[block]:len(indices) - state[block]]
         taken = gradients[-wanted[block]:] if wanted[block] > 0 else []
         wanted[block] -= len(taken)
-        last_gradient = max([last_gradient, *taken])
+        gradient_indices += taken
     freed_at = {key: index for index, (kind, key, _, _) in enumerate(events) if kind == FREE}
     for index, key, size in sorted(allocations, key=lambda a: (freed_at.get(a[1], len(events)), a[0]), reverse=True):
         block = block_bytes(size)
         if key not in found and wanted[block] > 0:
             found.add(key)
             wanted[block] -= 1
-            last_gradient = max(last_gradient, index)
-    if last_gradient >= 0:
+            gradient_indices.append(index)
+    if gradient_indices:
         # The step begins where it makes its first state tensor, where this run made one: a weight-sized
         # activation's gradient, computed after the last parameter's, is freed within the backward pass,
-        # before the step.
+        # before the step. Where it made none, the step begins once the weight-sized tensors made before
+        # the last gradient and freed while every gradient lives (activations at a batch of one, freed by
+        # the backward pass) are freed: such an activation's gradient is made while they live.
+        last_gradient = max(gradient_indices)
+        gradients_live_until = min(freed_at.get(events[index][1], len(events)) for index in gradient_indices)
+        backward_frees = [freed_at[key] for index, key, _ in allocations
+                          if index < last_gradient and key not in found and freed_at.get(key, len(events)) < gradients_live_until]
         step_begins = next((index for index, key, _ in allocations if index > last_gradient and key in left),
-                           last_gradient)
+                           max(backward_frees, default=last_gradient))
         found.update(key for index, key, _ in allocations if index >= step_begins and index > last_gradient)
     return frozenset(found)

@@ -85,3 +85,15 @@ def test_without_state_made_in_the_run_what_follows_the_last_gradient_is_the_ste
     later_step = [("alloc", 1, W1, 0), ("alloc", 4, W1, 0), ("free", 1, 0, 0), ("alloc", 5, W2, 0),
                   ("alloc", 10, W1, 0), ("free", 10, 0, 0), ("free", 4, 0, 0), ("free", 5, 0, 0)]
     assert batch_independent_requests(later_step, set(), training(state_made=False)) == {4, 5, 10}
+
+
+def test_without_state_made_an_activation_s_gradient_made_while_the_backward_pass_frees_activations_still_grows():
+    # The state existed before the run; the last parameter's gradient (W2's) comes before the gradient of
+    # an activation the size of W1, made while that activation lives: it grows with the batch. The foreach
+    # temporary, made once the backward pass freed the activation, is the step's.
+    late = [("alloc", 1, W1, 0), ("alloc", 4, W1, 0), ("alloc", 5, W2, 0),
+            ("alloc", 3, W1, 0),        # the activation's gradient, after the last parameter's
+            ("free", 1, 0, 0), ("free", 3, 0, 0),
+            ("alloc", 10, W1, 0), ("free", 10, 0, 0),  # a foreach temporary
+            ("free", 4, 0, 0), ("free", 5, 0, 0)]
+    assert batch_independent_requests(late, set(), training(state_made=False)) == {4, 5, 10}
