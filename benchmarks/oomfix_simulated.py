@@ -57,6 +57,10 @@ def summary(cases: list[dict]) -> dict:
                 # Of those, the ones where halving's batch lands between the goal and the largest batch by
                 # the luck of the start (a start near a power of two times it).
                 "worse_than_halving_within_goal": sum(c["worse_than_halving"] and c["met_goal"] for c in group),
+                # Of those, the ones where halving's batch is above the largest that fits without the jitter
+                # between runs: halving's run drew a smaller workspace than the truth's.
+                "worse_than_halving_above_largest": sum(c["worse_than_halving"] and c["halving"] > c["largest"]
+                                                        for c in group),
                 "min": round(min(ratios), 4), "median": round(statistics.median(ratios), 4),
                 "max_reruns": max(c["reruns"] for c in group)}
     return {**stats(cases), "regimes": {name: stats(groups[name]) for name in sorted(groups)}}

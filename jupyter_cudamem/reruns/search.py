@@ -43,8 +43,9 @@ While reruns are left, a batch predicted to fit but for the margin (with the jit
 batch, ``JITTER``) is tried too, halving's batches (half the failed one, a quarter...) first: fitting
 one, the search ends on no less than halving would. On the last rerun, a batch of halving's that the
 replay (or the line) fits with no margin at all is tried instead of the margin's: a failed batch near a
-power of two times the largest lets halving land within the margin of it. It is tried even where what
-fitted is below halving's next batch, so that a failure ends below halving too: in the project's
+power of two times the largest lets halving land within the margin of it. By the replay it is tried
+even where what fitted is below halving's next batch, so that a failure ends below halving too (by the
+line, which is no bound, only where what fitted is at least that batch): in the project's
 simulator (``benchmarks/oomfix_simulated.py``; seeds 2026 and 7, 10,000 models each) trying it there
 lifted 51 searches to halving's batch or above and left one (whose try failed on a workspace drawn
 larger) below it; asking there for the margin of runs at one batch (``JITTER``) lifted 36 and lowered none.
@@ -221,10 +222,11 @@ class BatchSearch(Tries):
         exact_largest = functools.cache(lambda: self._nominal_largest(growth, high, 0.0))
         for halving in self._halving_candidates(max(low, predicted), high):
             if self._last_try():
-                if exact_largest() >= halving:
+                if (self._chosen_by_replay or 2 * low >= halving) and exact_largest() >= halving:
                     # On the last rerun, a batch halving tries that fits with no margin at all: where the
                     # failed batch is near a power of two times the largest, halving lands within the margin
-                    # of it, and the margin's batch would end below halving.
+                    # of it, and the margin's batch would end below halving. By the line (no replay), only
+                    # where what fitted is at least halving's next batch below it: the line is no bound.
                     return self._bounded(halving, low, high, f"{how}; {halving}, halving's, fits with no margin",
                                          growth.peak_high(halving))
             elif nominal_largest() >= halving:

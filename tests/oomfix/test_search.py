@@ -294,3 +294,16 @@ def test_on_the_last_rerun_a_batch_of_halvings_that_fits_with_no_margin_is_tried
     assert "12, halving's, fits with no margin" in tries[-1][1]
     # From 208 halving tries 13 (which cannot fit) and ends on 6: the search ends on 11, the last rerun kept.
     assert [batch for batch, _ in _tries_within(1205, 208)] == [3, 11]
+
+
+def test_by_the_line_halvings_batch_that_fits_with_no_margin_is_tried_only_above_twice_what_fitted():
+    # 1 MiB a sample in 204 MiB, no replay: the line fits 200 (halving's from 400) with no margin. The line
+    # is no bound, so its failure must cost nothing against halving: tried after 100 fitted, not after 99.
+    def last_choice(second: int) -> int | None:
+        search = BatchSearch(400, 204 * MiB, max_tries=3)
+        for batch in (6, second):
+            search.record(batch, Observation(True, peak_bytes=batch * MiB))
+        return search.next()
+
+    assert last_choice(100) == 200
+    assert last_choice(99) == 191  # the margin's
