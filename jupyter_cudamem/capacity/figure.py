@@ -50,8 +50,12 @@ def plan_figure(plan: CapacityPlan) -> Any:
         low = max(min(measured) / 2, 1)
         high = max(largest_batches + measured) * 1.3
         xs = [low * (high / low) ** (i / 200) for i in range(201)]
-        axes.plot(xs, [line.peak(x) / GiB for x in xs], color="black", linewidth=2,
-                  label=f"peak = {line.intercept_bytes / GiB:.2f} GiB + {line.slope_bytes / MiB:.2f} MiB x batch")
+        if line.slope_bytes > 0:
+            axes.plot(xs, [line.peak(x) / GiB for x in xs], color="black", linewidth=2,
+                      label=f"peak = {line.intercept_bytes / GiB:.2f} GiB + {line.slope_bytes / MiB:.2f} MiB x batch")
+        else:  # a phase no batch changes sets the peak where measured; the replay decides beyond (``runs.judge``)
+            axes.plot([min(measured), max(measured)], [line.intercept_bytes / GiB] * 2, color="black", linewidth=2,
+                      label=f"peak {line.intercept_bytes / GiB:.2f} GiB where measured (does not grow with the batch)")
         if planned is not None and planned is not line:
             axes.plot(xs, [planned.peak(x) / GiB for x in xs], color="#8b0000", linestyle="-.",
                       label=f"under a card's cap: {ratio:.3f} x the line (calibrated)")

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
 
+from ..errors import CudaMemError
 from ..growth.accumulation import accumulation_plan
 from ..growth.fitting import REPLAY_MARGIN, fittings
 from ..growth.replay import optional_workspaces
@@ -386,10 +387,16 @@ def build_plan(
     (``calibrated``); else, with the line's two runs recorded (``replay_runs``: smaller batch, larger
     batch), the allocator's replay of them gives each card's largest batch (``replayed_largest``), with
     the workspaces given back at once as optional where ``workspaces_optional``."""
-    ratio = calibration.ratio(line) if calibration is not None and line is not None else None
+    flat = line is not None and line.slope_bytes <= 0  # the peak is a phase no batch changes (``runs.judge``)
+    ratio = calibration.ratio(line) if calibration is not None and line is not None and not flat else None
     replayed = None
     if ratio is None and line is not None and batch is not None and replay_runs is not None:
         replayed = replayed_largest(*replay_runs, replay_margin(margin), workspaces_optional)
+    if flat and replayed is None:
+        raise CudaMemError("the peak did not grow with the batch and the runs' allocations could not be replayed: "
+                           "no largest batch to predict; plan it at two batches whose peaks differ (--small N)")
+    if flat and calibration is not None:
+        notes = (*notes, "--calibrate: a flat line has no ratio to scale; the allocator's replay decides")
     fixed_peak = None
     if line is None:
         peaks = [r.peak_bytes for r in runs if not r.oom and not r.autocast and r.peak_bytes is not None]

@@ -43,16 +43,22 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
             lines.append(f"  {plan.batch_where}")
         points = [r for r in plan.runs if r.label in ("smaller", "smaller still", "as written, again") and not r.oom]
         measured = ", ".join(f"{r.batch}: {format_bytes(r.peak_bytes)}" for r in points)
-        lines.append(
-            f"  peak = {format_bytes(plan.line.intercept_bytes)} + {format_bytes(plan.line.slope_bytes)} x batch"
-            f"   (PyTorch's allocated peak at batch {measured})"
-        )
+        if plan.line.slope_bytes > 0:
+            lines.append(
+                f"  peak = {format_bytes(plan.line.intercept_bytes)} + {format_bytes(plan.line.slope_bytes)} x batch"
+                f"   (PyTorch's allocated peak at batch {measured})"
+            )
+        else:
+            lines.append(
+                f"  peak = {format_bytes(plan.line.intercept_bytes)} whatever the batch measured (PyTorch's allocated "
+                f"peak at batch {measured}): a phase that does not depend on the batch"
+            )
         for agreement in plan.agreements:
             lines.append(
                 f"  {agreement.label} at batch {agreement.batch}: {format_bytes(agreement.measured_bytes)}, "
                 f"{agreement.relative:+.1%} from the line"
             )
-        if plan.autocast_line is not None:
+        if plan.autocast_line is not None and plan.line.slope_bytes > 0:
             change = plan.autocast_line.slope_bytes / plan.line.slope_bytes - 1
             lines.append(
                 f"  under autocast ({plan.autocast_dtype or 'reduced precision'}): "

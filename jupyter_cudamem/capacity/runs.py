@@ -442,8 +442,21 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
         )
     line = fit([(r.batch, r.peak_bytes) for r in points])  # type: ignore[misc]
     top = max(points, key=lambda r: r.batch or 0)
+    low = min(points, key=lambda r: r.batch or 0)
     start = min(r.start_bytes or 0 for r in points)
-    if line.slope_bytes <= 0:
+    replay_runs = (low, top) if low.recorded is not None and top.recorded is not None else None
+    if line.slope_bytes <= 0 and replay_runs is not None:
+        # A fine-tune's peak at small batches is its optimizer's step (weights, gradients, AdamW's state),
+        # which no batch changes; the batch's tensors peak in the backward pass, below it. The replay of
+        # the two recorded runs sees both phases and finds where the batch's reaches the cap.
+        notes.append(
+            f"the peak did not grow from batch {low.batch} to {top.batch} ({(low.peak_bytes or 0) / MiB:,.0f} and "
+            f"{(top.peak_bytes or 0) / MiB:,.0f} MiB): a phase that does not depend on the batch (an optimizer's "
+            "step) sets it there; the allocator's replay of the two runs finds where the batch's phases reach "
+            "each card's memory"
+        )
+        line = Line(0.0, float(max(r.peak_bytes or 0 for r in points)))
+    elif line.slope_bytes <= 0:
         raise CudaMemError(
             f"the peak did not grow with the batch ({', '.join(f'{r.batch}: {(r.peak_bytes or 0) / MiB:,.0f} MiB' for r in points)}): "
             f"is {batch!r} really the cell's batch? Plan it as fixed-size by setting the batch in the cell"
@@ -483,8 +496,6 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
         # misreading (the allocator's counters from another device, say), never a smaller need.
         if candidate.slope_bytes > 0 and candidate.peak(batch) >= line.peak(batch):
             reserved_line = candidate
-    low, high = min(points, key=lambda r: r.batch or 0), top
-    replay_runs = (low, high) if low.recorded is not None and high.recorded is not None else None
     return Judged(line, tuple(agreements), autocast_line, tuple(notes), reserved_line, replay_runs,
                   measured.workspaces_optional)
 

@@ -8,6 +8,7 @@ import contextlib
 import pytest
 
 from jupyter_cudamem.capacity.cards import Card
+from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, Run, build_plan
 from jupyter_cudamem.capacity.runs import (AGAIN, AS_WRITTEN, FINAL, SMALLER, WORKSPACES, Measured, Runner, judge,
                                            measure_runs, probe_workspaces)
@@ -189,3 +190,36 @@ def test_the_probe_comes_after_the_lines_points_and_the_cell_runs_at_its_batch_l
     judged = judge(measured, 64)
     assert judged.replay_runs == (measured.runs[1], measured.runs[2]) and not judged.workspaces_optional
     assert namespace["batch"] == 64 and namespace["x"].untyped_storage().nbytes() == 20 * MiB * 64
+
+
+def step_then_optimizer_events(batch: int) -> tuple:
+    """A fine-tune at small batches: the batch's activation (a MiB a sample) is freed by the backward pass,
+    then the optimizer's step makes 40 MiB whatever the batch. Its peak is the step's up to batch 40."""
+    return ((ALLOC, 0, batch * MiB, 0), (FREE, 0, 0, 0), (ALLOC, 1, 40 * MiB, 0), (FREE, 1, 0, 0))
+
+
+def flat_run(label: str, batch: int, recorded: bool = True) -> Run:
+    events = step_then_optimizer_events(batch)
+    return Run(label, batch, 40 * MiB, 0, 0, peak_reserved_bytes=40 * MiB,
+               recorded=RecordedRun((), events) if recorded else None)
+
+
+def test_a_peak_that_does_not_grow_with_the_batch_is_planned_by_the_replay_of_its_two_runs():
+    measured = Measured(runs=[flat_run(AS_WRITTEN, 16), flat_run(SMALLER, 8), flat_run(AGAIN, 16)])
+    judged = judge(measured, 16)
+    assert judged.line is not None and judged.line.slope_bytes == 0 and judged.line.intercept_bytes == 40 * MiB
+    assert judged.replay_runs == (measured.get(SMALLER), measured.get(AGAIN))
+    assert any("did not grow from batch 8 to 16" in note for note in judged.notes)
+    plan = build_plan(measured.runs, 16, "batch", [CARD], DEFAULT_MARGIN, 0, "none here", line=judged.line,
+                      replay_runs=judged.replay_runs, notes=judged.notes)
+    # The step asks for its 40 MiB once the activation is freed (the allocator gives its cached segment
+    # back when it must): 98 x 1.02 MiB fits the 100 MiB card, 99 does not, where the line has no answer.
+    assert plan.replayed and plan.card(CARD.name).largest_batch == 98
+    assert "whatever the batch measured" in plan.text()
+    assert plan.figure() is not None and "whatever the batch measured" in plan._repr_html_()
+
+
+def test_without_recordings_a_peak_that_does_not_grow_with_the_batch_is_still_refused_in_one_line():
+    measured = Measured(runs=[flat_run(AS_WRITTEN, 16, False), flat_run(SMALLER, 8, False), flat_run(AGAIN, 16, False)])
+    with pytest.raises(CudaMemError, match="the peak did not grow with the batch"):
+        judge(measured, 16)
