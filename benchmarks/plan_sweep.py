@@ -130,8 +130,10 @@ def run_workload(workload: Workload, oracle: int, total: int) -> tuple[list[dict
     if found is not None and judged.line is not None:
         summary["calibration"] = {"fitted_batch": found.fitted, "failed_batch": found.failed, "runs": found.runs,
                                   "ratio": found.ratio(judged.line), "card": found.card, "stopped": found.stopped}
+        # As the magic makes it: the replay's runs too, which decide where the line is flat (``runs.judge``).
         calibrated = build_plan(measured.runs, batch, "batch", cards, CALIBRATED_MARGIN,
-                                calibration=found,
+                                calibration=found, replay_runs=judged.replay_runs,
+                                workspaces_optional=judged.workspaces_optional,
                                 **common)  # type: ignore[arg-type]
     cell.release()
     cases = []
