@@ -477,7 +477,9 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
     autocast_line = None
     autocast = runs.get(AUTOCAST)
     if autocast is not None and autocast.batch:
-        if autocast.oom or autocast.peak_bytes is None:
+        if line.slope_bytes <= 0:
+            notes.append("under autocast: no line either, where the float32 runs' peak did not grow with the batch")
+        elif autocast.oom or autocast.peak_bytes is None:
             notes.append("the run under autocast ran out of memory: nothing to say about what it buys")
         else:
             slope = (autocast.peak_bytes - line.intercept_bytes) / autocast.batch

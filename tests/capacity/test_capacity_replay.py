@@ -10,7 +10,7 @@ import pytest
 from jupyter_cudamem.capacity.cards import Card
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, Run, build_plan
-from jupyter_cudamem.capacity.runs import (AGAIN, AS_WRITTEN, FINAL, SMALLER, WORKSPACES, Measured, Runner, judge,
+from jupyter_cudamem.capacity.runs import (AGAIN, AS_WRITTEN, AUTOCAST, FINAL, SMALLER, WORKSPACES, Measured, Runner, judge,
                                            measure_runs, probe_workspaces)
 from jupyter_cudamem.growth.replay import ALLOC, FREE, TRY, optional_workspaces
 from jupyter_cudamem.growth.through_points import fit
@@ -217,6 +217,14 @@ def test_a_peak_that_does_not_grow_with_the_batch_is_planned_by_the_replay_of_it
     assert plan.replayed and plan.card(CARD.name).largest_batch == 98
     assert "whatever the batch measured" in plan.text()
     assert plan.figure() is not None and "whatever the batch measured" in plan._repr_html_()
+
+
+def test_under_autocast_a_flat_line_gives_no_autocast_line_and_says_why():
+    autocast = Run(AUTOCAST, 16, 40 * MiB, 0, 0, autocast=True)
+    measured = Measured(runs=[flat_run(AS_WRITTEN, 16), flat_run(SMALLER, 8), flat_run(AGAIN, 16), autocast])
+    judged = judge(measured, 16)
+    assert judged.autocast_line is None
+    assert any(note.startswith("under autocast: no line either") for note in judged.notes)
 
 
 def test_without_recordings_a_peak_that_does_not_grow_with_the_batch_is_still_refused_in_one_line():
