@@ -128,8 +128,8 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
         # the backward pass) are freed: such an activation's gradient is made while they live.
         last_gradient = max(gradient_indices)
         gradients_live_until = min(freed_at.get(events[index][1], len(events)) for index in gradient_indices)
-        backward_frees = [freed_at[key] for index, key, _ in allocations
-                          if index < last_gradient and key not in found and freed_at.get(key, len(events)) < gradients_live_until]
+        backward_frees = [freed_at[key] for index, key, _ in allocations if index < last_gradient
+                          and key not in found and freed_at.get(key, len(events)) < gradients_live_until]
         step_begins = next((index for index, key, _ in allocations if index > last_gradient and key in left),
                            max(backward_frees, default=last_gradient))
         found.update(key for index, key, _ in allocations if index >= step_begins and index > last_gradient)
