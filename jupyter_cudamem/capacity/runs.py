@@ -44,7 +44,7 @@ from typing import Any, Protocol
 from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
 from ..reruns.bracket import bracket_largest
-from ..growth.replay import given_back_at_once
+from ..growth.replay import FREE, given_back_at_once
 from ..growth.through_points import Agreement, Line, faster_than_linear, fit, same
 from ..reruns.measured import run_measured
 from ..reruns.recording import Recorder
@@ -445,7 +445,7 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
     low = min(points, key=lambda r: r.batch or 0)
     start = min(r.start_bytes or 0 for r in points)
     replay_runs = (low, top) if low.recorded is not None and top.recorded is not None else None
-    if line.slope_bytes <= 0 and replay_runs is not None:
+    if line.slope_bytes <= 0 and replay_runs is not None and requested_bytes(top) - requested_bytes(low) > REPEAT_SLACK:
         # A fine-tune's peak at small batches is its optimizer's step (weights, gradients, AdamW's state),
         # which no batch changes; the batch's tensors peak in the backward pass, below it. The replay of
         # the two recorded runs sees both phases and finds where the batch's reaches the cap.
@@ -500,6 +500,12 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
             reserved_line = candidate
     return Judged(line, tuple(agreements), autocast_line, tuple(notes), reserved_line, replay_runs,
                   measured.workspaces_optional)
+
+
+def requested_bytes(run: Run) -> int:
+    """What a recorded run asked the allocator for in all (0 where it was not recorded): a cell whose
+    batch is its batch asks for more at a larger one, even where its peak is a phase no batch changes."""
+    return 0 if run.recorded is None else sum(size for kind, _, size, _ in run.recorded.events if kind != FREE)
 
 
 REPEAT_SLACK = 4 * MiB

@@ -219,6 +219,16 @@ def test_a_peak_that_does_not_grow_with_the_batch_is_planned_by_the_replay_of_it
     assert plan.figure() is not None and "whatever the batch measured" in plan._repr_html_()
 
 
+def test_a_recorded_cell_that_asks_for_no_more_at_a_larger_batch_is_still_refused():
+    # Not the batch: the same requests at 8 and 16, so the replay would fit any batch at all.
+    def same_run(label: str, batch: int) -> Run:
+        return Run(label, batch, 40 * MiB, 0, 0, recorded=RecordedRun((), step_then_optimizer_events(4)))
+
+    measured = Measured(runs=[same_run(AS_WRITTEN, 16), same_run(SMALLER, 8), same_run(AGAIN, 16)])
+    with pytest.raises(CudaMemError, match="is 16 really the cell's batch"):
+        judge(measured, 16)
+
+
 def test_under_autocast_a_flat_line_gives_no_autocast_line_and_says_why():
     autocast = Run(AUTOCAST, 16, 40 * MiB, 0, 0, autocast=True)
     measured = Measured(runs=[flat_run(AS_WRITTEN, 16), flat_run(SMALLER, 8), flat_run(AGAIN, 16), autocast])
