@@ -102,7 +102,6 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
     # parameters it built (made first) and the state its step made (made last).
     state = Counter(block_bytes(size) for size in fixed.state_sizes if size > 0)
     built = Counter(block_bytes(size) for size in fixed.built_sizes if size > 0)
-    last_gradient = -1
     gradient_indices: list[int] = []
     left_by_block: dict[int, list[int]] = {}
     for index, key, size in allocations:
