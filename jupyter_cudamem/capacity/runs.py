@@ -445,7 +445,12 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
     low = min(points, key=lambda r: r.batch or 0)
     start = min(r.start_bytes or 0 for r in points)
     replay_runs = (low, top) if low.recorded is not None and top.recorded is not None else None
-    if line.slope_bytes <= 0 and replay_runs is not None and requested_bytes(top) - requested_bytes(low) > REPEAT_SLACK:
+    if line.slope_bytes <= 0:
+        if replay_runs is None or requested_bytes(top) - requested_bytes(low) <= REPEAT_SLACK:
+            raise CudaMemError(
+                f"the peak did not grow with the batch ({', '.join(f'{r.batch}: {(r.peak_bytes or 0) / MiB:,.0f} MiB' for r in points)}): "
+                f"is {batch!r} really the cell's batch? Plan it as fixed-size by setting the batch in the cell"
+            )
         # A fine-tune's peak at small batches is its optimizer's step (weights, gradients, AdamW's state),
         # which no batch changes; the batch's tensors peak in the backward pass, below it. The replay of
         # the two recorded runs sees both phases and finds where the batch's reaches the cap.
@@ -456,11 +461,6 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
             "each card's memory"
         )
         line = Line(0.0, float(max(r.peak_bytes or 0 for r in points)))
-    elif line.slope_bytes <= 0:
-        raise CudaMemError(
-            f"the peak did not grow with the batch ({', '.join(f'{r.batch}: {(r.peak_bytes or 0) / MiB:,.0f} MiB' for r in points)}): "
-            f"is {batch!r} really the cell's batch? Plan it as fixed-size by setting the batch in the cell"
-        )
     if faster_than_linear(line, start, top.peak_bytes or 0):
         raise CudaMemError(
             f"the peak grows faster than the batch ({line.slope_bytes / MiB:,.2f} MiB per sample from two runs puts "
