@@ -6,7 +6,10 @@ the training or inference cell) span where users run out of memory: convnets, RN
 largest fitting batch is in the hundreds or thousands, and transformer and ViT fine-tunes (GPT-2, a
 Llama-style LM, BERT-base, ViT-B/16, a cut ViT-L, all AdamW, some under bf16 autocast) and a large
 model's inference under ``torch.no_grad`` whose largest batch is 1 to 48 and whose weights, gradients
-and optimizer state are up to 0.55 of the cap. Models come from configs (``transformers``) or
+and optimizer state are up to 0.55 of the cap; and five written after the search was (held out: a
+frozen Llama with LoRA adapters of its own, BERT-base accumulating micro-batches, GPT-2 with gradient
+checkpointing built in the cell, ConvNeXt under fp16 with a GradScaler, GPT-2 medium's ``generate()``
+over prompts a batch at a time). Models come from configs (``transformers``) or
 ``pretrained=False`` (``timm``), nothing downloaded; the large ones are built on the device.
 
 What runs, per workload:
@@ -505,6 +508,131 @@ WORKLOADS: tuple[Workload, ...] = (
         where="a literal in a call in the cell",
         small=(("n_embd=1280, n_layer=40, n_head=20", "n_embd=64, n_layer=1, n_head=2, n_positions=64"),
                (", 1024)", ", 32)")),
+    ),
+    Workload(
+        "llama_lora_bf16_seq1024",
+        "Llama-style causal LM (hidden 1024, 12 layers, 220M) frozen, with rank-16 LoRA adapters of its own on "
+        "q and v, at sequence 1024 under bf16 autocast, AdamW over the adapters; built in an earlier cell",
+        ("from transformers import LlamaConfig, LlamaForCausalLM\n"
+         "config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,\n"
+         "                     num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)\n"
+         "with torch.device(dev):\n"
+         "    model = LlamaForCausalLM(config)\n"
+         "model.requires_grad_(False)\n",
+         "class LoRALinear(nn.Module):\n"
+         "    def __init__(self, base, rank=16, alpha=32):\n"
+         "        super().__init__()\n"
+         "        self.base = base\n"
+         "        self.lora_a = nn.Parameter(torch.randn(rank, base.in_features, device=base.weight.device) / rank)\n"
+         "        self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))\n"
+         "        self.scale = alpha / rank\n"
+         "    def forward(self, x):\n"
+         "        return self.base(x) + (x @ self.lora_a.t() @ self.lora_b.t()) * self.scale\n"
+         "\n"
+         "for layer in model.model.layers:\n"
+         "    layer.self_attn.q_proj = LoRALinear(layer.self_attn.q_proj)\n"
+         "    layer.self_attn.v_proj = LoRALinear(layer.self_attn.v_proj)\n"
+         "optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)\n"),
+        "",
+        "batch_size = {batch}\n"
+        "input_ids = torch.randint(0, config.vocab_size, (batch_size, 1024), device=dev)\n"
+        "with torch.autocast(dev, dtype=torch.bfloat16):\n"
+        "    loss = model(input_ids=input_ids, labels=input_ids).loss\n"
+        "loss.backward()\n"
+        "optimizer.step()\n"
+        "optimizer.zero_grad()\n",
+        needs=("transformers",),
+        small=(("hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16",
+                "hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2"),
+               ("num_key_value_heads=16", "num_key_value_heads=2"), ("(batch_size, 1024)", "(batch_size, 32)")),
+    ),
+    Workload(
+        "bert_base_seq512_gradient_accumulation",
+        "BERT-base (110M) for sequence classification at sequence 512, fp32, four micro-batches accumulated "
+        "before each AdamW step; model and optimizer built in an earlier cell, the micro-batch a literal",
+        ("from transformers import BertConfig, BertForSequenceClassification\n"
+         "config = BertConfig(num_labels=2)\n"
+         "with torch.device(dev):\n"
+         "    model = BertForSequenceClassification(config)\n"
+         "optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)\n",),
+        "",
+        "micro_batch_size = {batch}\n"
+        "accumulation_steps = 4\n"
+        "for micro_step in range(accumulation_steps):\n"
+        "    input_ids = torch.randint(0, config.vocab_size, (micro_batch_size, 512), device=dev)\n"
+        "    labels = torch.randint(0, 2, (micro_batch_size,), device=dev)\n"
+        "    loss = model(input_ids=input_ids, labels=labels).loss / accumulation_steps\n"
+        "    loss.backward()\n"
+        "optimizer.step()\n"
+        "optimizer.zero_grad()\n",
+        needs=("transformers",),
+        small=(("BertConfig(num_labels=2)", "BertConfig(num_labels=2, hidden_size=64, num_hidden_layers=1, "
+                "num_attention_heads=2, intermediate_size=128)"), (", 512)", ", 32)")),
+    ),
+    Workload(
+        "gpt2_gradient_checkpointing_built_in_cell",
+        "GPT-2 (124M) from GPT2Config with gradient checkpointing at sequence 1024 under bf16 autocast, built "
+        "with AdamW in the failing cell, the batch a literal in a call",
+        ("from transformers import GPT2Config, GPT2LMHeadModel",),
+        "",
+        "with torch.device(dev):\n"
+        "    gpt = GPT2LMHeadModel(GPT2Config())\n"
+        "gpt.gradient_checkpointing_enable()\n"
+        "gpt.train()\n"
+        "optimizer = torch.optim.AdamW(gpt.parameters(), lr=3e-4)\n"
+        "tokens = torch.randint(0, 50257, ({batch}, 1024), device=dev)\n"
+        "with torch.autocast(dev, dtype=torch.bfloat16):\n"
+        "    loss = gpt(input_ids=tokens, labels=tokens).loss\n"
+        "loss.backward()\n"
+        "optimizer.step()\n"
+        "optimizer.zero_grad(set_to_none=True)\n",
+        needs=("transformers",),
+        where="a literal in a call in the cell",
+        small=(("GPT2Config()", "GPT2Config(n_embd=64, n_layer=1, n_head=2, n_positions=64)"), (", 1024)", ", 32)")),
+    ),
+    Workload(
+        "convnext_fp16_grad_scaler",
+        "timm ConvNeXt-T at 224x224 under fp16 autocast with a GradScaler, SGD with momentum, two steps; model, "
+        "optimizer and scaler built in an earlier cell",
+        ("import timm\n"
+         "model = timm.create_model('convnext_tiny', pretrained=False, num_classes=100).to(dev)\n"
+         "optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)\n"
+         "scaler = torch.amp.GradScaler(dev)\n",),
+        "",
+        "batch_size = {batch}\n"
+        "for step in range(2):\n"
+        "    images = torch.randn(batch_size, 3, 224, 224, device=dev)\n"
+        "    labels = torch.randint(0, 100, (batch_size,), device=dev)\n"
+        "    with torch.autocast(dev, dtype=torch.float16):\n"
+        "        loss = nn.functional.cross_entropy(model(images), labels)\n"
+        "    scaler.scale(loss).backward()\n"
+        "    scaler.step(optimizer)\n"
+        "    scaler.update()\n"
+        "    optimizer.zero_grad(set_to_none=True)\n",
+        needs=("timm",),
+        small=(("num_classes=100)", "num_classes=100, depths=(1, 1, 1, 1), dims=(8, 16, 32, 64))"),
+               ("224, 224", "32, 32")),
+    ),
+    Workload(
+        "gpt2_medium_generate_in_batches",
+        "GPT-2 medium (355M) from GPT2Config, fp32, greedy generate() of 64 tokens after each of 96 prompts of 512, "
+        "a batch of prompts at a time (the KV cache grows each step); model and prompts from an earlier cell, the "
+        "batch a name set in an earlier cell",
+        ("from transformers import GPT2Config, GPT2LMHeadModel\n"
+         "with torch.device(dev):\n"
+         "    model = GPT2LMHeadModel(GPT2Config(n_embd=1024, n_layer=24, n_head=16)).eval()\n"
+         "prompts = torch.randint(0, 50257, (96, 512))\n",),
+        "batch_size = {batch}\n",
+        "completions = []\n"
+        "for start in range(0, len(prompts), batch_size):\n"
+        "    chunk = prompts[start:start + batch_size].to(dev)\n"
+        "    generated = model.generate(chunk, attention_mask=torch.ones_like(chunk), max_new_tokens=64,\n"
+        "                               do_sample=False, pad_token_id=50256)\n"
+        "    completions.extend(generated[:, 512:].tolist())\n",
+        needs=("transformers",),
+        where="a name set in an earlier cell",
+        small=(("n_embd=1024, n_layer=24, n_head=16", "n_embd=64, n_layer=1, n_head=2, n_positions=128"),
+               ("(96, 512)", "(4, 16)"), ("max_new_tokens=64", "max_new_tokens=4"), ("generated[:, 512:]", "generated[:, 16:]")),
     ),
 )
 WORKLOAD_NAMES = tuple(w.name for w in WORKLOADS)

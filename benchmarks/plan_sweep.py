@@ -1,8 +1,8 @@
 """Benchmark: the capacity plan on the workloads of the %oomfix sweep, which it was not built against.
 
 ``benchmarks/plan.py`` holds the four workloads the plan was developed on. This one asks the same question
-of ``benchmarks/oomfix.py``'s sixteen workloads (torchvision and timm convnets, a BERT built from its config
-with AdamW, a GRU and an LSTM, an MLP that builds its own model and optimizer, ResNet-50 inference without
+of ``benchmarks/oomfix.py``'s workloads (its first sixteen, which ``results/plan_sweep.json`` holds:
+torchvision and timm convnets, a BERT built from its config with AdamW, a GRU and an LSTM, an MLP that builds its own model and optimizer, ResNet-50 inference without
 ``no_grad``, a DataLoader loop, autocast; Llama-style, GPT-2, BERT-base and ViT fine-tunes and a GPT-2 850M
 inference whose largest batch is 1 to 48), each in a plain namespace: its setup cells once, its batch set
 where it lives (a knob cell or the cell itself). The batch as written is a quarter of the sweep's largest
