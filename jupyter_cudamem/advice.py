@@ -292,12 +292,16 @@ class CategoryAdvice:
         return f"{self.action}: saves {amount} of {whole}"
 
 
-def category_advice(categories: Mapping[Category, int], in_step: bool = False) -> list[CategoryAdvice]:
+def category_advice(categories: Mapping[Category, int], in_step: bool = False,
+                    graph_kept: bool | None = None) -> list[CategoryAdvice]:
     """What to change when the largest of ``categories`` (bytes) is the one to shrink.
 
     The figures assume 32-bit floats, as PyTorch makes them by default: bf16 halves a category. Adam's
     state is made like its parameter, so a bf16 model halves parameters, gradients and state together.
     ``in_step``: the peak was reached in the optimizer's step, so the temporaries are the step's.
+    ``graph_kept``: whether the run kept an autograd graph (``False``: what it made was not kept for a
+    backward pass, as in ``generate()``, which runs under ``no_grad`` itself, so neither ``no_grad`` nor
+    checkpointing saves any of it; ``None``: unknown).
     """
     size = {category: int(categories.get(category, 0)) for category in Category}
     dominant = max(Category, key=lambda category: size[category])
@@ -313,11 +317,15 @@ def category_advice(categories: Mapping[Category, int], in_step: bool = False) -
                            size[Category.PARAMETERS], up_to=True),
         ]
     if dominant is Category.ACTIVATIONS:
-        return [
+        shrink = [
             CategoryAdvice(dominant, "half the batch (gradient accumulation keeps the effective batch)",
                            size[dominant] // 2),
             CategoryAdvice(dominant, 'torch.autocast("cuda", dtype=torch.bfloat16) around the forward pass',
                            size[dominant] // 2),
+        ]
+        if graph_kept is False:
+            return shrink
+        return shrink + [
             CategoryAdvice(dominant, "activation checkpointing (torch.utils.checkpoint) around each block: "
                            "only the blocks' inputs are kept for backward", size[dominant], up_to=True),
         ] + ([CategoryAdvice(dominant, "torch.no_grad() (or torch.inference_mode()) if the cell does not train: "

@@ -233,6 +233,16 @@ def _user_frames(names: list[str]) -> list[str]:
     return [name for name in dict.fromkeys(names) if not is_internal_name(name)]
 
 
+def _graph_kept(holders: list[Holder]) -> bool | None:
+    """Whether the failed run kept an autograd graph, as its traceback shows: its frames hold the
+    run's tensors, and a graph's saved tensors are reached through them (``Holder.graph_bytes``).
+    ``None`` where the traceback held no device memory (nothing to tell by)."""
+    held = [h for h in holders if h.kind is HolderKind.TRACEBACK and h.cuda_bytes > 0]
+    if not held:
+        return None
+    return any(h.graph_bytes > 0 for h in held)
+
+
 def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
     """The failed cell's exception, traceback and every frame on it, shown as one holder in the user's words.
 
@@ -380,7 +390,7 @@ def diagnose(
     categories = failure_categories(oom, model_state)
     if categories is not None and verdict not in (Verdict.FRAGMENTATION, Verdict.HELD_BY_IPYTHON):
         explanation += _category_sentence(categories)
-        fitting = advice.category_advice(categories)
+        fitting = advice.category_advice(categories, graph_kept=_graph_kept(holders))
         if fitting and fitting[0].category is Category.ACTIVATIONS:
             # the general advice on batch, autocast and checkpointing, said again with this cell's bytes
             general = set(advice.needs_more_advice()) | set(advice.too_big_advice(capped=False))

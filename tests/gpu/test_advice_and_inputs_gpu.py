@@ -93,3 +93,33 @@ def test_an_awaiting_cudamem_body_runs_and_is_measured_inside_a_running_loop(she
     report = result.result
     assert report.measurement.devices[0].allocated_delta_bytes == 64 * MiB
     shell.user_ns.pop("kept", None)
+
+
+@pytest.mark.parametrize("graph", [True, False])
+def test_oomfix_offers_no_grad_and_checkpointing_only_where_the_failed_run_kept_a_graph(shell, torch, graph):
+    # A cell that trains nothing runs out in a model's call. With autograd on, the failure comes in the
+    # fourth block, each earlier block's output kept for a backward pass (512 MiB each): no_grad and
+    # checkpointing would save them. Through a function that runs under no_grad itself (as
+    # transformers' generate() does), nothing is kept: the failure is the first block's own output
+    # (2 GiB beside a 2 GiB input), and neither would save a byte.
+    shell.run_cell(
+        "import torch\nfrom torch import nn\n"
+        "mlp = nn.Sequential(*[nn.Sequential(nn.Linear(4096, 4096), nn.GELU()) for _ in range(6)]).cuda()\n"
+        "@torch.no_grad()\ndef generate(x):\n    return mlp(x)\n"
+    )
+    cell = ("%%cudamem --limit 4GiB\nout = mlp(torch.randn(32768, 4096, device='cuda'))\n" if graph else
+            "%%cudamem --limit 4GiB\nout = generate(torch.randn(131072, 4096, device='cuda'))\n")
+    failed = shell.run_cell(cell, store_history=True)
+    try:
+        assert isinstance(failed.error_in_exec, torch.OutOfMemoryError)
+        outcome = shell.run_line_magic("oomfix", "--dry-run -o")
+        suggestions = outcome.diagnosis.suggestions
+    finally:
+        from jupyter_cudamem.hardware import default_hardware
+        from jupyter_cudamem.oomfix.cleanup import cleanup
+
+        del failed
+        cleanup(shell, default_hardware())  # the failed run's traceback let go of, for the next case
+    assert any(s.startswith("half the batch") for s in suggestions), suggestions
+    assert any("no_grad" in s for s in suggestions) is graph, suggestions
+    assert any("checkpointing" in s for s in suggestions) is graph, suggestions

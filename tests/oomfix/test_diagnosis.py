@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from jupyter_cudamem.oomfix.diagnosis import EXPANDABLE, Verdict, diagnose
 from jupyter_cudamem.attribution.holders import Holder, HolderKind, Holders, Origin
 from jupyter_cudamem.oom import OomInfo, OomKind, parse_oom
@@ -199,6 +201,23 @@ def test_activations_of_a_cell_without_gradients_get_no_grad_too() -> None:
     state = {Category.PARAMETERS: GiB, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
     d = diagnose(oom, [], None, state)
     assert any(s.startswith("torch.no_grad()") and "saves up to 11.00 GiB" in s for s in d.suggestions)
+
+
+@pytest.mark.parametrize("graph_bytes", [0, 3 * GiB])
+def test_no_grad_and_checkpointing_are_offered_only_where_the_traceback_shows_a_graph(graph_bytes) -> None:
+    # A cell that trains nothing ran out in a model's call. Where its traceback's tensors keep no autograd
+    # graph (generate(), which runs under no_grad itself), neither no_grad nor checkpointing would save
+    # any of it; where they keep one (a forward pass with autograd on), both are offered.
+    oom = parse_oom(oom_text("2.00 GiB", allocated="10.00 GiB"))
+    state = {Category.PARAMETERS: GiB, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
+    frames = [Holder("forward()", HolderKind.TRACEBACK, 6 * GiB, False, origin=Origin.FRAME, graph_bytes=graph_bytes),
+              Holder("sys.last_exc", HolderKind.TRACEBACK, 6 * GiB, False, origin=Origin.EXCEPTION,
+                     graph_bytes=graph_bytes)]
+    d = diagnose(oom, frames, None, state)
+    offered = {name: any(name in s for s in d.suggestions) for name in ("no_grad", "checkpointing")}
+    assert offered == {"no_grad": bool(graph_bytes), "checkpointing": bool(graph_bytes)}
+    assert any(s.startswith("half the batch") for s in d.suggestions)
+    assert any(s.startswith("torch.autocast") for s in d.suggestions)
 
 
 def test_optimizer_state_dominates_and_gets_a_lower_precision_or_fused_optimizer() -> None:
