@@ -15,6 +15,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Float
 
 from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN
+from ..growth.fitting import REPLAY_MARGIN
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, BodyRuns, run_cell_body
 
@@ -25,9 +26,10 @@ class CudaMemPlan(CudaMemMagicsBase):
 
     margin = Float(
         DEFAULT_MARGIN,
-        help="How cautious a plan is: above the default 0.04, each request the allocator's replay plays is "
-        "taken that much larger besides its own 2%; where the runs could not be recorded, the fraction of each "
-        "card's room above the fixed part left free. --margin overrides it for one plan.",
+        help=f"How cautious a plan is: above the default {DEFAULT_MARGIN:g}, each request the allocator's replay "
+        f"plays is taken that much larger besides its own {REPLAY_MARGIN:.0%}; where the runs could not be "
+        "recorded, the fraction of each card's room above the fixed part left free. --margin overrides it for one "
+        "plan.",
     ).tag(config=True)
 
     calibrated_margin = Float(
