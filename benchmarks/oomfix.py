@@ -158,6 +158,18 @@ dev = {dev!r}
 """
 
 
+LLAMA_MODEL = ("from transformers import LlamaConfig, LlamaForCausalLM\n"
+               "config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,\n"
+               "                     num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)\n"
+               "with torch.device(dev):\n"
+               "    model = LlamaForCausalLM(config)\n")
+"""The Llama-style model (hidden 1024, 12 layers, 220M) three workloads build in their setup cell."""
+LLAMA_SMALL = (("hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16",
+                "hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2"),
+               ("num_key_value_heads=16", "num_key_value_heads=2"))
+"""What shrinks that model for the CPU check."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """A notebook in small: setup cells (run once, batch-independent), the cell holding the batch knob
@@ -390,12 +402,8 @@ WORKLOADS: tuple[Workload, ...] = (
         "llama_finetune_bf16_seq2048",
         "Llama-style causal LM (hidden 1024, 12 layers, 220M) from LlamaConfig at sequence 2048 under bf16 "
         "autocast, AdamW; model and optimizer built in an earlier cell, one step",
-        ("from transformers import LlamaConfig, LlamaForCausalLM\n"
-         "config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,\n"
-         "                     num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)\n"
-         "with torch.device(dev):\n"
-         "    model = LlamaForCausalLM(config)\n"
-         "optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4)\n",),
+        (LLAMA_MODEL
+         + "optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4)\n",),
         "",
         "batch_size = {batch}\n"
         "input_ids = torch.randint(0, config.vocab_size, (batch_size, 2048), device=dev)\n"
@@ -405,20 +413,14 @@ WORKLOADS: tuple[Workload, ...] = (
         "optimizer.step()\n"
         "optimizer.zero_grad()\n",
         needs=("transformers",),
-        small=(("hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16",
-                "hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2"),
-               ("num_key_value_heads=16", "num_key_value_heads=2"), ("(batch_size, 2048)", "(batch_size, 32)")),
+        small=LLAMA_SMALL + (("(batch_size, 2048)", "(batch_size, 32)"),),
     ),
     Workload(
         "llama_finetune_bf16_seq1024",
         "Llama-style causal LM (hidden 1024, 12 layers, 220M) from LlamaConfig at sequence 1024 under bf16 "
         "autocast, AdamW; model and optimizer built in an earlier cell, one step",
-        ("from transformers import LlamaConfig, LlamaForCausalLM\n"
-         "config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,\n"
-         "                     num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)\n"
-         "with torch.device(dev):\n"
-         "    model = LlamaForCausalLM(config)\n"
-         "optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4)\n",),
+        (LLAMA_MODEL
+         + "optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4)\n",),
         "",
         "batch_size = {batch}\n"
         "input_ids = torch.randint(0, config.vocab_size, (batch_size, 1024), device=dev)\n"
@@ -428,9 +430,7 @@ WORKLOADS: tuple[Workload, ...] = (
         "optimizer.step()\n"
         "optimizer.zero_grad()\n",
         needs=("transformers",),
-        small=(("hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16",
-                "hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2"),
-               ("num_key_value_heads=16", "num_key_value_heads=2"), ("(batch_size, 1024)", "(batch_size, 32)")),
+        small=LLAMA_SMALL + (("(batch_size, 1024)", "(batch_size, 32)"),),
     ),
     Workload(
         "bert_base_seq256_adamw_in_cell",
@@ -513,12 +513,8 @@ WORKLOADS: tuple[Workload, ...] = (
         "llama_lora_bf16_seq1024",
         "Llama-style causal LM (hidden 1024, 12 layers, 220M) frozen, with rank-16 LoRA adapters of its own on "
         "q and v, at sequence 1024 under bf16 autocast, AdamW over the adapters; built in an earlier cell",
-        ("from transformers import LlamaConfig, LlamaForCausalLM\n"
-         "config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,\n"
-         "                     num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)\n"
-         "with torch.device(dev):\n"
-         "    model = LlamaForCausalLM(config)\n"
-         "model.requires_grad_(False)\n",
+        (LLAMA_MODEL
+         + "model.requires_grad_(False)\n",
          "class LoRALinear(nn.Module):\n"
          "    def __init__(self, base, rank=16, alpha=32):\n"
          "        super().__init__()\n"
@@ -542,9 +538,7 @@ WORKLOADS: tuple[Workload, ...] = (
         "optimizer.step()\n"
         "optimizer.zero_grad()\n",
         needs=("transformers",),
-        small=(("hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16",
-                "hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2"),
-               ("num_key_value_heads=16", "num_key_value_heads=2"), ("(batch_size, 1024)", "(batch_size, 32)")),
+        small=LLAMA_SMALL + (("(batch_size, 1024)", "(batch_size, 32)"),),
     ),
     Workload(
         "bert_base_seq512_gradient_accumulation",
