@@ -73,7 +73,7 @@ returns the block allocated under ``key``; ``try`` is an allocation the program 
 cached segments that the refusal causes, and freed at once when granted."""
 
 
-def _same_block(block_size: int | None, requested_bytes: int) -> bool:
+def same_block(block_size: int | None, requested_bytes: int) -> bool:
     """Whether a block of ``block_size`` can be the one the allocator gave a request of ``requested_bytes``:
     its rounded size, or more by at most the remainder a large block is left unsplit with (1 MiB)."""
     return block_size is not None and 0 <= block_size - block_bytes(requested_bytes) <= SMALL_REQUEST_BYTES
@@ -395,7 +395,7 @@ def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
     held = allocated_blocks(start)
     sizes = {key: size for kind, key, size, _ in events if kind == ALLOC}
     again = {key for address, key in left
-             if key in sizes and _same_block(held.get(address), sizes[key])}
+             if key in sizes and same_block(held.get(address), sizes[key])}
     if not again:
         return list(events)
     return [event for event in events if not (event[0] == ALLOC and event[1] in again)]

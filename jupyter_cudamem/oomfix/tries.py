@@ -105,7 +105,7 @@ class FixTries:
 
     def __post_init__(self) -> None:
         self._kept_noted: set[str] = set()
-        self.recorder = Recorder(self.hardware.allocator)
+        self.recorder = Recorder(self.hardware.allocator, windows=True)
 
     def allocated(self, device: int) -> int | None:
         readings = self.hardware.allocator_readings()

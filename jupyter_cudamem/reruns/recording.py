@@ -6,9 +6,23 @@ stacks, which is what makes it cheap enough to leave on for a rerun. The allocat
 (``sources.torch_alloc``) switches it on and off; this module only reads its snapshots.
 
 A rerun is not recorded when the history is already being recorded (the user's own recording, or
-``%%cudamem --trace``): switching it off would end theirs. Nor when the snapshot API is missing, or
-when the rerun made more events than ``MAX_EVENTS``: the history is a ring buffer, and a run whose
-beginning was dropped cannot be replayed. The batch search then does without a replay.
+``%%cudamem --trace``): switching it off would end theirs. Nor when the snapshot API is missing. The
+batch search then does without a replay.
+
+A rerun that makes more events than the history keeps (a ring buffer: its beginning is dropped) is
+kept as a **window**, where the recorder is asked for one (``%oomfix``'s, ``WINDOW_EVENTS``): its last events,
+after what was allocated when they began, read back from the end (each allocation undone, each free
+undone). What the run had allocated by then is replayed as made at the window's start, in address
+order, at the size it had whatever the batch (the outputs of the passes before, mostly, whose total
+the data sets, not the batch), and what it had freed of what it started with as freed there. A window is kept only where its
+replay at the run's own batch reaches the run's measured peak: the window holds the run's largest
+moment (a cell that loops over its data in batches, whose passes are alike). Why: such a cell is
+where a replay is most worth having (a GPT-2 medium ``generate()`` over 96 prompts a batch at a time,
+24 layers making a key/value cache one token longer each step, makes about 46,000 events per prompt;
+the line alone ended on 22-23 where 29 fits, the project's ``benchmarks/oomfix.py`` on an H100). Two
+windows are not paired request by request (they begin at different places in the loop), so the
+search replays the larger of them alone (``Tries.replayed``). ``%%cudamem_plan`` keeps whole runs only,
+as it always has.
 """
 
 from __future__ import annotations
@@ -18,23 +32,35 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..sources.base import AllocatorSource
-from ..growth.replay import Event, StartSegment, held_elsewhere, read_trace
+from ..growth.fitting import REPLAY_MARGIN
+from ..growth.replay import ALLOC, Event, StartSegment, allocated_blocks, held_elsewhere, read_trace, replay, same_block
 
 MAX_EVENTS = 100_000
-"""The history kept per rerun. The benchmark's training steps make 100-3,000 events each (ResNet-50
-under autocast: 2,200); a cell running dozens of steps stays far below this, and replaying 100,000
-events a dozen times (the search's bisection) takes seconds in Python, which is where it stops being
-worth it against a rerun."""
+"""The history kept per run where no window is asked for (``%%cudamem_plan``'s runs). The benchmark's
+training steps make 100-3,000 events each (ResNet-50 under autocast: 2,200); a cell running dozens of
+steps stays far below this, and replaying 100,000 events a dozen times (the search's bisection) takes
+seconds in Python, which is where it stops being worth it against a rerun."""
+
+WINDOW_EVENTS = 400_000
+"""The history kept per rerun where windows are asked for (``%oomfix``'s): a run up to this long is
+kept whole, a longer one as a window of its last this many events, which must hold one whole pass of
+the cell's loop for the window to reach the run's peak. On an H100 (the project's
+``benchmarks/oomfix.py``), GPT-2 medium's ``generate()`` of 64 tokens after a prompt of 512 made about
+100,000 events per prompt, and a window of 100,000 missed the prompt's first forward pass, its peak."""
 
 
 @dataclass(frozen=True)
 class RecordedRun:
     """One rerun as the replay reads it: the segments it started from, its events, and what it left
-    allocated as ``(address, key)`` (``replay.read_trace``)."""
+    allocated as ``(address, key)`` (``replay.read_trace``). ``whole`` is false for a window of a run
+    too long to keep (see the module docstring); ``carried`` are then the keys of the allocations it
+    had made before the window and still held, replayed at the window's start at the size they had."""
 
     start: tuple[StartSegment, ...]
     events: tuple[Event, ...]
     left: tuple[tuple[int, int], ...] = ()
+    whole: bool = True
+    carried: frozenset[int] = frozenset()  # a window's: keys of what the run held when the window began
 
     def events_from(self, start: tuple[StartSegment, ...]) -> list[Event]:
         """The events a run from ``start`` makes (``replay.held_elsewhere``)."""
@@ -61,11 +87,59 @@ def trace_rows(snapshot: Mapping[str, Any], device: int) -> list[tuple[Any, Any,
     return [(entry.get("action"), entry.get("addr"), entry.get("size"), entry.get("stream")) for entry in entries]
 
 
-class Recorder:
-    """Starts and stops the history around one rerun; every failure to do so means "not recorded"."""
+Row = tuple[Any, Any, Any, Any]
 
-    def __init__(self, allocator: AllocatorSource):
+
+def window_prologue(snapshot: Mapping[str, Any], rows: Sequence[Row], start: Sequence[StartSegment],
+                    device: int) -> list[Row] | None:
+    """Rows that take a run from ``start`` to where its recorded ``rows`` begin (see the module
+    docstring): a free of each block it started with that was gone by then, and an allocation of each
+    block it had made and still held, in address order. ``None`` where the rows do not undo to a
+    consistent state (an allocation of a block not held, a free of one held)."""
+    held: dict[int, tuple[int | None, int, int]] = {}  # address -> (block bytes where known, requested, stream)
+    for segment in snapshot.get("segments") or ():
+        if segment.get("device", device) != device:
+            continue
+        address = int(segment["address"])
+        for block in segment.get("blocks") or ():
+            size = int(block["size"])
+            if str(block.get("state", "")).startswith("active"):
+                held[address] = (size, int(block.get("requested_size") or size), int(segment.get("stream") or 0))
+            address += size
+    for action, address, size, stream in reversed(rows):
+        if not isinstance(address, int):
+            continue
+        if action == "alloc":
+            if held.pop(address, None) is None:
+                return None
+        elif action == "free_completed" and isinstance(size, int):
+            if address in held:
+                return None
+            held[address] = (None, size, int(stream) if isinstance(stream, int) else 0)
+    started = allocated_blocks(start)
+
+    def started_with(address: int) -> bool:
+        """Whether the block held at ``address`` when the window began is the one the run started with."""
+        if address not in started:
+            return False
+        size, requested, _ = held[address]
+        return size == started[address] if size is not None else same_block(started[address], requested)
+
+    prologue: list[Row] = [("free_completed", address, size, 0)  # a free's stream is its block's: not read
+                           for address, size in sorted(started.items()) if address not in held or not started_with(address)]
+    prologue += [("alloc", address, requested, stream) for address, (_, requested, stream) in sorted(held.items())
+                 if not started_with(address)]
+    return prologue
+
+
+class Recorder:
+    """Starts and stops the history around one rerun; every failure to do so means "not recorded".
+    ``windows``: keep a run too long for the history as its last events (see the module docstring)."""
+
+    def __init__(self, allocator: AllocatorSource, windows: bool = False):
         self.allocator = allocator
+        self.windows = windows
+        self.max_events = WINDOW_EVENTS if windows else MAX_EVENTS
 
     def state(self, device: int) -> tuple[StartSegment, ...] | None:
         """The segments now (where the next rerun starts); ``None`` when they cannot be read."""
@@ -81,7 +155,7 @@ class Recorder:
             if any(snapshot.get("device_traces") or ()):
                 return None  # someone else is recording: leave their history alone
             start = start_segments(snapshot, device)
-            self.allocator.start_trace(MAX_EVENTS, stacks=False)
+            self.allocator.start_trace(self.max_events, stacks=False)
         except Exception:  # noqa: BLE001
             return None
         return start
@@ -91,10 +165,31 @@ class Recorder:
         if start is None:
             return None
         try:
-            rows = trace_rows(self.allocator.stop_trace(), device)
+            snapshot = self.allocator.stop_trace()
+            rows = trace_rows(snapshot, device)
         except Exception:  # noqa: BLE001
             return None
-        if len(rows) >= MAX_EVENTS:
+        if len(rows) < self.max_events:
+            events, left = read_trace(rows, start, failed=failed)
+            return RecordedRun(start, tuple(events), left)
+        if not self.windows:
             return None
-        events, left = read_trace(rows, start, failed=failed)
-        return RecordedRun(start, tuple(events), left)
+        prologue = window_prologue(snapshot, rows, start, device)
+        if prologue is None:
+            return None
+        events, left = read_trace(prologue + rows, start, failed=failed)
+        if not self._reaches_the_peak(events, start, device):
+            return None
+        carried = frozenset(key for kind, key, _, _ in events[:len(prologue)] if kind == ALLOC)
+        return RecordedRun(start, tuple(events), left, whole=False, carried=carried)
+
+    def _reaches_the_peak(self, events: Sequence[Event], start: tuple[StartSegment, ...], device: int) -> bool:
+        """Whether the window's replay at its own batch reaches the run's measured peak (within the
+        replay's margin of what the run added): else the run's largest moment came before the window."""
+        try:
+            measured = self.allocator.read(device).peak_allocated_bytes
+        except Exception:  # noqa: BLE001
+            return False
+        at_start = sum(allocated_blocks(start).values())
+        replayed = replay(events, start, 1 << 62).peak_allocated_bytes
+        return replayed >= measured - REPLAY_MARGIN * max(measured - at_start, 0)

@@ -120,7 +120,7 @@ class Tries:
 
     def replayed(self, margin: float = 0.0) -> fitting.Fitting | None:
         """Whether a batch fits, by the allocator's replay of the two largest recorded tries that fitted (of
-        one, where only one did), from the segments the next try starts with, under the cap less what a
+        the largest, where only one did or one of the two is a window of a long run), from the segments the next try starts with, under the cap less what a
         failed try showed the replay does not see; each request's per-sample part taken ``1 + margin``
         times as large. ``None`` without a replay (see the module docstring)."""
         if self._segments is None or self._reserved_limit is None:
@@ -133,11 +133,13 @@ class Tries:
             return None
         cap = self._reserved_limit - self._replay_cut_bytes
         batches = sorted(runs)
-        if len(batches) == 1:
-            run = runs[batches[0]]
+        if len(batches) == 1 or not all(runs[b].whole for b in batches[-2:]):
+            # One run; or a window of a long run among the two, which begins elsewhere in the cell's loop
+            # than the other's and cannot be paired with it request by request: the larger alone.
+            run = runs[batches[-1]]
             fixed = (batch_independent_requests(run.events, {key for _, key in run.left}, self.fixed)
-                     if self.fixed is not None else frozenset())
-            return fitting.fitting_from_one(run.events_from(self._segments), batches[0], self._segments,
+                     if self.fixed is not None else frozenset()) | run.carried
+            return fitting.fitting_from_one(run.events_from(self._segments), batches[-1], self._segments,
                                            cap, batch_independent=fixed, margin=margin)
         low, high = batches[-2], batches[-1]
         return fitting.fitting(runs[low].events_from(self._segments), low, runs[high].events_from(self._segments),

@@ -47,7 +47,7 @@ def test_someone_elses_recording_is_left_alone():
 def test_what_cannot_be_recorded_is_not_replayed():
     fake = allocator()
     fake.trace_entries = [TRACE[0]] * MAX_EVENTS  # the ring buffer may have dropped the beginning
-    recorder = Recorder(fake)
+    recorder = Recorder(fake)  # no windows: the plan's
     assert recorder.stop(recorder.start(0), 0, failed=False) is None
     broken = allocator()
 
@@ -91,3 +91,125 @@ def test_an_interrupted_try_stops_the_recording():
     with pytest.raises(KeyboardInterrupt):
         driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     assert not fake.tracing
+
+
+# -- a window of a run too long for the history ----------------------------------------------------------
+WEIGHTS = (StartSegment(1 << 32, False, ((64 * MiB, True), (36 * MiB, False))),)
+
+
+def _rows(entries) -> list[tuple]:
+    return [(e["action"], e["addr"], e["size"], e["stream"]) for e in entries]
+
+
+def _live_after(events, start, count: int) -> list[int]:
+    """The requested bytes of every block allocated after the first ``count`` events, from ``start``."""
+    from jupyter_cudamem.growth.replay import FREE, allocated_blocks, start_keys
+
+    sizes = allocated_blocks(start)
+    live = {key: sizes[address] for address, key in start_keys(start).items()}
+    for kind, key, size, _ in events[:count]:
+        if kind == FREE:
+            live.pop(key, None)
+        else:
+            live[key] = size
+    return sorted(live.values())
+
+
+def test_a_window_of_a_run_begins_with_what_the_run_held_when_the_window_began():
+    import random
+
+    from jupyter_cudamem.growth.replay import read_trace
+    from jupyter_cudamem.reruns.recording import window_prologue
+    from tests.reruns.torch_like import TorchLikeRun
+
+    rng = random.Random(11)
+    run = TorchLikeRun(WEIGHTS)
+    names = iter(range(10**6))
+    boundaries = []  # (rows so far, what was allocated then)
+    for _ in range(1500):
+        live = [name for name in run.live_blocks if name != ("start", WEIGHTS[0].address)]
+        if live and (len(live) > 12 or rng.random() < 0.45):
+            run.free(rng.choice(live))
+        elif rng.random() < 0.05 and ("start", WEIGHTS[0].address) in run.live_blocks:
+            run.free(("start", WEIGHTS[0].address))  # the cell drops a tensor it started with
+        else:
+            size = rng.choice([rng.randrange(1, 1 << 20), rng.randrange(1 << 20, 10 << 20),
+                               rng.randrange(10 << 20, 40 << 20)])
+            run.alloc(next(names), size)
+        boundaries.append((len(run.rows), run.live()))
+    end = {"segments": run.segments()}
+    rows = _rows(run.rows)
+    for count, held in boundaries[100::97]:
+        window = rows[count:]
+        prologue = window_prologue(end, window, WEIGHTS, 0)
+        assert prologue is not None
+        events, _ = read_trace(prologue + window, WEIGHTS)
+        assert _live_after(events, WEIGHTS, len(prologue)) == held
+        assert _live_after(events, WEIGHTS, len(events)) == run.live()
+    # Rows that do not undo to a state (an allocation of a block the end does not hold, twice): no window.
+    assert window_prologue(end, rows[-10:] + rows[-10:], WEIGHTS, 0) is None
+
+
+def _loop_run(passes: int, first_pass_scale: int = 1):
+    """A cell that runs the same step over its data a batch at a time, keeping each pass's small output."""
+    from tests.reruns.torch_like import TorchLikeRun
+
+    run = TorchLikeRun(WEIGHTS)
+    for step in range(passes):
+        scale = first_pass_scale if step == 0 else 1
+        run.alloc(("input", step), scale * 12 * MiB)
+        run.alloc(("hidden", step), scale * 24 * MiB)
+        run.alloc(("scores", step), scale * 300 * 1024)
+        run.free(("scores", step))
+        run.alloc(("logits", step), scale * 16 * MiB)
+        run.free(("hidden", step))
+        run.alloc(("output", step), 4096)
+        run.free(("logits", step))
+        run.free(("input", step))
+    return run
+
+
+def _record(run, windows: bool, kept: int):
+    fake = FakeAllocator(FakeMachine())
+    fake.snapshot_segments = [
+        {"device": 0, "address": WEIGHTS[0].address, "total_size": 100 * MiB, "segment_type": "large", "stream": 0,
+         "blocks": [{"size": 64 * MiB, "state": "active_allocated"}, {"size": 36 * MiB, "state": "inactive"}]}]
+    recorder = Recorder(fake, windows=windows)
+    recorder.max_events = kept  # the history, short enough for a test's run
+    start = recorder.start(0)
+    assert start == WEIGHTS
+    fake.snapshot_segments = run.segments()
+    fake.trace_entries = run.rows[-kept:]
+    fake.machine.gpus[0].peak_allocated = run.peak_allocated
+    return recorder.stop(start, 0, failed=False)
+
+
+def test_a_run_longer_than_the_history_is_kept_as_a_window_that_replays_to_its_peak():
+    from jupyter_cudamem.growth.replay import ALLOC, replay
+
+    run = _loop_run(40)
+    assert len(run.rows) > 400
+    recorded = _record(run, windows=True, kept=400)
+    assert isinstance(recorded, RecordedRun) and not recorded.whole and recorded.start == WEIGHTS
+    assert replay(recorded.events, WEIGHTS, 1 << 40).peak_allocated_bytes == run.peak_allocated
+    assert _live_after(recorded.events, WEIGHTS, len(recorded.events)) == run.live()
+    assert len(recorded.left) == 40  # each pass's output, made before the window or in it
+    # What the run held when the window began is carried at its size: the earlier passes' outputs.
+    carried = sorted(size for kind, key, size, _ in recorded.events if kind == ALLOC and key in recorded.carried)
+    held_then: dict[int, int] = {}
+    for row in run.rows[:-400]:
+        if row["action"] == "alloc":
+            held_then[row["addr"]] = row["size"]
+        elif row["action"] == "free_completed":
+            held_then.pop(row["addr"])
+    assert carried == sorted(held_then.values()) and carried.count(4096) > 1
+    # The plan's recorder keeps whole runs only.
+    assert _record(_loop_run(40), windows=False, kept=400) is None
+    # A run the history held whole is recorded whole.
+    whole = _record(_loop_run(40), windows=True, kept=len(run.rows) + 1)
+    assert whole is not None and whole.whole and not whole.carried
+
+
+def test_a_window_after_the_runs_peak_is_not_kept():
+    run = _loop_run(40, first_pass_scale=2)  # the first pass, long before the window, was the largest
+    assert _record(run, windows=True, kept=400) is None
