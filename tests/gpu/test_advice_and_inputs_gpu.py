@@ -120,6 +120,9 @@ def test_oomfix_offers_no_grad_and_checkpointing_only_where_the_failed_run_kept_
 
         del failed
         cleanup(shell, default_hardware())  # the failed run's traceback let go of, for the next case
+        for name in ("mlp", "generate", "out"):  # the shell is the session's: later tests count its models
+            shell.user_ns.pop(name, None)
+        torch.cuda.empty_cache()
     assert any(s.startswith("half the batch") for s in suggestions), suggestions
     assert any("no_grad" in s for s in suggestions) is graph, suggestions
     assert any("checkpointing" in s for s in suggestions) is graph, suggestions
