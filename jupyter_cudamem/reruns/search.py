@@ -62,8 +62,8 @@ cannot see: at 1.02-1.1x the largest fitting batch, 0.5 GiB for a GRU, 0.3-0.7 G
 (the project's ``benchmarks/fit_limit.py``, H100). From the failed cell and from a try alike they are
 taken per sample of the batch that failed (the fragments are pieces of the batch's own tensors), and
 steepen the line. Taken whole from a try, a GPT-2 medium ``generate()`` over its prompts a batch at a
-time (the sweep's ``gpt2_medium_generate_in_batches``, whose runs are too long to record) lost 1.8 GiB
-of room to the fragments of its try at 30 and ended on 18 where 29 fits (per sample: 22).
+time (the sweep's ``gpt2_medium_generate_in_batches``, before its long runs were recorded as windows)
+lost 1.8 GiB of room to the fragments of its try at 30 and ended on 18 where 29 fits (per sample: 22).
 
 Any other try that fails where the line said it fits shows that less is usable than measured (memory
 outside PyTorch, a line that bends): the usable budget lies between what the try held (usable for
