@@ -14,12 +14,14 @@ kept as a **window**, where the recorder is asked for one (``%oomfix``'s, ``WIND
 after what was allocated when they began, read back from the end (each allocation undone, each free
 undone). What the run had allocated by then is replayed as made at the window's start, in address
 order, at the size it had whatever the batch (the outputs of the passes before, mostly, whose total
-the data sets, not the batch), and what it had freed of what it started with as freed there. A window is kept only where its
-replay at the run's own batch reaches the run's measured peak: the window holds the run's largest
-moment (a cell that loops over its data in batches, whose passes are alike). Why: such a cell is
+the data sets, not the batch), and what it had freed of what it started with as freed there. A window
+is kept only where its replay at the run's own batch reaches the run's measured peak without what it
+carried and frees (a pass in progress when it began): the window holds the run's largest moment, made
+within it (a cell that loops over its data in batches, whose passes are alike). Why: such a cell is
 where a replay is most worth having (a GPT-2 medium ``generate()`` over 96 prompts a batch at a time,
-24 layers making a key/value cache one token longer each step, makes about 46,000 events per prompt;
-the line alone ended on 22-23 where 29 fits, the project's ``benchmarks/oomfix.py`` on an H100). Two
+24 layers making a key/value cache one token longer each step, makes about 100,000 events per prompt;
+the line alone ended on 22-23 where 29 fits, its window's replay on 29: the project's
+``benchmarks/oomfix.py`` on an H100). Two
 windows are not paired request by request (they begin at different places in the loop), so the
 search replays the larger of them alone (``Tries.replayed``). ``%%cudamem_plan`` keeps whole runs only,
 as it always has.
@@ -33,7 +35,7 @@ from typing import Any
 
 from ..sources.base import AllocatorSource
 from ..growth.fitting import REPLAY_MARGIN
-from ..growth.replay import ALLOC, Event, StartSegment, allocated_blocks, held_elsewhere, read_trace, replay, same_block
+from ..growth.replay import ALLOC, FREE, Event, StartSegment, allocated_blocks, held_elsewhere, read_trace, replay, same_block
 
 MAX_EVENTS = 100_000
 """The history kept per run where no window is asked for (``%%cudamem_plan``'s runs). The benchmark's
@@ -178,18 +180,23 @@ class Recorder:
         if prologue is None:
             return None
         events, left = read_trace(prologue + rows, start, failed=failed)
-        if not self._reaches_the_peak(events, start, device):
-            return None
         carried = frozenset(key for kind, key, _, _ in events[:len(prologue)] if kind == ALLOC)
+        if not self._reaches_the_peak(events, carried, start, device):
+            return None
         return RecordedRun(start, tuple(events), left, whole=False, carried=carried)
 
-    def _reaches_the_peak(self, events: Sequence[Event], start: tuple[StartSegment, ...], device: int) -> bool:
+    def _reaches_the_peak(self, events: Sequence[Event], carried: frozenset[int], start: tuple[StartSegment, ...],
+                          device: int) -> bool:
         """Whether the window's replay at its own batch reaches the run's measured peak (within the
-        replay's margin of what the run added): else the run's largest moment came before the window."""
+        replay's margin of what the run added), without what was carried into it that it frees: else the
+        run's largest moment came before the window, or began before it (a pass whose tensors were made
+        before the window, which the replay would keep at their size at every batch)."""
         try:
             measured = self.allocator.read(device).peak_allocated_bytes
         except Exception:  # noqa: BLE001
             return False
+        freed = {key for kind, key, _, _ in events if kind == FREE and key in carried}
+        own = [event for event in events if event[1] not in freed]
         at_start = sum(allocated_blocks(start).values())
-        replayed = replay(events, start, 1 << 62).peak_allocated_bytes
+        replayed = replay(own, start, 1 << 62).peak_allocated_bytes
         return replayed >= measured - REPLAY_MARGIN * max(measured - at_start, 0)

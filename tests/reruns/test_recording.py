@@ -213,3 +213,16 @@ def test_a_run_longer_than_the_history_is_kept_as_a_window_that_replays_to_its_p
 def test_a_window_after_the_runs_peak_is_not_kept():
     run = _loop_run(40, first_pass_scale=2)  # the first pass, long before the window, was the largest
     assert _record(run, windows=True, kept=400) is None
+
+
+def test_a_window_that_began_inside_the_pass_of_the_peak_is_not_kept():
+    # The last pass makes its largest tensor, then more small requests than the history keeps: the window
+    # holds that tensor only as carried in (made before it, freed in it), whose size the replay would keep
+    # at every batch. Its replay at the run's own batch reaches the peak only with it.
+    run = _loop_run(40)
+    run.alloc("huge", 96 * MiB)  # above any pass's 52 MiB: the run's peak
+    for i in range(300):
+        run.alloc(("small", i), 4096)
+        run.free(("small", i))
+    run.free("huge")
+    assert _record(run, windows=True, kept=400) is None
