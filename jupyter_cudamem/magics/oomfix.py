@@ -221,7 +221,8 @@ class OomFix(CudaMemMagicsBase):
         from ..oomfix import cleanup as cleanup_module
         from ..oomfix.diagnosis import diagnose
         from ..oomfix.dry_run import dry_run
-        from ..oomfix.restore import restore_notes, what_to_restore
+        from ..oomfix.restore import restore_notes
+        from ..reruns.model_state import what_to_restore
         from ..attribution.holders import find_holders, reaches_cuda
         from ..ipython_state import input_history, ipython_references, user_variables
 
@@ -254,7 +255,8 @@ class OomFix(CudaMemMagicsBase):
         error = None  # released by the cleanup: keep no reference to its frames
         from ..reruns.model_state import Restorer
 
-        restorer = Restorer(trained) if restore else None
+        restorer = (Restorer(trained, self.shell.user_ns, copy_training=restore)
+                    if restore or not trained.plain.empty else None)
         if restorer is not None:
             restorer.take()  # once, before the first rerun
         driver = Driver(

@@ -28,8 +28,9 @@ def oomfix_options(function: Callable[..., Any]) -> Callable[..., Any]:
                  help="Do not ask before rerunning; the rerun repeats the cell's side effects."),
         argument("--no-autocast", action="store_true", help="Never try torch.autocast."),
         argument("--no-restore", action="store_true",
-                 help="Do not copy the model and optimizer state the cell trains to put it back before each "
-                      "rerun (needed where that copy would not fit in host memory); each rerun's steps then stay."),
+                 help="Put nothing back before each rerun: not the model and optimizer state the cell trains (needed "
+                      "where that copy would not fit in host memory), nor the lists and counters it changes; each "
+                      "rerun's steps and entries then stay."),
         argument("--strategy", default=None, metavar="LIST",
                  help=f"Strategies to try, in order, comma-separated: {', '.join(STRATEGIES)} (default: all)."),
         argument("-o", "--output", action="store_true",

@@ -12,21 +12,25 @@ from ..errors import CudaMemError
 from ..oomfix.outcome import Outcome
 
 _SIDE_EFFECTS = (
-    "%oomfix reruns the cell (up to {tries} times): anything it does besides computing (writing files, "
-    "printing, appending to lists) happens again."
+    "%oomfix reruns the cell (up to {tries} times): anything it does outside the notebook (writing files, "
+    "printing) happens again."
 )
 _RESTORED = " The model and optimizer state it trains ({names}) is put back before each rerun."
 _NOT_RESTORED = " The reruns' training steps stay in {names} (--no-restore)."
 
 
+_PLAIN = " The lists, dicts and variables it changes are put back before each rerun."
+
+
 def state_note(trained: Any, restore: bool, too_large: str | None) -> str:
-    """What the question before rerunning says of the training state."""
+    """What the question before rerunning says of the training state and the plain values."""
+    plain = "" if trained.plain.empty else _PLAIN
     if trained.empty:
-        return ""
+        return plain
     if restore:
-        return _RESTORED.format(names=trained.describe())
+        return _RESTORED.format(names=trained.describe()) + plain
     if too_large is not None:
-        return f" Note: {too_large}."
+        return f" Note: {too_large}." + plain
     return _NOT_RESTORED.format(names=trained.describe())
 
 

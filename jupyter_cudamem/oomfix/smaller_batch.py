@@ -131,6 +131,11 @@ class SmallerBatch:
             return None, knob.value, (), None
         found = best.batch
         last_fitted = next((t for t in reversed(self.runs.tries) if t.fitted), None)
+        if self.put_back is not None and not self.runs.tries[-1].fitted:
+            # The last try failed: the model and the notebook's values go back as they were before the
+            # reruns now, before the knob is set to the best batch (put back after, the knob would go too).
+            self.put_back()
+            put_back_after = len(self.runs.tries)
         source = change.apply(found)  # the knob holds the best batch whether or not it is rerun
         put_back_since = put_back_after == len(self.runs.tries)
         if (last_fitted is not best or not self.runs.tries[-1].fitted or put_back_since) and self.runs.left() > 0:

@@ -11,9 +11,12 @@ new object each run, ``set_aside.names_bound_before_read``), followed through th
 functions and classes (their globals, closures and defaults), bound methods, and the attributes and
 items of other objects a few levels deep (a Trainer's ``model``, a dict of models).
 
+The same walk finds the plain state the cell may change (its lists, dicts, counters, the notebook's own
+objects): ``plain_state`` keeps it, and the ``Restorer`` puts it back with the rest.
+
 What is not undone: what the failed cell itself did before it failed (an OOM in ``backward`` after some
-``.grad`` were written) when the copy is taken after it, as ``%oomfix`` must; anything outside torch's
-objects (files, lists, counters).
+``.grad`` were written) when the copy is taken after it, as ``%oomfix`` must; what ``plain_state`` says it
+does not follow (files, NumPy arrays changed in place, iterators).
 """
 
 from __future__ import annotations
@@ -21,13 +24,15 @@ from __future__ import annotations
 import ast
 import functools
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..ipython_names import is_ipython_name
 from ..sources import torch_state
+from ..errors import CudaMemError
 from ..sources.torch_state import StateKind
+from .plain_state import PlainState
 
 # Attributes and items are followed this many levels below a name the cell reads (a Trainer's
 # ``accelerator.scaler`` is two), and at most this many of each object's.
@@ -68,6 +73,7 @@ class TrainingState:
     schedulers: list[Any] = field(default_factory=list)
     scalers: list[Any] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)  # how each object was reached: ``model``, ``trainer.model``
+    plain: PlainState = field(default_factory=PlainState)  # the lists, counters... the cell reads (``plain_state``)
 
     @property
     def empty(self) -> bool:
@@ -99,7 +105,9 @@ class _Finder:
         if name in self._names or name in self.skip or name not in self.namespace or is_ipython_name(name):
             return
         self._names.add(name)
-        self.visit(self.namespace[name], name, 0)
+        value = self.namespace[name]
+        self.state.plain.bind(name)
+        self.visit(value, name, 0, plain=True)
 
     def _add_tensor(self, tensor: Any, into: list[Any]) -> None:
         if id(tensor) not in self._tensors:
@@ -112,7 +120,9 @@ class _Finder:
             return value.__globals__ is self.namespace
         return isinstance(value, type) and value.__module__ == self.namespace.get("__name__", "__main__")
 
-    def visit(self, value: Any, path: str, depth: int) -> None:
+    def visit(self, value: Any, path: str, depth: int, plain: bool = False) -> None:
+        """Follow ``value`` for torch's objects; ``plain``: reached through plain values only, where
+        ``plain_state`` keeps what the cell may change."""
         if id(value) in self._seen or value is None or value is self.namespace or isinstance(value, (str, bytes, int, float, bool, complex,
                                                                            types.ModuleType)):
             return
@@ -133,7 +143,7 @@ class _Finder:
                 except ValueError:  # an empty cell
                     pass
             for default in (value.__defaults__ or ()) + tuple((value.__kwdefaults__ or {}).values()):
-                self.visit(default, path, depth + 1)
+                self.visit(default, path, depth + 1, plain=self._notebook_owned(value))
             return
         if isinstance(value, types.MethodType):
             self.visit(value.__self__, path, depth)
@@ -148,6 +158,7 @@ class _Finder:
                 for member in list(vars(value).values())[:_WIDTH]:
                     self.visit(member, path, depth)
             return
+        plain = plain and self.state.plain.keep(value, path, self._notebook_owned(type(value)))
         if depth >= _DEPTH:
             return
         self.visit(type(value), path, depth)  # a notebook class's methods read its globals
@@ -162,7 +173,7 @@ class _Finder:
                 return
             items = [(f"{path}.{k}", v) for k, v in list(attributes.items())[:_WIDTH]]
         for item_path, item in items:
-            self.visit(item, item_path, depth + 1)
+            self.visit(item, item_path, depth + 1, plain)
 
     def _found(self, value: Any, kind: StateKind, path: str, depth: int) -> None:
         state = self.state
@@ -222,14 +233,22 @@ class Restorer:
     failed rerun may have stepped before it failed); the copy is then dropped.
     """
 
-    def __init__(self, state: TrainingState):
+    def __init__(self, state: TrainingState, namespace: MutableMapping[str, Any] | None = None,
+                 copy_training: bool = True):
+        """``namespace``: where the plain state's names are put back (``None``: not put back);
+        ``copy_training``: whether the torch state is copied (not where the host has no room for it)."""
         self.state = state
+        self.namespace = namespace
+        self.copy_training = copy_training
+        self.unrestored: list[str] = []  # plain values that could not be put back, with why
         self._saved: _Saved | None = None
         self._changed = False  # a rerun has run since the copy was last put back
         self.restores = 0  # how many times the copy was put back
 
     def take(self) -> None:
-        state = self.state
+        state = self.state if self.copy_training else TrainingState()
+        if self.namespace is not None:
+            self.state.plain.save(self.namespace)
         self._saved = _Saved(
             parameters=[torch_state.save_parameter(p) for p in state.parameters],
             buffers=[torch_state.save_buffer(b) for b in state.buffers],
@@ -251,7 +270,12 @@ class Restorer:
         saved = self._saved
         if saved is None or not self._changed:
             return
-        state = self.state
+        if self.namespace is not None:
+            # First: a list a rerun appended its tensors to lets go of them.
+            for failed in self.state.plain.restore(self.namespace):
+                if failed not in self.unrestored:
+                    self.unrestored.append(failed)
+        state = self.state if self.copy_training else TrainingState()
         # Optimizers first: their old moments are freed before parameters and .grad are written.
         for optimizer, saved_optimizer in zip(state.optimizers, saved.optimizers):
             torch_state.restore_optimizer(optimizer, saved_optimizer)
@@ -271,3 +295,39 @@ class Restorer:
         if not last_fitted:
             self.restore()
         self._saved = None
+        self.state.plain.drop()
+
+
+def what_to_restore(
+    source: str, namespace: Mapping[str, Any], transform: Callable[[str], str], no_restore: bool, can_ask: bool
+) -> tuple[TrainingState, bool, str | None]:
+    """The state the cell trains and the plain values it reads (``TrainingState``), whether the host copy
+    of the training state is to be taken, and why not when it would not fit in host memory; one line
+    asking for --no-restore when it would not fit and nobody can be asked (``can_ask`` false: --yes, or
+    ``OomFix.confirm`` off). ``no_restore``: nothing is to be put back."""
+    from ..cell.source import parse_cell
+    from ..sources.host import available_bytes
+    from ..units import format_bytes
+    from .set_aside import names_bound_before_read
+
+    try:
+        tree = parse_cell(source, transform).tree
+    except (SyntaxError, ValueError):
+        return TrainingState(), False, None  # a cell that does not parse reruns to fail as it did
+    trained = training_state(namespace, tree, names_bound_before_read(tree))
+    if no_restore:
+        trained.plain = PlainState()  # nothing is put back, plain values included
+        return trained, False, None
+    if trained.empty:
+        return trained, False, None
+    available = available_bytes()
+    if copy_fits(trained.nbytes, available):
+        return trained, True, None
+    too_large = (
+        f"the model and optimizer state the cell trains ({trained.describe()}) takes "
+        f"{format_bytes(trained.nbytes)}, more than the host can copy ({format_bytes(available)} available), "
+        "so it cannot be put back before each rerun: every rerun's training steps would stay"
+    )
+    if not can_ask:
+        raise CudaMemError(f"{too_large}; add --no-restore to rerun anyway")
+    return trained, False, too_large

@@ -65,14 +65,15 @@ Heavy.apply(mlp(torch.randn(4, 1024, device="cuda"))).sum().backward()
 mlp.zero_grad(set_to_none=True)
 """
 
-# ``stages`` is mutated, not bound, by the failing cell: it keeps the stages of every run, reruns included.
-LEVEL = "stages = []\nstart_level = torch.cuda.memory_allocated()\n"
+# ``stages`` is a queue the failing cell puts to: no rerun puts a queue back (plain lists are put back before
+# each rerun, ``reruns/plain_state.py``), so it keeps the stages of every run, reruns included.
+LEVEL = "import queue\nstages = queue.SimpleQueue()\nstart_level = torch.cuda.memory_allocated()\n"
 
 REPORT = """print("RESULT " + json.dumps({
     "start": start_level,
     "tries": [[t.batch, t.fitted, t.allocated_at_start_bytes, t.left_bytes] for t in outcome.tries],
     "fitted": outcome.fitted,
-    "stages": stages,
+    "stages": [stages.get() for _ in range(stages.qsize())],
 }))
 """
 
@@ -113,14 +114,14 @@ def check(report: str, result: dict, stage: str | None, kept_bytes: int = 0) -> 
 
 def test_tries_failing_in_forward_start_where_the_failed_cell_started():
     failing = """batch_size = 8192
-stages.append("start")
+stages.put("start")
 x = torch.randn(batch_size, 256, 64, device="cuda")
-stages.append("forward")
+stages.put("forward")
 out, hidden = gru(x)
-stages.append("backward")
+stages.put("backward")
 out.square().mean().backward()
 gru.zero_grad(set_to_none=True)
-stages.append("done")
+stages.put("done")
 """
     report, result = tries_of(GRU, failing)
     check(report, result, "forward")
@@ -129,14 +130,14 @@ stages.append("done")
 
 def test_tries_failing_in_backward_start_where_the_failed_cell_started():
     failing = """batch_size = 16384
-stages.append("start")
+stages.put("start")
 x = torch.randn(batch_size, 1024, device="cuda")
-stages.append("forward")
+stages.put("forward")
 loss = Heavy.apply(mlp(x)).sum()
-stages.append("backward")
+stages.put("backward")
 loss.backward()
 mlp.zero_grad(set_to_none=True)
-stages.append("done")
+stages.put("done")
 """
     report, result = tries_of(MLP, failing)
     check(report, result, "backward")
@@ -163,17 +164,17 @@ grad_bytes = sum(p.numel() * p.element_size() for p in lm.parameters())
 def test_a_training_loop_leaves_nothing_of_one_try_to_the_next():
     failing = """bs = 4096
 for step in range(2):
-    stages.append("start" if step == 0 else "step")
+    stages.put("start" if step == 0 else "step")
     tokens = torch.randint(0, 8000, (bs, 65), device="cuda")
     logits = lm(tokens[:, :-1])
     loss = nn.functional.cross_entropy(logits.reshape(-1, 8000), tokens[:, 1:].reshape(-1))
     opt.zero_grad()
     loss.backward()
     opt.step()
-stages.append("done")
+stages.put("done")
 """
     cells = [SETUP, LSTM, LEVEL, failing, "outcome = %oomfix --yes -o",
-             REPORT.replace('"stages": stages,', '"stages": stages, "kept": grad_bytes,')]
+             REPORT.replace('"fitted": outcome.fitted,', '"fitted": outcome.fitted, "kept": grad_bytes,')]
     notebook = run_cells(cells, timeout=600, allow_errors_in={3})
     assert "OutOfMemoryError" in text_of(notebook.cells[3]), text_of(notebook.cells[3])
     result = json_line(notebook.cells[5])
@@ -184,16 +185,16 @@ stages.append("done")
 
 def test_a_cell_that_builds_its_own_model_and_adam_leaves_nothing_of_one_try_to_the_next():
     failing = """batch_size = 131072
-stages.append("start")
+stages.put("start")
 net = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)).cuda()
 adam = torch.optim.Adam(net.parameters(), lr=1e-3)
 x = torch.randn(batch_size, 512, device="cuda")
-stages.append("forward")
+stages.put("forward")
 loss = nn.functional.cross_entropy(net(x), torch.randint(0, 10, (batch_size,), device="cuda"))
-stages.append("backward")
+stages.put("backward")
 loss.backward()
 adam.step()
-stages.append("done")
+stages.put("done")
 """
     # cuBLAS's workspace is made by the first matmul and kept by the library: made here, before the level.
     warm = "nn.Linear(8, 8).cuda()(torch.randn(2, 8, device='cuda')).sum().backward()\n"

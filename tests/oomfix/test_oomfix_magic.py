@@ -305,6 +305,52 @@ def test_after_oomfix_the_model_and_optimizer_are_as_one_run_of_the_fitted_cell(
         in outcome.notes
 
 
+LOGGING_CELL = """batch_size = 6000
+train_step(batch_size)
+losses.append(batch_size)
+history["runs"] = history.get("runs", 0) + 1
+step += 1
+"""
+
+
+@pytest.mark.parametrize("no_restore", [False, True])
+def test_the_lists_and_counters_a_cell_changes_are_as_one_run_of_the_fitted_cell(env, capsys, no_restore):
+    shell, _, _, _ = env
+    run(shell, "losses = []\nhistory = {}\nstep = 0\n")
+    losses = shell.user_ns["losses"]
+    assert run(shell, LOGGING_CELL).error_in_exec is not None  # failed before it appended
+    outcome = shell.run_line_magic("oomfix", f"--yes --max-tries 3 -o{' --no-restore' if no_restore else ''}")
+    fitted = [t.batch for t in outcome.tries if t.fitted]
+    assert outcome.fitted and len(fitted) >= 2 and outcome.tries[-1].fitted
+    if no_restore:  # every rerun's appends stay, as --no-restore says
+        assert losses == fitted and shell.user_ns["step"] == len(fitted)
+        assert not any("losses" in note for note in outcome.notes)
+    else:
+        assert shell.user_ns["losses"] is losses and losses == [outcome.batch_after]
+        assert shell.user_ns["history"] == {"runs": 1} and shell.user_ns["step"] == 1
+        assert "losses, history, step put back before each rerun: as one run of the cell that fitted leaves them" \
+            in outcome.notes
+
+
+def test_a_knob_in_a_dict_holds_the_best_batch_when_the_last_rerun_failed(env):
+    """The values put back after a failed last rerun are the notebook's, not the batch the fix set."""
+    shell, _, cell, _ = env
+    calls: list[int] = []
+
+    def step(batch):
+        calls.append(batch)
+        cell.train_step(batch if len(calls) < 4 else 10**7)  # the third rerun fails, whatever its batch
+
+    shell.user_ns["step"] = step
+    run(shell, "config = {'batch_size': 6000}\nlosses = []\n")
+    assert run(shell, "step(config['batch_size'])\nlosses.append(config['batch_size'])\n").error_in_exec is not None
+    outcome = shell.run_line_magic("oomfix", "--yes --max-tries 3 -o")
+    assert [t.fitted for t in outcome.tries] == [True, True, False]
+    assert outcome.fitted and outcome.batch_after == outcome.tries[1].batch
+    assert shell.user_ns["config"] == {"batch_size": outcome.batch_after}  # where the fix set it
+    assert shell.user_ns["losses"] == []  # as before the reruns, like the model; the cell is to be run again
+
+
 def test_no_restore_leaves_every_reruns_steps(env, trained, capsys):
     shell, _, _, _ = env
     torch, model, optimizer, reference = trained

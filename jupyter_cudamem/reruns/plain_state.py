@@ -1,0 +1,142 @@
+"""Reruns leave no trace in the notebook's plain Python state either: the lists, dicts and sets a cell adds
+to (``losses.append(loss.item())``, ``history["acc"].append(acc)``), the names it rebinds from their old
+value (``step += 1``, ``best = max(best, acc)``) and the attributes of objects the notebook's own classes
+made (an ``AverageMeter``'s sum and count) are put back before each rerun as they were before the first.
+The rerun that fitted, the last, then leaves them as one plain run of it does: three reruns of a cell
+that appends its loss would otherwise leave three runs' losses in the list the user plots.
+
+What is kept (``PlainState.keep``): what the cell reads before binding it, followed by
+``model_state``'s walk (through the notebook's own functions, their globals, closures and defaults),
+along paths of plain values only: builtin containers (``list``, ``dict``, ``set``, ``deque``,
+``bytearray`` and their subclasses), instances of classes the notebook defined, ``SimpleNamespace`` and
+``argparse.Namespace``. Each is copied shallowly (its items, not what they are) and put back in place,
+so every other reference to it sees the same contents. Other libraries' objects are not entered (their
+internals are theirs to keep consistent), torch's objects are ``model_state``'s, and NumPy arrays or
+tensors changed in place, iterators the cell advances and files it writes are not undone.
+
+Pure Python: no torch, no IPython.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import types
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+CONTAINERS = (list, dict, set, bytearray, collections.deque)
+"""The builtin containers whose contents are kept and put back."""
+
+NAMESPACE_OBJECTS = (types.SimpleNamespace, argparse.Namespace)
+"""Objects that are only their attributes (a config bag): their ``__dict__`` is kept as a notebook
+instance's is."""
+
+MAX_ITEMS = 2_000_000
+"""At most this many items are copied in all (16 MB of references): a container that would take more
+(a list of a million file names, a dataset held in a dict) is left as the reruns leave it, and said."""
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return dict(value)  # a plain dict: a Counter's ``update`` would add to its counts
+    if isinstance(value, (bytearray, collections.deque)):
+        return bytearray(value) if isinstance(value, bytearray) else list(value)
+    return list(value) if isinstance(value, list) else set(value)
+
+
+def _put_back(value: Any, saved: Any) -> None:
+    """In place, through the container's own methods (an OrderedDict keeps its order)."""
+    if isinstance(value, (list, bytearray)):
+        value[:] = saved
+    elif isinstance(value, collections.deque):
+        value.clear()
+        value.extend(saved)
+    else:  # dict or set
+        value.clear()
+        value.update(saved)
+
+
+def _same(value: Any, saved: Any) -> bool:
+    """Whether ``value`` still holds what ``saved`` holds (the same objects, in the same order)."""
+    if isinstance(value, dict):
+        return len(value) == len(saved) and all(k in saved and saved[k] is v for k, v in value.items())
+    if isinstance(value, (set, bytearray)):
+        return value == saved
+    return len(value) == len(saved) and all(a is b for a, b in zip(value, saved))
+
+
+@dataclass
+class PlainState:
+    """The plain state a cell may change (see the module docstring): what ``keep`` and ``bind`` were shown,
+    as ``save`` found it."""
+
+    names: list[str] = field(default_factory=list)  # names the cell reads
+    kept: list[tuple[Any, str]] = field(default_factory=list)  # (container or instance, path)
+    too_large: list[str] = field(default_factory=list)  # paths of containers over ``MAX_ITEMS``
+    changed: list[str] = field(default_factory=list)  # paths a rerun changed and ``restore`` put back
+    _items: int = 0
+    _bindings: dict[str, Any] = field(default_factory=dict)
+    _saved: list[tuple[Any, Any, str]] = field(default_factory=list)  # (value, its items or attributes, path)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.names or self.kept)
+
+    def bind(self, name: str) -> None:
+        """The cell reads ``name``: its binding is put back."""
+        if name not in self.names:
+            self.names.append(name)
+
+    def keep(self, value: Any, path: str, notebook_class: bool) -> bool:
+        """Keep ``value``'s contents when it is plain (``notebook_class``: its class is the notebook's);
+        whether its items are plain paths to follow."""
+        if isinstance(value, CONTAINERS):
+            size = len(value)
+            if self._items + size > MAX_ITEMS:
+                self.too_large.append(path)
+                return False
+            self._items += size
+        elif notebook_class or isinstance(value, NAMESPACE_OBJECTS):
+            if not isinstance(getattr(value, "__dict__", None), dict):
+                return False  # __slots__ only
+        else:
+            return isinstance(value, (tuple, frozenset))  # immutable, but may hold a list
+        self.kept.append((value, path))
+        return True
+
+    def save(self, namespace: MutableMapping[str, Any]) -> None:
+        """Copy what is kept, and the names' bindings, as they are now (before the first rerun)."""
+        self._bindings = {name: namespace[name] for name in self.names if name in namespace}
+        self._saved = [(value, _copy(value) if isinstance(value, CONTAINERS) else dict(value.__dict__), path)
+                       for value, path in self.kept]
+
+    def restore(self, namespace: MutableMapping[str, Any]) -> list[str]:
+        """Put back what ``save`` copied; the paths that could not be (one line each, with why)."""
+        failed: list[str] = []
+        for value, saved, path in self._saved:
+            contents = value if isinstance(value, CONTAINERS) else value.__dict__
+            if _same(contents, saved):
+                continue
+            self._note(path)
+            try:
+                _put_back(contents, saved)
+            except Exception as error:  # noqa: BLE001 - a subclass's own methods may refuse
+                failed.append(f"{path} ({type(error).__name__}: {error})")
+        for name, value in self._bindings.items():
+            if namespace.get(name, _MISSING) is not value:
+                self._note(name)
+                namespace[name] = value
+        return failed
+
+    def drop(self) -> None:
+        """Let go of the copies (the reruns are over)."""
+        self._bindings, self._saved = {}, []
+
+    def _note(self, path: str) -> None:
+        if path not in self.changed:
+            self.changed.append(path)
+
+
+_MISSING = object()
