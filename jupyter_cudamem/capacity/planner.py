@@ -21,6 +21,7 @@ from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..measure import Meter
 from ..oom import is_cuda_oom
+from ..reruns.model_state import Restorer, what_to_restore
 from ..reruns.recording import Recorder
 from ..reruns.set_aside import set_aside
 from ..sources.torch_device import default_autocast_dtype
@@ -71,6 +72,29 @@ class CellAccess:
     quiet: Callable[[], ContextManager[Any]]
 
 
+def runs_restorer(cell: str, access: CellAccess, notes: list[str]) -> Restorer | None:
+    """What puts the cell's training state and plain values back, after the last run, as the first run at the
+    batch as written left them (``runs.measure_runs``'s ``after_first``): the plan's extra runs leave no
+    steps in the model and no entries in the lists it appends to. ``None`` where the cell changes neither."""
+    trained, copy, too_large = what_to_restore(cell, access.namespace, access.transform, no_restore=False,
+                                               can_ask=True)
+    if too_large is not None:
+        notes.append(f"the training steps of the plan's runs stay in {trained.describe()}: "
+                     "a copy of its state would not fit in host memory")
+    if not copy and trained.plain.empty:
+        return None
+    return Restorer(trained, access.namespace, copy_training=copy)
+
+
+def kept_as_one_run(restorer: Restorer) -> list[str]:
+    """What the plan says it put back after its runs."""
+    names = [restorer.state.describe()] if restorer.copy_training and restorer.restores else []
+    names += restorer.state.plain.changed
+    if not names:
+        return []
+    return [f"{', '.join(names)} put back after the plan's runs as its first run at the batch as written left them"]
+
+
 def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Hardware,
               history_records: Sequence[Any] = ()) -> tuple[CapacityPlan, Measured]:
     """Measure ``cell`` and plan it. The cell's own errors propagate from ``access.run`` (the magic shows
@@ -109,7 +133,9 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
     # seen on the host by whatever else refers to it; a module the cell binds again stays bound (it is the
     # cell's fixed part).
     tensors_only = TorchMover(tensors_only=True)
-    runner = Runner(Meter(hardware, reset_peak=True), run=access.run, is_oom=is_cuda_oom,
+    restorer = runs_restorer(cell, access, notes) if knob is not None else None
+    runner = Runner(Meter(hardware, reset_peak=True), run=access.run if restorer is None else restorer.run(access.run),
+                    is_oom=is_cuda_oom,
                     release=hardware.allocator.empty_cache, quiet=access.quiet,
                     set_aside=lambda source: set_aside(access.namespace, source, tensors_only, access.transform),
                     recorder=Recorder(hardware.allocator))
@@ -119,8 +145,15 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
             notes.append("--calibrate needs a batch to search: not calibrated")
         else:
             calibrate_at = lambda: calibration_scale(hardware, runner.measured, options.cards)  # noqa: E731
-    measured = measure_runs(runner, cell, batch, change, options.small, autocast_source, calibrate_at,
-                            cap_at=lambda usable: capped_at(hardware, runner.measured, usable))
+    try:
+        measured = measure_runs(runner, cell, batch, change, options.small, autocast_source, calibrate_at,
+                                cap_at=lambda usable: capped_at(hardware, runner.measured, usable),
+                                after_first=None if restorer is None else restorer.take)
+    finally:
+        if restorer is not None:
+            restorer.finish(last_fitted=False)  # back to what the first run left: one plain run's state
+    if restorer is not None:
+        notes.extend(kept_as_one_run(restorer))
     gc.collect()
 
     history_peak = None

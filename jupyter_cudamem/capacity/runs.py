@@ -222,11 +222,14 @@ def measure_runs(
     autocast_source: str | None = None,
     calibrate_at: Callable[[], CalibrationScale | None] | None = None,
     cap_at: Callable[[int], contextlib.AbstractContextManager[bool]] | None = None,
+    after_first: Callable[[], object] | None = None,
 ) -> Measured:
     """The runs described in the module docstring. Raises ``CudaMemError`` (one line) when they
     cannot make a plan; the cell's own errors propagate as they are. With ``calibrate_at`` (where to
     calibrate, asked once the first runs measured the memory outside PyTorch), the largest batch that
-    fits there is searched for (``calibrate``) before the last run."""
+    fits there is searched for (``calibrate``) before the last run. ``after_first`` is called once the first
+    run at the batch as written has run: what it left is what one plain run of the cell leaves (the caller
+    keeps it, to put it back after the last run)."""
     measured = runner.measured
     if batch is None or change is None:
         run = runner.once(AS_WRITTEN, source, None, last=True)
@@ -235,6 +238,8 @@ def measure_runs(
         return measured
     small = smaller_batch(batch) if small is None else small
     first = runner.once(AS_WRITTEN, source, batch)
+    if after_first is not None:
+        after_first()
     second = runner.changed(change, SMALLER, small)
     if first.oom and second.oom:
         raise CudaMemError(f"the cell ran out of GPU memory at both batch {batch} and {small}: no plan; try --small N")

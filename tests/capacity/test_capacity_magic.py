@@ -456,3 +456,36 @@ def test_a_calibrated_margin_out_of_range_is_one_line(plan_shell):
     finally:
         shell.run_cell("%config CudaMemPlan.calibrated_margin = 0.03")
     assert "CudaMemPlan.calibrated_margin" in message and stepper.calls == []
+
+
+def test_the_plans_runs_leave_the_model_and_lists_as_one_run_of_the_cell(plan_shell):
+    """The plan runs the cell four times; the model, its optimizer and the list the cell appends to end as
+    the first run at the batch as written left them, as one plain run of the cell would."""
+    torch = pytest.importorskip("torch")
+    import copy
+
+    shell, _, _ = plan_shell
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    shell.user_ns.update(torch=torch, model=model, optimizer=optimizer)
+    cell = ("step(batch_size)\nloss = model(torch.ones(batch_size, 4)).pow(2).mean()\nloss.backward()\n"
+            "optimizer.step()\noptimizer.zero_grad()\nlosses.append(batch_size)\n")
+    plain_model, plain_optimizer = copy.deepcopy((model, optimizer))
+    exec(cell, {"torch": torch, "model": plain_model, "optimizer": plain_optimizer, "losses": [],
+                "batch_size": 64, "step": lambda batch: None})
+    shell.run_cell("batch_size = 64\nlosses = []")
+    losses = shell.user_ns["losses"]
+    try:
+        result = shell.run_cell("%%cudamem_plan -o\n" + cell)
+        bound = shell.user_ns.get("losses")
+    finally:  # the shell is shared: a later test's breakdown would count this model's tensors
+        for name in ("model", "optimizer", "loss", "losses", "torch"):
+            shell.user_ns.pop(name, None)
+    assert result.success, result.error_in_exec
+    assert len([run for run in result.result.runs]) >= 3  # the cell ran more than once
+    assert losses == [64] and bound is losses
+    assert torch.equal(model.weight, plain_model.weight) and torch.equal(model.bias, plain_model.bias)
+    assert optimizer.state_dict()["state"][0]["step"].item() == 1.0
+    assert any("put back after the plan's runs" in note and "losses" in note and "model" in note
+               for note in result.result.notes), result.result.notes

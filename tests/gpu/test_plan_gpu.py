@@ -69,6 +69,10 @@ def test_plan_on_a_real_gpu_predicts_a_capped_card(shell, torch, capsys):
     out = capsys.readouterr().out
     assert "Capacity plan for batch_size = 64" in out and "measured here through NVML" in out
     assert shell.user_ns["batch_size"] == 64
+    # The plan ran the cell four times or more; the model and Adam end as its first run left them.
+    assert len(plan.runs) >= 3
+    assert shell.user_ns["optimizer"].state_dict()["state"][0]["step"].item() == 1.0
+    assert any("model, optimizer put back after the plan's runs" in note for note in plan.notes), plan.notes
     assert plan.line.slope_bytes > 0
     assert 100 * MiB < plan.non_pytorch_bytes < 4 * GiB  # the CUDA context at least, measured
     # The line agrees with PyTorch's own peak at the batch as written.
