@@ -32,7 +32,7 @@ from ..ipython_names import is_ipython_name
 from ..sources import torch_state
 from ..errors import CudaMemError
 from ..sources.torch_state import StateKind
-from .plain_state import PlainState
+from .plain_state import CONTAINERS, PlainState
 
 # Attributes and items are followed this many levels below a name the cell reads (a Trainer's
 # ``accelerator.scaler`` is two), and at most this many of each object's.
@@ -130,6 +130,12 @@ class _Finder:
         kind = torch_state.kind_of(value)
         if kind is not None:
             self._found(value, kind, path, depth)
+            if plain and kind is StateKind.MODULE and self._notebook_owned(type(value)):
+                # A notebook's module keeps lists of its own (Lightning's ``self.validation_step_outputs``):
+                # its public containers are plain values; torch's own attributes are private.
+                for name, attribute in list(vars(value).items())[:_WIDTH]:
+                    if not name.startswith("_") and isinstance(attribute, CONTAINERS):
+                        self.state.plain.keep(attribute, f"{path}.{name}", False)
             return
         if torch_state.is_tensor(value):
             return  # a tensor nothing trains: a rerun may bind it again, never step it

@@ -9,10 +9,13 @@ What is kept (``PlainState.keep``): what the cell reads before binding it, follo
 ``model_state``'s walk (through the notebook's own functions, their globals, closures and defaults),
 along paths of plain values only: builtin containers (``list``, ``dict``, ``set``, ``deque``,
 ``bytearray`` and their subclasses), instances of classes the notebook defined, ``SimpleNamespace`` and
-``argparse.Namespace``. Each is copied shallowly (its items, not what they are) and put back in place,
-so every other reference to it sees the same contents. Other libraries' objects are not entered (their
+``argparse.Namespace``; and the public lists and dicts of the notebook's own ``nn.Module`` classes (a
+Lightning module's ``self.validation_step_outputs``, appended to at every step). Each is copied
+shallowly (its items, not what they are) and put back in place, so every other reference to it sees the
+same contents. Other libraries' objects are not entered (their
 internals are theirs to keep consistent), torch's objects are ``model_state``'s, and NumPy arrays or
-tensors changed in place, iterators the cell advances and files it writes are not undone.
+tensors changed in place, iterators the cell advances and files it writes are not undone. A container
+the cell empties keeps its old items alive through the reruns: its copy holds them.
 
 Pure Python: no torch, no IPython.
 """

@@ -176,3 +176,30 @@ def test_config_bags_are_kept(value):
     value.n += 1
     state.plain.restore(namespace)
     assert value.n == 0 and state.plain.changed == ["cfg"]
+
+
+def test_a_notebook_modules_own_lists_are_kept_and_torchs_attributes_are_not():
+    """Lightning's pattern: ``self.validation_step_outputs = []``, appended to at every step."""
+    torch = pytest.importorskip("torch")
+    namespace: dict = {"__name__": "__main__", "torch": torch}
+    exec("class Net(torch.nn.Module):\n"
+         "    def __init__(self):\n"
+         "        super().__init__()\n"
+         "        self.layer = torch.nn.Linear(2, 1)\n"
+         "        self.outputs = []\n"
+         "    def forward(self, x):\n"
+         "        y = self.layer(x)\n"
+         "        self.outputs.append(y.detach())\n"
+         "        return y\n"
+         "net = Net()\n", namespace)
+    cell = "net(torch.ones(3, 2))\n"
+    state = _state(namespace, cell)
+    kept = {path for _, path in state.plain.kept}
+    assert "net.outputs" in kept and not any("_parameters" in path or "_modules" in path for path in kept)
+    restorer = Restorer(state, namespace, copy_training=False)
+    restorer.take()
+    rerun = restorer.run(lambda source: exec(source, namespace))
+    for _ in range(3):
+        restorer.restore()
+        rerun(cell)
+    assert len(namespace["net"].outputs) == 1 and state.plain.changed == ["net.outputs"]
