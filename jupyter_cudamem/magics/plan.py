@@ -71,8 +71,8 @@ class CudaMemPlan(CudaMemMagicsBase):
 
         The batch is found and changed as %oomfix does it, and put back; the cell runs last at its own
         batch, so the namespace is as after a normal run, and the model, optimizer and the lists and
-        counters it changes are put back as its first run left them (one run's steps and entries). A cell with no batch runs once and is planned
-        as fixed-size. The memory outside PyTorch (CUDA context, library workspaces) is measured here
+        counters it changes are put back as its first run left them (one run's steps and entries). A
+        cell with no batch runs once and is planned as fixed-size. The memory outside PyTorch (CUDA context, library workspaces) is measured here
         through NVML.
         """
         __tracebackhide__ = True  # noqa: F841

@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import CudaMemError
 from ..ipython_names import is_ipython_name
 from ..sources import torch_state
-from ..errors import CudaMemError
 from ..sources.torch_state import StateKind
 from .plain_state import CONTAINERS, PlainState
 
