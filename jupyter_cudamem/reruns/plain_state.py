@@ -12,10 +12,11 @@ along paths of plain values only: builtin containers (``list``, ``dict``, ``set`
 ``argparse.Namespace``; and the public lists and dicts of the notebook's own ``nn.Module`` classes (a
 Lightning module's ``self.validation_step_outputs``, appended to at every step). Each is copied
 shallowly (its items, not what they are) and put back in place, so every other reference to it sees the
-same contents. Other libraries' objects are not entered (their
-internals are theirs to keep consistent), torch's objects are ``model_state``'s, and NumPy arrays or
-tensors changed in place, iterators the cell advances and files it writes are not undone. A container
-the cell empties keeps its old items alive through the reruns: its copy holds them.
+same contents. Other libraries' objects are not entered (their internals are theirs to keep consistent),
+torch's objects are ``model_state``'s, and NumPy arrays or tensors changed in place, iterators the cell
+advances and files it writes are not undone. What the copy holds stays alive through the reruns: a
+container's old items where the cell empties it, a name's old value where the cell rebinds it (a GPU tensor
+rebound to a new one, ``x = x * 2``, costs its size there).
 
 Pure Python: no torch, no IPython.
 """
