@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import types
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -168,17 +169,7 @@ class _Finder:
         if depth >= _DEPTH:
             return
         self.visit(type(value), path, depth)  # a notebook class's methods read its globals
-        if isinstance(value, Mapping):
-            items: list[tuple[str, Any]] = [(f"{path}[{k!r}]", v) for k, v in list(value.items())[:_WIDTH]]
-        elif isinstance(value, (list, tuple, set, frozenset)):
-            items = [(f"{path}[{i}]", v) for i, v in enumerate(list(value)[:_WIDTH])]
-        else:
-            try:
-                attributes = vars(value)
-            except TypeError:
-                return
-            items = [(f"{path}.{k}", v) for k, v in list(attributes.items())[:_WIDTH]]
-        for item_path, item in items:
+        for item_path, item in _items(value, path):
             self.visit(item, item_path, depth + 1, plain)
 
     def _found(self, value: Any, kind: StateKind, path: str, depth: int) -> None:
@@ -203,6 +194,20 @@ class _Finder:
         elif kind is StateKind.GRAD_SCALER:
             state.scalers.append(value)
         state.paths.append(path)
+
+
+def _items(value: Any, path: str) -> list[tuple[str, Any]]:
+    """The first ``_WIDTH`` items of a mapping or collection, or attributes of another object, with their
+    paths; none where reading them fails (a user's class whose ``__len__``, ``__iter__`` or ``__repr__``
+    raises is left unread, never raised into the user's kernel)."""
+    try:
+        if isinstance(value, Mapping):
+            return [(f"{path}[{k!r}]", v) for k, v in itertools.islice(value.items(), _WIDTH)]
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return [(f"{path}[{i}]", v) for i, v in enumerate(itertools.islice(iter(value), _WIDTH))]
+        return [(f"{path}.{k}", v) for k, v in itertools.islice(vars(value).items(), _WIDTH)]
+    except Exception:  # noqa: BLE001 - TypeError where there is no __dict__; anything a user's class raises
+        return []
 
 
 def training_state(namespace: Mapping[str, Any], tree: ast.AST, bound_again: Iterable[str] = ()) -> TrainingState:
@@ -254,7 +259,7 @@ class Restorer:
     def take(self) -> None:
         state = self.state if self.copy_training else TrainingState()
         if self.namespace is not None:
-            self.state.plain.save(self.namespace)
+            self.unrestored.extend(self.state.plain.save(self.namespace))
         self._saved = _Saved(
             parameters=[torch_state.save_parameter(p) for p in state.parameters],
             buffers=[torch_state.save_buffer(b) for b in state.buffers],

@@ -97,7 +97,10 @@ class PlainState:
         """Keep ``value``'s contents when it is plain (``notebook_class``: its class is the notebook's);
         whether its items are plain paths to follow."""
         if isinstance(value, CONTAINERS):
-            size = len(value)
+            try:
+                size = len(value)
+            except Exception:  # noqa: BLE001 - a subclass's own __len__ may fail: not kept
+                return False
             if self._items + size > MAX_ITEMS:
                 self.too_large.append(path)
                 return False
@@ -110,21 +113,27 @@ class PlainState:
         self.kept.append((value, path))
         return True
 
-    def save(self, namespace: MutableMapping[str, Any]) -> None:
-        """Copy what is kept, and the names' bindings, as they are now (before the first rerun)."""
+    def save(self, namespace: MutableMapping[str, Any]) -> list[str]:
+        """Copy what is kept, and the names' bindings, as they are now (before the first rerun); the paths
+        that could not be copied (one line each, with why), which are then not put back."""
         self._bindings = {name: namespace[name] for name in self.names if name in namespace}
-        self._saved = [(value, _copy(value) if isinstance(value, CONTAINERS) else dict(value.__dict__), path)
-                       for value, path in self.kept]
+        self._saved, failed = [], []
+        for value, path in self.kept:
+            try:
+                self._saved.append((value, _copy(value) if isinstance(value, CONTAINERS) else dict(value.__dict__), path))
+            except Exception as error:  # noqa: BLE001 - a subclass's own __iter__ may fail
+                failed.append(f"{path} ({type(error).__name__}: {error})")
+        return failed
 
     def restore(self, namespace: MutableMapping[str, Any]) -> list[str]:
         """Put back what ``save`` copied; the paths that could not be (one line each, with why)."""
         failed: list[str] = []
         for value, saved, path in self._saved:
-            contents = value if isinstance(value, CONTAINERS) else value.__dict__
-            if _same(contents, saved):
-                continue
-            self._note(path)
             try:
+                contents = value if isinstance(value, CONTAINERS) else value.__dict__
+                if _same(contents, saved):
+                    continue
+                self._note(path)
                 _put_back(contents, saved)
             except Exception as error:  # noqa: BLE001 - a subclass's own methods may refuse
                 failed.append(f"{path} ({type(error).__name__}: {error})")

@@ -203,3 +203,23 @@ def test_a_notebook_modules_own_lists_are_kept_and_torchs_attributes_are_not():
         restorer.restore()
         rerun(cell)
     assert len(namespace["net"].outputs) == 1 and state.plain.changed == ["net.outputs"]
+
+
+def test_a_container_whose_own_methods_fail_is_reported_and_never_raises():
+    class Broken(list):
+        def __len__(self):
+            raise RuntimeError("no length")
+
+    class Unreadable(list):
+        def __iter__(self):
+            raise RuntimeError("no items")
+
+    namespace = {"__name__": "__main__", "broken": Broken([1]), "unreadable": Unreadable([1]), "fine": []}
+    cell = "broken.append(1)\nunreadable.append(1)\nfine.append(1)\n"
+    state = _state(namespace, cell)
+    assert "broken" not in {path for _, path in state.plain.kept}  # its length could not be read: not kept
+    restorer = Restorer(state, namespace, copy_training=False)
+    restorer.take()
+    restorer.run(lambda source: exec(source, namespace))(cell)
+    restorer.restore()
+    assert namespace["fine"] == [] and restorer.unrestored == ["unreadable (RuntimeError: no items)"]
