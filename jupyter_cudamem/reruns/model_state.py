@@ -134,7 +134,7 @@ class _Finder:
             if plain and kind is StateKind.MODULE and self._notebook_owned(type(value)):
                 # A notebook's module keeps lists of its own (Lightning's ``self.validation_step_outputs``):
                 # its public containers are plain values; torch's own attributes are private.
-                for name, attribute in list(vars(value).items())[:_WIDTH]:
+                for name, attribute in itertools.islice(vars(value).items(), _WIDTH):
                     if not name.startswith("_") and isinstance(attribute, CONTAINERS):
                         self.state.plain.keep(attribute, f"{path}.{name}", False)
             return
@@ -251,13 +251,14 @@ class Restorer:
         self.state = state
         self.namespace = namespace
         self.copy_training = copy_training
+        self._trained = state if copy_training else TrainingState()  # what the host copy holds
         self.unrestored: list[str] = []  # plain values that could not be put back, with why
         self._saved: _Saved | None = None
         self._changed = False  # a rerun has run since the copy was last put back
         self.restores = 0  # how many times the copy was put back
 
     def take(self) -> None:
-        state = self.state if self.copy_training else TrainingState()
+        state = self._trained
         if self.namespace is not None:
             self.unrestored.extend(self.state.plain.save(self.namespace))
         self._saved = _Saved(
@@ -286,7 +287,7 @@ class Restorer:
             for failed in self.state.plain.restore(self.namespace):
                 if failed not in self.unrestored:
                     self.unrestored.append(failed)
-        state = self.state if self.copy_training else TrainingState()
+        state = self._trained
         # Optimizers first: their old moments are freed before parameters and .grad are written.
         for optimizer, saved_optimizer in zip(state.optimizers, saved.optimizers):
             torch_state.restore_optimizer(optimizer, saved_optimizer)

@@ -45,9 +45,9 @@ MAX_ITEMS = 2_000_000
 def _copy(value: Any) -> Any:
     if isinstance(value, dict):
         return dict(value)  # a plain dict: a Counter's ``update`` would add to its counts
-    if isinstance(value, (bytearray, collections.deque)):
-        return bytearray(value) if isinstance(value, bytearray) else list(value)
-    return list(value) if isinstance(value, list) else set(value)
+    if isinstance(value, bytearray):
+        return bytearray(value)
+    return set(value) if isinstance(value, set) else list(value)  # a list or a deque
 
 
 def _put_back(value: Any, saved: Any) -> None:
