@@ -13,13 +13,14 @@ Run on the GPU machine: ``pytest -m gpu tests/gpu/test_oomfix_libraries_gpu.py``
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("nbclient")
 
-from tests.gpu.test_oomfix_knobs_gpu import fixed  # noqa: E402
-from tests.notebook_runner import REPO  # noqa: E402
+from tests.gpu.test_oomfix_knobs_gpu import SETUP as CAPPED_SETUP, fixed  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,16 +28,10 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"),
 ]
 
-SETUP = f"""
-import sys, os
-sys.path.insert(0, {str(REPO)!r})
+# The knobs tests' kernel (PyTorch capped at 3 GiB), with no experiment tracker and no library warnings.
+SETUP = CAPPED_SETUP + """import os, warnings
 os.environ["WANDB_MODE"] = "disabled"
-import json, warnings
-import torch
-from torch import nn
 warnings.filterwarnings("ignore")
-%load_ext jupyter_cudamem
-torch.cuda.set_per_process_memory_fraction(3 * 2**30 / torch.cuda.get_device_properties(0).total_memory)
 """
 
 # A transformer encoder over 256 tokens of width 256: about 10 MiB of activations per sample in training.
@@ -50,6 +45,29 @@ class Tokens(torch.utils.data.Dataset):
     def __getitem__(self, i):
         return torch.randint(0, 1000, (256,)), torch.tensor(i % 2)
 """
+
+# The last cell: ``result`` (what the fixed run left, read first), then for the record one step a sample
+# above, and 11% above, what was found (printed, not asserted: the sweep is where quality is measured).
+REPORT = """{result}
+import gc
+def fits(b):
+    try:
+{step}
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        gc.collect(); torch.cuda.empty_cache()
+found = outcome.batch_after
+result["above"] = {{b: fits(b) for b in (found + 1, int(found / 0.9) + 1)}} if outcome.fitted else {{}}
+result["tries"] = [[t.batch, t.fitted] for t in outcome.tries]
+print("RESULT " + json.dumps(result))
+"""
+
+
+def report(result: str, step: str) -> str:
+    """The last cell: ``result`` binds the dict to print; ``step`` is one step at batch ``b``."""
+    return REPORT.format(result=result, step=textwrap.indent(step, " " * 8))
 
 
 def test_lightning_trainer_fit_with_the_batch_in_a_datamodule():
@@ -84,32 +102,17 @@ data = Data(batch_size=1024)  # written for a bigger card
                      enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(model, data)
 """
-    report = """print("RESULT " + json.dumps({"batch": data.batch_size, "steps": trainer.global_step,
-      "losses": len(model.step_losses), "fitted": outcome.fitted, "after": outcome.batch_after,
-      "tries": [[t.batch, t.fitted] for t in outcome.tries]}))
-"""
-    text, result = fixed([SETUP, ENCODER, module, failing, "outcome = %oomfix --yes -o", report], failing=3)
+    last = report(
+        'result = {"batch": data.batch_size, "steps": trainer.global_step, "losses": len(model.step_losses),\n'
+        '          "fitted": outcome.fitted, "after": outcome.batch_after}',
+        "data.batch_size = b\n"
+        "pl.Trainer(max_steps=1, accelerator='gpu', devices=1, logger=False, enable_checkpointing=False,\n"
+        "           enable_progress_bar=False, enable_model_summary=False).fit(model, data)")
+    text, result = fixed([SETUP, ENCODER, module, failing, "outcome = %oomfix --yes -o", last], failing=3)
     assert result["fitted"] and result["batch"] == result["after"] < 1024, (result, text)
     # One run of the fitted cell: three steps, three losses in the module's own list, whatever the reruns did.
     assert result["steps"] == 3 and result["losses"] == 3, (result, text)
-    print(result["tries"])
-    probe = """import gc
-def one_step(b):
-    data.batch_size = b
-    again = pl.Trainer(max_steps=1, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
-                       enable_progress_bar=False, enable_model_summary=False)
-    try:
-        again.fit(model, data)
-        return True
-    except torch.OutOfMemoryError:
-        return False
-    finally:
-        gc.collect(); torch.cuda.empty_cache()
-found = outcome.batch_after
-print("RESULT " + json.dumps({b: one_step(b) for b in (found + 1, int(found / 0.9) + 1)}))
-"""
-    _, above = fixed([SETUP, ENCODER, module, failing, "outcome = %oomfix --yes -o", probe], failing=3)
-    print("one step above what was found fits:", above)
+    print(result["tries"], "one fit above what was found fits:", result["above"])
 
 
 def test_accelerate_loop_over_a_prepared_loader_under_bf16():
@@ -138,31 +141,15 @@ losses = []
     if step == 2:
         break
 """
-    report = """print("RESULT " + json.dumps({"batch": tokens.shape[0], "losses": len(losses), "fitted": outcome.fitted,
-      "after": outcome.batch_after, "tries": [[t.batch, t.fitted] for t in outcome.tries]}))
-"""
-    text, result = fixed([SETUP, ENCODER, prepared, failing, "outcome = %oomfix --yes -o", report], failing=3)
+    last = report(
+        'result = {"batch": tokens.shape[0], "losses": len(losses), "fitted": outcome.fitted,\n'
+        '          "after": outcome.batch_after}',
+        "tokens = torch.randint(0, 1000, (b, 256), device=accelerator.device)\n"
+        "labels = torch.randint(0, 2, (b,), device=accelerator.device)\n"
+        "accelerator.backward(nn.functional.cross_entropy(model(tokens), labels))\n"
+        "optimizer.step()\n"
+        "optimizer.zero_grad()")
+    text, result = fixed([SETUP, ENCODER, prepared, failing, "outcome = %oomfix --yes -o", last], failing=3)
     assert result["fitted"] and result["batch"] == result["after"] < 1024, (result, text)
     assert result["losses"] == 3, (result, text)  # one run's three steps, not every rerun's
-    print(result["tries"])
-    # For the record (printed, not asserted: the sweep is where quality is measured): one step a sample
-    # above, and 11% above, what was found.
-    probe = """import gc
-def one_step(b):
-    try:
-        tokens = torch.randint(0, 1000, (b, 256), device=accelerator.device)
-        labels = torch.randint(0, 2, (b,), device=accelerator.device)
-        loss = nn.functional.cross_entropy(model(tokens), labels)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        return True
-    except torch.OutOfMemoryError:
-        return False
-    finally:
-        gc.collect(); torch.cuda.empty_cache()
-found = outcome.batch_after
-print("RESULT " + json.dumps({b: one_step(b) for b in (found + 1, int(found / 0.9) + 1)}))
-"""
-    _, above = fixed([SETUP, ENCODER, prepared, failing, "outcome = %oomfix --yes -o", probe], failing=3)
-    print("one step above what was found fits:", above)
+    print(result["tries"], "one step above what was found fits:", result["above"])
