@@ -10,9 +10,9 @@ A rerun is not recorded when the history is already being recorded (the user's o
 batch search then does without a replay.
 
 A rerun that makes more events than the history keeps (a ring buffer: its beginning is dropped) is
-kept as a **window**, where the recorder is asked for one (``%oomfix``'s, ``WINDOW_EVENTS``): its last events,
-after what was allocated when they began, read back from the end (each allocation undone, each free
-undone). What the run had allocated by then is replayed as made at the window's start, in address
+kept as a **window**, where the recorder is asked for one (``%oomfix``'s, ``WINDOW_EVENTS``): its last
+events, after what was allocated when they began, read back from the end (each allocation undone, each
+free undone). What the run had allocated by then is replayed as made at the window's start, in address
 order, at the size it had whatever the batch (the outputs of the passes before, mostly, whose total
 the data sets, not the batch), and what it had freed of what it started with as freed there. A window
 is kept only where its replay at the run's own batch reaches the run's measured peak without what it
@@ -21,15 +21,14 @@ within it (a cell that loops over its data in batches, whose passes are alike). 
 where a replay is most worth having (a GPT-2 medium ``generate()`` over 96 prompts a batch at a time,
 24 layers making a key/value cache one token longer each step, makes about 100,000 events per prompt;
 the line alone ended on 22-23 where 29 fits, its window's replay on 29: the project's
-``benchmarks/oomfix.py`` on an H100). Two
-windows are not paired request by request (they begin at different places in the loop), so the
-search replays the larger of them alone (``Tries.replayed``). ``%%cudamem_plan`` keeps whole runs only,
+``benchmarks/oomfix.py`` on an H100). Two windows are not paired request by request (they begin at
+different places in the loop), so the search replays the larger of them alone (``Tries.replayed``). ``%%cudamem_plan`` keeps whole runs only,
 as it always has.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,12 +68,21 @@ class RecordedRun:
         return held_elsewhere(self.events, self.left, start)
 
 
+Row = tuple[Any, Any, Any, Any]
+"""One event of the recorded history: ``(action, address, size, stream)``."""
+
+
+def _segments_of(snapshot: Mapping[str, Any], device: int) -> Iterator[Mapping[str, Any]]:
+    """The segments of ``device`` in an allocator snapshot, as the snapshot gives them."""
+    for segment in snapshot.get("segments") or ():
+        if segment.get("device", device) == device:
+            yield segment
+
+
 def start_segments(snapshot: Mapping[str, Any], device: int) -> tuple[StartSegment, ...]:
     """The segments of ``device`` in an allocator snapshot, blocks in address order."""
     segments = []
-    for segment in snapshot.get("segments") or ():
-        if segment.get("device", device) != device:
-            continue
+    for segment in _segments_of(snapshot, device):
         blocks = tuple((int(block["size"]), str(block.get("state", "")).startswith("active"))
                        for block in segment.get("blocks") or ())
         segments.append(StartSegment(int(segment["address"]), segment.get("segment_type") == "small", blocks,
@@ -82,14 +90,11 @@ def start_segments(snapshot: Mapping[str, Any], device: int) -> tuple[StartSegme
     return tuple(sorted(segments, key=lambda s: s.address))
 
 
-def trace_rows(snapshot: Mapping[str, Any], device: int) -> list[tuple[Any, Any, Any, Any]]:
+def trace_rows(snapshot: Mapping[str, Any], device: int) -> list[Row]:
     """``(action, address, size, stream)`` of each event of ``device``'s recorded history."""
     traces: Sequence[Any] = snapshot.get("device_traces") or ()
     entries = traces[device] if device < len(traces) else ()
     return [(entry.get("action"), entry.get("addr"), entry.get("size"), entry.get("stream")) for entry in entries]
-
-
-Row = tuple[Any, Any, Any, Any]
 
 
 def window_prologue(snapshot: Mapping[str, Any], rows: Sequence[Row], start: Sequence[StartSegment],
@@ -99,9 +104,7 @@ def window_prologue(snapshot: Mapping[str, Any], rows: Sequence[Row], start: Seq
     block it had made and still held, in address order. ``None`` where the rows do not undo to a
     consistent state (an allocation of a block not held, a free of one held)."""
     held: dict[int, tuple[int | None, int, int]] = {}  # address -> (block bytes where known, requested, stream)
-    for segment in snapshot.get("segments") or ():
-        if segment.get("device", device) != device:
-            continue
+    for segment in _segments_of(snapshot, device):
         address = int(segment["address"])
         for block in segment.get("blocks") or ():
             size = int(block["size"])

@@ -120,9 +120,10 @@ class Tries:
 
     def replayed(self, margin: float = 0.0) -> fitting.Fitting | None:
         """Whether a batch fits, by the allocator's replay of the two largest recorded tries that fitted (of
-        the largest, where only one did or one of the two is a window of a long run), from the segments the next try starts with, under the cap less what a
-        failed try showed the replay does not see; each request's per-sample part taken ``1 + margin``
-        times as large. ``None`` without a replay (see the module docstring)."""
+        the largest, where only one did or one of the two is a window of a long run), from the segments the
+        next try starts with, under the cap less what a failed try showed the replay does not see; each
+        request's per-sample part taken ``1 + margin`` times as large. ``None`` without a replay (see the
+        module docstring)."""
         if self._segments is None or self._reserved_limit is None:
             return None
         runs: dict[int, RecordedRun] = {}
