@@ -197,9 +197,14 @@ class Driver:
         if fitted is None and self._runs.stopped is None and self._runs.left() <= 0 and len(self.strategies) > 1:
             self._runs.notes.append(f"stopped after --max-tries {self.max_tries} reruns")
         if self._runs.tries and not self._runs.tries[-1].fitted and fitted is not None:
+            # Where the state the cell trains and changes was put back, it is as before the reruns (the
+            # notes of ``oomfix.restore`` name it); the names the cell binds hold the failed rerun's values.
+            left = ("what the cell trains and changes is as before the reruns, the names it binds hold what the "
+                    "failed rerun left" if self.before_rerun is not None else
+                    "the variables hold what the failed rerun left")
             self._runs.notes.append(
-                f"the last rerun (#{self._runs.tries[-1].number}) failed after #{fitted.number} fitted: the variables "
-                "hold what the failed rerun left; run the fixed cell again to get its results"
+                f"the last rerun (#{self._runs.tries[-1].number}) failed after #{fitted.number} fitted: {left}; "
+                "run the fixed cell again to get its results"
             )
         autocast_dtype = self._dtype() if Strategy.AUTOCAST in self.strategies else None
         suggestions = build_suggestions(

@@ -349,6 +349,9 @@ def test_a_knob_in_a_dict_holds_the_best_batch_when_the_last_rerun_failed(env):
     assert outcome.fitted and outcome.batch_after == outcome.tries[1].batch
     assert shell.user_ns["config"] == {"batch_size": outcome.batch_after}  # where the fix set it
     assert shell.user_ns["losses"] == []  # as before the reruns, like the model; the cell is to be run again
+    failed = next(note for note in outcome.notes if note.startswith("the last rerun (#3) failed after #2 fitted"))
+    assert "what the cell trains and changes is as before the reruns" in failed, failed
+    assert "run the fixed cell again" in failed and "config, losses put back as they were before the reruns" in outcome.notes
 
 
 def test_no_restore_leaves_every_reruns_steps(env, trained, capsys):
