@@ -108,6 +108,7 @@ class FakeAllocator:
         self.calls: list[str] = []
         self.trace_entries: list[dict[str, Any]] | None = None
         self.snapshot_segments: list[dict[str, Any]] = []  # what snapshot() lists as segments
+        self.graph_pool_bytes = 0  # what torch.compile's CUDA graph pools hold (release_graph_pools frees it)
         self.tracing = False
 
     def _gpu(self, index: int) -> FakeGpu:
@@ -149,6 +150,11 @@ class FakeAllocator:
 
     def renew_workspaces(self, index: int) -> None:
         self.calls.append(f"renew_workspaces:{index}")
+
+    def release_graph_pools(self, index: int) -> int:
+        self.calls.append(f"release_graph_pools:{index}")
+        freed, self.graph_pool_bytes = self.graph_pool_bytes, 0
+        return freed
 
     def memory_fraction(self, index: int) -> float | None:
         return self._gpu(index).fraction

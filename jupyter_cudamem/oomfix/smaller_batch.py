@@ -88,6 +88,7 @@ class SmallerBatch:
                 if self.put_back is not None:
                     self.put_back()
                     put_back_after = len(self.runs.tries)
+            self.runs.release_graph_pools(device)
             self.runs.renew_workspaces(device)
             level = self.runs.allocated(device)
             if level is not None and self.runs.reference is not None:
@@ -119,6 +120,9 @@ class SmallerBatch:
                 best = result
             if self.runs.stopped is not None:
                 search.stop(self.runs.stopped)
+        if self.runs.tries and not self.runs.tries[-1].fitted:
+            # An OOM while CUDA graph trees recorded leaves them failing at the model's next call.
+            self.runs.release_graph_pools(device)
         if search.stopped is not None and self.runs.stopped is None and self.runs.left() > 0:
             self.runs.notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed
         if (best is None or best.batch is None) and host_chunk is not None and self.runs.left() > 0:

@@ -93,6 +93,12 @@ class AllocatorSource(Protocol):
         """Free the cuBLAS workspaces PyTorch keeps on device ``index``, empty the cache, and make them
         again at once, so they sit in segments of their own as in a fresh process."""
 
+    def release_graph_pools(self, index: int) -> int:
+        """Reset torch.compile's CUDA graph trees (``mode="reduce-overhead"``) where their memory pools
+        hold memory on device ``index``, so it goes back; the bytes freed (0: none held). A pool outlives
+        the runs that filled it and serves no other allocation, and an OOM while a graph is recorded
+        leaves the trees failing an assertion at the next call; reset, the next call compiles again."""
+
     def memory_fraction(self, index: int) -> float | None:
         """The per-process cap as a fraction of the card, or ``None`` when PyTorch cannot say."""
 

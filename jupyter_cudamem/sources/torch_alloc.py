@@ -61,6 +61,12 @@ def _make_workspaces(torch: Any, index: int, allocated_before: int) -> None:
     del a, out
 
 
+def _graph_pool_bytes(torch: Any, index: int) -> int:
+    """What segments of private pools (CUDA graphs') hold reserved on device ``index``."""
+    return sum(int(segment.get("total_size") or 0) for segment in torch.cuda.memory_snapshot()
+               if segment.get("device") == index and tuple(segment.get("segment_pool_id") or (0, 0)) != (0, 0))
+
+
 def _pci_bus_id(props: Any) -> str | None:
     """NVML's form of the PCI address (``00000000:00:06.0``), where this torch exposes it."""
     bus = getattr(props, "pci_bus_id", None)
@@ -179,6 +185,23 @@ class TorchAllocator:
                 held.clear()
                 torch.cuda.empty_cache()
             torch.cuda.synchronize(index)
+
+    def release_graph_pools(self, index: int) -> int:
+        # Only torch.compile's CUDA graph trees are reset: a pool of the user's own graphs is theirs.
+        trees = sys.modules.get("torch._inductor.cudagraph_trees")
+        if trees is None or not self.is_initialized():
+            return 0
+        torch = _torch()
+        before = _graph_pool_bytes(torch, index)
+        if not before:
+            return 0
+        reset = getattr(getattr(torch, "compiler", None), "reset", None) or torch._dynamo.reset
+        reset()  # the trees' shutdown frees their graphs; the pools go once their tensors do
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        return max(before - _graph_pool_bytes(torch, index), 0)
 
     def memory_fraction(self, index: int) -> float | None:
         getter = getattr(_torch().cuda, "get_per_process_memory_fraction", None)

@@ -18,6 +18,7 @@ from jupyter_cudamem.advice import accumulation_plan, build_suggestions
 from jupyter_cudamem.cell.traits import cell_traits
 from jupyter_cudamem.oomfix.options import check_max_tries, check_strategies
 from jupyter_cudamem.oomfix.strategies import Strategy
+from jupyter_cudamem.units import format_bytes
 from tests.fakes import FakeOutOfMemoryError, GiB, MiB
 from tests.oomfix.simulated import OutOfMemoryError, SimulatedCell, capped_machine, fake_hardware
 
@@ -644,3 +645,43 @@ def test_a_trainers_accumulation_advice_is_its_gradient_accumulation_steps():
     accumulation = next(s for s in outcome.suggestions if s.title == "gradient accumulation")
     assert accumulation.code.startswith("TrainingArguments(..., per_device_train_batch_size=")
     assert "gradient_accumulation_steps=" in accumulation.code and "for i, (x, y)" not in accumulation.code
+
+
+class _GraphPools:
+    """CUDA graph trees' pools refilled by every try (a reduce-overhead model records a graph per batch):
+    64 KiB per sample of the batch run."""
+
+    def __init__(self, allocator, cell):
+        self.allocator, self.train_step = allocator, cell.train_step
+
+    def __call__(self, batch):
+        self.allocator.graph_pool_bytes = batch * 64 * 1024
+        self.train_step(batch)
+
+
+@pytest.mark.parametrize("last_fails", [False, True])
+def test_cuda_graph_pools_are_reset_before_each_try_and_after_a_failed_last_one(last_fails):
+    machine, cell, namespace, run, driver, _ = setup(peak=(lambda b: 100 * GiB) if last_fails else CNN, max_tries=2)
+    allocator = driver.hardware.allocator
+    namespace["train_step"] = _GraphPools(allocator, cell)
+    source = TRAINING_CELL.format(batch=8 * 700)
+    error = fail_first(run, source)
+    outcome = driver.fix(source, error, namespace, freed_bytes=0)
+    calls = [c for c in allocator.calls if c.split(":")[0] in ("release_graph_pools", "renew_workspaces")]
+    # Each try starts with the pools reset, then cuBLAS's workspaces made anew; a failed last try is followed
+    # by one more reset, so the model's next call finds trees that work.
+    assert calls[:2 * len(outcome.tries)] == ["release_graph_pools:0", "renew_workspaces:0"] * len(outcome.tries)
+    assert calls[2 * len(outcome.tries):] == (["release_graph_pools:0"] if last_fails else [])
+    assert outcome.tries[-1].fitted is not last_fails
+    # One note, with the most a reset freed: the pool of the failed batch's run, or of the largest try's.
+    most = format_bytes(max([5600] + [t.batch for t in outcome.tries]) * 64 * 1024)
+    notes = [n for n in outcome.notes if n.startswith("torch.compile's CUDA graphs")]
+    assert notes == [f'torch.compile\'s CUDA graphs (mode="reduce-overhead") held up to {most} in memory pools no '
+                     "other allocation uses: reset (torch.compiler.reset()) before each rerun, which compiles again"]
+
+
+def test_without_cuda_graph_pools_nothing_is_reset_or_said():
+    _, cell, namespace, run, driver, _ = setup()
+    source = TRAINING_CELL.format(batch=8 * 700)
+    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    assert outcome.fitted and not any("CUDA graphs" in note for note in outcome.notes)

@@ -42,6 +42,33 @@ def test_renewing_workspaces_without_cuda_does_nothing():
     assert not torch.cuda.is_initialized()
 
 
+def test_releasing_graph_pools_without_cuda_does_nothing():
+    if torch.cuda.is_initialized():
+        pytest.skip("an earlier test in this process initialised CUDA (the GPU suite does)")
+    assert TorchAllocator().release_graph_pools(0) == 0
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_pool_of_the_users_own_cuda_graph_is_left_alone():
+    # Not torch.compile's: resetting the compiler would not free it, and it is the user's to keep.
+    x = torch.zeros(1 << 20, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            y = x * 2  # warm up on the side stream, as CUDA graphs ask
+        with torch.cuda.graph(graph):
+            y = x * 2
+    torch.cuda.current_stream().wait_stream(stream)
+    pools = [s for s in torch.cuda.memory_snapshot() if tuple(s.get("segment_pool_id") or (0, 0)) != (0, 0)]
+    assert pools
+    assert TorchAllocator().release_graph_pools(torch.cuda.current_device()) == 0
+    graph.replay()
+    assert torch.equal(y, x * 2)
+
+
 def cache_a_freed_gib() -> None:
     """No cuBLAS workspace, an empty cache, then a 1 GiB block freed into it: what the next request is cut from."""
     torch._C._cuda_clearCublasWorkspaces()
