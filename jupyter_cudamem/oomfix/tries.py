@@ -19,8 +19,8 @@ from ..oom import OomInfo, parse_oom
 from ..reruns.measured import run_measured
 from ..reruns.recording import Recorder
 from ..reruns.set_aside import Mover, SetAside, restore_bindings, set_aside
-from ..units import format_bytes
 from ..sources.torch_host import TorchMover
+from ..units import format_bytes
 from .outcome import FailureSite, TryResult
 from .strategies import Strategy
 

@@ -15,6 +15,7 @@ them directly for an integer index; otherwise the public functions.
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -187,9 +188,8 @@ class TorchAllocator:
             torch.cuda.synchronize(index)
 
     def release_graph_pools(self, index: int) -> int:
-        # Only torch.compile's CUDA graph trees are reset: a pool of the user's own graphs is theirs.
-        trees = sys.modules.get("torch._inductor.cudagraph_trees")
-        if trees is None or not self.is_initialized():
+        # Where torch.compile never loaded its graph trees, a pool is of the user's own CUDA graphs: theirs.
+        if "torch._inductor.cudagraph_trees" not in sys.modules or not self.is_initialized():
             return 0
         torch = _torch()
         before = _graph_pool_bytes(torch, index)
@@ -197,8 +197,6 @@ class TorchAllocator:
             return 0
         reset = getattr(getattr(torch, "compiler", None), "reset", None) or torch._dynamo.reset
         reset()  # the trees' shutdown frees their graphs; the pools go once their tensors do
-        import gc
-
         gc.collect()
         torch.cuda.empty_cache()
         return max(before - _graph_pool_bytes(torch, index), 0)
