@@ -6,8 +6,23 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def gpu_notebook_module() -> tuple[Any, list[Any]]:
+    """For a test module that runs notebooks on a GPU: torch (the module is skipped where torch or nbclient
+    is missing) and the module's marks, ``gpu`` and ``notebook``, skipped where no CUDA device is visible."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("nbclient")
+    return torch, [
+        pytest.mark.gpu,
+        pytest.mark.notebook,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"),
+    ]
 
 
 def run_cells(cells: list[str], timeout: int = 180, allow_errors_in: set[int] | None = None, save_to: Path | None = None):

@@ -20,17 +20,13 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("nbclient")
+from tests.notebook_runner import gpu_notebook_module
+
+torch, pytestmark = gpu_notebook_module()
 
 from tests.gpu.test_oomfix_knobs_gpu import fixed  # noqa: E402
 from tests.gpu.test_oomfix_libraries_gpu import ENCODER, SETUP, report  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.notebook,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"),
-]
 
 MODEL = """class Classifier(nn.Module):
     def __init__(self):

@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("nbclient")
+from tests.notebook_runner import gpu_notebook_module
+
+torch, pytestmark = gpu_notebook_module()
 
 from tests.gpu.test_oomfix_gpu import SETUP, cap, errors_of, execute, last_json, text_of  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.notebook,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"),
-]
 
 MODEL = """class Decoder(nn.Module):
     def __init__(self, vocab=32000, width=1024, layers=8):

@@ -12,15 +12,11 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.notebook_runner import gpu_notebook_module
+
+torch, pytestmark = gpu_notebook_module()
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.notebook,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"),
-]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,19 +13,10 @@ notebook imports transformers).
 
 from __future__ import annotations
 
-import pytest
+from tests.notebook_runner import REPO, gpu_notebook_module, json_line, run_cells, text_of
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("nbclient")
+torch, pytestmark = gpu_notebook_module()
 
-from tests.notebook_runner import REPO, json_line, run_cells, text_of  # noqa: E402
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.notebook,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"),
-]
 
 SETUP = f"""
 import sys

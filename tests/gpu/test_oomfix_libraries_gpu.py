@@ -17,16 +17,12 @@ import textwrap
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("nbclient")
+from tests.notebook_runner import gpu_notebook_module
+
+torch, pytestmark = gpu_notebook_module()
 
 from tests.gpu.test_oomfix_knobs_gpu import SETUP as CAPPED_SETUP, fixed  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.notebook,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"),
-]
 
 # The knobs tests' kernel (PyTorch capped at 3 GiB), with no experiment tracker and no library warnings.
 SETUP = CAPPED_SETUP + """import os, warnings

@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("nbformat")
-pytest.importorskip("nbclient")
+from tests.notebook_runner import gpu_notebook_module
+
+torch, pytestmark = gpu_notebook_module()
 
 from tests.gpu.test_oomfix_gpu import SETUP, cap, errors_of, execute, last_json, text_of  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.notebook,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)"),
-]
 
 MODEL = """classifier = nn.Sequential(nn.Linear(2048, 4096), nn.ReLU(), nn.Linear(4096, 10)).cuda()
 features_all = torch.randn(65536, 2048, device="cuda")  # 512 MiB of data from an earlier cell
