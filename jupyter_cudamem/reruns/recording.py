@@ -22,8 +22,8 @@ where a replay is most worth having (a GPT-2 medium ``generate()`` over 96 promp
 24 layers making a key/value cache one token longer each step, makes about 100,000 events per prompt;
 the line alone ended on 22-23 where 29 fits, its window's replay on 29: the project's
 ``benchmarks/oomfix.py`` on an H100). Two windows are not paired request by request (they begin at
-different places in the loop), so the search replays the larger of them alone (``Tries.replayed``). ``%%cudamem_plan`` keeps whole runs only,
-as it always has.
+different places in the loop), so the search replays the larger of them alone (``Tries.replayed``).
+``%%cudamem_plan`` keeps whole runs only, as it always has.
 """
 
 from __future__ import annotations
