@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
-from .pairing import Line, events_at, growth_lines
+from .pairing import Line, events_at, growth_lines, match
 from .replay import ALLOC, FREE, Event, StartSegment, block_bytes, given_back_at_once, replay
 
 PREDICTION_RESOLUTION = 1 / 512
@@ -117,6 +117,45 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
                          else (kind, key, stream, 0.0, 0.0 if kind == FREE else size / batch)
                          for kind, key, size, stream in events]
     temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed]
+    return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
+
+
+def fitting_from_one_and_failure(events: Sequence[Event], batch: int, failed: Sequence[Event], failed_batch: int,
+                                 start: Sequence[StartSegment], cap_bytes: int,
+                                 batch_independent: Collection[int] = (),
+                                 margin: float = 0.0) -> Fitting | None:
+    """The same from one run that fitted and the beginning of one at a larger batch that failed (its
+    events up to the request that raised): the requests both made are on the line through their two
+    sizes, as from two runs (``fitting``), and those after the failure as from one (``fitting_from_one``).
+
+    Why: one run cannot tell a request's batch-independent part from its per-sample part; a tensor of
+    fixed size (a mask, a position table, a library's workspace) is scaled with the batch, and a replay
+    of larger blocks is not a bound in the allocator, where they land in other segments and leave other
+    fragments. A failed try's own requests say which those are. In the project's simulator
+    (``tests/oomfix/world.py``), a fine-tune at batch 2 whose 11 MiB masks the one-run replay scaled to
+    222 MiB at 39 said 39 fits where 35 and above fail in the fragments their real size leaves."""
+    if batch <= 0 or failed_batch <= batch or not any(kind != FREE for kind, *_ in events):
+        return None
+    # Up to the request that raised (what the run gave back while the error unwound pairs with nothing).
+    failed = list(failed[:max((i for i, event in enumerate(failed) if event[0] == ALLOC), default=-1) + 1])
+    prefix = list(events[:len(failed)])
+    partner = match(prefix, batch, failed, failed_batch)
+    paired = {index: failed[i][2] for i, index in enumerate(partner) if index is not None}
+    if not paired:
+        return None
+    fixed = set(batch_independent)
+    lines: list[Line] = []
+    for index, (kind, key, stream, size) in enumerate((k, key, st, s) for k, key, s, st in events):
+        if kind == FREE:
+            lines.append((kind, key, stream, 0.0, 0.0))
+        elif index in paired:
+            per_sample = (paired[index] - size) / (failed_batch - batch)
+            lines.append((kind, key, stream, paired[index] - per_sample * failed_batch, per_sample))
+        elif key in fixed:
+            lines.append((kind, key, stream, float(size), 0.0))
+        else:
+            lines.append((kind, key, stream, 0.0, size / batch))
+    temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed and i not in paired]
     return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
 
 

@@ -71,7 +71,7 @@ class TryResult:
         if self.fitted:
             return Observation(True, peak_bytes=shifted(self.peak_bytes), start_bytes=offset, recorded=self.recorded)
         return Observation(False, need_bytes=shifted(self.need_bytes), held_bytes=shifted(self.peak_bytes),
-                           start_bytes=offset, stuck_bytes=self.stuck_bytes)
+                           start_bytes=offset, stuck_bytes=self.stuck_bytes, recorded=self.recorded)
 
     @property
     def verdict(self) -> str:

@@ -81,8 +81,21 @@ than the allocated peak of the largest fitting batch for an MLP, 13% for an LSTM
 for convnets; from two runs at 0.3x and 0.6x of it, replays put that batch at 0.97-1.00 of it for eight
 of nine workloads and 0.90 for a CNN whose cuDNN workspace is optional, never above, where the line
 through the same two runs overshot by up to 23%: ``benchmarks/replay.py``). The line and the failures'
-figures decide where nothing was recorded. A try the replay said fits and that failed lowers the replay's
-cap by what PyTorch held but could not use then, and the next try is at least 10% below the failure.
+figures decide where nothing was recorded.
+
+**A failed try's own requests.** A try that failed above the one recorded run that fitted is recorded up
+to the request that raised: the requests both made are put on the line through their two sizes, as from
+two runs, and the rest of the fitted run's as from one (``growth.fitting.fitting_from_one_and_failure``).
+One run cannot tell a tensor of fixed size (a mask, a position table, a workspace) from a batch's, and
+scaled with the batch it is no bound in the allocator: larger blocks land in other segments and leave
+other fragments (in the project's simulator a fine-tune probed at 2, whose 11 MiB masks the one-run
+replay scaled to 222 MiB at 39, was put at 39 where 35 and above fail in the fragments the real masks
+leave). That replay decides the next try where it fails at the failed batch with no margin, as the try
+did (``Tries.paired_failure``); in the simulator (seeds 2026 and 7, 10,000 models each) it lifted the
+models that meet the goal from 9,923 to 9,944 and 9,936, and cut those that end below halving from 58
+and 53 to 43 and 40. Where it does not fail there, what made the try fail is not in it: the replay's
+cap is lowered by what PyTorch held but could not use then, and the next try is at least 10% below the
+failure.
 
 The line is fitted on allocated peaks, not reserved ones: under a cap cuDNN asks for its largest
 convolution workspace first and settles for less when refused, so a CNN's reserved peak reached a
@@ -298,7 +311,11 @@ class BatchSearch(Tries):
         if replayed is not None:
             predicted = replayed
             how = f"the allocator's replay of the tries fits up to {replayed} with a {REPLAY_MARGIN:.0%} margin"
-            if self._replay_cut_bytes:
+            paired = self.paired_failure()
+            if paired is not None:
+                how = (f"the allocator's replay of the tries, with the requests of the one that failed at "
+                       f"{paired.batch} up to its failure, fits up to {replayed} with a {REPLAY_MARGIN:.0%} margin")
+            if self._replay_cut_bytes and paired is None:
                 # A batch the replay said fits did not: the replay under the cap less what that run could
                 # not use is one bound; the failed batch less five margins is another, as the replay was
                 # close in bytes (it saw every request); the larger of the two is tried.

@@ -68,6 +68,8 @@ class Tries:
     _segments: tuple[replay.StartSegment, ...] | None = None  # where the next try starts (``set_allocator``)
     _reserved_limit: int | None = None
     _replay_cut_bytes: int = 0  # what a try the replay said fits showed it cannot use
+    # ``paired_failure``'s answer, and for which tries, segments and cap
+    _paired_for: tuple[tuple[object, ...], Attempt | None] | None = None
 
     def __post_init__(self) -> None:
         if self.failed_batch < 2:
@@ -120,31 +122,73 @@ class Tries:
 
     def replayed(self, margin: float = 0.0) -> fitting.Fitting | None:
         """Whether a batch fits, by the allocator's replay of the two largest recorded tries that fitted (of
-        the largest, where only one did or one of the two is a window of a long run), from the segments the
-        next try starts with, under the cap less what a failed try showed the replay does not see; each
-        request's per-sample part taken ``1 + margin`` times as large. ``None`` without a replay (see the
-        module docstring)."""
+        the largest, where only one did or one of the two is a window of a long run, with the beginning of
+        a try that failed above it where that replays its failure: ``paired_failure``), from the segments
+        the next try starts with, under the cap less what a failed try showed the replay does not see
+        (not where the failed try's own requests are replayed); each request's per-sample part taken
+        ``1 + margin`` times as large. ``None`` without a replay (see the module docstring)."""
         if self._segments is None or self._reserved_limit is None:
             return None
-        runs: dict[int, RecordedRun] = {}
-        for attempt in self.attempts:
-            if attempt.fitted and attempt.observation.recorded is not None:
-                runs[attempt.batch] = attempt.observation.recorded
+        runs = self._recorded_fits()
         if not runs:
             return None
-        cap = self._reserved_limit - self._replay_cut_bytes
         batches = sorted(runs)
         if len(batches) == 1 or not all(runs[b].whole for b in batches[-2:]):
             # One run; or a window of a long run among the two, which begins elsewhere in the cell's loop
             # than the other's and cannot be paired with it request by request: the larger alone.
+            paired = self._with_failure(margin) if self.paired_failure() is not None else None
+            if paired is not None:
+                return paired
             run = runs[batches[-1]]
-            fixed = (batch_independent_requests(run.events, {key for _, key in run.left}, self.fixed)
-                     if self.fixed is not None else frozenset()) | run.carried
             return fitting.fitting_from_one(run.events_from(self._segments), batches[-1], self._segments,
-                                           cap, batch_independent=fixed, margin=margin)
+                                           self._reserved_limit - self._replay_cut_bytes,
+                                           batch_independent=self._one_run_fixed(run), margin=margin)
         low, high = batches[-2], batches[-1]
         return fitting.fitting(runs[low].events_from(self._segments), low, runs[high].events_from(self._segments),
-                              high, self._segments, cap, margin=margin)
+                              high, self._segments, self._reserved_limit - self._replay_cut_bytes, margin=margin)
+
+    def paired_failure(self) -> Attempt | None:
+        """The recorded try that failed at the smallest batch above the one recorded run that fitted, where
+        the replay pairs the two (``growth.fitting.fitting_from_one_and_failure``): only where that replay,
+        with no margin, fails at the failed try's batch, as the try did. Where it fits there, what made the
+        try fail (fragments a request of another size leaves, a workspace drawn larger) is not in it, and
+        it is no better than the one run's replay under the cap less what the try could not use."""
+        known = (len(self.attempts), self._segments, self._reserved_limit)
+        if self._paired_for is not None and self._paired_for[0] == known:
+            return self._paired_for[1]
+        exact = self._with_failure(0.0)
+        failure = self._failed_recording()
+        paired = failure if exact is not None and failure is not None and not exact.fits(failure.batch) else None
+        self._paired_for = (known, paired)
+        return paired
+
+    def _with_failure(self, margin: float) -> fitting.Fitting | None:
+        runs = self._recorded_fits()
+        failure = self._failed_recording()
+        if len(runs) != 1 or failure is None or failure.observation.recorded is None:
+            return None
+        (batch, run), = runs.items()
+        if not run.whole or self._segments is None or self._reserved_limit is None:
+            return None
+        return fitting.fitting_from_one_and_failure(
+            run.events_from(self._segments), batch, failure.observation.recorded.events, failure.batch,
+            self._segments, self._reserved_limit, batch_independent=self._one_run_fixed(run), margin=margin)
+
+    def _recorded_fits(self) -> dict[int, RecordedRun]:
+        return {a.batch: a.observation.recorded for a in self.attempts
+                if a.fitted and a.observation.recorded is not None}
+
+    def _one_run_fixed(self, run: RecordedRun) -> frozenset[int]:
+        """The keys of one recorded run's requests taken as batch-independent (``batch_independent_requests``)."""
+        found = (batch_independent_requests(run.events, {key for _, key in run.left}, self.fixed)
+                 if self.fixed is not None else frozenset())
+        return found | run.carried
+
+    def _failed_recording(self) -> Attempt | None:
+        """The recorded try that failed at the smallest batch above the best that fitted."""
+        failed = [a for a in self.attempts if not a.fitted and a.batch > (self.best or 0)
+                  and a.observation.recorded is not None and a.observation.recorded.whole]
+        return min(failed, key=lambda a: a.batch, default=None)
 
     def replayed_batch(self, margin: float = 0.0) -> int | None:
         """The largest batch below the smallest that failed whose replay fits (``replayed``)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_cudamem.growth.fitting import largest_fitting_batch
+from jupyter_cudamem.growth.fitting import fitting_from_one, fitting_from_one_and_failure, largest_fitting_batch
 from jupyter_cudamem.growth.replay import StartSegment, events_from_trace, replay
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +37,14 @@ def capped(torch):
     torch.cuda.empty_cache()
 
 
-def recorded(torch, batch: int):
+def masked(torch, batch: int) -> None:
+    """``fragmenting`` with a 64 MiB tensor of fixed size (a mask) kept through it."""
+    mask = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    fragmenting(torch, batch)
+    del mask
+
+
+def recorded(torch, batch: int, program=fragmenting):
     """(fitted, start segments, trace) of one run from an emptied cache, as the replay reads them."""
     torch.cuda.empty_cache()
     start = [StartSegment(s["address"], s["segment_type"] == "small",
@@ -45,7 +52,7 @@ def recorded(torch, batch: int):
              for s in torch.cuda.memory._snapshot()["segments"]]
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
     try:
-        fragmenting(torch, batch)
+        program(torch, batch)
         fitted = True
     except torch.cuda.OutOfMemoryError:
         fitted = False
@@ -73,3 +80,20 @@ def test_two_small_runs_predict_the_largest_batch_that_really_fits(torch, capped
     assert predicted is not None
     assert recorded(torch, predicted)[0]
     assert not recorded(torch, predicted + 1)[0]
+
+
+def test_a_failed_runs_recorded_requests_with_one_small_run_predict_the_largest_batch_that_really_fits(torch, capped):
+    # One run at 4 scales the mask with the batch (16 MiB a sample); the run that failed at 150 made it at
+    # its size before it raised, and its other requests at theirs.
+    fitted, start, low = recorded(torch, 4, masked)
+    failed, _, high = recorded(torch, 150, masked)
+    assert fitted and not failed
+    paired = fitting_from_one_and_failure(events_from_trace(low, start), 4, events_from_trace(high, start, failed=True),
+                                          150, start, capped)
+    one = fitting_from_one(events_from_trace(low, start), 4, start, capped)
+    assert paired is not None and one is not None
+    assert not paired.fits(150)  # it replays the failure, as the search asks before it trusts it
+    predicted = paired.largest(149)
+    assert recorded(torch, predicted, masked)[0]
+    assert not recorded(torch, predicted + 1, masked)[0]
+    assert one.largest(149) < 0.8 * predicted

@@ -1,6 +1,6 @@
 """The caching-allocator replay: rounding, pools, splitting, the cap's refusal, traces, and the batch search."""
 
-from jupyter_cudamem.growth.fitting import fitting, largest_fitting_batch
+from jupyter_cudamem.growth.fitting import fitting, fitting_from_one, fitting_from_one_and_failure, largest_fitting_batch
 from jupyter_cudamem.growth.pairing import growth_lines
 from jupyter_cudamem.growth.replay import (StartSegment, block_bytes, events_from_trace, held_elsewhere, read_trace,
                                            replay, segment_bytes)
@@ -210,3 +210,29 @@ def test_long_runs_with_a_few_extra_requests_are_walked_into_pairs_when_too_long
     # Runs that never agree (another chunking throughout) stop within the bound, nearly unpaired.
     other = [("alloc", k, 4096 * 3 + k % 3, 0) if k % 2 == 0 else ("free", k - 1, 0, 0) for k in range(2400)]
     assert sum(p is not None for p in module.match(first, 1, other, 2)) < len(other) // 10
+
+
+def masked(batch: int) -> list:
+    """A 64 MiB tensor of fixed size (a mask) kept through a run whose tensors grow as ``fragmenting``'s."""
+    return [("alloc", 9, 64 * MiB, 0)] + fragmenting(batch) + [("free", 9, 0, 0)]
+
+
+def test_a_failed_runs_requests_up_to_its_failure_tell_the_fixed_from_the_growing():
+    cap = 600 * MiB
+    truth = max(b for b in range(1, 200) if replay(masked(b), (), cap).fits)
+    failed = replay(masked(150), (), cap)
+    assert not failed.fits and failed.failed_at is not None
+    # What PyTorch records of a failed run: its requests up to the one that raised, then what it gave back
+    # while the error unwound.
+    prefix = masked(150)[:failed.failed_at + 1] + [("free", 9, 0, 0)]
+    paired = fitting_from_one_and_failure(masked(4), 4, prefix, 150, (), cap)
+    one = fitting_from_one(masked(4), 4, (), cap)
+    assert paired is not None and one is not None
+    assert paired.largest(149) == truth
+    assert not paired.fits(150)  # it replays the failure, as the search requires before it trusts it
+    assert one.largest(149) < 0.8 * truth  # one run scales the mask with the batch
+
+
+def test_no_pairing_with_a_failure_at_or_below_the_run_that_fitted():
+    assert fitting_from_one_and_failure(masked(40), 40, masked(40), 40, (), 600 * MiB) is None
+    assert fitting_from_one_and_failure(masked(40), 40, masked(20), 20, (), 600 * MiB) is None

@@ -8,13 +8,14 @@ less, else >= 0.90 of it, within 3 reruns, in 99% of models, none below halving.
 second not: ``benchmarks/oomfix_simulated.py`` runs 10,000 such models of its own seed
 (``benchmarks/results/oomfix_simulated.json`` says how many meet it and end below halving). This test runs
 10,000 of another seed, on every core (``world.many_cases``), and holds the search where it was measured on
-them: 9,923 meet the goal (99.2%; 9,890 before a predicted batch had to fit at its line's own sizes too,
-9,877 before the replay paired leftover requests by size); 53 end below halving (143 before those changes
-and the last rerun's try of halving's batch where it fits with no margin; 82 before that try was made, by
-the replay, whatever fitted below it, and before a weight-sized activation's gradient made after the last
-parameter's was kept growing with the batch), 25 of them within the goal (a start near a power of two times
+them: 9,936 meet the goal (99.4%; 9,923 before a failed try's own requests were replayed, 9,890 before a
+predicted batch had to fit at its line's own sizes too, 9,877 before the replay paired leftover requests by
+size); 40 end below halving (53 before a failed try's requests were replayed; 143 before those changes and
+the last rerun's try of halving's batch where it fits with no margin; 82 before that try was made, by the
+replay, whatever fitted below it, and before a weight-sized activation's gradient made after the last
+parameter's was kept growing with the batch), 23 of them within the goal (a start near a power of two times
 the largest batch lets halving land on or next to it; in 4 halving's run drew a smaller workspace and fitted
-above the largest batch that fits without the jitter), 28 below it. A change that loses ground fails here.
+above the largest batch that fits without the jitter), 17 below it. A change that loses ground fails here.
 """
 
 import statistics
@@ -30,9 +31,9 @@ def test_the_search_holds_its_measured_ground_across_the_space():
     met = sum(case.met_goal for case in cases)
     below_halving_and_goal = sum(case.worse_than_halving and not case.met_goal for case in cases)
     assert all(case.reruns <= 3 for case in cases)
-    assert met >= 9_920, met
-    assert below_halving_and_goal <= 30, below_halving_and_goal
-    assert sum(case.worse_than_halving for case in cases) <= 56
+    assert met >= 9_933, met
+    assert below_halving_and_goal <= 19, below_halving_and_goal
+    assert sum(case.worse_than_halving for case in cases) <= 42
     small = [case.found / case.largest for case in cases if 10 < case.largest <= 64]
     heavy = [case.found / case.largest for case in cases if case.fixed_share >= 0.5]
     assert statistics.median(small) >= 0.98 and statistics.median(heavy) >= 0.98

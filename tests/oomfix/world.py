@@ -228,6 +228,8 @@ def run(step: Step, batch: int, stepped: bool, rng: random.Random | None) -> Run
     assert result.failed_at is not None and result.allocated_at_failure_bytes is not None
     held = result.allocated_at_failure_bytes - start
     stuck = (result.reserved_at_failure_bytes or 0) - result.allocated_at_failure_bytes
+    # PyTorch's history of a failed run ends with the request that raised.
+    recorded = RecordedRun(segments, tuple(events[:result.failed_at + 1]), ())
     return Run(False, held, held + block_bytes(events[result.failed_at][2]), stuck, recorded)
 
 
@@ -286,13 +288,14 @@ class Case:
 
 
 def search(step: Step, start: int, seed: int, max_tries: int = 3, recorded: bool = True,
-           restored: bool = True) -> tuple[int, int, BatchSearch]:
+           restored: bool = True, failures_recorded: bool = True) -> tuple[int, int, BatchSearch]:
     """``%oomfix``'s search from a failure at ``start``, as the driver runs it: every figure above the
     reference level (what the failed cell started with), the level and the allocator's segments handed
     over before each try. ``recorded=False`` plays a torch without the allocator's history;
     ``restored=False`` a fix that could not put the model and optimizer back before each rerun (their
     host copy would not fit), so a try that fitted leaves its optimizer state and kept gradients to the
-    next."""
+    next. ``failures_recorded=False`` hides a failed try's requests from the search (only fitted ones are
+    replayed)."""
     rng = random.Random(seed)
     failed = run(step, start, False, None)  # as ``draw`` saw it fail; later runs jitter
     assert not failed.fitted, "the start must fail"
@@ -318,7 +321,8 @@ def search(step: Step, start: int, seed: int, max_tries: int = 3, recorded: bool
         else:
             observation = Observation(False, need_bytes=(result.need_bytes or 0) + level,
                                       held_bytes=result.peak_bytes + level, start_bytes=level,
-                                      stuck_bytes=result.stuck_bytes or None)
+                                      stuck_bytes=result.stuck_bytes or None,
+                                      recorded=result.recorded if recorded and failures_recorded else None)
         policy.record(batch, observation)
     return policy.best or 0, len(policy.attempts), policy
 

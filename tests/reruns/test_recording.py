@@ -69,9 +69,21 @@ def test_each_batch_try_of_a_fix_is_recorded_and_the_search_gets_the_allocators_
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     batch_tries = [t for t in outcome.tries if t.batch is not None]
     assert batch_tries and all(isinstance(t.recorded, RecordedRun) for t in batch_tries)
-    assert all(t.observation().recorded is t.recorded for t in batch_tries if t.fitted)
+    # Failed tries too: their requests up to the one that raised say which of a fitted run's grow.
+    assert all(t.observation().recorded is t.recorded for t in batch_tries)
     assert "recorded" not in repr(batch_tries[0])  # a try's repr does not dump its events
     assert not fake.tracing and outcome.fitted
+
+
+def test_a_failed_try_hands_the_search_its_requests_up_to_the_failure():
+    from jupyter_cudamem.oomfix.outcome import TryResult
+    from jupyter_cudamem.oomfix.strategies import Strategy
+
+    run = RecordedRun((), (("alloc", 0, 64 * MiB, 0), ("alloc", 1, 512 * MiB, 0)))
+    failed = TryResult(2, Strategy.BATCH, "b=80", False, True, 64 * MiB, 0.1, "replay", batch=80,
+                       need_bytes=576 * MiB, recorded=run)
+    observation = failed.observation()
+    assert not observation.fitted and observation.recorded is run
 
 
 def test_an_interrupted_try_stops_the_recording():

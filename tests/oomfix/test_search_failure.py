@@ -1,0 +1,80 @@
+"""The batch search replays a failed try's own requests (``Tries.paired_failure``): a one-run replay from a
+small probe scales tensors of fixed size with the batch, and the blocks it then places are no bound in the
+allocator; the requests a failed try made before it raised say which tensors those are.
+
+The step is one the project's simulator drew (``tests/oomfix/world.py``, seed 2026): a model built in the
+cell (three weights, 0.43 GiB), SGD with momentum, and a 180 MiB tensor of fixed size kept for the backward
+pass, under an 8 GiB cap; its largest fitting batch is 1,115, and the cell failed at 51,796.
+"""
+
+from __future__ import annotations
+
+from jupyter_cudamem.growth.replay import replay
+from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.reruns.search import BatchSearch
+from jupyter_cudamem.reruns.tries import Attempt, Observation
+from tests.oomfix import world
+from tests.oomfix.test_search_replay import events, observe
+
+STEP = world.Step(
+    cap_bytes=8 * world.GiB, parameters=(54714882, 206735426, 203082309), built_in_cell=True, training=True,
+    state_per_parameter=1, state_exists=False, grads_kept=False, temporaries=(), input_per_sample=287058.7146935743,
+    activations=((0.0, 1746067.8708212054), (0.0, 1658479.9563685653), (188273441.68127903, 0.0)),
+    workspace_bytes=8 * world.MiB, noise=0.5)
+START, SEED = 51796, 442
+
+
+def tries(search: BatchSearch) -> list[tuple[int, bool]]:
+    return [(a.batch, a.fitted) for a in search.attempts]
+
+
+def test_the_failed_tries_requests_put_the_last_try_where_it_fits():
+    largest = world.largest_fitting(STEP)
+    assert largest == 1115
+    found, reruns, search = world.search(STEP, START, seed=SEED)
+    probe, failed, last = search.attempts
+    assert probe.fitted and not failed.fitted and failed.batch > largest
+    assert last.fitted and found >= 0.9 * largest and reruns == 3, tries(search)
+    assert f"the one that failed at {failed.batch} up to its failure" in last.reason
+
+
+def test_without_them_the_last_try_fails_too_and_the_search_ends_on_the_probe():
+    found, _, search = world.search(STEP, START, seed=SEED, failures_recorded=False)
+    assert [fitted for _, fitted in tries(search)] == [True, False, False], tries(search)
+    assert found == search.attempts[0].batch < 0.5 * world.largest_fitting(STEP)
+
+
+def test_a_failure_the_replay_of_its_own_requests_fits_is_not_trusted():
+    # The try failed (memory outside PyTorch, a workspace drawn larger) where its own requests, replayed,
+    # fit: the replay does not see what made it fail, so the search does not take it for a bound.
+    search = BatchSearch(4000, 6 * world.GiB, need_bytes=5 * 4000 * world.MiB)
+    search.set_allocator((), 6 * world.GiB)
+    probe = search.next()
+    assert probe is not None
+    search.record(probe, observe(probe))
+    failed_batch = search.next()
+    assert failed_batch is not None
+    as_recorded = RecordedRun((), tuple(events(failed_batch)))  # every request, and all of them fit
+    search.record(failed_batch, Observation(False, need_bytes=3 * world.GiB, held_bytes=2 * world.GiB,
+                                            recorded=as_recorded))
+    assert search.paired_failure() is None
+    assert search.next() is not None and "up to its failure" not in search.reason
+
+
+def test_a_failure_whose_requests_replay_to_it_is_paired():
+    search = BatchSearch(4000, 6 * world.GiB, need_bytes=5 * 4000 * world.MiB)
+    search.set_allocator((), 6 * world.GiB)
+    probe = search.next()
+    assert probe is not None
+    search.record(probe, observe(probe))
+    too_big = 2000
+    failing = replay(events(too_big), (), 6 * world.GiB)
+    assert not failing.fits and failing.failed_at is not None
+    as_recorded = RecordedRun((), tuple(events(too_big)[:failing.failed_at + 1]))
+    search.record(too_big, Observation(False, need_bytes=failing.allocated_at_failure_bytes + 5 * too_big * world.MiB,
+                                       held_bytes=failing.allocated_at_failure_bytes, recorded=as_recorded))
+    paired = search.paired_failure()
+    assert isinstance(paired, Attempt) and paired.batch == too_big
+    batch = search.next()
+    assert batch is not None and f"the one that failed at {too_big} up to its failure" in search.reason
+    assert replay(events(batch), (), 6 * world.GiB).fits
