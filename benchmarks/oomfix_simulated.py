@@ -10,8 +10,9 @@ jitter between runs, is the peer. Runs on CPU, on every core (``world.many_cases
 
 The result: ``models``, ``met_goal`` and ``worse_than_halving`` (counts), the same by regime (largest
 fitting batch <= 10, 11-64, 65-1000, > 1000; batch-independent share under or over half of the card)
-with the minimum and median of found/largest, and the same without the allocator's history (the line
-alone, as on a torch that cannot record).
+with the minimum and median of found/largest, the same without the allocator's history (the line
+alone, as on a torch that cannot record), and the same on steps whose memory grows with the square of
+the batch (``tests/oomfix/superlinear.py``: contrastive losses, attention across the batch).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.oomfix import world  # noqa: E402
+from tests.oomfix import superlinear, world  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "oomfix_simulated.json"
 SEED = 2026
@@ -66,6 +67,21 @@ def summary(cases: list[dict]) -> dict:
     return {**stats(cases), "regimes": {name: stats(groups[name]) for name in sorted(groups)}}
 
 
+def superlinear_summary(cases: list[superlinear.Case]) -> dict:
+    """The same counts on steps whose memory grows with the square of the batch (``tests/oomfix/superlinear.py``)."""
+    def stats(group: list[superlinear.Case]) -> dict:
+        ratios = [c.found / c.largest for c in group]
+        return {"models": len(group), "met_goal": sum(c.met_goal for c in group),
+                "worse_than_halving": sum(c.worse_than_halving for c in group),
+                "min": round(min(ratios), 4), "median": round(statistics.median(ratios), 4),
+                "max_reruns": max(c.reruns for c in group)}
+    groups: dict[str, list[superlinear.Case]] = {}
+    for case in cases:
+        size = "<=10" if case.largest <= 10 else "11-64" if case.largest <= 64 else "65-1000" if case.largest <= 1000 else ">1000"
+        groups.setdefault(f"largest {size}", []).append(case)
+    return {**stats(cases), "regimes": {name: stats(groups[name]) for name in sorted(groups)}}
+
+
 def run(models: int, recorded: bool) -> list[dict]:
     return [_row(case) for case in world.many_cases(models, SEED, recorded=recorded)]
 
@@ -86,6 +102,7 @@ def main() -> None:
         "models": len(replayed),
         **{key: value for key, value in summary(replayed).items()},
         "without_history": summary(line),
+        "superlinear": superlinear_summary(superlinear.cases(args.models, SEED)),
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "regimes"}, indent=1))

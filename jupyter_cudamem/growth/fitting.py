@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
-from .pairing import Line, events_at, growth_lines, match
+from .pairing import Line, events_at, growth_lines, law_through, match
 from .replay import ALLOC, FREE, Event, StartSegment, block_bytes, given_back_at_once, replay
 
 PREDICTION_RESOLUTION = 1 / 512
@@ -113,8 +113,8 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
     if batch <= 0 or not any(kind != FREE for kind, *_ in events):
         return None
     fixed = set(batch_independent)
-    lines: list[Line] = [(kind, key, stream, float(size), 0.0) if kind != FREE and key in fixed
-                         else (kind, key, stream, 0.0, 0.0 if kind == FREE else size / batch)
+    lines: list[Line] = [(kind, key, stream, float(size), 0.0, 1.0) if kind != FREE and key in fixed
+                         else (kind, key, stream, 0.0, 0.0 if kind == FREE else size / batch, 1.0)
                          for kind, key, size, stream in events]
     temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed]
     return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
@@ -144,17 +144,27 @@ def fitting_from_one_and_failure(events: Sequence[Event], batch: int, failed: Se
     if not paired:
         return None
     fixed = set(batch_independent)
+    laws = {index: law_through(events[index][2], batch, size, failed_batch) for index, size in paired.items()}
+    # A request made after the failure, of the size one that grew faster than the batch had in the run
+    # that fitted, is taken as that tensor's kin (a softmax of the logits, their gradient): one run would
+    # scale it with the batch alone.
+    faster: dict[int, tuple[float, float, float]] = {}
+    for index, law in laws.items():
+        size = events[index][2]
+        if law[2] > 1.0 and law[2] > faster.get(size, (0.0, 0.0, 0.0))[2]:
+            faster[size] = law
     lines: list[Line] = []
-    for index, (kind, key, stream, size) in enumerate((k, key, st, s) for k, key, s, st in events):
+    for index, (kind, key, size, stream) in enumerate(events):
         if kind == FREE:
-            lines.append((kind, key, stream, 0.0, 0.0))
-        elif index in paired:
-            per_sample = (paired[index] - size) / (failed_batch - batch)
-            lines.append((kind, key, stream, paired[index] - per_sample * failed_batch, per_sample))
+            lines.append((kind, key, stream, 0.0, 0.0, 1.0))
+        elif index in laws:
+            lines.append((kind, key, stream, *laws[index]))
         elif key in fixed:
-            lines.append((kind, key, stream, float(size), 0.0))
+            lines.append((kind, key, stream, float(size), 0.0, 1.0))
+        elif size in faster:
+            lines.append((kind, key, stream, *faster[size]))
         else:
-            lines.append((kind, key, stream, 0.0, size / batch))
+            lines.append((kind, key, stream, 0.0, size / batch, 1.0))
     temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed and i not in paired]
     return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
 
@@ -192,8 +202,8 @@ def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_bat
     fails whatever the allocator does), then by replays."""
     kept = list(lines)
     for index in unknown:
-        kind, key, stream, fixed, per_sample = lines[index]
-        kept[index] = (kind, key, stream, fixed + per_sample * measured_batch, 0.0)
+        kind, key, stream, fixed, per_sample, exponent = lines[index]
+        kept[index] = (kind, key, stream, fixed + per_sample * measured_batch ** exponent, 0.0, 1.0)
 
     held = sum(size for segment in start for size, used in segment.blocks if used)
     variants = [lines, kept] if unknown else [lines]
@@ -238,7 +248,9 @@ def allocated_limit(lines: Sequence[Line], start_bytes: int, cap_bytes: int) -> 
     fixed_now = per_sample_now = 0.0
     limit = math.inf
     room = cap_bytes - start_bytes
-    for kind, key, _, fixed, per_sample in lines:
+    for kind, key, _, fixed, per_sample, exponent in lines:
+        if exponent != 1.0:
+            fixed, per_sample = 0.0, 0.0  # faster than the batch: left out, the bound stays one
         if kind == FREE:
             gone = live.pop(key, None)
             if gone is not None:

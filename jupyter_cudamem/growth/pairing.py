@@ -128,17 +128,29 @@ def _one_tensor(low: int, high: int, ratio: float) -> bool:
     A tensor that does not depend on the batch has the same shape, so exactly the same bytes. One that
     does is batch-major: the batch multiplies its bytes, and a fixed part (concatenated batch-independent
     data) is the smaller share; so at the smaller batch at least half its bytes are the per-sample part,
-    and the sizes grow by between (1 + ratio) / 2 and ratio times (512 bytes of slack for rounding).
-    Sizes nearly equal but not equal are two different tensors that the kinds' subsequence paired by
-    position (a layer later, half the spatial size and twice the batch), whose line would say memory
-    hardly grows with the batch.
+    and the sizes grow by between (1 + ratio) / 2 and ratio times (512 bytes of slack for rounding); or
+    by the square or the cube of the ratio, where every sample meets every other (a contrastive loss's
+    batch x batch logits: its line is then a power of the batch, ``law_through``). Sizes nearly equal but
+    not equal are two different tensors that the kinds' subsequence paired by position (a layer later,
+    half the spatial size and twice the batch), whose line would say memory hardly grows with the batch;
+    so are sizes that grew faster than the batch but by no power of it (a loop's 8 MiB pass against the
+    48 MiB join after it).
     """
-    return low == high or (1 + ratio) / 2 * low - MIN_BLOCK_BYTES <= high <= ratio * low + MIN_BLOCK_BYTES
+    if low == high or (1 + ratio) / 2 * low - MIN_BLOCK_BYTES <= high <= ratio * low + MIN_BLOCK_BYTES:
+        return True
+    return any(abs(high - low * ratio ** power) <= POWER_TOLERANCE * high + MIN_BLOCK_BYTES for power in (2, 3))
 
 
-Line = tuple[EventKind, int, int, float, float]
-"""An event as ``(kind, key, stream, fixed_bytes, bytes_per_sample)``: its request at batch ``b`` is
-``fixed_bytes + bytes_per_sample * b``."""
+POWER_TOLERANCE = 0.01
+"""How far from the square (or the cube) of the ratio of the batches a request's growth may be to be taken
+as one tensor of every sample against every other: such a tensor's bytes are that power exactly (a
+request is its shape's bytes), and 1% leaves room for a small fixed part beside it."""
+
+
+Line = tuple[EventKind, int, int, float, float, float]
+"""An event as ``(kind, key, stream, fixed_bytes, bytes_per_sample, exponent)``: its request at batch ``b``
+is ``fixed_bytes + bytes_per_sample * b ** exponent``. The exponent is 1 but for a request two runs show
+growing faster than the batch (``fitting.fitting_from_one_and_failure``)."""
 
 
 class GrowthLines(NamedTuple):
@@ -168,17 +180,16 @@ def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Even
     matched = total = 0
     for (kind, key, size, stream), index in zip(second, partner):
         if kind == FREE:
-            lines.append((kind, key, stream, 0.0, 0.0))
+            lines.append((kind, key, stream, 0.0, 0.0, 1.0))
             continue
         total += size
         if index is None:
             if size > 0:
                 unpaired.append(len(lines))
-            lines.append((kind, key, stream, 0.0, size / batch_second))
+            lines.append((kind, key, stream, 0.0, size / batch_second, 1.0))
         else:
             matched += size
-            per_sample = (size - first[index][2]) / (batch_second - batch_first)
-            lines.append((kind, key, stream, size - per_sample * batch_second, per_sample))
+            lines.append((kind, key, stream, *law_through(first[index][2], batch_first, size, batch_second)))
     return GrowthLines(lines, matched / total if total else 1.0, tuple(unpaired))
 
 
@@ -210,9 +221,23 @@ def _same_size_left_over(first: Sequence[Event], second: Sequence[Event],
     return paired_now
 
 
+def law_through(size: int, batch: int, larger_size: int, larger_batch: int) -> tuple[float, float, float]:
+    """``(fixed_bytes, bytes_per_sample, exponent)`` of a request through its sizes at two batches: the
+    line through them, or, where it grew faster than the batch (a batch x batch matrix), the power of the
+    batch through them, which is exact for such a tensor and, for a sum of powers of the batch, above it
+    between the two (the line through them would be above it by up to the ratio of the batches)."""
+    ratio = larger_batch / batch
+    if size > 0 and larger_size > ratio * size + MIN_BLOCK_BYTES:
+        exponent = math.log(larger_size / size) / math.log(ratio)
+        return 0.0, size / batch ** exponent, exponent
+    per_sample = (larger_size - size) / (larger_batch - batch)
+    return larger_size - per_sample * larger_batch, per_sample, 1.0
+
+
 def events_at(lines: Sequence[Line], batch: float) -> list[Event]:
     """The events at ``batch`` (a fraction of a sample too: a margin is taken on the per-sample part):
     each request on its line, rounded up to whole bytes, never below zero (the allocator rounds it
     further)."""
-    return [(kind, key, max(0, math.ceil(fixed + per_sample * batch)) if kind != FREE else 0, stream)
-            for kind, key, stream, fixed, per_sample in lines]
+    return [(kind, key, max(0, math.ceil(fixed + per_sample * (batch if exponent == 1.0 else batch ** exponent)))
+             if kind != FREE else 0, stream)
+            for kind, key, stream, fixed, per_sample, exponent in lines]

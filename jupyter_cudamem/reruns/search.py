@@ -226,7 +226,7 @@ class BatchSearch(Tries):
             if low:  # a try fitted but its peak was not measured
                 return self._bounded((low + high) // 2, low, high, "bisection (no peak measured)", None)
             return self._probe(high)
-        if self._contradictions >= 2:
+        if self._contradictions >= 2 and self.paired_failure() is None:
             return self._bounded((low + high) // 2, low, high, "bisection (the line was contradicted twice)", None)
         predicted, how = self._predicted(growth)
         predicted = min(predicted, high - 1)
@@ -335,13 +335,30 @@ class BatchSearch(Tries):
             else:
                 how = (f"line through measured peaks: {growth.fixed_bytes / MiB:.0f} MiB fixed + "
                        f"{growth.per_sample_bytes / MiB:.3f} MiB per sample")
-            slowest = lowest_slope(self._fitted_points(), self._failed_points())
-            if slowest > 0:
-                # No batch needing more than the budget by the least growth the failures show.
-                anchor_batch, anchor_peak = growth.anchor
-                bound = int(math.floor(anchor_batch + (self.usable_bytes - anchor_peak) / slowest))
-                predicted = min(predicted, bound)
+        bound = self._failures_bound(growth) if not self._chosen_by_replay or self._replay_fits_a_failure() else None
+        if bound is not None and bound < predicted:
+            predicted = bound
+            if self._chosen_by_replay:
+                how += f"; the least growth the failures show reaches the budget at {bound}"
         return predicted, how
+
+    def _replay_fits_a_failure(self) -> bool:
+        """Whether the replay, with no margin, fits the smallest batch that failed: it missed what grows."""
+        exact = self.replayed(0.0)
+        return exact is not None and exact.fits(self.smallest_failed)
+
+    def _failures_bound(self, growth: Growth) -> int | None:
+        """No batch needing more than the budget by the least growth the failures show: from what fitted to
+        what a failure needed at least (``growth.lowest_slope``). The replay is bounded so too: a one-run
+        replay from a small probe takes every request as proportional to the batch, and a tensor of every
+        sample against every other (a contrastive loss's logits) is a sliver of the probe's peak and most
+        of the failure's (on an H100, ``tests/gpu/test_oomfix_contrastive_gpu.py``: the replay of a probe
+        at 223 put the next try at 32,507 where 10,836 fits)."""
+        slowest = lowest_slope(self._fitted_points(), self._failed_points())
+        if slowest <= 0:
+            return None
+        anchor_batch, anchor_peak = growth.anchor
+        return int(math.floor(anchor_batch + (self.usable_bytes - anchor_peak) / slowest))
 
     def _probe(self, high: int) -> tuple[int, str, float | None] | None:
         failed_tries = sum(1 for a in self.attempts if not a.fitted)

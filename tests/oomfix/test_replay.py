@@ -103,7 +103,7 @@ def test_an_extra_request_in_one_run_is_taken_as_proportional_to_the_batch():
     lines, share, unpaired = growth_lines(first, 10, second, 20)
     assert unpaired == (1,)
     assert share == 6 / 8
-    assert lines[1][3:] == (0.0, 2 * MiB)
+    assert lines[1][3:] == (0.0, 2 * MiB, 1.0)
     assert largest_fitting_batch(first, 10, second, 20, [], 800 * MiB) == 100
 
 
@@ -123,7 +123,7 @@ def test_a_join_after_a_loop_whose_passes_change_with_the_batch_is_batch_indepen
     # its size, left over once in each run, is the same tensor at both chunk sizes, not one that grows.
     lines, share, unpaired = growth_lines(chunked(12, 1), 1, chunked(12, 2), 2)
     assert unpaired == ()
-    assert share == 1.0 and lines[-1][3:] == (48 * MiB, 0.0)
+    assert share == 1.0 and lines[-1][3:] == (48 * MiB, 0.0, 1.0)
     # The largest chunk is where 8 MiB a row of work reaches the cap (the join, 48 MiB, comes after it).
     assert largest_fitting_batch(chunked(12, 1), 1, chunked(12, 2), 2, [], 96 * MiB) == 12
     assert largest_fitting_batch(chunked(120, 1), 1, chunked(120, 2), 2, [], 600 * MiB) == 75
@@ -131,7 +131,7 @@ def test_a_join_after_a_loop_whose_passes_change_with_the_batch_is_batch_indepen
     # the other run made one, one pairs, the other stays proportional (the conservative guess).
     twice = chunked(12, 2) + [("alloc", 99, 48 * MiB, 0)]
     joins = [line[3:] for line in growth_lines(chunked(12, 1), 1, twice, 2).lines if line[0] == "alloc" and line[3] + line[4] * 2 == 48 * MiB]
-    assert sorted(joins) == [(0.0, 24 * MiB), (48 * MiB, 0.0)]
+    assert sorted(joins) == [(0.0, 24 * MiB, 1.0), (48 * MiB, 0.0, 1.0)]
 
 
 def test_a_trace_becomes_events_keyed_by_allocation_and_freed_when_completed():

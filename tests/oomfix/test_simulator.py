@@ -20,7 +20,7 @@ above the largest batch that fits without the jitter), 17 below it. A change tha
 
 import statistics
 
-from tests.oomfix import world
+from tests.oomfix import superlinear, world
 
 MODELS = 10_000
 
@@ -47,3 +47,15 @@ def test_without_the_allocator_history_the_line_decides_within_three_reruns():
     cases = world.cases(300, seed=11, recorded=False)
     assert all(case.reruns <= 3 and case.found >= 1 for case in cases)
     assert statistics.median(case.found / case.largest for case in cases) >= 0.70
+
+
+def test_where_memory_grows_with_the_square_of_the_batch_the_search_follows_it():
+    # Contrastive losses, attention across the batch (tests/oomfix/superlinear.py): measured on these 2,000,
+    # all meet the goal and one ends below halving (two samples below the largest batch, where halving
+    # landed on it); before a failed try's requests were replayed and a request growing with a power of the
+    # batch was put on that power, 136 met it and 1,738 ended below halving (a median of 0.24 of the largest).
+    cases = superlinear.cases(2_000, seed=5)
+    assert all(case.reruns <= 3 for case in cases)
+    assert sum(case.met_goal for case in cases) >= 1_995
+    assert sum(case.worse_than_halving for case in cases) <= 2
+    assert statistics.median(case.found / case.largest for case in cases) >= 0.97

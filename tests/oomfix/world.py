@@ -238,13 +238,13 @@ def largest_fitting(step: Step, limit: int = 10**7) -> int:
     one that fits fits: below the bound the allocated bytes set, the replay steps down and bisects."""
     fixed_at = {event[1]: event[2] for event in step.events(0, False, None)[0] if event[0] != "free"}
     grown = step.events(limit, False, None)[0]
-    lines: list[Line] = [(kind, key, stream, 0.0, 0.0) if kind == "free" else
-                         (kind, key, stream, float(fixed_at[key]), (size - fixed_at[key]) / limit)
+    lines: list[Line] = [(kind, key, stream, 0.0, 0.0, 1.0) if kind == "free" else
+                         (kind, key, stream, float(fixed_at[key]), (size - fixed_at[key]) / limit, 1.0)
                          for kind, key, size, stream in grown]
     held = _allocated(start_segments(step.held_at_start(False)))
     # Sizes are truncated to whole bytes: a sample's share of one byte per tensor keeps the bound above.
     slack = len(lines) / limit
-    bound = allocated_limit([(k, key, st, f - 1, p - slack) for k, key, st, f, p in lines], held, step.cap_bytes)
+    bound = allocated_limit([(k, key, st, f - 1, p - slack, e) for k, key, st, f, p, e in lines], held, step.cap_bytes)
     high = min(limit, math.floor(bound)) if bound < math.inf else limit
     return largest_below(lambda batch: run(step, batch, False, None).fitted, high)
 
