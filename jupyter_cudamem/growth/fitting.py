@@ -133,7 +133,11 @@ def fitting_from_one_and_failure(events: Sequence[Event], batch: int, failed: Se
     of larger blocks is not a bound in the allocator, where they land in other segments and leave other
     fragments. A failed try's own requests say which those are. In the project's simulator
     (``tests/oomfix/world.py``), a fine-tune at batch 2 whose 11 MiB masks the one-run replay scaled to
-    222 MiB at 39 said 39 fits where 35 and above fail in the fragments their real size leaves."""
+    222 MiB at 39 said 39 fits where 35 and above fail in the fragments their real size leaves.
+
+    A request that grew with the square or cube of the batch (``pairing.law_through``) is on that power,
+    and a request after the failure of the size such a one had in the fitted run is taken as its kin (a
+    softmax of the logits, their gradient), which one run would scale with the batch alone."""
     if batch <= 0 or failed_batch <= batch or not any(kind != FREE for kind, *_ in events):
         return None
     # Up to the request that raised (what the run gave back while the error unwound pairs with nothing).

@@ -31,7 +31,7 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
     for low, high, length in _common_runs(kinds_first, kinds_second, first, second, ratio):
         for offset in range(length):
             a, b = first[low + offset], second[high + offset]
-            if a[0] != FREE and a[3] == b[3] and _one_tensor(a[2], b[2], ratio):
+            if a[0] != FREE and a[3] == b[3] and _one_tensor(a[2], b[2], ratio, (batch_first, batch_second)):
                 partner[high + offset] = low + offset
     return partner
 
@@ -122,29 +122,39 @@ def _walked_runs(first: Sequence[Event], second: Sequence[Event], ratio: float) 
     return runs
 
 
-def _one_tensor(low: int, high: int, ratio: float) -> bool:
+def _one_tensor(low: int, high: int, ratio: float, powers_at: tuple[int, int] | None = None) -> bool:
     """Whether ``low`` and ``high`` requested bytes at two batches (``ratio`` apart) can be one tensor.
 
     A tensor that does not depend on the batch has the same shape, so exactly the same bytes. One that
     does is batch-major: the batch multiplies its bytes, and a fixed part (concatenated batch-independent
     data) is the smaller share; so at the smaller batch at least half its bytes are the per-sample part,
-    and the sizes grow by between (1 + ratio) / 2 and ratio times (512 bytes of slack for rounding); or
-    by the square or the cube of the ratio, where every sample meets every other (a contrastive loss's
-    batch x batch logits: its line is then a power of the batch, ``law_through``). Sizes nearly equal but
-    not equal are two different tensors that the kinds' subsequence paired by position (a layer later,
-    half the spatial size and twice the batch), whose line would say memory hardly grows with the batch;
-    so are sizes that grew faster than the batch but by no power of it (a loop's 8 MiB pass against the
-    48 MiB join after it).
+    and the sizes grow by between (1 + ratio) / 2 and ratio times (512 bytes of slack for rounding). Sizes
+    nearly equal but not equal are two different tensors that the kinds' subsequence paired by position (a
+    layer later, half the spatial size and twice the batch), whose line would say memory hardly grows with
+    the batch.
+
+    With ``powers_at`` (the two batches), sizes that are the same whole multiple of the square or the cube
+    of their batch are one tensor too, of every sample against every other (a contrastive loss's batch x
+    batch logits: its line is then a power of the batch, ``law_through``; ``power_of_the_batch``).
     """
     if low == high or (1 + ratio) / 2 * low - MIN_BLOCK_BYTES <= high <= ratio * low + MIN_BLOCK_BYTES:
         return True
-    return any(abs(high - low * ratio ** power) <= POWER_TOLERANCE * high + MIN_BLOCK_BYTES for power in (2, 3))
+    return powers_at is not None and power_of_the_batch(low, *powers_at, high) is not None
 
 
-POWER_TOLERANCE = 0.01
-"""How far from the square (or the cube) of the ratio of the batches a request's growth may be to be taken
-as one tensor of every sample against every other: such a tensor's bytes are that power exactly (a
-request is its shape's bytes), and 1% leaves room for a small fixed part beside it."""
+def power_of_the_batch(size: int, batch: int, larger_batch: int, larger_size: int) -> int | None:
+    """The power of the batch (2 or 3) of which ``size`` at ``batch`` and ``larger_size`` at ``larger_batch``
+    are the same whole multiple (``None``: neither). A tensor of every sample against every other requests
+    exactly its shape's bytes, a whole number per power of the batch, the same at both. Sizes that only
+    grew about that much are two tensors the kinds' subsequence paired by position: between two runs at
+    batches twice apart, a bottleneck's fourfold channels grow by about the cube of the ratio (on the
+    H100's recorded traces, ``benchmarks/replay.py --validate``, a ResNet-50's replay from two runs fell
+    from 1.00 to 0.89 of the largest batch when growth within 1% of a power was taken for one)."""
+    for power in (2, 3):
+        low, high = batch ** power, larger_batch ** power
+        if size % low == 0 and larger_size % high == 0 and size // low == larger_size // high > 0:
+            return power
+    return None
 
 
 Line = tuple[EventKind, int, int, float, float, float]

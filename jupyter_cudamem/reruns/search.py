@@ -97,6 +97,16 @@ and 53 to 43 and 40. Where it does not fail there, what made the try fail is not
 cap is lowered by what PyTorch held but could not use then, and the next try is at least 10% below the
 failure.
 
+**Memory that grows faster than the batch.** A tensor of every sample against every other (a
+contrastive loss's batch x batch logits, their softmax and gradient) is a sliver of a small probe's peak
+and most of the peak near the largest batch: one run's replay, scaling every request with the batch,
+puts the next try near the failed batch. Two sizes of a request that are the same whole multiple of the
+square (or cube) of their batches put it on that power (``growth.pairing.law_through``), and where a
+replay fits a batch that failed, the next try is also bounded by the least growth the failures show, as
+the line's is. In the project's simulated world of such steps (``tests/oomfix/superlinear.py``) every
+one of 10,000 meets the goal; on an H100, an InfoNCE step capped at 2 GiB went from ending on its probe
+(223, where 10,836 fits) to 10,510 (``tests/gpu/test_oomfix_contrastive_gpu.py``).
+
 The line is fitted on allocated peaks, not reserved ones: under a cap cuDNN asks for its largest
 convolution workspace first and settles for less when refused, so a CNN's reserved peak reached a
 6 GiB cap at a batch that needed 3 GiB allocated (the project's ``benchmarks/oomfix.py``, H100).

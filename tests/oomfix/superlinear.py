@@ -31,19 +31,20 @@ CAPS_GIB = (2, 4, 8, 16, 24, 40, 80)
 @dataclass(frozen=True)
 class Step:
     """Bytes: ``fixed`` held through the run, ``per_sample`` of each batch-major tensor, ``square`` of each
-    batch x batch one (per sample squared)."""
+    batch x batch one (per sample squared: a whole number, the bytes of its element times its other
+    dimensions)."""
 
     cap_bytes: int
     fixed: int
     per_sample: tuple[float, ...]
-    square: tuple[float, ...]
+    square: tuple[int, ...]
 
     def events(self, batch: int) -> list[Event]:
         """The batch-major tensors, then the batch x batch ones (logits, softmax, gradient: each made
         while the last lives), all freed at the end."""
         events: list[Event] = [("alloc", 100, self.fixed, 0)] if self.fixed else []
         events += [("alloc", i, max(int(size * batch), 1), 0) for i, size in enumerate(self.per_sample)]
-        events += [("alloc", 10 + j, max(int(size * batch * batch), 1), 0) for j, size in enumerate(self.square)]
+        events += [("alloc", 10 + j, size * batch * batch, 0) for j, size in enumerate(self.square)]
         events += [("free", 10 + j, 0, 0) for j in range(len(self.square))]
         events += [("free", i, 0, 0) for i in range(len(self.per_sample))]
         return events
@@ -102,7 +103,7 @@ def draw(rng: random.Random) -> tuple[Step, int, int] | None:
     squares = rng.randint(1, 3)
     weights = [rng.random() for _ in range(rng.randint(1, 4))]
     step = Step(cap, fixed, tuple((1 - square_share) * room / target * w / sum(weights) for w in weights),
-                tuple(square_share * room / (squares * target * target) for _ in range(squares)))
+                tuple(max(2, 2 * round(square_share * room / (squares * target * target) / 2)) for _ in range(squares)))
     found = largest(step.fits)
     if found < 1:
         return None

@@ -1,7 +1,9 @@
 """The caching-allocator replay: rounding, pools, splitting, the cap's refusal, traces, and the batch search."""
 
+import pytest
+
 from jupyter_cudamem.growth.fitting import fitting, fitting_from_one, fitting_from_one_and_failure, largest_fitting_batch
-from jupyter_cudamem.growth.pairing import growth_lines
+from jupyter_cudamem.growth.pairing import growth_lines, law_through, power_of_the_batch
 from jupyter_cudamem.growth.replay import (StartSegment, block_bytes, events_from_trace, held_elsewhere, read_trace,
                                            replay, segment_bytes)
 
@@ -236,3 +238,29 @@ def test_a_failed_runs_requests_up_to_its_failure_tell_the_fixed_from_the_growin
 def test_no_pairing_with_a_failure_at_or_below_the_run_that_fitted():
     assert fitting_from_one_and_failure(masked(40), 40, masked(40), 40, (), 600 * MiB) is None
     assert fitting_from_one_and_failure(masked(40), 40, masked(20), 20, (), 600 * MiB) is None
+
+
+def test_a_batch_by_batch_tensor_is_paired_on_its_power_of_the_batch():
+    # A contrastive loss's logits, float32: 4 bytes per pair of samples, at 223 and 16,254.
+    assert power_of_the_batch(4 * 223**2, 223, 16_254, 4 * 16_254**2) == 2
+    assert law_through(4 * 223**2, 223, 4 * 16_254**2, 16_254) == pytest.approx((0.0, 4.0, 2.0))
+    # On the H100's recorded ResNet-50 runs at 223 and 447, a bottleneck's fourfold channels grow by 8.02, about
+    # the cube of the ratio: not a whole multiple of either power, two tensors paired by position.
+    assert power_of_the_batch(16_441_344, 223, 447, 131_825_664) is None
+    assert power_of_the_batch(512, 223, 447, 2048) is None
+
+
+def test_logits_after_a_failure_are_replayed_on_the_square_of_the_batch():
+    # Batch-major tensors of 4 KiB a sample, then a batch x batch matrix of logits and its softmax.
+    def step(batch: int) -> list:
+        return [("alloc", 0, 4096 * batch, 0), ("alloc", 1, 4 * batch * batch, 0), ("alloc", 2, 4 * batch * batch, 0),
+                ("free", 2, 0, 0), ("free", 1, 0, 0), ("free", 0, 0, 0)]
+
+    cap = 2 * 1024 * MiB
+    truth = max(b for b in range(1000, 30_000, 50) if replay(step(b), (), cap).fits)
+    failed = replay(step(40_000), (), cap)
+    assert not failed.fits and failed.failed_at == 1  # the logits raised; the softmax was never asked for
+    paired = fitting_from_one_and_failure(step(200), 200, step(40_000)[:2], 40_000, (), cap)
+    assert paired is not None and truth - 50 <= paired.largest(39_999) <= truth + 50
+    one = fitting_from_one(step(200), 200, (), cap)
+    assert one is not None and one.largest(39_999) > 2 * truth  # one run scales the logits with the batch

@@ -51,11 +51,11 @@ def test_without_the_allocator_history_the_line_decides_within_three_reruns():
 
 def test_where_memory_grows_with_the_square_of_the_batch_the_search_follows_it():
     # Contrastive losses, attention across the batch (tests/oomfix/superlinear.py): measured on these 2,000,
-    # all meet the goal and one ends below halving (two samples below the largest batch, where halving
-    # landed on it); before a failed try's requests were replayed and a request growing with a power of the
-    # batch was put on that power, 136 met it and 1,738 ended below halving (a median of 0.24 of the largest).
+    # all meet the goal and two end below halving (within 3% of the largest batch, where halving landed on
+    # or next to it); before a failed try's requests were replayed and a request growing with a power of the
+    # batch was put on that power, 134 met it and 1,736 ended below halving (a median of 0.24 of the largest).
     cases = superlinear.cases(2_000, seed=5)
     assert all(case.reruns <= 3 for case in cases)
     assert sum(case.met_goal for case in cases) >= 1_995
-    assert sum(case.worse_than_halving for case in cases) <= 2
+    assert sum(case.worse_than_halving for case in cases) <= 3
     assert statistics.median(case.found / case.largest for case in cases) >= 0.97
