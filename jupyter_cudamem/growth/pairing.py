@@ -233,9 +233,10 @@ def _same_size_left_over(first: Sequence[Event], second: Sequence[Event],
 
 def law_through(size: int, batch: int, larger_size: int, larger_batch: int) -> tuple[float, float, float]:
     """``(fixed_bytes, bytes_per_sample, exponent)`` of a request through its sizes at two batches: the
-    line through them, or, where it grew faster than the batch (a batch x batch matrix), the power of the
-    batch through them, which is exact for such a tensor and, for a sum of powers of the batch, above it
-    between the two (the line through them would be above it by up to the ratio of the batches)."""
+    line through them, or, where it grew faster than the batch (a batch x batch matrix, paired by
+    ``power_of_the_batch``), the power of the batch through them, exact for such a tensor (the line
+    through them would put it above its size between the two by up to the ratio of the batches, and below
+    it beyond)."""
     ratio = larger_batch / batch
     if size > 0 and larger_size > ratio * size + MIN_BLOCK_BYTES:
         exponent = math.log(larger_size / size) / math.log(ratio)

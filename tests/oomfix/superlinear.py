@@ -23,6 +23,7 @@ from jupyter_cudamem.growth.replay import Event, replay
 from jupyter_cudamem.reruns.recording import RecordedRun
 from jupyter_cudamem.reruns.search import BatchSearch
 from jupyter_cudamem.reruns.tries import Observation
+from tests.oomfix.world import draws, met_goal
 
 GiB = 2**30
 CAPS_GIB = (2, 4, 8, 16, 24, 40, 80)
@@ -86,8 +87,7 @@ class Case:
 
     @property
     def met_goal(self) -> bool:
-        bar = self.largest - 1 if self.largest <= 10 else 0.90 * self.largest
-        return self.found >= bar and self.reruns <= 3
+        return met_goal(self.found, self.largest, self.reruns)
 
     @property
     def worse_than_halving(self) -> bool:
@@ -114,13 +114,8 @@ def draw(rng: random.Random) -> tuple[Step, int, int] | None:
 
 
 def cases(count: int, seed: int) -> list[Case]:
-    rng = random.Random(seed)
     out: list[Case] = []
-    while len(out) < count:
-        drawn = draw(rng)
-        if drawn is None:
-            continue
-        step, start, truth = drawn
+    for step, start, truth in draws(draw, count, seed):
         failed = step.observe(start)
         search = BatchSearch(start, step.cap_bytes, need_bytes=failed.need_bytes)
         while True:

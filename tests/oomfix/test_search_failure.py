@@ -44,14 +44,20 @@ def test_without_them_the_last_try_fails_too_and_the_search_ends_on_the_probe():
     assert found == search.attempts[0].batch < 0.5 * world.largest_fitting(STEP)
 
 
-def test_a_failure_the_replay_of_its_own_requests_fits_is_not_trusted():
-    # The try failed (memory outside PyTorch, a workspace drawn larger) where its own requests, replayed,
-    # fit: the replay does not see what made it fail, so the search does not take it for a bound.
+def probed() -> BatchSearch:
+    """A search of ``test_search_replay``'s cell under 6 GiB from a failure at 4,000, its probe fitted."""
     search = BatchSearch(4000, 6 * world.GiB, need_bytes=5 * 4000 * world.MiB)
     search.set_allocator((), 6 * world.GiB)
     probe = search.next()
     assert probe is not None
     search.record(probe, observe(probe))
+    return search
+
+
+def test_a_failure_the_replay_of_its_own_requests_fits_is_not_trusted():
+    # The try failed (memory outside PyTorch, a workspace drawn larger) where its own requests, replayed,
+    # fit: the replay does not see what made it fail, so the search does not take it for a bound.
+    search = probed()
     failed_batch = search.next()
     assert failed_batch is not None
     as_recorded = RecordedRun((), tuple(events(failed_batch)))  # every request, and all of them fit
@@ -62,11 +68,7 @@ def test_a_failure_the_replay_of_its_own_requests_fits_is_not_trusted():
 
 
 def test_a_failure_whose_requests_replay_to_it_is_paired():
-    search = BatchSearch(4000, 6 * world.GiB, need_bytes=5 * 4000 * world.MiB)
-    search.set_allocator((), 6 * world.GiB)
-    probe = search.next()
-    assert probe is not None
-    search.record(probe, observe(probe))
+    search = probed()
     too_big = 2000
     failing = replay(events(too_big), (), 6 * world.GiB)
     assert not failing.fits and failing.failed_at is not None

@@ -34,7 +34,9 @@ import functools
 import math
 import os
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from jupyter_cudamem.growth import FixedMemory
 from jupyter_cudamem.growth.fitting import allocated_limit, largest_below
@@ -46,6 +48,7 @@ from jupyter_cudamem.reruns.tries import Observation
 
 MiB = 2**20
 GiB = 2**30
+T = TypeVar("T")
 CAPS_GIB = (4, 6, 8, 12, 16, 24, 40, 48, 80)
 
 
@@ -259,6 +262,12 @@ def halving(step: Step, start: int, seed: int) -> int:
     return batch
 
 
+def met_goal(found: int, largest: int, reruns: int) -> bool:
+    """The issue's goal for one search: within one sample of the largest batch where it is 10 or less,
+    else 0.90 of it, in at most 3 reruns."""
+    return found >= (largest - 1 if largest <= 10 else 0.90 * largest) and reruns <= 3
+
+
 @dataclass(frozen=True)
 class Case:
     step: Step
@@ -270,8 +279,7 @@ class Case:
 
     @property
     def met_goal(self) -> bool:
-        bar = self.largest - 1 if self.largest <= 10 else 0.90 * self.largest
-        return self.found >= bar and self.reruns <= 3
+        return met_goal(self.found, self.largest, self.reruns)
 
     @property
     def worse_than_halving(self) -> bool:
@@ -384,14 +392,20 @@ def draw(rng: random.Random) -> tuple[Step, int, int] | None:
     return step, start, largest
 
 
-def cases(count: int, seed: int, recorded: bool = True, restored: bool = True) -> list[Case]:
+def draws(drawer: Callable[[random.Random], T | None], count: int, seed: int) -> Iterator[T]:
+    """``count`` draws of ``drawer`` from one generator of ``seed``, drawing again where it gives ``None``."""
     rng = random.Random(seed)
+    made = 0
+    while made < count:
+        drawn = drawer(rng)
+        if drawn is not None:
+            made += 1
+            yield drawn
+
+
+def cases(count: int, seed: int, recorded: bool = True, restored: bool = True) -> list[Case]:
     out: list[Case] = []
-    while len(out) < count:
-        drawn = draw(rng)
-        if drawn is None:
-            continue
-        step, start, largest = drawn
+    for step, start, largest in draws(draw, count, seed):
         found, reruns, _ = search(step, start, seed=len(out), recorded=recorded, restored=restored)
         halved = halving(step, start, seed=len(out)) if found < largest else None
         out.append(Case(step, largest, start, found, reruns, halved))
