@@ -137,9 +137,13 @@ def _one_tensor(low: int, high: int, ratio: float, powers_at: tuple[int, int] | 
     of their batch are one tensor too, of every sample against every other (a contrastive loss's batch x
     batch logits: its line is then a power of the batch, ``law_through``; ``power_of_the_batch``).
     """
-    if low == high or (1 + ratio) / 2 * low - MIN_BLOCK_BYTES <= high <= ratio * low + MIN_BLOCK_BYTES:
-        return True
-    return powers_at is not None and power_of_the_batch(low, *powers_at, high) is not None
+    return _batch_major(low, high, ratio) or (powers_at is not None and power_of_the_batch(low, *powers_at, high) is not None)
+
+
+def _batch_major(low: int, high: int, ratio: float) -> bool:
+    """Whether ``low`` and ``high`` bytes at batches ``ratio`` apart are one tensor of fixed size or one
+    whose batch multiplies its bytes (``_one_tensor``)."""
+    return low == high or (1 + ratio) / 2 * low - MIN_BLOCK_BYTES <= high <= ratio * low + MIN_BLOCK_BYTES
 
 
 def power_of_the_batch(size: int, batch: int, larger_batch: int, larger_size: int) -> int | None:
@@ -233,14 +237,13 @@ def _same_size_left_over(first: Sequence[Event], second: Sequence[Event],
 
 def law_through(size: int, batch: int, larger_size: int, larger_batch: int) -> tuple[float, float, float]:
     """``(fixed_bytes, bytes_per_sample, exponent)`` of a request through its sizes at two batches: the
-    line through them, or, where it grew faster than the batch (a batch x batch matrix, paired by
-    ``power_of_the_batch``), the power of the batch through them, exact for such a tensor (the line
-    through them would put it above its size between the two by up to the ratio of the batches, and below
-    it beyond)."""
-    ratio = larger_batch / batch
-    if size > 0 and larger_size > ratio * size + MIN_BLOCK_BYTES:
-        exponent = math.log(larger_size / size) / math.log(ratio)
-        return 0.0, size / batch ** exponent, exponent
+    line through them, or, for a tensor of every sample against every other (``power_of_the_batch``), its
+    power of the batch, exact for it (the line through its two sizes would put it above them between the
+    two by up to the ratio of the batches, and below them beyond)."""
+    power = None if _batch_major(size, larger_size, larger_batch / batch) else \
+        power_of_the_batch(size, batch, larger_batch, larger_size)
+    if power is not None:
+        return 0.0, float(size // batch ** power), float(power)
     per_sample = (larger_size - size) / (larger_batch - batch)
     return larger_size - per_sample * larger_batch, per_sample, 1.0
 

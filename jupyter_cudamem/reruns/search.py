@@ -345,8 +345,9 @@ class BatchSearch(Tries):
             else:
                 how = (f"line through measured peaks: {growth.fixed_bytes / MiB:.0f} MiB fixed + "
                        f"{growth.per_sample_bytes / MiB:.3f} MiB per sample")
-        bound = self._failures_bound(growth) if not self._chosen_by_replay or self._replay_fits_a_failure() else None
-        if bound is not None and bound < predicted:
+        bound = self._failures_bound(growth)
+        # A replay is bounded so only where it fits a batch that failed (a replay, one more pass, asked last).
+        if bound is not None and bound < predicted and (not self._chosen_by_replay or self._replay_fits_a_failure()):
             predicted = bound
             if self._chosen_by_replay:
                 how += f"; the least growth the failures show reaches the budget at {bound}"

@@ -136,7 +136,8 @@ class Tries:
         if len(batches) == 1 or not all(runs[b].whole for b in batches[-2:]):
             # One run; or a window of a long run among the two, which begins elsewhere in the cell's loop
             # than the other's and cannot be paired with it request by request: the larger alone.
-            paired = self._with_failure(margin) if self.paired_failure() is not None else None
+            failure = self.paired_failure()
+            paired = self._with_failure(failure, margin) if failure is not None else None
             if paired is not None:
                 return paired
             run = runs[batches[-1]]
@@ -156,16 +157,16 @@ class Tries:
         known = (len(self.attempts), self._segments, self._reserved_limit)
         if self._paired_for is not None and self._paired_for[0] == known:
             return self._paired_for[1]
-        exact = self._with_failure(0.0)
         failure = self._failed_recording()
+        exact = self._with_failure(failure, 0.0) if failure is not None else None
         paired = failure if exact is not None and failure is not None and not exact.fits(failure.batch) else None
         self._paired_for = (known, paired)
         return paired
 
-    def _with_failure(self, margin: float) -> fitting.Fitting | None:
+    def _with_failure(self, failure: Attempt, margin: float) -> fitting.Fitting | None:
+        """The replay of the one recorded run that fitted with ``failure``'s requests up to the one that raised."""
         runs = self._recorded_fits()
-        failure = self._failed_recording()
-        if len(runs) != 1 or failure is None or failure.observation.recorded is None:
+        if len(runs) != 1 or failure.observation.recorded is None:
             return None
         (batch, run), = runs.items()
         if not run.whole or self._segments is None or self._reserved_limit is None:

@@ -19,6 +19,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from jupyter_cudamem.growth.fitting import largest_below
 from jupyter_cudamem.growth.replay import Event, replay
 from jupyter_cudamem.reruns.recording import RecordedRun
 from jupyter_cudamem.reruns.search import BatchSearch
@@ -66,15 +67,10 @@ class Step:
 
 def largest(fits: Callable[[int], bool]) -> int:
     """The largest batch that fits, where every smaller one does (0: none)."""
-    if not fits(1):
-        return 0
-    low, high = 1, 2
+    high = 1
     while fits(high):
-        low, high = high, 2 * high
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
+        high *= 2
+    return largest_below(fits, high - 1)
 
 
 @dataclass(frozen=True)
