@@ -12,7 +12,9 @@ The result: ``models``, ``met_goal`` and ``worse_than_halving`` (counts), the sa
 fitting batch <= 10, 11-64, 65-1000, > 1000; batch-independent share under or over half of the card)
 with the minimum and median of found/largest, the same without the allocator's history (the line
 alone, as on a torch that cannot record), and the same on steps whose memory grows with the square of
-the batch (``tests/oomfix/superlinear.py``: contrastive losses, attention across the batch).
+the batch (``tests/oomfix/superlinear.py``: contrastive losses, attention across the batch), and
+(``told``) how often searches told the answer (halving's own end, or the largest batch that fits) still end
+below halving, their runs drawing their workspaces as the search's do.
 """
 
 from __future__ import annotations
@@ -82,6 +84,21 @@ def superlinear_summary(cases: list[superlinear.Case]) -> dict:
     return {**stats(cases), "regimes": {name: stats(groups[name]) for name in sorted(groups)}}
 
 
+def told_summary(told: list[world.Told], searched: list[dict]) -> dict:
+    """How often searches told the answer end below halving on the same models (``world.told``): what
+    "none below halving" asks of a search that cannot see the workspace its next run draws."""
+    return {
+        "models": len(told),
+        "halving_above_largest": sum(t.halving > t.largest for t in told),
+        "told_halving_end_below_halving": sum(t.given_halving < t.halving for t in told),
+        "told_largest_below_halving": sum(t.given_largest < t.halving for t in told),
+        "search_below_halving": sum(c["worse_than_halving"] for c in searched),
+        "how": "told_halving_end: tries halving's own end up to three times; told_largest: tries the largest "
+               "batch that fits without the jitter between runs twice, then the largest that fits with the "
+               "largest workspace; each with the same jitter between runs as the search and halving",
+    }
+
+
 def run(models: int, recorded: bool) -> list[dict]:
     return [_row(case) for case in world.many_cases(models, SEED, recorded=recorded)]
 
@@ -102,6 +119,7 @@ def main() -> None:
         "models": len(replayed),
         **{key: value for key, value in summary(replayed).items()},
         "without_history": summary(line),
+        "told": told_summary(world.many_told(args.models, SEED), replayed),
         "superlinear": superlinear_summary(superlinear.cases(args.models, SEED)),
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -16,6 +16,10 @@ replay, whatever fitted below it, and before a weight-sized activation's gradien
 parameter's was kept growing with the batch), 23 of them within the goal (a start near a power of two times
 the largest batch lets halving land on or next to it; in 4 halving's run drew a smaller workspace and fitted
 above the largest batch that fits without the jitter), 17 below it. A change that loses ground fails here.
+
+"None below halving" cannot be held in this world by any search of three reruns: halving's last run can fit a
+batch that most workspace draws fail, and a search told where halving ends, trying it three times, still ends
+below it in some models (``test_even_a_search_told_where_halving_ends_can_end_below_it``).
 """
 
 import statistics
@@ -37,6 +41,20 @@ def test_the_search_holds_its_measured_ground_across_the_space():
     small = [case.found / case.largest for case in cases if 10 < case.largest <= 64]
     heavy = [case.found / case.largest for case in cases if case.fixed_share >= 0.5]
     assert statistics.median(small) >= 0.98 and statistics.median(heavy) >= 0.98
+
+
+def test_even_a_search_told_where_halving_ends_can_end_below_it():
+    # Why "none below halving" is not held above: a run's workspace is drawn anew (another algorithm), and
+    # the allocator is not monotone in it, so halving's last run can fit a batch that fails with most draws.
+    # A search told halving's own end, trying it up to three times, still ends below halving in some models
+    # (measured: 1 of these 2,000; 1 of 10,000 of seeds 2026 and 7); one told the largest batch that fits
+    # without the jitter (twice, then the largest that fits with the largest workspace) in more (5; 34 of
+    # 10,000 of either seed, where the search ends below halving in 43 and 40).
+    told = world.many_told(2_000, seed=7)
+    assert all(case.given_halving in (0, case.halving) for case in told)
+    assert all(case.given_largest <= case.largest for case in told)
+    below = [case for case in told if case.given_halving < case.halving]
+    assert below and all(case.halving > case.largest for case in below)
 
 
 def test_without_the_allocator_history_the_line_decides_within_three_reruns():

@@ -262,6 +262,55 @@ def halving(step: Step, start: int, seed: int) -> int:
     return batch
 
 
+class _WorstWorkspace:
+    """A run's jitter at its most: the largest workspace the library may pick."""
+
+    @staticmethod
+    def uniform(low: float, high: float) -> float:
+        return high
+
+
+def safe_largest(step: Step, upper: int) -> int:
+    """The largest batch up to ``upper`` that fits with the largest workspace a run may draw."""
+    return largest_below(lambda batch: run(step, batch, False, _WorstWorkspace()).fitted, upper)  # type: ignore[arg-type]
+
+
+def told(step: Step, batches: tuple[int, ...], seed: int) -> int:
+    """What a search told where to try ends on: it tries ``batches`` in turn (one larger than what fitted),
+    each run with the same jitter between runs as the search's and halving's, and ends on the largest that
+    fitted (0: none). It knows everything but the workspace the next run draws."""
+    rng = random.Random(seed)
+    best = 0
+    for batch in batches:
+        if batch > best and run(step, batch, False, rng).fitted:
+            best = batch
+    return best
+
+
+@dataclass(frozen=True)
+class Told:
+    """Halving's end in one model, and where searches told the answer end (``told``): told halving's own
+    end, tried up to three times (``given_halving``); told the largest batch that fits without the jitter
+    between runs, tried twice, and then the largest that fits with the largest workspace
+    (``given_largest``)."""
+
+    largest: int
+    halving: int
+    given_halving: int
+    given_largest: int
+
+
+def told_cases(count: int, seed: int) -> list[Told]:
+    out: list[Told] = []
+    for step, start, largest in draws(draw, count, seed):
+        seed_here = len(out)
+        halved = halving(step, start, seed=seed_here)
+        safe = safe_largest(step, largest)
+        out.append(Told(largest, halved, told(step, (halved,) * 3, seed_here),
+                        told(step, (largest, largest, safe), seed_here)))
+    return out
+
+
 def met_goal(found: int, largest: int, reruns: int) -> bool:
     """The issue's goal for one search: within one sample of the largest batch where it is 10 or less,
     else 0.90 of it, in at most 3 reruns."""
@@ -421,15 +470,29 @@ def _chunk(args: tuple[int, int, bool, bool]) -> list[Case]:
     return cases(*args)
 
 
+def _told_chunk(args: tuple[int, int, bool, bool]) -> list[Told]:
+    return told_cases(*args[:2])
+
+
 def many_cases(count: int, seed: int, recorded: bool = True, processes: int | None = None) -> list[Case]:
     """``count`` cases in ``CHUNKS`` chunks of seeds ``seed * 1000 + i``, drawn by ``processes`` processes
     (every core by default): the same cases on one core or many."""
+    return _in_chunks(_chunk, count, seed, recorded, processes)
+
+
+def many_told(count: int, seed: int, processes: int | None = None) -> list[Told]:
+    """``told_cases`` over the models ``many_cases`` draws for the same ``count`` and ``seed``."""
+    return _in_chunks(_told_chunk, count, seed, True, processes)
+
+
+def _in_chunks(job: Callable[[tuple[int, int, bool, bool]], list[T]], count: int, seed: int, recorded: bool,
+               processes: int | None) -> list[T]:
     from concurrent.futures import ProcessPoolExecutor
 
     sizes = [count // CHUNKS + (1 if i < count % CHUNKS else 0) for i in range(CHUNKS)]
     jobs = [(size, seed * 1000 + i, recorded, True) for i, size in enumerate(sizes) if size]
     workers = processes or os.cpu_count() or 1
     if workers == 1:
-        return [case for job in jobs for case in _chunk(job)]
+        return [item for args in jobs for item in job(args)]
     with ProcessPoolExecutor(min(workers, len(jobs))) as pool:
-        return [case for part in pool.map(_chunk, jobs) for case in part]
+        return [item for part in pool.map(job, jobs) for item in part]
