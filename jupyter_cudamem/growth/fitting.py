@@ -84,6 +84,14 @@ def fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], 
              start: Sequence[StartSegment], margin: float = 0.0) -> Callable[[int], Fitting] | None:
     """``fitting`` under any cap: the runs are paired once, and each cap (a card of a capacity plan) costs
     only its replays. ``None`` where ``fitting`` would be."""
+    under = paired_fittings(first, batch_first, second, batch_second, start)
+    return None if under is None else (lambda cap_bytes: under(cap_bytes, margin))
+
+
+def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
+                    start: Sequence[StartSegment]) -> Callable[[int, float], Fitting] | None:
+    """``fitting`` under any cap and margin, ``(cap_bytes, margin)``: the runs are paired once (a search
+    asks at several margins), each call costs only its replays. ``None`` where ``fitting`` would be."""
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
     if not any(kind != FREE for kind, *_ in first) or not any(kind != FREE for kind, *_ in second):
@@ -95,7 +103,7 @@ def fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], 
     # keeping it at its measured size would hold a batch's activations fixed (on an H100, a DataLoader
     # CNN's replay from batches 6 and 243 then put the largest at 281, where 360 fits).
     measured = max(batch_first, batch_second)
-    return lambda cap_bytes: Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin))
+    return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin))
 
 
 def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment], cap_bytes: int,

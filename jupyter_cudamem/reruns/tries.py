@@ -7,6 +7,7 @@ Pure arithmetic: no torch, no IPython. Sizes in bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..growth import FixedMemory, Growth, batch_independent_requests, fit, through_fixed
@@ -70,6 +71,9 @@ class Tries:
     _replay_cut_bytes: int = 0  # what a try the replay said fits showed it cannot use
     # ``paired_failure``'s answer, and for which tries, segments and cap
     _paired_for: tuple[tuple[object, ...], Attempt | None] | None = None
+    # The two recorded runs ``replayed`` last paired (and the segments they were read from), and the pairing:
+    # the search asks at several margins, and pairing long runs costs up to a second each time.
+    _paired_runs: tuple[tuple[object, ...], Callable[[int, float], fitting.Fitting] | None] | None = None
 
     def __post_init__(self) -> None:
         if self.failed_batch < 2:
@@ -145,8 +149,13 @@ class Tries:
                                            self._reserved_limit - self._replay_cut_bytes,
                                            batch_independent=self._one_run_fixed(run), margin=margin)
         low, high = batches[-2], batches[-1]
-        return fitting.fitting(runs[low].events_from(self._segments), low, runs[high].events_from(self._segments),
-                              high, self._segments, self._reserved_limit - self._replay_cut_bytes, margin=margin)
+        known = (runs[low], runs[high], self._segments)
+        if self._paired_runs is None or any(a is not b for a, b in zip(self._paired_runs[0], known)):
+            under = fitting.paired_fittings(runs[low].events_from(self._segments), low,
+                                            runs[high].events_from(self._segments), high, self._segments)
+            self._paired_runs = (known, under)
+        under = self._paired_runs[1]
+        return None if under is None else under(self._reserved_limit - self._replay_cut_bytes, margin)
 
     def paired_failure(self) -> Attempt | None:
         """The recorded try that failed at the smallest batch above the one recorded run that fitted, where

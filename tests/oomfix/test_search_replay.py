@@ -130,3 +130,30 @@ def test_on_the_last_rerun_halvings_batch_that_fits_with_no_margin_is_tried_afte
         search.record(batch, Observation(True, peak_bytes=batch * MiB, recorded=RecordedRun((), tuple(events(batch)))))
     assert search.next() == 200, search.reason
     assert "200, halving's, fits with no margin" in search.reason
+
+
+def test_two_recorded_runs_are_paired_once_for_every_margin_and_again_after_a_new_run(monkeypatch):
+    from jupyter_cudamem.growth import fitting
+
+    pairings = []
+    real = fitting.paired_fittings
+
+    def counted(*args):
+        pairings.append(args[1::2][:2])  # the two batches
+        return real(*args)
+
+    monkeypatch.setattr(fitting, "paired_fittings", counted)
+    search = BatchSearch(4000, CAP, need_bytes=2 * CAP)
+    search.set_allocator((), CAP)
+    search.record(10, observe(10))
+    search.record(40, observe(40))
+    margins = [search.replayed(margin).largest(3999) for margin in (0.0, 0.005, REPLAY_MARGIN)]
+    assert pairings == [(10, 40)]
+    assert margins[0] >= margins[1] >= margins[2] > 40  # each margin its own replays
+    search.record(80, observe(80))
+    search.replayed(0.0)
+    assert pairings == [(10, 40), (40, 80)]
+    held = (replay.StartSegment(1 << 40, False, ((20 * MiB, True),)),)
+    search.set_allocator(held, CAP)  # a try left a segment: the runs are read from there again
+    search.replayed(0.0)
+    assert pairings == [(10, 40), (40, 80), (40, 80)]
