@@ -21,6 +21,7 @@ from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..measure import Meter
 from ..oom import is_cuda_oom
+from ..reruns.graph_pools import GraphPools
 from ..reruns.model_state import Restorer, what_to_restore
 from ..reruns.recording import Recorder
 from ..reruns.set_aside import set_aside
@@ -134,11 +135,12 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
     # cell's fixed part).
     tensors_only = TorchMover(tensors_only=True)
     restorer = runs_restorer(cell, access, notes) if knob is not None else None
+    graph_pools = GraphPools(hardware.allocator.release_graph_pools)
     runner = Runner(Meter(hardware, reset_peak=True), run=access.run if restorer is None else restorer.run(access.run),
                     is_oom=is_cuda_oom,
                     release=hardware.allocator.empty_cache, quiet=access.quiet,
                     set_aside=lambda source: set_aside(access.namespace, source, tensors_only, access.transform),
-                    recorder=Recorder(hardware.allocator))
+                    recorder=Recorder(hardware.allocator), graph_pools=graph_pools)
     calibrate_at = None
     if options.calibrate:
         if knob is None:
@@ -154,6 +156,9 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
             restorer.finish(last_fitted=False)  # back to what the first run left: one plain run's state
     if restorer is not None:
         notes.extend(kept_as_one_run(restorer))
+    pools_note = graph_pools.note("run")
+    if pools_note is not None:
+        notes.append(pools_note)
     gc.collect()
 
     history_peak = None

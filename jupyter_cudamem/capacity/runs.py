@@ -44,6 +44,7 @@ from typing import Any, Protocol
 from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
 from ..reruns.bracket import bracket_largest
+from ..reruns.graph_pools import GraphPools
 from ..growth.replay import FREE, given_back_at_once
 from ..growth.through_points import Agreement, Line, faster_than_linear, fit, same
 from ..reruns.measured import run_measured
@@ -119,6 +120,7 @@ class Runner:
         quiet: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
         set_aside: Callable[[str], Any] | None = None,
         recorder: Recorder | None = None,
+        graph_pools: GraphPools | None = None,
     ):
         self.meter = meter
         self.run = run
@@ -131,6 +133,9 @@ class Runner:
         # Records the allocator's history of each run once the device is known (after the first run): the
         # plan replays the line's two runs under each card's cap (``plan.replayed_largest``).
         self.recorder = recorder
+        # Resets torch.compile's CUDA graph pools before each run once the device is known (``reruns.graph_pools``):
+        # each run starts as at that batch in a fresh process, not on the pools of the batches run before.
+        self.graph_pools = graph_pools
         self.measured = Measured()
 
     def once(self, label: str, source: str, batch: int | None, autocast: bool = False, last: bool = False) -> Run:
@@ -138,6 +143,9 @@ class Runner:
         aside = self.set_aside(source) if self.set_aside is not None else None
         gc.collect()
         self.release()
+        index = self.measured.torch_index
+        if self.graph_pools is not None and index is not None:
+            self.graph_pools.reset(index)
         returned: list[Any] = []
 
         def attempt() -> BaseException | None:
@@ -157,7 +165,6 @@ class Runner:
                 return error
             return None
 
-        index = self.measured.torch_index
         start = self.recorder.start(index) if self.recorder is not None and index is not None else None
         measured = run_measured(attempt, self.meter)
         oom = measured.error is not None

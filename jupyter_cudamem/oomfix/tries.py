@@ -16,11 +16,11 @@ from ..batch.libraries import is_module
 from ..hardware import Hardware
 from ..measure import Meter
 from ..oom import OomInfo, parse_oom
+from ..reruns.graph_pools import GraphPools
 from ..reruns.measured import run_measured
 from ..reruns.recording import Recorder
 from ..reruns.set_aside import Mover, SetAside, restore_bindings, set_aside
 from ..sources.torch_host import TorchMover
-from ..units import format_bytes
 from .outcome import FailureSite, TryResult
 from .strategies import Strategy
 
@@ -106,8 +106,7 @@ class FixTries:
 
     def __post_init__(self) -> None:
         self._kept_noted: set[str] = set()
-        self._graph_pools_freed = 0
-        self._graph_pools_note = ""
+        self.graph_pools = GraphPools(self.hardware.allocator.release_graph_pools)
         self.recorder = Recorder(self.hardware.allocator, windows=True)
 
     def allocated(self, device: int) -> int | None:
@@ -190,21 +189,16 @@ class FixTries:
 
     def release_graph_pools(self, device: int) -> None:
         """torch.compile's CUDA graph trees reset before a try where their pools hold memory
-        (``AllocatorSource.release_graph_pools``). On an H100, a reduce-overhead encoder's pool held
-        2.7 GiB of a 3 GiB cap after a try at 153 (none of it allocated, none returned by
-        ``empty_cache()``): the next try at 164 failed in the pool's fragments, and the next call of the
-        model failed an assertion of the trees (``tests/gpu/test_oomfix_compiled_gpu.py``)."""
-        freed = self.hardware.allocator.release_graph_pools(device)
-        if freed <= self._graph_pools_freed:
-            return
-        # One note, naming the most a reset freed (the pools grow with the batch a try recorded).
-        note = (f"torch.compile's CUDA graphs (mode=\"reduce-overhead\") held up to {format_bytes(freed)} in memory "
-                "pools no other allocation uses: reset (torch.compiler.reset()) before each rerun, which compiles again")
-        if self._graph_pools_freed:
-            self.notes[self.notes.index(self._graph_pools_note)] = note
-        else:
-            self.notes.append(note)
-        self._graph_pools_freed, self._graph_pools_note = freed, note
+        (``reruns.graph_pools``): a pool outlives the try that filled it, and an OOM while a graph is
+        recorded leaves the trees failing an assertion at the model's next call. One note, naming the most
+        a reset freed (the pools grow with the batch a try recorded)."""
+        before = self.graph_pools.note("rerun")
+        if self.graph_pools.reset(device):
+            note = self.graph_pools.note("rerun") or ""
+            if before in self.notes:
+                self.notes[self.notes.index(before)] = note
+            else:
+                self.notes.append(note)
 
     def left(self) -> int:
         return 0 if self.stopped is not None else self.max_tries - len(self.tries)

@@ -489,3 +489,45 @@ def test_the_plans_runs_leave_the_model_and_lists_as_one_run_of_the_cell(plan_sh
     assert optimizer.state_dict()["state"][0]["step"].item() == 1.0
     assert any("put back after the plan's runs" in note and "losses" in note and "model" in note
                for note in result.result.notes), result.result.notes
+
+
+class _GraphPoolStepper(Stepper):
+    """A reduce-overhead model's step: each run leaves its CUDA graph's pool, 2 MiB per sample of its batch,
+    which only a reset of the graph trees gives back (``FakeAllocator.release_graph_pools``)."""
+
+    def __init__(self, machine, allocator):
+        super().__init__(machine)
+        self.allocator = allocator
+        self.pool_at_start: list[int] = []
+
+    def __call__(self, batch):
+        self.pool_at_start.append(self.allocator.graph_pool_bytes)
+        super().__call__(batch)
+        self.allocator.graph_pool_bytes = 2 * MiB * batch
+        return self
+
+
+def test_cuda_graph_pools_are_reset_before_each_run_after_the_first_and_named_once(plan_shell, hardware):
+    shell, machine, _ = plan_shell
+    allocator = hardware.allocator
+    stepper = _GraphPoolStepper(machine, allocator)
+    shell.user_ns.update(step=stepper, batch_size=64)
+    allocator.graph_pool_bytes = 2 * MiB * 64  # the user's own run of the cell, before the plan
+    result = shell.run_cell("%%cudamem_plan -o\nstep(batch_size)")
+    assert result.success, result.error_in_exec
+    plan = result.result
+    # The first run finds the user's pools (the device is not known before it); every later run starts with none.
+    assert stepper.calls == [64, 32, 64]
+    assert stepper.pool_at_start == [2 * MiB * 64, 0, 0]
+    assert allocator.calls.count("release_graph_pools:0") == 2
+    notes = [note for note in plan.notes if note.startswith("torch.compile's CUDA graphs")]
+    assert notes == ["torch.compile's CUDA graphs (mode=\"reduce-overhead\") held up to 128.00 MiB in memory pools no "
+                     "other allocation uses: reset (torch.compiler.reset()) before each run, which compiles again"]
+    assert allocator.graph_pool_bytes == 2 * MiB * 64  # the last run's, as one plain run of the cell leaves
+
+
+def test_without_cuda_graph_pools_the_plan_says_nothing_of_them(plan_shell):
+    shell, _, _ = plan_shell
+    result = shell.run_cell("%%cudamem_plan -o\nstep(64)")
+    assert result.success, result.error_in_exec
+    assert not any("CUDA graphs" in note for note in result.result.notes)
