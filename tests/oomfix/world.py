@@ -262,17 +262,16 @@ def halving(step: Step, start: int, seed: int) -> int:
     return batch
 
 
-class _WorstWorkspace:
+class _WorstWorkspace(random.Random):
     """A run's jitter at its most: the largest workspace the library may pick."""
 
-    @staticmethod
-    def uniform(low: float, high: float) -> float:
-        return high
+    def uniform(self, a: float, b: float) -> float:
+        return b
 
 
 def safe_largest(step: Step, upper: int) -> int:
     """The largest batch up to ``upper`` that fits with the largest workspace a run may draw."""
-    return largest_below(lambda batch: run(step, batch, False, _WorstWorkspace()).fitted, upper)  # type: ignore[arg-type]
+    return largest_below(lambda batch: run(step, batch, False, _WorstWorkspace()).fitted, upper)
 
 
 def told(step: Step, batches: tuple[int, ...], seed: int) -> int:
@@ -301,6 +300,7 @@ class Told:
 
 
 def told_cases(count: int, seed: int) -> list[Told]:
+    """``Told`` for the models ``cases`` draws for the same ``count`` and ``seed``."""
     out: list[Told] = []
     for step, start, largest in draws(draw, count, seed):
         seed_here = len(out)
