@@ -132,9 +132,18 @@ def fitting_from_one_and_failure(events: Sequence[Event], batch: int, failed: Se
                                  start: Sequence[StartSegment], cap_bytes: int,
                                  batch_independent: Collection[int] = (),
                                  margin: float = 0.0) -> Fitting | None:
-    """The same from one run that fitted and the beginning of one at a larger batch that failed (its
-    events up to the request that raised): the requests both made are on the line through their two
-    sizes, as from two runs (``fitting``), and those after the failure as from one (``fitting_from_one``).
+    """``paired_with_failure`` under ``cap_bytes`` with ``margin``."""
+    under = paired_with_failure(events, batch, failed, failed_batch, start, batch_independent)
+    return None if under is None else under(cap_bytes, margin)
+
+
+def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Event], failed_batch: int,
+                        start: Sequence[StartSegment],
+                        batch_independent: Collection[int] = ()) -> Callable[[int, float], Fitting] | None:
+    """Whether a batch fits under any cap and margin, ``(cap_bytes, margin)``, from one run that fitted and
+    the beginning of one at a larger batch that failed (its events up to the request that raised): the
+    requests both made are on the line through their two sizes, as from two runs (``fitting``), and those
+    after the failure as from one (``fitting_from_one``). Paired once; each call costs only its replays.
 
     Why: one run cannot tell a request's batch-independent part from its per-sample part; a tensor of
     fixed size (a mask, a position table, a library's workspace) is scaled with the batch, and a replay
@@ -178,7 +187,7 @@ def fitting_from_one_and_failure(events: Sequence[Event], batch: int, failed: Se
         else:
             lines.append((kind, key, stream, 0.0, size / batch, 1.0))
     temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed and i not in paired]
-    return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
+    return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
 
 
 def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],

@@ -71,8 +71,9 @@ class Tries:
     _replay_cut_bytes: int = 0  # what a try the replay said fits showed it cannot use
     # ``paired_failure``'s answer, and for which tries, segments and cap
     _paired_for: tuple[tuple[object, ...], Attempt | None] | None = None
-    # The two recorded runs ``replayed`` last paired (and the segments they were read from), and the pairing:
-    # the search asks at several margins, and pairing long runs costs up to a second each time.
+    # The recorded runs ``replayed`` last paired (two that fitted, or one and a failure) and the segments they
+    # were read from, and the pairing: the search asks at several margins, and pairing long runs costs up to
+    # a second each time.
     _paired_runs: tuple[tuple[object, ...], Callable[[int, float], fitting.Fitting] | None] | None = None
 
     def __post_init__(self) -> None:
@@ -149,13 +150,18 @@ class Tries:
                                            self._reserved_limit - self._replay_cut_bytes,
                                            batch_independent=self._one_run_fixed(run), margin=margin)
         low, high = batches[-2], batches[-1]
-        known = (runs[low], runs[high], self._segments)
-        if self._paired_runs is None or any(a is not b for a, b in zip(self._paired_runs[0], known)):
-            under = fitting.paired_fittings(runs[low].events_from(self._segments), low,
-                                            runs[high].events_from(self._segments), high, self._segments)
-            self._paired_runs = (known, under)
-        under = self._paired_runs[1]
+        segments = self._segments
+        under = self._paired((runs[low], runs[high], segments), lambda: fitting.paired_fittings(
+            runs[low].events_from(segments), low, runs[high].events_from(segments), high, segments))
         return None if under is None else under(self._reserved_limit - self._replay_cut_bytes, margin)
+
+    def _paired(self, runs: tuple[object, ...],
+                pair: Callable[[], Callable[[int, float], fitting.Fitting] | None]
+                ) -> Callable[[int, float], fitting.Fitting] | None:
+        """``pair()``, kept while the same recorded runs and segments (``runs``, by identity) are asked for."""
+        if self._paired_runs is None or any(a is not b for a, b in zip(self._paired_runs[0], runs)):
+            self._paired_runs = (runs, pair())
+        return self._paired_runs[1]
 
     def paired_failure(self) -> Attempt | None:
         """The recorded try that failed at the smallest batch above the one recorded run that fitted, where
@@ -180,9 +186,11 @@ class Tries:
         (batch, run), = runs.items()
         if not run.whole or self._segments is None or self._reserved_limit is None:
             return None
-        return fitting.fitting_from_one_and_failure(
-            run.events_from(self._segments), batch, failure.observation.recorded.events, failure.batch,
-            self._segments, self._reserved_limit, batch_independent=self._one_run_fixed(run), margin=margin)
+        segments, failed = self._segments, failure.observation.recorded
+        under = self._paired((run, failed, segments), lambda: fitting.paired_with_failure(
+            run.events_from(segments), batch, failed.events, failure.batch, segments,
+            batch_independent=self._one_run_fixed(run)))
+        return None if under is None else under(self._reserved_limit, margin)
 
     def _recorded_fits(self) -> dict[int, RecordedRun]:
         return {a.batch: a.observation.recorded for a in self.attempts

@@ -9,7 +9,7 @@ pass, under an 8 GiB cap; its largest fitting batch is 1,115, and the cell faile
 
 from __future__ import annotations
 
-from jupyter_cudamem.growth.replay import replay
+from jupyter_cudamem.growth.replay import StartSegment, replay
 from jupyter_cudamem.reruns.recording import RecordedRun
 from jupyter_cudamem.reruns.search import BatchSearch
 from jupyter_cudamem.reruns.tries import Attempt, Observation
@@ -80,3 +80,30 @@ def test_a_failure_whose_requests_replay_to_it_is_paired():
     batch = search.next()
     assert batch is not None and f"the one that failed at {too_big} up to its failure" in search.reason
     assert replay(events(batch), (), 6 * world.GiB).fits
+
+
+def test_a_paired_failure_is_paired_once_for_every_margin_the_search_asks(monkeypatch):
+    from jupyter_cudamem.growth import fitting
+
+    pairings = []
+    real = fitting.paired_with_failure
+
+    def counted(*args, **kwargs):
+        pairings.append((args[1], args[3]))  # the fitted run's batch, the failed one's
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fitting, "paired_with_failure", counted)
+    search = probed()
+    probe = search.attempts[0].batch
+    too_big = 2000
+    failing = replay(events(too_big), (), 6 * world.GiB)
+    assert failing.failed_at is not None
+    as_recorded = RecordedRun((), tuple(events(too_big)[:failing.failed_at + 1]))
+    search.record(too_big, Observation(False, need_bytes=failing.allocated_at_failure_bytes + 5 * too_big * world.MiB,
+                                       held_bytes=failing.allocated_at_failure_bytes, recorded=as_recorded))
+    assert search.paired_failure() is not None and search.next() is not None  # asks at several margins
+    assert pairings == [(probe, too_big)]
+    held = (StartSegment(1 << 40, False, ((20 * world.MiB, True),)),)
+    search.set_allocator(held, 6 * world.GiB)  # a try left a segment: the runs are read from there again
+    search.replayed(0.0)
+    assert pairings == [(probe, too_big)] * 2
