@@ -79,7 +79,7 @@ every phase of a run and the pieces of split segments that no allocation can use
 allocated peaks cannot (measured on the H100 by ``benchmarks/fit_limit.py``: the cap left 22% more
 than the allocated peak of the largest fitting batch for an MLP, 13% for an LSTM, 9% for a GRU, 1-3%
 for convnets; from two runs at 0.3x and 0.6x of it, replays put that batch at 0.97-1.00 of it for eight
-of nine workloads and 0.90 for a CNN whose cuDNN workspace is optional, never above, where the line
+of nine workloads and 0.92 for a CNN whose cuDNN workspace is optional, never above, where the line
 through the same two runs overshot by up to 23%: ``benchmarks/replay.py``). The line and the failures'
 figures decide where nothing was recorded.
 
