@@ -79,11 +79,11 @@ class SmallerBatch:
         put_back_after = -1  # the number of tries when the model and optimizer were last put back
         while self.runs.left() > 0:
             if self.runs.tries:
-                # What the last try bound goes to the host now (the names do not depend on the batch),
-                # and the model and optimizer go back as they were before the reruns (``before_rerun``),
-                # so the allocator's state and the level the search reads are where the next try starts:
-                # read before, the last try's AdamW state would count as held through the next forward
-                # pass (on an H100, a ViT-B/16 fine-tune put at 40 where 48 fits).
+                # The model's and optimizer's values go back as they were before the reruns
+                # (``before_rerun``), while what the last run made and bound stays allocated (its
+                # optimizer state and gradients, the values the cell binds again: ``Restorer.restore``,
+                # ``FixTries.set_aside``): the next try starts as the user's next run of the cell will,
+                # and the level the search reads, and the segments it replays from, count it.
                 self.runs.set_aside(self.runs.tries[-1].source, device)
                 if self.put_back is not None:
                     self.put_back()

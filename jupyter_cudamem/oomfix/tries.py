@@ -210,9 +210,12 @@ class FixTries:
 
     def set_aside(self, source: str, device: int) -> SetAside:
         """Set aside (``set_aside.set_aside``) what ``source`` binds again; kept with what earlier tries
-        set aside until a try that fits supersedes it or the fix ends."""
+        set aside until a try that fits supersedes it or the fix ends.
+
+        Only the failed cell's values: once a try has fitted, what it bound stays bound, and the next try
+        holds it until it binds the name again, as the user's next run of the cell will."""
         namespace = self.namespace
-        if not isinstance(namespace, MutableMapping):
+        if not isinstance(namespace, MutableMapping) or any(t.fitted for t in self.tries):
             return self.aside
         mover = self.mover if self.mover is not None else TorchMover()
         before = self.allocated(device)

@@ -236,7 +236,8 @@ class _Saved:
 
 
 class Restorer:
-    """Copies ``state`` to the host once (``take``) and puts it back before each rerun (``restore``).
+    """Copies ``state`` to the host once (``take``) and puts its values back before each rerun (``restore``),
+    keeping allocated what the last run made, as the cell's next run starts with it.
 
     ``run(source)`` wraps a rerun: after one has run, the next ``restore()`` puts the copy back, and a
     ``restore()`` with no rerun since does nothing, so a caller may call it wherever a rerun may come
@@ -255,7 +256,9 @@ class Restorer:
         self.unrestored: list[str] = []  # plain values that could not be put back, with why
         self._saved: _Saved | None = None
         self._changed = False  # a rerun has run since the copy was last put back
+        self._kept_memory = False  # the last put back kept what the run before it made
         self.restores = 0  # how many times the copy was put back
+        self._held: list[torch_state.HeldUntilStep] = []  # optimizer state kept for the next step
 
     def take(self) -> None:
         state = self._trained
@@ -279,20 +282,35 @@ class Restorer:
         return rerun
 
     def restore(self) -> None:
+        """Before a rerun: the values go back, and what the last run made that the copy lacks (a first
+        step's optimizer state, ``.grad``) stays allocated, as at the start of the cell's next run
+        (``torch_state``'s ``keep_memory``), so every rerun after one that ran holds what the user's next
+        run will hold."""
+        if self._changed:
+            self._put_back(keep_memory=True)
+
+    def _put_back(self, keep_memory: bool, plain: bool = True) -> None:
         saved = self._saved
-        if saved is None or not self._changed:
+        if saved is None:
             return
-        if self.namespace is not None:
+        self._kept_memory = keep_memory
+        if self.namespace is not None and plain:
             # First: a list a rerun appended its tensors to lets go of them.
             for failed in self.state.plain.restore(self.namespace):
                 if failed not in self.unrestored:
                     self.unrestored.append(failed)
         state = self._trained
         # Optimizers first: their old moments are freed before parameters and .grad are written.
+        held = [h for h in self._held if h.holding]  # a run that never stepped still holds the last's
+        for stepped in (h for h in self._held if not h.holding):
+            stepped.release()
         for optimizer, saved_optimizer in zip(state.optimizers, saved.optimizers):
-            torch_state.restore_optimizer(optimizer, saved_optimizer)
+            kept = torch_state.restore_optimizer(optimizer, saved_optimizer, keep_memory)
+            if kept is not None:
+                held.append(kept)
+        self._held = held
         for parameter, saved_parameter in zip(state.parameters, saved.parameters):
-            torch_state.restore_parameter(parameter, saved_parameter)
+            torch_state.restore_parameter(parameter, saved_parameter, keep_memory)
         for buffer, saved_buffer in zip(state.buffers, saved.buffers):
             torch_state.restore_buffer(buffer, saved_buffer)
         for scheduler, saved_scheduler in zip(state.schedulers, saved.schedulers):
@@ -304,8 +322,14 @@ class Restorer:
         self.restores += 1
 
     def finish(self, last_fitted: bool) -> None:
-        if not last_fitted:
-            self.restore()
+        """The end: after a failed last rerun the copy goes back exactly (no memory kept); whatever is
+        still held for an optimizer's next step is let go."""
+        if not last_fitted and (self._changed or self._kept_memory):
+            # After a ``restore()`` with no rerun since, only what it kept: the notebook's values may have
+            # been set since (the knob at the best batch).
+            self._put_back(keep_memory=False, plain=self._changed)
+        while self._held:
+            self._held.pop().release()
         self._saved = None
         self.state.plain.drop()
 

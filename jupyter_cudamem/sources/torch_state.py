@@ -104,12 +104,17 @@ def save_parameter(parameter: Any) -> tuple[Any, Any]:
     return _to_host(parameter), None if grad is None else _to_host(grad)
 
 
-def restore_parameter(parameter: Any, saved: tuple[Any, Any]) -> None:
+def restore_parameter(parameter: Any, saved: tuple[Any, Any], keep_memory: bool = False) -> None:
+    """``keep_memory``: a ``.grad`` the copy lacks is zeroed in place rather than dropped, so the memory a
+    run's backward made stays held as at the start of the cell's next run. Zero is what a step adds its
+    gradient to, as to ``None``, and ``zero_grad()`` lets it go as it would the real one."""
     torch = _torch()
     data, grad = saved
     with torch.no_grad():
         parameter.copy_(data)
-        if grad is None:
+        if grad is None and keep_memory and parameter.grad is not None and not parameter.grad.is_sparse:
+            parameter.grad.zero_()
+        elif grad is None:
             parameter.grad = None
         elif parameter.grad is not None and parameter.grad.shape == grad.shape and not parameter.grad.is_sparse:
             parameter.grad.copy_(grad)
@@ -138,9 +143,21 @@ def save_optimizer(optimizer: Any) -> dict[str, Any]:
     return {"state": state, "param_groups": copy.deepcopy(state_dict["param_groups"])}
 
 
-def restore_optimizer(optimizer: Any, saved: dict[str, Any]) -> None:
+def restore_optimizer(optimizer: Any, saved: dict[str, Any], keep_memory: bool = False) -> HeldUntilStep | None:
     """Fresh tensors each time (``load_state_dict`` keeps a tensor already on the right device as it is,
-    so loading the saved copy itself would let the next step change the copy)."""
+    so loading the saved copy itself would let the next step change the copy).
+
+    ``keep_memory``: the state tensors of parameters the copy has no state for (the moments a first step
+    made) stay allocated, unused, until the optimizer's next step begins, when the step makes them anew:
+    the cell's next run holds them through its forward and backward passes. Returns what lets them go
+    sooner (``None`` when nothing is held)."""
+    held: list[Any] = []
+    if keep_memory:
+        saved_keys = set(saved["state"])
+        for index, parameter in enumerate(optimizer_parameters(optimizer)):
+            entry = optimizer.state.get(parameter)
+            if index not in saved_keys and isinstance(entry, dict):
+                held.extend(v for v in entry.values() if is_tensor(v))
     state = {
         key: {name: value[0].to(value[1], copy=True) if isinstance(value, tuple) and len(value) == 2
               and is_tensor(value[0]) else copy.deepcopy(value) for name, value in entry.items()}
@@ -148,6 +165,25 @@ def restore_optimizer(optimizer: Any, saved: dict[str, Any]) -> None:
     }
     optimizer.state.clear()  # the current moments go before the saved ones arrive: no second copy on the GPU
     optimizer.load_state_dict({"state": state, "param_groups": copy.deepcopy(saved["param_groups"])})
+    return HeldUntilStep(optimizer, held) if held else None
+
+
+class HeldUntilStep:
+    """Tensors kept alive until an optimizer's next ``step()`` begins (a step pre-hook, torch 2.0+).
+    ``release()`` lets them go sooner and removes the hook (never from inside a step: the hook only
+    drops the tensors, as torch iterates its hooks while calling them)."""
+
+    def __init__(self, optimizer: Any, held: list[Any]):
+        self._held = held
+        self._handle = optimizer.register_step_pre_hook(lambda *_: self._held.clear())
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def release(self) -> None:
+        self._held.clear()
+        self._handle.remove()
 
 
 def save_scheduler(scheduler: Any) -> dict[str, Any]:

@@ -557,8 +557,8 @@ def _trees_as_parsed(sources, transform, counts) -> bool:
 
 def test_each_source_of_a_fix_is_parsed_once(monkeypatch):
     # A batch fix of three tries: the failed cell's source once (finder, traits, whole data and set-aside
-    # read one tree, memoised by ``parse_cell``), and each try's source once (set aside when the try starts
-    # and again before the next).
+    # read one tree, memoised by ``parse_cell``), and a try's source at most once (set aside when it starts
+    # while no try has fitted, and again before the next).
     _, cell, namespace, run, driver, _ = setup(hidden_limit=5 * GiB)
     source = TRAINING_CELL.format(batch=6000)
     error = fail_first(run, source)
@@ -566,9 +566,10 @@ def test_each_source_of_a_fix_is_parsed_once(monkeypatch):
     outcome = driver.fix(source, error, namespace, freed_bytes=0)
     assert outcome.reruns == 3 and outcome.strategy == "batch"
     sources = {source} | {t.source for t in outcome.tries}
-    assert len(sources) == 4 and set(counts) == {cell.transform(s) for s in sources}
+    assert len(sources) == 4 and cell.transform(source) in counts
+    assert set(counts) <= {cell.transform(s) for s in sources}
     assert set(counts.values()) == {1}
-    assert _trees_as_parsed(sources, cell.transform, counts)
+    assert _trees_as_parsed([s for s in sources if cell.transform(s) in counts], cell.transform, counts)
 
 
 def test_the_failed_cell_is_parsed_once_when_autocast_wraps_it(monkeypatch):

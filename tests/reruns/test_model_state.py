@@ -97,20 +97,70 @@ def test_the_copy_is_put_back_exactly_weights_grads_buffers_optimizer_scheduler(
     assert torch.equal(model.state_dict()["0.weight"], expected["0.weight"])
 
 
-def test_grad_none_stays_none_and_a_fitted_last_rerun_is_kept():
+def test_restore_keeps_the_memory_a_run_made_and_finish_puts_back_exactly():
+    """Between reruns the values go back but what a run made stays allocated (the next run of the cell
+    holds it); a failed last rerun's state goes back exactly (no .grad, no moments)."""
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     state = _found({"model": model, "opt": optimizer}, "step(model, opt)\n")
     restorer = Restorer(state)
     restorer.take()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    restorer.run(lambda source: _step(model, optimizer, steps=1))("")
+    grads = [p.grad for p in model.parameters()]
+    restorer.restore()
+    # The same .grad tensors, zeroed: a step adds to them as it would to None.
+    assert all(p.grad is g and not p.grad.any() for p, g in zip(model.parameters(), grads))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    restorer.run(lambda source: None)("")  # a rerun that failed before its backward
+    restorer.finish(last_fitted=False)
+    assert all(p.grad is None for p in model.parameters())  # exactly as before the reruns
+
+
+def test_a_fitted_last_rerun_is_kept_and_is_the_run_from_the_copy():
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = _found({"model": model, "opt": optimizer}, "step(model, opt)\n")
+    restorer = Restorer(state)
+    restorer.take()
+    torch.manual_seed(1)
     restorer.run(lambda source: _step(model, optimizer, steps=1))("")
     after_one = {k: v.clone() for k, v in model.state_dict().items()}
+    grads_one = [p.grad.clone() for p in model.parameters()]
     restorer.restore()
-    assert all(p.grad is None for p in model.parameters())  # as before the rerun: no .grad at all
+    torch.manual_seed(1)
     restorer.run(lambda source: _step(model, optimizer, steps=1))("")
     restorer.finish(last_fitted=True)
-    assert all(p.grad is not None for p in model.parameters())  # the fitted run's state is kept
-    assert all(torch.equal(v, after_one[k]) for k, v in model.state_dict().items())  # same run again
+    # The zeroed .grad changed nothing: the same run from the copy, the same gradients.
+    assert all(torch.equal(v, after_one[k]) for k, v in model.state_dict().items())
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads_one))
+
+
+def test_a_first_steps_optimizer_state_is_held_until_the_next_step_begins():
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    state = _found({"model": model, "opt": optimizer}, "step(model, opt)\n")
+    restorer = Restorer(state)
+    restorer.take()  # no state yet: the cell's first step makes the moments
+    restorer.run(lambda source: _step(model, optimizer, steps=1))("")
+    import weakref
+
+    moments = [weakref.ref(v) for entry in optimizer.state.values() for v in entry.values() if v.dim() > 0]
+    assert len(moments) == 2 * len(list(model.parameters()))  # exp_avg and exp_avg_sq
+    restorer.restore()
+    assert not optimizer.state  # put back: no state, as before the reruns
+    assert all(m() is not None for m in moments)  # but their memory is still held
+    steps_seen = []
+    optimizer.register_step_pre_hook(lambda *_: steps_seen.append(all(m() is None for m in moments)))
+    restorer.run(lambda source: _step(model, optimizer, steps=1))("")
+    assert steps_seen == [True]  # let go as the step began, before it made its own
+    assert len(optimizer.state) == len(list(model.parameters()))
+    restorer.restore()
+    restorer.run(lambda source: None)("")  # a rerun that never steps: held until the fix ends
+    held = [weakref.ref(v) for entry in restorer._trained.optimizers[0].state.values() for v in entry.values()]
+    assert not held  # put back to no state
+    restorer.finish(last_fitted=True)
+    assert not restorer._held
 
 
 def test_random_generators_are_put_back():
