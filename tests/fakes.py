@@ -418,6 +418,23 @@ class FakeMover:
     def holds_gpu(self, value):
         return getattr(value, "is_cuda", False) is True
 
+    def addresses(self, value):
+        return frozenset()  # fake tensors have no addresses the fake allocator's snapshots know
+
+    def grown(self, value, from_batch, to_batch):
+        """A device fake of the difference for a fake of ``from_batch`` MiB-per-sample rows (the fakes'
+        inputs are 1 MiB per sample), let go when its list is cleared."""
+        if not (isinstance(value, FakeTensor) and value.is_cuda and to_batch > from_batch):
+            return []
+        nbytes = value.untyped_storage().nbytes()
+        if nbytes != from_batch * MiB:
+            return []
+        import weakref
+
+        held = [FakeTensor((to_batch - from_batch) * MiB, machine=self.machine)]
+        weakref.finalize(value, held.clear)
+        return [held]
+
     def to_host(self, value):
         if not isinstance(value, FakeTensor):
             return None

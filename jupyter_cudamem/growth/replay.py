@@ -379,7 +379,7 @@ def allocated_blocks(start: Sequence[StartSegment]) -> dict[int, int]:
 
 
 def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
-                   start: Sequence[StartSegment]) -> list[Event]:
+                   start: Sequence[StartSegment], remade: frozenset[int] = frozenset()) -> list[Event]:
     """``events`` as a run from ``start`` makes them: without the allocations an earlier run made and
     left (``left``, ``(address, key)``) that ``start`` still holds at the same address, in a block of
     the size the allocator gives that request.
@@ -391,11 +391,23 @@ def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
     is no longer held there, and stays, though the driver may hand its address to another block (on an
     H100, cuBLAS's 32 MiB workspace, made again where a ViT-L's 16 MiB weight had been: taken for the
     weight, the weight's request left one run, the two runs' requests no longer paired, and the replay
-    put the largest batch at 8 where 23 fits)."""
+    put the largest batch at 8 where 23 fits).
+
+    ``remade``: addresses of blocks ``start`` holds for values the cell binds again (its input, its
+    outputs, a model it builds, still bound from its last run): the run makes each anew, and the old one
+    goes when the name is bound again, taken as right after the new one is made."""
     held = allocated_blocks(start)
     sizes = {key: size for kind, key, size, _ in events if kind == ALLOC}
-    again = {key for address, key in left
+    again = {key: address for address, key in left
              if key in sizes and same_block(held.get(address), sizes[key])}
     if not again:
         return list(events)
-    return [event for event in events if not (event[0] == ALLOC and event[1] in again)]
+    old_keys = start_keys(start) if remade else {}
+    made: list[Event] = []
+    for event in events:
+        address = again.get(event[1]) if event[0] == ALLOC else None
+        if address is None:
+            made.append(event)
+        elif address in remade:
+            made += [event, (FREE, old_keys[address], 0, event[3])]
+    return made

@@ -93,7 +93,8 @@ class SmallerBatch:
             level = self.runs.allocated(device)
             if level is not None and self.runs.reference is not None:
                 search.set_level(level - self.runs.reference)
-            search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device))
+            search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device),
+                                 self.runs.rebound_addresses(finding.source))
             if (batch := search.next()) is None:
                 break
             try:

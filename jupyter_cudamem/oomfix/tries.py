@@ -8,6 +8,7 @@ knows how one try is made and read, and nothing of why it was chosen.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from ..oom import OomInfo, parse_oom
 from ..reruns.graph_pools import GraphPools
 from ..reruns.measured import run_measured
 from ..reruns.recording import Recorder
-from ..reruns.set_aside import Mover, SetAside, restore_bindings, set_aside
+from ..reruns.set_aside import Mover, SetAside, bound_before_read, restore_bindings, set_aside
 from ..sources.torch_host import TorchMover
 from .outcome import FailureSite, TryResult
 from .strategies import Strategy
@@ -120,17 +121,23 @@ class FixTries:
         # What the last state bound and this try binds again (the failed cell's input, or a fitted
         # try's) goes to the host first, so the try starts where the failed cell started.
         self.set_aside(source, device)
-        before = dict(namespace) if namespace is not None else None
+        before, bound_again = self._bindings_before(namespace, source)
+        grown = self._grown(namespace, bound_again, batch)
         at_start = self.allocated(device)
         # A batch try's allocations are recorded for the search's replay of the allocator (``replay``).
         run = run_measured(lambda: self.run_source(source), Meter(self.hardware, devices=[device]),
                            self.recorder if batch is not None else None, device)
         error, measurement, wall_s, recorded = run.error, run.measurement, run.wall_s, run.recorded
         del run
+        for held in grown:
+            held.clear()
         if error is not None and namespace is not None and before is not None:
-            # A failed try leaves nothing behind: the variables are as the last try that fitted left them.
+            # A failed try leaves nothing behind: the variables are as the last try that fitted left them,
+            # but for what the try bound again before it failed (the old value went, as it does in the
+            # cell's next run), which is unbound.
+            before.update((name, value) for name, ref in bound_again.items() if (value := ref()) is not None)
             undo_bindings(namespace, before)
-        before = None
+        before, bound_again = None, {}
         peak = next((d.peak_above_start_bytes for d in measurement.devices), None)
         # Parsed once (here or by ``oom_of``'s owner); only its figures are kept.
         oom = None if error is None else (self.oom_of or parse_oom)(error)
@@ -172,6 +179,34 @@ class FixTries:
             self.stop(f"rerun #{result.number} failed with {message}; stopped")
         return result
 
+    def _bindings_before(self, namespace: MutableMapping[str, Any] | None, source: str
+                         ) -> tuple[dict[str, Any] | None, dict[str, Callable[[], Any]]]:
+        """What a failed try is undone to: the namespace as the try starts, less what the cell binds again
+        once a try has fitted (its last values), which is only referred to weakly: held here, it would
+        outlive the line that binds it again, which the cell's next run does not let it."""
+        if namespace is None:
+            return None, {}
+        again = set(bound_before_read(source, self.transform)) if any(t.fitted for t in self.tries) else set()
+        before = {name: value for name, value in namespace.items() if name not in again}
+        weak: dict[str, Callable[[], Any]] = {}
+        for name in again & set(namespace):
+            try:
+                weak[name] = weakref.ref(namespace[name])
+            except TypeError:  # a tuple, an int: gone with the try that binds it again
+                continue
+        return before, weak
+
+    def _grown(self, namespace: Mapping[str, Any] | None, bound_again: Mapping[str, Any], batch: int | None
+               ) -> list[list[Any]]:
+        """The last fitted try's values the cell binds again, grown to ``batch`` where they hold its rows
+        (``Mover.grown``): the cell's next run at ``batch`` holds them at that size until it binds them
+        again."""
+        last = next((t.batch for t in reversed(self.tries) if t.fitted), None)
+        if namespace is None or batch is None or last is None or batch <= last:
+            return []
+        mover = self.mover if self.mover is not None else TorchMover()
+        return [held for name in bound_again if name in namespace for held in mover.grown(namespace[name], last, batch)]
+
     def _before(self) -> None:
         if self.before_rerun is not None:
             self.before_rerun()
@@ -207,6 +242,19 @@ class FixTries:
         if self.stopped is None:
             self.stopped = reason
             self.notes.append(reason)
+
+    def rebound_addresses(self, source: str) -> frozenset[int]:
+        """Where on the device the values ``source`` binds again lie (``Mover.addresses``): what the replay
+        takes as made anew by the next try (``growth.replay.held_elsewhere``)."""
+        namespace = self.namespace
+        if namespace is None:
+            return frozenset()
+        mover = self.mover if self.mover is not None else TorchMover()
+        found: set[int] = set()
+        for name in bound_before_read(source, self.transform):
+            if name in namespace:
+                found |= mover.addresses(namespace[name])
+        return frozenset(found)
 
     def set_aside(self, source: str, device: int) -> SetAside:
         """Set aside (``set_aside.set_aside``) what ``source`` binds again; kept with what earlier tries

@@ -63,9 +63,9 @@ class RecordedRun:
     whole: bool = True
     carried: frozenset[int] = frozenset()  # a window's: keys of what the run held when the window began
 
-    def events_from(self, start: tuple[StartSegment, ...]) -> list[Event]:
-        """The events a run from ``start`` makes (``replay.held_elsewhere``)."""
-        return held_elsewhere(self.events, self.left, start)
+    def events_from(self, start: tuple[StartSegment, ...], remade: frozenset[int] = frozenset()) -> list[Event]:
+        """The events a run from ``start`` makes (``replay.held_elsewhere``; ``remade`` as there)."""
+        return held_elsewhere(self.events, self.left, start, remade)
 
 
 Row = tuple[Any, Any, Any, Any]

@@ -47,6 +47,15 @@ class Mover(Protocol):
         ``None`` when this value cannot be moved (it is then left bound)."""
         ...
 
+    def addresses(self, value: object) -> frozenset[int]:
+        """Where on the device the memory ``value`` holds starts (each tensor's storage)."""
+        ...
+
+    def grown(self, value: object, from_batch: int, to_batch: int) -> list[list[Any]]:
+        """Memory held beside ``value``'s tensors of ``from_batch`` rows so they hold what they would at
+        ``to_batch``, each block in a list that lets it go when cleared, and with its tensor."""
+        ...
+
 
 def bound_before_read(source: str, transform: Callable[[str], str] | None = None) -> list[str]:
     """Names the cell binds before any statement reads them, in order of binding.

@@ -68,6 +68,7 @@ class Tries:
     _usable_bytes: float | None = None  # the budget, lowered when a try fails where the line said it fits
     _segments: tuple[replay.StartSegment, ...] | None = None  # where the next try starts (``set_allocator``)
     _reserved_limit: int | None = None
+    _remade: frozenset[int] = frozenset()  # addresses of what the cell binds again (``set_allocator``)
     _replay_cut_bytes: int = 0  # what a try the replay said fits showed it cannot use
     # ``paired_failure``'s answer, and for which tries, segments and cap
     _paired_for: tuple[tuple[object, ...], Attempt | None] | None = None
@@ -120,10 +121,12 @@ class Tries:
         allocated whatever the batch (it is part of every later peak)."""
         self.level_bytes = level_bytes
 
-    def set_allocator(self, segments: tuple[replay.StartSegment, ...] | None, reserved_limit_bytes: int | None) -> None:
+    def set_allocator(self, segments: tuple[replay.StartSegment, ...] | None, reserved_limit_bytes: int | None,
+                      remade: frozenset[int] = frozenset()) -> None:
         """The allocator's segments where the next try starts, and the reserved bytes it may reach:
-        what the replay plays from and under (``None``: no replay)."""
-        self._segments, self._reserved_limit = segments, reserved_limit_bytes
+        what the replay plays from and under (``None``: no replay). ``remade``: the addresses in them of
+        what the cell binds again, which its run makes anew (``replay.held_elsewhere``)."""
+        self._segments, self._reserved_limit, self._remade = segments, reserved_limit_bytes, remade
 
     def replayed(self, margin: float = 0.0) -> fitting.Fitting | None:
         """Whether a batch fits, by the allocator's replay of the two largest recorded tries that fitted (of
@@ -146,13 +149,14 @@ class Tries:
             if paired is not None:
                 return paired
             run = runs[batches[-1]]
-            return fitting.fitting_from_one(run.events_from(self._segments), batches[-1], self._segments,
+            return fitting.fitting_from_one(run.events_from(self._segments, self._remade), batches[-1], self._segments,
                                            self._reserved_limit - self._replay_cut_bytes,
                                            batch_independent=self._one_run_fixed(run), margin=margin)
         low, high = batches[-2], batches[-1]
         segments = self._segments
         under = self._paired((runs[low], runs[high], segments), lambda: fitting.paired_fittings(
-            runs[low].events_from(segments), low, runs[high].events_from(segments), high, segments))
+            runs[low].events_from(segments, self._remade), low, runs[high].events_from(segments, self._remade), high,
+            segments))
         return None if under is None else under(self._reserved_limit - self._replay_cut_bytes, margin)
 
     def _paired(self, runs: tuple[object, ...],
@@ -188,7 +192,7 @@ class Tries:
             return None
         segments, failed = self._segments, failure.observation.recorded
         under = self._paired((run, failed, segments), lambda: fitting.paired_with_failure(
-            run.events_from(segments), batch, failed.events, failure.batch, segments,
+            run.events_from(segments, self._remade), batch, failed.events, failure.batch, segments,
             batch_independent=self._one_run_fixed(run)))
         return None if under is None else under(self._reserved_limit, margin)
 

@@ -42,6 +42,56 @@ class TorchMover:
                 return False
         return False
 
+    def addresses(self, value: object) -> frozenset[int]:
+        """The device addresses of the storages of the CUDA tensors ``value`` holds: itself, a module's
+        parameters and buffers, an optimizer's state, the tensors in a container."""
+        if _optimizer_state(value) is not None:
+            tensors = list(_state_tensors(value))
+        elif callable(parameters := getattr(value, "parameters", None)) and callable(buffers := getattr(value, "buffers", None)):
+            try:
+                tensors = [*parameters(), *buffers()]
+            except Exception:  # noqa: BLE001  a user's object that only looks like a module
+                return frozenset()
+        elif hasattr(value, "is_cuda"):
+            tensors = [value]
+        else:
+            tensors = _contained(value)
+        found = set()
+        for tensor in tensors:
+            try:
+                if tensor is not None and tensor.is_cuda:
+                    found.add(int(tensor.untyped_storage().data_ptr()))
+            except Exception:  # noqa: BLE001  a tensor subclass without a storage: nothing to replay
+                continue
+        return frozenset(found)
+
+    def grown(self, value: object, from_batch: int, to_batch: int) -> list[list[Any]]:
+        """Memory that makes the CUDA tensors of ``value`` whose first dimension (or second, of one of
+        three or more: a sequence-first RNN's) is ``from_batch`` hold what they would at ``to_batch``:
+        for each, a block of the difference, let go with the tensor (``weakref.finalize``) or by clearing
+        the list it is in. None where it does not fit (the run then finds out)."""
+        import weakref
+
+        import torch
+
+        tensors = [value] if isinstance(value, torch.Tensor) else _contained(value)
+        grown: list[list[Any]] = []
+        for tensor in tensors:
+            if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda or tensor.dim() == 0:
+                continue
+            if tensor.shape[0] != from_batch and not (tensor.dim() >= 3 and tensor.shape[1] == from_batch):
+                continue
+            extra = tensor.untyped_storage().nbytes() * (to_batch - from_batch) // from_batch
+            if extra <= 0:
+                continue
+            try:
+                held = [torch.empty(extra, dtype=torch.uint8, device=tensor.device)]
+            except torch.OutOfMemoryError:
+                break
+            weakref.finalize(tensor, held.clear)
+            grown.append(held)
+        return grown
+
     def to_host(self, value: object) -> tuple[object, Callable[[], object]] | None:
         if self.tensors_only and getattr(value, "is_cuda", False) is not True:
             return None

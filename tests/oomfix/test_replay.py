@@ -5,7 +5,7 @@ import pytest
 from jupyter_cudamem.growth.fitting import fitting, fitting_from_one, fitting_from_one_and_failure, largest_fitting_batch
 from jupyter_cudamem.growth.pairing import growth_lines, law_through, power_of_the_batch
 from jupyter_cudamem.growth.replay import (StartSegment, block_bytes, events_from_trace, held_elsewhere, read_trace,
-                                           replay, segment_bytes)
+                                           replay, segment_bytes, start_keys)
 
 MiB = 1 << 20
 
@@ -171,6 +171,28 @@ def test_what_a_run_left_counts_once_only_where_the_next_start_holds_that_very_b
     # A block the allocator left unsplit by less than 1 MiB is still that request's.
     unsplit = StartSegment(address=11 << 30, small=False, blocks=((40 * MiB + 512 * 1024, True),))
     assert held_elsewhere(events, left, [unsplit]) == [("alloc", 0, 3 * MiB, 0)]
+
+
+def test_a_value_the_cell_binds_again_is_made_anew_while_the_last_runs_is_held():
+    """The cell's output, still bound from its last run, is held until the run binds the name again: the
+    new one is made while the old one is held, then the old one goes (the steady state of a cell run
+    again and again), while the optimizer's state, kept, is not made again."""
+    trace = [
+        ["alloc", 20 << 30, 30 * MiB, 0],  # activations
+        ["alloc", 10 << 30, 50 * MiB, 0],  # the output, bound to a name the cell binds again
+        ["free_completed", 20 << 30, 30 * MiB, 0],
+        ["alloc", 11 << 30, 40 * MiB, 0],  # AdamW's state
+    ]
+    events, left = read_trace(trace, ())
+    start = [StartSegment(address=10 << 30, small=False, blocks=((50 * MiB, True),)),
+             StartSegment(address=11 << 30, small=False, blocks=((40 * MiB, True),))]
+    old_output = start_keys(start)[10 << 30]  # the key the replay gives the old output's block
+    made = held_elsewhere(events, left, start, remade=frozenset({10 << 30}))
+    assert made == [("alloc", 0, 30 * MiB, 0), ("alloc", 1, 50 * MiB, 0), ("free", old_output, 0, 0), ("free", 0, 0, 0)]
+    # At its peak the run holds the old output, the state, the activations and the new output.
+    assert replay(made, start, 1 << 40).peak_allocated_bytes == (50 + 40 + 30 + 50) * MiB
+    # Taken as held (not made again), the new output would not count at all.
+    assert replay(held_elsewhere(events, left, start), start, 1 << 40).peak_allocated_bytes == (50 + 40 + 30) * MiB
 
 
 def test_runs_too_different_to_pair_cheaply_pair_only_their_common_ends(monkeypatch):

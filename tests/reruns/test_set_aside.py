@@ -156,14 +156,16 @@ def _fix(forward_mib, backward_mib, cap=2 * GiB, held=300 * MiB, max_tries=3):
 
 def test_tries_start_as_the_cells_next_run_will_when_tries_fail_in_forward_and_backward():
     """Until a try fits, every try starts where the failed cell started (its 1 GiB input set aside); after
-    one fits, each starts holding what the last try that fitted bound (its input: 1 MiB per sample), as
-    the user's next run of the cell does, and a failed try leaves nothing."""
+    one fits, each starts holding what the last try that fitted bound (its input: 1 MiB per sample) at
+    the size the try's own batch makes it, as the user's next run of the cell at that batch does; a
+    failed try leaves nothing."""
     for forward_mib, backward_mib in ((60, 1), (2, 60)):  # fails in forward / in backward
         outcome, machine, namespace, started = _fix(forward_mib, backward_mib)
         assert outcome.fitted, outcome.text()
         bound_by_last_fit = 0
         for t in outcome.tries:
-            assert t.allocated_at_start_bytes == started + bound_by_last_fit, (forward_mib, t)
+            held = max(bound_by_last_fit, t.batch * MiB) if bound_by_last_fit else 0
+            assert t.allocated_at_start_bytes == started + held, (forward_mib, t)
             if t.fitted:
                 bound_by_last_fit = t.batch * MiB
             else:
