@@ -59,6 +59,9 @@ class TryResult:
     # Its allocations and frees as PyTorch recorded them (``recording``), for the allocator replay.
     recorded: RecordedRun | None = field(default=None, repr=False, compare=False)
     failed_at: FailureSite | None = None  # for an OOM, where in the cell it arose
+    # Whether it ran as the cell's next run will: after a try that fitted, holding what that run made and
+    # bound (optimizer state, gradients, the values the cell binds again, at this try's batch).
+    steady: bool = False
 
     def observation(self) -> Observation:
         """What the batch search learns from this try, measured from the fix's reference level (a peak

@@ -151,5 +151,15 @@ class SmallerBatch:
             confirm = self.runs.run(Strategy.BATCH, source, "rerun of the largest batch that fitted", device, batch=found)
             if confirm.fitted:
                 best = confirm
+        self.runs.notes.append(steady_note(best))
         change.forget_originals()
         return best, knob.value, change.diffs(found), change.paste_code(found)
+
+
+def steady_note(best: TryResult) -> str:
+    """Whether the run the fix reports is the proof that the cell's next runs fit (see ``FixTries``)."""
+    if best.steady:
+        return (f"rerun #{best.number} at {best.batch} ran as your next runs will, holding what the run before "
+                "it leaves (optimizer state, gradients, the values the cell binds again): it keeps fitting")
+    return (f"rerun #{best.number} at {best.batch} was the first to fit: it did not hold what a run leaves "
+            "(a first step's optimizer state, gradients); run the cell twice to check it keeps fitting")

@@ -120,6 +120,7 @@ class FixTries:
         namespace = self.namespace if isinstance(self.namespace, MutableMapping) else None
         # What the last state bound and this try binds again (the failed cell's input, or a fitted
         # try's) goes to the host first, so the try starts where the failed cell started.
+        steady = any(t.fitted for t in self.tries)
         self.set_aside(source, device)
         before, bound_again = self._bindings_before(namespace, source)
         grown = self._grown(namespace, bound_again, batch)
@@ -171,6 +172,7 @@ class FixTries:
             stuck_bytes=None if oom is None else oom.reserved_unallocated_bytes,
             recorded=recorded,
             failed_at=site,
+            steady=steady,
         )
         self.tries.append(result)
         if message is not None:

@@ -70,6 +70,49 @@ def last_json(outputs: list[dict]) -> dict:
     return json.loads(lines[-1])
 
 
+STEADY_RUNS = 3
+"""How many times in a row a cell runs for its batch to count as one that keeps fitting."""
+
+FIX_CHECK = """import json
+print(json.dumps({"batch": batch_size, "tries": [[t.batch, t.fitted, t.steady] for t in _fix.tries],
+                  "strategy": _fix.strategy}))
+"""
+
+
+def runs_again(setup: list[str], step: str, batch: int) -> bool:
+    """Whether ``step`` at ``batch`` runs ``STEADY_RUNS`` times in a row after ``setup`` in a fresh kernel."""
+    cells = setup + [f"batch_size = {batch}\n"] + [step] * STEADY_RUNS
+    return not any(errors_of(outputs) for outputs in execute(cells, timeout=300)[len(setup) + 1:])
+
+
+def steady_largest(setup: list[str], step: str, start: int) -> int:
+    """The largest batch that keeps fitting, by ``runs_again`` (doubling from ``start``, then bisection)."""
+    low, high = 0, start
+    while runs_again(setup, step, high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if runs_again(setup, step, middle) else (low, middle)
+    return low
+
+
+def fix_and_run_again(setup: list[str], step: str, failing_batch: int) -> tuple[dict, str, list[list[str]]]:
+    """The cell fails at ``failing_batch``, ``%oomfix --yes`` fixes it, and the fixed cell runs
+    ``STEADY_RUNS`` more times in the same kernel: the fix's record, its text, each later run's errors."""
+    cells = setup + [f"batch_size = {failing_batch}\n" + step, "_fix = %oomfix --yes -o", FIX_CHECK]
+    outputs = execute(cells + [step] * STEADY_RUNS, timeout=600)
+    first = len(setup)
+    assert "OutOfMemoryError" in errors_of(outputs[first]), text_of(outputs[first])
+    return last_json(outputs[first + 2]), text_of(outputs[first + 1]), [errors_of(o) for o in outputs[first + 3:]]
+
+
+def assert_holds(result: dict, text: str, next_runs: list[list[str]]) -> None:
+    """The fix's batch fitted the later runs, and it was proven inside the reruns as the next run holds."""
+    assert next_runs == [[]] * STEADY_RUNS, (result, next_runs, text)
+    best = [t for t in result["tries"] if t[1] and t[0] == result["batch"]]
+    assert best and best[-1][2] and "ran as your next runs will" in text, (result, text)
+
+
 CNN_CELL = """batch_size = 4096  # far too big under a 3 GiB cap
 model = nn.Sequential(
     nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
