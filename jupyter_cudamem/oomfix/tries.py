@@ -189,14 +189,16 @@ class FixTries:
         if namespace is None:
             return None, {}
         again = set(bound_before_read(source, self.transform)) if any(t.fitted for t in self.tries) else set()
-        before = {name: value for name, value in namespace.items() if name not in again}
+        mover = self.mover if self.mover is not None else TorchMover()
         weak: dict[str, Callable[[], Any]] = {}
         for name in again & set(namespace):
-            try:
-                weak[name] = weakref.ref(namespace[name])
-            except TypeError:  # a tuple, an int: gone with the try that binds it again
-                continue
-        return before, weak
+            value = namespace[name]
+            if mover.holds_gpu(value):
+                try:
+                    weak[name] = weakref.ref(value)
+                except TypeError:  # a tuple of tensors: held, as the old value of a name a failed try bound
+                    continue
+        return {name: value for name, value in namespace.items() if name not in weak}, weak
 
     def _grown(self, namespace: Mapping[str, Any] | None, bound_again: Mapping[str, Any], batch: int | None
                ) -> list[list[Any]]:

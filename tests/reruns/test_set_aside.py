@@ -126,6 +126,7 @@ class _Cell:
         batch = int(source.split("=", 1)[1].split("\n", 1)[0])
         gpu = self.machine.gpus[0]
         try:
+            ns["batch_size"] = batch  # bound again by every run, and holding no GPU memory
             ns["x"] = FakeTensor(batch * MiB, machine=self.machine)
             ns["loss"] = FakeTensor(batch * self.forward_mib * MiB, machine=self.machine)  # the graph
             workspace = batch * self.backward_mib * MiB
@@ -171,7 +172,35 @@ def test_tries_start_as_the_cells_next_run_will_when_tries_fail_in_forward_and_b
             else:
                 assert t.left_bytes == 0 and t.need_bytes is not None
         assert bound_by_last_fit  # a later try started with it: the check above saw both cases
-        assert namespace["trained"] == outcome.batch_after
+        assert namespace["trained"] == namespace["batch_size"] == outcome.batch_after
+
+
+def test_a_failed_try_after_one_that_fitted_keeps_the_names_that_hold_no_gpu_memory():
+    """A try after a fit refers only weakly to the GPU values the cell binds again (they go at the line
+    that binds them, as in the cell's next run); the rest it binds (``batch_size``) is put back whole."""
+    machine = capped_machine(2 * GiB, held_bytes=300 * MiB)
+    namespace: dict = {}
+    cell = _Cell(machine, namespace, 4, 2)
+    runs = []
+
+    def second_fails(source):
+        runs.append(source)
+        if len(runs) == 3:  # the failed cell, a fitted try, then this one: binds, then runs out of memory
+            namespace["batch_size"] = 10**6
+            namespace["x"] = FakeTensor(MiB, machine=machine)
+            return OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB.")
+        return cell.run(source)
+
+    source = "batch_size = 1024\nx = make(batch_size)\nloss = train(x)\n"
+    started = machine.gpus[0].allocated
+    error = cell.run(source)
+    runs.append(source)
+    driver = Driver(second_fails, fake_hardware(machine), lambda failed: machine.empty_cache(),
+                    strategies=("batch",), max_tries=3, mover=FakeMover(machine))
+    outcome = driver.fix(source, error, namespace, freed_bytes=0, allocated_before=started)
+    assert [t.fitted for t in outcome.tries][:2] == [True, False], outcome.text()
+    assert namespace["batch_size"] == namespace["trained"] == outcome.batch_after  # never lost
+    assert namespace["x"].untyped_storage().nbytes() == outcome.batch_after * MiB
 
 
 def test_when_every_try_fails_the_set_aside_input_is_given_back():
