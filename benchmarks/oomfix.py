@@ -718,7 +718,7 @@ WORKLOADS: tuple[Workload, ...] = (
         "loss.backward()\n"
         "opt.step()\n",
         small=(("nn.LSTM(512, 1536, num_layers=3", "nn.LSTM(512, 32, num_layers=1"),
-               ("nn.Linear(1536, 20)", "nn.Linear(32, 20)"), ("(batch_size, 128, 512)", "(batch_size, 8, 512)")),
+               ("nn.Linear(1536, 20)", "nn.Linear(32, 20)"), ("batch_size, 128, 512", "batch_size, 8, 512")),
     ),
     Workload(
         "t5_base_finetune_adamw_from_earlier_cell",
