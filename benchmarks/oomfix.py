@@ -9,8 +9,15 @@ model's inference under ``torch.no_grad`` whose largest batch is 1 to 48 and who
 and optimizer state are up to 0.55 of the cap; and five written after the search was (held out: a
 frozen Llama with LoRA adapters of its own, BERT-base accumulating micro-batches, GPT-2 with gradient
 checkpointing built in the cell, ConvNeXt under fp16 with a GradScaler, GPT-2 medium's ``generate()``
-over prompts a batch at a time). Models come from configs (``transformers``) or
-``pretrained=False`` (``timm``), nothing downloaded; the large ones are built on the device.
+over prompts a batch at a time); and three where the steady state differs from one run (issue 40): a
+4-step AdamW loop over a 217M transformer of plain ``torch.nn`` built in an earlier cell (weights,
+gradients and state 0.54 of the cap, the state appearing in the loop's first step), an LSTM built with
+Adam in the failing cell (the last run's model and outputs bound while the cell builds them again),
+and a T5-base fine-tune from an earlier cell (AdamW state 0.28 of the cap made by its one step). Cells
+that build their model again were there already (BERT, ViT-L, GPT-2 with checkpointing, the MLP), and
+so was a convnet under fp16 autocast with a GradScaler (ConvNeXt-T, two steps, SGD momentum made in
+its first). Models come from configs (``transformers``) or ``pretrained=False`` (``timm``), nothing
+downloaded; the large ones are built on the device.
 
 What runs, per workload:
 
