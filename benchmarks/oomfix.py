@@ -1964,7 +1964,7 @@ def estimate_seconds(workload: Workload, ratios: Iterable[float], finders: Itera
 
 
 def print_estimate(workloads: list[Workload], ratios: list[float], finders: tuple[str, ...],
-                   oracles: Mapping[str, Any], device: str, cap_bytes: int | None, parts: int) -> int:
+                   oracles: Mapping[str, Any], device: str, cap_bytes: int | None) -> int:
     earlier = json.loads(SINGLE_RUN_RESULTS.read_text()) if SINGLE_RUN_RESULTS.exists() else None
     total = 0
     say(f"estimate (rough, from the committed H100 timings under sharing; {PROBE_SECONDS_UNTIMED:g} s a probe "
@@ -1975,8 +1975,7 @@ def print_estimate(workloads: list[Workload], ratios: list[float], finders: tupl
         total += figures["total_s"]
         say(f"  {workload.name:<48} oracle {figures['oracle_s']:>4} s  cases {figures['cases_s']:>4} s  "
             f"total {figures['total_s']:>4} s" + ("" if figures["timed"] else "  (untimed: guessed)"))
-    say(f"  all: {total} s of GPU" + (f"; in {parts} parts at once about {math.ceil(total / parts)} s each, if "
-                                      "evenly split" if parts > 1 else ""))
+    say(f"  all: {total} s of GPU one after another; run as parts at once, the slowest part sets the time")
     return total
 
 
@@ -2086,13 +2085,12 @@ def main(argv: list[str] | None = None) -> int:
     oracles = load_oracles(ORACLES, oracles_out)
     if args.remeasure_oracles:
         oracles[STEADY_SECTION] = {}
-    parts = int(args.part.split("/")[1])
 
     import torch
 
     if args.estimate:
         device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else ""
-        print_estimate(selected, ratios, finders, oracles, device, cap_bytes, 1)
+        print_estimate(selected, ratios, finders, oracles, device, cap_bytes)
         return 0
     if args.device == "cpu":
         return dry_run_cpu(selected)
@@ -2104,7 +2102,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.cuda.set_per_process_memory_fraction(min(cap_bytes / total, 1.0), 0)
     torch.zeros(1, device="cuda")  # the context and allocator up before the baseline is read
     env = environment("cuda", cap_bytes)
-    print_estimate(selected, ratios, finders, oracles, env["device"], cap_bytes, parts)
+    print_estimate(selected, ratios, finders, oracles, env["device"], cap_bytes)
     bench = ShellBench("cuda")
 
     def keep_oracle(name: str, entry: dict[str, Any]) -> None:
