@@ -965,6 +965,8 @@ def read_outcome(outcome: Any) -> dict[str, Any]:
             "peak_bytes": getattr(t, "peak_bytes", None),
             "reason": str(getattr(t, "reason", "")),
         }
+        if isinstance(getattr(t, "steady", None), bool):  # ran as the cell's next run will (the driver says)
+            entry["steady"] = t.steady
         for name in ("allocated_at_start_bytes", "allocated_start_bytes", "allocated_before_bytes",
                      "start_allocated_bytes"):
             value = getattr(t, name, None)

@@ -109,7 +109,7 @@ def test_read_outcome_takes_the_best_fitting_batch_and_counts_every_try():
     tries = (
         TryResult(1, Strategy.BATCH, "b=10", True, False, 100, 0.1, "probe", batch=10),
         TryResult(2, Strategy.BATCH, "b=80", False, True, 700, 0.1, "line", batch=80),
-        TryResult(3, Strategy.BATCH, "b=60", True, False, 600, 0.1, "line", batch=60),
+        TryResult(3, Strategy.BATCH, "b=60", True, False, 600, 0.1, "line", batch=60, steady=True),
     )
     outcome = Outcome("b=800", "b=60", Strategy.BATCH, tries, batch_before=800, batch_after=60, notes=("a note",))
     record = bench_module.read_outcome(outcome)
@@ -119,6 +119,7 @@ def test_read_outcome_takes_the_best_fitting_batch_and_counts_every_try():
     assert [t["batch"] for t in record["tries"]] == [10, 80, 60]
     assert [t["fitted"] for t in record["tries"]] == [True, False, True]
     assert record["notes"] == ["a note"]
+    assert [t["steady"] for t in record["tries"]] == [False, False, True]  # ran as the next run will
 
 
 def test_read_outcome_is_defensive_about_fields_the_driver_may_rename():
