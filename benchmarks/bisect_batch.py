@@ -21,6 +21,7 @@ def largest_fitting(
     up: Callable[[int], int],
     down: Callable[[int], int] | None = None,
     limit: int | None = None,
+    failing: int | None = None,
 ) -> tuple[int, list[tuple[int, bool]]]:
     """The largest batch ``fits`` accepts, and every ``(batch, fitted)`` run in the order made.
 
@@ -28,6 +29,8 @@ def largest_fitting(
     ``down(batch)`` (smaller, at least 1; 0 to stop) until one fits, or, without ``down``, bisect from 0.
     Then bisect between the last batch that fitted and the first that failed. Steps up that pass
     ``limit`` with every run fitting raise ``RuntimeError``: the batch does not reach what the runs allocate.
+    ``failing``: a batch already known not to fit (a stricter test's bound from a looser one's answer):
+    it is never run, and no step goes at or past it.
     """
     if start < 1:
         raise ValueError(f"the first batch must be at least 1, got {start}")
@@ -38,10 +41,16 @@ def largest_fitting(
         runs.append((batch, fitted))
         return fitted
 
+    if failing is not None and start >= failing:
+        raise ValueError(f"the first batch {start} is at or above the batch known to fail, {failing}")
+
+    def step_up(batch: int) -> int:
+        return up(batch) if failing is None else min(up(batch), failing)
+
     if run(start):
-        low, high = start, up(start)
-        while (limit is None or high <= limit) and run(high):
-            low, high = high, up(high)
+        low, high = start, step_up(start)
+        while (limit is None or high <= limit) and high != failing and run(high):
+            low, high = high, step_up(high)
         if limit is not None and high > limit:
             raise RuntimeError(f"still fits at {low}: the batch knob does not reach the cell")
     else:

@@ -62,3 +62,19 @@ def test_a_batch_that_fits_past_the_limit_is_refused():
     assert largest_fitting(lambda batch: batch <= 1000, 16, limit=1024, **DOUBLE)[0] == 1000
     with pytest.raises(ValueError, match="at least 1"):
         largest_fitting(lambda batch: True, 0, **DOUBLE)
+
+
+@pytest.mark.parametrize("limit", [0, 1, 7, 29, 44])
+@pytest.mark.parametrize("start", [1, 16, 40, 44])
+def test_a_batch_known_to_fail_is_never_run(limit, start):
+    # The steady oracle of benchmarks/oomfix.py under a single-run oracle of 44: 45 is known to fail.
+    found, runs = largest_fitting(lambda batch: batch <= limit, start, up=lambda batch: 2 * batch,
+                                  down=lambda batch: batch // 2, failing=45)
+    assert found == limit and _runs_agree(limit, runs) and all(batch < 45 for batch, _ in runs)
+
+
+def test_steps_up_stop_below_the_batch_known_to_fail():
+    assert largest_fitting(lambda b: b <= 100, 40, up=lambda b: 2 * b, failing=45)[1] == [
+        (40, True), (42, True), (43, True), (44, True)]
+    with pytest.raises(ValueError, match="known to fail"):
+        largest_fitting(lambda b: True, 45, up=lambda b: 2 * b, failing=45)
