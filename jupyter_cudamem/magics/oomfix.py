@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from IPython.core.magic import cell_magic, line_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import magic_arguments, parse_argstring
+from IPython.core.magic_arguments import magic_arguments
 from IPython.display import display
 from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
@@ -31,6 +31,7 @@ from .cellrun import error_is_raised, run_cell_body
 from .oomfix_arguments import check_options, chosen_strategies, oomfix_options, require_gpu
 from .oomfix_dialogue import confirmed, show, state_note
 from .oomfix_reruns import ShellReruns
+from .options import parse_line
 
 
 @magics_class
@@ -106,7 +107,7 @@ class OomFix(CudaMemMagicsBase):
         left behind, then reruns the cell: unchanged, with a smaller batch found by measuring, or
         under autocast. Prints every try, the cell that fitted as a diff, and advice.
         """
-        args = parse_argstring(self.oomfix, line)
+        args = parse_line(self.oomfix, line)
         from ..ipython_state import last_failure
 
         if not args.dry_run:
@@ -139,7 +140,7 @@ class OomFix(CudaMemMagicsBase):
         Without a CUDA device the body runs as a plain cell after a one-line note.
         """
         __tracebackhide__ = True  # noqa: F841
-        args = parse_argstring(self.oomfix_cell, line)
+        args = parse_line(self.oomfix_cell, line)
         check_options(args, self.strategies, self.autocast)  # before running the body: a typo in the options must not cost a run
         shell = self.shell
         reason = self.hardware.allocator.status()
