@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .errors import CudaMemError
 from .sources.base import AllocatorSource, GpuIdentity, NvmlSource, TorchDevice
+from .units import whole_number
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,9 @@ def visible_gpus(gpus: list[GpuIdentity], cuda_visible_devices: str | None) -> l
         if not token:
             break
         match: GpuIdentity | None = None
-        if token.lstrip("-").isdigit():
-            ordinal = int(token)
+        number = whole_number(token.removeprefix("-"))
+        if number is not None:
+            ordinal = -number if token.startswith("-") else number
             match = next((gpu for gpu in gpus if gpu.nvml_index == ordinal), None)
         else:
             wanted = normalize_uuid(token)

@@ -6,7 +6,9 @@ Binary units (KiB, MiB, GiB, TiB) are powers of 1024 and decimal ones (KB, MB, G
 
 from __future__ import annotations
 
+import math
 import re
+from typing import Any
 
 from .errors import CudaMemError
 
@@ -46,6 +48,8 @@ def parse_size(text: str | int | float) -> int:
         raise CudaMemError(f"not a size: {text!r}; write a size such as 24GiB or 512MiB")
     if isinstance(text, (int, float)):
         value, unit = float(text), ""
+        if not math.isfinite(value):
+            raise CudaMemError(f"not a size: {text!r}; write a size such as 24GiB or 512MiB")
     else:
         match = _SIZE_PATTERN.match(str(text))
         if not match:
@@ -89,3 +93,23 @@ def format_seconds(seconds: float) -> str:
         return f"{seconds:.2f} s"
     minutes, rest = divmod(int(round(seconds)), 60)
     return f"{minutes} min {rest} s"
+
+
+def number_in(value: Any, name: str, low: float, high: float, what: str) -> float:
+    """``value`` as a float from ``low`` to ``high`` (both included), else a ``CudaMemError`` naming ``name``.
+
+    The one check of the numbers people type or set: NaN, infinities and numbers out of range are refused
+    where they are given, not found later as an ``OverflowError`` in a wait or a division by zero in a figure.
+    """
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or not low <= value <= high:
+        raise CudaMemError(f"{name} takes {what} from {low:g} to {high:g}; got {value:g}" if number else
+                           f"{name} takes {what} from {low:g} to {high:g}; got {value!r}")
+    return float(value)
+
+
+def whole_number(text: str) -> int | None:
+    """``text`` as a whole number of ASCII digits (``"12"``), else ``None``. ``str.isdigit`` accepts ``"²"``
+    (which ``int`` refuses), ``int`` accepts ``"١٢"`` and ``"1_0"``: an option's number is neither."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdecimal() else None

@@ -26,6 +26,9 @@ def test_visible_gpus_by_ordinal_and_uuid_prefix():
     # CUDA stops at the first entry it cannot resolve.
     assert [g.nvml_index for g in visible_gpus(gpus, "1,9,2")] == [1]
     assert visible_gpus(gpus, "") == []
+    assert [g.nvml_index for g in visible_gpus(gpus, "1,-1,2")] == [1]  # -1 hides the rest, as in CUDA
+    # A digit that is not ASCII (which str.isdigit takes and int refuses) is an entry CUDA cannot resolve.
+    assert [g.nvml_index for g in visible_gpus(gpus, "0,²,1")] == [0]
 
 
 def test_cuda_visible_devices_1_maps_cuda0_to_nvml_1_by_uuid():

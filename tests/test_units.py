@@ -132,3 +132,34 @@ def largest(max_batch: int = 1 << 30, *, limit: int = 1 << 30): ...
 """
     lines = [line for line, _ in _size_literals(ast.parse(source))]
     assert sorted(set(lines)) == [2, 3, 4, 5, 6, 7, 8, 9, 13]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 0, -1, 0.04, 101, 1e308, True, "5", None])
+def test_number_in_refuses_what_is_not_a_finite_number_in_range(value):
+    from jupyter_cudamem.units import number_in
+
+    with pytest.raises(CudaMemError) as error:
+        number_in(value, "--wait", 0.05, 100, "seconds")
+    assert str(error.value).startswith("--wait takes seconds from 0.05 to 100; got ") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("value, expected", [(0.05, 0.05), (100, 100.0), (3, 3.0)])
+def test_number_in_keeps_a_number_in_range(value, expected):
+    from jupyter_cudamem.units import number_in
+
+    assert number_in(value, "--wait", 0.05, 100, "seconds") == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("0", 0), ("12", 12), (" 3 ", 3), ("²", None), ("١٢", None), ("1_0", None), ("-1", None), ("", None), ("1.0", None),
+])
+def test_whole_number_takes_ascii_digits_only(text, expected):
+    from jupyter_cudamem.units import whole_number
+
+    assert whole_number(text) == expected
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_parse_size_refuses_what_is_not_finite(value):
+    with pytest.raises(CudaMemError, match="not a size"):
+        parse_size(value)

@@ -180,7 +180,7 @@ class Knob:
 
     @property
     def changeable(self) -> bool:
-        return self.problem is None and self.value >= 2 and bool(self.written or self.live)
+        return self.problem is None and self.value >= 1 and bool(self.written or self.live)
 
     @property
     def in_cell(self) -> bool:

@@ -80,8 +80,9 @@ def _via(trace: Trace, context: Context) -> tuple[LiveTarget, ...]:
 
 
 def _integer(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
-    """An int the cell reads, named or used as a batch: a variable, or a field of a config."""
-    if type(value) is not int or value < 2:
+    """An int the cell reads, named or used as a batch: a variable, or a field of a config (a batch of 1 too:
+    the plan measures it; a fix says it cannot shrink)."""
+    if type(value) is not int or value < 1:
         return []
     uses = {u for u in _batch_uses(read, context) if u in USE_SCORES}  # iterated or passed on says nothing of an int
     named = name_score(path.last_name)

@@ -31,11 +31,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CudaMemError
-from ..units import GiB, parse_size
+from ..units import GiB, number_in, parse_size
 
 
 ECC_FRACTION = 1 / 16
 """Share of GDDR memory that ECC check bits take when ECC is on (one bit in 16)."""
+
+MIN_CARD_GIB = 1.0
+MAX_CARD_GIB = 16384.0
+"""A card of the table holds 1 GiB to 16 TiB: below, the CUDA context alone fills it (no plan can use it);
+above, no card is near (the largest of the table has 141 GiB)."""
 
 
 @dataclass(frozen=True)
@@ -94,10 +99,8 @@ def _card(name: str, value: Any) -> Card:
         except CudaMemError as error:
             raise CudaMemError(f"CudaMem.cards[{name!r}]: {error}") from None
     else:
-        if memory <= 0:
-            raise CudaMemError(f"CudaMem.cards[{name!r}] = {memory!r}: a card's memory must be positive")
-        gib = float(memory)
-    return Card(name, gib, ecc)
+        gib = memory
+    return Card(name, number_in(gib, f"CudaMem.cards[{name!r}]", MIN_CARD_GIB, MAX_CARD_GIB, "a card's memory in GiB"), ecc)
 
 
 def card_table(extra: Mapping[str, Any] | None = None) -> tuple[Card, ...]:

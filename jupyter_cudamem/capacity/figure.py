@@ -72,7 +72,9 @@ def plan_figure(plan: CapacityPlan) -> Any:
     axes.set_yscale("log")
     colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
     slot, previous = 0, None
-    for i, (usable, names) in enumerate(sorted(groups.items())):
+    # A card that leaves PyTorch nothing (what runs outside PyTorch fills it) has no level on a log scale;
+    # the table says it does not fit.
+    for i, (usable, names) in enumerate(sorted(item for item in groups.items() if item[0] > 0)):
         color = colors[i % len(colors)]
         level = usable / GiB
         axes.axhline(level, color=color, linewidth=1)

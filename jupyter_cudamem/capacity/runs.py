@@ -84,8 +84,8 @@ class Measured:
 def smaller_batch(batch: int) -> int:
     """Half the batch: far enough from it that the slope is not noise (the points span half the
     batch), near enough that the smaller run costs half the cell's time and stays in the regime
-    the batch as written is in."""
-    return max(batch // 2, 1)
+    the batch as written is in. A batch of 1 has none smaller: its second point is 2."""
+    return batch // 2 if batch >= 2 else 2
 
 
 def _device(measurement: Measurement) -> DeviceMeasurement | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import CudaMemError
+from ..units import whole_number
 from .records import EngineAnswer, EngineReport, EngineStatus
 
 INSTALL_HINT = (
@@ -24,6 +25,9 @@ NO_VIEW_HINT = (
     "cluster = ipyparallel.Cluster(n=2); rc = cluster.start_and_connect_sync()"
 )
 DEFAULT_TIMEOUT_S = 10.0
+MIN_TIMEOUT_S = 0.01
+MAX_TIMEOUT_S = 3600.0
+"""The longest wait for the engines' answers: an hour (a longer one outlives any cell that asks)."""
 
 
 def ipyparallel_missing() -> bool:
@@ -63,9 +67,10 @@ def parse_targets(text: str) -> list[int]:
     ids: list[int] = []
     for token in text.split(","):
         first, dash, last = token.strip().partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
+        start, end = whole_number(first), whole_number(last if dash else first)
+        if start is None or end is None:
             raise CudaMemError(f"--targets takes engine ids such as 0,2 or 0-3; got {text!r}")
-        ids.extend(range(int(first), int(last if dash else first) + 1))
+        ids.extend(range(start, end + 1))
     return list(dict.fromkeys(ids))
 
 

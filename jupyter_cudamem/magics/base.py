@@ -12,6 +12,7 @@ from IPython.core.magic import Magics
 
 from ..errors import CudaMemError
 from ..hardware import Hardware
+from ..units import whole_number
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,12 +49,12 @@ def parse_devices(text: str | Sequence[int], option: str = "--devices") -> tuple
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
             raise CudaMemError(f"devices must be CUDA device numbers such as [0, 1], got {values!r}")
         return tuple(dict.fromkeys(values))
-    tokens = [token.strip().removeprefix("cuda:") for token in text.split(",")]
-    if not tokens or not all(token.isdigit() for token in tokens):
+    numbers = [whole_number(token.strip().removeprefix("cuda:")) for token in text.split(",")]
+    if not all(number is not None for number in numbers):
         raise CudaMemError(
             f"{option} takes CUDA device numbers separated by commas, such as {option} 0,1; got {text!r}"
         )
-    return tuple(dict.fromkeys(int(token) for token in tokens))
+    return tuple(dict.fromkeys(number for number in numbers if number is not None))
 
 
 class CudaMemMagicsBase(Magics):

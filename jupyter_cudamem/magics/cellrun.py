@@ -9,8 +9,11 @@ top-level ``await`` is allowed where IPython allows it.
 
 What differs from ``run_cell`` is only *when* things are shown: the caller measures between running
 and showing. ``Ran.show_values`` shows the last expression's value through the display hook (with
-IPython's own rule for a trailing ``;``), ``Ran.fail`` shows the user's error the way a plain cell
-shows it (same traceback, same ``SystemExit`` note) and marks the running cell as failed, so
+IPython's own rule for a trailing ``;``). ``Ran.fail`` raises the user's error from the magic, as
+``%time`` does, so the code around the magic stops (``%cudamem 1/0`` then ``print``; ``try:``/``except``
+around it; ``run_line_magic`` from code); where the magic is the whole cell (a ``%%cudamem`` cell the
+user ran) nothing of theirs follows, and it shows the error as a plain cell shows it instead (same
+traceback, none of the magic's frames, same ``SystemExit`` note) and marks the cell as failed, so
 ``error_in_exec`` is set and a notebook run that stops on errors stops there.
 """
 
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 from types import CodeType, TracebackType
 from typing import Any
 
-from .base import current_cell_number
+from .base import CudaMemMagicsBase, current_cell_number
 
 NO_VALUE = object()
 
@@ -67,19 +70,18 @@ class Ran:
             shell.displayhook(value)
 
     def fail(self, shell: Any, frames: bool = True) -> None:
-        """Show the error as a plain cell shows it and mark the running cell as failed.
+        """Raise the user's error from the magic; where the magic is the whole running cell, show it as a
+        plain cell shows it and mark the cell as failed instead (see ``error_is_raised``).
 
-        ``frames=False`` shows the exception's line only (its frames were cleared to free what they
-        held). Outside a running cell (the magic called from code) the error is raised instead, so it
-        is never lost.
+        ``frames=False``: the exception without its frames (they were cleared to free what they held).
         """
         __tracebackhide__ = True  # noqa: F841 - hides this frame in IPython tracebacks
         error, kind, traceback = self.error, self.kind, self.traceback
         if error is None:
             return
-        result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-        if result is None:
-            raise error.with_traceback(traceback)
+        if error_is_raised(shell):
+            raise error.with_traceback(traceback if frames and kind != _SYNTAX else None)
+        result = shell.displayhook.exec_result
         result.error_in_exec = error
         _failed_after_all(shell)
         # IPython's printers read the error from sys.exc_info(), else from sys.last_*: set the latter
@@ -102,6 +104,28 @@ class Ran:
         elif kind == _RAISED:
             # tb_offset=0: the traceback starts at the cell's own frame already (see ``_from_cell``).
             shell.showtraceback(exc_tuple, tb_offset=0, running_compiled_code=True)
+
+
+# Bodies of ours running now, nested magics included: a magic called inside one is never the whole cell.
+_bodies_running = 0
+
+
+def error_is_raised(shell: Any) -> bool:
+    """Whether a body's error is raised from the magic (``Ran.fail``): always, but where the magic is the
+    whole cell IPython is running, a cell magic of ours the user ran, with no body of ours around it.
+
+    There nothing of the user's runs after the magic returns, so showing the error and marking the cell
+    failed is what raising it would do, with the traceback of a plain cell (no ``run_cell_magic`` line).
+    """
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    raw_cell = getattr(getattr(result, "info", None), "raw_cell", None)
+    if _bodies_running or not isinstance(raw_cell, str):
+        return True
+    first = raw_cell.lstrip().split(None, 1)
+    if not first or not first[0].startswith("%%"):
+        return True
+    magic = shell.find_cell_magic(first[0][2:]) if hasattr(shell, "find_cell_magic") else None
+    return not isinstance(getattr(magic, "__self__", None), CudaMemMagicsBase)
 
 
 def _failed_after_all(shell: Any) -> None:
@@ -178,6 +202,7 @@ def _split(shell: Any, nodes: list[ast.stmt]) -> tuple[list[ast.stmt], list[ast.
 def _run_coroutine(shell: Any, coroutine: Any) -> Any:
     """Top-level ``await``: IPython's loop runner where no event loop is running this thread (a terminal,
     a script); in a kernel, on an event loop of its own in a worker thread (see ``_await_beside``)."""
+    __tracebackhide__ = True  # noqa: F841
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
@@ -195,7 +220,8 @@ def _await_beside(coroutine: Any) -> Any:
     plain cell's top-level ``await`` by awaiting the whole cell; ``%%time`` does not run it at all. Here the
     coroutine gets a loop of its own: ``asyncio.sleep``, ``asyncio.gather`` of coroutines it starts,
     clients it opens all work; what is bound to the kernel's loop (a Task or Future made in an earlier
-    cell) cannot be awaited from another loop, and says so in asyncio's words. An interrupt cancels it.
+    cell) cannot be awaited from another loop, and says so in asyncio's words. An interrupt cancels it, and
+    the body's ``CancelledError`` is raised, at the user's line, as ipykernel shows an interrupted plain cell.
     """
     __tracebackhide__ = True  # noqa: F841
     from ..sources.torch_state import carry_thread_state
@@ -204,34 +230,51 @@ def _await_beside(coroutine: Any) -> Any:
     outcome: dict[str, Any] = {}
     as_in_the_cell = carry_thread_state()  # torch's per-thread state: current device, grad mode
 
+    async def body() -> Any:
+        try:
+            return await coroutine
+        except BaseException as error:  # noqa: BLE001 - the body's own, with its frames (a cancel's too)
+            outcome["error"] = error
+            raise
+
     def run() -> None:
         as_in_the_cell()
         asyncio.set_event_loop(loop)
         try:
-            task = loop.create_task(coroutine)
+            task = loop.create_task(body())
             outcome["task"] = task
             outcome["value"] = loop.run_until_complete(task)
-        except BaseException as error:  # noqa: BLE001 - the body's error, raised in the cell's thread
-            outcome["error"] = error
+        except BaseException as error:  # noqa: BLE001 - raised in the cell's thread
+            outcome.setdefault("error", error)
         finally:
             asyncio.set_event_loop(None)
             loop.close()
+            done.set()
 
-    worker = threading.Thread(target=run, name="cudamem-await", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.05)
-    except KeyboardInterrupt:
+    done = threading.Event()
+    threading.Thread(target=run, name="cudamem-await", daemon=True).start()
+    interrupted = _wait_for(done)
+    if interrupted is not None:
         task = outcome.get("task")
         if task is not None:
             loop.call_soon_threadsafe(task.cancel)
-        worker.join()
-        raise
+        if _wait_for(done) is not None or "error" not in outcome:
+            raise interrupted.with_traceback(None)
     if "error" in outcome:
         error = outcome.pop("error")
         raise error
     return outcome.get("value")
+
+
+def _wait_for(done: threading.Event) -> KeyboardInterrupt | None:
+    """Wait until ``done`` is set; the interrupt that stopped the wait, if one did. (An event, not
+    ``Thread.join``: a join interrupted at the wrong moment leaves ``is_alive()`` False for a live thread.)"""
+    try:
+        while not done.wait(0.05):
+            pass
+    except KeyboardInterrupt as interrupt:
+        return interrupt
+    return None
 
 
 def run_cell_body(shell: Any, raw_cell: str) -> Ran:
@@ -273,11 +316,13 @@ def _execute(shell: Any, code: CodeType, ran: Ran, capture: Callable[[Any], None
     """IPython's ``run_code`` with the error kept for later: True when the statement ran."""
     # IPython's own marker (its ``run_code`` has it): this frame and all above are hidden, silently.
     __tracebackhide__ = "__ipython_bottom__"  # noqa: F841
+    global _bodies_running
     is_async = bool(code.co_flags & inspect.CO_COROUTINE)
     old_excepthook, sys.excepthook = sys.excepthook, shell.excepthook
     old_displayhook = sys.displayhook
     if capture is not None:  # `single` mode prints through sys.displayhook: keep the value instead
         sys.displayhook = lambda value: None if value is None else capture(value)
+    _bodies_running += 1
     try:
         try:
             if is_async:
@@ -285,6 +330,7 @@ def _execute(shell: Any, code: CodeType, ran: Ran, capture: Callable[[Any], None
             else:
                 exec(code, shell.user_global_ns, shell.user_ns)
         finally:
+            _bodies_running -= 1
             sys.excepthook = old_excepthook
             sys.displayhook = old_displayhook
     except SystemExit as error:

@@ -231,18 +231,40 @@ class CudaMem(CudaMemMagicsBase):
         if gpu_present:
             meter.check_devices()
         limit_bytes = parse_size(args.limit) if args.limit else None
-        breakdown = args.breakdown or self.breakdown
-        needs_cuda = "limit" if limit_bytes else "trace" if args.trace else "breakdown" if breakdown else None
-        if needs_cuda and self.hardware.allocator.status() is not None:
-            raise CudaMemError(f"--{needs_cuda} needs PyTorch with a CUDA device: {self.hardware.allocator.status()}")
+        breakdown, nvtx = args.breakdown or self.breakdown, args.nvtx or self.nvtx
+        # As every magic of ours without a GPU: the body runs, and one line says what it runs without, named
+        # as the user asked for it (the flag typed, else the setting).
+        allocator = self.hardware.allocator.status()
+        wanted = {  # name: (asked for, why it cannot run here)
+            "--limit": (bool(limit_bytes), allocator),
+            "--trace": (args.trace, allocator),
+            "--breakdown" if args.breakdown else "CudaMem.breakdown": (breakdown, allocator),
+            "--nvtx" if args.nvtx else "CudaMem.nvtx": (nvtx, self._nvtx_status() if nvtx else None),
+        }
+        without = {name: reason for name, (on, reason) in wanted.items() if on and reason is not None}
+        if without:
+            names, one = " and ".join(without), len(without) == 1
+            self.note(f"{names} need{'s' if one else ''} PyTorch with a CUDA device ({next(iter(without.values()))}); "
+                      f"the cell runs without {'it' if one else 'them'}")
         report = self.measurer.measure(
-            cell, meter, limit_bytes, args.trace, show=not args.quiet, breakdown=breakdown, nvtx=args.nvtx or self.nvtx
+            cell, meter, limit_bytes if allocator is None else None, args.trace and allocator is None,
+            show=not args.quiet, breakdown=breakdown and allocator is None,
+            nvtx=nvtx and not without.keys() & {"--nvtx", "CudaMem.nvtx"},
         )
         if report is None:
             return None
         if not args.quiet:
             display(report)
         return report if args.output else None
+
+    def _nvtx_status(self) -> str | None:
+        """Why no NVTX range can be pushed (``None``: one can), from what --nvtx marks with."""
+        if self.nvtx_ranges is not None:
+            status = getattr(self.nvtx_ranges, "status", None)
+            return status() if status is not None else None
+        from ..sources.nvtx import TorchNvtx
+
+        return TorchNvtx().status()
 
     def limit_of(self, source: str) -> int | None:
         """The ``--limit`` (bytes) a ``%%cudamem`` or ``%cudamem`` cell ran under; ``None`` for any other

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import CudaMemError
 from ..units import parse_size
-from .options import OptionSplitter, expand_options
+from .options import OptionSplitter, expand_options, split_line
 
 _MEMOISED_LINES = 256
 
@@ -50,7 +50,7 @@ class CudaMemArguments:
         """argparse costs ~80 µs a call; the same option line always parses the same way."""
         cached = self._parsed.get(line)
         if cached is None:
-            cached = self.parser.parse_argstring(line)
+            cached = self.parser.parse_args(split_line(line))
             if len(self._parsed) < _MEMOISED_LINES:
                 self._parsed[line] = cached
         return argparse.Namespace(**vars(cached))

@@ -7,22 +7,24 @@ module), reading the engine's own extension: its history, its last ``%oomfix``, 
 
 from __future__ import annotations
 
-import math
 import uuid
 from typing import Any
 
 from IPython.core.magic import line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Float, Int, TraitError, validate
 
-from ..engines.gather import DEFAULT_TIMEOUT_S, ask, ask_engines, engine_ids, feed_readings, feed_sender, parse_targets, px_view
+from ..engines.gather import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S, ask, ask_engines, engine_ids, feed_readings, feed_sender, parse_targets, px_view
 from ..engines.live import KEEPALIVE_INTERVALS, EngineFeed, EnginesLive, LiveView, live_text
 from ..engines.records import EngineStatus, EngineCell, EngineReport, OomfixSummary, this_engine
 from ..engines.table import EnginesHistory, EnginesReport
 from ..errors import CudaMemError
-from ..monitor.poller import DEFAULT_INTERVAL_S, MIN_INTERVAL_S, Poller
+from ..monitor.poller import DEFAULT_INTERVAL_S, Poller
+from ..monitor.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
+from ..units import number_in
 from .base import CudaMemMagicsBase, one_line_errors
+from .options import parse_line
 
 ACTIONS = ("show", "on", "off", "status", "monitor", "stop")
 DEFAULT_HISTORY_CELLS = 20
@@ -119,6 +121,21 @@ def stop_engine_feed(channel: str) -> None:
         engines_magics.stop_feed(channel)
 
 
+def timeout_seconds(value: Any, name: str) -> float:
+    return number_in(value, name, MIN_TIMEOUT_S, MAX_TIMEOUT_S, "seconds to wait for the engines")
+
+
+def interval_seconds(value: Any, name: str) -> float:
+    return number_in(value, name, MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds between readings")
+
+
+def _as_trait(check: Any, value: Any, name: str) -> float:
+    try:
+        return check(value, name)
+    except CudaMemError as error:
+        raise TraitError(str(error)) from None
+
+
 @magics_class
 class CudaMemEngines(CudaMemMagicsBase):
     """GPU memory across ipyparallel engines. Configure with ``%config CudaMemEngines.<option> = ...``."""
@@ -129,9 +146,11 @@ class CudaMemEngines(CudaMemMagicsBase):
 
     @validate("timeout_s")
     def _check_timeout(self, proposal: Any) -> float:
-        if not proposal["value"] > 0:
-            raise TraitError(f"CudaMemEngines.timeout_s takes a positive number of seconds; got {proposal['value']!r}")
-        return proposal["value"]
+        return _as_trait(timeout_seconds, proposal["value"], "CudaMemEngines.timeout_s")
+
+    @validate("interval_s")
+    def _check_interval(self, proposal: Any) -> float:
+        return _as_trait(interval_seconds, proposal["value"], "CudaMemEngines.interval_s")
 
     @validate("history_cells")
     def _check_history_cells(self, proposal: Any) -> int:
@@ -178,7 +197,7 @@ class CudaMemEngines(CudaMemMagicsBase):
         ``%oomfix`` fixed on each engine. ``--history`` shows the cells per engine; ``monitor`` watches the
         engines' GPUs live.
         """
-        args = parse_argstring(self.cudamem_engines, line)
+        args = parse_line(self.cudamem_engines, line)
         self._check_options(args)
         if args.action in ("on", "off", "status"):
             return self._mode(args.action)
@@ -194,9 +213,7 @@ class CudaMemEngines(CudaMemMagicsBase):
             raise CudaMemError(f"--last takes a number of cells, at least 1; got {args.last}")
         if args.last is not None and not args.history:
             raise CudaMemError("--last goes with --history (the latest N cells of each engine)")
-        timeout = self.timeout_s if args.timeout is None else args.timeout
-        if not timeout > 0:
-            raise CudaMemError(f"--timeout takes a positive number of seconds; got {timeout:g}")
+        timeout = self.timeout_s if args.timeout is None else timeout_seconds(args.timeout, "--timeout")
         cells = (args.last or self.history_cells) if args.history else 1
         answers = ask_engines(view.client, engines, engine_report, cells, timeout_s=timeout)
         result: EnginesReport | EnginesHistory = EnginesHistory(answers) if args.history else EnginesReport(answers)
@@ -269,8 +286,7 @@ class CudaMemEngines(CudaMemMagicsBase):
 
     # -- the live monitor ---------------------------------------------------------------------------
     def start_monitor(self, client: Any, engines: list[int], interval_s: float) -> EnginesLive:
-        if not math.isfinite(interval_s) or interval_s < MIN_INTERVAL_S:
-            raise CudaMemError(f"--interval takes seconds between readings, at least {MIN_INTERVAL_S}; got {interval_s:g}")
+        interval_s = interval_seconds(interval_s, "--interval")
         self.stop_monitor(quiet=True)
         channel = f"cudamem-engines-{uuid.uuid4().hex[:12]}"
         started = ask(client, engines, start_engine_feed, channel, interval_s, timeout_s=self.timeout_s)

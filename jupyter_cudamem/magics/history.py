@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from IPython.core.magic import line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from ..errors import CudaMemError
@@ -19,6 +19,7 @@ from ..report import HistoryTable
 from ..report.plot import HistoryPlot
 from ..report.table import DEFAULT_SHOWN_CELLS
 from .base import CudaMemMagicsBase, one_line_errors
+from .options import parse_line
 
 
 def _saved(path: str, save: Any) -> Any:
@@ -80,7 +81,7 @@ class CudaMemHistory(CudaMemMagicsBase):
         every view, --save and -o included. ``rows = %cudamem_history -o`` shows the table and returns the
         records: ``pandas.DataFrame(rows)`` gives one row per cell and device, sizes in bytes.
         """
-        args = parse_argstring(self.cudamem_history, line)
+        args = parse_line(self.cudamem_history, line)
         history = self._history()
         if args.clear:
             count = len(history)

@@ -71,10 +71,9 @@ class CellMeasurer:
             if ran is None or ran.error is None:
                 raise
             cudamem.note(f"could not read GPU memory after the cell ({type(failure).__name__}: {failure}); your error follows")
-            ran.fail(shell)
-            return None
-        if measurement is None:  # it did not compile: a plain cell's SyntaxError, nothing measured
-            ran.fail(shell)
+        if measurement is None:  # it did not compile (a plain cell's SyntaxError), or the reading failed: no report
+            assert ran is not None
+            ran.fail(shell)  # outside the `except`: the user's error carries no context of ours
             return None
         traces = tuple(tracing or ())
         left = cudamem.left_behind(measurement, snapshot, ran.value, ran.error)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from IPython.core.magic import line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from traitlets import Bool, Float, TraitError, observe, validate
 
@@ -27,6 +27,7 @@ from ..monitor.render import DEFAULT_ALERT_FRACTION, text_line
 from ..monitor.snapshot import Snapshot
 from ..monitor.widget import MonitorView, make_view
 from .base import CudaMemMagicsBase, one_line_errors, parse_devices
+from .options import parse_line
 
 ACTIONS = ("start", "stop", "snapshot")
 
@@ -113,7 +114,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
         utilisation, a sparkline, the peak since start) that updates from a background thread.
         A second call shows the same monitor again; it never starts a second thread.
         """
-        args = parse_argstring(self.cudamem_monitor, line)
+        args = parse_line(self.cudamem_monitor, line)
         return self.run(args.action, interval_s=args.interval, devices=args.devices, history_s=args.history)
 
     def run(

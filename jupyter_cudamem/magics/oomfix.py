@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from IPython.core.magic import cell_magic, line_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import magic_arguments, parse_argstring
+from IPython.core.magic_arguments import magic_arguments
 from IPython.display import display
 from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
@@ -27,10 +27,11 @@ from ..oomfix.strategies import STRATEGIES
 from .base import CudaMemMagicsBase, one_line_errors
 from .cell_cap import cap_note, cell_cap
 from .cell_starts import CellStarts
-from .cellrun import run_cell_body
+from .cellrun import error_is_raised, run_cell_body
 from .oomfix_arguments import check_options, chosen_strategies, oomfix_options, require_gpu
 from .oomfix_dialogue import confirmed, show, state_note
 from .oomfix_reruns import ShellReruns
+from .options import parse_line
 
 
 @magics_class
@@ -106,7 +107,7 @@ class OomFix(CudaMemMagicsBase):
         left behind, then reruns the cell: unchanged, with a smaller batch found by measuring, or
         under autocast. Prints every try, the cell that fitted as a diff, and advice.
         """
-        args = parse_argstring(self.oomfix, line)
+        args = parse_line(self.oomfix, line)
         from ..ipython_state import last_failure
 
         if not args.dry_run:
@@ -139,7 +140,7 @@ class OomFix(CudaMemMagicsBase):
         Without a CUDA device the body runs as a plain cell after a one-line note.
         """
         __tracebackhide__ = True  # noqa: F841
-        args = parse_argstring(self.oomfix_cell, line)
+        args = parse_line(self.oomfix_cell, line)
         check_options(args, self.strategies, self.autocast)  # before running the body: a typo in the options must not cost a run
         shell = self.shell
         reason = self.hardware.allocator.status()
@@ -157,9 +158,14 @@ class OomFix(CudaMemMagicsBase):
         if oom is None:
             ran.fail(shell)  # no error: nothing; another error: as a plain cell
             return None
-        if args.dry_run:
-            ran.fail(shell)  # --dry-run fixes nothing: the cell fails, then the plan is shown
-            return self._fix(args, cell, None, oom, started, getattr(shell, "execution_count", None))
+        if args.dry_run:  # --dry-run fixes nothing: the cell fails, and the plan is shown
+            raised = error_is_raised(shell)
+            if not raised:
+                ran.fail(shell)  # shown: the error, then the plan
+            preview = self._fix(args, cell, None, oom, started, getattr(shell, "execution_count", None))
+            if raised:
+                ran.fail(shell)  # raised, it ends the magic: the plan comes first
+            return preview
         print(f"%%oomfix: the cell ran out of GPU memory ({type(error).__name__}); fixing it")
         self.last_outcome = None
         failure: BaseException | None = None
@@ -169,7 +175,8 @@ class OomFix(CudaMemMagicsBase):
             failure = raised
         del error
         if failure is not None:
-            ran.fail(shell)
+            if not error_is_raised(shell):
+                ran.fail(shell)  # shown first; raised, it would hide ``failure``
             raise failure
         outcome = self.last_outcome
         if outcome is None or not outcome.fitted:

@@ -1,11 +1,13 @@
-"""What the magics' options and settings accept: splitting a line magic's options from the statement that
-follows them, expanding ``{x}``/``$x`` in the options only, and checking a ``%config`` setting when it is set."""
+"""What the magics' options and settings accept: the one way an option line is split and parsed, splitting a
+line magic's options from the statement that follows them, expanding ``{x}``/``$x`` in the options only, and
+checking a ``%config`` setting when it is set."""
 
 from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Mapping
+import shlex
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -15,9 +17,29 @@ from ..errors import CudaMemError
 from ..units import parse_size
 
 _OPTION = re.compile(r"\s*(--?[A-Za-z][\w-]*)")
-_OPTION_VALUE = re.compile(r"(?:=|\s+)(\S+)")
+_OPTION_VALUE = re.compile(r"""(?:=|\s+)("[^"]*"|'[^']*'|\S+)""")
 # A value no option of ours refuses (none has ``choices``): what ``takes_value`` offers an option.
 _PROBE_VALUE = "0"
+
+
+def split_line(line: str) -> list[str]:
+    """An option line split as a shell splits it: quotes removed (``--cards "RTX 4090"`` is one value, ``RTX
+    4090``), backslashes kept (a Windows path stays as typed). IPython's own split keeps the quotes."""
+    lexer = shlex.shlex(line, posix=True)
+    lexer.whitespace_split = True
+    lexer.escape = ""
+    lexer.commenters = ""
+    try:
+        return list(lexer)
+    except ValueError:  # shlex's "No closing quotation"
+        raise UsageError(f"a quote is not closed in {line.strip()!r}: close it, or quote the value with the other quote") from None
+
+
+def parse_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
+    """``line`` parsed by ``magic``'s own parser (from ``@magic_arguments``), split by ``split_line``: the one
+    path every magic of ours reads its options by. The parser's errors are IPython's one-line ``UsageError``."""
+    parser: Any = getattr(magic, "parser")
+    return parser.parse_args(split_line(line))
 
 
 class OptionSplitter:

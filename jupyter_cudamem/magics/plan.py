@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from IPython.core.magic import cell_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Float
 
 from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN
 from ..growth.fitting import REPLAY_MARGIN
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, BodyRuns, run_cell_body
+from .options import parse_line
 
 
 @magics_class
@@ -83,7 +84,7 @@ class CudaMemPlan(CudaMemMagicsBase):
         from ..capacity.planner import CellAccess, PlanOptions, plan_cell
         from ..ipython_state import input_history
 
-        args = parse_argstring(self.cudamem_plan, line)
+        args = parse_line(self.cudamem_plan, line)
         options = PlanOptions(select_cards(card_table(self._cards_setting()), args.cards), self.margin,
                               self.calibrated_margin, args.margin, args.autocast, args.small, args.calibrate)
         reason = self.hardware.allocator.status()

@@ -531,3 +531,16 @@ def test_without_cuda_graph_pools_the_plan_says_nothing_of_them(plan_shell):
     result = shell.run_cell("%%cudamem_plan -o\nstep(64)")
     assert result.success, result.error_in_exec
     assert not any("CUDA graphs" in note for note in result.result.notes)
+
+
+def test_a_batch_of_one_is_a_batch(plan_shell):
+    """``batch_size = 1`` in an earlier cell: the plan finds it, measures it at 1 and at 2 (a batch of 1 has none
+    smaller) and fits the line through both: 2 GiB of weights and 30 MiB a sample."""
+    shell, machine, stepper = plan_shell
+    shell.run_cell("batch_size = 1", store_history=True)
+    result = shell.run_cell("%%cudamem_plan -o\nstep(batch_size)", store_history=True)
+    assert result.success, result.error_in_exec
+    plan = result.result
+    assert plan.batch == 1 and sorted(stepper.calls) == [1, 1, 2]  # the last run is the batch as written
+    assert plan.line.slope_bytes == PER_SAMPLE and plan.line.intercept_bytes == WEIGHTS
+    assert shell.user_ns["batch_size"] == 1

@@ -126,7 +126,9 @@ def test_nvtx_range_closes_when_the_cell_fails(shell):
     assert [kind for kind, _ in ranges.events] == ["push", "pop"]
 
 
-def test_breakdown_without_a_gpu_is_one_line_and_the_cell_does_not_run(ip, capsys):
+def test_breakdown_without_a_gpu_is_one_line_and_the_cell_runs(ip, capsys):
+    """As every magic of ours without a GPU: the body runs, one line says what it runs without, named as the
+    user asked for it (the flag typed, else the setting; never a flag the user did not type)."""
     from tests.fakes import FakeAllocator, FakeMachine, FakeNvml
 
     from jupyter_cudamem.hardware import Hardware
@@ -138,22 +140,41 @@ def test_breakdown_without_a_gpu_is_one_line_and_the_cell_does_not_run(ip, capsy
     )
     magics.unload(ip)
     magics.load(ip, hardware)
+    reason = "(PyTorch 2.13.0+cpu (a CPU-only build) sees no CUDA device)"
     try:
-        result = ip.run_cell("%%cudamem --breakdown\nbroken_down = 1")
-        assert not result.success and "broken_down" not in ip.user_ns
-        err = capsys.readouterr().err
-        assert "--breakdown needs PyTorch with a CUDA device: PyTorch 2.13.0+cpu" in err
-        assert "Traceback" not in err
+        for header, expected in (
+            ("%%cudamem --breakdown", f"cudamem: --breakdown needs PyTorch with a CUDA device {reason}; the cell runs without it"),
+            ("%%cudamem --breakdown --trace -l 1GiB", f"cudamem: --limit and --trace and --breakdown need PyTorch with a CUDA "
+                                                       f"device {reason}; the cell runs without them"),
+        ):
+            ip.user_ns.pop("broken_down", None)
+            result = ip.run_cell(f"{header}\nbroken_down = 1")
+            assert result.success and ip.user_ns["broken_down"] == 1
+            assert capsys.readouterr().err.splitlines() == [expected]
+        for setting in ("breakdown", "nvtx"):
+            ip.run_cell(f"%config CudaMem.{setting} = True")
+            try:
+                for _ in range(2):  # every cell runs, not only the first
+                    ip.user_ns.pop("broken_down", None)
+                    result = ip.run_cell("%%cudamem -q\nbroken_down = 1\nbroken_down")
+                    assert result.success and ip.user_ns["broken_down"] == 1 and ip.user_ns["_"] == 1
+                    [line] = capsys.readouterr().err.splitlines()
+                    assert line.startswith(f"cudamem: CudaMem.{setting} needs PyTorch with a CUDA device (")
+                    assert "--" not in line
+            finally:
+                ip.run_cell(f"%config CudaMem.{setting} = False")
     finally:
         magics.unload(ip)
+        for name in [n for n in ip.config if n.startswith("CudaMem")]:
+            del ip.config[name]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: its NVTX ranges work")
-def test_nvtx_without_cuda_is_one_line_and_the_cell_does_not_run(shell, capsys):
+def test_nvtx_without_cuda_is_one_line_and_the_cell_runs(shell, capsys):
     result = shell.run_cell("%%cudamem --nvtx\nmarked = 1")
-    assert not result.success and "marked" not in shell.user_ns
-    err = capsys.readouterr().err
-    assert "--nvtx needs PyTorch with a CUDA device" in err and "Traceback" not in err
+    assert result.success and shell.user_ns["marked"] == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("cudamem: --nvtx needs PyTorch with a CUDA device (") and line.endswith("the cell runs without it")
 
 
 def test_help_documents_both_options(shell):

@@ -3,6 +3,7 @@ input; its every-%px-cell hook goes with the extension."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -61,7 +62,16 @@ def test_a_closed_client_is_one_line(shell, monkeypatch):
         ("--interval 2", "'show' takes --history, --last, --targets, --timeout, -o; --interval does not go with it"),
         ("monitor --history", "'monitor' takes --interval, --targets; --history does not go with it"),
         ("on --targets 1", "'on' takes no options; --targets does not go with it"),
-        ("monitor --interval 0.01", "--interval takes seconds between readings, at least 0.05; got 0.01"),
+        ("monitor --interval 0.01", "--interval takes seconds between readings from 0.05 to 3600; got 0.01"),
+        ("monitor --interval 1e10", "--interval takes seconds between readings from 0.05 to 3600; got 1e+10"),
+        ("monitor --interval inf", "--interval takes seconds between readings from 0.05 to 3600; got inf"),
+        ("--timeout inf", "--timeout takes seconds to wait for the engines from 0.01 to 3600; got inf"),
+        ("--timeout 1e308", "--timeout takes seconds to wait for the engines from 0.01 to 3600; got 1e+308"),
+        ("--timeout nan", "--timeout takes seconds to wait for the engines from 0.01 to 3600; got nan"),
+        ("--timeout 0", "--timeout takes seconds to wait for the engines from 0.01 to 3600; got 0"),
+        ("--targets ²", "--targets takes engine ids such as 0,2 or 0-3; got '²'"),
+        ("--targets 0-²", "--targets takes engine ids such as 0,2 or 0-3; got '0-²'"),
+        ("--targets '0, 2' --interval 1", "--interval does not go with it"),  # quoted: one value, as a shell reads it
     ],
 )
 def test_bad_options_are_one_line(shell, monkeypatch, line, message):
@@ -75,7 +85,7 @@ def test_bad_options_are_one_line(shell, monkeypatch, line, message):
             _closed = False
 
     monkeypatch.setattr("jupyter_cudamem.magics.engines.px_view", lambda shell: View())
-    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(UsageError, match=re.escape(message)):
         shell.run_line_magic("cudamem_engines", line)
 
 

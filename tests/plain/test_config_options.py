@@ -9,6 +9,7 @@ import pytest
 
 import jupyter_cudamem.magics as magics
 from jupyter_cudamem.magics.cudamem import CudaMem
+from jupyter_cudamem.magics.engines import CudaMemEngines
 from jupyter_cudamem.magics.monitor import CudaMemMonitor
 from jupyter_cudamem.magics.oomfix import OomFix
 
@@ -16,7 +17,9 @@ BAD = {
     "CudaMem.auto_threshold": ("'10XB'", "'-1MiB'", "-5", "'lots'", "'1.5.5GiB'", "'MiB'", "True", "[1]", "1.5"),
     "CudaMem.attribute_threshold": ("'10XB'", "-1", "'some'", "'1 2'", "None", "{}", "False"),
     "CudaMem.history_size": ("0", "-3", "'ten'", "1.5", "None"),
-    "CudaMem.cards": ("{'X': -1}", "{'X': 'lots'}", "{'X': True}", "{'X': {'gib': 3}}", "{'': 3}"),
+    "CudaMem.cards": ("{'X': -1}", "{'X': 'lots'}", "{'X': True}", "{'X': {'gib': 3}}", "{'': 3}",
+                      "{'X': float('nan')}", "{'X': float('inf')}", "{'X': 0}", "{'Small': 0.5}", "{'X': '512MiB'}",
+                      "{'X': 1e308}", "{'X': {'memory': float('nan')}}"),
     "CudaMem.trace_max_entries": ("0", "-1", "'x'"),
     "CudaMem.trace_dir": ("''", "'   '", "5"),
     "CudaMem.reset_peak": ("'yes'", "2", "None"),
@@ -31,19 +34,22 @@ BAD = {
     "CudaMemMonitor.max_updates_per_s": ("0", "-1", "float('inf')"),
     "CudaMemMonitor.alert_fraction": ("-0.1", "1.01", "2", "float('nan')", "'red'"),
     "CudaMemMonitor.use_widgets": ("'no'",),
+    "CudaMemEngines.timeout_s": ("0", "-1", "float('inf')", "1e308", "float('nan')"),
+    "CudaMemEngines.interval_s": ("0", "1e10", "float('inf')", "float('nan')"),
 }
 GOOD = {
     "CudaMem.auto_threshold": (("'10MB'", "10MB"), ("0", 0), ("'2 GiB'", "2 GiB"), ("4096", 4096)),
     "CudaMem.attribute_threshold": (("'off'", "off"), ("0", 0), ("'64MiB'", "64MiB")),
     "CudaMem.history_size": (("3", 3),),
-    "CudaMem.cards": (("{'Mine': 12, 'T4': None}", {"Mine": 12, "T4": None}),),
+    "CudaMem.cards": (("{'Mine': 12, 'T4': None}", {"Mine": 12, "T4": None}), ("{'Least': 1}", {"Least": 1})),
+    "CudaMemEngines.timeout_s": (("3600", 3600.0),),
     "OomFix.max_tries": (("5", 5),),
     "OomFix.strategies": (("'batch,autocast'", "batch,autocast"), ("'all'", "all")),
     "OomFix.margin": (("0", 0.0), ("0.5", 0.5)),
     "CudaMemMonitor.interval_s": (("0.2", 0.2),),
     "CudaMemMonitor.alert_fraction": (("0.5", 0.5), ("1", 1.0), ("0", 0.0)),
 }
-KINDS = {"CudaMem": CudaMem, "OomFix": OomFix, "CudaMemMonitor": CudaMemMonitor}
+KINDS = {"CudaMem": CudaMem, "OomFix": OomFix, "CudaMemMonitor": CudaMemMonitor, "CudaMemEngines": CudaMemEngines}
 CASES = [(option, value) for option, values in BAD.items() for value in values]
 
 
