@@ -160,6 +160,9 @@ class Trace:
     written: tuple[Written, ...]
     origin: str
     via: tuple[ObjectPath, ...] = ()  # namespace paths on the way that hold the same value
+    # Every cell whose statement the value passed through on its way from where it is written to where it
+    # lives (``loader = DataLoader(ds, batch_size=batch_size)``, ``accelerator.prepare(loader)``).
+    through: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,15 @@ class Knob:
     evidence: tuple[str, ...] = ()
     problem: str | None = None  # why it cannot be changed (a custom batch_sampler...)
     notes: tuple[str, ...] = field(default=(), compare=False)
+    through: tuple[int, ...] = ()  # ``Trace.through`` of where it was traced
+
+    @property
+    def reruns(self) -> tuple[int, ...]:
+        """Earlier cells, unchanged, that must run again after the changed ones for the batch to reach where
+        it lives: the cell that built a loader from the variable, the cell that prepared that loader."""
+        changed = [w.cell for w in self.written if w.cell is not None]
+        first = min(changed, default=0)
+        return tuple(sorted(c for c in set(self.through) if c > first and c not in changed))
 
     @property
     def changeable(self) -> bool:
@@ -221,6 +233,7 @@ class Knob:
             live=self.live + tuple(t for t in other.live if t not in self.live),
             score=max(self.score, other.score) + bonus,
             evidence=self.evidence + tuple(e for e in other.evidence if e not in self.evidence),
+            through=self.through + tuple(c for c in other.through if c not in self.through),
         )
 
 

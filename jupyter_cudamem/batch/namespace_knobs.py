@@ -108,6 +108,7 @@ def _integer(path: ObjectPath, value: Any, read: Read, context: Context) -> list
             (Value(path),) + _via(trace, context),
             trace.origin,
             _evidence(read, uses),
+            through=trace.through,
         )
     ]
 
@@ -141,6 +142,7 @@ def _dataloader(path: ObjectPath, value: Any, read: Read, context: Context) -> l
             trace.origin,
             (how,) + _evidence(read, set()),
             problem,
+            through=trace.through,
         )
     ]
 
@@ -175,6 +177,7 @@ def _hf_trainer(path: ObjectPath, value: Any, read: Read, context: Context) -> l
                 (TrainerArgs(path, field_name),) + _via(trace, context),
                 trace.origin,
                 (f"{path.text}.{'/'.join(sorted(read.methods & {'train', 'evaluate', 'predict'}))}() is called",),
+                through=trace.through,
             )
         )
     return knobs
@@ -201,6 +204,7 @@ def _training_arguments(path: ObjectPath, value: Any, read: Read, context: Conte
             (Value(field_path),) + _via(trace, context),
             trace.origin,
             ("passed to a Trainer",),
+            through=trace.through,
         )
     ]
 
@@ -232,6 +236,7 @@ def _lightning(path: ObjectPath, value: Any, read: Read, context: Context) -> li
             live,
             trace.origin,
             ("passed to a Lightning Trainer" if read.opaque_argument else "passed to a call",),
+            through=trace.through,
         )
     ]
 
@@ -260,6 +265,7 @@ def _config(path: ObjectPath, value: Any, read: Read, context: Context) -> list[
                 (Value(field_path),) + _via(trace, context),
                 trace.origin,
                 (f"in {path.text}, passed to a call",),
+                through=trace.through,
             )
         )
     return knobs
@@ -374,6 +380,7 @@ def earlier_tensors(context: Context) -> list[Knob]:
                 live + _via(trace, context),
                 trace.origin,
                 (f"fed whole to a module, {'dimension 1 (sequence-first)' if dim else 'its rows'}",),
+                through=trace.through,
             )
         )
     return knobs

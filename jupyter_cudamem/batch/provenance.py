@@ -20,6 +20,7 @@ import ast
 import dataclasses
 import inspect
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..cell.source import ParsedCell, Transform, dotted_name, int_constant
@@ -96,7 +97,7 @@ class History:
                 finally:
                     self._statement_at = outer
                 if result is not None:
-                    return result
+                    return result if number in result.through else replace(result, through=(number,) + result.through)
         return None
 
     def _statement(
@@ -168,7 +169,7 @@ class History:
         via = (path,) if found(holds) and type(holds) is int and holds == value else ()
         if inner is None:
             return Trace((), f"from {path.text}", via)
-        return Trace(inner.written, inner.origin, via + inner.via)
+        return Trace(inner.written, inner.origin, via + inner.via, inner.through)
 
     def _number(self, expression: ast.expr, value: int, number: int, parsed: ParsedCell, depth: int) -> Trace | None:
         place = where(number, parsed, expression)

@@ -118,5 +118,6 @@ def trace_rows(history: History, path: ObjectPath, dim: int, rows: int, depth: i
         return Trace((Written(number, span),) if span is not None else (), where)
     named = path_of(size)
     if named is not None:
-        return history.follow(named, rows)
+        followed = history.follow(named, rows)
+        return Trace(followed.written, followed.origin, followed.via, (number,) + followed.through)
     return Trace((), f"{where} (computed)")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.oomfix.corpus import CELLS, load_case, rerun_changed
+from jupyter_cudamem.batch import BatchChange
+from tests.oomfix.corpus import CELLS, Case, load_case, rerun_changed
 
 
 def rerun(name: str, batch: int):
@@ -96,3 +97,49 @@ def test_a_loader_class_rebuilt_in_the_cell_from_an_earlier_B_changes_B():
     result, source, namespace = rerun("cls06_loader_built_from_earlier_B", 8)
     assert result.found == "B = 16" and source == result.case.failing  # B lives in In[1]; the cell is unchanged
     assert namespace["x"].shape == (8, 64)
+
+
+# -- what the user pastes: every cell the batch passes through, in order -----------------------------------
+def paste_and_run(result, batch: int, real: bool = False):
+    """Run what ``%oomfix`` tells the user to paste, then the failed cell, as the user would."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tests.oomfix.standins import installed
+
+    shell = InteractiveShell.instance()
+    change = BatchChange(result.finding, namespace=shell.user_ns, history=list(shell.history_manager.input_hist_raw))
+    paste = change.paste_code(batch)
+    with installed(real):
+        for cell in (paste, result.case.failing):
+            outcome = shell.run_cell(cell, store_history=True)
+            assert outcome.success, (cell, outcome.error_in_exec)
+    return paste, shell.user_ns
+
+
+def test_a_loader_prepared_in_a_later_cell_is_pasted_with_the_cell_that_prepares_it():
+    result, source, namespace = rerun("acc02_prepared_in_later_cell", 32)
+    assert namespace["sizes"] == [32] * 8  # the try: 256 rows in batches of 32
+    assert result.finding.chosen.reruns == (3,)
+    paste, namespace = paste_and_run(result, 32)
+    changed, prepared = paste.split("\n\n")
+    assert changed.startswith("# In[2] with batch 32 (was 64): run this in its place, then In[3], then the failed cell")
+    assert "DataLoader(dataset, batch_size=32, shuffle=True)" in changed
+    assert prepared.startswith("# In[3], unchanged: run it again")
+    assert "accelerator.prepare(model, optimizer, train_dataloader)" in prepared
+    assert namespace["sizes"] == [32] * 8
+
+
+def test_a_loader_built_from_a_variable_in_an_earlier_cell_is_pasted_with_the_cell_that_builds_it():
+    cells = (
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nbatch_size = 64\n",
+        "ds = TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))\n"
+        "loader = DataLoader(ds, batch_size=batch_size, shuffle=True)\nmodel = torch.nn.Linear(8, 2)\n",
+        "sizes = []\nfor x, y in loader:\n    torch.nn.functional.cross_entropy(model(x), y).backward()\n"
+        "    sizes.append(len(x))\n",
+    )
+    result, source, outcome = rerun_changed(Case("loader_from_variable", "", "", (), cells, "first"), 16)
+    assert outcome.success and result.found == "loader.batch_size = 64"
+    assert result.finding.chosen.reruns == (2,)
+    paste, namespace = paste_and_run(result, 16)
+    assert "batch_size = 16" in paste and "# In[2], unchanged" in paste
+    assert namespace["sizes"] == [16] * 16  # without In[2] run again, the loader kept batches of 64
