@@ -11,6 +11,7 @@ tensors from earlier cells that it feeds whole to a model.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from .knobs import Default, Knob, KnobKind, LiveTarget, Loader, ObjectPath, Rows, Step, Trace, TrainerArgs, Value
@@ -124,7 +125,7 @@ def _dataloader(path: ObjectPath, value: Any, read: Read, context: Context) -> l
         return [Knob(label, 0, KnobKind.DATALOADER, "value", 0, (), (), "", (), problem or "it has no batch size")]
     iterated_here = read.direct and Use.ITERATED in read.uses
     score = AUTHORITATIVE + (DIRECT_BONUS if iterated_here else 0) - phase_penalty(path.text, context)
-    trace = _traced(context, path.attribute("batch_size"), size)
+    trace = _loader_trace(context, path, value, size)
     how = (
         "iterated"
         if Use.ITERATED in read.uses
@@ -145,6 +146,20 @@ def _dataloader(path: ObjectPath, value: Any, read: Read, context: Context) -> l
             through=trace.through,
         )
     ]
+
+
+def _loader_trace(context: Context, path: ObjectPath, loader: Any, size: int) -> Trace:
+    """Where a loader's batch is written. A loader batched by its ``batch_sampler`` has it in the sampler
+    (``BatchSampler(sampler, batch_size=256, ...)``), and DataLoader refuses a ``batch_size=`` beside
+    ``batch_sampler=``; a prepared loader batches that way too, from the ``batch_size=`` of the loader it
+    was prepared from, which the trace reaches through the preparing call."""
+    if getattr(loader, "batch_size", None) is not None:
+        return _traced(context, path.attribute("batch_size"), size)
+    in_sampler = _traced(context, path.attribute("batch_sampler").attribute("batch_size"), size)
+    if in_sampler.written:
+        return in_sampler
+    traced = _traced(context, path.attribute("batch_size"), size)
+    return replace(traced, written=tuple(w for w in traced.written if w.insert is None))
 
 
 def _hf_trainer(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:

@@ -143,3 +143,29 @@ def test_a_loader_built_from_a_variable_in_an_earlier_cell_is_pasted_with_the_ce
     paste, namespace = paste_and_run(result, 16)
     assert "batch_size = 16" in paste and "# In[2], unchanged" in paste
     assert namespace["sizes"] == [16] * 16  # without In[2] run again, the loader kept batches of 64
+
+
+# -- a loader batched by a BatchSampler: the batch is the sampler's ----------------------------------------
+def test_a_batch_sampler_passed_to_a_loader_has_its_batch_size_changed_in_the_paste():
+    result, source, namespace = rerun("pt12_batch_sampler", 128)
+    assert namespace["sizes"] == [128] * 4  # the try: 512 rows in batches of 128
+    paste, namespace = paste_and_run(result, 128)  # a batch_size= beside batch_sampler= raised ValueError here
+    assert "BatchSampler(RandomSampler(ds), batch_size=128, drop_last=True))\n" in paste
+    assert namespace["sizes"] == [128] * 4
+
+
+def test_a_batch_sampler_bound_to_a_name_in_another_cell_is_changed_there():
+    cells = (
+        "import torch\nfrom torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset\n"
+        "ds = TensorDataset(torch.randn(300, 8), torch.randint(0, 2, (300,)))\n"
+        "batches = BatchSampler(SequentialSampler(ds), 100, False)\n",
+        "loader = DataLoader(ds, batch_sampler=batches)\nmodel = torch.nn.Linear(8, 2)\n",
+        "sizes = []\nfor x, y in loader:\n    torch.nn.functional.cross_entropy(model(x), y).backward()\n"
+        "    sizes.append(len(x))\n",
+    )
+    result, source, outcome = rerun_changed(Case("named_sampler", "", "", (), cells, "first"), 40)
+    assert outcome.success and result.edits == ("In[1] line 4",)
+    assert result.finding.chosen.reruns == (2,)  # the loader is built from the sampler in In[2]
+    paste, namespace = paste_and_run(result, 40)
+    assert "BatchSampler(SequentialSampler(ds), 40, False)" in paste
+    assert namespace["sizes"] == [40] * 7 + [20]  # 300 rows, the last batch kept (drop_last=False)
