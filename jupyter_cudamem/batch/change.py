@@ -13,6 +13,7 @@ The finder says where a knob lives (``knobs.Knob``); this module changes it ther
 - a Hugging Face ``Trainer``: ``args.per_device_*_batch_size`` and the training batch the Trainer
   copied from them when it was built (``_train_batch_size``, which ``train()`` reads);
 - a notebook function's default: its ``__defaults__``/``__kwdefaults__``;
+- an argument a ``functools.partial`` binds: a new partial with it changed, bound where the old one was;
 - a tensor made in an earlier cell whose rows are the batch: bound to its first rows (a view, so no
   memory is copied) or, for a larger batch, to its rows repeated (``resized_rows``).
 
@@ -26,14 +27,15 @@ the caller shows these.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from ..cell.edit import CellDiff, Edit, apply_edits, insert_line
 from ..errors import CudaMemError
-from .knobs import BatchFinding, Default, Knob, LiveTarget, Loader, ObjectPath, Rows, TrainerArgs, Value
-from .libraries import class_names, found, loader_batch_size, loader_problem, resolve, wrapped_loader
+from .knobs import BatchFinding, Bound, Default, Knob, LiveTarget, Loader, ObjectPath, Rows, TrainerArgs, Value
+from .libraries import bound_arguments, class_names, found, loader_batch_size, loader_problem, resolve, wrapped_loader
 
 # DataLoader's keyword arguments that its attributes keep, as the constructor takes them back.
 _LOADER_SETTINGS = (
@@ -88,6 +90,16 @@ def _loader_parameters(cls: type) -> Mapping[str, inspect.Parameter] | None:
     except (TypeError, ValueError):
         return None
     return parameters if {"dataset", "batch_size", "sampler", "batch_sampler"} <= set(parameters) else None
+
+
+def rebound(bound: functools.partial, parameter: str, value: int) -> functools.partial:
+    """A partial like ``bound`` but binding ``value`` for ``parameter`` (a keyword, or one of its ``args``)."""
+    position = bound_arguments(bound).get(parameter, (None, None))[1]
+    if position is None:
+        return functools.partial(bound.func, *bound.args, **{**bound.keywords, parameter: value})
+    args = list(bound.args)
+    args[position] = value
+    return functools.partial(bound.func, *args, **bound.keywords)
 
 
 def resized_rows(tensor: Any, dim: int, rows: int) -> Any:
@@ -257,6 +269,10 @@ class BatchChange:
             tensor = self._get(target.path)
             original = self._original(target, tensor, lambda: self._put(target.path, original))
             self._put(target.path, resized_rows(original, target.dim, batch))
+        elif isinstance(target, Bound):
+            bound = self._get(target.path)
+            original = self._original(target, bound, lambda: self._put(target.path, original))
+            self._put(target.path, rebound(original, target.parameter, batch))
         elif isinstance(target, Default):
             function = self._get(target.path)
             defaults, kwdefaults = function.__defaults__, function.__kwdefaults__
@@ -312,6 +328,9 @@ def live_batch(namespace: Mapping[str, Any], target: LiveTarget) -> int | None:
     if isinstance(target, Rows):
         shape = getattr(value, "shape", None)
         return int(shape[target.dim]) if shape is not None and len(shape) > target.dim else None
+    if isinstance(target, Bound):
+        size = bound_arguments(value).get(target.parameter, (None, None))[0]
+        return size if type(size) is int else None
     try:
         default = inspect.signature(value).parameters[target.parameter].default
     except (TypeError, ValueError, KeyError):
@@ -365,6 +384,8 @@ def _statement_for(target: LiveTarget, batch: int) -> str:
     if isinstance(target, Rows):
         rows = f"[:{batch}]" if target.dim == 0 else f".narrow({target.dim}, 0, {batch})"
         return f"{target.path.text} = {target.path.text}{rows}  # or make it again with {batch} rows"
+    if isinstance(target, Bound):
+        return f"# bind {target.path.text} again with {target.parameter}={batch} (same function and other arguments)"
     return f"{target.path.text}.__defaults__  # {target.parameter}={batch}"
 
 

@@ -2,7 +2,7 @@
 
 A knob is data: what it is (``label``), its value now, where it lives while the kernel runs
 (``live``: a variable, a key or attribute of a config, a DataLoader, a Trainer's arguments, a
-function's default, the rows of a tensor) and where it is written (``written``: numbers in the failed cell or in an
+function's default, an argument a ``functools.partial`` binds, the rows of a tensor) and where it is written (``written``: numbers in the failed cell or in an
 earlier ``In[k]``). Changing it is ``batch.change``'s business; this module only describes.
 """
 
@@ -30,6 +30,7 @@ class KnobKind(Enum):
     LIGHTNING = "a Lightning datamodule"
     DEFAULT = "a function's default"
     TENSOR = "a tensor from an earlier cell"
+    BOUND = "an argument a functools.partial binds"
 
 
 # How the number is written where it is written.
@@ -127,7 +128,16 @@ class Rows:
     dim: int = 0
 
 
-LiveTarget = Value | Loader | TrainerArgs | Default | Rows
+@dataclass(frozen=True)
+class Bound:
+    """An argument a ``functools.partial`` at ``path`` binds (``partial(DataLoader, batch_size=128)``): a new
+    partial with that argument changed, and everything else kept, is bound where the old one was."""
+
+    path: ObjectPath
+    parameter: str
+
+
+LiveTarget = Value | Loader | TrainerArgs | Default | Rows | Bound
 
 
 # -- where it is written ---------------------------------------------------------------------------

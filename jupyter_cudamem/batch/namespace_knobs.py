@@ -3,7 +3,8 @@
 Each function (``KNOB_READERS``) looks at one path the cell read, its value now and how it was read
 (``reads.Read``), and says whether it is a batch and where it lives: an int named or used as a batch,
 a DataLoader the cell iterates or passes on, a Hugging Face ``Trainer`` or ``TrainingArguments``, a
-Lightning holder, a config handed to code we cannot read, a dict of loaders. The next kind of knob is
+Lightning holder, a config handed to code we cannot read, a dict of loaders, a ``functools.partial``
+the cell calls with a batch among the arguments it binds. The next kind of knob is
 one more function here. Also here: defaults of notebook functions the cell calls, and the rows of
 tensors from earlier cells that it feeds whole to a model.
 """
@@ -14,9 +15,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from .knobs import Default, Knob, KnobKind, LiveTarget, Loader, ObjectPath, Rows, Step, Trace, TrainerArgs, Value
+from .knobs import Bound, Default, Knob, KnobKind, LiveTarget, Loader, ObjectPath, Rows, Step, Trace, TrainerArgs, Value
 from .libraries import (
     batch_fields,
+    bound_arguments,
     found,
     is_config_like,
     is_dataloader,
@@ -286,6 +288,35 @@ def _config(path: ObjectPath, value: Any, read: Read, context: Context) -> list[
     return knobs
 
 
+def _bound(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+    """A ``functools.partial`` the cell (or code it calls) calls, binding an argument named like a batch size
+    (``make_loader = partial(DataLoader, batch_size=128)``): passed as a batch size on every call."""
+    if not read.called:
+        return []
+    knobs = []
+    for parameter, (size, _) in bound_arguments(value).items():
+        named = name_score(parameter)
+        if type(size) is not int or size < 2 or not named:
+            continue
+        score = named + USE_SCORES[Use.BATCH_ARGUMENT] + (DIRECT_BONUS if read.direct else 0)
+        trace = _traced(context, path.attribute(parameter), size)
+        knobs.append(
+            Knob(
+                f"{parameter} (bound by {path.text})",
+                size,
+                KnobKind.BOUND,
+                "value",
+                score - phase_penalty(parameter, context),
+                trace.written,
+                (Bound(path, parameter),) + _via(trace, context),
+                trace.origin,
+                (f"{path.text}(...) is called",),
+                through=trace.through,
+            )
+        )
+    return knobs
+
+
 def _loader_collection(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
     """A dict or list of DataLoaders whose items the cell takes by a computed key (``dataloaders[phase]``)."""
     if not (read.element_uses & {Use.ITERATED, Use.ARGUMENT}):
@@ -311,6 +342,7 @@ KNOB_READERS: tuple[Callable[[ObjectPath, Any, Read, Context], list[Knob]], ...]
     _training_arguments,
     _dataloader,
     _loader_collection,
+    _bound,
     _lightning,
     _integer,
     _config,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -228,6 +229,11 @@ class History:
                     return found_in_text
         callee_path = path_of(function)
         callee = resolve(self.namespace, callee_path) if callee_path is not None else None
+        partial_of = path_of(call.args[0]) if callee is functools.partial and call.args else None
+        if partial_of is not None:
+            # ``partial(DataLoader, ds, 128)``: the arguments after the function are the function's own.
+            callee = resolve(self.namespace, partial_of)
+            call = ast.Call(func=call.args[0], args=call.args[1:], keywords=call.keywords)
         argument = _bound_argument(callee, call, name)
         if argument is not None:
             return self._resolve(argument, steps[1:], value, number, parsed, depth)

@@ -169,3 +169,35 @@ def test_a_batch_sampler_bound_to_a_name_in_another_cell_is_changed_there():
     paste, namespace = paste_and_run(result, 40)
     assert "BatchSampler(SequentialSampler(ds), 40, False)" in paste
     assert namespace["sizes"] == [40] * 7 + [20]  # 300 rows, the last batch kept (drop_last=False)
+
+
+# -- a callable's bound arguments: functools.partial ---------------------------------------------------------
+def test_a_partial_loader_from_an_earlier_cell_is_bound_again_with_the_smaller_batch():
+    result, source, namespace = rerun("pt13_partial_loader", 64)
+    assert source == result.case.failing  # the batch lives in In[1]: the cell runs unchanged
+    assert namespace["sizes"] == [64] * 8  # the try: 512 rows in batches of 64
+    assert namespace["make_loader"].keywords == {"batch_size": 128, "shuffle": True, "drop_last": False}  # put back
+    paste, namespace = paste_and_run(result, 64)
+    assert "functools.partial(DataLoader, batch_size=64, shuffle=True, drop_last=False)" in paste
+    assert namespace["sizes"] == [64] * 8
+
+
+def test_a_partial_with_positional_arguments_passed_to_a_notebook_function_is_found_where_it_is_called():
+    cells = (
+        "import torch\nfrom functools import partial\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "ds = TensorDataset(torch.randn(300, 8), torch.randint(0, 2, (300,)))\n"
+        "loader_for = partial(DataLoader, ds, 100)\n",
+        "model = torch.nn.Linear(8, 2)\n"
+        "def train(loader_fn):\n    sizes = []\n    for x, y in loader_fn():\n"
+        "        torch.nn.functional.cross_entropy(model(x), y).backward()\n        sizes.append(len(x))\n"
+        "    return sizes\n",
+        "sizes = train(loader_for)\n",
+    )
+    result, source, outcome = rerun_changed(Case("partial_positional", "", "", (), cells, "first"), 30)
+    assert outcome.success and result.found == "batch_size (bound by loader_for) = 100"
+    assert result.edits == ("In[1] line 5",)
+    from IPython.core.interactiveshell import InteractiveShell
+
+    assert InteractiveShell.instance().user_ns["sizes"] == [30] * 10
+    paste, namespace = paste_and_run(result, 30)
+    assert "partial(DataLoader, ds, 30)" in paste and namespace["sizes"] == [30] * 10
