@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from jupyter_cudamem.batch import BatchChange
-from tests.oomfix.corpus import CELLS, Case, load_case, rerun_changed
+from tests.oomfix.corpus import CELLS, Case, load_case, rerun_changed, run_case
 
 
 def rerun(name: str, batch: int):
@@ -201,3 +201,28 @@ def test_a_partial_with_positional_arguments_passed_to_a_notebook_function_is_fo
     assert InteractiveShell.instance().user_ns["sizes"] == [30] * 10
     paste, namespace = paste_and_run(result, 30)
     assert "partial(DataLoader, ds, 30)" in paste and namespace["sizes"] == [30] * 10
+
+
+# -- a matrix's inner size is not a batch ---------------------------------------------------------------------
+SKETCHES = {
+    "literal": ("import torch\n", "A = torch.randn(4096, 4096)\nsketch = torch.randn(4096, 256)\n"
+                "sketch = sketch / sketch.norm(dim=0)\nY = A @ sketch\n"),
+    "named": ("import torch\nn, k = 4096, 256\n", "A = torch.randn(n, n)\nsketch = torch.randn(n, k)\n"
+              "Y = torch.matmul(A, sketch.to('cpu'))\nU, S, Vh = torch.linalg.svd(Y, full_matrices=False)\n"),
+    "method": ("import torch\nrows = 4096\n", "A = torch.randn(rows, rows)\nsketch = torch.randn(rows, 256).float()\n"
+               "Y = A.mm(sketch).relu_()\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SKETCHES))
+def test_a_dimension_a_matrix_product_sums_over_is_not_reported_as_a_batch(name):
+    result = run_case(Case(name, "", "none", (), SKETCHES[name], "first"))
+    assert not result.errors and result.failure == ""  # the cells ran whole: no module, no OOM
+    assert result.finding.knobs == (), result.finding.summary()
+
+
+def test_a_batch_beside_a_matrix_product_is_still_a_batch():
+    cells = ("import torch\nW = torch.randn(512, 10)\n",
+             "x = torch.randn(64, 512)\nloss = (x @ W).relu().sum() + x.pow(2).sum()\n")
+    result = run_case(Case("beside", "", "none", (), cells, "first"))
+    assert (result.found, result.edits) == ("leading dimension = 64", ("line 1",))  # x's 512 is the inner size
