@@ -21,6 +21,7 @@ from .libraries import (
     bound_arguments,
     found,
     is_config_like,
+    is_module,
     is_dataloader,
     is_hf_trainer,
     is_lightning_holder,
@@ -376,28 +377,34 @@ def function_defaults(context: Context) -> list[Knob]:
 
 def earlier_tensors(context: Context) -> list[Knob]:
     """Tensors from earlier cells the cell feeds whole to a module (``model(inputs)``), one knob per batch:
-    their batch dimension, with the tensors the cell passes to other calls with as many rows (the labels).
-    Only where the rows are written in a cell (a constructor's dimension, or the variable it was given)."""
+    their batch dimension, cut together with every other tensor the cell (or code it calls) reads whose
+    leading dimension has as many rows (labels, targets, masks, weights per sample), however it reads them:
+    cut alone, ``inputs`` no longer matches ``targets`` in ``(model(inputs) - targets) ** 2``. A dimension a
+    matrix product sums over is not such a row; a square tensor of that side (an adjacency matrix) cannot
+    be cut by its rows alone, so then nothing is. Only where the rows are written in a cell (a
+    constructor's dimension, or the variable it was given)."""
     fed: dict[int, list[tuple[ObjectPath, int]]] = {}
     beside: dict[int, list[ObjectPath]] = {}
+    square: set[int] = set()  # sides of square matrices the cell reads
     for path, read in context.scan.reads.items():
-        if not read.direct or read.uses <= {Use.PRINTED}:
+        if read.uses <= {Use.PRINTED}:
             continue
         value = resolve(context.scan.namespace, path)
         shape = tensor_shape(value) if found(value) else None
-        if not shape:
-            continue
+        if not shape or (path.steps and is_module(resolve(context.scan.namespace, ObjectPath(path.root)))):
+            continue  # a module's buffer is the model's, not the data's
         rank = len(shape)
+        if rank == 2 and shape[0] == shape[1]:
+            square.add(shape[0])
         dim = 1 if rank == 3 and path.root in context.scan.states else context.batch_dimension if rank >= 3 else 0
-        rows = shape[dim]
-        if rows < 2:
-            continue
-        if read.fed and rank >= 2:
-            fed.setdefault(rows, []).append((path, dim))
-        elif Use.ARGUMENT in read.uses and shape[0] >= 2:
-            beside.setdefault(shape[0], []).append(path)  # labels, one-hot targets, masks: cut with the batch
+        if read.direct and read.fed and rank >= 2 and shape[dim] >= 2:
+            fed.setdefault(shape[dim], []).append((path, dim))
+        elif shape[0] >= 2 and -rank not in context.scan.contracted.get(path.text, set()):
+            beside.setdefault(shape[0], []).append(path)
     knobs = []
     for rows, tensors in fed.items():
+        if rows in square:
+            continue
         tensors.sort(key=lambda t: t[0].text)
         first, dim = tensors[0]
         trace = trace_rows(context.scan.history, first, dim, rows)
@@ -412,8 +419,11 @@ def earlier_tensors(context: Context) -> list[Knob]:
             # count of its own (``for i in range(4)``), so cutting them is not safe to guess.
             continue
         written = list(trace.written)
+        through = list(trace.through)
         for other, other_dim in tensors[1:] + [(p, 0) for p in sorted(beside.get(rows, []), key=lambda p: p.text)]:
-            written += [w for w in trace_rows(context.scan.history, other, other_dim, rows).written if w not in written]
+            traced = trace_rows(context.scan.history, other, other_dim, rows)
+            written += [w for w in traced.written if w not in written]
+            through += [c for c in traced.through if c not in through]
         live = tuple(Rows(p, d) for p, d in tensors) + tuple(Rows(p) for p in beside.get(rows, []))
         score = USE_SCORES[Use.DIMENSION] + DIRECT_BONUS - phase_penalty(first.text, context)
         knobs.append(
@@ -427,7 +437,7 @@ def earlier_tensors(context: Context) -> list[Knob]:
                 live + _via(trace, context),
                 trace.origin,
                 (f"fed whole to a module, {'dimension 1 (sequence-first)' if dim else 'its rows'}",),
-                through=trace.through,
+                through=tuple(through),
             )
         )
     return knobs

@@ -226,3 +226,44 @@ def test_a_batch_beside_a_matrix_product_is_still_a_batch():
              "x = torch.randn(64, 512)\nloss = (x @ W).relu().sum() + x.pow(2).sum()\n")
     result = run_case(Case("beside", "", "none", (), cells, "first"))
     assert (result.found, result.edits) == ("leading dimension = 64", ("line 1",))  # x's 512 is the inner size
+
+
+# -- tensors of the same rows are cut together, however the cell reads them --------------------------------
+def test_targets_read_in_arithmetic_are_cut_with_the_inputs():
+    result, source, namespace = rerun("tens07_targets_in_arithmetic", 1024)
+    assert {t.path.text for t in result.finding.chosen.live} == {"inputs", "targets"}
+    assert namespace["predictions"].shape == (1024, 2) and namespace["loss"].shape == ()
+    assert namespace["targets"].shape == (4096, 2)  # put back
+    paste, namespace = paste_and_run(result, 1024)
+    assert "torch.randn(1024, 16)" in paste and "torch.randn(1024, 2)" in paste
+    assert namespace["predictions"].shape == (1024, 2)
+
+
+ROWS = (
+    "import torch\nfrom torch import nn\nmodel = nn.Linear(16, 2)\ninputs = torch.randn(256, 16)\n"
+    "targets = torch.randn(256, 2)\nlabels = torch.randint(0, 2, (256,))\nweights = torch.rand(256)\n"
+    "adjacency = torch.rand(256, 256)\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("cell", "cut"),
+    [
+        ("loss = nn.functional.mse_loss(model(inputs), targets.float())\n", {"inputs", "targets"}),
+        ("out = model(inputs.to('cpu'))\nloss = nn.functional.cross_entropy(out, labels.to('cpu'))\n",
+         {"inputs", "labels"}),
+        ("loss = (nn.functional.cross_entropy(model(inputs), labels, reduction='none') * weights).mean()\n",
+         {"inputs", "labels", "weights"}),
+        ("def mse(out):\n    return ((out - targets) ** 2).mean()\nloss = mse(model(inputs))\n", {"inputs", "targets"}),
+    ],
+)
+def test_every_tensor_the_cell_reads_with_the_batch_rows_is_cut_with_the_batch(cell, cut):
+    result, source, outcome = rerun_changed(Case("rows", "", "", (), (ROWS, cell + "loss.backward()\n"), "first"), 64)
+    assert outcome.success, outcome.error_in_exec  # cut alone, inputs' 64 rows met 256 targets
+    assert {t.path.text for t in result.finding.chosen.live} == cut
+
+
+def test_a_square_matrix_of_the_batch_side_leaves_the_rows_uncut():
+    cell = "h = adjacency @ model(inputs)\nloss = ((h - targets) ** 2).mean()\nloss.backward()\n"
+    result = run_case(Case("graph", "", "none", (), (ROWS, cell), "first"))
+    assert result.found == "none"  # an adjacency cut by its rows alone would not multiply the cut inputs
