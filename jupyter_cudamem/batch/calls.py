@@ -17,7 +17,7 @@ from .cell_numbers import Constructor
 from .libraries import found, is_module, is_user_class, is_user_function, resolve
 from .names import batch_like, generation_count, name_score
 from .reads import CELL_BONUS, MAX_FUNCTION_DEPTH, STATE_BATCH, STATE_LAYERS, USE_SCORES, Use
-from .tensors import SHAPE_CONSTRUCTORS, shape_nodes, whole_tensor
+from .tensors import SHAPE_CONSTRUCTORS, matrix_dims, shape_nodes, whole_tensor
 
 if TYPE_CHECKING:
     from .expressions import ExpressionReader
@@ -135,7 +135,11 @@ class CallReader:
         shape = shape_nodes(node, name)
         shape_ids = {id(n) for n in shape}
         state = self.cell and self.body.assigning in self.scan.states and len(shape) == 3
+        matrix = matrix_dims(shape, self.scan.contracted.get(self.body.assigning or "", set()) if self.cell else set())
         for index, dimension in enumerate(shape):
+            if index in matrix:
+                self.expressions.expr(dimension, Use.MATMUL)  # a matrix's side or inner size, not a batch
+                continue
             dim = (STATE_BATCH if index == 1 else STATE_LAYERS if index == 0 else index) if state else index
             self.expressions.expr(dimension, Use.DIMENSION, dim)
         for argument in node.args:
@@ -147,7 +151,7 @@ class CallReader:
             if not (keyword.arg == "size" and isinstance(keyword.value, (ast.Tuple, ast.List))):
                 self.expressions.expr(keyword.value, Use.OTHER)
         if self.cell and shape and any(int_constant(n) is not None for n in shape):
-            self.numbers.constructors.append(Constructor(node, shape, self.body.assigning))
+            self.numbers.constructors.append(Constructor(node, shape, self.body.assigning, frozenset(matrix)))
 
     def _size_call(self, node: ast.Call, name: str, dotted: str) -> bool:
         """``x.split(64)``, ``torch.split(x, 64)``, ``x.chunk(4)``: a batch size or a count of chunks."""

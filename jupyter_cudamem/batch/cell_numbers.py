@@ -40,6 +40,7 @@ class Constructor:
     call: ast.Call
     shape: list[ast.AST]
     assigned_to: str | None
+    matrix: frozenset[int] = frozenset()  # dimensions that are a matrix's side or inner size (``matrix_dims``)
 
 
 class CellNumbers:
@@ -170,7 +171,8 @@ def cell_knobs(numbers: CellNumbers, context: Context, parsed: ParsedCell) -> li
 
 def tensor_groups(numbers: CellNumbers, context: Context, parsed: ParsedCell) -> list[Knob]:
     """Literal batch dimensions of tensor constructors, one knob per value. A square or repeated size is a
-    matrix dimension, and so is a tensor used only in matrix products."""
+    matrix dimension, and so is a tensor used only in matrix products, and a dimension a matrix product
+    sums over (``sketch = torch.randn(4096, 256)`` in ``A @ sketch``)."""
     groups: dict[int, list[ast.AST]] = {}
     shaped: set[int] = set()  # values that lead a tensor of two or more dimensions (1-D ones are labels)
     # Sequence-first: the batch of (seq, batch, features) inputs and (layers, batch, hidden) states; a 2-D
@@ -189,7 +191,7 @@ def tensor_groups(numbers: CellNumbers, context: Context, parsed: ParsedCell) ->
             and int_constant(shape[0]) not in sequence_batches
         ):
             index = 1
-        if index >= len(shape):
+        if index >= len(shape) or index in constructor.matrix:
             continue
         lead = int_constant(shape[index])
         if lead is None or lead < 2:
@@ -204,9 +206,11 @@ def tensor_groups(numbers: CellNumbers, context: Context, parsed: ParsedCell) ->
         groups.setdefault(lead, []).append(shape[index])
         if len(shape) >= 2:
             shaped.add(lead)
+    # The side of a square matrix written in the cell is a matrix size wherever else it is written.
+    sides = {int_constant(c.shape[0]) for c in numbers.constructors if len(c.shape) == 2 and c.matrix == {0, 1}}
     knobs = []
     for value, nodes in groups.items():
-        if value not in shaped:
+        if value not in shaped or value in sides:
             continue
         spans = [parsed.span(n) for n in nodes]
         written = tuple(Written(None, s) for s in spans if s is not None)

@@ -8,30 +8,34 @@ The finder says where a knob lives (``knobs.Knob``); this module changes it ther
 - a DataLoader: rebuilt from its own attributes with the new batch size and everything else kept
   (dataset, sampler, so shuffling, collate_fn, workers, pin_memory, drop_last, generator...), and
   bound where the old one was; a loader ``accelerate`` prepared (a wrapper bound to the device and the
-  processes) cannot be rebuilt without its ``Accelerator``, so the stock ``BatchSampler`` it batches
-  with gets the new size in place;
+  processes, or an older accelerate's ``DataLoader`` subclass taking other arguments) cannot be rebuilt
+  without its ``Accelerator``, so the stock ``BatchSampler`` it batches with gets the new size in place;
 - a Hugging Face ``Trainer``: ``args.per_device_*_batch_size`` and the training batch the Trainer
   copied from them when it was built (``_train_batch_size``, which ``train()`` reads);
 - a notebook function's default: its ``__defaults__``/``__kwdefaults__``;
+- an argument a ``functools.partial`` binds: a new partial with it changed, bound where the old one was;
 - a tensor made in an earlier cell whose rows are the batch: bound to its first rows (a view, so no
   memory is copied) or, for a larger batch, to its rows repeated (``resized_rows``).
 
 Every value changed is remembered the first time, so ``restore()`` puts back exactly what was there.
 ``diffs(value)`` gives one diff per cell whose text should change (earlier ``In[k]`` and the failed
-cell), ``paste_code(value)`` the code a user pastes to keep the change. Nothing is changed silently:
+cell), ``paste_code(value)`` the code a user pastes to keep the change: the changed cells and, in order,
+the unchanged cells that carry the batch from them to where it lives (``Knob.reruns``: the cell that
+built the loader from the variable, the cell that prepared the loader). Nothing is changed silently:
 the caller shows these.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 from ..cell.edit import CellDiff, Edit, apply_edits, insert_line
 from ..errors import CudaMemError
-from .knobs import BatchFinding, Default, Knob, LiveTarget, Loader, ObjectPath, Rows, TrainerArgs, Value
-from .libraries import class_names, found, loader_batch_size, loader_problem, resolve, wrapped_loader
+from .knobs import BatchFinding, Bound, Default, Knob, LiveTarget, Loader, ObjectPath, Rows, TrainerArgs, Value
+from .libraries import bound_arguments, class_names, found, loader_batch_size, loader_problem, resolve, wrapped_loader
 
 # DataLoader's keyword arguments that its attributes keep, as the constructor takes them back.
 _LOADER_SETTINGS = (
@@ -57,11 +61,8 @@ def rebuilt_loader(loader: Any, batch_size: int) -> Any:
     if problem is not None:
         raise CudaMemError(f"cannot rebuild the DataLoader: {problem}")
     cls = type(loader)
-    try:
-        parameters = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        raise CudaMemError(f"cannot rebuild the DataLoader: {cls.__name__}'s arguments cannot be read") from None
-    if not {"dataset", "batch_size", "sampler", "batch_sampler"} <= set(parameters):
+    parameters = _loader_parameters(cls)
+    if parameters is None:
         raise CudaMemError(f"cannot rebuild the DataLoader: {cls.__name__} takes other arguments than DataLoader does")
     settings = {
         name: getattr(loader, name) for name in _LOADER_SETTINGS if name in parameters and hasattr(loader, name)
@@ -79,6 +80,26 @@ def rebuilt_loader(loader: Any, batch_size: int) -> Any:
         if "IterableDataset" not in class_names(loader.dataset):
             settings["sampler"] = loader.sampler  # RandomSampler when it shuffled, with its generator
     return cls(loader.dataset, **settings)
+
+
+def _loader_parameters(cls: type) -> Mapping[str, inspect.Parameter] | None:
+    """The parameters of a loader class that takes DataLoader's own, or ``None`` (a wrapper such as an older
+    accelerate's ``DataLoaderShard``, built from a device and ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return None
+    return parameters if {"dataset", "batch_size", "sampler", "batch_sampler"} <= set(parameters) else None
+
+
+def rebound(bound: functools.partial, parameter: str, value: int) -> functools.partial:
+    """A partial like ``bound`` but binding ``value`` for ``parameter`` (a keyword, or one of its ``args``)."""
+    position = bound_arguments(bound).get(parameter, (None, None))[1]
+    if position is None:
+        return functools.partial(bound.func, *bound.args, **{**bound.keywords, parameter: value})
+    args = list(bound.args)
+    args[position] = value
+    return functools.partial(bound.func, *args, **bound.keywords)
 
 
 def resized_rows(tensor: Any, dim: int, rows: int) -> Any:
@@ -168,6 +189,13 @@ class BatchChange:
             diffs.append(CellDiff("the failed cell", before, apply_edits(before, by_cell[None]), None))
         return tuple(d for d in diffs if d.changed)
 
+    def reruns(self) -> tuple[int, ...]:
+        """Earlier cells to run again, unchanged, after the changed ones (``Knob.reruns``): without them the
+        loader, Trainer or prepared object built from the old batch keeps it. Only cells the history holds."""
+        if not any(w.cell is not None for w in self.knob.written):
+            return ()
+        return tuple(c for c in self.knob.reruns if 0 < c < len(self.history))
+
     def unwritten(self, batch: int) -> tuple[str, ...]:
         """Statements that set what lives outside any cell's text we could find (a computed value, a
         config read from a file): the user keeps the change by running them."""
@@ -179,17 +207,27 @@ class BatchChange:
         """The code to paste to keep the batch that fits: the changed cell(s), or statements that set it."""
         diffs = self.diffs(batch)
         statements = self.unwritten(batch)
+        reruns = self.reruns()
         if len(diffs) == 1 and diffs[0].cell_number is None and not statements:
             return diffs[0].after
+        changed = {d.cell_number: d for d in diffs if d.cell_number is not None}
+        order = sorted(set(changed) | set(reruns))
+        then = "the failed cell" if not reruns else " and ".join(f"In[{c}]" for c in reruns) + ", then the failed cell"
         parts = []
+        for cell in order:
+            if cell in changed:
+                parts.append(
+                    f"# {changed[cell].label} with batch {batch} (was {self.knob.value}): run this in its place, "
+                    f"then {then}\n{changed[cell].after.rstrip()}"
+                )
+            else:
+                parts.append(
+                    f"# In[{cell}], unchanged: run it again, so that {self.knob.label.split('.')[0]} is built "
+                    f"with the new batch\n{str(self.history[cell]).rstrip()}"
+                )
         for diff in diffs:
             if diff.cell_number is None:
                 parts.append(f"# the failed cell, with the batch that fits\n{diff.after.rstrip()}")
-            else:
-                parts.append(
-                    f"# {diff.label} with batch {batch} (was {self.knob.value}): run this in its place, "
-                    f"then the failed cell\n{diff.after.rstrip()}"
-                )
         if statements:
             parts.append("# %oomfix set the batch where it lives; keep it with:\n" + "\n".join(statements))
         return "\n\n".join(parts) + "\n"
@@ -200,7 +238,9 @@ class BatchChange:
             self._set_value(target, target.path, batch)
         elif isinstance(target, Loader):
             loader = self._get(target.path)
-            if wrapped_loader(loader) is not None:
+            if wrapped_loader(loader) is not None or _loader_parameters(type(loader)) is None:
+                # A prepared loader (accelerate's, bound to the device and the processes) cannot be rebuilt
+                # without what prepared it; the stock BatchSampler it batches with is changed in place.
                 sampler = _stock_batch_sampler(loader)
                 size = sampler.batch_size
                 self._original(target, None, lambda: setattr(sampler, "batch_size", size))
@@ -229,6 +269,10 @@ class BatchChange:
             tensor = self._get(target.path)
             original = self._original(target, tensor, lambda: self._put(target.path, original))
             self._put(target.path, resized_rows(original, target.dim, batch))
+        elif isinstance(target, Bound):
+            bound = self._get(target.path)
+            original = self._original(target, bound, lambda: self._put(target.path, original))
+            self._put(target.path, rebound(original, target.parameter, batch))
         elif isinstance(target, Default):
             function = self._get(target.path)
             defaults, kwdefaults = function.__defaults__, function.__kwdefaults__
@@ -284,6 +328,9 @@ def live_batch(namespace: Mapping[str, Any], target: LiveTarget) -> int | None:
     if isinstance(target, Rows):
         shape = getattr(value, "shape", None)
         return int(shape[target.dim]) if shape is not None and len(shape) > target.dim else None
+    if isinstance(target, Bound):
+        size = bound_arguments(value).get(target.parameter, (None, None))[0]
+        return size if type(size) is int else None
     try:
         default = inspect.signature(value).parameters[target.parameter].default
     except (TypeError, ValueError, KeyError):
@@ -337,6 +384,8 @@ def _statement_for(target: LiveTarget, batch: int) -> str:
     if isinstance(target, Rows):
         rows = f"[:{batch}]" if target.dim == 0 else f".narrow({target.dim}, 0, {batch})"
         return f"{target.path.text} = {target.path.text}{rows}  # or make it again with {batch} rows"
+    if isinstance(target, Bound):
+        return f"# bind {target.path.text} again with {target.parameter}={batch} (same function and other arguments)"
     return f"{target.path.text}.__defaults__  # {target.parameter}={batch}"
 
 

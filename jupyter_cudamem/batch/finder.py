@@ -29,8 +29,8 @@ only renames an attribute (``B, T = self.B, self.T``) read as that attribute; a 
 the class keeps and uses as a batch (``DataLoaderLite(B=16, T=1024)``) is a batch argument.
 
 What is not a batch: a value only printed or logged, a loop counter (bound by the cell, not read), a
-list of zeros (a per-class accumulator), a square or matmul-only matrix, a chunk count whose total
-is unknown.
+list of zeros (a per-class accumulator), a square or matmul-only matrix, a dimension a matrix product
+sums over (``tensors.contracted_dims``), a chunk count whose total is unknown.
 
 This module is the entry point (``find_batch``) and the merging of knobs that are one batch. The reading
 is split by job: ``reader`` (statements, and following calls into notebook code), ``expressions``,
@@ -52,6 +52,7 @@ from .provenance import History
 from .reader import BodyReader
 from .reads import Context, Scan
 from .sequence_first import builds_sequence_first, calls_sequence_first, recurrent_states
+from .tensors import contracted_dims
 from .whole import covers_whole_data
 
 
@@ -125,6 +126,7 @@ def find_batch(
     namespace = namespace if namespace is not None else {}
     scan = Scan(namespace, History(history, cell_number, namespace, transform), transform)
     scan.states = recurrent_states(parsed.tree, namespace)
+    scan.contracted = contracted_dims(parsed.tree.body)
     reader = BodyReader(scan, parsed, cell=True)
     reader.read_body(parsed.tree.body)
     sequence_first_input = (

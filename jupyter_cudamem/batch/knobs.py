@@ -2,7 +2,7 @@
 
 A knob is data: what it is (``label``), its value now, where it lives while the kernel runs
 (``live``: a variable, a key or attribute of a config, a DataLoader, a Trainer's arguments, a
-function's default, the rows of a tensor) and where it is written (``written``: numbers in the failed cell or in an
+function's default, an argument a ``functools.partial`` binds, the rows of a tensor) and where it is written (``written``: numbers in the failed cell or in an
 earlier ``In[k]``). Changing it is ``batch.change``'s business; this module only describes.
 """
 
@@ -30,6 +30,7 @@ class KnobKind(Enum):
     LIGHTNING = "a Lightning datamodule"
     DEFAULT = "a function's default"
     TENSOR = "a tensor from an earlier cell"
+    BOUND = "an argument a functools.partial binds"
 
 
 # How the number is written where it is written.
@@ -127,7 +128,16 @@ class Rows:
     dim: int = 0
 
 
-LiveTarget = Value | Loader | TrainerArgs | Default | Rows
+@dataclass(frozen=True)
+class Bound:
+    """An argument a ``functools.partial`` at ``path`` binds (``partial(DataLoader, batch_size=128)``): a new
+    partial with that argument changed, and everything else kept, is bound where the old one was."""
+
+    path: ObjectPath
+    parameter: str
+
+
+LiveTarget = Value | Loader | TrainerArgs | Default | Rows | Bound
 
 
 # -- where it is written ---------------------------------------------------------------------------
@@ -160,6 +170,9 @@ class Trace:
     written: tuple[Written, ...]
     origin: str
     via: tuple[ObjectPath, ...] = ()  # namespace paths on the way that hold the same value
+    # Every cell whose statement the value passed through on its way from where it is written to where it
+    # lives (``loader = DataLoader(ds, batch_size=batch_size)``, ``accelerator.prepare(loader)``).
+    through: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,15 @@ class Knob:
     evidence: tuple[str, ...] = ()
     problem: str | None = None  # why it cannot be changed (a custom batch_sampler...)
     notes: tuple[str, ...] = field(default=(), compare=False)
+    through: tuple[int, ...] = ()  # ``Trace.through`` of where it was traced
+
+    @property
+    def reruns(self) -> tuple[int, ...]:
+        """Earlier cells, unchanged, that must run again after the changed ones for the batch to reach where
+        it lives: the cell that built a loader from the variable, the cell that prepared that loader."""
+        changed = [w.cell for w in self.written if w.cell is not None]
+        first = min(changed, default=0)
+        return tuple(sorted(c for c in set(self.through) if c > first and c not in changed))
 
     @property
     def changeable(self) -> bool:
@@ -221,6 +243,7 @@ class Knob:
             live=self.live + tuple(t for t in other.live if t not in self.live),
             score=max(self.score, other.score) + bonus,
             evidence=self.evidence + tuple(e for e in other.evidence if e not in self.evidence),
+            through=self.through + tuple(c for c in other.through if c not in self.through),
         )
 
 

@@ -10,6 +10,8 @@ Reading a value through a path is here as well: it is the one place that touches
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -132,6 +134,23 @@ def settable(parent: Any, step: Step) -> bool:
         return True
     attribute = getattr(type(parent), str(step.name), None)
     return not (isinstance(attribute, property) and attribute.fset is None)
+
+
+# -- callables with bound arguments ----------------------------------------------------------------------
+def bound_arguments(obj: object) -> dict[str, tuple[Any, int | None]]:
+    """The arguments a ``functools.partial`` binds, by the parameter of its function they fill: each value
+    and its position among the partial's ``args`` (``None`` for a keyword). Empty for anything else."""
+    if not isinstance(obj, functools.partial):
+        return {}
+    arguments: dict[str, tuple[Any, int | None]] = {name: (value, None) for name, value in obj.keywords.items()}
+    try:
+        parameters = list(inspect.signature(obj.func).parameters.values())
+    except (TypeError, ValueError):
+        return arguments
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for index, (name, value) in enumerate(zip(positional, obj.args)):
+        arguments.setdefault(name, (value, index))
+    return arguments
 
 
 # -- PyTorch's DataLoader ----------------------------------------------------------------------------

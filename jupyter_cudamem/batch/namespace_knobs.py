@@ -3,7 +3,8 @@
 Each function (``KNOB_READERS``) looks at one path the cell read, its value now and how it was read
 (``reads.Read``), and says whether it is a batch and where it lives: an int named or used as a batch,
 a DataLoader the cell iterates or passes on, a Hugging Face ``Trainer`` or ``TrainingArguments``, a
-Lightning holder, a config handed to code we cannot read, a dict of loaders. The next kind of knob is
+Lightning holder, a config handed to code we cannot read, a dict of loaders, a ``functools.partial``
+the cell calls with a batch among the arguments it binds. The next kind of knob is
 one more function here. Also here: defaults of notebook functions the cell calls, and the rows of
 tensors from earlier cells that it feeds whole to a model.
 """
@@ -11,13 +12,16 @@ tensors from earlier cells that it feeds whole to a model.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from .knobs import Default, Knob, KnobKind, LiveTarget, Loader, ObjectPath, Rows, Step, Trace, TrainerArgs, Value
+from .knobs import Bound, Default, Knob, KnobKind, LiveTarget, Loader, ObjectPath, Rows, Step, Trace, TrainerArgs, Value
 from .libraries import (
     batch_fields,
+    bound_arguments,
     found,
     is_config_like,
+    is_module,
     is_dataloader,
     is_hf_trainer,
     is_lightning_holder,
@@ -109,6 +113,7 @@ def _integer(path: ObjectPath, value: Any, read: Read, context: Context) -> list
             (Value(path),) + _via(trace, context),
             trace.origin,
             _evidence(read, uses),
+            through=trace.through,
         )
     ]
 
@@ -124,7 +129,7 @@ def _dataloader(path: ObjectPath, value: Any, read: Read, context: Context) -> l
         return [Knob(label, 0, KnobKind.DATALOADER, "value", 0, (), (), "", (), problem or "it has no batch size")]
     iterated_here = read.direct and Use.ITERATED in read.uses
     score = AUTHORITATIVE + (DIRECT_BONUS if iterated_here else 0) - phase_penalty(path.text, context)
-    trace = _traced(context, path.attribute("batch_size"), size)
+    trace = _loader_trace(context, path, value, size)
     how = (
         "iterated"
         if Use.ITERATED in read.uses
@@ -142,8 +147,23 @@ def _dataloader(path: ObjectPath, value: Any, read: Read, context: Context) -> l
             trace.origin,
             (how,) + _evidence(read, set()),
             problem,
+            through=trace.through,
         )
     ]
+
+
+def _loader_trace(context: Context, path: ObjectPath, loader: Any, size: int) -> Trace:
+    """Where a loader's batch is written. A loader batched by its ``batch_sampler`` has it in the sampler
+    (``BatchSampler(sampler, batch_size=256, ...)``), and DataLoader refuses a ``batch_size=`` beside
+    ``batch_sampler=``; a prepared loader batches that way too, from the ``batch_size=`` of the loader it
+    was prepared from, which the trace reaches through the preparing call."""
+    if getattr(loader, "batch_size", None) is not None:
+        return _traced(context, path.attribute("batch_size"), size)
+    in_sampler = _traced(context, path.attribute("batch_sampler").attribute("batch_size"), size)
+    if in_sampler.written:
+        return in_sampler
+    traced = _traced(context, path.attribute("batch_size"), size)
+    return replace(traced, written=tuple(w for w in traced.written if w.insert is None))
 
 
 def _hf_trainer(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
@@ -176,6 +196,7 @@ def _hf_trainer(path: ObjectPath, value: Any, read: Read, context: Context) -> l
                 (TrainerArgs(path, field_name),) + _via(trace, context),
                 trace.origin,
                 (f"{path.text}.{'/'.join(sorted(read.methods & {'train', 'evaluate', 'predict'}))}() is called",),
+                through=trace.through,
             )
         )
     return knobs
@@ -202,6 +223,7 @@ def _training_arguments(path: ObjectPath, value: Any, read: Read, context: Conte
             (Value(field_path),) + _via(trace, context),
             trace.origin,
             ("passed to a Trainer",),
+            through=trace.through,
         )
     ]
 
@@ -233,6 +255,7 @@ def _lightning(path: ObjectPath, value: Any, read: Read, context: Context) -> li
             live,
             trace.origin,
             ("passed to a Lightning Trainer" if read.opaque_argument else "passed to a call",),
+            through=trace.through,
         )
     ]
 
@@ -261,6 +284,36 @@ def _config(path: ObjectPath, value: Any, read: Read, context: Context) -> list[
                 (Value(field_path),) + _via(trace, context),
                 trace.origin,
                 (f"in {path.text}, passed to a call",),
+                through=trace.through,
+            )
+        )
+    return knobs
+
+
+def _bound(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+    """A ``functools.partial`` the cell (or code it calls) calls, binding an argument named like a batch size
+    (``make_loader = partial(DataLoader, batch_size=128)``): passed as a batch size on every call."""
+    if not read.called:
+        return []
+    knobs = []
+    for parameter, (size, _) in bound_arguments(value).items():
+        named = name_score(parameter)
+        if type(size) is not int or size < 2 or not named:
+            continue
+        score = named + USE_SCORES[Use.BATCH_ARGUMENT] + (DIRECT_BONUS if read.direct else 0)
+        trace = _traced(context, path.attribute(parameter), size)
+        knobs.append(
+            Knob(
+                f"{parameter} (bound by {path.text})",
+                size,
+                KnobKind.BOUND,
+                "value",
+                score - phase_penalty(parameter, context),
+                trace.written,
+                (Bound(path, parameter),) + _via(trace, context),
+                trace.origin,
+                (f"{path.text}(...) is called",),
+                through=trace.through,
             )
         )
     return knobs
@@ -291,6 +344,7 @@ KNOB_READERS: tuple[Callable[[ObjectPath, Any, Read, Context], list[Knob]], ...]
     _training_arguments,
     _dataloader,
     _loader_collection,
+    _bound,
     _lightning,
     _integer,
     _config,
@@ -324,28 +378,34 @@ def function_defaults(context: Context) -> list[Knob]:
 
 def earlier_tensors(context: Context) -> list[Knob]:
     """Tensors from earlier cells the cell feeds whole to a module (``model(inputs)``), one knob per batch:
-    their batch dimension, with the tensors the cell passes to other calls with as many rows (the labels).
-    Only where the rows are written in a cell (a constructor's dimension, or the variable it was given)."""
+    their batch dimension, cut together with every other tensor the cell (or code it calls) reads whose
+    leading dimension has as many rows (labels, targets, masks, weights per sample), however it reads them:
+    cut alone, ``inputs`` no longer matches ``targets`` in ``(model(inputs) - targets) ** 2``. A dimension a
+    matrix product sums over is not such a row; a square tensor of that side (an adjacency matrix) cannot
+    be cut by its rows alone, so then nothing is. Only where the rows are written in a cell (a
+    constructor's dimension, or the variable it was given)."""
     fed: dict[int, list[tuple[ObjectPath, int]]] = {}
     beside: dict[int, list[ObjectPath]] = {}
+    square: set[int] = set()  # sides of square matrices the cell reads
     for path, read in context.scan.reads.items():
-        if not read.direct or read.uses <= {Use.PRINTED}:
+        if read.uses <= {Use.PRINTED}:
             continue
         value = resolve(context.scan.namespace, path)
         shape = tensor_shape(value) if found(value) else None
-        if not shape:
-            continue
+        if not shape or (path.steps and is_module(resolve(context.scan.namespace, ObjectPath(path.root)))):
+            continue  # a module's buffer is the model's, not the data's
         rank = len(shape)
+        if rank == 2 and shape[0] == shape[1]:
+            square.add(shape[0])
         dim = 1 if rank == 3 and path.root in context.scan.states else context.batch_dimension if rank >= 3 else 0
-        rows = shape[dim]
-        if rows < 2:
-            continue
-        if read.fed and rank >= 2:
-            fed.setdefault(rows, []).append((path, dim))
-        elif Use.ARGUMENT in read.uses and shape[0] >= 2:
-            beside.setdefault(shape[0], []).append(path)  # labels, one-hot targets, masks: cut with the batch
+        if read.direct and read.fed and rank >= 2 and shape[dim] >= 2:
+            fed.setdefault(shape[dim], []).append((path, dim))
+        elif shape[0] >= 2 and -rank not in context.scan.contracted.get(path.text, set()):
+            beside.setdefault(shape[0], []).append(path)
     knobs = []
     for rows, tensors in fed.items():
+        if rows in square:
+            continue
         tensors.sort(key=lambda t: t[0].text)
         first, dim = tensors[0]
         trace = trace_rows(context.scan.history, first, dim, rows)
@@ -360,8 +420,11 @@ def earlier_tensors(context: Context) -> list[Knob]:
             # count of its own (``for i in range(4)``), so cutting them is not safe to guess.
             continue
         written = list(trace.written)
+        through = list(trace.through)
         for other, other_dim in tensors[1:] + [(p, 0) for p in sorted(beside.get(rows, []), key=lambda p: p.text)]:
-            written += [w for w in trace_rows(context.scan.history, other, other_dim, rows).written if w not in written]
+            traced = trace_rows(context.scan.history, other, other_dim, rows)
+            written += [w for w in traced.written if w not in written]
+            through += [c for c in traced.through if c not in through]
         live = tuple(Rows(p, d) for p, d in tensors) + tuple(Rows(p) for p in beside.get(rows, []))
         score = USE_SCORES[Use.DIMENSION] + DIRECT_BONUS - phase_penalty(first.text, context)
         knobs.append(
@@ -375,6 +438,7 @@ def earlier_tensors(context: Context) -> list[Knob]:
                 live + _via(trace, context),
                 trace.origin,
                 (f"fed whole to a module, {'dimension 1 (sequence-first)' if dim else 'its rows'}",),
+                through=tuple(through),
             )
         )
     return knobs

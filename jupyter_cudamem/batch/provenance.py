@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..cell.source import ParsedCell, Transform, dotted_name, int_constant
@@ -96,7 +98,7 @@ class History:
                 finally:
                     self._statement_at = outer
                 if result is not None:
-                    return result
+                    return result if number in result.through else replace(result, through=(number,) + result.through)
         return None
 
     def _statement(
@@ -168,7 +170,7 @@ class History:
         via = (path,) if found(holds) and type(holds) is int and holds == value else ()
         if inner is None:
             return Trace((), f"from {path.text}", via)
-        return Trace(inner.written, inner.origin, via + inner.via)
+        return Trace(inner.written, inner.origin, via + inner.via, inner.through)
 
     def _number(self, expression: ast.expr, value: int, number: int, parsed: ParsedCell, depth: int) -> Trace | None:
         place = where(number, parsed, expression)
@@ -227,6 +229,11 @@ class History:
                     return found_in_text
         callee_path = path_of(function)
         callee = resolve(self.namespace, callee_path) if callee_path is not None else None
+        partial_of = path_of(call.args[0]) if callee is functools.partial and call.args else None
+        if partial_of is not None:
+            # ``partial(DataLoader, ds, 128)``: the arguments after the function are the function's own.
+            callee = resolve(self.namespace, partial_of)
+            call = ast.Call(func=call.args[0], args=call.args[1:], keywords=call.keywords)
         argument = _bound_argument(callee, call, name)
         if argument is not None:
             return self._resolve(argument, steps[1:], value, number, parsed, depth)

@@ -89,6 +89,8 @@ class Scan:
         self.analysed: set[tuple[int, tuple[tuple[str, ObjectPath | None], ...]]] = set()
         self.trains = False
         self.states: set[str] = set()  # names the cell passes as an RNN's hidden state (``recurrent_states``)
+        # Names whose dimensions (from the end) a matrix product of the cell sums over (``contracted_dims``).
+        self.contracted: dict[str, set[int]] = {}
         self.evaluates = False
 
     def read(self, path: ObjectPath) -> Read:

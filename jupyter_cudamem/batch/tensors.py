@@ -82,6 +82,44 @@ def whole_tensor(node: ast.expr) -> ast.expr:
     return node
 
 
+# Matrix products of two operands, as functions (``torch.mm(a, b)``) or methods (``a.mm(b)``).
+MATRIX_PRODUCTS = frozenset({"mm", "matmul", "bmm"})
+
+
+def contracted_dims(body: list[ast.stmt]) -> dict[str, set[int]]:
+    """Names whose dimension a matrix product of the body sums over, counted from the end: ``A @ sketch``
+    contracts ``A``'s last dimension (-1) and ``sketch``'s second to last (-2). Such a dimension is a
+    matrix's inner size, never a batch (``sketch = torch.randn(4096, 256)`` beside a 4096x4096 ``A``)."""
+    contracted: dict[str, set[int]] = {}
+
+    def operand(node: ast.AST, dim: int) -> None:
+        node = whole_tensor(node) if isinstance(node, ast.expr) else node
+        if isinstance(node, ast.Name):
+            contracted.setdefault(node.id, set()).add(dim)
+
+    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+            operand(node.left, -1)
+            operand(node.right, -2)
+        elif isinstance(node, ast.Call) and callable_name(node) in MATRIX_PRODUCTS:
+            if len(node.args) == 2:
+                operand(node.args[0], -1)
+                operand(node.args[1], -2)
+            elif len(node.args) == 1 and isinstance(node.func, ast.Attribute):
+                operand(node.func.value, -1)
+                operand(node.args[0], -2)
+    return contracted
+
+
+def matrix_dims(shape: list[ast.AST], contracted: set[int]) -> set[int]:
+    """The dimensions of a constructor's shape that are a matrix's, not a batch: the ones a matrix product
+    sums over (``contracted``, counted from the end) and both sides of a square matrix (``randn(n, n)``)."""
+    dims = {d % len(shape) for d in contracted if -len(shape) <= d < 0}
+    if len(shape) == 2 and ast.dump(shape[0]) == ast.dump(shape[1]):
+        dims |= {0, 1}
+    return dims
+
+
 def tensor_shape(value: Any) -> tuple[int, ...] | None:
     """The shape of a tensor (not a module's parameter), or ``None`` for anything else."""
     names = class_names(value)
@@ -118,5 +156,6 @@ def trace_rows(history: History, path: ObjectPath, dim: int, rows: int, depth: i
         return Trace((Written(number, span),) if span is not None else (), where)
     named = path_of(size)
     if named is not None:
-        return history.follow(named, rows)
+        followed = history.follow(named, rows)
+        return Trace(followed.written, followed.origin, followed.via, (number,) + followed.through)
     return Trace((), f"{where} (computed)")

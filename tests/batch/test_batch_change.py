@@ -86,6 +86,29 @@ def test_a_loader_that_cannot_be_rebuilt_says_why():
         rebuilt_loader(Odd(TensorDataset(torch.zeros(2))), 2)
 
 
+class LegacyShard(DataLoader):
+    """Shaped like accelerate's ``DataLoaderShard`` before its adapter (0.30): a DataLoader subclass built
+    from a device and ``**kwargs``, batching with the prepared loader's stock BatchSampler."""
+
+    def __init__(self, dataset, device=None, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.device = device
+
+
+def test_a_loader_subclass_that_cannot_be_rebuilt_gets_the_batch_in_its_sampler():
+    dataset = TensorDataset(torch.randn(256, 4))
+    plain = DataLoader(dataset, batch_size=64, shuffle=True)
+    namespace = {"loader": LegacyShard(dataset, device="cpu", batch_sampler=plain.batch_sampler)}
+    finding = find_batch("for (x,) in loader:\n    model(x).sum().backward()\n", namespace)
+    assert finding.chosen.label == "loader.batch_size" and finding.chosen.value == 64
+    change = BatchChange(finding, namespace=namespace)
+    change.apply(16)
+    shard = namespace["loader"]
+    assert type(shard) is LegacyShard and [len(x) for (x,) in shard] == [16] * 16  # the same prepared loader
+    change.restore()
+    assert namespace["loader"] is shard and [len(x) for (x,) in shard] == [64] * 4
+
+
 def knob(*live, written=(), value=64):
     return Knob("k", value, KnobKind.FIELD, "value", 10, written, live, "In[1] line 1")
 

@@ -91,6 +91,21 @@ def test_a_loader_accelerate_prepared_batches_the_halved_batch_and_is_put_back(o
     assert loader.batch_sampler.batch_size == 64
 
 
+def test_a_loader_a_real_accelerator_prepared_in_a_later_cell_is_pasted_with_the_prepare_cell(offline):
+    need("accelerate")
+    from tests.batch.test_finder_families import paste_and_run
+
+    result, namespace = rerun("acc02_prepared_in_later_cell", 32)
+    assert namespace["sizes"] == [32] * 8  # the try, on accelerate's own DataLoaderShard changed in place
+    assert namespace["train_dataloader"].batch_sampler.batch_size == 64  # put back
+    paste, namespace = paste_and_run(result, 32, real=True)
+    assert "In[3], unchanged" in paste
+    # The loader and the model the failed cell ran with are prepared again, not the bare ones In[2] builds.
+    assert type(namespace["train_dataloader"]).__name__ == "DataLoaderShard"
+    assert type(namespace["optimizer"]).__name__ == "AcceleratedOptimizer"
+    assert namespace["sizes"] == [32] * 8
+
+
 def test_a_real_lightning_module_that_builds_its_own_loader_fits_with_the_halved_batch(offline):
     need("lightning")
     result, namespace = rerun("pl03_module_own_loader", 256)
