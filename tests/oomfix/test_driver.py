@@ -110,6 +110,30 @@ def test_a_deleted_variable_the_cell_does_not_bind_is_room_for_a_plain_rerun():
     assert "(features)" in outcome.tries[0].reason
 
 
+def test_under_a_cap_the_room_a_deleted_variable_must_make_counts_pytorch_memory_only():
+    # A 6 GiB cap; 2.5 GiB held by the model, 0.5 GiB by `features` (deleted with --del). The cell asks for
+    # 3.30 GiB at once: under the cap PyTorch had 6 - 3 = 3 GiB left, so the allocation lacked 0.30 GiB,
+    # and freeing 0.5 GiB makes room for the cell as written. NVML's figure for the process adds the
+    # 512 MiB CUDA context, which the cap does not count: taken from the cap, it made the shortfall
+    # 0.80 GiB and skipped the plain rerun for a smaller batch (or autocast) the cell did not need.
+    machine = capped_machine(6 * GiB, held_bytes=int(2.5 * GiB))
+    cell = SimulatedCell(machine, lambda batch: batch * MiB, chunks=1)
+    namespace = {"model": _Model()}
+    run = cell.run_source(namespace)
+    driver = Driver(run, fake_hardware(machine), lambda error: machine.empty_cache(),
+                    autocast_dtype=lambda: "bfloat16")
+    machine.allocate(0, GiB // 2)  # features
+    source = TRAINING_CELL.format(batch=3379)  # 3,379 MiB: 3.30 GiB
+    error = fail_first(run, source)
+    machine.free(0, GiB // 2)  # the cleanup the magic runs first, --del features
+    machine.empty_cache()
+    outcome = driver.fix(source, error, namespace, freed_bytes=GiB // 2, cleaned=_cleaned(features=GiB // 2))
+    assert [t.strategy for t in outcome.tries] == [Strategy.CLEANUP]
+    assert outcome.fixed_source == source
+    # The message words the request as 3.30 GiB: 0.30 GiB lacked, 307.20 MiB.
+    assert "the allocation that failed lacked 307.20 MiB" in outcome.tries[0].reason
+
+
 def test_what_the_failed_cell_made_is_no_room_for_a_plain_rerun():
     # The cleanup freed 3 GiB, all of it the failed cell's own (its traceback's frames, a variable the cell
     # binds): a rerun makes it again. Seen on the H100: BERT built in the failing cell, 5.3 GiB freed, the
