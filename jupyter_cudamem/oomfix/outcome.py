@@ -152,7 +152,7 @@ class Outcome(TextReport):
     def changed(self) -> bool:
         if self.cell_diffs:
             return any(d.changed for d in self.cell_diffs)
-        return self.fixed_source is not None and self.fixed_source != self.original_source
+        return self.fixed_source is not None and self.fixed_source.splitlines() != self.original_source.splitlines()
 
     @property
     def diff(self) -> str:
