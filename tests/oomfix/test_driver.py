@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import gc
 
@@ -409,8 +410,9 @@ def test_outcome_renders_as_text_and_html():
     _, cell, namespace, run, driver, _ = setup()
     source = TRAINING_CELL.format(batch=6000)
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
-    text = repr(outcome)
-    assert text.splitlines()[0] == outcome.headline()
+    assert repr(outcome).splitlines()[:3] == list(outcome.lead())
+    text = repr(replace(outcome, verbose=True))
+    assert text.splitlines()[:3] == list(outcome.lead()) and outcome.headline() in text
     assert "smaller batch" in text and "a small first try" in text and "+batch_size = " in text
     html = outcome._repr_html_()
     assert html.count("<tr>") == outcome.reruns + 1
@@ -618,7 +620,8 @@ def test_the_outcome_says_what_does_not_grow_with_the_batch_read_from_the_namesp
     machine, cell, namespace, run, driver, _ = setup(probe=counts_cpu)
     net = torch.nn.Linear(1000, 250)  # 250,250 float32: 1,001,000 bytes
     namespace.update(net=net, optimizer=torch.optim.AdamW(net.parameters()))
-    source = TRAINING_CELL.format(batch=4000)  # trains: .backward() and a step
+    # trains: .backward() and a step; it reads net and optimizer (a model it never read would count nothing)
+    source = TRAINING_CELL.format(batch=4000) + "net.zero_grad()\noptimizer.step()\n"
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     note = next(note for note in outcome.notes if note.startswith("does not grow with the batch"))
     assert "977.54 KiB of gradients its backward pass makes" in note
@@ -709,3 +712,17 @@ def test_without_cuda_graph_pools_nothing_is_reset_or_said():
     source = TRAINING_CELL.format(batch=8 * 700)
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     assert outcome.fitted and not any("CUDA graphs" in note for note in outcome.notes)
+
+
+def test_what_does_not_grow_counts_only_the_parameters_the_cell_trains():
+    # Notebook 00: `layers`, a list of modules the cell never touches, was counted as gradients its backward
+    # pass makes (192.23 MiB for a model of 64.17 MiB). The cell reads `model`, and `step` reads `opt`.
+    import torch
+
+    model, layers = torch.nn.Linear(4, 4), [torch.nn.Linear(8, 8)]
+    opt = torch.optim.SGD(model.parameters())
+    namespace = {"model": model, "layers": layers, "opt": opt, "torch": torch}
+    exec("def step():\n    opt.step()\n", namespace)
+    read = Driver._trained_ids("loss = model(torch.ones(2, 4)).sum()\nloss.backward()\nstep()\n", namespace,
+                               lambda source: source)
+    assert read == {id(p) for p in model.parameters()} | {id(opt)}
