@@ -132,6 +132,16 @@ class OomInfo:
         return self.allowed_bytes if self.allowed_bytes is not None else self.total_bytes
 
     @property
+    def room_under_cap_bytes(self) -> int | None:
+        """What PyTorch could still reserve under the per-process cap when it failed: the cap less what it
+        had reserved. The cap (``set_per_process_memory_fraction``) counts PyTorch's own segments only,
+        never the CUDA context that the message's "this process has ... in use" includes. ``None``
+        without a cap or PyTorch's figures."""
+        if self.allowed_bytes is None or self.reserved_bytes is None:
+            return None
+        return max(self.allowed_bytes - self.reserved_bytes, 0)
+
+    @property
     def reserved_bytes(self) -> int | None:
         """Everything PyTorch's allocator held: allocated plus cached-but-unallocated."""
         if self.allocated_bytes is None or self.reserved_unallocated_bytes is None:

@@ -82,9 +82,10 @@ def describe_holder(root: Root, cause: Cause, holder: dict[str, Any]) -> str:
         tensor_like = hasattr(value, "shape") and hasattr(value, "dtype")
         what = f"tensor {tensor_text(value)}" if tensor_like else type(value).__name__
         return f"a cell's value kept by IPython's output cache ({what})"
-    if root.origin in (Origin.EXCEPTION, Origin.FRAME):
-        where = f"locals of {root.name}" if root.origin is Origin.FRAME else root.name
-        return f"{where}, kept by the failed cell's traceback"
+    if root.origin is Origin.FRAME:
+        return f"locals of {root.name}, kept by the failed cell's traceback"
+    if root.origin is Origin.EXCEPTION:  # shown after its name: the name is not said again
+        return "its frames' tensors, kept by the failed cell's traceback"
     if root.kind is HolderKind.MODULE:
         parts = [f"{label} {format_bytes(categories[label])}" for label in MODULE_PARTS if categories.get(label)]
         return f"{type(value).__name__}: " + ", ".join(parts)

@@ -53,12 +53,15 @@ def _nbytes(tensor: Any) -> int:
 
 
 def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: TensorProbe | None,
-                 trains: bool = True) -> FixedMemory | None:
+                 trains: bool = True, read: Collection[int] | None = None) -> FixedMemory | None:
     """The batch-independent part of the step a cell runs, above what will be allocated when it reruns.
 
     ``rebuilt``: the names the cell binds again (set aside before each rerun, so its models' parameters
     are allocated by the rerun); ``trains``: whether the cell trains (``cell.traits``), so gradients and
-    optimizer state are created. ``None`` where no model or optimizer on the device is found."""
+    optimizer state are created; ``read``: the ids of the parameters and optimizers the cell reads
+    (``reruns.model_state.training_state``), so a model it never touches (a list of layers kept aside)
+    makes no gradients and no state (``None``: all of them). ``None`` where no model or optimizer on the
+    device is found."""
     if probe is None or not (probe.module_types or probe.optimizer_types):
         return None
     seen: set[int] = set()
@@ -113,7 +116,8 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
                 # A model the cell builds again starts each rerun without gradients, whatever the failed
                 # run's model holds; one built earlier keeps what the failed run left (held at the start).
                 fresh = name in rebuilt or getattr(parameter, "grad", None) is None
-                if getattr(parameter, "requires_grad", False) and fresh:
+                touched = name in rebuilt or read is None or id(parameter) in read
+                if getattr(parameter, "requires_grad", False) and fresh and touched:
                     gradients_bytes += _nbytes(parameter)
                     gradient_sizes.append(_nbytes(parameter))
     for name, optimizer in optimizers:
@@ -122,6 +126,8 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
             state = optimizer.state
         except Exception:  # noqa: BLE001
             continue
+        if not (name in rebuilt or read is None or id(optimizer) in read):
+            continue  # an optimizer the cell never steps makes no state
         for group in groups:
             per_parameter = _state_tensors(optimizer, group)
             for parameter in group.get("params", ()):

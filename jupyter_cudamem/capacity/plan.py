@@ -155,15 +155,13 @@ def replay_margin(margin: float) -> float:
     return REPLAY_MARGIN + max(margin - DEFAULT_MARGIN, 0.0)
 
 
-def reserved_alike(line: Line, measured: Line, reserved: Line | None) -> Line | None:
-    """The reserved line of ``line`` (the autocast line, which was measured allocated only), taken to waste
-    what the measured float32 runs wasted: its slope and fixed part scaled by the reserved line's over the
-    allocated one's. ``None`` where nothing was wasted to scale by."""
-    if reserved is None or measured.slope_bytes <= 0 or reserved.slope_bytes <= 0:
-        return None
-    slope_ratio = reserved.slope_bytes / measured.slope_bytes
-    fixed_ratio = reserved.intercept_bytes / measured.intercept_bytes if measured.intercept_bytes > 0 else 1.0
-    return Line(line.slope_bytes * max(slope_ratio, 1.0), line.intercept_bytes * max(fixed_ratio, 1.0))
+def autocast_largest(largest: int, line: Line, autocast_line: Line) -> int:
+    """The largest batch under autocast, from the float32 column's ``largest``: the part that does not
+    depend on the batch is the same (weights, gradients and optimizer state stay float32), so the room
+    that fits ``largest`` float32 samples fits ``largest x float32 slope / autocast slope`` of them, with
+    whatever decided the float32 column (the allocator's replay, the reserved line's waste, a calibration,
+    the margin) taken per byte alike."""
+    return int(largest * line.slope_bytes / autocast_line.slope_bytes + 1e-9)
 
 
 def calibrated(line: Line, ratio: float) -> Line:
@@ -262,11 +260,9 @@ def plan_card(
         peak = float(fixed_peak_bytes or 0)
         return CardPlan(name, total, usable, peak, peak <= usable, this_card=this_card)
     usable = usable_bytes(total, non_pytorch_bytes)
-    autocast_reserved = None if autocast_line is None else reserved_alike(autocast_line, line, reserved_line)
+    measured = line  # the autocast column scales the float32 one by the measured per-sample bytes
     if ratio is not None:
         line, reserved_line = calibrated(line, ratio), None
-        autocast_line = None if autocast_line is None else calibrated(autocast_line, ratio)
-        autocast_reserved = None
     if ratio is None and replayed is not None:
         largest = replayed(usable)
     else:
@@ -277,11 +273,10 @@ def plan_card(
     if not fits and largest >= 1:
         split = accumulation_plan(batch, largest)
         micro, steps, last = split.micro, split.steps, (None if split.exact else split.last)
-    autocast_largest = None
-    if autocast_line is not None and autocast_line.slope_bytes > 0:
-        # The same limits as the float32 column: the margin, the reserved line's waste, a calibration.
-        autocast_largest = plan_largest(autocast_line, usable, margin, autocast_reserved)
-    return CardPlan(name, total, usable, peak, fits, largest, micro, steps, last, autocast_largest, this_card)
+    under_autocast = None
+    if autocast_line is not None and autocast_line.slope_bytes > 0 and measured.slope_bytes > 0:
+        under_autocast = autocast_largest(largest, measured, autocast_line)
+    return CardPlan(name, total, usable, peak, fits, largest, micro, steps, last, under_autocast, this_card)
 
 
 @dataclass(frozen=True)

@@ -49,14 +49,16 @@ def insert_line(source: str, line: int, text: str) -> str:
 def unified_diff(
     before: str, after: str, name: str = "cell", before_label: str = "failed", after_label: str = "fits"
 ) -> str:
-    """A unified diff of two versions of a cell, for display."""
+    """A unified diff of two versions of a cell, for display: lines compared without their ends, so a
+    final newline one version lacks is no change (it showed an identical line removed and added)."""
     diff = difflib.unified_diff(
-        before.splitlines(keepends=True),
-        after.splitlines(keepends=True),
+        before.splitlines(),
+        after.splitlines(),
         fromfile=f"{name} ({before_label})",
         tofile=f"{name} ({after_label})",
+        lineterm="",
     )
-    return "".join(line if line.endswith("\n") else line + "\n" for line in diff)
+    return "".join(line + "\n" for line in diff)
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ class CellDiff:
 
     @property
     def changed(self) -> bool:
-        return self.before != self.after
+        return self.before.splitlines() != self.after.splitlines()
 
     @property
     def diff(self) -> str:

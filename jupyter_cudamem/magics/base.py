@@ -68,8 +68,14 @@ class CudaMemMagicsBase(Magics):
         self.extension = extension  # the ``magics.Extension`` this belongs to, to find siblings
 
     def note(self, message: str) -> None:
-        """A one-line remark for the user (what could not be measured, what was done)."""
+        """A one-line warning: what could not be measured or done (stderr, where a plain cell's output
+        stays as it would be without us)."""
         print(f"cudamem: {message}", file=sys.stderr)
+
+    def tell(self, message: str) -> None:
+        """A one-line answer to what the user asked (a monitor stopped, one not running): stdout, not the
+        red of an error."""
+        print(f"cudamem: {message}")
 
     def close(self) -> None:
         """Undo whatever this class started (threads, event callbacks). Called on unload."""

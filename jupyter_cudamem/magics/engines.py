@@ -304,7 +304,7 @@ class CudaMemEngines(CudaMemMagicsBase):
         live, channel, client = self.live, self._live_channel, self._live_client
         if live is None:
             if not quiet:
-                self.note("the engines monitor is not running; start it with %cudamem_engines monitor")
+                self.tell("the engines monitor is not running; start it with %cudamem_engines monitor")
             return
         live.stop(reason="%cudamem_engines stop")
         if self.live_view is not None:

@@ -220,11 +220,11 @@ class CudaMemMonitor(CudaMemMagicsBase):
     def stop(self, quiet: bool = False) -> None:
         if self.poller is None or not self.poller.running:
             if not quiet:
-                self.note("the monitor is not running; start it with %cudamem_monitor")
+                self.tell("the monitor is not running; start it with %cudamem_monitor")
             return
         self.poller.stop(reason="%cudamem_monitor stop")
         if not quiet:
-            self.note("monitor stopped; %cudamem_monitor snapshot still plots what it recorded")
+            self.tell("monitor stopped; %cudamem_monitor snapshot still plots what it recorded")
 
     def snapshot(self) -> Snapshot:
         poller = self.poller

@@ -46,6 +46,7 @@ class OomFix(CudaMemMagicsBase):
     autocast = Bool(True, help="Whether autocast is among the strategies.").tag(config=True)
     confirm = Bool(True, help="Ask before rerunning a cell (its side effects repeat); --yes skips it.").tag(config=True)
     margin = Float(0.04, help="Fraction of the free memory a predicted batch leaves unused.").tag(config=True)
+    verbose = Bool(False, help="Show everything under the three first lines, as --verbose does.").tag(config=True)
 
     # Checked when set (``%config`` prints the one line); every option is read at the next %oomfix.
     @validate("max_tries")
@@ -243,17 +244,22 @@ class OomFix(CudaMemMagicsBase):
         holders = find_holders(user_variables(self.shell), ipython_references(self.shell), probe=self.probe)
         if oom is None:  # an OOM whose message says nothing we parse: diagnose from the holders alone
             oom = OomInfo(OomKind.OTHER, "" if error is None else str(error))
-        diagnosis = diagnose(oom, holders, self._readings(), self._model_state())
+        verbose = bool(args.verbose or self.verbose)
+        diagnosis = dataclasses.replace(diagnose(oom, holders, self._readings(), self._model_state()), verbose=verbose)
+        cell_name = "the cell" if cell_number is None else f"In[{cell_number}]"
         if args.dry_run:
             preview = dry_run(source, oom, diagnosis, strategies, max_tries, cell_number, namespace=self.shell.user_ns,
                               transform=self.shell.transform_cell, history=input_history(self.shell),
                               hardware=self.hardware, margin=self.margin)
-            return self._show(dataclasses.replace(preview, notes=preview.notes + cap_note(cap)), args)
-        display(diagnosis)
+            return self._show(dataclasses.replace(preview, notes=preview.notes + cap_note(cap), verbose=verbose,
+                                                  cell_name=cell_name), args)
+        asking = not args.yes and self.confirm
         trained, restore, too_large = what_to_restore(source, self.shell.user_ns, self.shell.transform_cell,
-                                                      args.no_restore, can_ask=not args.yes and self.confirm)
-        if not args.yes and self.confirm and not confirmed(max_tries, state_note(trained, restore, too_large)):
-            return None
+                                                      args.no_restore, can_ask=asking)
+        if asking:
+            display(diagnosis)  # what the question is about; with --yes the outcome carries it
+            if not confirmed(max_tries, state_note(trained, restore, too_large)):
+                return None
 
         holds_cuda = None if self.probe is None else (lambda obj: reaches_cuda(obj, self.probe))
         cleaned = cleanup_module.cleanup(
@@ -294,7 +300,8 @@ class OomFix(CudaMemMagicsBase):
                 restorer.finish(last_fitted)
         notes = cap_note(cap) + outcome.notes + restore_notes(trained, restorer, outcome, last_fitted)
         outcome = dataclasses.replace(outcome, cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes),
-                                      notes=notes)
+                                      notes=notes, diagnosis=diagnosis, verbose=verbose, cell_name=cell_name,
+                                      kept=last_fitted, applied=bool(args.apply) and outcome.changed)
         if outcome.fitted:
             self._recorder.forget()
         return self._show(outcome, args)

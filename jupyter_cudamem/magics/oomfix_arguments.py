@@ -33,6 +33,9 @@ def oomfix_options(function: Callable[..., Any]) -> Callable[..., Any]:
                       "rerun's steps and entries then stay."),
         argument("--strategy", default=None, metavar="LIST",
                  help=f"Strategies to try, in order, comma-separated: {', '.join(STRATEGIES)} (default: all)."),
+        argument("-v", "--verbose", action="store_true",
+                 help="Show everything under the three first lines: the diagnosis's figures and holders, every try, "
+                      "the diff, notes and advice (default: OomFix.verbose; in HTML they are one click away)."),
         argument("-o", "--output", action="store_true",
                  help="Show the outcome and also return it, as %%timeit -o does: outcome = %%oomfix -o "
                       "(.tries, .diff, .fixed_source); None where no fix was tried (the rerun declined, or a %%%%oomfix "

@@ -53,11 +53,8 @@ def confirmed(max_tries: int, state_note: str = "") -> bool:
 
 
 def show(outcome: Outcome, apply: bool, shell: Any) -> None:
-    """Display the outcome; put the cell that fitted into the next input with ``--apply``, else say how."""
+    """Display the outcome (its third line says where the change is); with ``--apply``, put the cell that
+    fitted in the next input."""
     display(outcome)
-    if outcome.changed:
-        if apply:
-            shell.set_next_input(outcome.paste, replace=False)
-            print("%oomfix: the cell that fitted is in the next input; run it to keep it")
-        elif not outcome.dry_run:
-            print("%oomfix: add --apply to get the cell that fitted as the next input")
+    if outcome.changed and apply and not outcome.dry_run:
+        shell.set_next_input(outcome.paste, replace=False)

@@ -69,14 +69,67 @@ class Diagnosis(TextReport):
     # At the failure, by category (bytes), where the models' state could be read; None where not.
     categories: dict[Category, int] | None = None
 
+    # Everything behind the first line (the figures, categories, holders, advice) shows with it.
+    verbose: bool = False
+
+    def cause(self) -> str:
+        """Why the cell ran out, in a few words, for the first line of what ``%oomfix`` shows."""
+        oom = self.oom
+        capped = oom.allowed_bytes is not None and oom.total_bytes is not None and oom.allowed_bytes < oom.total_bytes
+        limit = (f"the {format_bytes(oom.allowed_bytes)} per-process cap" if capped
+                 else f"the {format_bytes(oom.total_bytes)} card" if oom.total_bytes is not None else "the card")
+        if self.verdict is Verdict.FRAGMENTATION:
+            words = (f"{format_bytes(oom.reserved_unallocated_bytes)} was cached but not in one piece for the "
+                     f"{format_bytes(oom.requested_bytes)} asked")
+        elif self.verdict is Verdict.HELD_BY_IPYTHON:
+            words = f"{format_bytes(self.cache_only_bytes)} was held only by IPython's output cache"
+        elif self.verdict is Verdict.HELD_BY_NAMESPACE:
+            words = f"your variables hold {format_bytes(self.namespace_bytes)} of {limit}"
+        elif oom.exceeds_capacity:
+            words = f"one allocation of {format_bytes(oom.requested_bytes)} is more than {limit} allows"
+        else:
+            words = f"it needs more than {limit} allows" if capped or oom.free_bytes is None else (
+                f"it needs more than the {format_bytes(oom.free_bytes)} free on the card")
+        shown = self._shown_categories()
+        if shown:
+            largest = max(shown, key=lambda category: shown[category])
+            words += f"; the largest part: {largest.words}, {format_bytes(shown[largest])}"
+        return words
+
+    def _shown_categories(self) -> dict[Category, int]:
+        """The split by category, where it explains the verdict (not where the memory was there but in
+        pieces, or held by IPython's cache)."""
+        if not self.categories or self.verdict in (Verdict.FRAGMENTATION, Verdict.HELD_BY_IPYTHON):
+            return {}
+        return self.categories
+
+    def headline(self) -> str:
+        where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
+        return f"CUDA out of memory{where} ({KIND_WORDS[self.oom.kind]}): {self.cause()}"
+
     def text(self) -> str:
+        if self.verbose:
+            return self.full_text()
+        lines = [self.headline()]
+        if self.suggestions:
+            lines.append(f"  try: {self.suggestions[0]}")
+        lines.append("  (figures, holders and all the advice: --verbose)")
+        return "\n".join(lines)
+
+    def full_text(self) -> str:
+        """Every part as aligned text: the verdict, the figures, the split by category, the holders, the advice."""
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
         lines = [f"CUDA out of memory{where} ({KIND_WORDS[self.oom.kind]}): {self.verdict}"]
         lines.append(f"  {self.explanation}")
         if self.figures:
             width = max(len(label) for label, _ in self.figures)
             lines.append("  figures:")
-            lines.extend(f"    {label.ljust(width)}  {value}" for label, value in self.figures)
+            lines.extend(f"    {label.ljust(width)}  {value:>11}" for label, value in self.figures)
+        rows = self.category_rows()
+        if rows:
+            width = max(len(words) for words, _, _ in rows)
+            lines.append("  at the failure, by category:")
+            lines.extend(f"    {words.ljust(width)}  {size:>11}  {note}".rstrip() for words, size, note in rows)
         if self.holders:
             lines.append("  largest holders of CUDA memory:")
             for holder in self.holders:
@@ -94,6 +147,19 @@ class Diagnosis(TextReport):
             lines.append("  try:")
             lines.extend(f"    - {suggestion}" for suggestion in self.suggestions)
         return "\n".join(lines)
+
+    def category_rows(self) -> list[tuple[str, str, str]]:
+        """(category, size, where the figure comes from) at the failure; the largest marked."""
+        shown = self._shown_categories()
+        if not shown:
+            return []
+        largest = max(shown, key=lambda category: shown[category])
+        rows = []
+        for category, size in shown.items():
+            source = ("the rest of what was allocated and asked for" if category is Category.ACTIVATIONS
+                      else "read from your models and optimizers")
+            rows.append((category.words, format_bytes(size), source + ("; the largest" if category is largest else "")))
+        return rows
 
     def cleanup_explanation(self, freed_bytes: int | None) -> str:
         """Why what the cleanup freed differs from what the holders above listed, or "" when they agree.
@@ -125,6 +191,14 @@ class Diagnosis(TextReport):
 
     def _repr_html_(self) -> str:
         e = html.escape
+        if self.verbose:
+            return self.full_html()
+        try_line = f"<br>Try: {e(self.suggestions[0])}" if self.suggestions else ""
+        return (f'<div class="cudamem-oomfix-diagnosis"><p><b>{e(self.headline())}</b>{try_line}</p>'
+                f"<details><summary>figures, holders and all the advice</summary>{self.full_html()}</details></div>")
+
+    def full_html(self) -> str:
+        e = html.escape
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
         parts = [
             '<div class="cudamem-oomfix-diagnosis">',
@@ -137,6 +211,15 @@ class Diagnosis(TextReport):
                 for label, value in self.figures
             )
             parts.append(f"<table>{rows}</table>")
+        categories = self.category_rows()
+        if categories:
+            rows = "".join(
+                f"<tr><td style='text-align:left'>{e(words)}</td><td style='text-align:right'>{e(size)}</td>"
+                f"<td style='text-align:left'>{e(note)}</td></tr>"
+                for words, size, note in categories
+            )
+            parts.append("<table><thead><tr><th style='text-align:left'>at the failure</th><th>size</th>"
+                         f"<th style='text-align:left'>from</th></tr></thead><tbody>{rows}</tbody></table>")
         if self.holders:
             rows = "".join(
                 "<tr>"
@@ -293,15 +376,6 @@ def failure_categories(oom: OomInfo, model_state: dict[Category, int] | None) ->
     return {**held, Category.ACTIVATIONS: max(needed - sum(held.values()), 0)}
 
 
-def _category_sentence(categories: dict[Category, int]) -> str:
-    parts = ", ".join(f"{category.words} {format_bytes(size)}" for category, size in categories.items())
-    largest = max(categories, key=lambda category: categories[category])
-    return (
-        f" At the failure: {parts} (the model state read from your models and optimizers; activations and "
-        f"temporaries are the rest of what was allocated and asked for): {largest.words} is the largest."
-    )
-
-
 def diagnose(
     oom: OomInfo,
     holders: list[Holder],
@@ -389,7 +463,6 @@ def diagnose(
         )
     categories = failure_categories(oom, model_state)
     if categories is not None and verdict not in (Verdict.FRAGMENTATION, Verdict.HELD_BY_IPYTHON):
-        explanation += _category_sentence(categories)
         fitting = advice.category_advice(categories, graph_kept=_graph_kept(holders))
         if fitting and fitting[0].category is Category.ACTIVATIONS:
             # the general advice on batch, autocast and checkpointing, said again with this cell's bytes

@@ -92,6 +92,21 @@ class Driver:
         self._history: Sequence[str] | None = None
         self._fixed: FixedMemory | None = None  # what the cell's step holds whatever its batch
 
+    @staticmethod
+    def _trained_ids(source: str, namespace: Mapping[str, Any] | None, transform: Callable[[str], str]) -> set[int] | None:
+        """The ids of the parameters and optimizers the cell reads (through the functions it calls too), so
+        what does not grow with the batch counts only what it trains; ``None`` where the cell does not parse."""
+        from ..cell.source import parse_cell
+        from ..reruns.model_state import training_state
+        from ..reruns.set_aside import names_bound_before_read
+
+        try:
+            tree = parse_cell(source, transform).tree
+        except (SyntaxError, ValueError):
+            return None
+        state = training_state(namespace or {}, tree, names_bound_before_read(tree))
+        return {id(p) for p in state.parameters} | {id(o) for o in state.optimizers}
+
     def _put_back(self) -> None:
         if self.before_rerun is not None:
             self.before_rerun()
@@ -138,7 +153,8 @@ class Driver:
         traits = cell_traits(source, transform)
         # Read before the models the cell builds again are set aside (on the host, they count nothing).
         self._fixed = fixed_memory(namespace or {}, bound_before_read(source, transform),
-                                   self.probe if self.probe is not None else default_probe(), traits.trains)
+                                   self.probe if self.probe is not None else default_probe(), traits.trains,
+                                   read=self._trained_ids(source, namespace, transform))
         aside = self._runs.set_aside(source, device)
         if allocated_before is None and freed_bytes is not None:
             # Unknown: at most what is allocated now plus what the cleanup and the set-aside freed

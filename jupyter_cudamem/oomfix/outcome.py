@@ -98,6 +98,8 @@ def diff_html(diff: str) -> str:
     return "<pre>" + "\n".join(lines) + "</pre>"
 
 
+DETAILS = "the diagnosis's figures and holders, every try, the diff, notes and advice"
+
 # The batch search's reasons in the user's words: how the batch was chosen, not the model behind it.
 _REASON_WORDS = (
     ("line through origin", "predicted from the first measured peak"),
@@ -146,6 +148,11 @@ class Outcome(TextReport):
     plan: BatchPlan | None = field(default=None, compare=False)
     # Why the cleanup freed more or less than the diagnosis listed (``Diagnosis.cleanup_explanation``).
     cleanup_note: str = ""
+    # How it is shown: three lines first, the rest with ``verbose`` (in HTML, behind a disclosure).
+    verbose: bool = False
+    cell_name: str = "the cell"  # In[k] where known
+    kept: bool = False  # the namespace holds what the try that fitted made (it was the last try)
+    applied: bool = False  # ``--apply`` put the change in the next input
 
     @property
     def fitted(self) -> bool:
@@ -155,7 +162,7 @@ class Outcome(TextReport):
     def changed(self) -> bool:
         if self.cell_diffs:
             return any(d.changed for d in self.cell_diffs)
-        return self.fixed_source is not None and self.fixed_source != self.original_source
+        return self.fixed_source is not None and self.fixed_source.splitlines() != self.original_source.splitlines()
 
     @property
     def diff(self) -> str:
@@ -188,6 +195,82 @@ class Outcome(TextReport):
             return f"%oomfix: fits under autocast after {count}"
         return f"%oomfix: fits unchanged after cleanup ({count})"
 
+    # -- the three lines a person reads first ----------------------------------------------------
+    def lead(self) -> tuple[str, str, str]:
+        """What failed and why; what fixed it, with its proof; the change to make."""
+        return self._what_failed(), self._what_fixed(), self._change()
+
+    def _what_failed(self) -> str:
+        cause = getattr(self.diagnosis, "cause", None)
+        why = cause() if callable(cause) else ""
+        return f"{self.cell_name} ran out of GPU memory" + (f": {why}" if why else "")
+
+    def _fitted_try(self) -> TryResult | None:
+        return next((t for t in reversed(self.tries) if t.fitted and t.source == self.fixed_source), None)
+
+    def _what_fixed(self) -> str:
+        if self.dry_run:
+            return "Nothing was rerun (--dry-run); without it %oomfix frees what the failure left and reruns the cell"
+        fitted = self._fitted_try()
+        if fitted is None:
+            count = f"{self.reruns} rerun{'s' if self.reruns != 1 else ''}"
+            return f"Not fixed: none of {count} fitted" if self.tries else "Not fixed: nothing was rerun"
+        room = "" if self.budget_bytes is None else f" of the {format_bytes(self.budget_bytes)} free"
+        proof = f"peak {format_bytes(fitted.peak_bytes)}{room}"
+        if self.strategy is Strategy.BATCH and any(note.startswith(CHUNKED_NOTE) for note in self.notes):
+            return (f"Fixed with chunks of {self.batch_after} rows (all {self.batch_before} computed): "
+                    f"the rerun fitted, {proof}")
+        if self.strategy is Strategy.BATCH:
+            return (f"Fixed with batch {self.batch_after} (was {self.batch_before}): "
+                    f"the rerun at batch {self.batch_after} fitted, {proof}")
+        if self.strategy is Strategy.AUTOCAST:
+            return f"Fixed under {fitted.reason}: the rerun fitted, {proof}"
+        freed = "" if self.freed_bytes is None else f" (it freed {format_bytes(self.freed_bytes)})"
+        return f"Fixed by the cleanup{freed}: the cell as written fitted, {proof}"
+
+    def _edit(self) -> tuple[str, str, str] | None:
+        """The change as one line's edit (which cell, the line before, after); ``None`` where more change."""
+        diffs = self.cell_diffs or (
+            (CellDiff(self.cell_name, self.original_source, self.fixed_source or ""),) if self.fixed_source else ())
+        changed = [d for d in diffs if d.changed]
+        if len(changed) != 1:
+            return None
+        lines = changed[0].diff.splitlines()[2:]  # below the two file lines
+        removed = [line[1:] for line in lines if line.startswith("-")]
+        added = [line[1:] for line in lines if line.startswith("+")]
+        if len(removed) != 1 or len(added) != 1:
+            return None
+        where = changed[0].label if changed[0].cell_number is not None else self.cell_name
+        return where, removed[0].strip(), added[0].strip()
+
+    def _change(self) -> str:
+        if self.dry_run:
+            plan = self.plan
+            if plan is not None and plan.knob is not None and plan.first_batch is not None:
+                return f"First try: {plan.knob.label} = {plan.first_batch} ({plan.first_reason})"
+            return self._advice()
+        if not self.fitted:
+            return self._advice()
+        if not self.changed:
+            return ("Nothing to change: the kernel holds what the rerun made" if self.kept
+                    else "Nothing to change: run the cell again to get its results")
+        edit = self._edit()
+        what = f"Change {edit[0]}: {edit[1]}  ->  {edit[2]}" if edit is not None else "Paste the cell below"
+        where = "it is in the next input" if self.applied else "--apply puts it in the next input"
+        state = ("the kernel already holds what it made" if self.kept
+                 else "run it to get its results")
+        return f"{what} ({where}; {state})"
+
+    def _advice(self) -> str:
+        suggestions = tuple(getattr(self.diagnosis, "suggestions", ())) or tuple(s.title for s in self.suggestions)
+        return f"Try: {suggestions[0]}" if suggestions else "No advice applies here"
+
+    def pasted(self) -> str:
+        """The cell to paste, shown under the three lines where more than one line changes."""
+        if self.dry_run or not self.changed or self.applied or self._edit() is not None:
+            return ""
+        return (self.paste or "").rstrip("\n")
+
     def _facts(self) -> list[str]:
         """What the cleanup freed, the room measured and where the batch was found, for both renderings."""
         facts = []
@@ -203,9 +286,20 @@ class Outcome(TextReport):
 
     # -- text -----------------------------------------------------------------------------------
     def text(self) -> str:
+        parts = list(self.lead())
+        if self.pasted():
+            parts += ["", self.pasted()]
+        if not self.verbose:
+            parts.append(f"({DETAILS}: --verbose, or %config OomFix.verbose = True)")
+            return "\n".join(parts)
+        return "\n".join(parts + ["", self.details_text()])
+
+    def details_text(self) -> str:
+        """Everything behind the three lines: the diagnosis, the facts, the plan, every try, the diff, notes, advice."""
         parts = [self.headline()]
         if self.diagnosis is not None:
-            parts += ["", str(self.diagnosis)]
+            full = getattr(self.diagnosis, "full_text", None)
+            parts += ["", full() if callable(full) else str(self.diagnosis)]
         facts = self._facts()
         if facts:
             parts.append("; ".join(facts))
@@ -233,9 +327,19 @@ class Outcome(TextReport):
     # -- HTML -----------------------------------------------------------------------------------
     def _repr_html_(self) -> str:
         e = html.escape
-        out = [f"<div class='cudamem-oomfix'><p><b>{e(self.headline())}</b></p>"]
+        failed, fixed, change = self.lead()
+        pasted = f"<pre>{e(self.pasted())}</pre>" if self.pasted() else ""
+        return (
+            f"<div class='cudamem-oomfix'><p><b>{e(failed)}</b><br>{e(fixed)}<br>{e(change)}</p>{pasted}"
+            f"<details{' open' if self.verbose else ''}><summary>{e(DETAILS)}</summary>"
+            f"{self.details_html()}</details></div>"
+        )
+
+    def details_html(self) -> str:
+        e = html.escape
+        out = [f"<div class='cudamem-oomfix-details'><p><b>{e(self.headline())}</b></p>"]
         if self.diagnosis is not None:
-            rich = getattr(self.diagnosis, "_repr_html_", None)
+            rich = getattr(self.diagnosis, "full_html", None)
             out.append(rich() if callable(rich) else f"<pre>{e(str(self.diagnosis))}</pre>")
         facts = self._facts()
         if facts:

@@ -90,8 +90,8 @@ def budget_from_message(oom: OomInfo | None) -> int | None:
     if oom is None or oom.free_bytes is None:
         return None
     room = oom.free_bytes + (oom.reserved_unallocated_bytes or 0)
-    if oom.allowed_bytes is not None and oom.process_bytes is not None:
-        room = min(room, max(oom.allowed_bytes - oom.process_bytes, 0) + (oom.reserved_unallocated_bytes or 0))
+    if oom.room_under_cap_bytes is not None:
+        room = min(room, oom.room_under_cap_bytes + (oom.reserved_unallocated_bytes or 0))
     return room
 
 

@@ -31,13 +31,14 @@ Cleanup = Callable[["BaseException | None"], Any]
 
 def lacked_bytes(oom: OomInfo) -> int | None:
     """How much more room the allocation that failed needed than the process had then: the request less
-    what was free for it (under a per-process cap, the cap less what the process held; never more than
-    the device had free). ``None`` where the message does not say."""
+    what was free for it (under a per-process cap, the cap less what PyTorch had reserved
+    (``OomInfo.room_under_cap_bytes``); never more than the device had free). ``None`` where the message
+    does not say."""
     if oom.requested_bytes is None:
         return None
     free = []
-    if oom.allowed_bytes is not None and oom.process_bytes is not None:
-        free.append(oom.allowed_bytes - oom.process_bytes)
+    if oom.room_under_cap_bytes is not None:
+        free.append(oom.room_under_cap_bytes)
     if oom.free_bytes is not None:
         free.append(oom.free_bytes)
     if not free:

@@ -69,3 +69,17 @@ def test_a_model_and_optimizer_the_cell_builds_again_count_their_gradients_and_s
     # Only the optimizer built again: the model from an earlier cell keeps the gradients it holds.
     optimizer_again = fixed_memory({"model": model, "optimizer": optimizer}, rebuilt={"optimizer"}, probe=CPU)
     assert (optimizer_again.gradients_bytes, optimizer_again.optimizer_state_bytes) == (0, 2 * 4040)
+
+
+def test_a_model_the_cell_never_reads_makes_no_gradients():
+    # Notebook 00: a model of 64 MiB of parameters trained, and a list of layers beside it the cell never
+    # touches. Only the model's parameters are read, so only their gradients are counted.
+    torch.manual_seed(0)
+    model, layers = torch.nn.Linear(10, 10), [torch.nn.Linear(100, 100)]  # 440 and 40,400 bytes
+    optimizer = torch.optim.SGD(layers[0].parameters(), momentum=0.9)  # steps the layers: never read either
+    namespace = {"model": model, "layers": layers, "optimizer": optimizer}
+    everything = fixed_memory(namespace, set(), CPU)
+    assert everything.gradients_bytes == 440 + 40_400 and everything.optimizer_state_bytes == 40_400
+    read = {id(p) for p in model.parameters()}
+    fixed = fixed_memory(namespace, set(), CPU, read=read)
+    assert fixed.gradients_bytes == 440 and fixed.optimizer_state_bytes == 0

@@ -163,3 +163,19 @@ def test_every_number_of_the_plan_comes_from_the_same_limits():
     autocast = Line(50 * MiB, 2 * GiB)
     plan = plan_card(card, line, None, 256, 512 * MiB, 0.04, autocast_line=autocast, reserved_line=reserved)
     assert plan.largest_autocast_batch == 90
+
+
+def test_the_autocast_column_scales_the_float32_column_by_the_per_sample_bytes():
+    # The notebook's T4: float32 80 MiB + 16 MiB a sample, autocast 10 MiB a sample (-38%), and the
+    # allocator's replay deciding the float32 column: 892. The same room holds 892 x 16 / 10 = 1,427.2
+    # samples under autocast, so 1,427, above 892 (it used to take the reserved line's waste the replay
+    # had not, and came out below float32).
+    line, autocast, reserved = Line(16 * MiB, 80 * MiB), Line(10 * MiB, 80 * MiB), Line(32 * MiB, 80 * MiB)
+    plan = plan_card(Card("T4", 16), line, None, 256, 760 * MiB, 0.1, autocast_line=autocast,
+                     reserved_line=reserved, replayed=lambda usable: 892)
+    assert (plan.largest_batch, plan.largest_autocast_batch) == (892, 1427)
+    # Calibrated by 1.25 on an 8 GiB card with 512 MiB outside PyTorch: 125 MiB + 2.5 GiB a sample leaves
+    # 5,120 MiB of room, 5,120 x 0.96 / 125 = 39.3, so 39; under autocast 39 x 100 / 50 = 78.
+    line, autocast = Line(100 * MiB, 2 * GiB), Line(50 * MiB, 2 * GiB)
+    plan = plan_card(Card("Small", 8), line, None, 256, 512 * MiB, 0.04, autocast_line=autocast, ratio=1.25)
+    assert (plan.largest_batch, plan.largest_autocast_batch) == (39, 78)

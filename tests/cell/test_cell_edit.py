@@ -37,6 +37,19 @@ def test_cell_diff_names_the_cell():
     assert "-a\n+b\n" in unified_diff("a\n", "b\n")
 
 
+def test_a_diff_shows_only_the_lines_that_changed_not_a_final_newline():
+    # A notebook cell's source has no final newline; the autocast form does. The last line is the same in
+    # both, so neither its removal and re-adding nor a newline's is shown.
+    source = "loss = model(x).sum()\nloss.backward()\nopt.zero_grad(set_to_none=True)"
+    wrapped = wrap_in_autocast(source, import_torch=False)
+    assert wrapped.endswith("opt.zero_grad(set_to_none=True)\n")
+    diff = unified_diff(source, wrapped)
+    changed = [line for line in diff.splitlines()[2:] if line[:1] in "+-"]
+    assert changed == ["-loss = model(x).sum()", "+with torch.autocast(\"cuda\", dtype=torch.bfloat16):",
+                       "+    loss = model(x).sum()"]
+    assert unified_diff("a\nb", "a\nb\n") == "" and not CellDiff("the failed cell", "a\nb", "a\nb\n").changed
+
+
 def test_autocast_wraps_the_body_and_keeps_ipython_syntax_and_strings():
     source = '%%time\ndoc = """first\nsecond"""\n!echo hi\nfor i in range(2):\n    y = model(x)\n'
     wrapped = wrap_in_autocast(source, "float16")

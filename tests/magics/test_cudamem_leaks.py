@@ -45,6 +45,7 @@ def test_a_failed_cells_traceback_is_named(leaky, capsys):
     assert "ValueError: boom" in re.sub(r"\x1b\[[0-9;]*m", "", captured.out + captured.err)
     assert "kept by the failed cell's traceback" in captured.out
     assert "100.00 MiB" in captured.out
+    assert "the cell's exception: the cell's exception" not in captured.out  # a name is said once
 
 
 def test_the_threshold_is_configurable_and_can_be_turned_off(leaky, capsys, caplog):

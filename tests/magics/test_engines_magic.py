@@ -93,7 +93,7 @@ def test_status_stop_and_unload(shell, monkeypatch, capsys):
     shell.run_line_magic("cudamem_engines", "status")
     assert "cudamem engines: off" in capsys.readouterr().out
     shell.run_line_magic("cudamem_engines", "stop")
-    assert "the engines monitor is not running" in capsys.readouterr().err
+    assert "the engines monitor is not running" in capsys.readouterr().out  # an answer, not an error
     monkeypatch.setattr("jupyter_cudamem.magics.engines.px_view", lambda shell: object())
     shell.run_line_magic("cudamem_engines", "on")
     from jupyter_cudamem.magics.engines import CudaMemEngines

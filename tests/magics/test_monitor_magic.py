@@ -107,12 +107,16 @@ def test_a_second_monitor_starts_no_second_poller(loaded):
     assert poller.interval_s == 0.1
 
 
-def test_stop_and_restart(loaded):
+def test_stop_and_restart(loaded, capsys):
     loaded.line("--interval 0.05")
     first = loaded.magics.poller.thread
+    capsys.readouterr()
     loaded.line("stop")
     assert our_threads() == [] and not first.is_alive()
     loaded.line("stop")  # stopping twice only says it is not running
+    said = capsys.readouterr()
+    # Answers to what was asked, on stdout: stderr is red in JupyterLab, for errors.
+    assert "monitor stopped" in said.out and "the monitor is not running" in said.out and said.err == ""
     loaded.line("--interval 0.05")
     assert len(our_threads()) == 1 and our_threads()[0] is not first
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from jupyter_cudamem.oomfix.diagnosis import EXPANDABLE, Verdict, diagnose
@@ -128,12 +130,19 @@ def test_cublas_with_a_full_cache_says_cleanup_returns_it() -> None:
 def test_renderings_show_verdict_figures_holders_and_escape_html() -> None:
     weird = Holder("x<script>", HolderKind.TENSOR, 1 * GiB, True, 1 * GiB, 1, "(1024,), torch.float32")
     d = diagnose(parse_oom(oom_text("200.00 GiB")), holders(weird, namespace=1 * GiB), None)
-    text = repr(d)
+    # First the cause in a few words and the first advice; the rest behind --verbose (HTML: <details>).
+    short = repr(d).splitlines()
+    assert short[0] == ("CUDA out of memory on GPU 0 (PyTorch's allocator): one allocation of 200.00 GiB is more "
+                        "than the 79.18 GiB card allows")
+    assert short[1].startswith("  try: ") and "--verbose" in short[2] and len(short) == 3
+    text = repr(replace(d, verbose=True))
+    assert text == d.full_text()
     assert text.startswith("CUDA out of memory on GPU 0 (PyTorch's allocator): too big for the card")
     assert "asked for" in text and "200.00 GiB" in text and "x<script>" in text
     page = d._repr_html_()
-    assert "<b>too big for the card</b>" in page
+    assert "<b>too big for the card</b>" in page and "<details><summary>" in page
     assert "x&lt;script&gt;" in page and "<script>" not in page
+    text = repr(d)
 
     class Printer:
         def __init__(self) -> None:
@@ -186,7 +195,13 @@ def test_activations_dominate_and_get_the_batch_autocast_and_checkpointing_advic
     state = {Category.PARAMETERS: GiB, Category.GRADIENTS: GiB, Category.OPTIMIZER_STATE: 2 * GiB}
     d = diagnose(oom, [], None, state)
     assert d.categories == {**state, Category.ACTIVATIONS: 8 * GiB}
-    assert "activations 8.00 GiB" in d.explanation and "activations is the largest" in d.explanation
+    # A table, not a sentence: one row a category, the largest marked, and named in the first line.
+    rows = d.category_rows()
+    assert [(words, size) for words, size, _ in rows] == [
+        ("parameters", "1.00 GiB"), ("gradients", "1.00 GiB"), ("optimizer state", "2.00 GiB"), ("activations", "8.00 GiB")]
+    assert rows[-1][2].endswith("the largest") and not any(note.endswith("the largest") for _, _, note in rows[:-1])
+    assert "At the failure" not in d.explanation and d.cause().endswith("the largest part: activations, 8.00 GiB")
+    assert "    activations         8.00 GiB  the rest of what was allocated and asked for; the largest" in d.full_text()
     assert any(s.startswith("half the batch") and "saves about 4.00 GiB of what the cell needed" in s for s in d.suggestions)
     assert any(s.startswith("torch.autocast") and "saves about 4.00 GiB of what the cell needed" in s for s in d.suggestions)
     assert any("checkpointing" in s and "saves up to 8.00 GiB" in s for s in d.suggestions)
@@ -244,7 +259,7 @@ def test_no_model_state_no_split() -> None:
     assert diagnose(oom, [], None, None).categories is None
     zero = {Category.PARAMETERS: 0, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
     d = diagnose(oom, [], None, zero)
-    assert d.categories is None and "At the failure" not in d.explanation
+    assert d.categories is None and d.category_rows() == [] and "by category" not in d.full_text()
 
 
 def test_expandable_segments_is_not_advised_for_a_request_larger_than_the_room() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import gc
 
@@ -108,6 +109,30 @@ def test_a_deleted_variable_the_cell_does_not_bind_is_room_for_a_plain_rerun():
     outcome = driver.fix(source, error, namespace, freed_bytes=3 * GiB, cleaned=_cleaned(features=3 * GiB))
     assert outcome.strategy == "cleanup"
     assert "(features)" in outcome.tries[0].reason
+
+
+def test_under_a_cap_the_room_a_deleted_variable_must_make_counts_pytorch_memory_only():
+    # A 6 GiB cap; 2.5 GiB held by the model, 0.5 GiB by `features` (deleted with --del). The cell asks for
+    # 3.30 GiB at once: under the cap PyTorch had 6 - 3 = 3 GiB left, so the allocation lacked 0.30 GiB,
+    # and freeing 0.5 GiB makes room for the cell as written. NVML's figure for the process adds the
+    # 512 MiB CUDA context, which the cap does not count: taken from the cap, it made the shortfall
+    # 0.80 GiB and skipped the plain rerun for a smaller batch (or autocast) the cell did not need.
+    machine = capped_machine(6 * GiB, held_bytes=int(2.5 * GiB))
+    cell = SimulatedCell(machine, lambda batch: batch * MiB, chunks=1)
+    namespace = {"model": _Model()}
+    run = cell.run_source(namespace)
+    driver = Driver(run, fake_hardware(machine), lambda error: machine.empty_cache(),
+                    autocast_dtype=lambda: "bfloat16")
+    machine.allocate(0, GiB // 2)  # features
+    source = TRAINING_CELL.format(batch=3379)  # 3,379 MiB: 3.30 GiB
+    error = fail_first(run, source)
+    machine.free(0, GiB // 2)  # the cleanup the magic runs first, --del features
+    machine.empty_cache()
+    outcome = driver.fix(source, error, namespace, freed_bytes=GiB // 2, cleaned=_cleaned(features=GiB // 2))
+    assert [t.strategy for t in outcome.tries] == [Strategy.CLEANUP]
+    assert outcome.fixed_source == source
+    # The message words the request as 3.30 GiB: 0.30 GiB lacked, 307.20 MiB.
+    assert "the allocation that failed lacked 307.20 MiB" in outcome.tries[0].reason
 
 
 def test_what_the_failed_cell_made_is_no_room_for_a_plain_rerun():
@@ -385,8 +410,9 @@ def test_outcome_renders_as_text_and_html():
     _, cell, namespace, run, driver, _ = setup()
     source = TRAINING_CELL.format(batch=6000)
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
-    text = repr(outcome)
-    assert text.splitlines()[0] == outcome.headline()
+    assert repr(outcome).splitlines()[:3] == list(outcome.lead())
+    text = repr(replace(outcome, verbose=True))
+    assert text.splitlines()[:3] == list(outcome.lead()) and outcome.headline() in text
     assert "smaller batch" in text and "a small first try" in text and "+batch_size = " in text
     html = outcome._repr_html_()
     assert html.count("<tr>") == outcome.reruns + 1
@@ -595,7 +621,8 @@ def test_the_outcome_says_what_does_not_grow_with_the_batch_read_from_the_namesp
     machine, cell, namespace, run, driver, _ = setup(probe=counts_cpu)
     net = torch.nn.Linear(1000, 250)  # 250,250 float32: 1,001,000 bytes
     namespace.update(net=net, optimizer=torch.optim.AdamW(net.parameters()))
-    source = TRAINING_CELL.format(batch=4000)  # trains: .backward() and a step
+    # trains: .backward() and a step; it reads net and optimizer (a model it never read would count nothing)
+    source = TRAINING_CELL.format(batch=4000) + "net.zero_grad()\noptimizer.step()\n"
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     note = next(note for note in outcome.notes if note.startswith("does not grow with the batch"))
     assert "977.54 KiB of gradients its backward pass makes" in note
@@ -686,3 +713,17 @@ def test_without_cuda_graph_pools_nothing_is_reset_or_said():
     source = TRAINING_CELL.format(batch=8 * 700)
     outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
     assert outcome.fitted and not any("CUDA graphs" in note for note in outcome.notes)
+
+
+def test_what_does_not_grow_counts_only_the_parameters_the_cell_trains():
+    # Notebook 00: `layers`, a list of modules the cell never touches, was counted as gradients its backward
+    # pass makes (192.23 MiB for a model of 64.17 MiB). The cell reads `model`, and `step` reads `opt`.
+    import torch
+
+    model, layers = torch.nn.Linear(4, 4), [torch.nn.Linear(8, 8)]
+    opt = torch.optim.SGD(model.parameters())
+    namespace = {"model": model, "layers": layers, "opt": opt, "torch": torch}
+    exec("def step():\n    opt.step()\n", namespace)
+    read = Driver._trained_ids("loss = model(torch.ones(2, 4)).sum()\nloss.backward()\nstep()\n", namespace,
+                               lambda source: source)
+    assert read == {id(p) for p in model.parameters()} | {id(opt)}

@@ -43,7 +43,7 @@ def test_line_magic_shows_the_plan_and_changes_nothing(shell, capsys):
     failing = "for epoch in range(3):\n    x = torch.randn(config['batch_size'], 10)\n    train_step(x)\n"
     assert shell.run_cell(failing, store_history=True).error_in_exec is not None
     capsys.readouterr()
-    outcome = shell.run_line_magic("oomfix", "--dry-run -o")
+    outcome = shell.run_line_magic("oomfix", "--dry-run --verbose -o")
     assert outcome.dry_run and outcome.tries == () and outcome.diagnosis is not None
     assert outcome.plan.knob.label == 'config["batch_size"]' and outcome.plan.first_batch is not None
     out = capsys.readouterr().out

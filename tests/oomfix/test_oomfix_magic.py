@@ -64,7 +64,14 @@ def test_oomfix_fixes_the_last_failed_cell(env, capsys):
     assert shell.user_ns["keep_me"] == 42
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err  # the tries' OOMs are results, not tracebacks
-    assert "%oomfix: fits with batch" in out.out and "--apply" in out.out
+    # Three lines first: what failed and why, what fixed it with its proof, the change to make.
+    failed_line, fixed_line, change_line = out.out.splitlines()[:3]
+    assert failed_line.startswith("In[") and "ran out of GPU memory: it needs more than the 6.00 GiB per-process cap" in failed_line
+    assert fixed_line.startswith(f"Fixed with batch {outcome.batch_after} (was 6000): the rerun at batch {outcome.batch_after} "
+                                 "fitted, peak ")
+    assert change_line == (f"Change In[{failed.execution_count}]: batch_size = 6000  ->  batch_size = {outcome.batch_after} "
+                           "(--apply puts it in the next input; the kernel already holds what it made)")
+    assert "--verbose" in out.out and " #  strategy" not in out.out  # the tries table is behind --verbose
     assert shell.rl_next_input is None  # nothing put in the next input without --apply
     assert machine.gpus[0].allocated == 128 * MiB
     assert recorder_for(shell).last is None  # fixed: %oomfix again would have nothing to do
@@ -147,7 +154,7 @@ def test_dry_run_diagnoses_and_runs_nothing(env, capsys):
     shell, machine, cell, _ = env
     run(shell, "held = FakeTensor(1 * GiB, machine=machine)\n")
     run(shell, FAILING_CELL)
-    outcome = shell.run_line_magic("oomfix", "--dry-run -o")
+    outcome = shell.run_line_magic("oomfix", "--dry-run --verbose -o")
     assert outcome.dry_run and outcome.tries == () and outcome.diagnosis is not None
     assert "batch_size = 6000 (line 1)" in outcome.batch_summary
     assert cell.calls == [6000]

@@ -49,7 +49,7 @@ def test_no_internal_names_in_the_diagnosis_and_outcome(env, capsys):  # noqa: F
     failed = run(shell, "batch_size = 6000\npredictions = net(batch_size)\n")
     assert type(failed.error_in_exec).__name__ == "OutOfMemoryError"
     capsys.readouterr()
-    outcome = shell.run_line_magic("oomfix", "--yes -o")
+    outcome = shell.run_line_magic("oomfix", "--yes --verbose -o")
     printed = capsys.readouterr().out
     assert "the failed cell's traceback" in printed and "Net.forward()" in printed
     _assert_user_words(printed)
@@ -72,7 +72,7 @@ def test_cleanup_that_frees_less_than_listed_says_who_still_holds_it(env, capsys
                "def step(n, data):\n    train_step(n)\n")
     run(shell, "step(6000, images)\n")  # the traceback's frame holds `data`, which is `images`
     capsys.readouterr()
-    outcome = shell.run_line_magic("oomfix", "--yes --strategy cleanup -o")
+    outcome = shell.run_line_magic("oomfix", "--yes --strategy cleanup --verbose -o")
     assert outcome.freed_bytes == 0
     printed = capsys.readouterr().out
     facts = next(line for line in printed.splitlines() if line.startswith("cleanup freed"))
