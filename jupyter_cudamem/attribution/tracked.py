@@ -64,7 +64,10 @@ class TrackedNamespace:
     def __init__(self, guard_bytes: int):
         self.guard_bytes = guard_bytes
         self.full_walks = 0  # how many snapshots walked every name (for tests and benchmarks)
-        self._names: dict[str, tuple[Any, ...]] | None = None
+        # The fingerprints of the last full walk (never changed after: snapshots share it), and those taken
+        # again since (``None``: the name went); merged into a new base once they are an eighth of it.
+        self._base: dict[str, tuple[Any, ...]] | None = None
+        self._changed: dict[str, tuple[Any, ...] | None] = {}
         self._probe: TensorProbe | None = None
         self._touched: set[str] = set()
         self._left_bytes = 0
@@ -76,13 +79,13 @@ class TrackedNamespace:
 
     def forget(self) -> None:
         """Walk every name at the next snapshot."""
-        self._names = None
+        self._base = None
 
     def ran(self, names: Iterable[str] | None) -> None:
         """A cell ran that can have touched ``names`` (``None``: it cannot tell)."""
         if names is None:
-            self._names = None
-        elif self._names is not None:
+            self._base = None
+        elif self._base is not None:
             self._touched.update(names)
 
     def left(self, nbytes: int) -> None:
@@ -95,19 +98,25 @@ class TrackedNamespace:
         """The namespace as it is now, as ``NamespaceSnapshot.take`` would fingerprint it."""
         with warnings.catch_warnings(), collector_paused():
             warnings.simplefilter("ignore")
-            if self._names is None or probe != self._probe or self._left_bytes * GUARD_FRACTION >= self.guard_bytes:
+            if self._base is None or probe != self._probe or self._left_bytes * GUARD_FRACTION >= self.guard_bytes:
                 self._walk_all(namespace, probe)
             else:
                 self._refresh(namespace, probe)
         self._touched = set()
-        return NamespaceSnapshot(dict(self._names or {}), frozenset(id(reference.value) for reference in references))
+        base, changed = self._base, self._changed
+        assert base is not None
+        if len(changed) > max(64, len(base) // 8):  # merged now and then: a cost per name taken again
+            base = self._base = dict(NamespaceSnapshot(base, frozenset(), changed).names)
+            changed = self._changed = {}
+        return NamespaceSnapshot(base, frozenset(id(reference.value) for reference in references), changed)
 
     # -- every name -------------------------------------------------------------------------------
     def _walk_all(self, namespace: Mapping[str, Any], probe: TensorProbe) -> None:
         self.full_walks += 1
         self._probe, self._left_bytes = probe, 0
         items = list(namespace.items())
-        names = self._names = fingerprints(items, probe)
+        names = self._base = fingerprints(items, probe)
+        self._changed = {}
         keys = list(names)
         self._owner = dict(zip(map(itemgetter(0), names.values()), keys))
         self._sharing = {}
@@ -122,32 +131,42 @@ class TrackedNamespace:
                     self._sharing.setdefault(ident, set()).add(name)
 
     # -- the names a cell can have changed ----------------------------------------------------------
+    def _current(self, name: str) -> tuple[Any, ...] | None:
+        if name in self._changed:
+            return self._changed[name]
+        return self._base.get(name) if self._base is not None else None
+
     def _refresh(self, namespace: Mapping[str, Any], probe: TensorProbe) -> None:
-        names = self._names
-        assert names is not None
+        """Fingerprint again the names the cells since the last snapshot can have changed. The snapshot
+        handed out before keeps its own ``changed``: this one is a new dict."""
+        changed = self._changed = dict(self._changed)
         touched = self._with_code_names(namespace)
         related: set[str] = set()
         for name in touched:
-            old = names.get(name)
+            old = self._current(name)
             if old is not None:
                 related.update(self._sharers(old))
         now = fingerprints([(name, namespace[name]) for name in touched | related if name in namespace], probe)
+        later: set[str] = set()
         for name in touched | related:
-            old = names.pop(name, None)
+            old = self._current(name)
+            new = now.get(name)
             if old is not None:
                 self._unindex(name, old)
-            new = now.get(name)
-            if new is None:
+            if old is None and new is None:
                 continue
-            names[name] = new
-            self._index(name, new)
-            # A name the cell bound now may share an object with another one that it changed.
-            for other in self._sharers(new) - touched - related:
-                if other in namespace:
-                    refreshed = fingerprints([(other, namespace[other])], probe)[other]
-                    self._unindex(other, names[other])
-                    names[other] = refreshed
-                    self._index(other, refreshed)
+            changed[name] = new
+            if new is not None:
+                self._index(name, new)
+                # A name the cell bound now may share an object with another one that it changed.
+                later |= self._sharers(new)
+        for other in later - touched - related:
+            old = self._current(other)
+            if other in namespace and old is not None:
+                new = fingerprints([(other, namespace[other])], probe)[other]
+                self._unindex(other, old)
+                changed[other] = new
+                self._index(other, new)
 
     def _with_code_names(self, namespace: Mapping[str, Any]) -> set[str]:
         """The touched names, with the globals the notebook's own code among them names, transitively."""
