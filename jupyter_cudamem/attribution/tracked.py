@@ -40,12 +40,16 @@ GUARD_FRACTION = 4
 
 
 def _held_ids(fingerprint: tuple[Any, ...]) -> list[int]:
-    """The ids a fingerprint records: the object's, and its children's or attributes' where it has them."""
+    """The ids of the objects whose change in place changes this fingerprint: the object's own (unless
+    the fingerprint is its id alone: numbers, strings, functions), and its children's or attributes'
+    whose length it records (a child without one can change in place without this fingerprint moving)."""
+    if len(fingerprint) == 1:
+        return []
     ids = [fingerprint[0]]
     if len(fingerprint) == 3 and type(fingerprint[1]) is int and type(fingerprint[2]) is tuple:
         ids.extend(child for child, _ in fingerprint[2])  # a container: (id, length) of children
     elif len(fingerprint) == 2 and type(fingerprint[1]) is tuple:
-        ids.extend(ident for _, ident, _ in fingerprint[1])  # an object: (name, id, length) of attributes
+        ids.extend(ident for _, ident, size in fingerprint[1] if size >= 0)  # an object: (name, id, length)
     return ids
 
 
@@ -118,11 +122,12 @@ class TrackedNamespace:
         names = self._base = fingerprints(items, probe)
         self._changed = {}
         keys = list(names)
+        # Numbers, strings and functions (a fingerprint of one id) included: they only cost a look.
         self._owner = dict(zip(map(itemgetter(0), names.values()), keys))
         self._sharing = {}
         if len(self._owner) < len(keys):  # two names bound to one object: each finds the other
             for name, print_ in names.items():
-                if self._owner[print_[0]] != name:
+                if self._owner[print_[0]] != name and len(print_) > 1:
                     self._sharing.setdefault(print_[0], {self._owner[print_[0]]}).add(name)
         # Only fingerprints with children or attributes record other ids (containers of tensors record none).
         for name, print_ in names.items():
@@ -217,14 +222,18 @@ class TrackedNamespace:
         return found
 
     def _index(self, name: str, fingerprint: tuple[Any, ...]) -> None:
-        ident = fingerprint[0]
-        owner = self._owner.setdefault(ident, name)
+        held = _held_ids(fingerprint)
+        if not held:
+            return
+        owner = self._owner.setdefault(held[0], name)
         if owner != name:
-            self._sharing.setdefault(ident, {owner}).add(name)
-        for child in _held_ids(fingerprint)[1:]:
+            self._sharing.setdefault(held[0], {owner}).add(name)
+        for child in held[1:]:
             self._sharing.setdefault(child, set()).add(name)
 
     def _unindex(self, name: str, fingerprint: tuple[Any, ...]) -> None:
+        if self._owner.get(fingerprint[0]) == name:
+            del self._owner[fingerprint[0]]
         for ident in _held_ids(fingerprint):
             if self._owner.get(ident) == name:
                 del self._owner[ident]
