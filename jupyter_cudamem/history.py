@@ -119,6 +119,10 @@ class History:
     def __iter__(self) -> Iterator[CellRecord]:
         return iter(list(self._records))
 
+    def __reversed__(self) -> Iterator[CellRecord]:
+        """Newest first, without copying the records (read after every measured cell)."""
+        return reversed(self._records)
+
     @property
     def records(self) -> list[CellRecord]:
         return list(self._records)

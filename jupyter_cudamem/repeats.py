@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import statistics
-from collections.abc import Sequence
+from functools import lru_cache
+from collections.abc import Reversible
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,6 +56,7 @@ class RunGrowth:
         )
 
 
+@lru_cache(maxsize=256)  # the same cell run again is hashed once
 def source_key(source: str) -> str:
     """The same cell run again: its source, ignoring trailing whitespace on lines and at the end."""
     text = "\n".join(line.rstrip() for line in source.strip().splitlines())
@@ -66,7 +68,7 @@ def left_allocated_bytes(measurement: Measurement) -> int:
     return sum(device.allocated_delta_bytes or 0 for device in measurement.devices)
 
 
-def run_growth(earlier: Sequence[_Record], key: str, measurement: Measurement) -> RunGrowth | None:
+def run_growth(earlier: Reversible[_Record], key: str, measurement: Measurement) -> RunGrowth | None:
     """Whether the run measured by ``measurement`` of the cell ``key`` is growing, given the records
     before it (oldest first); ``None`` unless this run and at least the one before it each left
     ``GROWTH_MIN_BYTES`` or more."""

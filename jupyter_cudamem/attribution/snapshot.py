@@ -12,7 +12,8 @@ from __future__ import annotations
 import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import islice, repeat
 from typing import Any
 
@@ -183,10 +184,27 @@ def _tensor_fingerprint(value: Any) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class NamespaceSnapshot:
-    """The namespace as a cell found it: fingerprints by name, and IPython's references by name."""
+    """The namespace as a cell found it: fingerprints by name, and IPython's references by name.
 
-    names: Mapping[str, tuple[Any, ...]]
+    ``base`` with ``changed`` laid over it (``None``: the name went), so that a snapshot kept from cell to
+    cell (``tracked``) shares its ``base`` with the one before instead of copying every name."""
+
+    base: Mapping[str, tuple[Any, ...]]
     references: frozenset[int]  # ids of what IPython kept
+    changed: Mapping[str, tuple[Any, ...] | None] = field(default_factory=dict)
+
+    @cached_property
+    def names(self) -> Mapping[str, tuple[Any, ...]]:
+        """The fingerprint of every name (made when first asked: after a cell that left enough to attribute)."""
+        if not self.changed:
+            return self.base
+        merged = dict(self.base)
+        for name, fingerprint in self.changed.items():
+            if fingerprint is None:
+                merged.pop(name, None)
+            else:
+                merged[name] = fingerprint
+        return merged
 
     @classmethod
     def take(

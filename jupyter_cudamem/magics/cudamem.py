@@ -142,7 +142,7 @@ class CudaMem(CudaMemMagicsBase):
     def record(self, count: int | None, source: str, measurement: Measurement) -> CellRecord:
         """Add a measured cell to the history, flagged as growing when it left memory again."""
         key = source_key(source)
-        growth = run_growth(self.history.records, key, measurement)
+        growth = run_growth(self.history, key, measurement)
         record = CellRecord(count, source_head(source), measurement, source_key=key, growth=growth)
         self.history.add(record)
         return record

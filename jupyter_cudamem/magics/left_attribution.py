@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
 from ..attribution.probe import default_probe
+from ..attribution.tracked import TrackedNamespace
 from ..measure import Measurement
 from .cellrun import NO_VALUE
 from .options import size_setting
@@ -25,6 +26,12 @@ class LeftAttribution:
         self.cudamem = cudamem
         self._threshold_text: str | int | None = None
         self._threshold_value: int | None = DEFAULT_THRESHOLD_BYTES
+        # While the every-cell mode is on, the fingerprints are kept from cell to cell (``attribution.tracked``).
+        self.tracked: TrackedNamespace | None = None
+
+    def track(self, on: bool) -> None:
+        """Keep the namespace's fingerprints from cell to cell (every cell is then seen), or stop."""
+        self.tracked = TrackedNamespace(self.threshold_bytes() or DEFAULT_THRESHOLD_BYTES) if on else None
 
     def threshold_bytes(self) -> int | None:
         """The attribution threshold in bytes, ``None`` when it is off."""
@@ -47,7 +54,12 @@ class LeftAttribution:
             return NamespaceSnapshot({}, frozenset())  # nothing on the device yet: all it will hold is new
         from ..ipython_state import ipython_references
 
-        return NamespaceSnapshot.take(cudamem.shell.user_ns, ipython_references(cudamem.shell), probe)
+        references = ipython_references(cudamem.shell)
+        tracked = self.tracked
+        if tracked is not None:
+            tracked.guard_bytes = self.threshold_bytes() or DEFAULT_THRESHOLD_BYTES
+            return tracked.take(cudamem.shell.user_ns, references, probe)
+        return NamespaceSnapshot.take(cudamem.shell.user_ns, references, probe)
 
     def left_behind(
         self, measurement: Measurement, snapshot: NamespaceSnapshot | None, value: Any = None, error: Any = None
@@ -57,6 +69,8 @@ class LeftAttribution:
         if snapshot is None or threshold is None:
             return None
         left = measurement.left_allocated_bytes
+        if self.tracked is not None:
+            self.tracked.left(left)
         if left < threshold:
             return None
         from ..ipython_state import cell_references

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import html
 from dataclasses import dataclass, field
 
@@ -193,14 +195,15 @@ class CellReport(TextReport):
     measurement: Measurement
     label: str = ""
     traces: tuple[TraceSummary, ...] = ()
-    hints: list[str] = field(default_factory=list)
     left: LeftBehind | None = None
     growth: RunGrowth | None = None
     breakdowns: tuple[Breakdown, ...] = ()  # where the peak went, per device (%%cudamem --breakdown)
 
-    def __post_init__(self) -> None:
-        if not self.hints:
-            self.hints = measurement_hints(self.measurement, left_attributed=self.left is not None)
+    @cached_property
+    def hints(self) -> list[str]:
+        """The hints shown under the figures: worked out when first shown or asked for, not as the cell
+        ends (a ``--quiet`` cell never shows them)."""
+        return measurement_hints(self.measurement, left_attributed=self.left is not None)
 
     # Shortcuts for the common question "what was the peak?"
     @property

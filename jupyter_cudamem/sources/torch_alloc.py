@@ -154,7 +154,12 @@ class TorchAllocator:
         )
 
     def reset_peak(self, index: int) -> None:
-        _torch().cuda.reset_peak_memory_stats(index)
+        torch = _torch()
+        raw_reset = getattr(torch._C, "_cuda_resetPeakMemoryStats", None)  # as ``read``: no device lookup
+        if raw_reset is not None:
+            raw_reset(index)
+        else:
+            torch.cuda.reset_peak_memory_stats(index)
 
     def empty_cache(self) -> None:
         if self.is_initialized():

@@ -1,0 +1,138 @@
+"""The every-cell mode's kept fingerprints (``attribution.tracked``): after each kind of cell, what it
+refreshed equals a full snapshot of every user name, and it walks every name only where it cannot tell.
+
+Real shell, every-cell mode on, fake hardware and fake tensors (see ``tests/fakes.py``)."""
+
+from __future__ import annotations
+
+import pytest
+from tests.fakes import FakeTensor, MiB, fake_probe
+
+from jupyter_cudamem import magics
+from jupyter_cudamem.attribution.holders import user_items
+from jupyter_cudamem.attribution.snapshot import fingerprints
+from jupyter_cudamem.cell.names import cell_names
+
+SETUP = """
+class Tracker:
+    def __init__(self):
+        self.history = []
+    def log(self, value):
+        history_log.append(value)
+def train(n):
+    global step
+    step += n
+    step_losses.append(FakeTensor(MiB, machine=m))
+def outer():
+    train(1)
+step = 0
+step_losses = []
+history_log = []
+tracker = Tracker()
+losses = []
+log = {'losses': losses, 'n': 1}
+alias = losses
+nested = {'inner': {'deep': []}}
+deep = nested['inner']['deep']
+t = FakeTensor(MiB, machine=m)
+untouched = [FakeTensor(MiB, machine=m) for _ in range(3)]
+"""
+
+
+@pytest.fixture
+def tracked_shell(shell, capsys):
+    cudamem = magics.loaded(shell).magics[0]
+    cudamem.probe = fake_probe()
+    shell.user_ns.update(FakeTensor=FakeTensor, MiB=MiB)
+    shell.run_cell(SETUP)
+    shell.run_cell("%cudamem on")
+    shell.run_cell("x = 1")  # the first snapshot walks every name
+    yield shell, cudamem.attribution
+    shell.run_cell("%cudamem off")
+    for name, _ in user_items(dict(shell.user_ns)):
+        if name not in ("m", "GiB"):
+            shell.user_ns.pop(name, None)
+    capsys.readouterr()
+
+
+def _kept_equals_full(shell, attribution) -> None:
+    """The next snapshot's fingerprints of user names equal a full fingerprint of them now."""
+    kept = attribution.snapshot().names
+    full = fingerprints(user_items(shell.user_ns), fake_probe())
+    assert {name: kept.get(name) for name in full} == full
+
+
+CELLS = [
+    "losses.append(FakeTensor(MiB, machine=m))",  # read, changed in place; log and alias hold it
+    "alias.append(FakeTensor(MiB, machine=m))",  # through an alias
+    "log['losses'].append(1)",  # through the container that holds it
+    "deep.append(1)",  # a child of a child of nested: nested['inner'] records it
+    "nested['inner']['deep'].append(2)",
+    "train(2)",  # a notebook function: global rebinding and a global appended to
+    "outer()",  # ... called from another one
+    "tracker.log(3)",  # a method of a notebook class appending to a global
+    "tracker.history.append(4)",
+    "del t",
+    "t = FakeTensor(2 * MiB, machine=m)",
+    "new_name = [FakeTensor(MiB, machine=m)]",
+    "kept = untouched[0]",  # a new alias of a child of an old name
+    "%%time\nlosses.append(5)",  # a magic that runs its body as a cell
+    "for i in range(3):\n    losses.append(i)",
+    "x = 'step_losses'  # a name in a string or comment is looked at, and found unchanged",
+]
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_a_cell_refreshes_every_name_it_can_have_changed(tracked_shell, cell):
+    shell, attribution = tracked_shell
+    walks = attribution.tracked.full_walks
+    assert shell.run_cell(cell).success
+    _kept_equals_full(shell, attribution)
+    assert attribution.tracked.full_walks == walks  # decided by names alone
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "exec('losses.append(1)')",
+        "globals()['losses'].append(1)",
+        "from math import *",
+        "%run -n nothing_to_run_here.py",
+        "get_ipython().user_ns['losses'].append(1)",
+    ],
+)
+def test_a_cell_whose_text_cannot_tell_walks_every_name(tracked_shell, cell):
+    shell, attribution = tracked_shell
+    walks = attribution.tracked.full_walks
+    shell.run_cell(cell)
+    _kept_equals_full(shell, attribution)
+    assert attribution.tracked.full_walks == walks + 1
+
+
+def test_code_run_by_a_library_is_bounded_by_the_guard(tracked_shell):
+    """A hook stored earlier appends where no name of the cell leads: the fingerprint stays stale until the
+    cells since the last full walk have left a quarter of the attribution threshold (64 MiB: 16 MiB)."""
+    shell, attribution = tracked_shell
+    shell.run_cell("hooks = [lambda: hooked.append(FakeTensor(4 * MiB, machine=m))]\nhooked = []")
+    shell.run_cell("x = 1")  # hooks and hooked refreshed
+    walks = attribution.tracked.full_walks
+    for _ in range(4):  # 4 MiB a cell, through a name-less call
+        shell.run_cell("hooks[0]()")
+        assert attribution.tracked.full_walks == walks
+    # Each cell names ``hooks``, not ``hooked``: the guard (16 MiB left) walks everything at the next cell.
+    shell.run_cell("x = 2")
+    assert attribution.tracked.full_walks == walks + 1
+    _kept_equals_full(shell, attribution)
+
+
+def test_cell_names_reads_identifiers_and_refuses_what_text_cannot_tell():
+    assert cell_names("y = x.append(z)  # w") == frozenset({"y", "x", "append", "z", "w"})
+    assert cell_names("%%time\na = b") == frozenset({"time", "a", "b"})
+    assert cell_names("out = !ls") == frozenset({"out", "ls"})
+    assert cell_names("%%capture c\nx = 1") == frozenset({"capture", "c", "x"})
+    for source in ("exec(s)", "vars()['a'] = 1", "from os import *", "%run script.py", "x = %who_ls_unknown",
+                   "%load_ext autoreload"):
+        assert cell_names(source) is None, source
+    # IPython's automagic: a bare magic name at a line's start runs the magic
+    assert cell_names("run script.py", frozenset({"run"})) is None
+    assert cell_names("run = 3", frozenset({"run"})) == frozenset({"run"})
