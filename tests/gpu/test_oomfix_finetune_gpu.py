@@ -65,8 +65,8 @@ def test_oomfix_lands_within_a_sample_of_the_largest_batch_that_keeps_fitting(bu
     true = steady_largest(setup(built_in_cell), step(built_in_cell), 2)
     assert 1 <= true < 10, true
     result, text, next_runs = fix_and_run_again(setup(built_in_cell), step(built_in_cell), 60)
+    print(f"built in cell {built_in_cell}: keeps fitting up to {true}, found {result['batch']}, tries {result['tries']}")
     assert result["strategy"] == "batch", text
     assert len(result["tries"]) <= 3  # no plain rerun either: every try is the batch's
     assert_holds(result, text, next_runs)
     assert true - 1 <= result["batch"] <= true, (true, result, text)
-    print(f"built in cell {built_in_cell}: keeps fitting up to {true}, found {result['batch']}, tries {result['tries']}")

@@ -107,10 +107,10 @@ def fix_and_run_again(setup: list[str], step: str, failing_batch: int) -> tuple[
 
 
 def assert_holds(result: dict, text: str, next_runs: list[list[str]]) -> None:
-    """The fix's batch fitted the later runs, and it was proven inside the reruns as the next run holds."""
+    """The fix's batch fitted the later runs, and was proven inside the reruns as the next run holds."""
     assert next_runs == [[]] * STEADY_RUNS, (result, next_runs, text)
     best = [t for t in result["tries"] if t[1] and t[0] == result["batch"]]
-    assert best and best[-1][2] and "ran as your next runs will" in text, (result, text)
+    assert best and best[-1][2], (result, text)  # TryResult.steady: it ran holding what a run leaves
 
 
 CNN_CELL = """batch_size = 4096  # far too big under a 3 GiB cap
