@@ -9,6 +9,16 @@ BIN := $(VENV)/bin
 # A second environment with every dependency (and test extra) at exactly the minimum pyproject.toml declares.
 MIN_VENV ?= .venv-min
 MIN_BIN := $(MIN_VENV)/bin
+# The suite runs on every core (pytest-xdist, in the `test` extra). A test file stays on one worker: its
+# module-scoped fixtures (a shell, a cluster of engines, a JupyterLab server) are made once, and its tests
+# run in their order. PYTEST_WORKERS=0 runs it in one process.
+PYTEST_WORKERS ?= auto
+PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
+# More pytest options for `make test`, e.g. PYTEST_ARGS="--durations=20".
+PYTEST_ARGS ?=
+# Prints how long a target's pytest run took, wall time, whatever its outcome.
+TIMED = echo '$(1)'; started=$$(date +%s); status=0; $(1) || status=$$?; \
+	echo "make $@ took $$(( $$(date +%s) - started )) s"; exit $$status
 
 .PHONY: demo test test-fast test-min test-gpu test-browser test-real docs-images typecheck clean
 
@@ -46,11 +56,11 @@ demo: $(VENV)/.installed
 	$(BIN)/python scripts/run_notebook.py notebooks/00_quickstart.ipynb
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q
+	@$(call TIMED,$(BIN)/python -m pytest -q $(PARALLEL) $(PYTEST_ARGS))
 
 # The suite without the benchmark scripts' smoke runs (marker `benchmark_smoke`): the quick loop while editing.
 test-fast: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -m "not benchmark_smoke"
+	@$(call TIMED,$(BIN)/python -m pytest -q $(PARALLEL) $(PYTEST_ARGS) -m "not benchmark_smoke")
 
 # The suite on the oldest versions we declare: scripts/min_constraints.py turns each `>=X` of pyproject.toml
 # into `==X` (a pip constraints file), torch excepted (TORCH_SPEC: no CPU build of torch 2.1 for our Pythons).
@@ -63,8 +73,9 @@ $(MIN_VENV)/.installed: pyproject.toml Makefile scripts/min_constraints.py
 	$(MIN_BIN)/python scripts/min_constraints.py --extras test,parallel --override "$(TORCH_SPEC)" --check
 	touch $@
 
+# Modules marked dependency_free run none of the libraries it changes: `make test` has run them already.
 test-min: $(MIN_VENV)/.installed
-	$(MIN_BIN)/python -m pytest -q
+	@$(call TIMED,$(MIN_BIN)/python -m pytest -q $(PARALLEL) $(PYTEST_ARGS) -m "not dependency_free")
 
 test-gpu: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m gpu

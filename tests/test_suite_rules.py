@@ -8,12 +8,17 @@
   skips those).
 - A test's asserts are not all behind an ``if``: a condition on the machine is a skip with a reason, so
   a run that checked nothing does not pass as one that did.
+- A module marked ``dependency_free`` (``make test-min`` leaves it out) loads none of the libraries whose
+  versions ``make test-min`` changes, neither when imported nor in its own import statements.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -179,3 +184,53 @@ def test_in_a_helper():
     check()
 '''
     assert _tests_with_every_assert_under_an_if(ast.parse(source)) == ["test_hidden"]
+
+
+# What `make test-min` installs at other versions than `make test`: the declared dependencies and test extras
+# (by the name they are imported by), and numpy, which matplotlib's minimum holds below 2. pytest runs every
+# test, so the rest of the suite checks it at its minimum.
+VERSIONED = ("torch", "IPython", "ipywidgets", "matplotlib", "pynvml", "traitlets", "nbclient", "nbformat",
+             "ipykernel", "pandas", "ipyparallel", "xdist", "numpy")
+
+
+def _marked(tree: ast.Module, marker: str) -> bool:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            return any(isinstance(n, ast.Attribute) and n.attr == marker for n in ast.walk(node.value))
+    return False
+
+
+def _versioned_imports(tree: ast.AST) -> list[str]:
+    """The versioned libraries that ``tree``'s import statements name, wherever they stand."""
+    names = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module]
+    return sorted({name.split(".")[0] for name in names} & set(VERSIONED))
+
+
+def _loaded_on_import(module: str) -> list[str]:
+    """The versioned libraries in ``sys.modules`` after importing ``module`` in a fresh interpreter."""
+    code = (f"import importlib, json, sys; importlib.import_module({module!r}); "
+            f"print(json.dumps(sorted(set(sys.modules) & set({list(VERSIONED)!r}))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_modules_left_out_of_the_minimum_versions_run_load_no_versioned_library():
+    marked = [path for path in _python_files(TESTS)
+              if path.name.startswith("test_") and _marked(ast.parse(path.read_text(encoding="utf-8")), "dependency_free")]
+    assert marked, "no module is marked dependency_free: then `make test-min` needs no -m"
+    loads = {}
+    for path in marked:
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        found = sorted(set(_versioned_imports(ast.parse(path.read_text(encoding="utf-8")))) | set(_loaded_on_import(module)))
+        if found:
+            loads[module] = found
+    assert not loads, f"these load libraries `make test-min` checks at their minimum; drop dependency_free: {loads}"
+
+
+def test_the_dependency_check_sees_imports_anywhere_and_on_import():
+    source = "import json\nfrom tests.oomfix import world\ndef test_x():\n    import numpy as np\n    from torch import nn\n"
+    assert _versioned_imports(ast.parse(source)) == ["numpy", "torch"]
+    assert _loaded_on_import("tests.oomfix.world") == []
+    assert "IPython" in _loaded_on_import("jupyter_cudamem.magics")

@@ -24,7 +24,12 @@ below it in some models (``test_even_a_search_told_where_halving_ends_can_end_be
 
 import statistics
 
+import pytest
+
 from tests.oomfix import superlinear, world
+
+# Pure arithmetic over the simulated worlds: no library whose version `make test-min` changes runs here.
+pytestmark = pytest.mark.dependency_free
 
 MODELS = 10_000
 
