@@ -216,7 +216,8 @@ class Outcome(TextReport):
             count = f"{self.reruns} rerun{'s' if self.reruns != 1 else ''}"
             return f"Not fixed: none of {count} fitted" if self.tries else "Not fixed: nothing was rerun"
         room = "" if self.budget_bytes is None else f" of the {format_bytes(self.budget_bytes)} free"
-        proof = f"peak {format_bytes(fitted.peak_bytes)}{room}"
+        proof = f"peak {format_bytes(fitted.peak_bytes)}{room}" + (
+            ", holding what a run leaves, as your next runs will" if fitted.steady else "")
         if self.strategy is Strategy.BATCH and any(note.startswith(CHUNKED_NOTE) for note in self.notes):
             return (f"Fixed with chunks of {self.batch_after} rows (all {self.batch_before} computed): "
                     f"the rerun fitted, {proof}")

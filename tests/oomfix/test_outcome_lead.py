@@ -43,6 +43,11 @@ def test_a_batch_fix_leads_with_the_cause_the_fitted_batch_and_its_one_line_edit
     assert " #  strategy" not in outcome.text() and "figures:" not in outcome.text()
     applied = replace(outcome, applied=True, kept=False).text().splitlines()[2]
     assert applied.endswith("(it is in the next input; run it to get its results)")
+    # A try after one that fitted ran holding what a run leaves: the proof line says so.
+    steady = replace(outcome, tries=(outcome.tries[0], replace(outcome.tries[1], steady=True)))
+    assert steady.text().splitlines()[1] == (
+        "Fixed with batch 480 (was 1024): the rerun at batch 480 fitted, peak 3.50 GiB of the 4.00 GiB free, "
+        "holding what a run leaves, as your next runs will")
 
 
 def test_an_autocast_fix_names_autocast_and_asks_to_paste_the_cell_where_lines_change():

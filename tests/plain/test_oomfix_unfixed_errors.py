@@ -62,7 +62,7 @@ def test_dry_run_fixes_nothing_so_the_cell_fails(env, capsys, body):
     assert type(result.error_in_exec).__name__ == "OutOfMemoryError"
     out = capsys.readouterr()
     assert "OutOfMemoryError" in out.out and "Traceback" in out.out  # shown as a plain cell shows it
-    assert "diagnosis only" in out.out
+    assert "Nothing was rerun (--dry-run)" in out.out  # the lead's second line
     assert magic.last_outcome is not None and magic.last_outcome.dry_run
 
 
