@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from operator import itemgetter
 from typing import Any
 
+from ..cell.names import code_names
 from ..collector import collector_paused
 from .holders import Reference
 from .probe import TensorProbe
@@ -51,15 +52,6 @@ def _held_ids(fingerprint: tuple[Any, ...]) -> list[int]:
     elif len(fingerprint) == 2 and type(fingerprint[1]) is tuple:
         ids.extend(ident for _, ident, size in fingerprint[1] if size >= 0)  # an object: (name, id, length)
     return ids
-
-
-def _code_names(code: types.CodeType) -> set[str]:
-    """Every global (and attribute) name a code object and the code nested in it name."""
-    names = set(code.co_names)
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            names |= _code_names(constant)
-    return names
 
 
 class TrackedNamespace:
@@ -145,7 +137,7 @@ class TrackedNamespace:
         """Fingerprint again the names the cells since the last snapshot can have changed. The snapshot
         handed out before keeps its own ``changed``: this one is a new dict."""
         changed = self._changed = dict(self._changed)
-        touched = self._with_code_names(namespace)
+        touched = self._withcode_names(namespace)
         related: set[str] = set()
         for name in touched:
             old = self._current(name)
@@ -173,7 +165,7 @@ class TrackedNamespace:
                 changed[other] = new
                 self._index(other, new)
 
-    def _with_code_names(self, namespace: Mapping[str, Any]) -> set[str]:
+    def _withcode_names(self, namespace: Mapping[str, Any]) -> set[str]:
         """The touched names, with the globals the notebook's own code among them names, transitively."""
         touched = set(self._touched)
         queue = list(touched)
@@ -182,7 +174,7 @@ class TrackedNamespace:
             for code in self._codes_of(value, namespace):
                 found = self._code.get(code)
                 if found is None:
-                    found = self._code[code] = frozenset(_code_names(code))
+                    found = self._code[code] = frozenset(code_names(code))
                 fresh = found - touched
                 touched |= fresh
                 queue.extend(name for name in fresh if name in namespace)

@@ -12,6 +12,7 @@ cannot tell: code that reaches the namespace without naming what it touches (``e
 from __future__ import annotations
 
 import re
+import types
 from functools import lru_cache
 
 _IDENTIFIER = re.compile(r"[^\W\d]\w*")
@@ -52,3 +53,12 @@ def cell_names(source: str, unsafe_magics: frozenset[str] = frozenset()) -> froz
             if first and first.group() in unsafe_magics and (not rest or rest[0] in " \t") and "=" not in rest[:3]:
                 return None
     return identifiers
+
+
+def code_names(code: types.CodeType) -> set[str]:
+    """Every global (and attribute) name a code object, and the code nested in it, may read."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= code_names(constant)
+    return names

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cell.names import code_names
 from ..errors import CudaMemError
 from ..ipython_names import is_ipython_name
 from ..sources import torch_state
@@ -53,15 +54,6 @@ def names_read(tree: ast.AST) -> list[str]:
     found += [n.target for n in ast.walk(tree) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)]
     found.sort(key=lambda n: (n.lineno, n.col_offset))
     return list(dict.fromkeys(n.id for n in found))
-
-
-def _code_names(code: types.CodeType) -> set[str]:
-    """The global names a function's code (and the code it nests) may read."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _code_names(const)
-    return names
 
 
 @dataclass
@@ -142,7 +134,7 @@ class _Finder:
             return  # a tensor nothing trains: a rerun may bind it again, never step it
         if isinstance(value, types.FunctionType):
             if self._notebook_owned(value):
-                for name in sorted(_code_names(value.__code__)):
+                for name in sorted(code_names(value.__code__)):
                     self.name(name)
             for cell in value.__closure__ or ():
                 try:
