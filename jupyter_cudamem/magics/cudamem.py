@@ -65,6 +65,10 @@ class CudaMem(CudaMemMagicsBase):
         "temporaries, other) and by module, as --breakdown does. It slows the cell down while it runs (every "
         "operation is counted: benchmarks/breakdown.py measures by how much).",
     ).tag(config=True)
+    verbose = Bool(
+        False, help="Show everything under a %%cudamem report's three first lines, as --verbose does: each device's "
+        "figures, who holds what the cell left, where the peak went, hints and notes.",
+    ).tag(config=True)
     nvtx = Bool(
         False,
         help="Wrap each %%cudamem cell in an NVTX range named after it (In[n] and its first line), as --nvtx does, so "
@@ -197,6 +201,13 @@ class CudaMem(CudaMemMagicsBase):
         help="Wrap the cell in an NVTX range named In[n] and its first line, for Nsight Systems (see CudaMem.nvtx).",
     )
     @argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="Show everything under the three first lines: each device's figures, who holds what the cell left, "
+        "where the peak went, hints and notes (default: CudaMem.verbose; in HTML they are one click away).",
+    )
+    @argument(
         "--no-reset-peak", action="store_true", help="Do not reset PyTorch's peak counters (see CudaMem.reset_peak)."
     )
     @no_var_expand  # the statement is the user's code: `{x}` and `$x` stay as written, as under %time
@@ -249,7 +260,7 @@ class CudaMem(CudaMemMagicsBase):
         report = self.measurer.measure(
             cell, meter, limit_bytes if allocator is None else None, args.trace and allocator is None,
             show=not args.quiet, breakdown=breakdown and allocator is None,
-            nvtx=nvtx and not without.keys() & {"--nvtx", "CudaMem.nvtx"},
+            nvtx=nvtx and not without.keys() & {"--nvtx", "CudaMem.nvtx"}, verbose=args.verbose or self.verbose,
         )
         if report is None:
             return None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..cell.names import SAFE_MAGICS, cell_names
 from ..errors import CudaMemError
 from ..report import one_line
-from ..report.cell import left_summary
+from ..report.cell import left_finding
 from ..units import format_bytes
 from .base import current_cell_number
 from .options import size_setting
@@ -179,10 +179,8 @@ class EveryCell:
             record = cudamem.record(count, raw, measurement)
             if measurement.error == "OutOfMemoryError" or measurement.moved_at_least(self.threshold_bytes()):
                 print(one_line(measurement, f"[{count}]" if count is not None else ""))
-                if left is not None:
-                    print("  " + left_summary(left))
-                    for holder in left.leaks:
-                        print(f"    → {holder.name}: {holder.advice[0]}")
+                if left is not None:  # the line a %%cudamem report leads with: the largest leak's advice only
+                    print("  " + left_finding(left))
                 if record.growth is not None:
                     print(f"  {record.growth.describe()}")
         except Exception as error:

@@ -30,7 +30,7 @@ class CellMeasurer:
 
     def measure(
         self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool, show: bool = True,
-        breakdown: bool = False, nvtx: bool = False,
+        breakdown: bool = False, nvtx: bool = False, verbose: bool = False,
     ) -> CellReport | None:
         """Run ``cell`` as a plain cell, measured; ``None`` when it failed (its error shown as a plain cell's).
 
@@ -80,7 +80,8 @@ class CellMeasurer:
         record = cudamem.record(count, cell, measurement)
         breakdowns = self._breakdowns(tracker, measurement) if tracker is not None else ()
         report = CellReport(
-            measurement, label=label, traces=traces, left=left, growth=record.growth, breakdowns=breakdowns
+            measurement, label=label, traces=traces, left=left, growth=record.growth, breakdowns=breakdowns,
+            verbose=verbose,
         )
         del left, snapshot, tracker
         ran.show_values(shell)

@@ -128,6 +128,14 @@ def left_summary(left: LeftBehind) -> str:
     return f"left {format_bytes(left.left_bytes)}: " + "; ".join(parts or ["nothing attributed"])
 
 
+def left_finding(left: LeftBehind) -> str:
+    """``left_summary`` and, where a holder is a leak, what to change for the largest one: the line the
+    report leads with and the every-cell mode prints."""
+    leak = next(iter(left.leaks), None)
+    advice = f" → {leak.name}: {leak.advice[0]}" if leak is not None and leak.advice else ""
+    return left_summary(left) + advice
+
+
 def _left_html(left: LeftBehind) -> str:
     e = html.escape
     rows = []
@@ -188,6 +196,38 @@ def one_line(measurement: Measurement, label: str = "") -> str:
     return " | ".join(parts)
 
 
+def _allocator_summary(device: DeviceMeasurement) -> str:
+    """``cuda:0 peak 5.20 GiB (+4.20 GiB above start, 6.5% of the card), Δ allocated 0 B``: PyTorch's figures."""
+    fields = [device.device.label]
+    if device.peak_allocated_bytes is not None:
+        cap = device.cap_bytes
+        share = _percent(device.peak_allocated_bytes, device.limit_bytes)
+        whole = "the card" if cap is None else f"the {format_bytes(cap)} cap"
+        since = "" if device.peak_is_block_peak else ", since the last reset"
+        fields.append(f"peak {format_bytes(device.peak_allocated_bytes)} (+{format_bytes(device.peak_above_start_bytes)} "
+                      f"above start, {share} of {whole}{since}),")
+    fields.append(f"Δ allocated {format_bytes(device.allocated_delta_bytes, signed=True)}")
+    return " ".join(fields)
+
+
+def _nvml_summary(device: DeviceMeasurement) -> str:
+    """``cuda:0 used +6.02 GiB (PyTorch reserved +6.00 GiB, outside it +20.00 MiB), 73.16 GiB free``."""
+    split = []
+    if device.reserved_delta_bytes is not None:
+        split.append(f"PyTorch reserved {format_bytes(device.reserved_delta_bytes, signed=True)}")
+    outside = device.outside_pytorch_delta_bytes
+    if outside is not None and device.reserved_delta_bytes is not None:
+        split.append(f"outside PyTorch {format_bytes(outside, signed=True)}")
+    if device.process_delta_bytes is None and device.before.nvml is not None:
+        split.append("whole device")
+    text = f"{device.device.label} used {format_bytes(device.nvml_used_delta_bytes, signed=True)}"
+    text += f" ({', '.join(split)})" if split else ""
+    if device.free_after_bytes is not None:
+        under = "" if device.cap_bytes is None else " under the cap"
+        text += f", {format_bytes(device.free_after_bytes)} free{under}"
+    return text
+
+
 @dataclass(repr=False)
 class CellReport(TextReport):
     """What ``%%cudamem`` shows and what ``-o`` returns: the measurement with its hints and trace."""
@@ -198,6 +238,8 @@ class CellReport(TextReport):
     left: LeftBehind | None = None
     growth: RunGrowth | None = None
     breakdowns: tuple[Breakdown, ...] = ()  # where the peak went, per device (%%cudamem --breakdown)
+    # How it is shown: three lines first, the rest with ``verbose`` (in HTML, behind a disclosure).
+    verbose: bool = False
 
     @cached_property
     def hints(self) -> list[str]:
@@ -235,8 +277,69 @@ class CellReport(TextReport):
             notes.append("no GPU memory activity in this cell")
         return notes
 
+    # -- the three lines a person reads first ----------------------------------------------------
+    def lead(self) -> tuple[str, str, str]:
+        """The cell's peak and change per device from PyTorch's allocator; what NVML saw beyond it; the one
+        finding that matters (an OOM, a leak, what it left, growth across runs, or nothing left behind)."""
+        measurement = self.measurement
+        allocator = "; ".join(_allocator_summary(d) for d in measurement.devices if d.after.allocator is not None)
+        if not allocator:
+            allocator = "no GPU memory activity" if not measurement.unavailable else "GPU memory not measured"
+        nvml = "; ".join(_nvml_summary(d) for d in measurement.devices if d.nvml_used_delta_bytes is not None)
+        unmeasured = "not measured: " + "; ".join(measurement.unavailable) if measurement.unavailable else ""
+        if nvml:
+            beyond = f"NVML: {nvml}" + (f"; {unmeasured}" if unmeasured else "")
+        else:
+            beyond = unmeasured[:1].upper() + unmeasured[1:] if unmeasured else "NVML: no change on any device"
+        return f"{self._title()}: {allocator}", beyond, self._finding()
+
+    def _finding(self) -> str:
+        """The first of these that holds: out of memory; who holds what the cell left (a leak first, with what
+        to change); growth across runs; memory left that nobody was named for; nothing left behind."""
+        measurement = self.measurement
+        if measurement.error in ("OutOfMemoryError", "OutOfMemory"):
+            return "Ran out of GPU memory: run %oomfix in the next cell to diagnose and fix it"
+        if self.left is not None and (self.left.leaks or self.growth is None):
+            finding = left_finding(self.left)
+            return finding[:1].upper() + finding[1:]
+        if self.growth is not None:
+            return self.growth.describe()[:1].upper() + self.growth.describe()[1:]
+        left = measurement.left_allocated_bytes
+        if left:
+            return (f"Left {format_bytes(left)} allocated; who holds it is named from "
+                    "%config CudaMem.attribute_threshold up")
+        if not any(d.after.allocator is not None for d in measurement.devices):
+            return "Nothing measured: the cell ran as a plain cell" if measurement.unavailable else "Nothing left behind"
+        return "Nothing left behind: allocated is back where it started"
+
+    def _hidden(self) -> str:
+        """What ``--verbose`` (or the HTML's disclosure) adds, in words."""
+        parts = ["the figures per device"] if self.measurement.devices else []
+        parts += ["who holds what it left"] if self.left is not None else []
+        parts += ["growth across runs"] if self.growth is not None else []
+        parts += ["where the peak went"] if self.breakdowns else []
+        parts += ["the allocation sites"] if self.traces else []
+        hints = len(self.hints)
+        parts += [f"{hints} hint{'s' if hints != 1 else ''}"] if hints else []
+        parts += ["notes"] if any(note.startswith("¹") for note in self._notes()) else []  # the rest are in the lead
+        if not parts:
+            return ""
+        return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1]
+
     def text(self) -> str:
-        lines = [self._title()]
+        lines = list(self.lead())
+        hidden = self._hidden()
+        if self.verbose:
+            details = self.details_text()
+            return "\n".join(lines + ([details] if details else []))
+        if hidden:
+            lines.append(f"({hidden}: --verbose, or %config CudaMem.verbose = True)")
+        return "\n".join(lines)
+
+    def details_text(self) -> str:
+        """Everything behind the three lines: each device's figures, who holds what the cell left, growth,
+        where the peak went, the trace, hints and notes."""
+        lines = []
         for device in self.measurement.devices:
             lines.append(f"  {device.device.label} {device.device.name}")
             for metric, value, detail in _rows(device, self.measurement.limit_bytes):
@@ -258,7 +361,21 @@ class CellReport(TextReport):
 
     def _repr_html_(self) -> str:
         escape = html.escape
-        parts = [_STYLE, '<div class="cudamem-report">', f"<b>{escape(self._title())}</b>"]
+        first, beyond, finding = self.lead()
+        parts = [_STYLE, '<div class="cudamem-report">', f"<b>{escape(first)}</b><br>{escape(beyond)}<br>"]
+        alarm = self.measurement.error is not None or self.growth is not None or bool(self.left and self.left.leaks)
+        parts.append(f'<span class="{"leak" if alarm else "result"}">{escape(finding)}</span>')
+        hidden = self._hidden()
+        if hidden:
+            parts.append(f"<details{' open' if self.verbose else ''}><summary>{escape(hidden)}</summary>")
+            parts.append(self.details_html())
+            parts.append("</details>")
+        parts.append("</div>")
+        return "".join(parts)
+
+    def details_html(self) -> str:
+        escape = html.escape
+        parts = []
         devices = self.measurement.devices
         if devices:
             limit = self.measurement.limit_bytes
@@ -287,7 +404,6 @@ class CellReport(TextReport):
             parts.append("<div>" + "<br>".join(escape(line.strip()) for line in _trace_text(trace)) + "</div>")
         parts.extend(f'<div class="hint">hint: {escape(hint)}</div>' for hint in self.hints)
         parts.extend(f'<div class="note">{escape(note)}</div>' for note in self._notes())
-        parts.append("</div>")
         return "".join(parts)
 
 

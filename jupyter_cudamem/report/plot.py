@@ -176,8 +176,6 @@ def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS)
     """Each cell's peak allocated and what it left allocated, per device, in a figure of fixed size."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     binned = bin_history(records, MAX_BARS if len(records) <= MAX_BARS else MAX_BINS, flags)
@@ -193,37 +191,33 @@ def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     centers = [binned.bin_center(index) for index in range(binned.bins)]
-    handles: list[Any] = []
     as_bars = len(records) <= MAX_BARS
     width = 0.8 / len(binned.devices)
+    # The legend is the drawn elements themselves, labelled, in the order drawn (device by device): each
+    # entry is a bar, band or line of the figure in its own colour and alpha.
+    drawn: list[Any] = []
     for number, series in enumerate(binned.devices):
         color = f"C{number % 10}"
         high = [value / scale for value in series.peak_high]
         after = [value / scale for value in series.allocated_after_high]
+        peak_label, after_label = f"{series.label} peak allocated", f"{series.label} allocated after"
         if as_bars:
             xs = [x + number * width - 0.4 + width / 2 for x in centers]
-            axes.bar(xs, high, width=width, color=color, alpha=0.85)
-            axes.plot(xs, after, marker="o", markersize=3, linestyle="--", linewidth=1, color=color)
+            drawn.append(axes.bar(xs, high, width=width, color=color, alpha=0.85, label=peak_label))
+            drawn += axes.plot(xs, after, marker="o", markersize=3, linestyle="--", linewidth=1, color=color, label=after_label)
         else:
             if binned.cells_per_bin > 1:
                 low = [value / scale for value in series.peak_low]
-                axes.fill_between(centers, low, high, step="mid", color=color, alpha=0.25, linewidth=0)
-            axes.plot(centers, high, drawstyle="steps-mid", linewidth=1.2, color=color)
-            axes.plot(centers, after, drawstyle="steps-mid", linestyle="--", linewidth=1, color=color)
-        handles.append(Patch(color=color, label=series.label))
-    if as_bars:
-        handles.append(Patch(color="0.3", alpha=0.85, label="peak allocated"))
-    else:
-        handles.append(Line2D([], [], color="0.3", linewidth=1.2, label="peak allocated"))
-    if not as_bars and binned.cells_per_bin > 1:
-        handles.append(Patch(color="0.3", alpha=0.25, label="range of peaks"))
-    handles.append(Line2D([], [], color="0.3", linestyle="--", linewidth=1, label="allocated after"))
+                drawn.append(axes.fill_between(centers, low, high, step="mid", color=color, alpha=0.25, linewidth=0,
+                                               label=f"{series.label} range of peaks"))
+            drawn += axes.plot(centers, high, drawstyle="steps-mid", linewidth=1.2, color=color, label=peak_label)
+            drawn += axes.plot(centers, after, drawstyle="steps-mid", linestyle="--", linewidth=1, color=color, label=after_label)
     # Flags sit in rows along the top edge (axes coordinates), clear of the data, one row per flag.
     rows = 0
     for flag in flags:
         marked = binned.flagged_bins.get(flag.label) or []
         if marked:
-            axes.plot(
+            drawn += axes.plot(
                 [centers[index] for index in marked],
                 [0.97 - 0.06 * rows] * len(marked),
                 transform=axes.get_xaxis_transform(),
@@ -232,8 +226,8 @@ def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS)
                 color=flag.color,
                 markersize=6,
                 clip_on=False,
+                label=flag.label,
             )
-            handles.append(Line2D([], [], linestyle="none", marker=flag.marker, color=flag.color, label=flag.label))
             if as_bars and flag.note is not None:
                 for index in marked:  # one cell per bin here
                     axes.annotate(
@@ -264,7 +258,7 @@ def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS)
     if binned.cells_per_bin > 1:
         span += f"; {binned.cells_per_bin:,} cells per step"
     axes.set_title(f"GPU memory per cell ({span})", fontsize=10)
-    axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="small")
+    axes.legend(handles=drawn, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="small")
     return figure
 
 

@@ -206,8 +206,11 @@ def test_cudamem_report_and_history_render(page: Any, lab: jl.JupyterLab) -> Non
     used_after = gpu.context_bytes + peak  # the first allocation made the CUDA context; reserved = peak
 
     report = jl.code_cell(page, 1).locator(".cudamem-report")
-    report.locator("table").wait_for()
+    report.locator("summary").wait_for()
     assert report.locator("b").first.inner_text().startswith("cudamem [2]")
+    assert not report.locator("table").is_visible()  # the figures per device sit behind the three lines
+    report.locator("summary").click()
+    report.locator("table").wait_for()
     header, *rows = table_rows(report.locator("table"))
     assert header[1] == f"cuda:0 {gpu.name}"
     figures = {row[0]: row[1] for row in rows}

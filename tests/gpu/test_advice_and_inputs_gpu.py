@@ -61,7 +61,7 @@ def test_reset_out_frees_the_tensor_a_cudamem_cell_showed(shell, torch):
 
 
 def test_a_request_larger_than_the_limit_gets_no_expandable_segments_hint(shell, torch, capsys):
-    result = shell.run_cell("%%cudamem --limit 2GiB\nbig = torch.empty(4 * 2**30, dtype=torch.uint8, device='cuda')")
+    result = shell.run_cell("%%cudamem -v --limit 2GiB\nbig = torch.empty(4 * 2**30, dtype=torch.uint8, device='cuda')")
     assert isinstance(result.error_in_exec, torch.OutOfMemoryError)
     hints = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("hint:")]
     assert any("run %oomfix" in hint for hint in hints), hints

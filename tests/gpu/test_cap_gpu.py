@@ -33,7 +33,7 @@ def test_report_measures_against_the_cap_and_names_it(shell, torch, four_gib_cap
     report = shell.user_ns["report"]
     [device] = report.devices
     assert device.cap_bytes == pytest.approx(cap, abs=1024)  # the cap is a float fraction of the total: a few bytes of rounding
-    text = report.text()
+    text = report.details_text()
     named = f"of the {format_bytes(device.cap_bytes)} cap (set_per_process_memory_fraction)"
     assert named in text, text
     peak_share = device.peak_allocated_bytes / device.cap_bytes
@@ -52,5 +52,5 @@ def test_uncapped_report_is_of_the_card(shell, torch):
     result = shell.run_cell("report = %cudamem -o t = torch.ones(GiB // 4, device='cuda')")
     assert result.success, result.error_in_exec
     report = shell.user_ns["report"]
-    assert report.devices[0].cap_bytes is None and "of card" in report.text() and " cap " not in report.text()
+    assert report.devices[0].cap_bytes is None and "of card" in report.details_text() and " cap " not in report.text()
     shell.run_cell("del t, report")

@@ -45,7 +45,7 @@ def test_cell_magic_on_a_real_gpu(shell, capsys):
     result = shell.run_cell("%%cudamem\nt = torch.ones(256 * 1024**2, device='cuda')\ndel t")
     assert result.success
     out = capsys.readouterr().out
-    assert "peak allocated" in out and "1.00 GiB" in out
+    assert "cuda:0 peak " in out and "+1.00 GiB above start" in out and "Δ allocated 0 B" in out
 
 
 def test_cupy_allocation_shows_in_nvml_not_in_pytorch(real_hardware, torch):
@@ -75,7 +75,7 @@ def test_limit_makes_3gib_fail_under_2gib_and_is_lifted_afterwards(shell, torch)
 def test_trace_names_the_users_line(shell, capsys, tmp_path):
     shell.run_line_magic("config", f"CudaMem.trace_dir = {str(tmp_path)!r}")
     result = shell.run_cell(
-        "%%cudamem --trace\n"
+        "%%cudamem --trace -v\n"
         "small = torch.empty(16 * 1024**2, dtype=torch.uint8, device='cuda')\n"
         "large = torch.empty(512 * 1024**2, dtype=torch.uint8, device='cuda')  # the big one\n"
         "del small, large"

@@ -17,7 +17,7 @@ def test_notebook_uses_all_of_cudamem(tmp_path):
         "kept = torch.empty(512 * 1024**2, dtype=torch.uint8, device='cuda')",
         "%cudamem off",
         "%%cudamem --limit 2GiB\nbig = torch.empty(3 * 1024**3, dtype=torch.uint8, device='cuda')",
-        "%%cudamem --trace\nfirst = torch.empty(64 * 1024**2, dtype=torch.uint8, device='cuda')\n"
+        "%%cudamem --trace -v\nfirst = torch.empty(64 * 1024**2, dtype=torch.uint8, device='cuda')\n"
         "second = torch.empty(256 * 1024**2, dtype=torch.uint8, device='cuda')",
         "%cudamem_history",
         "records = %cudamem_history -o\nprint('RESULT ' + json.dumps(records))",

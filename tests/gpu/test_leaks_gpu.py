@@ -42,7 +42,7 @@ def test_every_case_is_named_with_its_cause_and_advice(tmp_path):
     from benchmarks.leaks import CASES, PRELUDE
 
     prelude = PRELUDE.format(dev="cuda", batch=2048, width=1024)
-    cells = ["%load_ext jupyter_cudamem"]
+    cells = ["%load_ext jupyter_cudamem\n%config CudaMem.verbose = True"]  # the holders' section
     checks: dict[str, int] = {}
     for case in CASES:
         cells += ["%reset -f", "import gc, torch; gc.collect(); torch.cuda.empty_cache()", prelude]
@@ -72,7 +72,7 @@ def test_every_case_is_named_with_its_cause_and_advice(tmp_path):
 
 def test_growth_across_runs_in_a_loop_and_in_the_oomfix_diagnosis(tmp_path):
     setup = (
-        f"%load_ext jupyter_cudamem\n%config CudaMem.trace_dir = {str(tmp_path)!r}\n"
+        f"%load_ext jupyter_cudamem\n%config CudaMem.verbose = True\n%config CudaMem.trace_dir = {str(tmp_path)!r}\n"
         "import json, torch\nfrom torch import nn\n"
         "model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024)).cuda()\n"
         "x = torch.randn(2048, 1024, device='cuda')\nlosses = []\nmodel(x).sum().item()"

@@ -23,7 +23,7 @@ def test_cell_reports_peak_and_displays_last_value_first(shell, machine, capsys)
     result = shell.run_cell("%%cudamem\nm.allocate(0, 2 * GiB); m.free(0, GiB)\n'value'")
     assert result.success
     out = capsys.readouterr().out
-    assert out.index("'value'") < out.index("peak allocated")
+    assert out.index("'value'") < out.index("peak 2.00 GiB")
     assert "2.00 GiB" in out and "+1.00 GiB" in out
     [record] = cudamem(shell).history.records
     assert record.measurement.devices[0].peak_above_start_bytes == 2 * GiB
@@ -63,8 +63,8 @@ def test_line_form_with_output_option_shows_the_report_and_returns_it(shell, mac
     report = shell.user_ns["r"]
     assert isinstance(report, CellReport)
     assert report.peak_allocated_bytes == GiB
-    assert "peak allocated" in repr(report) and "<table>" in report._repr_html_()
-    assert capsys.readouterr().out.count("peak allocated") == 1  # shown once; the assignment shows no Out
+    assert "peak 1.00 GiB" in repr(report) and "<table>" in report._repr_html_()
+    assert capsys.readouterr().out.count("peak 1.00 GiB") == 1  # shown once; the assignment shows no Out
 
 
 def test_output_option_with_quiet_returns_the_report_only(shell, machine, capsys):
@@ -76,7 +76,7 @@ def test_output_option_with_quiet_returns_the_report_only(shell, machine, capsys
 def test_without_output_option_nothing_is_returned(shell, machine, capsys):
     shell.run_cell("r = %cudamem m.allocate(0, GiB)")
     assert shell.user_ns["r"] is None
-    assert "peak allocated" in capsys.readouterr().out
+    assert "peak 1.00 GiB" in capsys.readouterr().out
 
 
 def test_quiet_records_without_showing(shell, capsys):
@@ -119,7 +119,7 @@ def test_trace_names_the_users_line_and_saves_a_snapshot(shell, tmp_path, capsys
         {"action": "alloc", "addr": 1, "size": GiB, "frames": [{"filename": "/home/me/step.py", "line": 7, "name": "step"}]}
     ]
     shell.run_line_magic("config", f"CudaMem.trace_dir = {str(tmp_path)!r}")
-    shell.run_cell("%%cudamem --trace\nm.allocate(0, GiB)")
+    shell.run_cell("%%cudamem --trace -v\nm.allocate(0, GiB)")
     out = capsys.readouterr().out
     assert "/home/me/step.py line 7 in step" in out
     assert "memory_viz" in out
@@ -219,7 +219,11 @@ def test_no_gpu_runs_the_cell_and_says_what_it_cannot_measure(ip, capsys):
         result = ip.run_cell("%%cudamem --device 0\nran_on_cpu = 1 + 1")
         assert result.success and ip.user_ns["ran_on_cpu"] == 2
         out = capsys.readouterr().out
-        assert "not measured: PyTorch 2.13.0+cpu" in out and "not measured: NVML library" in out
+        assert out.splitlines()[1:3] == [
+            "Not measured: PyTorch 2.13.0+cpu (a CPU-only build) sees no CUDA device; NVML library (libnvidia-ml.so) "
+            "not found: no NVIDIA driver on this machine",
+            "Nothing measured: the cell ran as a plain cell",
+        ]
         # As %%oomfix and %%cudamem_plan without a GPU: the body runs, one line says what it runs without.
         ip.user_ns.pop("x", None)
         result = ip.run_cell("%%cudamem --limit 1GiB\nx = 1")
@@ -253,7 +257,7 @@ def test_real_sources_without_a_gpu_say_what_is_not_measured(ip, capsys):
     try:
         result = ip.run_cell("%%cudamem\nplain = sum(range(10))")
         assert result.success and ip.user_ns["plain"] == 45
-        assert "not measured:" in capsys.readouterr().out
+        assert "not measured: " in capsys.readouterr().out.lower()
     finally:
         ip.run_line_magic("unload_ext", "jupyter_cudamem")
 
@@ -277,3 +281,18 @@ def test_options_expand_from_the_namespace_but_the_code_does_not(shell):
     result = shell.run_cell("%%cudamem -q --limit {cap}\ns = '{x}'")
     assert result.success, result.error_in_exec
     assert shell.user_ns["s"] == "{x}"
+
+
+def test_verbose_flag_and_setting_show_the_figures_the_three_lines_leave_out(shell, machine, capsys):
+    shell.run_cell("%%cudamem\nm.allocate(0, GiB); m.free(0, GiB)")
+    short = capsys.readouterr().out
+    assert len(short.splitlines()) == 4 and "peak allocated" not in short and "--verbose" in short
+    shell.run_cell("%%cudamem -v\nm.allocate(0, GiB); m.free(0, GiB)")
+    full = capsys.readouterr().out
+    assert full.splitlines()[2] == short.splitlines()[2] and "peak allocated" in full and "free at end" in full
+    shell.run_line_magic("config", "CudaMem.verbose = True")
+    try:
+        shell.run_cell("r = %cudamem -o m.allocate(0, GiB); m.free(0, GiB)")
+        assert "Δ reserved" in capsys.readouterr().out and shell.user_ns["r"].verbose
+    finally:
+        shell.run_line_magic("config", "CudaMem.verbose = False")

@@ -64,7 +64,8 @@ def test_breakdown_sums_to_the_measured_peak_and_names_the_model(cpu_tracked, ca
     parts = breakdown.other_parts
     assert parts.outside_models == 32 * 64 * 4 and parts.before_cell == 0
     assert parts.unseen == 64 * MiB - LINEAR_BYTES - 32 * 128 * 4 - 32 * 64 * 4
-    text = report.text()
+    text = report.details_text()  # behind the three lines, which name it
+    assert "where the peak went" in report.text().splitlines()[3]
     assert "where the peak went: 64.00 MiB" in text and "by module:" in text and "model" in text
     assert "data:image/png;base64," in report._repr_html_()
 

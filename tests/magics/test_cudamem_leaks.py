@@ -15,6 +15,7 @@ from jupyter_cudamem import magics
 def leaky(shell):
     """The shell with fake tensors recognised, ``FakeTensor`` and ``MiB`` in its namespace."""
     magics.loaded(shell).magics[0].probe = fake_probe()
+    shell.run_line_magic("config", "CudaMem.verbose = True")  # these tests read the holders' section
     shell.user_ns.update(FakeTensor=FakeTensor, MiB=MiB)
     yield shell
     for name in ("losses", "cache", "kept", "f", "FakeTensor", "MiB", "records"):
@@ -72,6 +73,10 @@ def test_every_cell_mode_names_leftovers_and_flags_a_growing_cell(leaky, capsys)
     assert out.count("  left 80.00 MiB: result losses 80.00 MiB (data)") == 3
     assert "growing: each run of this cell leaves about +80.00 MiB more allocated (2 runs" in out
     assert "(3 runs: +80.00 MiB, +80.00 MiB, +80.00 MiB)" in out
+    # As short as %%cudamem's three lines or shorter: each cell's line, what it left, whether it grows.
+    lines = [line for line in out.splitlines() if not line.startswith("cudamem every-cell mode")]
+    per_cell = "\n".join(lines).split("cudamem [")[1:]
+    assert len(per_cell) == 3 and [len(block.splitlines()) for block in per_cell] == [2, 3, 3]
     leaky.run_cell("records = %cudamem_history -o")
     assert [r["growing_runs"] for r in leaky.user_ns["records"]][-3:] == [None, 2, 3]
     leaky.run_cell("%cudamem_history")

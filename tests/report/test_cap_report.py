@@ -26,7 +26,7 @@ def _report(gpu: FakeGpu, allocate: int, limit_bytes: int | None = None) -> Cell
     meter = Meter(_hardware(machine))
     baseline = meter.start()
     machine.allocate(0, allocate)
-    return CellReport(meter.stop(baseline, limit_bytes=limit_bytes))
+    return CellReport(meter.stop(baseline, limit_bytes=limit_bytes), verbose=True)
 
 
 def _row(report: CellReport, metric: str) -> str:

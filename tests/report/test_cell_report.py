@@ -46,7 +46,7 @@ def _measurement(machine, hardware):
 
 
 def test_text_names_holders_causes_advice_and_the_remainder(machine, hardware):
-    report = CellReport(_measurement(machine, hardware), label="[7]", left=_left())
+    report = CellReport(_measurement(machine, hardware), label="[7]", left=_left(), verbose=True)
     text = report.text()
     assert "left behind: 433.00 MiB still allocated after the cell; 430.00 MiB attributed (in 12 ms)" in text
     assert "leak   420.00 MiB  losses: list of 40 tensors holding their autograd graphs" in text
@@ -78,7 +78,7 @@ def test_growth_across_runs_and_in_a_loop_are_reported(machine, hardware):
         called_from_code="    losses.append(model(x).sum())",
     )
     trace = TraceSummary(device_index=0, traced_peak_bytes=500 * MiB, sites=(), growth=loop)
-    report = CellReport(_measurement(machine, hardware), growth=growth, traces=(trace,))
+    report = CellReport(_measurement(machine, hardware), growth=growth, traces=(trace,), verbose=True)
     text = report.text()
     assert "growing: each run of this cell leaves about +420.00 MiB more allocated (3 runs" in text
     assert (

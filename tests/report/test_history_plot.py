@@ -117,3 +117,50 @@ def test_terminals_get_a_line_of_text(day):
 def test_nothing_to_plot_is_a_clear_error():
     with pytest.raises(CudaMemError, match="nothing to plot"):
         HistoryPlot([])
+
+
+def _rgba(artist) -> tuple[float, ...]:
+    """The colour an element is drawn in, alpha applied, for a bar, a band or a line alike."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.lines import Line2D
+
+    if isinstance(artist, Line2D):
+        return tuple(round(v, 3) for v in to_rgba(artist.get_color(), artist.get_alpha()))
+    face = artist.get_facecolor()
+    face = face[0] if getattr(face, "ndim", 1) == 2 else face  # a band's collection: one row per polygon
+    return tuple(round(float(v), 3) for v in face)
+
+
+def _legend_matches_drawn(figure) -> list[tuple[str, tuple[float, ...]]]:
+    """The legend's (label, colour) entries, after checking each is a drawn bar, band or line and back."""
+    [axes] = figure.axes
+    drawn = [(c.get_label(), _rgba(c.patches[0])) for c in axes.containers]
+    drawn += [(line.get_label(), _rgba(line)) for line in axes.get_lines()]
+    drawn += [(band.get_label(), _rgba(band)) for band in axes.collections]
+    legend = axes.get_legend()
+    entries = [(text.get_text(), _rgba(handle)) for text, handle in zip(legend.get_texts(), legend.legend_handles)]
+    assert sorted(entries) == sorted(entry for entry in drawn if not entry[0].startswith("_"))
+    return entries
+
+
+def test_every_legend_entry_is_a_drawn_bar_band_or_line_in_its_colour(day, machine):
+    from tests.fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
+    from jupyter_cudamem.hardware import Hardware
+
+    two = FakeMachine(gpus=[FakeGpu(), FakeGpu()])
+    meter = Meter(Hardware(FakeAllocator(two), FakeNvml(two), pid=two.pid, pid_exists=lambda pid: True))
+    records = []
+    for number, (first, second) in enumerate([(GiB, 0), (0, 2 * GiB), (GiB, GiB)], start=1):
+        baseline = meter.start()
+        two.allocate(0, first)
+        two.allocate(1, second)
+        records.append(CellRecord(number, "cell", meter.stop(baseline)))
+    bars = _legend_matches_drawn(history_figure(records))
+    # Two devices as bars: each device's bar and its allocated-after line, in the device's colour (C0, C1).
+    assert [label for label, _ in bars] == [
+        "cuda:0 peak allocated", "cuda:0 allocated after", "cuda:1 peak allocated", "cuda:1 allocated after"]
+    assert bars[0][1] == (0.122, 0.467, 0.706, 0.85) and bars[1][1] == (0.122, 0.467, 0.706, 1.0)
+    # Many cells as lines, a band of the peaks in each step, and the flags' markers.
+    steps = _legend_matches_drawn(history_figure(day[:5_000]))
+    assert {"cuda:0 range of peaks", "cuda:0 peak allocated", "cuda:0 allocated after", "out of memory"} <= {
+        label for label, _ in steps}
