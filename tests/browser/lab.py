@@ -59,6 +59,9 @@ SERVER_START_TIMEOUT_S = 90
 SERVER_STOP_TIMEOUT_S = 20
 
 
+CHROMIUM_MISSING = "chromium (Debian: apt-get install chromium; or set CHROMIUM=/path/to/chromium)"
+
+
 def find_chromium() -> str | None:
     """``$CHROMIUM`` if set, else the first Chromium on PATH."""
     configured = os.environ.get("CHROMIUM")
@@ -89,7 +92,7 @@ def missing_tools(frontend: Frontend) -> str | None:
     """Why the browser test cannot run ``frontend`` here, or ``None`` when it can."""
     missing = []
     if find_chromium() is None:
-        missing.append("chromium (Debian: apt-get install chromium; or set CHROMIUM=/path/to/chromium)")
+        missing.append(CHROMIUM_MISSING)
     modules = [name for name in ("playwright", frontend.module, "ipywidgets") if importlib.util.find_spec(name) is None]
     if modules:
         missing.append(" and ".join(modules) + " (`make test-browser` installs them: pip install -e '.[browser]')")
@@ -263,7 +266,7 @@ def chromium_browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     executable = find_chromium()
-    assert executable is not None, missing_tools()
+    assert executable is not None, "browser test needs " + CHROMIUM_MISSING
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
         try:
