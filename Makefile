@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 MIN_VENV ?= .venv-min
 MIN_BIN := $(MIN_VENV)/bin
 # The suite runs on every core (pytest-xdist, in the `test` extra). A test file stays on one worker: its
-# module-scoped fixtures (a shell, a cluster of engines, a JupyterLab server) are made once, and its tests
+# module-scoped fixtures (a shell, a cluster of engines, a Jupyter server) are made once, and its tests
 # run in their order. PYTEST_WORKERS=0 runs it in one process.
 PYTEST_WORKERS ?= auto
 PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
@@ -37,8 +37,9 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/python -m mypy
 
-# The browser test's tools (jupyterlab, playwright), on top of the dev environment. The browser itself is
-# the system's Chromium: `apt-get install chromium` on Debian (CHROMIUM=/path/to/chromium picks another).
+# The browser test's tools (jupyterlab, notebook, playwright), on top of the dev environment. The browser
+# itself is the system's Chromium: `apt-get install chromium` on Debian (CHROMIUM=/path/to/chromium picks
+# another).
 $(VENV)/.installed-browser: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -e ".[test,browser]"
 	touch $@
@@ -80,8 +81,9 @@ test-min: $(MIN_VENV)/.installed
 test-gpu: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m gpu
 
-# JupyterLab in headless Chromium over fake hardware; screenshots go to tests/browser/screenshots/.
-# CUDAMEM_REQUIRE_BROWSER=1 turns "chromium/jupyterlab/playwright missing" into a failure, not a skip.
+# JupyterLab and Notebook 7 in headless Chromium over fake hardware; screenshots go to
+# tests/browser/screenshots/. CUDAMEM_REQUIRE_BROWSER=1 turns "chromium/jupyterlab/notebook/playwright
+# missing" into a failure, not a skip.
 test-browser: $(VENV)/.installed-browser
 	CUDAMEM_REQUIRE_BROWSER=1 $(BIN)/python -m pytest -q -m browser tests/browser
 

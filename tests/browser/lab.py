@@ -1,4 +1,8 @@
-"""JupyterLab on loopback and headless Chromium for the browser test, started and always stopped.
+"""A Jupyter frontend on loopback and headless Chromium for the browser test, started and always stopped.
+
+The frontends are JupyterLab and Notebook 7 (``jupyter notebook``, what users of the classic interface
+get now). Notebook 7 is built from JupyterLab's components, so one server setup, one way of driving a
+notebook and one set of selectors serve both; what differs is in :class:`Frontend`.
 
 The browser is the system's Chromium (Debian's ``chromium`` package), driven by Playwright's Python
 API through ``executable_path``: ``playwright install`` (which downloads a browser) is never needed.
@@ -10,6 +14,7 @@ neither depends on nor changes the machine it runs on.
 from __future__ import annotations
 
 import contextlib
+import enum
 import importlib.util
 import json
 import os
@@ -42,8 +47,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
-# JupyterLab user settings for the test: no news or update checks (they would reach the network and
-# pop up a toast over the screenshots), and every cell attached to the page so locators find them.
+# User settings for the test, read by both frontends (Notebook 7 runs JupyterLab's plugins): no news or
+# update checks (they would reach the network and pop up a toast over the screenshots), and every cell
+# attached to the page so locators find them.
 LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
@@ -51,6 +57,9 @@ LAB_SETTINGS = {
 
 SERVER_START_TIMEOUT_S = 90
 SERVER_STOP_TIMEOUT_S = 20
+
+
+CHROMIUM_MISSING = "chromium (Debian: apt-get install chromium; or set CHROMIUM=/path/to/chromium)"
 
 
 def find_chromium() -> str | None:
@@ -65,12 +74,26 @@ def find_chromium() -> str | None:
     return None
 
 
-def missing_tools() -> str | None:
-    """Why the browser test cannot run here, or ``None`` when it can."""
+class Frontend(enum.Enum):
+    """A web frontend of jupyter_server: the module that starts it, its app's config class, where a notebook
+    opens, and the name its page's application gives itself (``window.jupyterapp.name``)."""
+
+    LAB = ("jupyterlab", "LabApp", "lab/tree", "JupyterLab")
+    NOTEBOOK = ("notebook", "JupyterNotebookApp", "notebooks", "Jupyter Notebook")
+
+    def __init__(self, module: str, app: str, notebooks: str, app_name: str) -> None:
+        self.module = module
+        self.app = app
+        self.notebooks = notebooks
+        self.app_name = app_name
+
+
+def missing_tools(frontend: Frontend) -> str | None:
+    """Why the browser test cannot run ``frontend`` here, or ``None`` when it can."""
     missing = []
     if find_chromium() is None:
-        missing.append("chromium (Debian: apt-get install chromium; or set CHROMIUM=/path/to/chromium)")
-    modules = [name for name in ("playwright", "jupyterlab", "ipywidgets") if importlib.util.find_spec(name) is None]
+        missing.append(CHROMIUM_MISSING)
+    modules = [name for name in ("playwright", frontend.module, "ipywidgets") if importlib.util.find_spec(name) is None]
     if modules:
         missing.append(" and ".join(modules) + " (`make test-browser` installs them: pip install -e '.[browser]')")
     return "browser test needs " + "; ".join(missing) if missing else None
@@ -82,17 +105,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class JupyterLab:
-    """A JupyterLab server on 127.0.0.1 with a random token, rooted in ``workdir / "root"``."""
+class JupyterServer:
+    """``frontend``'s server on 127.0.0.1 with a random token, rooted in ``workdir / "root"``."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, frontend: Frontend):
         self.workdir = workdir
+        self.frontend = frontend
         self.root = workdir / "root"
-        self.log_path = workdir / "jupyterlab.log"
+        self.log_path = workdir / f"{frontend.module}.log"
         self.port = _free_port()
         self.token = secrets.token_hex(16)
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen[bytes] | None = None
+        self.kernel_pids: list[int] = []  # every kernel the test started; none may outlive the server
         self._log: Any = None
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -122,7 +147,7 @@ class JupyterLab:
         command = [
             sys.executable,
             "-m",
-            "jupyterlab",
+            self.frontend.module,
             "--no-browser",
             "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={self.port}",
@@ -130,8 +155,9 @@ class JupyterLab:
             f"--IdentityProvider.token={self.token}",
             f"--ServerApp.root_dir={self.root}",
             # window.jupyterapp, so the test runs cells through the same commands as the Run menu.
-            "--LabApp.expose_app_in_browser=True",
-            # Nothing that reaches the network or is not needed: no PyPI extension manager, no terminals.
+            f"--{self.frontend.app}.expose_app_in_browser=True",
+            # Nothing that reaches the network or is not needed: no PyPI extension manager (JupyterLab's
+            # server extension is loaded under Notebook 7 too), no terminals.
             "--LabApp.extension_manager=readonly",
             "--ServerApp.terminals_enabled=False",
         ]
@@ -146,13 +172,15 @@ class JupyterLab:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"JupyterLab exited with {self.process.returncode}:\n{self.log_tail()}")
+                raise RuntimeError(f"{self.frontend.module} exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
                 self.api("GET", "/api/status")
                 return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 time.sleep(0.25)
-        raise RuntimeError(f"JupyterLab did not answer within {SERVER_START_TIMEOUT_S} s:\n{self.log_tail()}")
+        raise RuntimeError(
+            f"{self.frontend.module} did not answer within {SERVER_START_TIMEOUT_S} s:\n{self.log_tail()}"
+        )
 
     def stop(self) -> None:
         """Ask the server to shut down (it stops its kernels), then make sure it is gone."""
@@ -177,7 +205,7 @@ class JupyterLab:
             self._log.close()
         self.process = None
 
-    def __enter__(self) -> JupyterLab:
+    def __enter__(self) -> JupyterServer:
         try:
             self.start()
         except BaseException:
@@ -197,8 +225,11 @@ class JupyterLab:
             body = response.read()
         return json.loads(body) if body else None
 
-    def url(self, notebook: str, reset: bool = False) -> str:
-        return f"{self.base_url}/lab/tree/{notebook}?{'reset&' if reset else ''}token={self.token}"
+    def url(self, notebook: str) -> str:
+        """Where ``notebook`` opens alone: JupyterLab from an empty workspace (?reset), not with the tabs an
+        earlier test left open; Notebook 7 opens one notebook a page anyway."""
+        reset = "reset&" if self.frontend is Frontend.LAB else ""
+        return f"{self.base_url}/{self.frontend.notebooks}/{notebook}?{reset}token={self.token}"
 
     def stop_kernels(self) -> None:
         """Shut down every kernel session (what closing a notebook and its kernel does)."""
@@ -235,7 +266,7 @@ def chromium_browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     executable = find_chromium()
-    assert executable is not None, missing_tools()
+    assert executable is not None, "browser test needs " + CHROMIUM_MISSING
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
         try:
@@ -244,7 +275,7 @@ def chromium_browser() -> Iterator[Any]:
             browser.close()
 
 
-# -- driving a notebook in JupyterLab ----------------------------------------------------------
+# -- driving a notebook (the same application API in both frontends) ----------------------------------------------------------
 # Each snippet finds the notebook by its path, never "the current widget", which may be another tab.
 _FIND_PANEL = """const panel = Array.from(window.jupyterapp ? window.jupyterapp.shell.widgets('main') : [])
   .find(widget => widget.context && widget.context.path === path && widget.content && widget.sessionContext);"""
@@ -270,11 +301,13 @@ _ALL_EXECUTED = f"""path => {{
 }}"""
 
 
-def open_notebook(page: Any, lab: JupyterLab, name: str, timeout_s: float = 90) -> None:
-    """Open ``name`` alone in JupyterLab and wait until its kernel is started and idle."""
-    # ?reset: start from an empty workspace, not with the tabs an earlier test left open.
-    page.goto(lab.url(name, reset=True), timeout=timeout_s * 1000)
+def open_notebook(page: Any, server: JupyterServer, name: str, timeout_s: float = 90) -> None:
+    """Open ``name`` alone in the server's frontend and wait until its kernel is started and idle."""
+    page.goto(server.url(name), timeout=timeout_s * 1000)
     page.wait_for_function(_KERNEL_IDLE, arg=name, timeout=timeout_s * 1000, polling=200)
+    # The frontend asked for, not another one the server redirected to.
+    app_name = page.evaluate("() => window.jupyterapp.name")
+    assert app_name == server.frontend.app_name, f"{page.url} opened {app_name!r}, not {server.frontend.app_name!r}"
 
 
 def run_all_cells(page: Any, name: str, timeout_s: float = 90) -> None:

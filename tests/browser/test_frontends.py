@@ -1,14 +1,16 @@
-"""The extension in a real JupyterLab, seen through headless Chromium.
+"""The extension in a real JupyterLab and a real Notebook 7, seen through headless Chromium.
 
-JupyterLab runs on loopback; each test writes a notebook whose first cell injects the fake GPU of
+Each test runs once per frontend (JupyterLab, and Notebook 7 for users of the classic interface), each
+served on loopback; it writes a notebook whose first cell injects the fake GPU of
 ``tests/fakes.py`` (test only: the package never sees it) and loads the extension over it, runs every
 cell as the Run menu does, and checks what the page shows: the ``%%cudamem`` report table and the
 history table with the fake machine's numbers, and the ``%cudamem_monitor`` widget whose numbers
 follow a fake training loop and freeze when its Stop button is clicked. Screenshots go to
-``tests/browser/screenshots/``; ``make docs-images`` also copies them into ``docs/images/``.
+``tests/browser/screenshots/`` (Notebook 7's named ``notebook7-*``); ``make docs-images`` also copies
+JupyterLab's into ``docs/images/``.
 
-Needs Chromium, JupyterLab, Playwright and ipywidgets (``make test-browser`` installs the Python
-ones); without them the tests are skipped, or fail where ``CUDAMEM_REQUIRE_BROWSER=1`` (CI).
+Needs Chromium, JupyterLab, Notebook 7, Playwright and ipywidgets (``make test-browser`` installs the
+Python ones); without them the tests are skipped, or fail where ``CUDAMEM_REQUIRE_BROWSER=1`` (CI).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from jupyter_cudamem.units import format_bytes, parse_size
 
 pytestmark = pytest.mark.browser
 
-MISSING = jl.missing_tools()
 REQUIRED = os.environ.get("CUDAMEM_REQUIRE_BROWSER", "") not in ("", "0")
 TIMEOUT_MS = 60_000
 
@@ -123,28 +124,28 @@ def setup_cell_source() -> str:
 
 
 # -- fixtures ------------------------------------------------------------------------------------
-KERNEL_PIDS: list[int] = []
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[jl.JupyterLab]:
-    if MISSING:
-        (pytest.fail if REQUIRED else pytest.skip)(MISSING)
-    with jl.JupyterLab(tmp_path_factory.mktemp("jupyterlab")) as server:
-        yield server
+@pytest.fixture(scope="module", params=list(jl.Frontend), ids=lambda frontend: frontend.name.lower())
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[jl.JupyterServer]:
+    """Each frontend's server in turn: pytest runs every test on one before starting the other."""
+    frontend: jl.Frontend = request.param
+    missing = jl.missing_tools(frontend)
+    if missing:
+        (pytest.fail if REQUIRED else pytest.skip)(missing)
+    with jl.JupyterServer(tmp_path_factory.mktemp(frontend.module), frontend) as running:
+        yield running
     # The server stops its kernels on shutdown; make sure none outlived it.
-    leftovers = [pid for pid in KERNEL_PIDS if jl.end_process(pid)]
-    assert not leftovers, f"kernel processes {leftovers} outlived the JupyterLab server and were killed"
+    leftovers = [pid for pid in running.kernel_pids if jl.end_process(pid)]
+    assert not leftovers, f"kernel processes {leftovers} outlived the {frontend.module} server and were killed"
 
 
 @pytest.fixture(scope="module")
-def browser(lab: jl.JupyterLab) -> Iterator[Any]:
+def browser(server: jl.JupyterServer) -> Iterator[Any]:
     with jl.chromium_browser() as chromium:
         yield chromium
 
 
 @pytest.fixture
-def page(browser: Any, lab: jl.JupyterLab, request: pytest.FixtureRequest) -> Iterator[Any]:
+def page(browser: Any, server: jl.JupyterServer, request: pytest.FixtureRequest) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1280, "height": 1000}, device_scale_factor=2)
     context.set_default_timeout(TIMEOUT_MS)
     tab = context.new_page()
@@ -161,20 +162,20 @@ def page(browser: Any, lab: jl.JupyterLab, request: pytest.FixtureRequest) -> It
             with contextlib.suppress(Exception):
                 jl.screenshot(tab, f"{request.node.name}-failure")
             print("browser console errors:\n" + "\n".join(console_errors[-30:]))
-            print("JupyterLab log:\n" + lab.log_tail())
+            print(f"{server.frontend.module} server log:\n" + server.log_tail())
         context.close()
-        lab.stop_kernels()
+        server.stop_kernels()
 
 
 # -- helpers -------------------------------------------------------------------------------------
-def open_and_run(page: Any, lab: jl.JupyterLab, name: str, cells: list[str]) -> None:
-    write_notebook(lab.root / name, cells)
-    jl.open_notebook(page, lab, name)
+def open_and_run(page: Any, server: jl.JupyterServer, name: str, cells: list[str]) -> None:
+    write_notebook(server.root / name, cells)
+    jl.open_notebook(page, server, name)
     jl.run_all_cells(page, name)
     setup_text = jl.code_cell(page, 0).locator(".jp-OutputArea-output").first.inner_text()
     kernel_pid = re.search(r"KERNEL_PID (\d+)", setup_text)
     assert kernel_pid, f"setup cell did not run: {setup_text!r}"
-    KERNEL_PIDS.append(int(kernel_pid.group(1)))
+    server.kernel_pids.append(int(kernel_pid.group(1)))
     package = re.search(r"PACKAGE (\S+)", setup_text)
     assert package and Path(package.group(1)).resolve().is_relative_to(jl.REPO), (
         f"the kernel imported jupyter_cudamem from {package and package.group(1)}, not from this checkout"
@@ -187,6 +188,17 @@ def assert_no_errors(page: Any) -> None:
     assert not texts, f"a cell showed an error: {texts}"
 
 
+def screenshot(server: jl.JupyterServer, target: Any, name: str) -> Path:
+    """JupyterLab's screenshots keep the names docs/images uses; Notebook 7's are ``notebook7-NAME``."""
+    return jl.screenshot(target, name if server.frontend is jl.Frontend.LAB else f"notebook7-{name}")
+
+
+def publish(server: jl.JupyterServer, shots: list[Path]) -> None:
+    """The README shows JupyterLab: only its screenshots go to docs/images."""
+    if server.frontend is jl.Frontend.LAB:
+        jl.publish(shots)
+
+
 def shown_as_html(text: str) -> str:
     """``text`` as a browser shows it in a table cell: runs of spaces collapse to one."""
     return " ".join(text.split())
@@ -197,8 +209,8 @@ def table_rows(table: Any) -> list[list[str]]:
 
 
 # -- tests ---------------------------------------------------------------------------------------
-def test_cudamem_report_and_history_render(page: Any, lab: jl.JupyterLab) -> None:
-    open_and_run(page, lab, "cudamem.ipynb", [setup_cell_source(), MEASURED_CELL, RELEASE_CELL, "%cudamem_history"])
+def test_cudamem_report_and_history_render(page: Any, server: jl.JupyterServer) -> None:
+    open_and_run(page, server, "cudamem.ipynb", [setup_cell_source(), MEASURED_CELL, RELEASE_CELL, "%cudamem_history"])
     assert_no_errors(page)
 
     gpu = FakeGpu()
@@ -248,9 +260,12 @@ def test_cudamem_report_and_history_render(page: Any, lab: jl.JupyterLab) -> Non
         format_bytes(-peak, signed=True),
     ]
 
-    shots = [jl.screenshot(jl.code_cell(page, 1), "cudamem-report"), jl.screenshot(jl.code_cell(page, 3), "cudamem-history")]
-    jl.screenshot(page, "cudamem-notebook")
-    jl.publish(shots)
+    shots = [
+        screenshot(server, jl.code_cell(page, 1), "cudamem-report"),
+        screenshot(server, jl.code_cell(page, 3), "cudamem-history"),
+    ]
+    screenshot(server, page, "cudamem-notebook")
+    publish(server, shots)
 
 
 USED = re.compile(r"(\d+(?:\.\d+)? [KMGT]?i?B) / (\d+(?:\.\d+)? [KMGT]?i?B) \((\d+)%\)")
@@ -267,8 +282,8 @@ def used_reading(panel: Any) -> str:
     reason="%cudamem_monitor is not registered in this tree yet (it comes with the monitor branch); "
     "this test runs as soon as it is",
 )
-def test_monitor_widget_renders_and_updates(page: Any, lab: jl.JupyterLab) -> None:
-    open_and_run(page, lab, "monitor.ipynb", [setup_cell_source(), CHURN, MONITOR])
+def test_monitor_widget_renders_and_updates(page: Any, server: jl.JupyterServer) -> None:
+    open_and_run(page, server, "monitor.ipynb", [setup_cell_source(), CHURN, MONITOR])
     assert_no_errors(page)
 
     gpu = FakeGpu()
@@ -301,7 +316,7 @@ def test_monitor_widget_renders_and_updates(page: Any, lab: jl.JupyterLab) -> No
     assert set(seen) <= possible, f"monitor showed {set(seen) - possible}, the fake card only ever used {possible}"
     assert len(set(seen)) >= 4 and rose and fell, f"the monitor's numbers did not follow the card for 15 s: {seen}"
     assert format_bytes(gpu.total_bytes) in panel.inner_text()
-    shot = jl.screenshot(cell, "monitor")
+    shot = screenshot(server, cell, "monitor")
 
     # Stop from the browser: the click reaches the kernel, the thread stops, the numbers freeze
     # while the fake training loop keeps changing the card.
@@ -315,13 +330,13 @@ def test_monitor_widget_renders_and_updates(page: Any, lab: jl.JupyterLab) -> No
         time.sleep(CHURN_STEP_S)
         frozen.append(used_reading(panel))
     assert len(set(frozen)) == 1, f"the monitor kept updating after Stop: {frozen}"
-    jl.screenshot(cell, "monitor-stopped")
+    screenshot(server, cell, "monitor-stopped")
 
     # Snapshot plots the recorded history (matplotlib) into the panel.
     cell.get_by_role("button", name="Snapshot").click()
     plot = cell.locator(".jupyter-widgets img")
     plot.wait_for(timeout=20_000)
     page.wait_for_function("img => img.complete && img.naturalWidth > 100", arg=plot.element_handle(), timeout=20_000)
-    snapshot_shot = jl.screenshot(cell, "monitor-snapshot")
-    jl.screenshot(page, "monitor-notebook")
-    jl.publish([shot, snapshot_shot])
+    snapshot_shot = screenshot(server, cell, "monitor-snapshot")
+    screenshot(server, page, "monitor-notebook")
+    publish(server, [shot, snapshot_shot])
