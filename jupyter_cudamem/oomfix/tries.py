@@ -110,6 +110,12 @@ class FixTries:
         self._kept_noted: set[str] = set()
         self.graph_pools = GraphPools(self.hardware.allocator.release_graph_pools)
         self.recorder = Recorder(self.hardware.allocator, windows=True)
+        self._mover: Mover = self.mover if self.mover is not None else TorchMover()
+
+    @property
+    def after_a_fit(self) -> bool:
+        """Whether a try has fitted: the next one starts as the cell's next run will (see ``set_aside``)."""
+        return any(t.fitted for t in self.tries)
 
     def allocated(self, device: int) -> int | None:
         readings = self.hardware.allocator_readings()
@@ -119,9 +125,9 @@ class FixTries:
     def run(self, strategy: Strategy, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
         self._before()
         namespace = self.namespace if isinstance(self.namespace, MutableMapping) else None
-        # What the last state bound and this try binds again (the failed cell's input, or a fitted
-        # try's) goes to the host first, so the try starts where the failed cell started.
-        steady = any(t.fitted for t in self.tries)
+        # What the failed cell bound and this try binds again goes to the host first (until a try fits:
+        # then the last fitted try's values stay bound, as in the cell's next run).
+        steady = self.after_a_fit
         self.set_aside(source, device)
         before, bound_again = self._bindings_before(namespace, source)
         grown = self._grown(namespace, bound_again, batch)
@@ -189,12 +195,11 @@ class FixTries:
         outlive the line that binds it again, which the cell's next run does not let it."""
         if namespace is None:
             return None, {}
-        again = set(bound_before_read(source, self.transform)) if any(t.fitted for t in self.tries) else set()
-        mover = self.mover if self.mover is not None else TorchMover()
+        again = set(bound_before_read(source, self.transform)) if self.after_a_fit else set()
         weak: dict[str, Callable[[], Any]] = {}
         for name in again & set(namespace):
             value = namespace[name]
-            if mover.holds_gpu(value):
+            if self._mover.holds_gpu(value):
                 try:
                     weak[name] = weakref.ref(value)
                 except TypeError:  # a tuple of tensors: held, as the old value of a name a failed try bound
@@ -209,8 +214,8 @@ class FixTries:
         last = next((t.batch for t in reversed(self.tries) if t.fitted), None)
         if namespace is None or batch is None or last is None or batch <= last:
             return []
-        mover = self.mover if self.mover is not None else TorchMover()
-        return [held for name in bound_again if name in namespace for held in mover.grown(namespace[name], last, batch)]
+        return [held for name in bound_again if name in namespace
+                for held in self._mover.grown(namespace[name], last, batch)]
 
     def _before(self) -> None:
         if self.before_rerun is not None:
@@ -254,11 +259,10 @@ class FixTries:
         namespace = self.namespace
         if namespace is None:
             return frozenset()
-        mover = self.mover if self.mover is not None else TorchMover()
         found: set[int] = set()
         for name in bound_before_read(source, self.transform):
             if name in namespace:
-                found |= mover.addresses(namespace[name])
+                found |= self._mover.addresses(namespace[name])
         return frozenset(found)
 
     def set_aside(self, source: str, device: int) -> SetAside:
@@ -268,11 +272,10 @@ class FixTries:
         Only the failed cell's values: once a try has fitted, what it bound stays bound, and the next try
         holds it until it binds the name again, as the user's next run of the cell will."""
         namespace = self.namespace
-        if not isinstance(namespace, MutableMapping) or any(t.fitted for t in self.tries):
+        if not isinstance(namespace, MutableMapping) or self.after_a_fit:
             return self.aside
-        mover = self.mover if self.mover is not None else TorchMover()
         before = self.allocated(device)
-        aside = set_aside(namespace, source, mover, self.transform)
+        aside = set_aside(namespace, source, self._mover, self.transform)
         after = self.allocated(device)
         if before is not None and after is not None:
             aside.freed_bytes = max(before - after, 0)
