@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..advice import Suggestion
 from ..cell.edit import CellDiff, unified_diff
-from ..report.text import TextReport
+from ..report.text import TextReport, disclosure_html, more_line
 from ..units import format_bytes, format_seconds
 from ..reruns.recording import RecordedRun
 from ..reruns.tries import Observation
@@ -291,7 +291,7 @@ class Outcome(TextReport):
         if self.pasted():
             parts += ["", self.pasted()]
         if not self.verbose:
-            parts.append(f"({DETAILS}: --verbose, or %config OomFix.verbose = True)")
+            parts.append(more_line(DETAILS, "OomFix"))
             return "\n".join(parts)
         return "\n".join(parts + ["", self.details_text()])
 
@@ -332,8 +332,7 @@ class Outcome(TextReport):
         pasted = f"<pre>{e(self.pasted())}</pre>" if self.pasted() else ""
         return (
             f"<div class='cudamem-oomfix'><p><b>{e(failed)}</b><br>{e(fixed)}<br>{e(change)}</p>{pasted}"
-            f"<details{' open' if self.verbose else ''}><summary>{e(DETAILS)}</summary>"
-            f"{self.details_html()}</details></div>"
+            f"{disclosure_html(DETAILS, self.details_html(), self.verbose)}</div>"
         )
 
     def details_html(self) -> str:

@@ -14,7 +14,7 @@ from ..repeats import RunGrowth
 from ..measure import DeviceMeasurement, Measurement
 from ..trace import LoopGrowth, TraceSummary
 from ..units import format_bytes, format_seconds
-from .text import TextReport
+from .text import TextReport, disclosure_html, more_line
 
 _STYLE = (
     "<style>.cudamem-report{font-family:var(--jp-code-font-family,monospace);font-size:12px;margin:2px 0}"
@@ -333,7 +333,7 @@ class CellReport(TextReport):
             details = self.details_text()
             return "\n".join(lines + ([details] if details else []))
         if hidden:
-            lines.append(f"({hidden}: --verbose, or %config CudaMem.verbose = True)")
+            lines.append(more_line(hidden, "CudaMem"))
         return "\n".join(lines)
 
     def details_text(self) -> str:
@@ -367,9 +367,7 @@ class CellReport(TextReport):
         parts.append(f'<span class="{"leak" if alarm else "result"}">{escape(finding)}</span>')
         hidden = self._hidden()
         if hidden:
-            parts.append(f"<details{' open' if self.verbose else ''}><summary>{escape(hidden)}</summary>")
-            parts.append(self.details_html())
-            parts.append("</details>")
+            parts.append(disclosure_html(hidden, self.details_html(), self.verbose))
         parts.append("</div>")
         return "".join(parts)
 

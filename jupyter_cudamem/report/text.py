@@ -1,7 +1,9 @@
-"""The plain-text side of our result objects, for terminal IPython and ``print``."""
+"""The plain-text side of our result objects, for terminal IPython and ``print``, and how a report shows
+its lead and keeps the rest for who asks (``--verbose`` in text, a disclosure in HTML)."""
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 
@@ -20,3 +22,13 @@ class TextReport:
 
     def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         printer.text(f"{type(self).__name__}(...)" if cycle else self.text())
+
+
+def more_line(hidden: str, configurable: str) -> str:
+    """The line under a report's lead that names what ``--verbose`` (or ``configurable.verbose``) adds."""
+    return f"({hidden}: --verbose, or %config {configurable}.verbose = True)"
+
+
+def disclosure_html(summary: str, body: str, open_: bool) -> str:
+    """``body`` behind a ``<details>`` whose ``summary`` (escaped here) shows; open where verbose was asked."""
+    return f"<details{' open' if open_ else ''}><summary>{html.escape(summary)}</summary>{body}</details>"
