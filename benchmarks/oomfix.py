@@ -732,7 +732,8 @@ WORKLOADS: tuple[Workload, ...] = (
         "T5-base (223M) from T5Config, fp32, input 256 and target 64 tokens, one AdamW step; model and optimizer "
         "built in an earlier cell: the AdamW state (1.7 GiB) its first step makes is held by every later run",
         ("from transformers import T5Config, T5ForConditionalGeneration\n"
-         "config = T5Config(d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64)\n"
+         "config = T5Config(d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64, decoder_start_token_id=0,\n"
+         "                  pad_token_id=0)\n"
          "with torch.device(dev):\n"
          "    model = T5ForConditionalGeneration(config)\n"
          "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)\n",),
@@ -745,8 +746,8 @@ WORKLOADS: tuple[Workload, ...] = (
         "optimizer.step()\n"
         "optimizer.zero_grad()\n",
         needs=("transformers",),
-        small=(("d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64",
-                "d_model=64, d_ff=128, num_layers=1, num_heads=2, d_kv=32"),
+        small=(("d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64,",
+                "d_model=64, d_ff=128, num_layers=1, num_heads=2, d_kv=32,"),
                ("(batch_size, 256)", "(batch_size, 16)"), ("(batch_size, 64)", "(batch_size, 8)")),
     ),
 )

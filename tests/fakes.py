@@ -107,6 +107,8 @@ class FakeAllocator:
         self.expose_uuid = expose_uuid
         self.calls: list[str] = []
         self.trace_entries: list[dict[str, Any]] | None = None
+        self.step_marks: list[tuple[int, int, int]] = []  # what StepMarks would have seen, when asked for
+        self.marking_steps = False
         self.snapshot_segments: list[dict[str, Any]] = []  # what snapshot() lists as segments
         self.graph_pool_bytes = 0  # what torch.compile's CUDA graph pools hold (release_graph_pools frees it)
         self.tracing = False
@@ -164,13 +166,17 @@ class FakeAllocator:
             raise ValueError("fraction out of range")
         self._gpu(index).fraction = fraction
 
-    def start_trace(self, max_entries: int, stacks: bool = True) -> None:
+    def start_trace(self, max_entries: int, stacks: bool = True, mark_steps: bool = False) -> None:
         self.tracing = True
         self.trace_stacks = stacks
+        self.marking_steps = mark_steps
 
     def stop_trace(self) -> dict[str, Any]:
         self.tracing = False
-        return {"segments": list(self.snapshot_segments), "device_traces": [self.trace_entries or []]}
+        snapshot = {"segments": list(self.snapshot_segments), "device_traces": [self.trace_entries or []]}
+        if self.marking_steps:
+            snapshot["optimizer_steps"] = list(self.step_marks)
+        return snapshot
 
     def snapshot(self) -> dict[str, Any]:
         return {"segments": list(self.snapshot_segments), "device_traces": [[]]}

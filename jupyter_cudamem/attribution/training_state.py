@@ -70,6 +70,7 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
     parameters_bytes = gradients_bytes = state_bytes = 0
     sizes: set[int] = set()
     gradient_sizes: list[int] = []
+    trainable_sizes: list[int] = []
     state_sizes: list[int] = []
     built_sizes: list[int] = []
     found = False
@@ -117,9 +118,11 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
                 # run's model holds; one built earlier keeps what the failed run left (held at the start).
                 fresh = name in rebuilt or getattr(parameter, "grad", None) is None
                 touched = name in rebuilt or read is None or id(parameter) in read
-                if getattr(parameter, "requires_grad", False) and fresh and touched:
-                    gradients_bytes += _nbytes(parameter)
-                    gradient_sizes.append(_nbytes(parameter))
+                if getattr(parameter, "requires_grad", False) and touched:
+                    trainable_sizes.append(_nbytes(parameter))
+                    if fresh:
+                        gradients_bytes += _nbytes(parameter)
+                        gradient_sizes.append(_nbytes(parameter))
     for name, optimizer in optimizers:
         try:
             groups = list(optimizer.param_groups)
@@ -143,5 +146,6 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
     if not found:
         return None
     return FixedMemory(parameters_bytes, gradients_bytes, state_bytes, frozenset(s for s in sizes if s > 0),
-                       gradient_sizes=tuple(gradient_sizes), state_sizes=tuple(state_sizes),
+                       gradient_sizes=tuple(gradient_sizes), trainable_sizes=tuple(trainable_sizes),
+                       state_sizes=tuple(state_sizes),
                        built_sizes=tuple(built_sizes), trains=trains and bool(gradient_sizes or optimizers))

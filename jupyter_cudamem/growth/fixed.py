@@ -35,7 +35,8 @@ class FixedMemory:
     will create; ``tensor_bytes``: the sizes of single parameter tensors (and of their half-precision
     copies, which autocast makes), so that a recorded request of one of these sizes is taken as a
     parameter's, a gradient's or the optimizer's, not as a batch's; ``gradient_sizes``: the size of each
-    gradient the step will create (``gradients_bytes`` is their sum, where given), ``state_sizes`` of each
+    gradient the step will create (``gradients_bytes`` is their sum, where given), ``trainable_sizes`` of each
+    parameter the step trains (each step's gradients, where a loop makes them anew), ``state_sizes`` of each
     tensor the optimizers' first step will create, ``built_sizes`` of each parameter and buffer the cell
     builds; ``trains``: whether the step runs a backward pass and an optimizer's step.
     """
@@ -45,6 +46,7 @@ class FixedMemory:
     optimizer_state_bytes: int = 0
     tensor_bytes: frozenset[int] = field(default_factory=frozenset)
     gradient_sizes: tuple[int, ...] = ()
+    trainable_sizes: tuple[int, ...] = ()
     state_sizes: tuple[int, ...] = ()
     built_sizes: tuple[int, ...] = ()
     trains: bool = False
@@ -70,7 +72,37 @@ class FixedMemory:
         return frozenset(block_bytes(size) for size in self.tensor_bytes if size > 0)
 
 
-def batch_independent_requests(events: Sequence[Event], left: Collection[int], fixed: FixedMemory) -> frozenset[int]:
+def made_in_steps(events: Sequence[Event], steps: Sequence[tuple[int, int]]) -> frozenset[int]:
+    """The keys of the requests made within ``steps`` (``(first event, event after the last)`` of each
+    optimizer ``step()``, marked in the recorded history): its state and temporaries, the parameters' size
+    at every batch."""
+    return frozenset(events[index][1] for first, after in steps for index in range(first, min(after, len(events)))
+                     if events[index][0] != FREE)
+
+
+def step_gradients(events: Sequence[Event], fixed: FixedMemory, steps: Sequence[tuple[int, int]]) -> frozenset[int]:
+    """Of each marked step, the keys of the gradients it applies: the parameter-sized requests made since the
+    previous step ended that are still allocated when it begins, the latest first, at most as many of each
+    size as the step trains parameters. An activation the size of a weight (at a batch of one) is freed by
+    the backward pass, before the step; a gradient lives through it."""
+    trained = fixed.trainable_sizes or fixed.gradient_sizes
+    freed_at = {key: index for index, (kind, key, _, _) in enumerate(events) if kind == FREE}
+    found: set[int] = set()
+    since = 0
+    for first, after in steps:
+        wanted = Counter(block_bytes(size) for size in trained if size > 0)
+        for index in range(min(first, len(events)) - 1, since - 1, -1):
+            kind, key, size, _ = events[index]
+            block = block_bytes(size)
+            if kind != FREE and wanted[block] > 0 and freed_at.get(key, len(events)) >= first:
+                found.add(key)
+                wanted[block] -= 1
+        since = after
+    return frozenset(found)
+
+
+def batch_independent_requests(events: Sequence[Event], left: Collection[int], fixed: FixedMemory,
+                               steps: Sequence[tuple[int, int]] = ()) -> frozenset[int]:
     """The keys of one recorded run's requests that do not grow with the batch, read from their sizes
     and their lifetimes; the rest of the run is taken as proportional to its batch (``replay.fitting_from_one``).
 
@@ -95,6 +127,8 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
     allocations = [(index, key, size) for index, (kind, key, size, _) in enumerate(events)
                    if kind != FREE and sized(size)]
     found = {key for _, key, _ in allocations if key in left}
+    if steps:
+        return frozenset(found) | made_in_steps(events, steps) | step_gradients(events, fixed, steps)
     wanted = Counter(block_bytes(size) for size in fixed.gradient_sizes if size > 0)
     if not fixed.trains or not wanted:
         return frozenset(found)

@@ -322,11 +322,21 @@ def read_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
     (memory outside the traced allocator). What the run left is ``(address, key)`` of each allocation
     it did not free (``held_elsewhere``).
     """
+    events, left, _ = read_trace_within(trace, start, failed)
+    return events, left
+
+
+def read_trace_within(trace: Iterable[Sequence[object]], start: Sequence[StartSegment], failed: bool = False,
+                      spans: Sequence[tuple[int, int]] = ()
+                      ) -> tuple[list[Event], tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
+    """``read_trace``, and ``spans`` (``(first row, row after the last)`` of the trace: an optimizer's
+    steps) as the same of the events."""
     events: list[Event] = []
     live = dict(start_keys(start))
     rows = [(str(row[0]), row[1], row[2], row[3]) for row in trace]
     ooms = [i for i, row in enumerate(rows) if row[0] == "oom"]
     fatal = ooms[-1] if failed and ooms else None
+    made_before = [0] * (len(rows) + 1)  # how many events the rows before each row made
     for i, (action, address, size, stream) in enumerate(rows):
         stream_id = int(stream) if isinstance(stream, int) else 0
         if action == "alloc" and isinstance(address, int) and isinstance(size, int):
@@ -336,7 +346,9 @@ def read_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
             events.append((FREE, live.pop(address), 0, stream_id))
         elif action == "oom" and isinstance(size, int):
             events.append((ALLOC if i == fatal else TRY, len(events), size, stream_id))
-    return events, tuple((address, key) for address, key in live.items() if key >= 0)
+        made_before[i + 1] = len(events)
+    left = tuple((address, key) for address, key in live.items() if key >= 0)
+    return events, left, tuple((made_before[first], made_before[after]) for first, after in spans)
 
 
 def given_back_at_once(events: Sequence[Event]) -> list[int]:

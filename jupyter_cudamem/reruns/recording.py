@@ -32,9 +32,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..sources.base import AllocatorSource
+from ..sources.base import OPTIMIZER_STEPS, AllocatorSource
 from ..growth.fitting import REPLAY_MARGIN
-from ..growth.replay import ALLOC, FREE, Event, StartSegment, allocated_blocks, held_elsewhere, read_trace, replay, same_block
+from ..growth.replay import (ALLOC, FREE, Event, StartSegment, allocated_blocks, held_elsewhere, read_trace_within, replay,
+                             same_block)
 
 MAX_EVENTS = 100_000
 """The history kept per run where no window is asked for (``%%cudamem_plan``'s runs). The benchmark's
@@ -62,6 +63,7 @@ class RecordedRun:
     left: tuple[tuple[int, int], ...] = ()
     whole: bool = True
     carried: frozenset[int] = frozenset()  # a window's: keys of what the run held when the window began
+    steps: tuple[tuple[int, int], ...] = ()  # each optimizer step() as (first event, event after its last)
 
     def events_from(self, start: tuple[StartSegment, ...], remade: frozenset[int] = frozenset()) -> list[Event]:
         """The events a run from ``start`` makes (``replay.held_elsewhere``; ``remade`` as there)."""
@@ -95,6 +97,49 @@ def trace_rows(snapshot: Mapping[str, Any], device: int) -> list[Row]:
     traces: Sequence[Any] = snapshot.get("device_traces") or ()
     entries = traces[device] if device < len(traces) else ()
     return [(entry.get("action"), entry.get("addr"), entry.get("size"), entry.get("stream")) for entry in entries]
+
+
+def without_step_marks(rows: Sequence[Row], marks: Sequence[Sequence[int]],
+                       device: int) -> tuple[list[Row], list[tuple[int, int]]]:
+    """``rows`` without the requests that mark the optimizer's steps (``sources.base.OPTIMIZER_STEPS``), and
+    each marked step's span in what is left, ``(first row, row after the last)``; a step still open when
+    the history ends (it raised) runs to the end.
+
+    Why: what a step allocates (its state, its temporaries) is the parameters' size at every batch. One
+    run cannot tell that from sizes alone: at a batch of one a sequence as long as the model is wide
+    makes activations the size of a weight, and in a loop every step but the last looks like the batch's."""
+    dropped: set[int] = set()
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    for mark_device, first, second in marks:
+        if mark_device != device:
+            continue
+        begin = next((i for i in range(cursor, len(rows) - 1) if rows[i][0] == "alloc" and rows[i][1] == first
+                      and rows[i + 1][0] == "alloc" and rows[i + 1][1] == second), None)
+        if begin is None:
+            continue
+        end = len(rows)
+        second_freed = False
+        for i in range(begin + 2, len(rows)):
+            action, address = rows[i][0], rows[i][1]
+            if not str(action).startswith("free"):
+                continue
+            if address == second and not second_freed:
+                dropped.add(i)
+                second_freed = action == "free_completed"
+            elif address == first:
+                dropped.add(i)
+                if action == "free_completed":
+                    end = i
+                    break
+        dropped.update((begin, begin + 1))
+        spans.append((begin, end))
+        cursor = begin + 2
+    kept = [row for i, row in enumerate(rows) if i not in dropped]
+    position = [0] * (len(rows) + 1)  # how many rows are kept before each row
+    for i in range(len(rows)):
+        position[i + 1] = position[i] + (i not in dropped)
+    return kept, [(position[begin], position[end]) for begin, end in spans]
 
 
 def window_prologue(snapshot: Mapping[str, Any], rows: Sequence[Row], start: Sequence[StartSegment],
@@ -160,7 +205,7 @@ class Recorder:
             if any(snapshot.get("device_traces") or ()):
                 return None  # someone else is recording: leave their history alone
             start = start_segments(snapshot, device)
-            self.allocator.start_trace(self.max_events, stacks=False)
+            self.allocator.start_trace(self.max_events, stacks=False, mark_steps=True)
         except Exception:  # noqa: BLE001
             return None
         return start
@@ -174,19 +219,23 @@ class Recorder:
             rows = trace_rows(snapshot, device)
         except Exception:  # noqa: BLE001
             return None
-        if len(rows) < self.max_events:
-            events, left = read_trace(rows, start, failed=failed)
-            return RecordedRun(start, tuple(events), left)
+        whole = len(rows) < self.max_events  # else the history's ring dropped its beginning
+        rows, steps = without_step_marks(rows, snapshot.get(OPTIMIZER_STEPS) or (), device)
+        if whole:
+            events, left, spans = read_trace_within(rows, start, failed, steps)
+            return RecordedRun(start, tuple(events), left, steps=spans)
         if not self.windows:
             return None
         prologue = window_prologue(snapshot, rows, start, device)
         if prologue is None:
             return None
-        events, left = read_trace(prologue + rows, start, failed=failed)
+        shift = len(prologue)
+        events, left, spans = read_trace_within(prologue + rows, start, failed,
+                                                [(first + shift, after + shift) for first, after in steps])
         carried = frozenset(key for kind, key, _, _ in events[:len(prologue)] if kind == ALLOC)
         if not self._reaches_the_peak(events, carried, start, device):
             return None
-        return RecordedRun(start, tuple(events), left, whole=False, carried=carried)
+        return RecordedRun(start, tuple(events), left, whole=False, carried=carried, steps=spans)
 
     def _reaches_the_peak(self, events: Sequence[Event], carried: frozenset[int], start: tuple[StartSegment, ...],
                           device: int) -> bool:

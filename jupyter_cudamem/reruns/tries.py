@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..growth import FixedMemory, Growth, batch_independent_requests, fit, through_fixed
 from ..growth import fitting, replay
+from ..growth.fixed import made_in_steps
 
 from .recording import RecordedRun
 
@@ -201,10 +202,11 @@ class Tries:
                 if a.fitted and a.observation.recorded is not None}
 
     def _one_run_fixed(self, run: RecordedRun) -> frozenset[int]:
-        """The keys of one recorded run's requests taken as batch-independent (``batch_independent_requests``)."""
-        found = (batch_independent_requests(run.events, {key for _, key in run.left}, self.fixed)
-                 if self.fixed is not None else frozenset())
-        return found | run.carried
+        """The keys of one recorded run's requests taken as batch-independent: what its optimizer steps made,
+        and what ``batch_independent_requests`` reads from sizes and lifetimes."""
+        if self.fixed is None:
+            return made_in_steps(run.events, run.steps) | run.carried
+        return batch_independent_requests(run.events, {key for _, key in run.left}, self.fixed, run.steps) | run.carried
 
     def _failed_recording(self) -> Attempt | None:
         """The recorded try that failed at the smallest batch above the best that fitted."""

@@ -66,6 +66,12 @@ class ProcessMemory:
     used_bytes: int | None
 
 
+OPTIMIZER_STEPS = "optimizer_steps"
+"""The key under which ``AllocatorSource.stop_trace`` adds the marks of the optimizer steps it saw: each
+``(device, first address, second address)`` of the two one-byte requests that open a step, the first
+freed when the step ends (``torch_alloc.StepMarks``)."""
+
+
 @runtime_checkable
 class AllocatorSource(Protocol):
     """PyTorch's view: exact, but blind to memory allocated outside its caching allocator."""
@@ -104,11 +110,13 @@ class AllocatorSource(Protocol):
 
     def set_memory_fraction(self, index: int, fraction: float) -> None: ...
 
-    def start_trace(self, max_entries: int, stacks: bool = True) -> None:
-        """Start recording allocation history, with Python stacks unless ``stacks`` is false."""
+    def start_trace(self, max_entries: int, stacks: bool = True, mark_steps: bool = False) -> None:
+        """Start recording allocation history, with Python stacks unless ``stacks`` is false; with
+        ``mark_steps``, each optimizer step is marked in it (``torch_alloc.StepMarks``)."""
 
     def stop_trace(self) -> dict[str, Any]:
-        """Stop recording and return the allocator snapshot (``torch.cuda.memory._snapshot()``)."""
+        """Stop recording and return the allocator snapshot (``torch.cuda.memory._snapshot()``), with
+        the steps' marks under ``"optimizer_steps"`` where they were asked for."""
 
     def snapshot(self) -> dict[str, Any]:
         """The allocator snapshot now (its segments; its trace when one is being recorded)."""

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from ..errors import CudaMemError
-from .base import AllocatorReading, TorchDevice
+from .base import OPTIMIZER_STEPS, AllocatorReading, TorchDevice
 
 
 def _torch() -> Any:
@@ -84,6 +84,7 @@ class TorchAllocator:
     def __init__(self) -> None:
         self._status: str | None = None
         self._status_known = False
+        self._steps: StepMarks | None = None
 
     def status(self) -> str | None:
         if self._status_known:
@@ -215,13 +216,15 @@ class TorchAllocator:
     def set_memory_fraction(self, index: int, fraction: float) -> None:
         _torch().cuda.set_per_process_memory_fraction(fraction, index)
 
-    def start_trace(self, max_entries: int, stacks: bool = True) -> None:
+    def start_trace(self, max_entries: int, stacks: bool = True, mark_steps: bool = False) -> None:
         memory = _torch().cuda.memory
         if not hasattr(memory, "_record_memory_history"):
             raise CudaMemError("this PyTorch cannot record allocation history; --trace needs torch 2.1 or later")
         # Without stacks (context None) each event costs no Python frame walk: what %oomfix records.
         memory._record_memory_history(enabled="all", context="all" if stacks else None, stacks="python",
                                       max_entries=max_entries)
+        if mark_steps:
+            self._steps = StepMarks.install(_torch())
 
     def snapshot(self) -> dict[str, Any]:
         memory = _torch().cuda.memory
@@ -231,7 +234,62 @@ class TorchAllocator:
 
     def stop_trace(self) -> dict[str, Any]:
         memory = _torch().cuda.memory
+        steps, self._steps = self._steps, None
         try:
-            return dict(memory._snapshot())
+            snapshot = dict(memory._snapshot())
+            if steps is not None:
+                snapshot[OPTIMIZER_STEPS] = list(steps.marks)
+            return snapshot
         finally:
             memory._record_memory_history(enabled=None)
+            if steps is not None:
+                steps.remove()
+
+
+class StepMarks:
+    """Marks each optimizer ``step()`` in the recorded history, so that what a step allocates can be told
+    from what the batch does (a step's state and temporaries are the parameters' size at every batch).
+
+    Global step hooks (torch 2.0+): before a step, two one-byte tensors are made at once and the second
+    freed (a pair of addresses no other pair of requests shares in the history), the first is freed after
+    it. Each mark is ``(device, first address, second address)``. A step given a closure is not marked:
+    the closure runs the forward and backward passes inside it."""
+
+    def __init__(self, torch: Any):
+        self._torch = torch
+        self.marks: list[tuple[int, int, int]] = []
+        self._open: dict[int, Any] = {}
+        self._handles: list[Any] = []
+
+    @classmethod
+    def install(cls, torch: Any) -> "StepMarks | None":
+        hooks = sys.modules.get("torch.optim.optimizer")  # not an attribute of torch.optim in every torch
+        pre = getattr(hooks, "register_optimizer_step_pre_hook", None)
+        post = getattr(hooks, "register_optimizer_step_post_hook", None)
+        if pre is None or post is None:
+            return None
+        marks = cls(torch)
+        marks._handles = [pre(marks._before), post(marks._after)]
+        return marks
+
+    def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if args or (kwargs or {}).get("closure") is not None:
+                return
+            device = next((p.device for group in optimizer.param_groups for p in group["params"]), None)
+            if device is None or device.type != "cuda":
+                return
+            first = self._torch.empty(1, dtype=self._torch.uint8, device=device)
+            second = self._torch.empty(1, dtype=self._torch.uint8, device=device)
+            self.marks.append((device.index or 0, first.data_ptr(), second.data_ptr()))
+            self._open[id(optimizer)] = first
+        except Exception:  # noqa: BLE001  a mark is never worth a user's step
+            return
+
+    def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._open.pop(id(optimizer), None)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._open.clear()

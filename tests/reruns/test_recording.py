@@ -238,3 +238,23 @@ def test_a_window_that_began_inside_the_pass_of_the_peak_is_not_kept():
         run.free(("small", i))
     run.free("huge")
     assert _record(run, windows=True, kept=400) is None
+
+
+def test_the_optimizers_steps_are_marked_and_their_marks_leave_the_run():
+    fake = allocator()
+    first, second, state = 1 << 31, (1 << 31) + 512, 1 << 32
+    fake.trace_entries = [TRACE[0],  # the batch's, freed before the step
+                          {"action": "free_completed", "addr": 1 << 30, "size": 64 * MiB, "stream": 0},
+                          {"action": "alloc", "addr": first, "size": 1, "stream": 0},
+                          {"action": "alloc", "addr": second, "size": 1, "stream": 0},
+                          {"action": "free_requested", "addr": second, "size": 1, "stream": 0},
+                          {"action": "free_completed", "addr": second, "size": 1, "stream": 0},
+                          {"action": "alloc", "addr": state, "size": 8 * MiB, "stream": 0},  # the step's state
+                          {"action": "free_requested", "addr": first, "size": 1, "stream": 0},
+                          {"action": "free_completed", "addr": first, "size": 1, "stream": 0}]
+    fake.step_marks = [(0, first, second)]
+    recorder = Recorder(fake)
+    run = recorder.stop(recorder.start(0), 0, failed=False)
+    assert fake.marking_steps and run is not None
+    assert [(kind, size) for kind, _, size, _ in run.events] == [("alloc", 64 * MiB), ("free", 0), ("alloc", 8 * MiB)]
+    assert run.steps == ((2, 3),)  # the state's request, made within the step

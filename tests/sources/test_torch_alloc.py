@@ -129,3 +129,61 @@ def test_renewed_workspaces_leave_the_segment_of_a_live_tensor():
     assert beside_kept() == []
     assert torch.cuda.memory_allocated() == allocated  # the same workspaces, made again
     del kept, a
+
+
+class _Block:
+    """A tensor as the marks see it: only its address."""
+
+    def __init__(self, address: int):
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def test_each_optimizer_step_is_marked_by_a_pair_of_requests_and_the_hooks_go_with_the_recording():
+    import types
+
+    import torch
+
+    from jupyter_cudamem.sources.torch_alloc import StepMarks
+
+    made: list[int] = []
+
+    def empty(*_, **__):
+        made.append(4096 * (len(made) + 1))
+        return _Block(made[-1])
+
+    fake_torch = types.SimpleNamespace(optim=torch.optim, empty=empty, uint8=torch.uint8)
+    marks = StepMarks.install(fake_torch)
+    assert marks is not None
+    on_gpu = types.SimpleNamespace(param_groups=[{"params": [types.SimpleNamespace(device=torch.device("cuda", 1))]}])
+    marks._before(on_gpu, (), {})
+    assert marks.marks == [(1, 4096, 8192)] and id(on_gpu) in marks._open  # the first lives through the step
+    marks._after(on_gpu, (), {})
+    assert not marks._open
+    marks._before(on_gpu, (lambda: 0.0,), {})  # a closure runs the passes inside the step: not marked
+    marks._before(on_gpu, (), {"closure": lambda: 0.0})
+    on_cpu = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    on_cpu.step()  # through the real global hooks: a CPU step is not the GPU's
+    assert len(marks.marks) == 1
+    marks.remove()
+    on_gpu_step = len(made)
+    torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1).step()
+    assert len(made) == on_gpu_step and len(marks.marks) == 1  # removed: no hook runs
+
+
+def test_a_mark_never_breaks_the_users_step():
+    import types
+
+    import torch
+
+    from jupyter_cudamem.sources.torch_alloc import StepMarks
+
+    def broken(*_, **__):
+        raise RuntimeError("CUDA error: out of memory")
+
+    marks = StepMarks(types.SimpleNamespace(optim=torch.optim, empty=broken, uint8=torch.uint8))
+    on_gpu = types.SimpleNamespace(param_groups=[{"params": [types.SimpleNamespace(device=torch.device("cuda", 0))]}])
+    marks._before(on_gpu, (), {})
+    assert marks.marks == []
