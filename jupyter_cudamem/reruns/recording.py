@@ -108,6 +108,10 @@ def without_step_marks(rows: Sequence[Row], marks: Sequence[Sequence[int]],
     Why: what a step allocates (its state, its temporaries) is the parameters' size at every batch. One
     run cannot tell that from sizes alone: at a batch of one a sequence as long as the model is wide
     makes activations the size of a weight, and in a loop every step but the last looks like the batch's."""
+    if not marks:
+        return list(rows), []
+    # The allocator's own rows (a segment it opened for the second request) stand between the pair's.
+    rows = [row for row in rows if not str(row[0]).startswith("segment")]
     dropped: set[int] = set()
     spans: list[tuple[int, int]] = []
     cursor = 0

@@ -274,9 +274,10 @@ class StepMarks:
 
     def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
-            if args or (kwargs or {}).get("closure") is not None:
+            given = args[1:] if args and args[0] is optimizer else args  # torch passes the step's self too
+            if given or (kwargs or {}).get("closure") is not None:
                 return
-            device = next((p.device for group in optimizer.param_groups for p in group["params"]), None)
+            device = self._device_of(optimizer)
             if device is None or device.type != "cuda":
                 return
             first = self._torch.empty(1, dtype=self._torch.uint8, device=device)
@@ -285,6 +286,10 @@ class StepMarks:
             self._open[id(optimizer)] = first
         except Exception:  # noqa: BLE001  a mark is never worth a user's step
             return
+
+    @staticmethod
+    def _device_of(optimizer: Any) -> Any:
+        return next((p.device for group in optimizer.param_groups for p in group["params"]), None)
 
     def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._open.pop(id(optimizer), None)

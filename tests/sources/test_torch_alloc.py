@@ -154,23 +154,26 @@ def test_each_optimizer_step_is_marked_by_a_pair_of_requests_and_the_hooks_go_wi
         made.append(4096 * (len(made) + 1))
         return _Block(made[-1])
 
-    fake_torch = types.SimpleNamespace(optim=torch.optim, empty=empty, uint8=torch.uint8)
-    marks = StepMarks.install(fake_torch)
+    marks = StepMarks.install(types.SimpleNamespace(empty=empty, uint8=torch.uint8))
     assert marks is not None
-    on_gpu = types.SimpleNamespace(param_groups=[{"params": [types.SimpleNamespace(device=torch.device("cuda", 1))]}])
-    marks._before(on_gpu, (), {})
-    assert marks.marks == [(1, 4096, 8192)] and id(on_gpu) in marks._open  # the first lives through the step
-    marks._after(on_gpu, (), {})
-    assert not marks._open
-    marks._before(on_gpu, (lambda: 0.0,), {})  # a closure runs the passes inside the step: not marked
-    marks._before(on_gpu, (), {"closure": lambda: 0.0})
-    on_cpu = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-    on_cpu.step()  # through the real global hooks: a CPU step is not the GPU's
-    assert len(marks.marks) == 1
+    marks._device_of = lambda optimizer: torch.device("cuda", 1)  # type: ignore[method-assign]
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    weight.grad = torch.ones(2)
+    optimizer.step()  # through torch's own global hooks, as it calls them
+    assert marks.marks == [(1, 4096, 8192)] and not marks._open  # the first lived through the step only
+    seen_open = []
+    optimizer.register_step_pre_hook(lambda *_: seen_open.append(bool(marks._open)))
+    optimizer.step()
+    assert seen_open == [True] and len(marks.marks) == 2
+    optimizer.step(lambda: 0.0)  # a closure runs the passes inside the step: not marked
+    assert len(marks.marks) == 2
     marks.remove()
-    on_gpu_step = len(made)
-    torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1).step()
-    assert len(made) == on_gpu_step and len(marks.marks) == 1  # removed: no hook runs
+    optimizer.step()
+    assert len(marks.marks) == 2  # removed: no hook runs
+    marks._device_of = lambda optimizer: torch.device("cpu")  # type: ignore[method-assign]
+    marks._before(optimizer, (optimizer,), {})
+    assert len(marks.marks) == 2  # a CPU step is not the GPU's
 
 
 def test_a_mark_never_breaks_the_users_step():
@@ -185,5 +188,5 @@ def test_a_mark_never_breaks_the_users_step():
 
     marks = StepMarks(types.SimpleNamespace(optim=torch.optim, empty=broken, uint8=torch.uint8))
     on_gpu = types.SimpleNamespace(param_groups=[{"params": [types.SimpleNamespace(device=torch.device("cuda", 0))]}])
-    marks._before(on_gpu, (), {})
+    marks._before(on_gpu, (on_gpu,), {})
     assert marks.marks == []
