@@ -51,8 +51,6 @@ def test_a_loop_whose_state_appears_in_its_first_step_keeps_fitting(fixed_loop):
     assert_holds(result, text, next_runs)
 
 
-@pytest.mark.xfail(strict=True, reason="H200, 2026-11-28: found 2895 where 6062 keeps fitting: the third try, "
-                   "at 6321 (4% above it), failed and left the second try's batch")
 def test_a_loop_whose_state_appears_in_its_first_step_lands_near_the_largest(fixed_loop):
     largest, result, text, _ = fixed_loop
     assert result["batch"] >= 0.90 * largest, (largest, result, text)
