@@ -17,17 +17,11 @@ def cell_cap(extension: Any, hardware: Hardware, source: str, device: int) -> It
 
     measuring = extension.get(CudaMem) if extension is not None else None
     cap = measuring.limit_of(source) if isinstance(measuring, CudaMem) else None
-    allocator = hardware.allocator
-    if cap is None or allocator.status() is not None:
+    if cap is None or hardware.allocator.status() is not None:
         yield None
         return
-    previous = allocator.memory_fraction(device)
-    before = 1.0 if previous is None else previous
-    allocator.set_memory_fraction(device, min(cap / allocator.device(device).total_bytes, before))
-    try:
+    with hardware.capped(cap, [device]):
         yield cap
-    finally:
-        allocator.set_memory_fraction(device, before)
 
 
 def cap_note(cap: int | None) -> tuple[str, ...]:
