@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..hardware import Hardware
 
+if TYPE_CHECKING:
+    from . import Extension
+
 
 @contextmanager
-def cell_cap(extension: Any, hardware: Hardware, source: str, device: int) -> Iterator[int | None]:
+def cell_cap(extension: Extension | None, hardware: Hardware, source: str, device: int) -> Iterator[int | None]:
     """The cap (bytes) ``source`` ran under, applied to ``device`` while inside; ``None``: no cap, nothing applied."""
     from .cudamem import CudaMem
 
