@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import CudaMemError
 from .units import format_bytes, parse_size
@@ -23,13 +23,13 @@ __all__ = [
 ]
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     from .magics import load
 
     load(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     from .magics import unload
 
     unload(ipython)
@@ -49,6 +49,9 @@ class _CallableMonitor(types.ModuleType):
 
 
 from . import monitor  # noqa: E402 - after the names above; a light package (its modules load on use)
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 monitor.__class__ = _CallableMonitor
 

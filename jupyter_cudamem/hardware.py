@@ -9,7 +9,7 @@ now has on a device (``headroom_bytes``, ``reserved_limit_bytes``), read through
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -55,28 +55,57 @@ class Hardware:
 
     @contextmanager
     def pytorch_capped(self, limit_bytes: int, devices: list[int] | None = None) -> Iterator[int]:
-        """PyTorch's allocator capped at ``limit_bytes`` on each of ``devices`` (every device when ``None``)
-        through its per-process memory fraction, and the fractions put back after: a smaller card played
-        on this one (``%%cudamem --limit``). The cap covers PyTorch's allocator only, not the CUDA context
-        or other libraries. One line when the cap is more than a device has."""
+        """``%%cudamem --limit``: a smaller card played on this one, PyTorch capped at exactly ``limit_bytes``
+        on each of ``devices`` (every device when ``None``) and put back after (``capped``). One line when
+        the cap is more than a device has."""
         allocator = self.allocator
         indexes = devices if devices is not None else list(range(allocator.device_count()))
         allocator.empty_cache()  # cached blocks from earlier cells would count against the cap
+        for index in indexes:
+            total = allocator.device(index).total_bytes
+            if limit_bytes > total:
+                raise CudaMemError(
+                    f"--limit {format_bytes(limit_bytes)} is more than cuda:{index} has ({format_bytes(total)}): "
+                    "a cap can only play a smaller card"
+                )
+        with self.capped(limit_bytes, indexes, keep_tighter=False):
+            yield limit_bytes
+
+    @contextmanager
+    def capped(self, limit_bytes: int, devices: Iterable[int], *, keep_tighter: bool = True,
+               unread_fraction: float | None = 1.0) -> Iterator[list[int]]:
+        """PyTorch's allocator capped at ``limit_bytes`` on each of ``devices`` for the block, through its
+        per-process memory fraction, and each fraction put back after, error or not; yields the devices it
+        capped. The cap covers PyTorch's allocator only, not the CUDA context or other libraries.
+
+        ``keep_tighter``: never above a cap already set (a rerun replays a cap, it must not loosen one).
+        ``unread_fraction``: what a cap PyTorch cannot report counts as (torch before
+        ``get_per_process_memory_fraction``); ``None`` leaves that device alone, since putting back a cap we
+        never read could loosen the user's."""
+        allocator = self.allocator
         previous: dict[int, float] = {}
         try:
-            for index in indexes:
-                total = allocator.device(index).total_bytes
-                if limit_bytes > total:
-                    raise CudaMemError(
-                        f"--limit {format_bytes(limit_bytes)} is more than cuda:{index} has ({format_bytes(total)}): "
-                        "a cap can only play a smaller card"
-                    )
-                previous[index] = allocator.memory_fraction(index) or 1.0
-                allocator.set_memory_fraction(index, limit_bytes / total)
-            yield limit_bytes
+            for index in devices:
+                before = self.memory_fraction(index)
+                if before is None:
+                    before = unread_fraction
+                if before is None:
+                    continue
+                fraction = max(limit_bytes, 0) / allocator.device(index).total_bytes
+                previous[index] = before
+                allocator.set_memory_fraction(index, min(fraction, before) if keep_tighter else fraction)
+            yield list(previous)
         finally:
             for index, fraction in previous.items():
                 allocator.set_memory_fraction(index, fraction)
+
+    def memory_fraction(self, index: int) -> float | None:
+        """PyTorch's per-process cap on ``cuda:index`` as a fraction of the card; ``None`` where it cannot say
+        (an unreadable cap is one we must not overwrite)."""
+        try:
+            return self.allocator.memory_fraction(index)
+        except Exception:  # noqa: BLE001 - unreadable, whatever the reason
+            return None
 
     def own_process_bytes(self, nvml_index: int, device_used_bytes: int | None = None) -> int | None:
         """GPU memory NVML attributes to this process, or ``None`` where it cannot tell.

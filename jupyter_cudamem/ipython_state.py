@@ -36,11 +36,14 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .ipython_names import OUTPUT_CACHE_NAMES
 from .attribution.holders import Origin, Reference, reaches_cuda
 from .oom import OomInfo, describe_chain, exception_chain, parse_oom
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
 # IPython's own frames (``run_code``) are cleared too but not worth naming in a report.
@@ -106,11 +109,11 @@ class FailureRecorder:
         finally:
             self._paused -= 1
 
-    def attach(self, shell: Any) -> None:
+    def attach(self, shell: InteractiveShell) -> None:
         shell.events.register("post_run_cell", self.post_run_cell)
         _recorders[id(shell)] = self
 
-    def detach(self, shell: Any) -> None:
+    def detach(self, shell: InteractiveShell) -> None:
         try:
             shell.events.unregister("post_run_cell", self.post_run_cell)
         except ValueError:  # already gone
@@ -144,11 +147,11 @@ class FailureRecorder:
 _recorders: dict[int, FailureRecorder] = {}
 
 
-def recorder_for(shell: Any) -> FailureRecorder | None:
+def recorder_for(shell: InteractiveShell) -> FailureRecorder | None:
     return _recorders.get(id(shell))
 
 
-def _cell_number(shell: Any, filename: str) -> int | None:
+def _cell_number(shell: InteractiveShell, filename: str) -> int | None:
     mapping = getattr(getattr(shell, "compile", None), "_filename_map", None)
     if isinstance(mapping, dict):
         number = mapping.get(filename)
@@ -157,7 +160,7 @@ def _cell_number(shell: Any, filename: str) -> int | None:
     return None
 
 
-def input_history(shell: Any) -> list[str]:
+def input_history(shell: InteractiveShell) -> list[str]:
     """The raw input history: index ``k`` holds the source of ``In[k]`` as the user typed it."""
     history = getattr(getattr(shell, "history_manager", None), "input_hist_raw", None)
     if history is None:
@@ -165,7 +168,7 @@ def input_history(shell: Any) -> list[str]:
     return [str(cell) for cell in history] if isinstance(history, list) else []
 
 
-def _cell_source(shell: Any, number: int) -> str | None:
+def _cell_source(shell: InteractiveShell, number: int) -> str | None:
     history = input_history(shell)
     if 0 < number < len(history):
         return history[number]
@@ -178,7 +181,7 @@ def _tracebacks(error: BaseException) -> Iterator[types.TracebackType]:
             yield linked.__traceback__
 
 
-def _failed_cell_of(shell: Any, error: BaseException) -> tuple[str | None, int | None]:
+def _failed_cell_of(shell: InteractiveShell, error: BaseException) -> tuple[str | None, int | None]:
     """The outermost frame whose code came from a cell is the cell that ran; its number gives its source."""
     tb = error.__traceback__
     while tb is not None:
@@ -189,7 +192,7 @@ def _failed_cell_of(shell: Any, error: BaseException) -> tuple[str | None, int |
     return None, None
 
 
-def last_failure(shell: Any) -> Failure | None:
+def last_failure(shell: InteractiveShell) -> Failure | None:
     """The last failed cell the user ran, or ``None`` when none is known (see the module docstring)."""
     recorder = recorder_for(shell)
     if recorder is not None and recorder.last is not None:
@@ -206,14 +209,14 @@ def last_failure(shell: Any) -> Failure | None:
     return Failure.of(error, source, number)
 
 
-def user_variables(shell: Any) -> dict[str, Any]:
+def user_variables(shell: InteractiveShell) -> dict[str, Any]:
     """The user's namespace without what IPython put there at start-up (``user_ns_hidden``)."""
     hidden = getattr(shell, "user_ns_hidden", {})
     missing = object()
     return {name: value for name, value in shell.user_ns.items() if hidden.get(name, missing) is not value}
 
 
-def _known_exceptions(shell: Any, exception: BaseException | None) -> list[BaseException]:
+def _known_exceptions(shell: InteractiveShell, exception: BaseException | None) -> list[BaseException]:
     found: list[BaseException] = []
     recorder = recorder_for(shell)
     result = getattr(shell, "last_execution_result", None)
@@ -235,14 +238,14 @@ def _frame_label(frame: types.FrameType) -> str:
     return f"{getattr(code, 'co_qualname', code.co_name)}()"
 
 
-def _output_cache(shell: Any) -> dict[Any, Any] | None:
+def _output_cache(shell: InteractiveShell) -> dict[Any, Any] | None:
     cache = shell.user_ns.get("_oh")
     if not isinstance(cache, dict):
         cache = getattr(getattr(shell, "history_manager", None), "output_hist", None)
     return cache if isinstance(cache, dict) else None
 
 
-def ipython_references(shell: Any) -> list[Reference]:
+def ipython_references(shell: InteractiveShell) -> list[Reference]:
     """Everything IPython itself keeps that can hold the user's memory, each with its origin.
 
     The failed cell's traceback frames (function frames only: the cell's own frame has the user
@@ -301,7 +304,7 @@ def _frame_references(errors: list[BaseException]) -> list[Reference]:
     return refs
 
 
-def cell_references(shell: Any, value: Any = None, error: BaseException | None = None) -> list[Reference]:
+def cell_references(shell: InteractiveShell, value: Any = None, error: BaseException | None = None) -> list[Reference]:
     """What IPython keeps, plus what a cell run inside a magic has not handed to IPython yet: its
     value (about to enter the output cache as ``Out[N]``) and its exception with its frames."""
     refs = ipython_references(shell)
@@ -333,7 +336,7 @@ def _clear_traceback(tb: types.TracebackType | None, cleared: list[str]) -> None
 
 
 def release_ipython_references(
-    shell: Any,
+    shell: InteractiveShell,
     exception: BaseException | None = None,
     holds_cuda: Callable[[object], bool] | None = None,
 ) -> list[str]:
@@ -388,15 +391,15 @@ def release_ipython_references(
         if owner is not None and getattr(owner, "tb", None) is not None:
             owner.tb = None
             released.append(f"{handler}.tb")
-    if getattr(shell, "_last_traceback", None) is not None:
-        shell._last_traceback = None
+    if getattr(shell, "_last_traceback", None) is not None:  # ipykernel's shell only
+        setattr(shell, "_last_traceback", None)  # noqa: B010 - not an attribute of IPython's own shell
         released.append("the kernel's last formatted traceback")
 
     released.extend(release_output_cache(shell, holds_cuda))
     return released
 
 
-def release_output_cache(shell: Any, holds_cuda: Callable[[object], bool] | None = None) -> list[str]:
+def release_output_cache(shell: InteractiveShell, holds_cuda: Callable[[object], bool] | None = None) -> list[str]:
     """Drop the output-cache entries (``Out``, ``_N``, ``_``...) that reach CUDA memory (``holds_cuda``);
     one line per entry released."""
     holds_cuda = holds_cuda if holds_cuda is not None else reaches_cuda
@@ -440,7 +443,7 @@ _UNDERSCORES = ("_", "__", "___")
 _NUMBERED = re.compile(r"_\d+")
 
 
-def release_flushed_underscores(shell: Any) -> list[str]:
+def release_flushed_underscores(shell: InteractiveShell) -> list[str]:
     """After ``%reset -f out``, drop the old values IPython still keeps under ``_``, ``__``, ``___``.
 
     IPython's display hook binds those names in the user namespace *and* in ``user_ns_hidden``; its
@@ -471,7 +474,7 @@ def release_flushed_underscores(shell: Any) -> list[str]:
     return released
 
 
-def release_flushed_underscores_after_cell(shell: Any) -> Callable[..., None]:
+def release_flushed_underscores_after_cell(shell: InteractiveShell) -> Callable[..., None]:
     """A ``post_run_cell`` callback running ``release_flushed_underscores``; it never raises into the kernel."""
 
     def after_cell(result: Any = None) -> None:

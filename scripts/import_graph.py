@@ -1,12 +1,13 @@
 """The package's rooms (top-level modules and folders of ``jupyter_cudamem``) and the imports between them.
 
-    python scripts/import_graph.py            # every arrow, then the arrows that run up the map and the circles
+    python scripts/import_graph.py            # every arrow, the arrows up the map, the circles (rooms, then modules)
 
 A room's imports are read from its modules' ``import`` statements (``TYPE_CHECKING`` blocks included: a
 circle there is still a circle for a reader). The map's order is ``ROOMS``: data flows one way, from the
 hardware (``sources``) through measurement and models (``growth``, ``reruns``, ``batch``, ``attribution``) to
 the features (``oomfix``, ``capacity``, ``engines``) and ``magics``; a room may import only rooms before it, and
-``tests/test_import_graph.py`` holds the package to that.
+no two modules of one folder import each other, however far round (``module_graph``);
+``tests/test_import_graph.py`` holds the package to both.
 """
 
 from __future__ import annotations
@@ -69,6 +70,23 @@ def graph() -> dict[str, set[str]]:
     return arrows
 
 
+def module_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Arrows between modules of one folder (``jupyter_cudamem.batch.reader`` -> ``...batch.expressions``), for
+    "no circle inside a folder". A folder's ``__init__`` is left out either way: it gathers its modules'
+    names for the rooms below, and a module reaches a sibling through it only by naming the sibling."""
+    modules = {path: path.relative_to(package.parent).with_suffix("").parts for path in package.rglob("*.py")}
+    names = {".".join(parts) for parts in modules.values() if parts[-1] != "__init__"}
+    arrows: dict[str, set[str]] = defaultdict(set)
+    for path, parts in modules.items():
+        if parts[-1] == "__init__":
+            continue
+        source, folder = ".".join(parts), ".".join(parts[:-1])
+        for name in imports(path, list(parts[:-1])):
+            if name in names and name != source and name.rsplit(".", 1)[0] == folder:
+                arrows[source].add(name)
+    return arrows
+
+
 def upward(arrows: dict[str, set[str]]) -> list[tuple[str, str]]:
     order = {room: index for index, room in enumerate(ROOMS)}
     return sorted((a, b) for a, targets in arrows.items() for b in targets
@@ -126,6 +144,7 @@ def main() -> None:
     print("up the map:", upward(arrows) or "none")
     print("circles:", circles(arrows) or "none")
     print("rooms not on the map:", sorted(unknown(arrows)) or "none")
+    print("circles inside a folder:", circles(module_graph()) or "none")
 
 
 if __name__ == "__main__":

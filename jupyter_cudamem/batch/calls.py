@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import ast
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..cell.source import callable_name, dotted_name, int_constant
+from .body import Body, Expressions
 from .cell_numbers import Constructor
 from .libraries import found, is_module, is_user_class, is_user_function, resolve
 from .names import batch_like, generation_count, name_score
 from .reads import CELL_BONUS, MAX_FUNCTION_DEPTH, STATE_BATCH, STATE_LAYERS, USE_SCORES, Use
 from .tensors import SHAPE_CONSTRUCTORS, matrix_dims, shape_nodes, whole_tensor
-
-if TYPE_CHECKING:
-    from .expressions import ExpressionReader
-    from .reader import BodyReader
 
 _RESHAPES = {"view", "reshape", "expand", "repeat", "new_zeros", "new_ones", "new_empty"}
 _PRINT_FUNCTIONS = {"print", "display", "pprint", "repr", "str", "format"}
@@ -49,13 +46,9 @@ _STACKERS = {"stack", "cat", "concat", "concatenate", "vstack", "tensor", "as_te
 class CallReader:
     """The calls of one body, read for the batch evidence in their arguments."""
 
-    def __init__(self, body: BodyReader, expressions: ExpressionReader):
+    def __init__(self, body: Body, expressions: Expressions):
         self.body = body
         self.expressions = expressions
-        self.scan = body.scan
-        self.scope = body.scope
-        self.numbers = body.numbers
-        self.cell = body.cell
 
     def call(self, node: ast.Call, use: Use) -> None:
         """A call the body makes, used as ``use`` (printed, iterated...): what it calls, then its arguments."""
@@ -71,15 +64,15 @@ class CallReader:
         self._phase(node, name)
         # What is called.
         if isinstance(function, ast.Attribute):
-            receiver = self.scope.namespace_path(function.value)
+            receiver = self.body.scope.namespace_path(function.value)
             if receiver is not None:
                 self.expressions.record(function.value, Use.OTHER, method=name)
             else:
                 self.expressions.expr(function.value, Use.OTHER)
         elif isinstance(function, ast.Name):
-            callee = self.scope.namespace_path(function)
+            callee = self.body.scope.namespace_path(function)
             if callee is not None:
-                self.scan.read(callee).called = True
+                self.body.scan.read(callee).called = True
                 self.expressions.record(function, Use.OTHER)
         else:
             self.expressions.expr(function, Use.OTHER)
@@ -105,8 +98,8 @@ class CallReader:
             self.expressions.expr(node.args[0], Use.OTHER)
             self.expressions.expr(node.args[1], Use.OTHER)
             self.expressions.expr(node.args[2], Use.STEP)
-            if self.cell:
-                self.numbers.add_use("range step", Use.STEP, node.args[2], "range(..., {})", code=node)
+            if self.body.cell:
+                self.body.numbers.add_use("range step", Use.STEP, node.args[2], "range(..., {})", code=node)
             return
         if name in ("split", "chunk", "array_split", "tensor_split") and self._size_call(node, name, dotted):
             return
@@ -123,19 +116,20 @@ class CallReader:
 
     def _phase(self, node: ast.Call, name: str) -> None:
         if name in ("backward", "fit", "zero_grad") or (name == "train" and not node.args and not node.keywords):
-            self.scan.trains = True
+            self.body.scan.trains = True
         elif name in ("step",) and isinstance(node.func, ast.Attribute):
             receiver = dotted_name(node.func.value) or ""
             if any(word in receiver.lower() for word in ("optim", "opt", "scaler")):
-                self.scan.trains = True
+                self.body.scan.trains = True
         elif name in ("evaluate", "predict", "validate", "test", "eval", "generate"):
-            self.scan.evaluates = True
+            self.body.scan.evaluates = True
 
     def _shape_call(self, node: ast.Call, name: str) -> None:
         shape = shape_nodes(node, name)
         shape_ids = {id(n) for n in shape}
-        state = self.cell and self.body.assigning in self.scan.states and len(shape) == 3
-        matrix = matrix_dims(shape, self.scan.contracted.get(self.body.assigning or "", set()) if self.cell else set())
+        body = self.body
+        state = body.cell and body.assigning in body.scan.states and len(shape) == 3
+        matrix = matrix_dims(shape, body.scan.contracted.get(body.assigning or "", set()) if body.cell else set())
         for index, dimension in enumerate(shape):
             if index in matrix:
                 self.expressions.expr(dimension, Use.MATMUL)  # a matrix's side or inner size, not a batch
@@ -150,8 +144,8 @@ class CallReader:
         for keyword in node.keywords:
             if not (keyword.arg == "size" and isinstance(keyword.value, (ast.Tuple, ast.List))):
                 self.expressions.expr(keyword.value, Use.OTHER)
-        if self.cell and shape and any(int_constant(n) is not None for n in shape):
-            self.numbers.constructors.append(Constructor(node, shape, self.body.assigning, frozenset(matrix)))
+        if self.body.cell and shape and any(int_constant(n) is not None for n in shape):
+            self.body.numbers.constructors.append(Constructor(node, shape, self.body.assigning, frozenset(matrix)))
 
     def _size_call(self, node: ast.Call, name: str, dotted: str) -> bool:
         """``x.split(64)``, ``torch.split(x, 64)``, ``x.chunk(4)``: a batch size or a count of chunks."""
@@ -173,15 +167,15 @@ class CallReader:
         for extra in arguments[1:] + [k.value for k in node.keywords]:
             self.expressions.expr(extra, Use.OTHER)
         value = int_constant(size)
-        if self.cell and value is not None and value >= 2:
+        if self.body.cell and value is not None and value >= 2:
             label = name + "({})"
             if counts:
-                chunked = self.scope.namespace_path(receiver) if receiver is not None else None
-                total = _leading_size(resolve(self.scan.namespace, chunked)) if chunked is not None else None
+                chunked = self.body.scope.namespace_path(receiver) if receiver is not None else None
+                total = _leading_size(resolve(self.body.scan.namespace, chunked)) if chunked is not None else None
                 if total:
-                    self.numbers.add_use("chunks", Use.CHUNKS, size, label, code=node, total=total)
+                    self.body.numbers.add_use("chunks", Use.CHUNKS, size, label, code=node, total=total)
             else:
-                self.numbers.add_use("split", Use.SPLIT, size, label, code=node)
+                self.body.numbers.add_use("split", Use.SPLIT, size, label, code=node)
         return True
 
     def _stacked_count(self, comprehension: ast.ListComp | ast.GeneratorExp) -> None:
@@ -194,8 +188,8 @@ class CallReader:
             return
         count = iterable.args[-1]
         self.expressions.expr(count, Use.STACKED)
-        if self.cell:
-            self.numbers.add_use("count", Use.STACKED, count, "range({})", code=iterable)
+        if self.body.cell:
+            self.body.numbers.add_use("count", Use.STACKED, count, "range({})", code=iterable)
 
     def _arguments(self, node: ast.Call, name: str) -> None:
         callee = self._callee(node)
@@ -203,56 +197,56 @@ class CallReader:
         readable = is_user_function(callee) or (inspect.ismethod(callee) and is_user_class(type(callee.__self__)))
         opaque = not readable and name not in self.body.functions_defined
         # A model's constructor takes sizes of the model (layers, a context length), not a batch.
-        kept = self.body.kept_uses(callee) if is_user_class(callee) and not is_module(callee) else {}
-        if self.cell and is_module(self._module_called(node, callee)):
+        kept = self.body.follower.kept_uses(callee) if is_user_class(callee) and not is_module(callee) else {}
+        if self.body.cell and is_module(self._module_called(node, callee)):
             for argument in node.args + [k.value for k in node.keywords]:
-                fed = self.scope.namespace_path(whole_tensor(argument))
+                fed = self.body.scope.namespace_path(whole_tensor(argument))
                 if fed is not None:
-                    self.scan.read(fed).fed = True
+                    self.body.scan.read(fed).fed = True
         for index, argument in enumerate(node.args):
             parameter = parameters[index] if index < len(parameters) else None
             self._argument(argument, parameter, opaque, kept.get(parameter or ""))
         for keyword in node.keywords:
             self._argument(keyword.value, keyword.arg, opaque, kept.get(keyword.arg or ""))
         if callee is not None and self.body.depth < MAX_FUNCTION_DEPTH:
-            self.body.follow_call(node, callee)
+            self.body.follower.follow_call(node, callee)
 
     def _argument(self, argument: ast.expr, parameter: str | None, opaque: bool, kept: Use | None = None) -> None:
         if parameter and kept is not None and not batch_like(parameter):
             # ``DataLoaderLite(B=16, T=1024)``: the class keeps B and uses it as a batch in a method.
             self.expressions.expr(argument, kept, 0 if kept is Use.DIMENSION else None)
-            if self.cell:
+            if self.body.cell:
                 score = USE_SCORES[kept] + CELL_BONUS
-                self.numbers.add("keyword", parameter, argument, score, (f"{kept.value} in the class",))
+                self.body.numbers.add("keyword", parameter, argument, score, (f"{kept.value} in the class",))
             return
         if parameter and batch_like(parameter):
             use = Use.GENERATION if generation_count(parameter) else Use.BATCH_ARGUMENT
             self.expressions.expr(argument, use)
-            if self.cell:
+            if self.body.cell:
                 named = name_score(parameter) + (1 if parameter == "batch_size" else 0)
-                self.numbers.add_use("keyword", use, argument, parameter, extra_score=named)
+                self.body.numbers.add_use("keyword", use, argument, parameter, extra_score=named)
             return
-        path = self.scope.namespace_path(argument)
+        path = self.body.scope.namespace_path(argument)
         if path is not None:
             self.expressions.record(argument, Use.ARGUMENT)
             if opaque:
-                self.scan.read(path).opaque_argument = True
+                self.body.scan.read(path).opaque_argument = True
             return
         self.expressions.expr(argument, Use.OTHER)
 
     def _callee(self, node: ast.Call) -> Any:
-        path = self.scope.namespace_path(node.func)
+        path = self.body.scope.namespace_path(node.func)
         if path is None:
             return None
-        value = resolve(self.scan.namespace, path)
+        value = resolve(self.body.scan.namespace, path)
         return value if found(value) else None
 
     def _module_called(self, node: ast.Call, callee: Any) -> Any:
         """What the cell calls: from the namespace, or, for a name the cell bound before the call, what it
         held when the cell failed (the model it built)."""
-        if callee is not None or not isinstance(node.func, ast.Name) or node.func.id not in self.scope.bound_at:
+        if callee is not None or not isinstance(node.func, ast.Name) or node.func.id not in self.body.scope.bound_at:
             return callee
-        return self.scan.namespace.get(node.func.id)
+        return self.body.scan.namespace.get(node.func.id)
 
 
 def _prints(node: ast.Call, name: str, dotted: str) -> bool:

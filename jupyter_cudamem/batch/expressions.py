@@ -9,28 +9,21 @@ replication or a dict go to its ``CellNumbers``.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
 from ..cell.source import int_constant
+from .body import Body
 from .calls import CallReader
 from .earlier_cells import path_of
 from .names import batch_like, name_score
 from .reads import CARRIED_THROUGH_ARITHMETIC, CELL_BONUS, Use
 from .scope import range_step
 
-if TYPE_CHECKING:
-    from .reader import BodyReader
-
 
 class ExpressionReader:
     """The expressions of one body: records into the finding's ``Scan`` what the namespace gives them."""
 
-    def __init__(self, body: BodyReader):
+    def __init__(self, body: Body):
         self.body = body
-        self.scan = body.scan
-        self.scope = body.scope
-        self.numbers = body.numbers
-        self.cell = body.cell
         self.calls = CallReader(body, self)
 
     def expr(self, node: ast.AST | None, use: Use, dim: int | None = None) -> None:
@@ -78,9 +71,9 @@ class ExpressionReader:
             return
         if isinstance(node, ast.Lambda):
             params = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
-            self.scope.push(params)
+            self.body.scope.push(params)
             self.expr(node.body, Use.OTHER)
-            self.scope.pop()
+            self.body.scope.pop()
             return
         for child in ast.iter_child_nodes(node):
             self.expr(child, Use.PRINTED if use is Use.PRINTED else Use.OTHER)
@@ -90,30 +83,31 @@ class ExpressionReader:
         if use is Use.DIMENSION:
             # Which dimension decides whether it is the batch (``namespace_knobs``); until then it is a use.
             dim, use = (0 if dim is None else dim), Use.OTHER
-        path = self.scope.namespace_path(node)
+        path = self.body.scope.namespace_path(node)
         if path is not None:
-            read = self.scan.read(path)
+            read = self.body.scan.read(path)
             read.uses.add(use)
             if dim is not None:
                 read.dims.add(dim)
             if method:
                 read.methods.add(method)
-            if self.cell:
+            if self.body.cell:
                 read.direct = True
             elif self.body.function_name:
                 read.readers.add(self.body.function_name)
             if use is Use.ITERATED and isinstance(node, ast.expr):
-                self.body.follow_iteration(node, path)
+                self.body.follower.follow_iteration(node, path)
             return True
-        inner_scopes = self.scope.scopes[1:]
-        if self.cell and isinstance(node, ast.Name) and not any(node.id in names for names in inner_scopes if names):
-            self.numbers.local_uses.setdefault(node.id, set()).add(use)
+        inner_scopes = self.body.scope.scopes[1:]
+        inner = any(isinstance(node, ast.Name) and node.id in names for names in inner_scopes if names)
+        if self.body.cell and isinstance(node, ast.Name) and not inner:
+            self.body.numbers.local_uses.setdefault(node.id, set()).add(use)
             if dim is not None:
-                self.numbers.local_dims.setdefault(node.id, set()).add(dim)
+                self.body.numbers.local_dims.setdefault(node.id, set()).add(dim)
         return False
 
     def _chain(self, node: ast.Attribute | ast.Subscript, use: Use, dim: int | None) -> None:
-        path = self.scope.namespace_path(node)
+        path = self.body.scope.namespace_path(node)
         if path is not None:
             self.record(node, use, dim)
         if isinstance(node, ast.Subscript):
@@ -124,9 +118,9 @@ class ExpressionReader:
     def _subscript(self, node: ast.Subscript, use: Use) -> None:
         if path_of(node) is None:
             self.expr(node.value, Use.PRINTED if use is Use.PRINTED else Use.OTHER)
-            container = self.scope.namespace_path(node.value)
+            container = self.body.scope.namespace_path(node.value)
             if container is not None and not isinstance(node.slice, (ast.Slice, ast.Tuple)):
-                self.scan.read(container).element_uses.add(use)  # ``dataloaders[phase]``: one of its items
+                self.body.scan.read(container).element_uses.add(use)  # ``dataloaders[phase]``: one of its items
         elements = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
         for index, element in enumerate(elements):
             if isinstance(element, ast.Slice):
@@ -145,7 +139,7 @@ class ExpressionReader:
         from_start = lower is None or int_constant(lower) == 0
         offset = False
         if isinstance(upper, ast.BinOp) and isinstance(upper.op, ast.Add) and isinstance(lower, ast.Name):
-            step = self.scope.range_steps.get(lower.id)
+            step = self.body.scope.range_steps.get(lower.id)
             width_node = upper.right if ast.dump(upper.left) == ast.dump(lower) else upper.left
             offset = (
                 step is not None
@@ -162,9 +156,9 @@ class ExpressionReader:
                 assert isinstance(upper, ast.BinOp) and lower is not None
                 width = upper.right if ast.dump(upper.left) == ast.dump(lower) else upper.left
             self.expr(width, Use.SLICE)
-            if self.cell:
-                sliced = self.scope.namespace_path(subscript.value)
-                self.numbers.add_use("slice", Use.SLICE, width, "[:{}]", code=subscript, sliced=sliced)
+            if self.body.cell:
+                sliced = self.body.scope.namespace_path(subscript.value)
+                self.body.numbers.add_use("slice", Use.SLICE, width, "[:{}]", code=subscript, sliced=sliced)
             if offset:
                 self.expr(lower, Use.OTHER)
         else:
@@ -188,8 +182,8 @@ class ExpressionReader:
                         return
                     self.expr(element, Use.OTHER)
                     self.expr(count, Use.REPEAT)
-                    if self.cell:
-                        self.numbers.add_use("replication", Use.REPEAT, count, "[...] * {}", code=node)
+                    if self.body.cell:
+                        self.body.numbers.add_use("replication", Use.REPEAT, count, "[...] * {}", code=node)
                     return
         carried = use if use in CARRIED_THROUGH_ARITHMETIC else Use.OTHER
         self.expr(node.left, carried, dim)
@@ -200,9 +194,9 @@ class ExpressionReader:
             if key is not None:
                 self.expr(key, Use.OTHER)
             named = isinstance(key, ast.Constant) and isinstance(key.value, str) and batch_like(key.value)
-            if named and self.cell and int_constant(value) is not None:
+            if named and self.body.cell and int_constant(value) is not None:
                 label = str(key.value) if isinstance(key, ast.Constant) else ""
-                self.numbers.add("dict", label, value, name_score(label) + CELL_BONUS + 1)
+                self.body.numbers.add("dict", label, value, name_score(label) + CELL_BONUS + 1)
             self.expr(value, Use.BATCH_ARGUMENT if named else (Use.PRINTED if use is Use.PRINTED else Use.OTHER))
 
     def _comprehension(self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp, use: Use) -> None:
@@ -213,19 +207,19 @@ class ExpressionReader:
             names.update(n.id for n in ast.walk(generator.target) if isinstance(n, ast.Name))
             stepped = range_step(generator.target, generator.iter)
             if stepped:
-                self.scope.range_steps[stepped[0]] = stepped[1]
+                self.body.scope.range_steps[stepped[0]] = stepped[1]
                 stepped_names.append(stepped[0])
-            self.scope.push(set(names))
+            self.body.scope.push(set(names))
             for condition in generator.ifs:
                 self.expr(condition, Use.OTHER)
-            self.scope.pop()
-        self.scope.push(names)
+            self.body.scope.pop()
+        self.body.scope.push(names)
         inner = Use.PRINTED if use is Use.PRINTED else Use.OTHER
         if isinstance(node, ast.DictComp):
             self.expr(node.key, inner)
             self.expr(node.value, inner)
         else:
             self.expr(node.elt, inner)
-        self.scope.pop()
+        self.body.scope.pop()
         for name in stepped_names:
-            self.scope.range_steps.pop(name, None)
+            self.body.scope.range_steps.pop(name, None)

@@ -132,10 +132,10 @@ def find_batch(
     sequence_first_input = (
         _feeds_sequence_first_model(scan)
         or builds_sequence_first(parsed.tree, namespace)
-        or calls_sequence_first(parsed.tree, set(reader.scope.bound_at), namespace)
+        or calls_sequence_first(parsed.tree, set(reader.body.scope.bound_at), namespace)
     )
     context = Context(scan, 1 if sequence_first_input else 0)
-    knobs: list[Knob] = cell_knobs(reader.numbers, context, parsed)
+    knobs: list[Knob] = cell_knobs(reader.body.numbers, context, parsed)
     for path, read in list(scan.reads.items()):
         value = resolve(namespace, path)
         if not found(value):

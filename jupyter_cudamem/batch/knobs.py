@@ -11,12 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from ..cell.source import Span
-
-if TYPE_CHECKING:
-    from .whole import WholeData
 
 
 class KnobKind(Enum):
@@ -245,6 +242,31 @@ class Knob:
             evidence=self.evidence + tuple(e for e in other.evidence if e not in self.evidence),
             through=self.through + tuple(c for c in other.through if c not in self.through),
         )
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """A model call over the data that chunks can replace: where it sits and its two parts as written."""
+
+    span: Span
+    callee: str  # ``classifier`` as written
+    data: str  # ``features`` as written (the one positional argument)
+
+
+@dataclass(frozen=True)
+class WholeData:
+    """The batch is the data: shrinking it shrinks the result. ``reason`` says how that was decided."""
+
+    knob: str | None  # the knob's label, or None when the data came whole from an earlier cell
+    rows: int | None  # how many rows the data has, where known
+    results: tuple[str, ...]  # the names (or ``Out``) that keep a result computed from the data
+    reason: str
+    calls: tuple[ModelCall, ...] = ()
+    problem: str | None = None  # why the data cannot be processed in chunks instead
+
+    @property
+    def chunkable(self) -> bool:
+        return self.problem is None and bool(self.calls)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import inspect
 from typing import Any
 
 from ..cell.source import ParsedCell, callable_name, int_constant
+from .body import Body
 from .cell_numbers import CellNumbers
 from .earlier_cells import parameter_defaults, path_of
 from .expressions import ExpressionReader
@@ -39,19 +40,13 @@ class BodyReader:
         function_name: str | None = None,
         depth: int = 0,
     ):
-        self.scan = scan
         self.parsed = parsed
-        self.cell = cell
-        self.function_name = function_name
-        self.depth = depth
-        self.scope = Scope(scan.namespace, cell, bindings or {}, local_names or set())
-        self.numbers = CellNumbers(parsed)
-        self.functions_defined: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
-        self.assigning: str | None = None  # the name the statement being read assigns (``h0 = torch.zeros(...)``)
-        self.expressions = ExpressionReader(self)
+        scope = Scope(scan.namespace, cell, bindings or {}, local_names or set())
+        self.body = Body(scan, scope, CellNumbers(parsed), cell, self, function_name, depth)
+        self.expressions = ExpressionReader(self.body)
 
     def read_body(self, body: list[ast.stmt]) -> None:
-        self.scope.read_bindings(body)
+        self.body.scope.read_bindings(body)
         for statement in body:
             self._statement(statement)
 
@@ -69,17 +64,17 @@ class BodyReader:
             self.expressions.expr(node.iter, Use.ITERATED)
             stepped = range_step(node.target, node.iter)
             if stepped:
-                self.scope.range_steps[stepped[0]] = stepped[1]
+                self.body.scope.range_steps[stepped[0]] = stepped[1]
             for statement in node.body + node.orelse:
                 self._statement(statement)
             if stepped:
-                self.scope.range_steps.pop(stepped[0], None)
+                self.body.scope.range_steps.pop(stepped[0], None)
         elif isinstance(node, (ast.With, ast.AsyncWith)):
             for item in node.items:
                 context = item.context_expr
                 name = callable_name(context) if isinstance(context, ast.Call) else ""
                 if name in ("no_grad", "inference_mode"):
-                    self.scan.evaluates = True
+                    self.body.scan.evaluates = True
                 self.expressions.expr(context, Use.OTHER)
             for statement in node.body:
                 self._statement(statement)
@@ -110,11 +105,11 @@ class BodyReader:
         for target in targets:
             self._target(target, value)
         single = targets[0] if len(targets) == 1 else None
-        self.assigning = single.id if isinstance(single, ast.Name) else None
+        self.body.assigning = single.id if isinstance(single, ast.Name) else None
         try:
             self.expressions.expr(value, Use.OTHER)
         finally:
-            self.assigning = None
+            self.body.assigning = None
         for target in targets:
             if isinstance(target, (ast.Attribute, ast.Subscript)):
                 self.expressions.expr(target.value, Use.OTHER)
@@ -126,27 +121,27 @@ class BodyReader:
                     self._target(sub_target, sub_value)
             return
         literal = int_constant(value)
-        if not self.cell or literal is None:
+        if not self.body.cell or literal is None:
             return
         if isinstance(target, ast.Name):
-            self.numbers.assigned.setdefault(target.id, []).append(value)
+            self.body.numbers.assigned.setdefault(target.id, []).append(value)
         elif isinstance(target, (ast.Attribute, ast.Subscript)):
             path = path_of(target)
             if path is not None and path.steps and batch_like(path.last_name):
-                self.numbers.add("assignment", path.text, value, name_score(path.last_name) + CELL_BONUS)
+                self.body.numbers.add("assignment", path.text, value, name_score(path.last_name) + CELL_BONUS)
 
     def _function_definition(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         """A function defined in the failed cell: its defaults are the cell's numbers, its body the cell's code."""
-        if not self.cell:
+        if not self.body.cell:
             return
-        self.functions_defined[node.name] = node
+        self.body.functions_defined[node.name] = node
         for default in node.args.defaults + [d for d in node.args.kw_defaults if d is not None]:
             self.expressions.expr(default, Use.OTHER)
         parameters = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
-        self.scope.push(parameters | assigned_in(node.body))
+        self.body.scope.push(parameters | assigned_in(node.body))
         for statement in node.body:
             self._statement(statement)
-        self.scope.pop()
+        self.body.scope.pop()
         for argument, default in parameter_defaults(node):
             parameter = argument.arg
             value = int_constant(default)
@@ -155,7 +150,7 @@ class BodyReader:
             uses = _uses_in(node.body, parameter)
             evidence_score = max((USE_SCORES.get(u, 0) for u in uses), default=0)
             if batch_like(parameter) or evidence_score:
-                self.numbers.add(
+                self.body.numbers.add(
                     "default",
                     parameter,
                     default,
@@ -165,11 +160,11 @@ class BodyReader:
 
     def _class_definition(self, node: ast.ClassDef) -> None:
         for item in node.body:
-            if self.cell and isinstance(item, (ast.Assign, ast.AnnAssign)):
+            if self.body.cell and isinstance(item, (ast.Assign, ast.AnnAssign)):
                 targets = item.targets if isinstance(item, ast.Assign) else [item.target]
                 for target in targets:
                     if isinstance(target, ast.Name) and batch_like(target.id) and item.value is not None:
-                        self.numbers.add(
+                        self.body.numbers.add(
                             "assignment",
                             f"{node.name}.{target.id}",
                             item.value,
@@ -185,11 +180,12 @@ class BodyReader:
         self_path: ObjectPath | None = None
         function = callee
         if inspect.ismethod(callee) and is_user_class(type(callee.__self__)):
-            self_path = self.scope.namespace_path(node.func.value) if isinstance(node.func, ast.Attribute) else None
+            receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
+            self_path = None if receiver is None else self.body.scope.namespace_path(receiver)
             function = callee.__func__
         if not is_user_function(function):
             return
-        defined = _definition_of(self.scan.history, function)
+        defined = _definition_of(self.body.scan.history, function)
         if defined is None:
             return
         _, parsed, definition = defined
@@ -211,23 +207,23 @@ class BodyReader:
             bindings[parameters[0]] = self_path
         for parameter, argument in bound.arguments.items():
             if isinstance(argument, ast.AST):
-                bindings[parameter] = self.scope.namespace_path(argument)
+                bindings[parameter] = self.body.scope.namespace_path(argument)
         key = (id(definition), tuple(sorted((k, v) for k, v in bindings.items() if v is not None)))
-        if key in self.scan.analysed:
+        if key in self.body.scan.analysed:
             return
-        self.scan.analysed.add(key)
+        self.body.scan.analysed.add(key)
         reader = BodyReader(
-            self.scan,
+            self.body.scan,
             parsed,
             cell=False,
             bindings=bindings,
             local_names=set(parameters) | assigned_in(definition.body) - globals_in(definition.body),
             function_name=function.__name__,
-            depth=self.depth + 1,
+            depth=self.body.depth + 1,
         )
         reader.read_body(definition.body)
         if self_path is None:
-            function_path = self.scope.namespace_path(node.func)
+            function_path = self.body.scope.namespace_path(node.func)
             if function_path is not None:
                 for declared in signature.parameters.values():
                     default = declared.default
@@ -235,13 +231,13 @@ class BodyReader:
                         continue
                     uses = _uses_in(definition.body, declared.name)
                     if batch_like(declared.name) or any(u in USE_SCORES for u in uses):
-                        self.scan.defaults.append((function_path, declared.name, default, uses))
+                        self.body.scan.defaults.append((function_path, declared.name, default, uses))
 
     def follow_iteration(self, iterable: ast.expr, path: ObjectPath) -> None:
         """``for xb, yb in train_dl`` over an instance of a notebook class: read its ``__iter__``."""
-        if self.depth >= MAX_FUNCTION_DEPTH:
+        if self.body.depth >= MAX_FUNCTION_DEPTH:
             return
-        value = resolve(self.scan.namespace, path)
+        value = resolve(self.body.scan.namespace, path)
         if not found(value) or not is_user_class(type(value)):
             return
         for method_name in ITERATION_METHODS:
@@ -252,7 +248,7 @@ class BodyReader:
 
     def kept_uses(self, cls: type) -> dict[str, Use]:
         """A notebook class's constructor parameters that its methods use as a batch, each with its best use."""
-        defined = self.scan.history.cells.definition(cls.__name__)
+        defined = self.body.scan.history.cells.definition(cls.__name__)
         if defined is None or not isinstance(defined[2], ast.ClassDef):
             return {}
         return _class_batch_parameters(defined[2])

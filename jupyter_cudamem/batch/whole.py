@@ -21,7 +21,7 @@ The rules, decided on the cell's code (never on its numbers):
    cell's last line shows. A computation is any call on the data other than moving or reshaping it
    (``.to``, ``.cuda``, ``.float``, ``.view``...).
 
-``WholeData.chunkable`` then says whether ``%oomfix`` may process the data in chunks instead
+``WholeData.chunkable`` (``knobs``, beside the finding that carries it) then says whether ``%oomfix`` may process the data in chunks instead
 (``oomfix.whole_data``): each model call over the data (a module from the namespace, called with the
 data as its one positional argument, on one line, at the top level) becomes
 ``torch.cat([model(_chunk).detach() for _chunk in data.split(n)])``; otherwise ``problem`` says why not.
@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from ..cell.source import ParsedCell, Span, dotted_name, parse_cell
+from ..cell.source import ParsedCell, dotted_name, parse_cell
 from ..cell.traits import cell_traits
-from .knobs import BatchFinding, Knob, KnobKind, Value
+from .knobs import BatchFinding, Knob, KnobKind, ModelCall, Value, WholeData
 from .libraries import is_module
 
 # How a knob must not be used for the data to be sized by it: each of these walks over all the data.
@@ -71,31 +70,6 @@ _DATA_PREP = {
 }
 _PRINTERS = {"print", "display", "pprint", "logging.info", "logger.info", "log.info"}
 _CONSTRUCTORS = {"randn", "rand", "zeros", "ones", "empty", "full", "randint", "normal", "tensor", "arange", "linspace"}
-
-
-@dataclass(frozen=True)
-class ModelCall:
-    """A model call over the data that chunks can replace: where it sits and its two parts as written."""
-
-    span: Span
-    callee: str  # ``classifier`` as written
-    data: str  # ``features`` as written (the one positional argument)
-
-
-@dataclass(frozen=True)
-class WholeData:
-    """The batch is the data: shrinking it shrinks the result. ``reason`` says how that was decided."""
-
-    knob: str | None  # the knob's label, or None when the data came whole from an earlier cell
-    rows: int | None  # how many rows the data has, where known
-    results: tuple[str, ...]  # the names (or ``Out``) that keep a result computed from the data
-    reason: str
-    calls: tuple[ModelCall, ...] = ()
-    problem: str | None = None  # why the data cannot be processed in chunks instead
-
-    @property
-    def chunkable(self) -> bool:
-        return self.problem is None and bool(self.calls)
 
 
 def _top_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:

@@ -8,20 +8,17 @@ one line and one label. Built without pyplot, so no global figure state is touch
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..units import GiB, MiB
-from .plan import calibrated
-
-if TYPE_CHECKING:
-    from .plan import CapacityPlan
+from .prediction import PlanFigures, calibrated
 
 FIGURE_SIZE_IN = (8.0, 4.5)
 PNG_DPI = 100
 LABEL_CLEARANCE = 1.12  # ratio of two card lines' heights below which their labels would overlap
 
 
-def plan_figure(plan: CapacityPlan) -> Any:
+def plan_figure(plan: PlanFigures) -> Any:
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=FIGURE_SIZE_IN, layout="constrained")
@@ -94,7 +91,7 @@ def plan_figure(plan: CapacityPlan) -> Any:
     return figure
 
 
-def plan_png(plan: CapacityPlan) -> bytes:
+def plan_png(plan: PlanFigures) -> bytes:
     buffer = io.BytesIO()
     plan_figure(plan).savefig(buffer, format="png", dpi=PNG_DPI)
     return buffer.getvalue()

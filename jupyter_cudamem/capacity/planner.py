@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ContextManager
 
@@ -188,12 +188,7 @@ def this_card(hardware: Hardware, measured: Measured) -> tuple[str, int] | None:
     if measured.total_bytes is None:
         return None
     name, total = measured.device_name or "this card", measured.total_bytes
-    fraction = None
-    if measured.torch_index is not None:
-        try:
-            fraction = hardware.allocator.memory_fraction(measured.torch_index)
-        except Exception:  # noqa: BLE001 - an unreadable cap is no cap we can plan with
-            fraction = None
+    fraction = None if measured.torch_index is None else hardware.memory_fraction(measured.torch_index)
     if fraction is not None and fraction < 1:
         # PyTorch may reserve ``fraction x total``; the memory outside PyTorch comes on top of it.
         capped = int(fraction * total) + measured.non_pytorch_bytes
@@ -207,26 +202,18 @@ def current_cap(hardware: Hardware, measured: Measured) -> float | None:
     be read (a cap we cannot read is one we must not overwrite)."""
     if measured.torch_index is None or not measured.total_bytes:
         return None
-    try:
-        return hardware.allocator.memory_fraction(measured.torch_index)
-    except Exception:  # noqa: BLE001 - unreadable: not to be overwritten
-        return None
+    return hardware.memory_fraction(measured.torch_index)
 
 
 @contextlib.contextmanager
 def capped_at(hardware: Hardware, measured: Measured, usable: int) -> Iterator[bool]:
     """PyTorch capped at ``usable`` bytes on the runs' device for the block (never above a cap already set),
     the cap put back after; yields whether it capped (not where the device or its cap cannot be read)."""
-    before = current_cap(hardware, measured)
-    index, total = measured.torch_index, measured.total_bytes
-    if before is None or index is None or not total:
+    if measured.torch_index is None or not measured.total_bytes:
         yield False
         return
-    hardware.allocator.set_memory_fraction(index, min(max(usable, 0) / total, before))
-    try:
-        yield True
-    finally:
-        hardware.allocator.set_memory_fraction(index, before)
+    with hardware.capped(usable, [measured.torch_index], unread_fraction=None) as devices:
+        yield bool(devices)
 
 
 def calibration_scale(hardware: Hardware, measured: Measured, cards: Sequence[Card]) -> CalibrationScale | None:

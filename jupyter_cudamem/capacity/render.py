@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import base64
 import html
-from typing import TYPE_CHECKING
 
 from ..units import GiB, format_bytes
-from .plan import DEFAULT_MARGIN, calibrated, replay_margin
-
-if TYPE_CHECKING:
-    from .plan import CapacityPlan, CardPlan
+from .prediction import DEFAULT_MARGIN, CardPlan, PlanFigures, calibrated, replay_margin
 
 
 def _gib(size: float) -> str:
@@ -25,11 +21,11 @@ def _largest(card: CardPlan) -> str:
     return "-" if card.largest_batch is None else f"{card.largest_batch:,}"
 
 
-def _card_name(card: CardPlan, plan: CapacityPlan) -> str:
+def _card_name(card: CardPlan, plan: PlanFigures) -> str:
     return f"this card ({card.name})" if card.this_card else card.name
 
 
-def summary_lines(plan: CapacityPlan) -> list[str]:
+def summary_lines(plan: PlanFigures) -> list[str]:
     """Everything above the table: the line, how well it holds, the non-PyTorch part, the margin."""
     lines = []
     if plan.line is None:
@@ -120,7 +116,7 @@ def summary_lines(plan: CapacityPlan) -> list[str]:
     return lines
 
 
-def card_rows(plan: CapacityPlan) -> list[tuple[str, str, str, str, str, str]]:
+def card_rows(plan: PlanFigures) -> list[tuple[str, str, str, str, str, str]]:
     """(card, memory, usable, largest batch, under autocast, what to do) per card, this card first."""
     cards = ([plan.this_card] if plan.this_card is not None else []) + list(plan.cards)
     rows = []
@@ -133,12 +129,12 @@ def card_rows(plan: CapacityPlan) -> list[tuple[str, str, str, str, str, str]]:
     return rows
 
 
-def _headers(plan: CapacityPlan) -> tuple[str, ...]:
+def _headers(plan: PlanFigures) -> tuple[str, ...]:
     last = f"batch {plan.batch}" if plan.batch is not None else "the cell"
     return ("card", "memory", "usable", "largest batch", "autocast", last)
 
 
-def plan_text(plan: CapacityPlan) -> str:
+def plan_text(plan: PlanFigures) -> str:
     lines = summary_lines(plan)
     headers = _headers(plan)
     rows = card_rows(plan)
@@ -155,7 +151,7 @@ def plan_text(plan: CapacityPlan) -> str:
     return "\n".join(lines)
 
 
-def plan_html(plan: CapacityPlan) -> str:
+def plan_html(plan: PlanFigures) -> str:
     e = html.escape
     summary = summary_lines(plan)
     parts = [f"<p><b>{e(summary[0])}</b></p>", "<ul>"]

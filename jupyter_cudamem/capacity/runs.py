@@ -50,7 +50,7 @@ from ..growth.through_points import Agreement, Line, faster_than_linear, fit, sa
 from ..reruns.measured import run_measured
 from ..reruns.recording import Recorder
 from ..units import MiB
-from .plan import Calibration, Run
+from .prediction import Calibration, Run
 
 
 class Change(Protocol):

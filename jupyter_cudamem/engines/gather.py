@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CudaMemError
 from ..units import whole_number
 from .records import EngineAnswer, EngineReport, EngineStatus
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+    from ipykernel.zmqshell import ZMQInteractiveShell
 
 INSTALL_HINT = (
     "ipyparallel is not installed, so there are no engines to gather from: "
@@ -36,7 +40,7 @@ def ipyparallel_missing() -> bool:
     return importlib.util.find_spec("ipyparallel") is None
 
 
-def px_view(shell: Any) -> Any:
+def px_view(shell: InteractiveShell) -> Any:
     """The view ``%px`` runs on in this shell (ipyparallel registers it when a client connects)."""
     if ipyparallel_missing():
         raise CudaMemError(INSTALL_HINT)
@@ -138,7 +142,7 @@ def ask_engines(
 
 
 # -- the live monitor's transport -----------------------------------------------------------------------
-def feed_sender(shell: Any, channel: str) -> Callable[[Any], None]:
+def feed_sender(shell: ZMQInteractiveShell, channel: str) -> Callable[[Any], None]:
     """Engine side: a ``send(reading)`` that publishes on the engine's IOPub, as ipyparallel's
     ``publish_data`` does, but under a fixed parent ``channel`` instead of the request running now.
 

@@ -6,10 +6,13 @@ event callbacks, configurables and threads.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..hardware import Hardware, default_hardware
 from .base import CudaMemMagicsBase
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 
 def _magic_classes() -> list[type[CudaMemMagicsBase]]:
@@ -26,7 +29,7 @@ def _magic_classes() -> list[type[CudaMemMagicsBase]]:
 class Extension:
     """The extension as loaded into one shell."""
 
-    def __init__(self, shell: Any, hardware: Hardware):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware):
         self.shell = shell
         self.hardware = hardware
         self.magics: list[CudaMemMagicsBase] = []
@@ -43,7 +46,7 @@ class Extension:
 _loaded: dict[int, Extension] = {}
 
 
-def load(shell: Any, hardware: Hardware | None = None) -> Extension:
+def load(shell: InteractiveShell, hardware: Hardware | None = None) -> Extension:
     """Register our magics on ``shell``; a second load of the same shell returns the first."""
     existing = _loaded.get(id(shell))
     if existing is not None:
@@ -58,11 +61,11 @@ def load(shell: Any, hardware: Hardware | None = None) -> Extension:
     return extension
 
 
-def loaded(shell: Any) -> Extension | None:
+def loaded(shell: InteractiveShell) -> Extension | None:
     return _loaded.get(id(shell))
 
 
-def unload(shell: Any) -> None:
+def unload(shell: InteractiveShell) -> None:
     """Stop threads, drop callbacks and magics, and close NVML once nothing uses it."""
     extension = _loaded.pop(id(shell), None)
     if extension is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics
@@ -13,6 +13,10 @@ from IPython.core.magic import Magics
 from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..units import whole_number
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+    from . import Extension
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,7 +35,7 @@ def one_line_errors(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def current_cell_number(shell: Any) -> int | None:
+def current_cell_number(shell: InteractiveShell) -> int | None:
     """The ``In[N]`` of the cell running now.
 
     IPython 9 increments ``execution_count`` before running a cell, IPython 8 after; the display
@@ -60,9 +64,9 @@ def parse_devices(text: str | Sequence[int], option: str = "--devices") -> tuple
 class CudaMemMagicsBase(Magics):
     """A ``Magics`` that measures through a shared ``Hardware`` and can be closed on unload."""
 
-    shell: Any  # the InteractiveShell (IPython types it Optional; ours always have one)
+    shell: InteractiveShell  # IPython types it Optional; ours always have one
 
-    def __init__(self, shell: Any, hardware: Hardware, extension: Any = None, **kwargs: Any):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: Any):
         super().__init__(shell=shell, **kwargs)
         self.hardware = hardware
         self.extension = extension  # the ``magics.Extension`` this belongs to, to find siblings

@@ -5,29 +5,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..hardware import Hardware
 
+if TYPE_CHECKING:
+    from . import Extension
+
 
 @contextmanager
-def cell_cap(extension: Any, hardware: Hardware, source: str, device: int) -> Iterator[int | None]:
+def cell_cap(extension: Extension | None, hardware: Hardware, source: str, device: int) -> Iterator[int | None]:
     """The cap (bytes) ``source`` ran under, applied to ``device`` while inside; ``None``: no cap, nothing applied."""
     from .cudamem import CudaMem
 
     measuring = extension.get(CudaMem) if extension is not None else None
     cap = measuring.limit_of(source) if isinstance(measuring, CudaMem) else None
-    allocator = hardware.allocator
-    if cap is None or allocator.status() is not None:
+    if cap is None or hardware.allocator.status() is not None:
         yield None
         return
-    previous = allocator.memory_fraction(device)
-    before = 1.0 if previous is None else previous
-    allocator.set_memory_fraction(device, min(cap / allocator.device(device).total_bytes, before))
-    try:
+    with hardware.capped(cap, [device]):
         yield cap
-    finally:
-        allocator.set_memory_fraction(device, before)
 
 
 def cap_note(cap: int | None) -> tuple[str, ...]:

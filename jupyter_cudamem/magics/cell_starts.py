@@ -3,9 +3,12 @@ with an OOM's figures they bound what the failed cell itself needed (``%oomfix``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..hardware import Hardware
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 _KEPT_CELLS = 8
 
@@ -14,7 +17,7 @@ class CellStarts:
     """The readings of the last few cells' starts, each with the cell's source (execution counts are
     numbered differently across IPython versions). One allocator read per cell."""
 
-    def __init__(self, shell: Any, hardware: Hardware):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware):
         self.shell = shell
         self.hardware = hardware
         self._readings: list[tuple[str, dict[int, int]]] = []

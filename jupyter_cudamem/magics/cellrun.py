@@ -31,9 +31,12 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import CodeType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import CudaMemMagicsBase, current_cell_number
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 NO_VALUE = object()
 
@@ -62,14 +65,14 @@ class Ran:
         """The last value the body would display (``NO_VALUE`` for none or a trailing ``;``)."""
         return self.values[-1] if self.values and not self.quiet else NO_VALUE
 
-    def show_values(self, shell: Any) -> None:
+    def show_values(self, shell: InteractiveShell) -> None:
         """Display the values as a plain cell does: ``Out[N]``, ``_`` and the rest through the display hook."""
         if self.quiet:
             return
         for value in self.values:
             shell.displayhook(value)
 
-    def fail(self, shell: Any, frames: bool = True) -> None:
+    def fail(self, shell: InteractiveShell, frames: bool = True) -> None:
         """Raise the user's error from the magic; where the magic is the whole running cell, show it as a
         plain cell shows it and mark the cell as failed instead (see ``error_is_raised``).
 
@@ -110,7 +113,7 @@ class Ran:
 _bodies_running = 0
 
 
-def error_is_raised(shell: Any) -> bool:
+def error_is_raised(shell: InteractiveShell) -> bool:
     """Whether a body's error is raised from the magic (``Ran.fail``): always, but where the magic is the
     whole cell IPython is running, a cell magic of ours the user ran, with no body of ours around it.
 
@@ -128,7 +131,7 @@ def error_is_raised(shell: Any) -> bool:
     return not isinstance(getattr(magic, "__self__", None), CudaMemMagicsBase)
 
 
-def _failed_after_all(shell: Any) -> None:
+def _failed_after_all(shell: InteractiveShell) -> None:
     """IPython sets ``last_execution_succeeded`` from its own view of the cell (no exception reached it)
     once the magic returns; correct it when it does.
 
@@ -172,7 +175,7 @@ def semicolon_at_end(source: str) -> bool:
     return False
 
 
-def _split(shell: Any, nodes: list[ast.stmt]) -> tuple[list[ast.stmt], list[ast.stmt]]:
+def _split(shell: InteractiveShell, nodes: list[ast.stmt]) -> tuple[list[ast.stmt], list[ast.stmt]]:
     """IPython's ``ast_node_interactivity``: which statements run in ``single`` mode (shown)."""
     interactivity = getattr(shell, "ast_node_interactivity", "last_expr")
     if not nodes:
@@ -199,7 +202,7 @@ def _split(shell: Any, nodes: list[ast.stmt]) -> tuple[list[ast.stmt], list[ast.
     return nodes, []
 
 
-def _run_coroutine(shell: Any, coroutine: Any) -> Any:
+def _run_coroutine(shell: InteractiveShell, coroutine: Any) -> Any:
     """Top-level ``await``: IPython's loop runner where no event loop is running this thread (a terminal,
     a script); in a kernel, on an event loop of its own in a worker thread (see ``_await_beside``)."""
     __tracebackhide__ = True  # noqa: F841
@@ -277,7 +280,7 @@ def _wait_for(done: threading.Event) -> KeyboardInterrupt | None:
     return None
 
 
-def run_cell_body(shell: Any, raw_cell: str) -> Ran:
+def run_cell_body(shell: InteractiveShell, raw_cell: str) -> Ran:
     """Run ``raw_cell`` in the user namespace as a plain cell would; show nothing yet (see ``Ran``)."""
     __tracebackhide__ = True  # noqa: F841 - hides this frame in IPython tracebacks
     try:
@@ -312,7 +315,7 @@ def run_cell_body(shell: Any, raw_cell: str) -> Ran:
     return ran
 
 
-def _execute(shell: Any, code: CodeType, ran: Ran, capture: Callable[[Any], None] | None) -> bool:
+def _execute(shell: InteractiveShell, code: CodeType, ran: Ran, capture: Callable[[Any], None] | None) -> bool:
     """IPython's ``run_code`` with the error kept for later: True when the statement ran."""
     # IPython's own marker (its ``run_code`` has it): this frame and all above are hidden, silently.
     __tracebackhide__ = "__ipython_bottom__"  # noqa: F841
@@ -363,7 +366,7 @@ class BodyRuns:
     ``failure(error)`` is the ``Ran`` that raised it, so the magic shows it as a plain cell would
     (``Ran.fail``: the cell's traceback, none of the frames it passed through on its way up)."""
 
-    def __init__(self, shell: Any):
+    def __init__(self, shell: InteractiveShell):
         self.shell = shell
         self._failed: Ran | None = None
 

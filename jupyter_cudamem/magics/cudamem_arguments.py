@@ -17,7 +17,7 @@ _MEMOISED_LINES = 256
 class CudaMemArguments:
     """The option line of ``%%cudamem``, read with the magic's own ``parser`` (from ``@magic_arguments``)."""
 
-    def __init__(self, parser: Any):
+    def __init__(self, parser: argparse.ArgumentParser):
         self.parser = parser
         self._splitter = OptionSplitter(parser)
         self._parsed: dict[str, argparse.Namespace] = {}
@@ -26,7 +26,7 @@ class CudaMemArguments:
         """``%cudamem -o x = f()``'s line as its options and the statement that follows them."""
         return self._splitter.split(line)
 
-    def parse(self, line: str, namespace: Mapping[str, Any]) -> Any:
+    def parse(self, line: str, namespace: Mapping[str, Any]) -> argparse.Namespace:
         """The options of ``line``, ``{x}`` and ``$x`` expanded from ``namespace``; argparse's errors are its own."""
         return self._parse(expand_options(line, namespace))
 

@@ -7,8 +7,9 @@ module), reading the engine's own extension: its history, its last ``%oomfix``, 
 
 from __future__ import annotations
 
+import argparse
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -25,6 +26,12 @@ from ..monitor.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
 from ..units import number_in
 from .base import CudaMemMagicsBase, one_line_errors
 from .options import parse_line
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.utils.bunch import Bunch
+    from . import Extension
+    from ..hardware import Hardware
 
 ACTIONS = ("show", "on", "off", "status", "monitor", "stop")
 DEFAULT_HISTORY_CELLS = 20
@@ -145,20 +152,20 @@ class CudaMemEngines(CudaMemMagicsBase):
     interval_s = Float(DEFAULT_INTERVAL_S, help="Seconds between two readings of the engines monitor.").tag(config=True)
 
     @validate("timeout_s")
-    def _check_timeout(self, proposal: Any) -> float:
+    def _check_timeout(self, proposal: Bunch) -> float:
         return _as_trait(timeout_seconds, proposal["value"], "CudaMemEngines.timeout_s")
 
     @validate("interval_s")
-    def _check_interval(self, proposal: Any) -> float:
+    def _check_interval(self, proposal: Bunch) -> float:
         return _as_trait(interval_seconds, proposal["value"], "CudaMemEngines.interval_s")
 
     @validate("history_cells")
-    def _check_history_cells(self, proposal: Any) -> int:
+    def _check_history_cells(self, proposal: Bunch) -> int:
         if proposal["value"] < 1:
             raise TraitError(f"CudaMemEngines.history_cells takes a whole number, at least 1; got {proposal['value']!r}")
         return proposal["value"]
 
-    def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: Any):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
         self.auto = False
         self.last: EnginesReport | None = None
@@ -223,7 +230,7 @@ class CudaMemEngines(CudaMemMagicsBase):
         return result if args.output else None
 
     @staticmethod
-    def _check_options(args: Any) -> None:
+    def _check_options(args: argparse.Namespace) -> None:
         """An option that the action would ignore is a mistake worth one line, not silence."""
         given = {
             "--history": args.history,

@@ -8,7 +8,7 @@ NVML session and the device map with ``%%cudamem``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -28,6 +28,12 @@ from ..monitor.snapshot import Snapshot
 from ..monitor.widget import MonitorView, make_view
 from .base import CudaMemMagicsBase, one_line_errors, parse_devices
 from .options import parse_line
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.utils.bunch import Bunch
+    from . import Extension
+    from ..hardware import Hardware
 
 ACTIONS = ("start", "stop", "snapshot")
 
@@ -59,7 +65,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
 
     # Checked when set (``%config`` prints the one line); the running monitor takes every valid change at once.
     @validate("interval_s", "history_s", "max_updates_per_s")
-    def _validate_settings(self, proposal: Any) -> float:
+    def _validate_settings(self, proposal: Bunch) -> float:
         values = {name: getattr(self, name) for name in CONFIG_NAMES}
         values[proposal["trait"].name] = proposal["value"]
         try:
@@ -69,7 +75,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
         return proposal["value"]
 
     @validate("alert_fraction")
-    def _check_alert_fraction(self, proposal: Any) -> float:
+    def _check_alert_fraction(self, proposal: Bunch) -> float:
         value = proposal["value"]
         if not 0.0 <= value <= 1.0:
             raise TraitError(
@@ -77,7 +83,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
             )
         return value
 
-    def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: Any):
         # Set before the base class loads the shell's config, which calls the observers below.
         self.poller: Poller | None = None
         self.view: MonitorView | None = None

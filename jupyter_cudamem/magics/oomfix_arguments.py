@@ -3,6 +3,7 @@ are checked against before anything runs (``OomFix``'s settings fill what is not
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +52,7 @@ def require_gpu(hardware: Hardware) -> None:
         raise CudaMemError(f"%oomfix needs a CUDA device: {reason}")
 
 
-def chosen_strategies(args: Any, configured: str, autocast: bool) -> tuple[Strategy, ...]:
+def chosen_strategies(args: argparse.Namespace, configured: str, autocast: bool) -> tuple[Strategy, ...]:
     """The strategies to try: ``--strategy`` or ``OomFix.strategies``, less autocast where it is off."""
     chosen = check_strategies(args.strategy if args.strategy is not None else configured)
     if args.no_autocast or not autocast:
@@ -61,7 +62,7 @@ def chosen_strategies(args: Any, configured: str, autocast: bool) -> tuple[Strat
     return chosen
 
 
-def check_options(args: Any, configured: str, autocast: bool) -> None:
+def check_options(args: argparse.Namespace, configured: str, autocast: bool) -> None:
     """The options' values, checked before anything runs; each error is one line."""
     if args.max_tries is not None:
         check_max_tries(args.max_tries)

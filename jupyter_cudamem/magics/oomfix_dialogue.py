@@ -4,12 +4,15 @@ that fitted."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.display import display
 
 from ..errors import CudaMemError
 from ..oomfix.outcome import Outcome
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 _SIDE_EFFECTS = (
     "%oomfix reruns the cell (up to {tries} times): anything it does outside the notebook (writing files, "
@@ -52,7 +55,7 @@ def confirmed(max_tries: int, state_note: str = "") -> bool:
     return False
 
 
-def show(outcome: Outcome, apply: bool, shell: Any) -> None:
+def show(outcome: Outcome, apply: bool, shell: InteractiveShell) -> None:
     """Display the outcome (its third line says where the change is); with ``--apply``, put the cell that
     fitted in the next input."""
     display(outcome)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..oom import OomInfo, parse_oom
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 _ABSENT = object()
 
@@ -16,7 +19,7 @@ _ABSENT = object()
 class ShellReruns:
     """Runs a fix's tries on ``shell`` and hands the driver each try's OOM, parsed once."""
 
-    def __init__(self, shell: Any):
+    def __init__(self, shell: InteractiveShell):
         self.shell = shell
         # The last rerun's exception (by id: no reference to its frames) and its OOM, parsed once by the
         # hook that hides its traceback, for the driver to read (``oom_of``).

@@ -8,17 +8,22 @@ table is extended with ``%config CudaMem.cards = {...}``; the margin defaults to
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Float
 
-from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN
+from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN, CapacityPlan
 from ..growth.fitting import REPLAY_MARGIN
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, BodyRuns, run_cell_body
 from .options import parse_line
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+    from . import Extension
+    from ..hardware import Hardware
 
 
 @magics_class
@@ -40,9 +45,9 @@ class CudaMemPlan(CudaMemMagicsBase):
         "--margin overrides it for one plan.",
     ).tag(config=True)
 
-    def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: Any):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
-        self.last_plan: Any = None
+        self.last_plan: CapacityPlan | None = None
 
     @magic_arguments()
     @argument("--autocast", action="store_true",
@@ -96,7 +101,7 @@ class CudaMemPlan(CudaMemMagicsBase):
             plain.fail(self.shell)
             return None
 
-        shell: Any = self.shell
+        shell: InteractiveShell = self.shell
         body = BodyRuns(shell)
         access = CellAccess(shell.user_ns, shell.transform_cell, input_history(shell), current_cell_number(shell),
                             run=body.run, quiet=capture_output)

@@ -10,12 +10,15 @@ missing, instead of failing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .poller import Poller
 from .state import MonitorState
 from .render import DEFAULT_ALERT_FRACTION, panel_html, text_line
 from .snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 NO_WIDGET_HINT = (
     "no panel here? this frontend does not show ipywidgets: "
@@ -143,14 +146,14 @@ class WidgetView:
 MonitorView = TextView | WidgetView
 
 
-def has_widget_frontend(shell: Any) -> bool:
+def has_widget_frontend(shell: InteractiveShell) -> bool:
     """Whether a Jupyter frontend may show widgets: only a kernel (not terminal IPython) has one."""
     return getattr(shell, "kernel", None) is not None
 
 
 def make_view(
     poller: Poller,
-    shell: Any,
+    shell: InteractiveShell,
     *,
     alert_fraction: float = DEFAULT_ALERT_FRACTION,
     use_widgets: bool = True,

@@ -21,7 +21,7 @@ step made) counts at the peak too.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -69,7 +69,7 @@ def _tensors(value: Any) -> Iterator[Any]:
             yield from _tensors(item)
 
 
-def _optimizer_tensors(optimizer: Any) -> Iterator[tuple[Any, Any]]:
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """``(parameter, state tensor)`` for each tensor in an optimizer's state."""
     for parameter, state in list(getattr(optimizer, "state", {}).items()):
         if isinstance(state, Mapping):
@@ -93,7 +93,7 @@ def namespace_objects(namespace: Mapping[str, Any]) -> tuple[dict[int, str], lis
     return names, models, optimizers
 
 
-def _storage_bytes(tensor: Any, seen: set[int], device_type: str) -> int:
+def _storage_bytes(tensor: object, seen: set[int], device_type: str) -> int:
     """numel x element size of ``tensor`` on ``device_type``, once per storage (tied weights once)."""
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != device_type:
         return 0
@@ -131,11 +131,11 @@ def model_state_bytes(models: Iterable[Any], optimizers: Iterable[Any], device_t
     return totals
 
 
-def _guarded(method: Any) -> Any:
+def _guarded(method: Callable[..., None]) -> Callable[..., None]:
     """Run a hook or the per-operation count without ever raising into the user's code: the first failure
     stops the tracker (``failure`` says why) and the cell goes on untouched."""
 
-    def guarded(self: "PeakTracker", *args: Any, **kwargs: Any) -> None:
+    def guarded(self: "PeakTracker", *args: object, **kwargs: object) -> None:
         if self.failure is not None:
             return
         try:
@@ -155,7 +155,8 @@ class _Mode(TorchDispatchMode):
         super().__init__()
         self.tracker = tracker
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(self, func: Callable[..., Any], types: tuple[type, ...], args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         result = func(*args, **(kwargs or {}))
         self.tracker._made(result)
         return result
@@ -215,7 +216,7 @@ class PeakTracker:
             return Phase.BACKWARD
         return Phase.FORWARD if self._forward_depth else Phase.OUTSIDE
 
-    def _storage(self, tensor: Any) -> tuple[Any, int, str] | None:
+    def _storage(self, tensor: torch.Tensor) -> tuple[torch.UntypedStorage, int, str] | None:
         if tensor.device.type != self.device_type:
             return None
         try:
@@ -254,7 +255,7 @@ class PeakTracker:
         return held
 
     @_guarded
-    def _freed(self, address: int, held: _Held, _reference: Any) -> None:
+    def _freed(self, address: int, held: _Held, _reference: object) -> None:
         live = self._live.get(held.device, {})
         if live.get(address) is not held:
             return
@@ -267,7 +268,7 @@ class PeakTracker:
         counts[(held.category, held.module)] -= held.nbytes
         self._total[held.device] -= held.nbytes
 
-    def _retag(self, tensor: Any, category: Category, module: str) -> None:
+    def _retag(self, tensor: object, category: Category, module: str) -> None:
         """Say what a storage is for, counting it from now on if it was made before the tracker looked."""
         if not isinstance(tensor, torch.Tensor):
             return
@@ -287,13 +288,13 @@ class PeakTracker:
         counts[(category, module)] = counts.get((category, module), 0) + held.nbytes
 
     # -- models and optimizers --------------------------------------------------------------------
-    def _model_name(self, model: Any) -> str:
+    def _model_name(self, model: torch.nn.Module) -> str:
         for name, value in list(self.namespace.items()):
             if value is model and not name.startswith("_"):
                 return name
         return type(model).__name__
 
-    def _adopt(self, model: Any, name: str | None = None) -> None:
+    def _adopt(self, model: torch.nn.Module, name: str | None = None) -> None:
         """Label a model's top-level children and count its parameters, buffers and gradients."""
         inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper: the model it wraps holds the tensors
         if isinstance(inner, torch.nn.Module):
@@ -310,7 +311,7 @@ class PeakTracker:
             self._label_tensors(child, self._child_label[child])
         self._label_tensors(model, root, recurse=False)
 
-    def _label_tensors(self, module: Any, label: str, recurse: bool = True) -> None:
+    def _label_tensors(self, module: torch.nn.Module, label: str, recurse: bool = True) -> None:
         for parameter in module.parameters(recurse=recurse):
             owner = self._parameter_label.setdefault(id(parameter), label)  # the first model to claim it names it
             self._retag(parameter, Category.PARAMETERS, owner)
@@ -326,18 +327,18 @@ class PeakTracker:
             self._retag(buffer, Category.PARAMETERS, label)
 
     @_guarded
-    def _gradient_landed(self, label: str, parameter: Any) -> None:
+    def _gradient_landed(self, label: str, parameter: torch.Tensor) -> None:
         if parameter.grad is not None:
             self._retag(parameter.grad, Category.GRADIENTS, label)
 
-    def _adopt_optimizer(self, optimizer: Any) -> None:
+    def _adopt_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self._optimizers.add(optimizer)
         for parameter, tensor in _optimizer_tensors(optimizer):
             self._retag(tensor, Category.OPTIMIZER_STATE, self._parameter_label.get(id(parameter), ""))
 
     # -- hooks ------------------------------------------------------------------------------------
     @_guarded
-    def _forward_pre(self, module: Any, _inputs: Any) -> None:
+    def _forward_pre(self, module: torch.nn.Module, _inputs: object) -> None:
         if not self._forward_depth and module not in self._child_label:
             self._adopt(module)
         self._forward_depth += 1
@@ -345,17 +346,17 @@ class PeakTracker:
         self._labels.append(label if label is not None else (self._labels[-1] if self._labels else ""))
 
     @_guarded
-    def _forward_post(self, _module: Any, _inputs: Any, _outputs: Any) -> None:
+    def _forward_post(self, _module: torch.nn.Module, _inputs: object, _outputs: object) -> None:
         self._forward_depth = max(self._forward_depth - 1, 0)
         if self._labels:
             self._labels.pop()
 
     @_guarded
-    def _step_pre(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    def _step_pre(self, _optimizer: torch.optim.Optimizer, _args: object, _kwargs: object) -> None:
         self._in_step += 1
 
     @_guarded
-    def _step_post(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+    def _step_post(self, optimizer: torch.optim.Optimizer, _args: object, _kwargs: object) -> None:
         self._in_step = max(self._in_step - 1, 0)
         self._adopt_optimizer(optimizer)
 
@@ -397,7 +398,7 @@ class PeakTracker:
         self._mode.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         mode, self._mode = self._mode, None
         if mode is not None:
             mode.__exit__(None, None, None)

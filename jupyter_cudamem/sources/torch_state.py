@@ -13,7 +13,10 @@ import copy
 import random
 import sys
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 class StateKind(Enum):
@@ -66,12 +69,12 @@ def is_tensor(value: object) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def module_tensors(module: Any) -> tuple[list[Any], list[Any]]:
+def module_tensors(module: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``(parameters, buffers)`` of a module and its submodules, each once."""
     return list(module.parameters()), [b for b in module.buffers() if b is not None]
 
 
-def optimizer_parameters(optimizer: Any) -> list[Any]:
+def optimizer_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
@@ -79,32 +82,32 @@ def scheduler_optimizer(scheduler: Any) -> Any:
     return getattr(scheduler, "optimizer", None)
 
 
-def tensor_bytes(tensor: Any) -> int:
+def tensor_bytes(tensor: torch.Tensor) -> int:
     return int(tensor.nelement()) * int(tensor.element_size())
 
 
-def parameter_bytes(parameter: Any) -> int:
+def parameter_bytes(parameter: torch.Tensor) -> int:
     """A parameter's data and its ``.grad``: what its host copy takes."""
     grad = parameter.grad
     return tensor_bytes(parameter) + (0 if grad is None else tensor_bytes(grad))
 
 
-def optimizer_bytes(optimizer: Any) -> int:
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     return sum(tensor_bytes(v) for entry in optimizer.state.values() if isinstance(entry, dict)
                for v in entry.values() if is_tensor(v))
 
 
-def _to_host(tensor: Any) -> Any:
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
     # copy=True: a CPU tensor's ``.to("cpu")`` is the tensor itself, and the copy must not follow it.
     return tensor.detach().to("cpu", copy=True)
 
 
-def save_parameter(parameter: Any) -> tuple[Any, Any]:
+def save_parameter(parameter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     grad = parameter.grad
     return _to_host(parameter), None if grad is None else _to_host(grad)
 
 
-def restore_parameter(parameter: Any, saved: tuple[Any, Any], keep_memory: bool = False) -> None:
+def restore_parameter(parameter: torch.Tensor, saved: tuple[torch.Tensor, torch.Tensor | None], keep_memory: bool = False) -> None:
     """``keep_memory``: a ``.grad`` the copy lacks is zeroed in place rather than dropped, so the memory a
     run's backward made stays held as at the start of the cell's next run. Zero is what a step adds its
     gradient to, as to ``None``, and ``zero_grad()`` lets it go as it would the real one."""
@@ -122,17 +125,17 @@ def restore_parameter(parameter: Any, saved: tuple[Any, Any], keep_memory: bool 
             parameter.grad = grad.to(parameter.device, copy=True)
 
 
-def save_buffer(buffer: Any) -> Any:
+def save_buffer(buffer: torch.Tensor) -> torch.Tensor:
     return _to_host(buffer)
 
 
-def restore_buffer(buffer: Any, saved: Any) -> None:
+def restore_buffer(buffer: torch.Tensor, saved: torch.Tensor) -> None:
     torch = _torch()
     with torch.no_grad():
         buffer.copy_(saved)
 
 
-def save_optimizer(optimizer: Any) -> dict[str, Any]:
+def save_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's ``state_dict`` with each state tensor copied to the host beside its device."""
     state_dict = optimizer.state_dict()
     state = {
@@ -143,7 +146,7 @@ def save_optimizer(optimizer: Any) -> dict[str, Any]:
     return {"state": state, "param_groups": copy.deepcopy(state_dict["param_groups"])}
 
 
-def restore_optimizer(optimizer: Any, saved: dict[str, Any], keep_memory: bool = False) -> HeldUntilStep | None:
+def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any], keep_memory: bool = False) -> HeldUntilStep | None:
     """Fresh tensors each time (``load_state_dict`` keeps a tensor already on the right device as it is,
     so loading the saved copy itself would let the next step change the copy).
 
@@ -173,7 +176,7 @@ class HeldUntilStep:
     ``release()`` lets them go sooner and removes the hook (never from inside a step: the hook only
     drops the tensors, as torch iterates its hooks while calling them)."""
 
-    def __init__(self, optimizer: Any, held: list[Any]):
+    def __init__(self, optimizer: torch.optim.Optimizer, held: list[Any]):
         self._held = held
         self._handle = optimizer.register_step_pre_hook(lambda *_: self._held.clear())
 
