@@ -1,6 +1,12 @@
 """Execute tutorial notebooks headless in a real kernel and print what each cell showed.
 
     python scripts/run_notebook.py notebooks/00_quickstart.ipynb [more.ipynb ...] [--write-back | --output DIR]
+    python scripts/run_notebook.py --write-back --quiet --log notebook-run.log   # every notebook, in place
+
+Without a notebook named, every ``notebooks/*.ipynb`` runs, in order. ``--log FILE`` appends one line per
+notebook as it finishes (its name, ok or failed, seconds, the first line of an unexpected error) and one for
+the whole run. ``--jobs N`` runs N notebooks at once, each in a process of its own (the notebooks' outputs
+then show the others' processes on the card; 1, the default, keeps each alone on it).
 
 Cells tagged ``raises-exception`` may fail (an out-of-memory error on purpose) and the run goes on; any other
 error stops that notebook and the exit status is 1. Cells tagged ``skip-execution`` are not run (the quick
@@ -13,7 +19,10 @@ lose their ``site-packages`` prefix, so no path of this machine is saved. Withou
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,10 +58,19 @@ def has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def log_line(args: argparse.Namespace, line: str) -> None:
+    if args.log is not None:
+        with open(args.log, "a") as log:
+            log.write(line + "\n")
+
+
 def run_one(path: Path, args: argparse.Namespace, gpu: bool) -> bool:
     import nbformat
 
     notebook, error, seconds = execute_notebook(path, timeout=args.timeout, without_tag=None if gpu else "gpu")
+    first_error = "" if error is None else f": {str(error).strip().splitlines()[-1][:200]}"
+    log_line(args, f"{path.name}  {'ok' if error is None else 'FAILED'}  {seconds:.0f} s"
+                   f"{'  (over the budget)' if seconds > NOTEBOOK_BUDGET_S else ''}{first_error}")
     if not args.quiet:
         for cell in notebook.cells:
             if cell.cell_type != "code":
@@ -79,18 +97,46 @@ def run_one(path: Path, args: argparse.Namespace, gpu: bool) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("notebooks", type=Path, nargs="+")
+    parser.add_argument("notebooks", type=Path, nargs="*", help="default: every notebooks/*.ipynb")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--write-back", action="store_true", help="save each executed notebook over its source")
     where.add_argument("--output", type=Path, help="save the executed notebooks in this folder")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
     parser.add_argument("--quiet", action="store_true", help="print only one line per notebook")
+    parser.add_argument("--log", type=Path, help="append a line per notebook (and one for the run) to this file")
+    parser.add_argument("--jobs", type=int, default=1, help="notebooks run at once, each in its own process")
     args = parser.parse_args()
-    gpu = has_cuda()
-    if not gpu:
-        print("no CUDA device here: the cells tagged gpu are left out")
-    results = [run_one(path, args, gpu) for path in args.notebooks]
-    return 0 if all(results) else 1
+    notebooks = args.notebooks or sorted((REPO / "notebooks").glob("*.ipynb"))
+    started = time.monotonic()
+    if args.jobs > 1 and len(notebooks) > 1:
+        results = run_in_processes(notebooks, args)
+    else:
+        gpu = has_cuda()
+        if not gpu:
+            print("no CUDA device here: the cells tagged gpu are left out")
+        results = [run_one(path, args, gpu) for path in notebooks]
+    failed = [path.name for path, ok in zip(notebooks, results) if not ok]
+    if len(notebooks) > 1:
+        log_line(args, f"{len(notebooks)} notebooks in {time.monotonic() - started:.0f} s; "
+                       + (f"failed: {', '.join(failed)}" if failed else "all ran"))
+    return 0 if not failed else 1
+
+
+def run_in_processes(notebooks: list[Path], args: argparse.Namespace) -> list[bool]:
+    """Each notebook through this script in a process of its own, ``args.jobs`` at a time; their printouts
+    follow one another, whole, as each finishes."""
+    passed = [str(path) for path in notebooks]
+    flags = ["--timeout", str(args.timeout)] + (["--quiet"] if args.quiet else []) + (
+        ["--write-back"] if args.write_back else ["--output", str(args.output)] if args.output else []) + (
+        ["--log", str(args.log)] if args.log else [])
+
+    def one(path: str) -> bool:
+        done = subprocess.run([sys.executable, __file__, path, *flags], capture_output=True, text=True)
+        print(done.stdout + done.stderr, end="", flush=True)
+        return done.returncode == 0
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        return list(pool.map(one, passed))
 
 
 if __name__ == "__main__":

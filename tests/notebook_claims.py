@@ -15,7 +15,8 @@ speaks about the whole notebook. Three kinds of claim are read:
   (``--limit 2GiB``, ``batch_size = 1024``, ``0.3 * free`` for 30%), not a claim about what it printed;
 - **verdicts**: "fits"/"fitted", "does not fit"/"ran out of memory"/"failed", "runs unchanged", "fits under
   autocast": where a neighbour shows a ``%oomfix``/``%%oomfix``/``%%cudamem`` report, one of the neighbours'
-  outputs (those reports, and out-of-memory errors) must say the same. The header's verdicts are not read:
+  outputs (those reports, ``%oomfix``'s headline or the second of its three lines, and out-of-memory errors)
+  must say the same. The header's verdicts are not read:
   it speaks in general ("until a later cell runs out of memory");
 - **rerun counts**: "3 reruns", "one try": a neighbouring ``%oomfix`` output must report that many.
 
@@ -61,6 +62,9 @@ NOT_READ = [
 
 # Verdicts, in the outputs...
 OOMFIX_HEADLINE = re.compile(r"%oomfix: (fits unchanged|fits under autocast|fits with batch|fits in chunks|nothing fitted)")
+# The second of the three lines %oomfix leads with (the headline above is behind --verbose): what fixed it.
+OOMFIX_LEAD = re.compile(r"^(?:Fixed (with batch|with chunks|under \S*autocast|by the cleanup)|(Not fixed))\b", re.MULTILINE)
+LEAD_VERDICTS = {"with batch": "batch", "with chunks": "batch", "by the cleanup": "unchanged"}
 CELL_OOM = re.compile(r"%%oomfix: the cell ran out of GPU memory")
 CUDAMEM_HEADER = re.compile(r"^cudamem \[\d+\] · [^\n]*", re.MULTILINE)
 # ...and in the words.
@@ -156,7 +160,8 @@ def is_input(figure: Figure, literals: set[float]) -> bool:
 
 def reports_a_verdict(plain_text: str) -> bool:
     """Whether an output holds a report of a magic that says whether the cell fitted."""
-    return bool(OOMFIX_HEADLINE.search(plain_text) or CELL_OOM.search(plain_text) or CUDAMEM_HEADER.search(plain_text))
+    return bool(OOMFIX_HEADLINE.search(plain_text) or OOMFIX_LEAD.search(plain_text) or CELL_OOM.search(plain_text)
+                or CUDAMEM_HEADER.search(plain_text))
 
 
 def output_verdicts(cell, plain_text: str) -> set[str]:
@@ -169,6 +174,12 @@ def output_verdicts(cell, plain_text: str) -> set[str]:
         else:
             verdicts.add("fits")
             verdicts.add({"fits unchanged": "unchanged", "fits under autocast": "autocast"}.get(headline, "batch"))
+    for fixed, not_fixed in OOMFIX_LEAD.findall(plain_text):
+        if not_fixed:
+            verdicts.add("oom")
+        else:
+            verdicts.add("fits")
+            verdicts.add(LEAD_VERDICTS.get(fixed, "autocast"))
     if CELL_OOM.search(plain_text):
         verdicts.add("oom")
     for header in CUDAMEM_HEADER.findall(plain_text):

@@ -6,6 +6,7 @@
   "N x M = T" and "N micro batches of M = T" need N*M == T (and T == E where E was named);
 - no cell's output prints the same diagnosis (or any block of lines) twice, and no two cells of one notebook
   print the same out-of-memory diagnosis;
+- no progress bar is saved at 0% (a static viewer would show the work as never started);
 - each notebook stays within a budget of cells, output lines and bytes (``BUDGET``);
 - the words say what the outputs show (``claim_problems``; ``tests/notebook_claims.py`` says what is read as a
   claim): a figure a markdown cell quotes (``found batch 236``, ``peak 2.05 GiB``, ``largest batch 2,962``, ``215 ms``) is
@@ -49,6 +50,8 @@ STEPS_OF = re.compile(rf"\b{NUMBER} (?:accumulation |micro[- ]?batch )?steps of 
 TIMES_EQUALS = re.compile(rf"\b{NUMBER}\s*[x×*]\s*{NUMBER}\s*=\s*{NUMBER}")
 MICRO_EQUALS = re.compile(rf"\b{NUMBER} micro[- ]?batch(?:es)? of {NUMBER}\s*=\s*{NUMBER}", re.IGNORECASE)
 DIAGNOSIS_HEAD = re.compile(r"^[ \t]*CUDA out of memory on ", re.MULTILINE)
+# A progress bar (tqdm's, ipyparallel's) as the saved notebook keeps it: at the start, though the work finished.
+STUCK_PROGRESS = re.compile(r"(?<![\d.])0%\|")
 # A line that says plainly that the effective batch changes ("5 steps of 205: the effective batch becomes 1025")
 # is the honest answer when no micro-batch divides it; it is not checked against the batch it no longer keeps.
 SAYS_IT_CHANGES = re.compile(r"\b(?:becomes|changes?|changed|instead of|not exactly)\b", re.IGNORECASE)
@@ -254,6 +257,15 @@ def claim_problems(notebook) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
+def progress_problems(notebook) -> list[str]:
+    """A progress bar saved at 0%: a static viewer shows the work as never started (its widget cannot update)."""
+    return [
+        f"{_where(index, cell)} shows a progress bar saved at 0%"
+        for index, cell in enumerate(notebook.cells)
+        if cell.cell_type == "code" and any(STUCK_PROGRESS.search(text) for text in output_texts(cell, tracebacks=False))
+    ]
+
+
 def budget_problems(notebook, size_bytes: int) -> list[str]:
     lines = sum(len(_plain(cell).splitlines()) for cell in _code_cells(notebook))
     measured = {"cells": len(notebook.cells), "output_lines": lines, "bytes": size_bytes}
@@ -267,6 +279,7 @@ def all_problems(notebook, size_bytes: int = 0) -> list[str]:
         + accumulation_problems(notebook)
         + duplication_problems(notebook)
         + claim_problems(notebook)
+        + progress_problems(notebook)
         + budget_problems(notebook, size_bytes)
     )
 
@@ -413,6 +426,15 @@ def test_a_report_beside_its_html_twin_is_not_a_repetition():
     assert duplication_problems(notebook) == []
 
 
+def test_a_progress_bar_saved_at_zero_is_caught():
+    widget = {"application/vnd.jupyter.widget-view+json": {"model_id": "x", "version_major": 2, "version_minor": 0}}
+    stuck = nbformat.v4.new_output("display_data", data={"text/plain": "%px:   0%|          | 0/3 [00:00<?, ?tasks/s]", **widget})
+    assert progress_problems(_notebook(_cell("%%px", [stuck])))
+    assert progress_problems(_notebook(_cell("train()", [_stream("  0%|          | 0/50 [00:00<?, ?it/s]\n", name="stderr")])))
+    done = _stream("100%|##########| 50/50 [00:01<00:00, 40.0it/s]\n", name="stderr")
+    assert progress_problems(_notebook(_cell("train()", [done]), _cell("x", [_stream("util 0% · peak 3.25 MiB\n")]))) == []
+
+
 def test_the_budget_is_enforced():
     many = _notebook(*[nbformat.v4.new_markdown_cell("text") for _ in range(BUDGET["cells"] + 1)])
     assert budget_problems(many, 0)
@@ -555,6 +577,30 @@ def test_the_header_speaks_about_the_whole_notebook():
 )
 def test_a_verdict_the_outputs_do_not_give_is_caught(words, outputs, caught):
     problems = [problem for problem in claim_problems(_with_header(_md(words), _cell("%%cudamem", outputs))) if " says " in problem]
+    assert bool(problems) is caught, problems
+
+
+# The three lines %oomfix leads with, as jupyter_cudamem/oomfix/outcome.py words them (its headline is behind --verbose).
+LEAD_BATCH = "In[7] ran out of GPU memory: it needs more than the 4.00 GiB per-process cap allows\nFixed with batch 480 (was 1024): the rerun at batch 480 fitted, peak 3.50 GiB of the 4.00 GiB free\n"
+LEAD_AUTOCAST = "In[7] ran out of GPU memory\nFixed under torch.autocast('cuda', dtype=torch.bfloat16): the rerun fitted, peak 2.50 GiB of the 4.00 GiB free\n"
+LEAD_CLEANUP = "In[7] ran out of GPU memory\nFixed by the cleanup (it freed 1.00 GiB): the cell as written fitted, peak 3.00 GiB of the 4.00 GiB free\n"
+LEAD_NOTHING = "In[7] ran out of GPU memory\nNot fixed: none of 3 reruns fitted\nTry: activation checkpointing\n"
+
+
+@pytest.mark.parametrize(
+    ("words", "lead", "caught"),
+    [
+        ("`%oomfix` found a batch that fits:", LEAD_BATCH, False),
+        ("The cell ran out of memory; `%oomfix` fixed it:", LEAD_BATCH, True),
+        ("`--del` frees the room; the cell then runs unchanged:", LEAD_AUTOCAST, True),
+        ("It fits under autocast:", LEAD_AUTOCAST, False),
+        ("`%oomfix` reruns the cell unchanged once it fits:", LEAD_CLEANUP, False),
+        ("Nothing helps here: it fits under autocast.", LEAD_NOTHING, True),
+    ],
+    ids=["batch", "oom-but-fixed", "unchanged-but-autocast", "autocast", "cleanup", "autocast-but-nothing"],
+)
+def test_the_three_line_outcome_gives_its_verdict(words, lead, caught):
+    problems = [p for p in claim_problems(_with_header(_md(words), _cell("%oomfix --yes", [_plain_output(lead)]))) if " says " in p]
     assert bool(problems) is caught, problems
 
 
