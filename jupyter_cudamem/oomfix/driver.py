@@ -191,7 +191,7 @@ class Driver:
                     on_host = None if whole is None else whole.on_host
                     fitted, batch_before, cell_diffs, paste = self._smaller_batch(chosen, budget, need, device, stuck,
                                                                                   on_host)
-                    batch_after = None if fitted is None else fitted.batch
+                    batch_after = None if fitted is None else fitted.next_runs_batch or fitted.batch
                     if chosen is not finding:
                         # The chunked cell's diff starts from the cell as the user wrote it.
                         cell_diffs = tuple(
@@ -230,7 +230,7 @@ class Driver:
         )
         return Outcome(
             original_source=source,
-            fixed_source=None if fitted is None else fitted.source,
+            fixed_source=None if fitted is None else fitted.next_runs_source or fitted.source,
             strategy=strategy,
             tries=tuple(self._runs.tries),
             batch_before=batch_before,
