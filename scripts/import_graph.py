@@ -6,7 +6,8 @@ A room's imports are read from its modules' ``import`` statements (``TYPE_CHECKI
 circle there is still a circle for a reader). The map's order is ``ROOMS``: data flows one way, from the
 hardware (``sources``) through measurement and models (``growth``, ``reruns``, ``batch``, ``attribution``) to
 the features (``oomfix``, ``capacity``, ``engines``) and ``magics``; a room may import only rooms before it, and
-``tests/test_import_graph.py`` holds the package to that.
+``tests/test_import_graph.py`` holds the package to that, and to no circle among the modules of one folder
+either (``folder_graph``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,26 @@ def graph() -> dict[str, set[str]]:
     return arrows
 
 
+def folder_graph(folder: str) -> dict[str, set[str]]:
+    """The imports between the modules of one folder of the package (``"magics"``): module -> modules of the
+    same folder it imports. The folder's ``__init__`` is left out: importing a module of a folder runs it."""
+    arrows: dict[str, set[str]] = defaultdict(set)
+    for path in (PACKAGE / folder).glob("*.py"):
+        source = path.stem
+        if source == "__init__":
+            continue
+        for name in imports(path):
+            parts = name.split(".")
+            if len(parts) >= 3 and parts[1] == folder and parts[2] != source and (PACKAGE / folder / f"{parts[2]}.py").exists():
+                arrows[source].add(parts[2])
+    return arrows
+
+
+def folders() -> list[str]:
+    """The package's folders (rooms that are packages)."""
+    return sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
+
+
 def upward(arrows: dict[str, set[str]]) -> list[tuple[str, str]]:
     order = {room: index for index, room in enumerate(ROOMS)}
     return sorted((a, b) for a, targets in arrows.items() for b in targets
@@ -125,6 +146,8 @@ def main() -> None:
             print(f"{room} -> {', '.join(sorted(arrows[room], key=ROOMS.index))}")
     print("up the map:", upward(arrows) or "none")
     print("circles:", circles(arrows) or "none")
+    inside = {folder: found for folder in folders() if (found := circles(folder_graph(folder)))}
+    print("circles inside a folder:", inside or "none")
     print("rooms not on the map:", sorted(unknown(arrows)) or "none")
 
 

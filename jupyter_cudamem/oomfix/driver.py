@@ -55,6 +55,24 @@ def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
     )
 
 
+def freed_from_before(source: str, cleaned: CleanupResult | None,
+                      transform: Callable[[str], str] | None) -> tuple[int, list[str]]:
+    """What the cleanup freed that was held before the failed cell (bytes, and by whom): the output cache,
+    and each variable deleted with ``--del`` that the cell does not bind (one it binds, it made)."""
+    if cleaned is None:
+        return 0, []
+    rebound = set(bound_before_read(source, transform))
+    gained, held_by = 0, []
+    if cleaned.freed_output_cache_bytes:
+        gained += cleaned.freed_output_cache_bytes
+        held_by.append("the output cache")
+    for name, freed in cleaned.freed_by_name.items():
+        if freed and name not in rebound:
+            gained += freed
+            held_by.append(name)
+    return gained, held_by
+
+
 @dataclass(frozen=True)
 class _FailedCell:
     """What the strategies read of the failed cell, read once at the start of a fix: its OOM and the device
@@ -298,7 +316,7 @@ class Driver:
                 f"(what it held when it failed plus the allocation that failed), {format_bytes(budget)} is free"
             )
             return None
-        gained, held_by = self._freed_from_before(source, cell.cleaned)
+        gained, held_by = freed_from_before(source, cell.cleaned, self._runs.transform)
         lacked = lacked_bytes(oom)
         if not gained:
             self._runs.notes.append("skipped a plain rerun: the cleanup freed only what the failed cell had made, "
@@ -315,22 +333,6 @@ class Driver:
     def _plain(self, reason: str, source: str, device: int) -> TryResult | None:
         result = self._runs.run(Strategy.CLEANUP, source, reason, device)
         return result if result.fitted else None
-
-    def _freed_from_before(self, source: str, cleaned: CleanupResult | None) -> tuple[int, list[str]]:
-        """What the cleanup freed that was held before the failed cell: the output cache, and each
-        variable deleted with ``--del`` that the cell does not bind (one it binds, it made)."""
-        if cleaned is None:
-            return 0, []
-        rebound = set(bound_before_read(source, self._runs.transform))
-        gained, held_by = 0, []
-        if cleaned.freed_output_cache_bytes:
-            gained += cleaned.freed_output_cache_bytes
-            held_by.append("the output cache")
-        for name, freed in cleaned.freed_by_name.items():
-            if freed and name not in rebound:
-                gained += freed
-                held_by.append(name)
-        return gained, held_by
 
     def _smaller_batch(self, cell: _FailedCell, finding: BatchFinding) -> BatchTried:
         """The batch strategy; where the batch is the data (inference over a whole tensor), over chunks of all
