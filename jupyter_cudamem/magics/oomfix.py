@@ -18,7 +18,7 @@ from IPython.display import display
 from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
 from ..errors import CudaMemError
-from ..oom import OomInfo, OomKind, oom_device, parse_oom
+from ..oom import OomInfo, oom_device, parse_oom
 from ..oomfix.diagnosis import Diagnosis
 from ..oomfix.fix import Confirm, fix
 from ..oomfix.options import check_max_tries, check_strategies
@@ -194,7 +194,7 @@ class OomFix(CudaMemMagicsBase):
         args: Any,
         source: str,
         error: BaseException | None,
-        oom: OomInfo | None,
+        oom: OomInfo,
         allocated_at_start: dict[int, int] | None = None,
         cell_number: int | None = None,
     ) -> Outcome | None:
@@ -204,8 +204,7 @@ class OomFix(CudaMemMagicsBase):
                 require_gpu(self.hardware)
             request = FixRequest(
                 source=source,
-                # An OOM whose message says nothing we parse: diagnosed from the holders alone.
-                oom=oom if oom is not None else OomInfo(OomKind.OTHER, "" if error is None else str(error)),
+                oom=oom,
                 max_tries=check_max_tries(self.max_tries if args.max_tries is None else args.max_tries),
                 strategies=chosen_strategies(args, self.strategies, self.autocast),
                 margin=self.margin,

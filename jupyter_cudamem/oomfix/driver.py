@@ -2,7 +2,7 @@
 
 The driver knows nothing of IPython: it is handed a function that runs a cell's source and returns
 the exception it raised (``None`` when it ran), a function that frees what a failure left behind,
-and the ``Hardware`` to measure with. The magic passes the shell's ``run_cell`` and the real cleanup;
+and the ``Hardware`` to measure with. ``oomfix.fix`` passes the shell's ``run_cell`` and the real cleanup;
 tests pass a simulated cell and fake hardware (``tests/oomfix/simulated.py``).
 
 Tries stop at ``max_tries``, at the first try that fits (for a batch search: once the search says a

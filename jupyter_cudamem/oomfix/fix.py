@@ -79,18 +79,7 @@ def fix(
     restorer = Restorer(trained, namespace, copy_training=restore) if restore or not trained.plain.empty else None
     if restorer is not None:
         restorer.take()  # once, before the first rerun
-    driver = Driver(
-        run_source=reruns.run_source if restorer is None else restorer.run(reruns.run_source),
-        before_rerun=None if restorer is None else restorer.restore,
-        hardware=hardware,
-        cleanup=lambda failed: cleanup_module.cleanup(shell, hardware, exception=failed, holds_cuda=holds_cuda),
-        max_tries=request.max_tries,
-        strategies=request.strategies,
-        transform=shell.transform_cell,
-        margin=request.margin,
-        oom_of=reruns.oom_of,
-        probe=probe,
-    )
+    driver = _driver(request, shell, hardware, reruns, restorer, probe, holds_cuda)
     last_fitted = False  # an interrupted fix puts the state back as before the reruns
     try:
         # Our reruns are not the user's failures: the record stays the cell they ran.
@@ -111,6 +100,24 @@ def fix(
     if outcome.fitted:
         recorder.forget()
     return outcome
+
+
+def _driver(request: FixRequest, shell: Any, hardware: Hardware, reruns: Reruns, restorer: Restorer | None,
+            probe: TensorProbe | None, holds_cuda: Callable[[object], bool] | None) -> Driver:
+    """The driver of the tries: each runs through ``reruns`` (after ``restorer`` puts back what the cell
+    trains), and each failed one is cleaned up as the failure was."""
+    return Driver(
+        run_source=reruns.run_source if restorer is None else restorer.run(reruns.run_source),
+        before_rerun=None if restorer is None else restorer.restore,
+        hardware=hardware,
+        cleanup=lambda failed: cleanup_module.cleanup(shell, hardware, exception=failed, holds_cuda=holds_cuda),
+        max_tries=request.max_tries,
+        strategies=request.strategies,
+        transform=shell.transform_cell,
+        margin=request.margin,
+        oom_of=reruns.oom_of,
+        probe=probe,
+    )
 
 
 def _diagnosis(request: FixRequest, shell: Any, hardware: Hardware, probe: TensorProbe | None) -> Diagnosis:
