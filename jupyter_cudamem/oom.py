@@ -185,6 +185,12 @@ class OomInfo:
         return capacity is None or slack >= 0.05 * capacity
 
 
+def oom_device(oom: OomInfo | None) -> int:
+    """The device an OOM names; 0 where it names none (an older message, another library's), as PyTorch's
+    default device."""
+    return oom.device_index if oom is not None and oom.device_index is not None else 0
+
+
 def _to_bytes(number: str, unit: str) -> int:
     return int(round(float(number.replace(",", "")) * _FACTORS[unit.lower()]))
 

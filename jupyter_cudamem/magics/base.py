@@ -35,6 +35,12 @@ def one_line_errors(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def note(message: str) -> None:
+    """A one-line warning: what could not be measured or done (stderr, where a plain cell's output stays as
+    it would be without us)."""
+    print(f"cudamem: {message}", file=sys.stderr)
+
+
 def current_cell_number(shell: InteractiveShell) -> int | None:
     """The ``In[N]`` of the cell running now.
 
@@ -72,9 +78,8 @@ class CudaMemMagicsBase(Magics):
         self.extension = extension  # the ``magics.Extension`` this belongs to, to find siblings
 
     def note(self, message: str) -> None:
-        """A one-line warning: what could not be measured or done (stderr, where a plain cell's output
-        stays as it would be without us)."""
-        print(f"cudamem: {message}", file=sys.stderr)
+        """A one-line warning (``note``)."""
+        note(message)
 
     def tell(self, message: str) -> None:
         """A one-line answer to what the user asked (a monitor stopped, one not running): stdout, not the

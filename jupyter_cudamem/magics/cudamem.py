@@ -2,8 +2,9 @@
 
 Thin: the option line is ``cudamem_arguments``'s, the every-cell mode ``every_cell``'s, ``%cudamem_history``
 is ``history.CudaMemHistory``; running a cell measured is ``measured_cell``'s, who holds what a cell left
-``left_attribution``'s. This class holds the settings (``%config CudaMem...``), the history of measured cells,
-and the magic itself.
+``left_attribution``'s. This class holds the settings (``%config CudaMem...``), read into one
+``measuring.CellSettings`` as each cell starts and handed to those helpers with the shell, the hardware and
+the history of measured cells (they never hold this class), and the magic itself.
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Bool, Dict, Int, TraitError, Unicode, Union, observe, validate
 
-from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot
+from ..attribution.left import DEFAULT_THRESHOLD_BYTES
 from ..errors import CudaMemError
-from ..history import CellRecord, History, source_head
-from ..measure import Measurement, Meter
-from ..repeats import run_growth, source_key
+from ..history import History
 from ..units import MiB, parse_size
 from .base import CudaMemMagicsBase, one_line_errors, parse_devices
 from .cudamem_arguments import CudaMemArguments
-from .every_cell import AUTO_ALLOWED, EveryCell, mode_of
-from .left_attribution import ATTRIBUTE_ALLOWED, LeftAttribution
+from .every_cell import EveryCell, mode_of
+from .left_attribution import LeftAttribution
 from .measured_cell import CellMeasurer
+from .measuring import (
+    ATTRIBUTE_ALLOWED, AUTO_ALLOWED, CellSettings, attribute_threshold_bytes, auto_threshold_bytes, gpu_present,
+)
 from .options import positive_int, size_setting
 
 
@@ -120,10 +122,10 @@ class CudaMem(CudaMemMagicsBase):
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell, hardware, extension, **kwargs)
         self.history = History(self.history_size)
-        self.every_cell = EveryCell(self)
+        self.attribution = LeftAttribution(shell, hardware)
+        self.every_cell = EveryCell(shell, hardware, self.attribution, self.history, self.settings)
+        self.measurer = CellMeasurer(shell, hardware, self.attribution, self.history, self.every_cell)
         self.arguments = CudaMemArguments(self.cudamem.parser)
-        self.attribution = LeftAttribution(self)
-        self.measurer = CellMeasurer(self)
         # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
         self.probe: Any = None
         # What --breakdown counts with: ``namespace -> tracker`` (``sources.torch_breakdown.PeakTracker``
@@ -131,37 +133,19 @@ class CudaMem(CudaMemMagicsBase):
         self.breakdown_tracker: Any = None
         self.nvtx_ranges: Any = None
 
-    # -- shared pieces ---------------------------------------------------------------------
-    def meter(self, devices: list[int] | None = None, reset_peak: bool | None = None) -> Meter:
-        return Meter(
-            self.hardware,
-            reset_peak=self.reset_peak if reset_peak is None else reset_peak,
-            devices=devices,
+    def settings(self) -> CellSettings:
+        """The settings as a cell starts, read once for the helpers that measure it."""
+        return CellSettings(
+            reset_peak=self.reset_peak,
             process_memory=self.process_memory,
+            auto_threshold_bytes=auto_threshold_bytes(self.auto_threshold),
+            attribute_threshold_bytes=attribute_threshold_bytes(self.attribute_threshold),
+            trace_dir=self.trace_dir,
+            trace_max_entries=self.trace_max_entries,
+            probe=self.probe,
+            breakdown_tracker=self.breakdown_tracker,
+            nvtx_ranges=self.nvtx_ranges,
         )
-
-    def gpu_present(self) -> bool:
-        return self.hardware.allocator.status() is None or self.hardware.nvml.status() is None
-
-    def record(self, count: int | None, source: str, measurement: Measurement) -> CellRecord:
-        """Add a measured cell to the history, flagged as growing when it left memory again."""
-        key = source_key(source)
-        growth = run_growth(self.history, key, measurement)
-        record = CellRecord(count, source_head(source), measurement, source_key=key, growth=growth)
-        self.history.add(record)
-        return record
-
-    # -- who holds what a cell left (``left_attribution``) ------------------------------------
-    def snapshot(self) -> NamespaceSnapshot | None:
-        """The namespace's fingerprint as the cell starts (see ``attribution.left``); ``None`` when
-        attribution is off or nothing can hold device memory (torch not imported)."""
-        return self.attribution.snapshot()
-
-    def left_behind(
-        self, measurement: Measurement, snapshot: NamespaceSnapshot | None, value: Any = None, error: Any = None
-    ) -> LeftBehind | None:
-        """Who holds what the cell left, when it left at least the threshold; never fails the cell."""
-        return self.attribution.left_behind(measurement, snapshot, value, error)
 
     # -- %%cudamem / %cudamem ------------------------------------------------------------------
     @magic_arguments()
@@ -236,10 +220,10 @@ class CudaMem(CudaMemMagicsBase):
                 raise CudaMemError("nothing to measure: use %%cudamem as a cell magic, %cudamem STATEMENT, or %cudamem on")
             cell, line = statement, options
         args = self.arguments.parse(line, self.shell.user_ns)
+        settings = self.settings()
         devices = None if args.device is None else list(parse_devices(args.device, option="--device"))
-        meter = self.meter(devices, reset_peak=False if args.no_reset_peak else None)
-        gpu_present = self.gpu_present()
-        if gpu_present:
+        meter = settings.meter(self.hardware, devices, reset_peak=False if args.no_reset_peak else None)
+        if gpu_present(self.hardware):
             meter.check_devices()
         limit_bytes = parse_size(args.limit) if args.limit else None
         breakdown, nvtx = args.breakdown or self.breakdown, args.nvtx or self.nvtx
@@ -258,7 +242,7 @@ class CudaMem(CudaMemMagicsBase):
             self.note(f"{names} need{'s' if one else ''} PyTorch with a CUDA device ({next(iter(without.values()))}); "
                       f"the cell runs without {'it' if one else 'them'}")
         report = self.measurer.measure(
-            cell, meter, limit_bytes if allocator is None else None, args.trace and allocator is None,
+            cell, settings, meter, limit_bytes if allocator is None else None, args.trace and allocator is None,
             show=not args.quiet, breakdown=breakdown and allocator is None,
             nvtx=nvtx and not without.keys() & {"--nvtx", "CudaMem.nvtx"}, verbose=args.verbose or self.verbose,
         )

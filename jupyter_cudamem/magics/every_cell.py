@@ -1,5 +1,6 @@
 """``%cudamem on``: a line after each cell that moves GPU memory, from IPython's ``pre_run_cell`` and
-``post_run_cell`` events. The measuring (meter, snapshot, history) is ``CudaMem``'s; this is when it runs."""
+``post_run_cell`` events. The meter and the settings are ``measuring``'s, who holds what a cell left
+``left_attribution``'s; this is when they run."""
 
 from __future__ import annotations
 
@@ -7,22 +8,22 @@ import ast
 import builtins
 import difflib
 import re
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
 
 from ..cell.names import SAFE_MAGICS, cell_names
 from ..errors import CudaMemError
+from ..hardware import Hardware
+from ..history import History
 from ..report import one_line
 from ..report.cell import left_finding
 from ..units import format_bytes
-from .base import current_cell_number
-from .options import size_setting
-
-if TYPE_CHECKING:
-    from .cudamem import CudaMem
+from .base import current_cell_number, note
+from .left_attribution import LeftAttribution
+from .measuring import CellSettings, gpu_present, record
 
 MODES = ("on", "off", "status")
-AUTO_ALLOWED = "a size such as 1MiB, 512KB or 4096 (bytes), or 0 for a line after every cell"
 
 
 def _assigns(statement: str, name: str) -> bool:
@@ -74,39 +75,44 @@ def mode_of(options: str, statement: str, namespace: Mapping[str, Any]) -> str |
 
 
 class EveryCell:
-    """The every-cell mode of one ``CudaMem``: its IPython callbacks and the threshold of a line."""
+    """The every-cell mode on one shell: its IPython callbacks. ``settings`` reads ``CudaMem``'s settings, once
+    as each cell starts; ``attribution`` names who holds what a cell left; each measured cell goes into
+    ``history``."""
 
-    def __init__(self, cudamem: CudaMem):
-        self.cudamem = cudamem
+    def __init__(self, shell: Any, hardware: Hardware, attribution: LeftAttribution, history: History,
+                 settings: Callable[[], CellSettings]):
+        self.shell = shell
+        self.hardware = hardware
+        self.attribution = attribution
+        self.history = history
+        self.settings = settings
         self.on = False
-        # Set while a %%cudamem cell runs: that cell is measured by the magic, not again here.
+        # Set while a %%cudamem cell runs (``measured_by_magic``): that cell is measured by the magic, not again here.
         self.inside_magic = False
         self._baseline: Any = None
         self._depth = 0
-        self._threshold_text: str | int | None = None
-        self._threshold_value = 0
         self._unsafe_magics: tuple[int, frozenset[str]] = (-1, frozenset())
 
     def switch(self, command: str) -> None:
         """``on``, ``off`` or ``status``; prints which is active."""
-        cudamem = self.cudamem
-        events = cudamem.shell.events
+        events = self.shell.events
+        settings = self.settings()
         if command == "on" and not self.on:
             events.register("pre_run_cell", self.pre_run_cell)
             events.register("post_run_cell", self.post_run_cell)
             self.on = True
-            cudamem.attribution.track(True)
+            self.attribution.track(settings)
         elif command == "off" and self.on:
             self.stop()
             self._depth = 0
-        threshold = format_bytes(self.threshold_bytes())
+        threshold = format_bytes(settings.auto_threshold_bytes)
         state = f"on: a line after each cell that moves GPU memory by {threshold} or more" if self.on else "off"
         print(f"cudamem every-cell mode {state}")
-        if self.on and not cudamem.gpu_present():
-            cudamem.note("no GPU measured here: " + "; ".join(cudamem.hardware.unavailable()))
+        if self.on and not gpu_present(self.hardware):
+            note("no GPU measured here: " + "; ".join(self.hardware.unavailable()))
 
     def stop(self) -> None:
-        events = self.cudamem.shell.events
+        events = self.shell.events
         for name, callback in (("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)):
             try:
                 events.unregister(name, callback)
@@ -114,24 +120,26 @@ class EveryCell:
                 pass
         self.on = False
         self._baseline = None
-        self.cudamem.attribution.track(False)
+        self.attribution.track(None)
+
+    @contextmanager
+    def measured_by_magic(self) -> Iterator[None]:
+        """While a ``%%cudamem`` cell's body runs: the magic measures it, so this does not."""
+        self.inside_magic = True
+        try:
+            yield
+        finally:
+            self.inside_magic = False
 
     def _ran(self, raw: str) -> None:
         """Tell the kept fingerprints which names a cell can have touched (``attribution.tracked``)."""
-        tracked = self.cudamem.attribution.tracked
+        tracked = self.attribution.tracked
         if tracked is None:
             return
-        line_magics = self.cudamem.shell.magics_manager.magics.get("line", {})
+        line_magics = self.shell.magics_manager.magics.get("line", {})
         if self._unsafe_magics[0] != len(line_magics):  # IPython's automagic: ``run x.py`` runs %run
             self._unsafe_magics = (len(line_magics), frozenset(line_magics).difference(SAFE_MAGICS))
         tracked.ran(cell_names(raw, self._unsafe_magics[1]))
-
-    def threshold_bytes(self) -> int:
-        threshold = self.cudamem.auto_threshold
-        if threshold != self._threshold_text:  # parsed once per setting, not once per cell
-            self._threshold_value = size_setting("CudaMem.auto_threshold", threshold, AUTO_ALLOWED) or 0
-            self._threshold_text = threshold
-        return self._threshold_value
 
     def pre_run_cell(self, info: Any = None) -> None:
         # A cell may run others (%oomfix reruns through shell.run_cell): those nested cells belong
@@ -143,14 +151,14 @@ class EveryCell:
         if self.inside_magic or raw.lstrip().startswith(("%%cudamem", "%cudamem")):
             self._baseline = None
             return
-        cudamem = self.cudamem
         try:
-            snapshot = cudamem.snapshot()
-            meter = cudamem.meter()
-            self._baseline = (meter, meter.start(), raw, snapshot)
+            settings = self.settings()
+            snapshot = self.attribution.snapshot(settings)
+            meter = settings.meter(self.hardware)
+            self._baseline = (settings, meter, meter.start(), raw, snapshot)
         except Exception as error:  # never break the user's cell because a reading failed
             self._baseline = None
-            cudamem.note(f"every-cell measurement skipped: {error}")
+            note(f"every-cell measurement skipped: {error}")
         finally:
             self._ran(raw)  # a snapshot of a cell this one runs must see what this one changed
 
@@ -165,23 +173,22 @@ class EveryCell:
         pending, self._baseline = self._baseline, None
         if pending is None or self.inside_magic:
             return
-        cudamem = self.cudamem
-        meter, baseline, raw, snapshot = pending
+        settings, meter, baseline, raw, snapshot = pending
         try:
             failure = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
             measurement = meter.stop(baseline, error=None if failure is None else type(failure).__name__)
             # IPython before 9.8 gives no number to a cell run with store_history=False (silent runs, tests).
             count = getattr(result, "execution_count", None)
             if count is None:
-                count = current_cell_number(cudamem.shell)
+                count = current_cell_number(self.shell)
             del failure  # the traceback is IPython's to keep, not ours
-            left = cudamem.left_behind(measurement, snapshot)
-            record = cudamem.record(count, raw, measurement)
-            if measurement.error == "OutOfMemoryError" or measurement.moved_at_least(self.threshold_bytes()):
+            left = self.attribution.left_behind(settings, measurement, snapshot)
+            cell_record = record(self.history, count, raw, measurement)
+            if measurement.error == "OutOfMemoryError" or measurement.moved_at_least(settings.auto_threshold_bytes):
                 print(one_line(measurement, f"[{count}]" if count is not None else ""))
                 if left is not None:  # the line a %%cudamem report leads with: the largest leak's advice only
                     print("  " + left_finding(left))
-                if record.growth is not None:
-                    print(f"  {record.growth.describe()}")
+                if cell_record.growth is not None:
+                    print(f"  {cell_record.growth.describe()}")
         except Exception as error:
-            cudamem.note(f"every-cell measurement failed: {error}")
+            note(f"every-cell measurement failed: {error}")

@@ -8,29 +8,37 @@ the breakdown ``breakdown``'s; this is the order they run in and what a failure 
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from IPython.display import display
 
+from ..hardware import Hardware
+from ..history import History
 from ..measure import Measurement, Meter
 from ..report import CellReport
 from ..trace import TraceSummary, traced
-from .base import current_cell_number
+from .base import current_cell_number, note
 from .cellrun import Ran, run_cell_body
-
-if TYPE_CHECKING:
-    from .cudamem import CudaMem
+from .every_cell import EveryCell
+from .left_attribution import LeftAttribution
+from .measuring import CellSettings, record
 
 
 class CellMeasurer:
-    """Runs cells measured for one ``CudaMem``, with its settings, history and attribution."""
+    """Runs cells of one shell measured: ``attribution`` names who holds what a cell left, each measured
+    cell goes into ``history``, and ``every_cell`` does not measure the cell again."""
 
-    def __init__(self, cudamem: CudaMem):
-        self.cudamem = cudamem
+    def __init__(self, shell: Any, hardware: Hardware, attribution: LeftAttribution, history: History,
+                 every_cell: EveryCell):
+        self.shell = shell
+        self.hardware = hardware
+        self.attribution = attribution
+        self.history = history
+        self.every_cell = every_cell
 
     def measure(
-        self, cell: str, meter: Meter, limit_bytes: int | None, trace: bool, show: bool = True,
-        breakdown: bool = False, nvtx: bool = False, verbose: bool = False,
+        self, cell: str, settings: CellSettings, meter: Meter, limit_bytes: int | None, trace: bool,
+        show: bool = True, breakdown: bool = False, nvtx: bool = False, verbose: bool = False,
     ) -> CellReport | None:
         """Run ``cell`` as a plain cell, measured; ``None`` when it failed (its error shown as a plain cell's).
 
@@ -39,48 +47,44 @@ class CellMeasurer:
         error is still the one shown, after a one-line note.
         """
         __tracebackhide__ = True  # noqa: F841
-        cudamem = self.cudamem
-        shell = cudamem.shell
+        shell = self.shell
         count = current_cell_number(shell)
         label = f"[{count}]"
-        snapshot = cudamem.snapshot()
+        snapshot = self.attribution.snapshot(settings)
         ran: Ran | None = None
         measurement: Measurement | None = None
         tracing: list[TraceSummary] | None = None
         tracker: Any = None
         try:
             with ExitStack() as stack:
-                cap_note = stack.enter_context(cudamem.hardware.pytorch_capped(limit_bytes, meter.devices)) if limit_bytes else None
-                tracing = stack.enter_context(self._tracing(count)) if trace else None
+                cap_note = stack.enter_context(self.hardware.pytorch_capped(limit_bytes, meter.devices)) if limit_bytes else None
+                tracing = stack.enter_context(self._tracing(settings, count)) if trace else None
                 if nvtx:
-                    stack.enter_context(self._nvtx_range(count, cell))
+                    stack.enter_context(self._nvtx_range(settings, count, cell))
                 baseline = meter.start()
-                cudamem.every_cell.inside_magic = True
-                try:
+                with self.every_cell.measured_by_magic():
                     if breakdown:
-                        with self._tracker() as tracker:
+                        with self._tracker(settings) as tracker:
                             ran = run_cell_body(shell, cell)
                     else:
                         ran = run_cell_body(shell, cell)
-                finally:
-                    cudamem.every_cell.inside_magic = False
                 if ran.started:
                     error_name = None if ran.error is None else type(ran.error).__name__
                     measurement = meter.stop(baseline, error=error_name, limit_bytes=cap_note)
         except Exception as failure:
             if ran is None or ran.error is None:
                 raise
-            cudamem.note(f"could not read GPU memory after the cell ({type(failure).__name__}: {failure}); your error follows")
+            note(f"could not read GPU memory after the cell ({type(failure).__name__}: {failure}); your error follows")
         if measurement is None:  # it did not compile (a plain cell's SyntaxError), or the reading failed: no report
             assert ran is not None
             ran.fail(shell)  # outside the `except`: the user's error carries no context of ours
             return None
         traces = tuple(tracing or ())
-        left = cudamem.left_behind(measurement, snapshot, ran.value, ran.error)
-        record = cudamem.record(count, cell, measurement)
+        left = self.attribution.left_behind(settings, measurement, snapshot, ran.value, ran.error)
+        cell_record = record(self.history, count, cell, measurement)
         breakdowns = self._breakdowns(tracker, measurement) if tracker is not None else ()
         report = CellReport(
-            measurement, label=label, traces=traces, left=left, growth=record.growth, breakdowns=breakdowns,
+            measurement, label=label, traces=traces, left=left, growth=cell_record.growth, breakdowns=breakdowns,
             verbose=verbose,
         )
         del left, snapshot, tracker
@@ -92,14 +96,13 @@ class CellMeasurer:
             return None
         return report
 
-    def _tracker(self) -> Any:
+    def _tracker(self, settings: CellSettings) -> Any:
         """What counts the cell's tensors for --breakdown (imports torch: only when asked)."""
-        cudamem = self.cudamem
-        if cudamem.breakdown_tracker is not None:
-            return cudamem.breakdown_tracker(cudamem.shell.user_ns)
+        if settings.breakdown_tracker is not None:
+            return settings.breakdown_tracker(self.shell.user_ns)
         from ..sources.torch_breakdown import PeakTracker
 
-        return PeakTracker(cudamem.shell.user_ns)
+        return PeakTracker(self.shell.user_ns)
 
     def _breakdowns(self, tracker: Any, measurement: Measurement) -> tuple[Any, ...]:
         """Where each measured device's peak went; a failure of ours costs the user only this part."""
@@ -110,21 +113,20 @@ class CellMeasurer:
         try:
             return breakdowns_for(peaks, tracker.peaks(), start)
         except Exception as failure:  # noqa: BLE001  a bug of ours must not cost the user the report
-            self.cudamem.note(f"could not break the peak down: {type(failure).__name__}: {failure}")
+            note(f"could not break the peak down: {type(failure).__name__}: {failure}")
             return ()
 
-    def _nvtx_range(self, count: int | None, cell: str) -> Any:
+    def _nvtx_range(self, settings: CellSettings, count: int | None, cell: str) -> Any:
         from ..sources.nvtx import TorchNvtx, range_name
 
-        ranges = self.cudamem.nvtx_ranges if self.cudamem.nvtx_ranges is not None else TorchNvtx()
+        ranges = settings.nvtx_ranges if settings.nvtx_ranges is not None else TorchNvtx()
         return ranges.range(range_name(count, cell))
 
-    def _tracing(self, count: int | None) -> Any:
-        cudamem = self.cudamem
-        return traced(cudamem.hardware.allocator, cudamem.trace_max_entries, cudamem.trace_dir, count, self._describe_file)
+    def _tracing(self, settings: CellSettings, count: int | None) -> Any:
+        return traced(self.hardware.allocator, settings.trace_max_entries, settings.trace_dir, count, self._describe_file)
 
     def _describe_file(self, filename: str) -> str:
-        formatter = getattr(self.cudamem.shell.compile, "format_code_name", None)
+        formatter = getattr(self.shell.compile, "format_code_name", None)
         if formatter is not None:
             named = formatter(filename)
             if named:

@@ -1,16 +1,15 @@
 """``%oomfix`` and ``%%oomfix``: turn a CUDA out-of-memory error into a cell that fits.
 
-Thin: finds the failed cell in IPython's records (``ipython_state``), reads its options
-(``oomfix_arguments``) and the ``--limit`` it ran under (``cell_cap``), asks before rerunning
-(``oomfix_dialogue``), and hands the work to ``oomfix.diagnosis``, ``oomfix.cleanup``, ``oomfix.restore``,
-``oomfix.dry_run`` and ``oomfix.driver``; the tries run through the shell (``oomfix_reruns``), and what
-each cell started with is kept by ``cell_starts``. Configure with ``%config OomFix.max_tries = 5`` and
-the like.
+Thin: finds the failed cell in IPython's records (``ipython_state``), reads it with its options
+(``oomfix_arguments``), ``OomFix``'s settings and the ``--limit`` it ran under (``cell_cap``) into one
+``oomfix.request.FixRequest``, and calls the feature, ``oomfix.fix.fix``, with the shell, the hardware,
+the tries through the shell (``oomfix_reruns``) and the question before rerunning (``oomfix_dialogue``).
+What each cell started with is kept by ``cell_starts``. Configure with ``%config OomFix.max_tries = 5``
+and the like.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from IPython.core.magic import cell_magic, line_magic, magics_class, no_var_expand
@@ -19,11 +18,14 @@ from IPython.display import display
 from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
 from ..errors import CudaMemError
-from ..oomfix.driver import Driver
-from ..oom import OomInfo, OomKind, parse_oom
-from ..oomfix.outcome import Outcome
+from ..oom import OomInfo, oom_device, parse_oom
+from ..oomfix.diagnosis import Diagnosis
+from ..oomfix.fix import Confirm, fix
 from ..oomfix.options import check_max_tries, check_strategies
+from ..oomfix.outcome import Outcome
+from ..oomfix.request import FixRequest
 from ..oomfix.strategies import STRATEGIES
+from ..reruns.model_state import TrainingState
 from .base import CudaMemMagicsBase, one_line_errors
 from .cell_cap import cap_note, cell_cap
 from .cell_starts import CellStarts
@@ -187,130 +189,50 @@ class OomFix(CudaMemMagicsBase):
         return shown
 
     # -- shared ----------------------------------------------------------------------------------
-    def _model_state(self) -> Any:
-        """Parameters, gradients and optimizer state of the models and optimizers bound to names (bytes), for
-        the diagnosis's split by category; ``None`` where torch was never imported or they cannot be read."""
-        import sys
-
-        if "torch" not in sys.modules:
-            return None
-        try:
-            from ..sources.torch_breakdown import model_state_bytes, namespace_objects
-
-            _, models, optimizers = namespace_objects(self.shell.user_ns)
-            return model_state_bytes(models, optimizers)
-        except Exception:  # noqa: BLE001  the split is extra: the diagnosis stands without it
-            return None
-
     def _fix(
         self,
         args: Any,
         source: str,
         error: BaseException | None,
-        oom: OomInfo | None,
+        oom: OomInfo,
         allocated_at_start: dict[int, int] | None = None,
         cell_number: int | None = None,
     ) -> Outcome | None:
-        device = oom.device_index if oom is not None and oom.device_index is not None else 0
+        device = oom_device(oom)
         with cell_cap(self.extension, self.hardware, source, device) as cap:
-            outcome = self._fix_capped(args, source, error, oom, allocated_at_start, cell_number, cap)
-        return outcome
-
-    def _fix_capped(
-        self,
-        args: Any,
-        source: str,
-        error: BaseException | None,
-        oom: OomInfo | None,
-        allocated_at_start: dict[int, int] | None,
-        cell_number: int | None,
-        cap: int | None,
-    ) -> Outcome | None:
-        from ..oomfix import cleanup as cleanup_module
-        from ..oomfix.diagnosis import diagnose
-        from ..oomfix.dry_run import dry_run
-        from ..oomfix.restore import restore_notes
-        from ..reruns.model_state import what_to_restore
-        from ..attribution.holders import find_holders, reaches_cuda
-        from ..ipython_state import input_history, ipython_references, user_variables
-
-        if not args.dry_run:
-            require_gpu(self.hardware)
-        max_tries = check_max_tries(self.max_tries if args.max_tries is None else args.max_tries)
-        strategies = chosen_strategies(args, self.strategies, self.autocast)
-        missing = [name for name in args.delete if name not in self.shell.user_ns]
-        if missing:
-            raise CudaMemError(f"--del {missing[0]}: no such variable; nothing was deleted")
-        holders = find_holders(user_variables(self.shell), ipython_references(self.shell), probe=self.probe)
-        if oom is None:  # an OOM whose message says nothing we parse: diagnose from the holders alone
-            oom = OomInfo(OomKind.OTHER, "" if error is None else str(error))
-        verbose = bool(args.verbose or self.verbose)
-        diagnosis = dataclasses.replace(diagnose(oom, holders, self._readings(), self._model_state()), verbose=verbose)
-        cell_name = "the cell" if cell_number is None else f"In[{cell_number}]"
-        if args.dry_run:
-            preview = dry_run(source, oom, diagnosis, strategies, max_tries, cell_number, namespace=self.shell.user_ns,
-                              transform=self.shell.transform_cell, history=input_history(self.shell),
-                              hardware=self.hardware, margin=self.margin)
-            return self._show(dataclasses.replace(preview, notes=preview.notes + cap_note(cap), verbose=verbose,
-                                                  cell_name=cell_name), args)
-        asking = not args.yes and self.confirm
-        trained, restore, too_large = what_to_restore(source, self.shell.user_ns, self.shell.transform_cell,
-                                                      args.no_restore, can_ask=asking)
-        if asking:
-            display(diagnosis)  # what the question is about; with --yes the outcome carries it
-            if not confirmed(max_tries, state_note(trained, restore, too_large)):
-                return None
-
-        holds_cuda = None if self.probe is None else (lambda obj: reaches_cuda(obj, self.probe))
-        cleaned = cleanup_module.cleanup(
-            self.shell, self.hardware, exception=error, delete_names=tuple(args.delete), holds_cuda=holds_cuda
-        )
-        error = None  # released by the cleanup: keep no reference to its frames
-        from ..reruns.model_state import Restorer
-
-        restorer = (Restorer(trained, self.shell.user_ns, copy_training=restore)
-                    if restore or not trained.plain.empty else None)
-        if restorer is not None:
-            restorer.take()  # once, before the first rerun
-        driver = Driver(
-            run_source=self.reruns.run_source if restorer is None else restorer.run(self.reruns.run_source),
-            before_rerun=None if restorer is None else restorer.restore,
-            hardware=self.hardware,
-            cleanup=lambda failed: cleanup_module.cleanup(self.shell, self.hardware, exception=failed, holds_cuda=holds_cuda),
-            max_tries=max_tries,
-            strategies=strategies,
-            transform=self.shell.transform_cell,
-            margin=self.margin,
-            oom_of=self.reruns.oom_of,
-            probe=self.probe,
-        )
-        device = oom.device_index if oom is not None and oom.device_index is not None else 0
-        before = None if allocated_at_start is None else allocated_at_start.get(device)
-        last_fitted = False  # an interrupted fix puts the state back as before the reruns
-        try:
-            # Our reruns are not the user's failures: the record stays the cell they ran.
-            with self._recorder.paused():
-                outcome = driver.fix(source, None, self.shell.user_ns, freed_bytes=cleaned.freed_bytes, oom=oom,
-                                     allocated_before=before, history=input_history(self.shell),
-                                     cell_number=cell_number, cleaned=cleaned)
-            last_fitted = bool(outcome.tries) and outcome.tries[-1].fitted
-        finally:
-            self.reruns.forget()
-            if restorer is not None:
-                restorer.finish(last_fitted)
-        notes = cap_note(cap) + outcome.notes + restore_notes(trained, restorer, outcome, last_fitted)
-        outcome = dataclasses.replace(outcome, cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes),
-                                      notes=notes, diagnosis=diagnosis, verbose=verbose, cell_name=cell_name,
-                                      kept=last_fitted, applied=bool(args.apply) and outcome.changed)
-        if outcome.fitted:
-            self._recorder.forget()
-        return self._show(outcome, args)
-
-    def _readings(self) -> dict[int, Any] | None:
-        """The allocator's readings now, per device, for the diagnosis (``None`` where unreadable)."""
-        return self.hardware.allocator_readings() or None
-
-    def _show(self, outcome: Outcome, args: Any) -> Outcome | None:
+            if not args.dry_run:
+                require_gpu(self.hardware)
+            request = FixRequest(
+                source=source,
+                oom=oom,
+                max_tries=check_max_tries(self.max_tries if args.max_tries is None else args.max_tries),
+                strategies=chosen_strategies(args, self.strategies, self.autocast),
+                margin=self.margin,
+                cell_number=cell_number,
+                allocated_before=None if allocated_at_start is None else allocated_at_start.get(device),
+                delete=tuple(args.delete),
+                dry_run=bool(args.dry_run),
+                ask=not args.yes and self.confirm,
+                no_restore=bool(args.no_restore),
+                apply=bool(args.apply),
+                verbose=bool(args.verbose or self.verbose),
+                limit_notes=cap_note(cap),
+            )
+            outcome = fix(request, error, shell=self.shell, hardware=self.hardware, reruns=self.reruns,
+                          recorder=self._recorder, probe=self.probe, confirm=self._confirm(request.max_tries))
+        del error
+        if outcome is None:
+            return None
         self.last_outcome = outcome
         show(outcome, args.apply, self.shell)
         return outcome if args.output else None
+
+    @staticmethod
+    def _confirm(max_tries: int) -> Confirm:
+        """The question before rerunning, after the diagnosis it is about (with --yes the outcome carries it)."""
+
+        def ask(diagnosis: Diagnosis, trained: TrainingState, restore: bool, too_large: str | None) -> bool:
+            display(diagnosis)
+            return confirmed(max_tries, state_note(trained, restore, too_large))
+
+        return ask

@@ -2,7 +2,7 @@
 
 The driver knows nothing of IPython: it is handed a function that runs a cell's source and returns
 the exception it raised (``None`` when it ran), a function that frees what a failure left behind,
-and the ``Hardware`` to measure with. The magic passes the shell's ``run_cell`` and the real cleanup;
+and the ``Hardware`` to measure with. ``oomfix.fix`` passes the shell's ``run_cell`` and the real cleanup;
 tests pass a simulated cell and fake hardware (``tests/oomfix/simulated.py``).
 
 Tries stop at ``max_tries``, at the first try that fits (for a batch search: once the search says a
@@ -32,14 +32,14 @@ from ..growth import FixedMemory
 from ..batch import BatchFinding, find_batch
 from ..cell.edit import AutocastNotApplicable, CellDiff, wrap_in_autocast
 from ..cell.source import default_transform
-from ..cell.traits import cell_traits
+from ..cell.traits import CellTraits, cell_traits
 from .cleanup import CleanupResult
 from ..reruns.set_aside import Mover, SetAside, bound_before_read
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
-from .smaller_batch import SmallerBatch
+from .smaller_batch import BatchTried, SmallerBatch
 from .tries import Cleanup, FixTries, RunSource, lacked_bytes, needed_bytes, one_line
-from ..oom import OomInfo, parse_oom
+from ..oom import OomInfo, oom_device, parse_oom
 from .strategies import STRATEGIES, Strategy
 from .whole_data import whole_data_decision
 
@@ -53,6 +53,41 @@ def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
         name for name, value in (namespace or {}).items()
         if isinstance(value, types.FunctionType) and {"backward", "step", "zero_grad"} & set(value.__code__.co_names)
     )
+
+
+def freed_from_before(source: str, cleaned: CleanupResult | None,
+                      transform: Callable[[str], str] | None) -> tuple[int, list[str]]:
+    """What the cleanup freed that was held before the failed cell (bytes, and by whom): the output cache,
+    and each variable deleted with ``--del`` that the cell does not bind (one it binds, it made)."""
+    if cleaned is None:
+        return 0, []
+    rebound = set(bound_before_read(source, transform))
+    gained, held_by = 0, []
+    if cleaned.freed_output_cache_bytes:
+        gained += cleaned.freed_output_cache_bytes
+        held_by.append("the output cache")
+    for name, freed in cleaned.freed_by_name.items():
+        if freed and name not in rebound:
+            gained += freed
+            held_by.append(name)
+    return gained, held_by
+
+
+@dataclass(frozen=True)
+class _FailedCell:
+    """What the strategies read of the failed cell, read once at the start of a fix: its OOM and the device
+    it names, where its batch lives, its traits; then what it needs at least and the room it has (bytes,
+    ``None``: unknown), and what the cleanup freed."""
+
+    source: str
+    namespace: Mapping[str, Any] | None
+    oom: OomInfo | None
+    device: int
+    finding: BatchFinding | None
+    traits: CellTraits
+    need: int | None = None
+    budget: int | None = None
+    cleaned: CleanupResult | None = None
 
 
 @dataclass
@@ -118,12 +153,10 @@ class Driver:
         error: BaseException | None,
         namespace: Mapping[str, Any] | None = None,
         freed_bytes: int | None = None,
-        diagnosis: object | None = None,
         oom: OomInfo | None = None,
         allocated_before: int | None = None,
         history: Sequence[str] | None = None,
         cell_number: int | None = None,
-        finding: BatchFinding | None = None,
         cleaned: CleanupResult | None = None,
     ) -> Outcome:
         """Try the strategies on ``source``, which failed with ``error``; cleanup has already run.
@@ -134,9 +167,20 @@ class Driver:
         when the failed cell started: with the OOM's figures it bounds what the cell needs, which
         decides whether a plain rerun can fit and where the batch search starts. ``history`` is
         IPython's input history (``In``) and ``cell_number`` the failed cell's ``k``, so the batch is
-        found in the earlier cells that set it; ``finding`` a finding already made for this cell;
-        ``cleaned`` the cleanup's result, whose figures say what it freed that was held before the cell.
+        found in the earlier cells that set it; ``cleaned`` the cleanup's result, whose figures say what
+        it freed (``freed_bytes`` in all) that was held before the cell.
         """
+        oom = self._start(error, oom, namespace, history)
+        error = None  # the figures are all we keep
+        cell = self._read_cell(source, namespace, oom, cell_number)
+        cell = self._levels(cell, freed_bytes, allocated_before, cleaned)
+        fitted, strategy, batch = self._try_strategies(cell)
+        self._closing_notes(fitted)
+        return self._outcome(cell, fitted, strategy, batch, freed_bytes)
+
+    def _start(self, error: BaseException | None, oom: OomInfo | None, namespace: Mapping[str, Any] | None,
+               history: Sequence[str] | None) -> OomInfo | None:
+        """Hand the tries the namespace, and read the failure's figures (refusing any failure but an OOM)."""
         self._runs.namespace = namespace
         self._history = history
         if isinstance(namespace, MutableMapping):
@@ -145,17 +189,29 @@ class Driver:
             oom = parse_oom(error)
         if error is not None and oom is None:
             raise CudaMemError(f"the last failure was not a GPU out-of-memory error ({one_line(error)}); %oomfix does nothing for it")
-        error = None  # the figures are all we keep
-        device = oom.device_index if oom is not None and oom.device_index is not None else 0
+        return oom
+
+    def _read_cell(self, source: str, namespace: Mapping[str, Any] | None, oom: OomInfo | None,
+                   cell_number: int | None) -> _FailedCell:
+        """What the strategies read of the cell, read once: where its batch lives, its traits, and what its
+        step holds whatever its batch (read before the models the cell builds again are set aside: on the
+        host, they count nothing)."""
         transform = self._runs.transform = self.transform or default_transform
-        if finding is None and Strategy.BATCH in self.strategies:
-            finding = find_batch(source, namespace, transform, history=list(history or []), cell_number=cell_number)
+        finding = None
+        if Strategy.BATCH in self.strategies:
+            finding = find_batch(source, namespace, transform, history=list(self._history or []), cell_number=cell_number)
         traits = cell_traits(source, transform)
-        # Read before the models the cell builds again are set aside (on the host, they count nothing).
         self._fixed = fixed_memory(namespace or {}, bound_before_read(source, transform),
                                    self.probe if self.probe is not None else default_probe(), traits.trains,
                                    read=self._trained_ids(source, namespace, transform))
-        aside = self._runs.set_aside(source, device)
+        return _FailedCell(source, namespace, oom, oom_device(oom), finding, traits)
+
+    def _levels(self, cell: _FailedCell, freed_bytes: int | None, allocated_before: int | None,
+                cleaned: CleanupResult | None) -> _FailedCell:
+        """Set aside what the cell binds again, then read what it needs, the room it has, and the level every
+        try's figures are taken from."""
+        device = cell.device
+        aside = self._runs.set_aside(cell.source, device)
         if allocated_before is None and freed_bytes is not None:
             # Unknown: at most what is allocated now plus what the cleanup and the set-aside freed
             # (both may include what was there before the cell), so the need it gives errs low.
@@ -167,87 +223,82 @@ class Driver:
         # leaves state the user keeps (gradients, an optimizer's first-step state, cuBLAS's workspace),
         # so later tries start higher, and a peak measured from a higher start would mix two scales.
         self._runs.reference = self._runs.allocated(device)
-        need = needed_bytes(oom, allocated_before)
-        fragmented = bool(oom is not None and oom.looks_fragmented)
+        return replace(cell, need=needed_bytes(cell.oom, allocated_before), budget=budget, cleaned=cleaned)
+
+    def _try_strategies(self, cell: _FailedCell) -> tuple[TryResult | None, Strategy | None, BatchTried]:
+        """The strategies in order until one fits or the tries run out: the try that fitted, its strategy,
+        and what the batch strategy did (empty where it did not run)."""
         fitted: TryResult | None = None
         strategy: Strategy | None = None
-        batch_before = batch_after = None
-        cell_diffs: tuple[CellDiff, ...] = ()
-        paste: str | None = None
-
+        batch = BatchTried()
         for name in self.strategies:
             if fitted is not None or self._runs.left() <= 0:
                 break
             if name is Strategy.CLEANUP:
-                fitted = self._cleanup_alone(source, oom, need, budget, device, cleaned)
-            elif name is Strategy.BATCH and finding is not None:
-                # The batch is the data (inference over a whole tensor): chunks over all of it, or a refusal.
-                whole = whole_data_decision(finding, namespace, transform)
-                if whole is not None:
-                    self._runs.notes.append(whole.note)
-                if whole is None or whole.chunked is not None:
-                    chosen = whole.chunked if whole is not None and whole.chunked is not None else finding
-                    stuck = None if oom is None else oom.reserved_unallocated_bytes
-                    on_host = None if whole is None else whole.on_host
-                    fitted, batch_before, cell_diffs, paste = self._smaller_batch(chosen, budget, need, device, stuck,
-                                                                                  on_host)
-                    batch_after = None if fitted is None else fitted.next_runs_batch or fitted.batch
-                    if chosen is not finding:
-                        # The chunked cell's diff starts from the cell as the user wrote it.
-                        cell_diffs = tuple(
-                            replace(d, before=source) if d.cell_number is None else d for d in cell_diffs
-                        )
+                fitted = self._cleanup_alone(cell)
+            elif name is Strategy.BATCH and cell.finding is not None:
+                batch = self._smaller_batch(cell, cell.finding)
+                fitted = batch.fitted
             elif name is Strategy.AUTOCAST:
-                has_torch = namespace is not None and getattr(namespace.get("torch"), "autocast", None) is not None
-                fitted = self._autocast(source, traits, device, import_torch=not has_torch)
+                fitted = self._autocast(cell)
             if fitted is not None:
                 strategy = name
+        return fitted, strategy, batch
+
+    def _closing_notes(self, fitted: TryResult | None) -> None:
+        """Give back what was set aside, and say what the variables hold after the tries."""
         # Set aside and not bound again by a try that fitted since: give it back, so the variables hold
         # what the last try that fitted left (or, when none did, what the failed cell left).
+        notes = self._runs.notes
         given = self._runs.aside.give_back()
         if self._runs.aside.left_on_host:
-            self._runs.notes.append(f"{', '.join(self._runs.aside.left_on_host)} stayed on the host: moving them back to the GPU "
-                               "ran out of memory (their data is whole; move them back once there is room)")
+            notes.append(f"{', '.join(self._runs.aside.left_on_host)} stayed on the host: moving them back to the GPU "
+                         "ran out of memory (their data is whole; move them back once there is room)")
         if given and fitted is None:
-            self._runs.notes.append(f"nothing fitted: {', '.join(given)} bound again as the failed cell left them")
+            notes.append(f"nothing fitted: {', '.join(given)} bound again as the failed cell left them")
         if fitted is None and self._runs.stopped is None and self._runs.left() <= 0 and len(self.strategies) > 1:
-            self._runs.notes.append(f"stopped after --max-tries {self.max_tries} reruns")
+            notes.append(f"stopped after --max-tries {self.max_tries} reruns")
         if self._runs.tries and not self._runs.tries[-1].fitted and fitted is not None:
             # Where the state the cell trains and changes was put back, it is as before the reruns (the
             # notes of ``oomfix.restore`` name it); the names the cell binds hold the failed rerun's values.
             left = ("what the cell trains and changes is as before the reruns, the names it binds hold what the "
                     "failed rerun left" if self.before_rerun is not None else
                     "the variables hold what the failed rerun left")
-            self._runs.notes.append(
+            notes.append(
                 f"the last rerun (#{self._runs.tries[-1].number}) failed after #{fitted.number} fitted: {left}; "
                 "run the fixed cell again to get its results"
             )
+
+    def _outcome(self, cell: _FailedCell, fitted: TryResult | None, strategy: Strategy | None, batch: BatchTried,
+                 freed_bytes: int | None) -> Outcome:
         autocast_dtype = self._dtype() if Strategy.AUTOCAST in self.strategies else None
+        finding = cell.finding
+        fragmented = bool(cell.oom is not None and cell.oom.looks_fragmented)
         suggestions = build_suggestions(
-            source, traits, batch_before, batch_after, autocast_dtype, fragmented, strategy is Strategy.AUTOCAST,
+            cell.source, cell.traits, batch.batch_before, batch.batch_after, autocast_dtype, fragmented,
+            strategy is Strategy.AUTOCAST,
             # Where the batch lives decides how to accumulate (a Trainer's gradient_accumulation_steps).
             batch_home=None if finding is None or finding.chosen is None else finding.chosen.kind,
         )
+        by_batch = strategy is Strategy.BATCH
         return Outcome(
-            original_source=source,
+            original_source=cell.source,
             fixed_source=None if fitted is None else fitted.next_runs_source or fitted.source,
             strategy=strategy,
             tries=tuple(self._runs.tries),
-            batch_before=batch_before,
-            batch_after=batch_after,
+            batch_before=batch.batch_before,
+            batch_after=batch.batch_after,
             batch_summary=finding.summary() if finding is not None and Strategy.BATCH in self.strategies else "",
-            budget_bytes=budget,
+            budget_bytes=cell.budget,
             freed_bytes=freed_bytes,
             suggestions=suggestions,
             notes=tuple(self._runs.notes),
-            diagnosis=diagnosis,
-            cell_diffs=cell_diffs if strategy is Strategy.BATCH else (),
-            paste_code=paste if strategy is Strategy.BATCH else None,
+            cell_diffs=batch.cell_diffs if by_batch else (),
+            paste_code=batch.paste if by_batch else None,
         )
 
     # -- strategies ---------------------------------------------------------------------------------
-    def _cleanup_alone(self, source: str, oom: OomInfo | None, needed: int | None, budget: int | None,
-                       device: int, cleaned: CleanupResult | None) -> TryResult | None:
+    def _cleanup_alone(self, cell: _FailedCell) -> TryResult | None:
         """The cell as it is, once, where the figures say it can fit after the cleanup.
 
         A rerun makes again everything the failed cell made, its fragments included (before raising an
@@ -256,6 +307,7 @@ class Driver:
         rerun has. Only what was held before the cell and is gone now is (the output cache of earlier
         cells, a variable deleted with ``--del`` that the cell does not bind), and the rerun gets past the
         allocation that failed only if that is at least what the allocation lacked then."""
+        source, oom, needed, budget, device = cell.source, cell.oom, cell.need, cell.budget, cell.device
         if oom is None:
             return self._plain("as written", source, device)  # the cell has not failed yet (``%%oomfix``)
         if needed is not None and budget is not None and needed > budget:
@@ -264,7 +316,7 @@ class Driver:
                 f"(what it held when it failed plus the allocation that failed), {format_bytes(budget)} is free"
             )
             return None
-        gained, held_by = self._freed_from_before(source, cleaned)
+        gained, held_by = freed_from_before(source, cell.cleaned, self._runs.transform)
         lacked = lacked_bytes(oom)
         if not gained:
             self._runs.notes.append("skipped a plain rerun: the cleanup freed only what the failed cell had made, "
@@ -282,45 +334,42 @@ class Driver:
         result = self._runs.run(Strategy.CLEANUP, source, reason, device)
         return result if result.fitted else None
 
-    def _freed_from_before(self, source: str, cleaned: CleanupResult | None) -> tuple[int, list[str]]:
-        """What the cleanup freed that was held before the failed cell: the output cache, and each
-        variable deleted with ``--del`` that the cell does not bind (one it binds, it made)."""
-        if cleaned is None:
-            return 0, []
-        rebound = set(bound_before_read(source, self._runs.transform))
-        gained, held_by = 0, []
-        if cleaned.freed_output_cache_bytes:
-            gained += cleaned.freed_output_cache_bytes
-            held_by.append("the output cache")
-        for name, freed in cleaned.freed_by_name.items():
-            if freed and name not in rebound:
-                gained += freed
-                held_by.append(name)
-        return gained, held_by
-
-    def _smaller_batch(
-        self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None,
-        on_host: BatchFinding | None = None,
-    ) -> tuple[TryResult | None, int | None, tuple[CellDiff, ...], str | None]:
+    def _smaller_batch(self, cell: _FailedCell, finding: BatchFinding) -> BatchTried:
+        """The batch strategy; where the batch is the data (inference over a whole tensor), over chunks of all
+        of it, or a refusal."""
+        whole = whole_data_decision(finding, cell.namespace, self._runs.transform)
+        if whole is not None:
+            self._runs.notes.append(whole.note)
+            if whole.chunked is None:
+                return BatchTried()
+        chosen = whole.chunked if whole is not None and whole.chunked is not None else finding
+        stuck = None if cell.oom is None else cell.oom.reserved_unallocated_bytes
         strategy = SmallerBatch(self._runs, self.hardware, self.margin, self._fixed, list(self._history or []),
                                 self._put_back if self.before_rerun is not None else None)
-        return strategy.run(finding, budget, need, device, stuck, on_host)
+        tried = strategy.run(chosen, cell.budget, cell.need, cell.device, stuck, None if whole is None else whole.on_host)
+        if chosen is finding:
+            return tried
+        # The chunked cell's diff starts from the cell as the user wrote it.
+        diffs = tuple(replace(d, before=cell.source) if d.cell_number is None else d for d in tried.cell_diffs)
+        return replace(tried, cell_diffs=diffs)
 
-    def _autocast(self, source: str, traits: Any, device: int, import_torch: bool = True) -> TryResult | None:
-        if traits.autocast:
+    def _autocast(self, cell: _FailedCell) -> TryResult | None:
+        if cell.traits.autocast:
             self._runs.notes.append("the cell already uses autocast")
             return None
+        namespace = cell.namespace
+        has_torch = namespace is not None and getattr(namespace.get("torch"), "autocast", None) is not None
         dtype = self._dtype()
         try:
-            wrapped = wrap_in_autocast(source, dtype, import_torch=import_torch, transform=self.transform,
-                                       outside_names=stepping_functions(self._runs.namespace))
+            wrapped = wrap_in_autocast(cell.source, dtype, import_torch=not has_torch, transform=self.transform,
+                                       outside_names=stepping_functions(namespace))
         except SyntaxError as error:
             self._runs.notes.append(f"could not wrap the cell in autocast: it does not parse ({error.msg})")
             return None
         except AutocastNotApplicable as reason:
             self._runs.notes.append(f"autocast not tried: {reason}")
             return None
-        result = self._runs.run(Strategy.AUTOCAST, wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", device)
+        result = self._runs.run(Strategy.AUTOCAST, wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", cell.device)
         return result if result.fitted else None
 
     def _dtype(self) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..hardware import Hardware
-from ..oom import OomInfo
+from ..oom import OomInfo, oom_device
 from .outcome import Outcome
 from .strategies import Strategy
 
@@ -35,8 +35,7 @@ def dry_run(
     if cell_number is None:  # the failure was found without its count: the last time this source ran
         cell_number = next((k for k in range(len(history) - 1, 0, -1) if history[k] == source), None)
     finding = find_batch(source, namespace, transform, history=history, cell_number=cell_number)
-    device = oom.device_index if oom is not None and oom.device_index is not None else 0
-    measured = headroom_bytes(hardware, device) if hardware.allocator.status() is None else None
+    measured = headroom_bytes(hardware, oom_device(oom)) if hardware.allocator.status() is None else None
     budget = measured if measured is not None else budget_from_message(oom)
     plan = plan_batch(finding, namespace, history, budget, strategies,
                       max_tries=max_tries, margin=margin,

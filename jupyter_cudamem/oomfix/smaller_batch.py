@@ -10,14 +10,14 @@ model hold the run the outcome reports.
 from __future__ import annotations
 
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..batch import BatchChange, BatchFinding, Knob
 from ..cell.edit import CellDiff
 from ..errors import CudaMemError
 from ..growth import FixedMemory
 from ..hardware import Hardware, reserved_limit_bytes
-from ..growth.fitting import REPLAY_MARGIN
 from ..reruns.search import BatchSearch
 from ..reruns.tries import Observation
 from ..units import format_bytes
@@ -25,6 +25,21 @@ from .outcome import TryResult
 from .strategies import Strategy
 from .tries import FixTries
 from .whole_data import kept_on_host_note, moved_back_ran_out
+
+
+@dataclass(frozen=True)
+class BatchTried:
+    """What the batch strategy did: the largest batch's try that fitted (``None``: none did), the batch the
+    cell had, and where one fitted, the changed cells as diffs and the code to paste."""
+
+    fitted: TryResult | None = None
+    batch_before: int | None = None
+    cell_diffs: tuple[CellDiff, ...] = ()
+    paste: str | None = None
+
+    @property
+    def batch_after(self) -> int | None:
+        return None if self.fitted is None else self.fitted.next_runs_batch or self.fitted.batch
 
 
 @dataclass
@@ -39,6 +54,8 @@ class SmallerBatch:
     fixed: FixedMemory | None
     history: list[str]
     put_back: Callable[[], None] | None = None
+    # The number of tries when the model and optimizer were last put back (-1: not yet).
+    _put_back_after: int = field(default=-1, init=False)
 
     def _knob(self, finding: BatchFinding) -> Knob | None:
         """The knob the batch strategy changes: the one place where it is chosen (a check that a knob
@@ -55,64 +72,81 @@ class SmallerBatch:
     def run(
         self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None,
         on_host: BatchFinding | None = None,
-    ) -> tuple[TryResult | None, int | None, tuple[CellDiff, ...], str | None]:
-        """``on_host``: the chunked cell with its result left on the host, for when moving the joined
-        result back runs out of memory (``whole_data.Join``)."""
+    ) -> BatchTried:
+        """``need``: what the cell needs at least (bytes), ``stuck``: what the OOM left reserved and unallocated;
+        ``on_host``: the chunked cell with its result left on the host, for when moving the joined result back
+        runs out of memory (``whole_data.Join``)."""
         knob = self._knob(finding)
         if knob is None:
-            return None, None if finding.chosen is None else finding.chosen.value, (), None
+            return BatchTried(batch_before=None if finding.chosen is None else finding.chosen.value)
         if budget is None:
             self.runs.notes.append("the free memory could not be read, so the batch search has no budget")
-            return None, knob.value, (), None
-        namespace = self.runs.namespace if isinstance(self.runs.namespace, MutableMapping) else {}
-        change = BatchChange(finding, knob, namespace, self.history)
+            return BatchTried(batch_before=knob.value)
+        where = _Where(finding, knob, self._namespace(), self.history)
         search = BatchSearch(knob.value, budget, max_tries=self.runs.left(), margin=self.margin, need_bytes=need,
                              stuck_bytes=stuck, fixed=self.fixed)
-        if self.fixed is not None and self.fixed.total_bytes:
-            fixed = self.fixed
-            parts = [f"{format_bytes(size)} {what}" for size, what in (
-                (fixed.parameters_bytes, "of parameters the cell builds"),
-                (fixed.gradients_bytes, "of gradients its backward pass makes"),
-                (fixed.optimizer_state_bytes, "of optimizer state its first step makes")) if size]
-            self.runs.notes.append(f"does not grow with the batch: {', '.join(parts)} (read from the namespace)")
+        self._note_fixed()
+        best, host_chunk = self._search(search, where, device, on_host)
+        self._after_search(search, device)
+        if (best is None or best.batch is None) and host_chunk is not None and self.runs.left() > 0:
+            # Only the try whose result could not move back fitted its chunks: run them on the host.
+            result = self.runs.run(Strategy.BATCH, where.change.apply(host_chunk),
+                                   "the chunks that fitted, result on the host", device, batch=host_chunk)
+            best = result if result.fitted else None
+        if best is None or best.batch is None:
+            where.change.restore()
+            return BatchTried(batch_before=where.knob.value)
+        found = best.batch
+        best = self._settle(best, found, where.change, device)
+        held = self._next_runs_fit_up_to(search, found, where.finding.source, device)
+        if held is not None:
+            # The run fitted, but the memory it leaves (its pieces pinned in segments by what it keeps) is
+            # where the user's next run starts; the replay of that run from there fits only ``held``.
+            reported = replace(best, next_runs_batch=held, next_runs_source=where.change.apply(held))
+            self.runs.tries[:] = [reported if t is best else t for t in self.runs.tries]
+            best, found = reported, held
+        self.runs.notes.append(steady_note(best))
+        where.change.forget_originals()
+        return BatchTried(best, where.knob.value, where.change.diffs(found), where.change.paste_code(found))
+
+    def _namespace(self) -> MutableMapping[str, Any]:
+        return self.runs.namespace if isinstance(self.runs.namespace, MutableMapping) else {}
+
+    def _note_fixed(self) -> None:
+        """Say what the search counts as not growing with the batch, where it read any."""
+        fixed = self.fixed
+        if fixed is None or not fixed.total_bytes:
+            return
+        parts = [f"{format_bytes(size)} {what}" for size, what in (
+            (fixed.parameters_bytes, "of parameters the cell builds"),
+            (fixed.gradients_bytes, "of gradients its backward pass makes"),
+            (fixed.optimizer_state_bytes, "of optimizer state its first step makes")) if size]
+        self.runs.notes.append(f"does not grow with the batch: {', '.join(parts)} (read from the namespace)")
+
+    def _search(
+        self, search: BatchSearch, where: _Where, device: int, on_host: BatchFinding | None
+    ) -> tuple[TryResult | None, int | None]:
+        """The search's tries: the largest batch that fitted, and the chunk whose work fitted before moving
+        its result back ran out of memory (``None``: none did)."""
         best: TryResult | None = None
-        host_chunk: int | None = None  # the chunk whose work fitted before the move back ran out of memory
-        put_back_after = -1  # the number of tries when the model and optimizer were last put back
+        host_chunk: int | None = None
         while self.runs.left() > 0:
-            if self.runs.tries:
-                # The model's and optimizer's values go back as they were before the reruns
-                # (``before_rerun``), while what the last run made and bound stays allocated (its
-                # optimizer state and gradients, the values the cell binds again: ``Restorer.restore``,
-                # ``FixTries.set_aside``): the next try starts as the user's next run of the cell will,
-                # and the level the search reads, and the segments it replays from, count it.
-                self.runs.set_aside(self.runs.tries[-1].source, device)
-                if self.put_back is not None:
-                    self.put_back()
-                    put_back_after = len(self.runs.tries)
-            self.runs.release_graph_pools(device)
-            self.runs.renew_workspaces(device)
-            level = self.runs.allocated(device)
-            if level is not None and self.runs.reference is not None:
-                search.set_level(level - self.runs.reference)
-            search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device),
-                                 self.runs.rebound_addresses(finding.source))
+            self._before_try(search, where.finding, device)
             if (batch := search.next()) is None:
                 break
             try:
-                source = change.apply(batch)
+                source = where.change.apply(batch)
             except CudaMemError as problem:
                 self.runs.stop(f"could not set the batch: {problem}")
                 break
             result = self.runs.run(Strategy.BATCH, source, search.reason, device, batch=batch)
             observation = result.observation()
-            if on_host is not None and moved_back_ran_out(result, knob):
+            if on_host is not None and moved_back_ran_out(result, where.knob):
                 # Every chunk's work fitted and the joined result did not fit on the GPU: no chunk size
                 # changes that, so the chunks go on with the result left on the host, and this try is
                 # what they showed: the work of chunks of ``batch`` fits (the peak it reached).
-                change.restore()
-                finding, knob = on_host, on_host.chosen or knob
-                change = BatchChange(finding, knob, namespace, self.history)
-                self.runs.notes.append(kept_on_host_note(knob.value, batch))
+                where.switch_to(on_host)
+                self.runs.notes.append(kept_on_host_note(where.knob.value, batch))
                 on_host = None
                 host_chunk = batch
                 observation = Observation(True, peak_bytes=observation.held_bytes, start_bytes=observation.start_bytes,
@@ -122,28 +156,43 @@ class SmallerBatch:
                 best = result
             if self.runs.stopped is not None:
                 search.stop(self.runs.stopped)
+        return best, host_chunk
+
+    def _before_try(self, search: BatchSearch, finding: BatchFinding, device: int) -> None:
+        """Start the next try as the user's next run of the cell will, and tell the search what it starts from."""
+        if self.runs.tries:
+            # The model's and optimizer's values go back as they were before the reruns
+            # (``before_rerun``), while what the last run made and bound stays allocated (its
+            # optimizer state and gradients, the values the cell binds again: ``Restorer.restore``,
+            # ``FixTries.set_aside``): the next try starts as the user's next run of the cell will,
+            # and the level the search reads, and the segments it replays from, count it.
+            self.runs.set_aside(self.runs.tries[-1].source, device)
+            self._put_back_now()
+        self.runs.release_graph_pools(device)
+        self.runs.renew_workspaces(device)
+        level = self.runs.allocated(device)
+        if level is not None and self.runs.reference is not None:
+            search.set_level(level - self.runs.reference)
+        search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device),
+                             self.runs.rebound_addresses(finding.source))
+
+    def _after_search(self, search: BatchSearch, device: int) -> None:
         if self.runs.tries and not self.runs.tries[-1].fitted:
             # An OOM while CUDA graph trees recorded leaves them failing at the model's next call.
             self.runs.release_graph_pools(device)
         if search.stopped is not None and self.runs.stopped is None and self.runs.left() > 0:
             self.runs.notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed
-        if (best is None or best.batch is None) and host_chunk is not None and self.runs.left() > 0:
-            # Only the try whose result could not move back fitted its chunks: run them on the host.
-            result = self.runs.run(Strategy.BATCH, change.apply(host_chunk), "the chunks that fitted, result on the host",
-                                   device, batch=host_chunk)
-            best = result if result.fitted else None
-        if best is None or best.batch is None:
-            change.restore()
-            return None, knob.value, (), None
-        found = best.batch
+
+    def _settle(self, best: TryResult, found: int, change: BatchChange, device: int) -> TryResult:
+        """Set the knob to the best batch (``found``, ``best``'s), and rerun it where the variables and the
+        model do not hold its run."""
         last_fitted = next((t for t in reversed(self.runs.tries) if t.fitted), None)
-        if self.put_back is not None and not self.runs.tries[-1].fitted:
+        if not self.runs.tries[-1].fitted:
             # The last try failed: the model and the notebook's values go back as they were before the
             # reruns now, before the knob is set to the best batch (put back after, the knob would go too).
-            self.put_back()
-            put_back_after = len(self.runs.tries)
+            self._put_back_now()
         source = change.apply(found)  # the knob holds the best batch whether or not it is rerun
-        put_back_since = put_back_after == len(self.runs.tries)
+        put_back_since = self._put_back_after == len(self.runs.tries)
         if (last_fitted is not best or not self.runs.tries[-1].fitted or put_back_since) and self.runs.left() > 0:
             # Failed tries are undone, so the variables hold the last try that fitted; when that is
             # not the best, or a try failed after it, or the model's state was put back after it for
@@ -151,17 +200,8 @@ class SmallerBatch:
             # the outcome reports.
             confirm = self.runs.run(Strategy.BATCH, source, "rerun of the largest batch that fitted", device, batch=found)
             if confirm.fitted:
-                best = confirm
-        held = self._next_runs_fit_up_to(search, found, finding.source, device)
-        if held is not None:
-            # The run fitted, but the memory it leaves (its pieces pinned in segments by what it keeps) is
-            # where the user's next run starts; the replay of that run from there fits only ``held``.
-            reported = replace(best, next_runs_batch=held, next_runs_source=change.apply(held))
-            self.runs.tries[:] = [reported if t is best else t for t in self.runs.tries]
-            best, found = reported, held
-        self.runs.notes.append(steady_note(best))
-        change.forget_originals()
-        return best, knob.value, change.diffs(found), change.paste_code(found)
+                return confirm
+        return best
 
     def _next_runs_fit_up_to(self, search: BatchSearch, batch: int, source: str, device: int) -> int | None:
         """The largest batch below ``batch`` that the allocator's replay of the tries fits from the memory
@@ -173,11 +213,38 @@ class SmallerBatch:
         the next three runs at 22 ran out of memory (``benchmarks/oomfix.py``)."""
         search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device),
                              self.runs.rebound_addresses(source))
-        fitting = search.replayed(REPLAY_MARGIN)
+        # With no margin: this run fitted; the question is only whether the same run fits from there.
+        fitting = search.replayed(0.0)
         if fitting is None or fitting.fits(batch):
             return None
         largest = fitting.largest(batch - 1)
         return largest if largest >= 1 else None
+
+    def _put_back_now(self) -> None:
+        """Put the trained model and optimizer back (where there is a ``put_back``), noting after which try."""
+        if self.put_back is not None:
+            self.put_back()
+            self._put_back_after = len(self.runs.tries)
+
+
+@dataclass
+class _Where:
+    """Where the batch lives for this run: the finding, its knob, and the change that sets it there. A
+    chunked cell whose result cannot move back switches to the one that leaves it on the host."""
+
+    finding: BatchFinding
+    knob: Knob
+    namespace: MutableMapping[str, Any]
+    history: list[str]
+    change: BatchChange = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.change = BatchChange(self.finding, self.knob, self.namespace, self.history)
+
+    def switch_to(self, finding: BatchFinding) -> None:
+        self.change.restore()
+        self.finding, self.knob = finding, finding.chosen or self.knob
+        self.change = BatchChange(self.finding, self.knob, self.namespace, self.history)
 
 
 def steady_note(best: TryResult) -> str:

@@ -47,7 +47,7 @@ def tracked_shell(shell, capsys):
     shell.run_cell(SETUP)
     shell.run_cell("%cudamem on")
     shell.run_cell("x = 1")  # the first snapshot walks every name
-    yield shell, cudamem.attribution
+    yield shell, cudamem
     shell.run_cell("%cudamem off")
     for name, _ in user_items(dict(shell.user_ns)):
         if name not in ("m", "GiB"):
@@ -55,9 +55,9 @@ def tracked_shell(shell, capsys):
     capsys.readouterr()
 
 
-def _kept_equals_full(shell, attribution) -> None:
+def _kept_equals_full(shell, cudamem) -> None:
     """The next snapshot's fingerprints of user names equal a full fingerprint of them now."""
-    kept = attribution.snapshot().names
+    kept = cudamem.attribution.snapshot(cudamem.settings()).names
     full = fingerprints(user_items(shell.user_ns), fake_probe())
     assert {name: kept.get(name) for name in full} == full
 
@@ -84,11 +84,11 @@ CELLS = [
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_a_cell_refreshes_every_name_it_can_have_changed(tracked_shell, cell):
-    shell, attribution = tracked_shell
-    walks = attribution.tracked.full_walks
+    shell, cudamem = tracked_shell
+    walks = cudamem.attribution.tracked.full_walks
     assert shell.run_cell(cell).success
-    _kept_equals_full(shell, attribution)
-    assert attribution.tracked.full_walks == walks  # decided by names alone
+    _kept_equals_full(shell, cudamem)
+    assert cudamem.attribution.tracked.full_walks == walks  # decided by names alone
 
 
 @pytest.mark.parametrize(
@@ -102,27 +102,27 @@ def test_a_cell_refreshes_every_name_it_can_have_changed(tracked_shell, cell):
     ],
 )
 def test_a_cell_whose_text_cannot_tell_walks_every_name(tracked_shell, cell):
-    shell, attribution = tracked_shell
-    walks = attribution.tracked.full_walks
+    shell, cudamem = tracked_shell
+    walks = cudamem.attribution.tracked.full_walks
     shell.run_cell(cell)
-    _kept_equals_full(shell, attribution)
-    assert attribution.tracked.full_walks == walks + 1
+    _kept_equals_full(shell, cudamem)
+    assert cudamem.attribution.tracked.full_walks == walks + 1
 
 
 def test_code_run_by_a_library_is_bounded_by_the_guard(tracked_shell):
     """A hook stored earlier appends where no name of the cell leads: the fingerprint stays stale until the
     cells since the last full walk have left a quarter of the attribution threshold (64 MiB: 16 MiB)."""
-    shell, attribution = tracked_shell
+    shell, cudamem = tracked_shell
     shell.run_cell("hooks = [lambda: hooked.append(FakeTensor(4 * MiB, machine=m))]\nhooked = []")
     shell.run_cell("x = 1")  # hooks and hooked refreshed
-    walks = attribution.tracked.full_walks
+    walks = cudamem.attribution.tracked.full_walks
     for _ in range(4):  # 4 MiB a cell, through a name-less call
         shell.run_cell("hooks[0]()")
-        assert attribution.tracked.full_walks == walks
+        assert cudamem.attribution.tracked.full_walks == walks
     # Each cell names ``hooks``, not ``hooked``: the guard (16 MiB left) walks everything at the next cell.
     shell.run_cell("x = 2")
-    assert attribution.tracked.full_walks == walks + 1
-    _kept_equals_full(shell, attribution)
+    assert cudamem.attribution.tracked.full_walks == walks + 1
+    _kept_equals_full(shell, cudamem)
 
 
 def test_cell_names_reads_identifiers_and_refuses_what_text_cannot_tell():

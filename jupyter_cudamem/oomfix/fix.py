@@ -1,0 +1,151 @@
+"""``%oomfix``'s feature: one failed cell (a ``FixRequest``) diagnosed, freed, and rerun in a form that fits.
+
+The magic reads the request once and hands over what it runs with: the shell, the hardware, how a try runs
+(``Reruns``), IPython's record of failures and who may be asked. This owns the rest, in order: who holds
+memory and the diagnosis; for ``--dry-run`` the plan; else the question, the cleanup, the copy of what the
+cell trains (``reruns.model_state.Restorer``) and the ``Driver`` of the tries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..attribution.holders import find_holders, reaches_cuda
+from ..attribution.probe import TensorProbe
+from ..errors import CudaMemError
+from ..hardware import Hardware
+from ..ipython_state import FailureRecorder, input_history, ipython_references, user_variables
+from ..oom import OomInfo
+from ..reruns.model_state import Restorer, TrainingState, what_to_restore
+from . import cleanup as cleanup_module
+from .diagnosis import Diagnosis, diagnose
+from .driver import Driver
+from .dry_run import dry_run
+from .outcome import Outcome
+from .request import FixRequest
+from .restore import restore_notes
+
+
+class Reruns(Protocol):
+    """How a try runs (``magics.oomfix_reruns.ShellReruns``: through the shell)."""
+
+    def run_source(self, source: str) -> BaseException | None: ...
+
+    def oom_of(self, error: BaseException) -> OomInfo | None: ...
+
+    def forget(self) -> None: ...
+
+
+# Asked before rerunning, with the diagnosis, what the cell trains, whether it is put back and why not
+# (``reruns.model_state.what_to_restore``); ``True``: rerun.
+Confirm = Callable[[Diagnosis, TrainingState, bool, "str | None"], bool]
+
+
+def fix(
+    request: FixRequest,
+    error: BaseException | None,
+    *,
+    shell: Any,
+    hardware: Hardware,
+    reruns: Reruns,
+    recorder: FailureRecorder,
+    probe: TensorProbe | None = None,
+    confirm: Confirm | None = None,
+) -> Outcome | None:
+    """Diagnose, free and rerun ``request``'s cell; ``None`` when the rerun was declined.
+
+    ``error`` is the failure itself, released by the cleanup (its frames hold what the cell made);
+    ``None`` where there is none to release. ``confirm`` is asked where ``request.ask``.
+    """
+    namespace = shell.user_ns
+    missing = [name for name in request.delete if name not in namespace]
+    if missing:
+        raise CudaMemError(f"--del {missing[0]}: no such variable; nothing was deleted")
+    diagnosis = _diagnosis(request, shell, hardware, probe)
+    if request.dry_run:
+        return _preview(request, diagnosis, shell, hardware)
+    trained, restore, too_large = what_to_restore(request.source, namespace, shell.transform_cell,
+                                                  request.no_restore, can_ask=request.ask)
+    if request.ask:
+        if confirm is None or not confirm(diagnosis, trained, restore, too_large):
+            return None
+    holds_cuda = None if probe is None else (lambda obj: reaches_cuda(obj, probe))
+    cleaned = cleanup_module.cleanup(shell, hardware, exception=error, delete_names=request.delete,
+                                     holds_cuda=holds_cuda)
+    error = None  # released by the cleanup: keep no reference to its frames
+    restorer = Restorer(trained, namespace, copy_training=restore) if restore or not trained.plain.empty else None
+    if restorer is not None:
+        restorer.take()  # once, before the first rerun
+    driver = _driver(request, shell, hardware, reruns, restorer, probe, holds_cuda)
+    last_fitted = False  # an interrupted fix puts the state back as before the reruns
+    try:
+        # Our reruns are not the user's failures: the record stays the cell they ran.
+        with recorder.paused():
+            outcome = driver.fix(request.source, None, namespace, freed_bytes=cleaned.freed_bytes, oom=request.oom,
+                                 allocated_before=request.allocated_before, history=input_history(shell),
+                                 cell_number=request.cell_number, cleaned=cleaned)
+        last_fitted = bool(outcome.tries) and outcome.tries[-1].fitted
+    finally:
+        reruns.forget()
+        if restorer is not None:
+            restorer.finish(last_fitted)
+    notes = request.limit_notes + outcome.notes + restore_notes(trained, restorer, outcome, last_fitted)
+    outcome = dataclasses.replace(outcome, cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes),
+                                  notes=notes, diagnosis=diagnosis, verbose=request.verbose,
+                                  cell_name=request.cell_name, kept=last_fitted,
+                                  applied=request.apply and outcome.changed)
+    if outcome.fitted:
+        recorder.forget()
+    return outcome
+
+
+def _driver(request: FixRequest, shell: Any, hardware: Hardware, reruns: Reruns, restorer: Restorer | None,
+            probe: TensorProbe | None, holds_cuda: Callable[[object], bool] | None) -> Driver:
+    """The driver of the tries: each runs through ``reruns`` (after ``restorer`` puts back what the cell
+    trains), and each failed one is cleaned up as the failure was."""
+    return Driver(
+        run_source=reruns.run_source if restorer is None else restorer.run(reruns.run_source),
+        before_rerun=None if restorer is None else restorer.restore,
+        hardware=hardware,
+        cleanup=lambda failed: cleanup_module.cleanup(shell, hardware, exception=failed, holds_cuda=holds_cuda),
+        max_tries=request.max_tries,
+        strategies=request.strategies,
+        transform=shell.transform_cell,
+        margin=request.margin,
+        oom_of=reruns.oom_of,
+        probe=probe,
+    )
+
+
+def _diagnosis(request: FixRequest, shell: Any, hardware: Hardware, probe: TensorProbe | None) -> Diagnosis:
+    """Who holds memory now, and what the failure's figures say of it."""
+    holders = find_holders(user_variables(shell), ipython_references(shell), probe=probe)
+    readings = hardware.allocator_readings() or None
+    diagnosis = diagnose(request.oom, holders, readings, _model_state(shell.user_ns))
+    return dataclasses.replace(diagnosis, verbose=request.verbose)
+
+
+def _preview(request: FixRequest, diagnosis: Diagnosis, shell: Any, hardware: Hardware) -> Outcome:
+    """``--dry-run``: the plan beside the diagnosis; nothing freed, nothing rerun."""
+    preview = dry_run(request.source, request.oom, diagnosis, request.strategies, request.max_tries,
+                      request.cell_number, namespace=shell.user_ns, transform=shell.transform_cell,
+                      history=input_history(shell), hardware=hardware, margin=request.margin)
+    return dataclasses.replace(preview, notes=preview.notes + request.limit_notes, verbose=request.verbose,
+                               cell_name=request.cell_name)
+
+
+def _model_state(namespace: dict[str, Any]) -> Any:
+    """Parameters, gradients and optimizer state of the models and optimizers bound to names (bytes), for
+    the diagnosis's split by category; ``None`` where torch was never imported or they cannot be read."""
+    if "torch" not in sys.modules:
+        return None
+    try:
+        from ..sources.torch_breakdown import model_state_bytes, namespace_objects
+
+        _, models, optimizers = namespace_objects(namespace)
+        return model_state_bytes(models, optimizers)
+    except Exception:  # noqa: BLE001  the split is extra: the diagnosis stands without it
+        return None
