@@ -283,7 +283,7 @@ class Driver:
         by_batch = strategy is Strategy.BATCH
         return Outcome(
             original_source=cell.source,
-            fixed_source=None if fitted is None else fitted.next_runs_source or fitted.source,
+            fixed_source=None if fitted is None else fitted.source,
             strategy=strategy,
             tries=tuple(self._runs.tries),
             batch_before=batch.batch_before,

@@ -62,10 +62,6 @@ class TryResult:
     # Whether it ran as the cell's next run will: after a try that fitted, holding what that run made and
     # bound (optimizer state, gradients, the values the cell binds again, at this try's batch).
     steady: bool = False
-    # Where the allocator's replay of this run, from the memory it leaves (where the cell's next run starts),
-    # fits only a smaller batch: that batch and the cell at it, which the fix reports.
-    next_runs_batch: int | None = None
-    next_runs_source: str | None = None
 
     def observation(self) -> Observation:
         """What the batch search learns from this try, measured from the fix's reference level (a peak
@@ -210,8 +206,7 @@ class Outcome(TextReport):
         return f"{self.cell_name} ran out of GPU memory" + (f": {why}" if why else "")
 
     def _fitted_try(self) -> TryResult | None:
-        return next((t for t in reversed(self.tries)
-                     if t.fitted and self.fixed_source in (t.source, t.next_runs_source)), None)
+        return next((t for t in reversed(self.tries) if t.fitted and t.source == self.fixed_source), None)
 
     def _what_fixed(self) -> str:
         if self.dry_run:
@@ -227,10 +222,8 @@ class Outcome(TextReport):
             return (f"Fixed with chunks of {self.batch_after} rows (all {self.batch_before} computed): "
                     f"the rerun fitted, {proof}")
         if self.strategy is Strategy.BATCH:
-            later = ("" if fitted.next_runs_batch is None else
-                     f"; replayed from the memory it leaves, your next runs fit up to {fitted.next_runs_batch}")
             return (f"Fixed with batch {self.batch_after} (was {self.batch_before}): "
-                    f"the rerun at batch {fitted.batch} fitted, {proof}{later}")
+                    f"the rerun at batch {self.batch_after} fitted, {proof}")
         if self.strategy is Strategy.AUTOCAST:
             return f"Fixed under {fitted.reason}: the rerun fitted, {proof}"
         freed = "" if self.freed_bytes is None else f" (it freed {format_bytes(self.freed_bytes)})"

@@ -10,7 +10,7 @@ model hold the run the outcome reports.
 from __future__ import annotations
 
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..batch import BatchChange, BatchFinding, Knob
@@ -39,7 +39,7 @@ class BatchTried:
 
     @property
     def batch_after(self) -> int | None:
-        return None if self.fitted is None else self.fitted.next_runs_batch or self.fitted.batch
+        return None if self.fitted is None else self.fitted.batch
 
 
 @dataclass
@@ -98,13 +98,6 @@ class SmallerBatch:
             return BatchTried(batch_before=where.knob.value)
         found = best.batch
         best = self._settle(best, found, where.change, device)
-        held = self._next_runs_fit_up_to(search, found, where.finding.source, device)
-        if held is not None:
-            # The run fitted, but the memory it leaves (its pieces pinned in segments by what it keeps) is
-            # where the user's next run starts; the replay of that run from there fits only ``held``.
-            reported = replace(best, next_runs_batch=held, next_runs_source=where.change.apply(held))
-            self.runs.tries[:] = [reported if t is best else t for t in self.runs.tries]
-            best, found = reported, held
         self.runs.notes.append(steady_note(best))
         where.change.forget_originals()
         return BatchTried(best, where.knob.value, where.change.diffs(found), where.change.paste_code(found))
@@ -203,23 +196,6 @@ class SmallerBatch:
                 return confirm
         return best
 
-    def _next_runs_fit_up_to(self, search: BatchSearch, batch: int, source: str, device: int) -> int | None:
-        """The largest batch below ``batch`` that the allocator's replay of the tries fits from the memory
-        the fix leaves, where ``batch`` does not fit there (``None``: it does, or there is no replay).
-
-        Why: a try starts from the memory the one before it left, put back; the user's next run starts
-        from what the last try leaves. Near the limit that differs: on the H200 a 4-step transformer loop
-        whose try at 22 fitted left 0.66 GiB of free pieces in segments its optimizer state pinned, and
-        the next three runs at 22 ran out of memory (``benchmarks/oomfix.py``)."""
-        search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device),
-                             self.runs.rebound_addresses(source))
-        # With no margin: this run fitted; the question is only whether the same run fits from there.
-        fitting = search.replayed(0.0)
-        if fitting is None or fitting.fits(batch):
-            return None
-        largest = fitting.largest(batch - 1)
-        return largest if largest >= 1 else None
-
     def _put_back_now(self) -> None:
         """Put the trained model and optimizer back (where there is a ``put_back``), noting after which try."""
         if self.put_back is not None:
@@ -249,9 +225,6 @@ class _Where:
 
 def steady_note(best: TryResult) -> str:
     """Whether the run the fix reports is the proof that the cell's next runs fit (see ``FixTries``)."""
-    if best.next_runs_batch is not None:
-        return (f"rerun #{best.number} at {best.batch} fitted, but the allocator's replay of it from the memory it "
-                f"leaves, where your next run starts, fits only up to {best.next_runs_batch}: that is the batch reported")
     if best.steady:
         return (f"rerun #{best.number} at {best.batch} ran as your next runs will, holding what the run before "
                 "it leaves (optimizer state, gradients, the values the cell binds again): it keeps fitting")

@@ -48,16 +48,6 @@ def test_a_batch_fix_leads_with_the_cause_the_fitted_batch_and_its_one_line_edit
     assert steady.text().splitlines()[1] == (
         "Fixed with batch 480 (was 1024): the rerun at batch 480 fitted, peak 3.50 GiB of the 4.00 GiB free, "
         "holding what a run leaves, as your next runs will")
-    # Replayed from the memory the fitted run leaves, the next runs fit only a smaller batch: that is reported.
-    lower = SOURCE.replace("1024", "470")
-    held = replace(outcome, fixed_source=lower, batch_after=470, tries=(outcome.tries[0], replace(
-        outcome.tries[1], steady=True, next_runs_batch=470, next_runs_source=lower)))
-    assert held.text().splitlines()[1:3] == [
-        "Fixed with batch 470 (was 1024): the rerun at batch 480 fitted, peak 3.50 GiB of the 4.00 GiB free, "
-        "holding what a run leaves, as your next runs will; replayed from the memory it leaves, your next runs "
-        "fit up to 470",
-        "Change In[7]: batch_size = 1024  ->  batch_size = 470 (--apply puts it in the next input; "
-        "the kernel already holds what it made)"]
 
 
 def test_an_autocast_fix_names_autocast_and_asks_to_paste_the_cell_where_lines_change():
