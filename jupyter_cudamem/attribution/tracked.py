@@ -12,8 +12,9 @@ What a cell can have changed, cheapest first:
 
 Every name is fingerprinted again (a full walk, as ``NamespaceSnapshot.take``) where that cannot be
 decided: the first snapshot, a cell whose text cannot tell (``exec``, ``globals()``, ``import *``, ``%run``:
-see ``cell_names``), a cell not seen, and once the measured cells since the last full walk have left
-``GUARD_FRACTION`` of the attribution threshold allocated in all. That last one bounds what no name shows:
+see ``cell_names``), a cell not seen, and once the cells since the last full walk have left
+``GUARD_FRACTION`` of the attribution threshold allocated in all (the measured ones each, those between
+two measured cells together). That last one bounds what no name shows:
 code stored earlier and run by a library (a forward hook appending activations, a closure, a callback),
 or a thread, can grow an object no name of the cell leads to; whatever it added since the last full walk
 is less than that, so it cannot turn into a holder the report would name.
@@ -67,6 +68,7 @@ class TrackedNamespace:
         self._probe: TensorProbe | None = None
         self._touched: set[str] = set()
         self._left_bytes = 0
+        self._allocated: dict[int, int] = {}  # device -> allocated bytes, as last known
         # Who holds what, for finding the names that share an object: the object's id -> the name, and
         # the ids of children and attributes (and of objects two names are bound to) -> those names.
         self._owner: dict[int, str] = {}
@@ -84,9 +86,17 @@ class TrackedNamespace:
         elif self._base is not None:
             self._touched.update(names)
 
-    def left(self, nbytes: int) -> None:
-        """A measured cell left ``nbytes`` more allocated (counted towards the guard)."""
+    def left(self, nbytes: int, ended: Mapping[int, int] | None = None) -> None:
+        """A measured cell left ``nbytes`` more allocated (counted towards the guard), ending with
+        ``ended`` allocated bytes on each device it touched."""
         self._left_bytes += max(nbytes, 0)
+        self._allocated.update(ended or {})
+
+    def unmeasured(self, allocated: Mapping[int, int]) -> None:
+        """Cells not measured may have run since the last measured one: what they left on each device
+        (``allocated`` bytes now, less what it was as that one ended) counts towards the guard."""
+        self._left_bytes += sum(max(now - self._allocated.get(device, now), 0) for device, now in allocated.items())
+        self._allocated = dict(allocated)
 
     def take(
         self, namespace: Mapping[str, Any], references: Iterable[Reference], probe: TensorProbe

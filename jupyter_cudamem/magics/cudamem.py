@@ -152,10 +152,10 @@ class CudaMem(CudaMemMagicsBase):
         return record
 
     # -- who holds what a cell left (``left_attribution``) ------------------------------------
-    def snapshot(self) -> NamespaceSnapshot | None:
-        """The namespace's fingerprint as the cell starts (see ``attribution.left``); ``None`` when
+    def snapshot(self, cell: str | None = None) -> NamespaceSnapshot | None:
+        """The namespace's fingerprint as ``cell`` starts (see ``attribution.left``); ``None`` when
         attribution is off or nothing can hold device memory (torch not imported)."""
-        return self.attribution.snapshot()
+        return self.attribution.snapshot(cell)
 
     def left_behind(
         self, measurement: Measurement, snapshot: NamespaceSnapshot | None, value: Any = None, error: Any = None
@@ -285,3 +285,4 @@ class CudaMem(CudaMemMagicsBase):
     def close(self) -> None:
         if self.every_cell.on:
             self.every_cell.stop()
+        self.attribution.close()

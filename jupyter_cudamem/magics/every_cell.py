@@ -10,7 +10,6 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..cell.names import SAFE_MAGICS, cell_names
 from ..errors import CudaMemError
 from ..report import one_line
 from ..report.cell import left_finding
@@ -85,7 +84,6 @@ class EveryCell:
         self._depth = 0
         self._threshold_text: str | int | None = None
         self._threshold_value = 0
-        self._unsafe_magics: tuple[int, frozenset[str]] = (-1, frozenset())
 
     def switch(self, command: str) -> None:
         """``on``, ``off`` or ``status``; prints which is active."""
@@ -95,7 +93,6 @@ class EveryCell:
             events.register("pre_run_cell", self.pre_run_cell)
             events.register("post_run_cell", self.post_run_cell)
             self.on = True
-            cudamem.attribution.track(True)
         elif command == "off" and self.on:
             self.stop()
             self._depth = 0
@@ -114,17 +111,6 @@ class EveryCell:
                 pass
         self.on = False
         self._baseline = None
-        self.cudamem.attribution.track(False)
-
-    def _ran(self, raw: str) -> None:
-        """Tell the kept fingerprints which names a cell can have touched (``attribution.tracked``)."""
-        tracked = self.cudamem.attribution.tracked
-        if tracked is None:
-            return
-        line_magics = self.cudamem.shell.magics_manager.magics.get("line", {})
-        if self._unsafe_magics[0] != len(line_magics):  # IPython's automagic: ``run x.py`` runs %run
-            self._unsafe_magics = (len(line_magics), frozenset(line_magics).difference(SAFE_MAGICS))
-        tracked.ran(cell_names(raw, self._unsafe_magics[1]))
 
     def threshold_bytes(self) -> int:
         threshold = self.cudamem.auto_threshold
@@ -145,20 +131,17 @@ class EveryCell:
             return
         cudamem = self.cudamem
         try:
-            snapshot = cudamem.snapshot()
+            snapshot = cudamem.snapshot(raw)
             meter = cudamem.meter()
             self._baseline = (meter, meter.start(), raw, snapshot)
         except Exception as error:  # never break the user's cell because a reading failed
             self._baseline = None
             cudamem.note(f"every-cell measurement skipped: {error}")
-        finally:
-            self._ran(raw)  # a snapshot of a cell this one runs must see what this one changed
 
     def post_run_cell(self, result: Any = None) -> None:
         raw = getattr(getattr(result, "info", None), "raw_cell", None)
         if raw is not None and not raw.strip():
             return  # IPython skips pre_run_cell for a blank cell but still sends post_run_cell
-        self._ran(raw if raw is not None else "exec()")  # a cell we cannot read: every name again
         self._depth = max(self._depth - 1, 0)
         if self._depth > 0:
             return

@@ -1,14 +1,21 @@
 """Who holds what a measured cell left, for ``%%cudamem`` and the every-cell mode: the namespace's
 fingerprint as the cell starts, and, when the cell left at least ``CudaMem.attribute_threshold`` more
-allocated, the holders (``attribution.left``). Never fails the cell."""
+allocated, the holders (``attribution.left``). Never fails the cell.
+
+From the first snapshot on, the fingerprints are kept from cell to cell (``attribution.tracked``): every
+cell the shell runs, measured or not, says through IPython's ``pre_run_cell`` and ``post_run_cell`` events
+which names it can have touched (``cell.names``), so a snapshot costs what the cell names, not what the
+namespace holds."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
 from ..attribution.probe import default_probe
 from ..attribution.tracked import TrackedNamespace
+from ..cell.names import SAFE_MAGICS, cell_names
 from ..measure import Measurement
 from .cellrun import NO_VALUE
 from .options import size_setting
@@ -26,12 +33,54 @@ class LeftAttribution:
         self.cudamem = cudamem
         self._threshold_text: str | int | None = None
         self._threshold_value: int | None = DEFAULT_THRESHOLD_BYTES
-        # While the every-cell mode is on, the fingerprints are kept from cell to cell (``attribution.tracked``).
-        self.tracked: TrackedNamespace | None = None
+        self.tracked: TrackedNamespace | None = None  # from the first snapshot on
+        self._unsafe_magics: tuple[int, frozenset[str]] = (-1, frozenset())
+        # Cells the shell ran and cells measured (-1: none yet): where they differ, cells not measured ran
+        # in between, and what they left is read.
+        self._cells_ran, self._cells_measured = 0, -1
 
-    def track(self, on: bool) -> None:
-        """Keep the namespace's fingerprints from cell to cell (every cell is then seen), or stop."""
-        self.tracked = TrackedNamespace(self.threshold_bytes() or DEFAULT_THRESHOLD_BYTES) if on else None
+    def _track(self) -> TrackedNamespace:
+        if self.tracked is None:
+            self.tracked = TrackedNamespace(self.threshold_bytes() or DEFAULT_THRESHOLD_BYTES)
+            events = self.cudamem.shell.events
+            events.register("pre_run_cell", self._pre_run_cell)
+            events.register("post_run_cell", self._post_run_cell)
+        return self.tracked
+
+    def close(self) -> None:
+        """Stop keeping fingerprints (the extension unloads)."""
+        if self.tracked is None:
+            return
+        events = self.cudamem.shell.events
+        for name, callback in (("pre_run_cell", self._pre_run_cell), ("post_run_cell", self._post_run_cell)):
+            try:
+                events.unregister(name, callback)
+            except ValueError:
+                pass
+        self.tracked = None
+
+    def _ran(self, raw: str | None) -> None:
+        """Tell the kept fingerprints which names a cell can have touched (``None``: it cannot tell)."""
+        if self.tracked is None:
+            return
+        if raw is None:
+            self.tracked.ran(None)
+            return
+        line_magics = self.cudamem.shell.magics_manager.magics.get("line", {})
+        if self._unsafe_magics[0] != len(line_magics):  # IPython's automagic: ``run x.py`` runs %run
+            self._unsafe_magics = (len(line_magics), frozenset(line_magics).difference(SAFE_MAGICS))
+        self.tracked.ran(cell_names(raw, self._unsafe_magics[1]))
+
+    def _pre_run_cell(self, info: Any = None) -> None:
+        # Before too: a snapshot of a cell this one runs must see what this one changed.
+        self._ran(getattr(info, "raw_cell", None))
+
+    def _post_run_cell(self, result: Any = None) -> None:
+        raw = getattr(getattr(result, "info", None), "raw_cell", None)
+        if raw is not None and not raw.strip():
+            return  # IPython skips pre_run_cell for a blank cell but still sends post_run_cell
+        self._cells_ran += 1
+        self._ran(raw)
 
     def threshold_bytes(self) -> int | None:
         """The attribution threshold in bytes, ``None`` when it is off."""
@@ -41,8 +90,8 @@ class LeftAttribution:
             self._threshold_text, self._threshold_value = setting, value
         return self._threshold_value
 
-    def snapshot(self) -> NamespaceSnapshot | None:
-        """The namespace's fingerprint as the cell starts (see ``attribution.left``); ``None`` when
+    def snapshot(self, cell: str | None = None) -> NamespaceSnapshot | None:
+        """The namespace's fingerprint as ``cell`` starts (see ``attribution.left``); ``None`` when
         attribution is off or nothing can hold device memory (torch not imported)."""
         if self.threshold_bytes() is None:
             return None
@@ -55,22 +104,28 @@ class LeftAttribution:
         from ..ipython_state import ipython_references
 
         references = ipython_references(cudamem.shell)
-        tracked = self.tracked
-        if tracked is not None:
-            tracked.guard_bytes = self.threshold_bytes() or DEFAULT_THRESHOLD_BYTES
-            return tracked.take(cudamem.shell.user_ns, references, probe)
-        return NamespaceSnapshot.take(cudamem.shell.user_ns, references, probe)
+        tracked = self._track()
+        tracked.guard_bytes = self.threshold_bytes() or DEFAULT_THRESHOLD_BYTES
+        if self._cells_ran != self._cells_measured:  # what cells not measured left counts towards the guard
+            allocator = cudamem.hardware.allocator
+            tracked.unmeasured({index: allocator.read(index).allocated_bytes for index in range(allocator.device_count())})
+            self._cells_measured = self._cells_ran
+        snapshot = tracked.take(cudamem.shell.user_ns, references, probe)
+        if cell is not None:  # the names it can change, also where it runs without the shell's events
+            self._ran(cell)
+        return snapshot
 
     def left_behind(
         self, measurement: Measurement, snapshot: NamespaceSnapshot | None, value: Any = None, error: Any = None
     ) -> LeftBehind | None:
         """Who holds what the cell left, when it left at least the threshold; never fails the cell."""
+        self._cells_measured += 1
         threshold = self.threshold_bytes()
         if snapshot is None or threshold is None:
             return None
         left = measurement.left_allocated_bytes
         if self.tracked is not None:
-            self.tracked.left(left)
+            self.tracked.left(left, _ended(measurement))
         if left < threshold:
             return None
         from ..ipython_state import cell_references
@@ -82,3 +137,9 @@ class LeftAttribution:
         except Exception as failure:  # a bug of ours must not cost the user the report
             cudamem.note(f"could not attribute what the cell left: {type(failure).__name__}: {failure}")
             return None
+
+
+def _ended(measurement: Measurement) -> Mapping[int, int]:
+    """Each measured device's allocated bytes as the cell ended."""
+    return {device.device.torch_index: device.after.allocator.allocated_bytes for device in measurement.devices
+            if device.device.torch_index is not None and device.after.allocator is not None}

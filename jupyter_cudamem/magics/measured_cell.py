@@ -43,7 +43,7 @@ class CellMeasurer:
         shell = cudamem.shell
         count = current_cell_number(shell)
         label = f"[{count}]"
-        snapshot = cudamem.snapshot()
+        snapshot = cudamem.snapshot(cell)
         ran: Ran | None = None
         measurement: Measurement | None = None
         tracing: list[TraceSummary] | None = None
