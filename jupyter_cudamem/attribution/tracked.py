@@ -30,7 +30,6 @@ from typing import Any
 
 from ..cell.names import code_names
 from ..collector import collector_paused
-from .holders import Reference
 from .probe import TensorProbe
 from .snapshot import NamespaceSnapshot, fingerprints
 
@@ -98,10 +97,9 @@ class TrackedNamespace:
         self._left_bytes += sum(max(now - self._allocated.get(device, now), 0) for device, now in allocated.items())
         self._allocated = dict(allocated)
 
-    def take(
-        self, namespace: Mapping[str, Any], references: Iterable[Reference], probe: TensorProbe
-    ) -> NamespaceSnapshot:
-        """The namespace as it is now, as ``NamespaceSnapshot.take`` would fingerprint it."""
+    def take(self, namespace: Mapping[str, Any], reference_ids: frozenset[int], probe: TensorProbe) -> NamespaceSnapshot:
+        """The namespace as it is now, as ``NamespaceSnapshot.take`` would fingerprint it, with the ids of
+        what IPython keeps (``ipython_state.ipython_reference_ids``)."""
         with warnings.catch_warnings(), collector_paused():
             warnings.simplefilter("ignore")
             if self._base is None or probe != self._probe or self._left_bytes * GUARD_FRACTION >= self.guard_bytes:
@@ -114,7 +112,7 @@ class TrackedNamespace:
         if len(changed) > max(64, len(base) // 8):  # merged now and then: a cost per name taken again
             base = self._base = dict(NamespaceSnapshot(base, frozenset(), changed).names)
             changed = self._changed = {}
-        return NamespaceSnapshot(base, frozenset(id(reference.value) for reference in references), changed)
+        return NamespaceSnapshot(base, reference_ids, changed)
 
     # -- every name -------------------------------------------------------------------------------
     def _walk_all(self, namespace: Mapping[str, Any], probe: TensorProbe) -> None:

@@ -16,6 +16,7 @@ from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSna
 from ..attribution.probe import default_probe
 from ..attribution.tracked import TrackedNamespace
 from ..cell.names import SAFE_MAGICS, cell_names
+from ..ipython_state import ipython_reference_ids
 from ..measure import Measurement
 from .cellrun import NO_VALUE
 from .options import size_setting
@@ -101,16 +102,13 @@ class LeftAttribution:
             return None
         if not cudamem.hardware.allocator.is_initialized():
             return NamespaceSnapshot({}, frozenset())  # nothing on the device yet: all it will hold is new
-        from ..ipython_state import ipython_references
-
-        references = ipython_references(cudamem.shell)
         tracked = self._track()
         tracked.guard_bytes = self.threshold_bytes() or DEFAULT_THRESHOLD_BYTES
         if self._cells_ran != self._cells_measured:  # what cells not measured left counts towards the guard
             allocator = cudamem.hardware.allocator
             tracked.unmeasured({index: allocator.read(index).allocated_bytes for index in range(allocator.device_count())})
             self._cells_measured = self._cells_ran
-        snapshot = tracked.take(cudamem.shell.user_ns, references, probe)
+        snapshot = tracked.take(cudamem.shell.user_ns, ipython_reference_ids(cudamem.shell), probe)
         if cell is not None:  # the names it can change, also where it runs without the shell's events
             self._ran(cell)
         return snapshot
