@@ -220,7 +220,7 @@ def _known_exceptions(shell: Any, exception: BaseException | None) -> list[BaseE
     candidates = [
         exception,
         recorder.last.exception if recorder is not None and recorder.last is not None else None,
-        *(getattr(sys, name, None) for name in ("last_exc", "last_value")),
+        *map(vars(sys).get, ("last_exc", "last_value")),  # a dict's get: a missing module attribute costs 1.5 µs
         getattr(result, "error_in_exec", None),
         getattr(result, "error_before_exec", None),
     ]
@@ -251,7 +251,7 @@ def ipython_references(shell: Any, outputs: bool = True) -> list[Reference]:
     """
     refs: list[Reference] = []
     for name in _SYS_ATTRIBUTES[:3]:
-        value = getattr(sys, name, None)
+        value = vars(sys).get(name)  # as above, asked before every measured cell
         if value is not None:
             refs.append(Reference(f"sys.{name}", Origin.EXCEPTION, value))
     result = getattr(shell, "last_execution_result", None)
