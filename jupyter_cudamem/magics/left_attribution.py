@@ -106,7 +106,10 @@ class LeftAttribution:
         tracked.guard_bytes = self.threshold_bytes() or DEFAULT_THRESHOLD_BYTES
         if self._cells_ran != self._cells_measured:  # what cells not measured left counts towards the guard
             allocator = cudamem.hardware.allocator
-            tracked.unmeasured({index: allocator.read(index).allocated_bytes for index in range(allocator.device_count())})
+            try:
+                tracked.unmeasured({index: allocator.read(index).allocated_bytes for index in range(allocator.device_count())})
+            except Exception:  # noqa: BLE001  unreadable (a sticky CUDA error): what they left is unknown
+                tracked.forget()
             self._cells_measured = self._cells_ran
         snapshot = tracked.take(cudamem.shell.user_ns, ipython_reference_ids(cudamem.shell), probe)
         if cell is not None:  # the names it can change, also where it runs without the shell's events

@@ -148,3 +148,19 @@ def test_cell_names_reads_identifiers_and_refuses_what_text_cannot_tell():
     # IPython's automagic: a bare magic name at a line's start runs the magic
     assert cell_names("run script.py", frozenset({"run"})) is None
     assert cell_names("run = 3", frozenset({"run"})) == frozenset({"run"})
+
+
+def test_cells_between_whose_leftovers_cannot_be_read_walk_every_name(shell, monkeypatch):
+    cudamem = magics.loaded(shell).magics[0]
+    cudamem.probe = fake_probe()
+    shell.run_cell("%%cudamem -q\nx = 1")
+    walks = cudamem.attribution.tracked.full_walks
+    shell.run_cell("y = 2")  # not measured: its leftovers are read at the next snapshot
+
+    def sticky_error(index):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(cudamem.hardware.allocator, "read", sticky_error)
+    assert cudamem.attribution.snapshot() is not None
+    assert cudamem.attribution.tracked.full_walks == walks + 1
+    shell.user_ns.pop("y", None)
