@@ -210,7 +210,7 @@ def run_namespaces(shell, quick: bool, device: str = "cuda") -> dict:
     from jupyter_cudamem.attribution.snapshot import NamespaceSnapshot
     from jupyter_cudamem.attribution.probe import default_probe
     from jupyter_cudamem.attribution.tracked import TrackedNamespace
-    from jupyter_cudamem.ipython_state import ipython_references
+    from jupyter_cudamem.ipython_state import ipython_reference_ids, ipython_references
 
     modes = [Mode("bare"), *our_modes(shell)]
     probe = FAKE["probe"] if FAKE else default_probe()
@@ -228,7 +228,7 @@ def run_namespaces(shell, quick: bool, device: str = "cuda") -> dict:
             snapshots.append(time.perf_counter() - started)
             tracked.ran({"x"})  # what the trivial cell names
             started = time.perf_counter()
-            tracked.take(shell.user_ns, ipython_references(shell), probe)
+            tracked.take(shell.user_ns, ipython_reference_ids(shell), probe)
             kept.append(time.perf_counter() - started)
         entry: dict = {"user_names": size, "cells_per_mode_and_kind": per_round * ROUNDS,
                        "snapshot_ms": _stats(snapshots, None), "kept_snapshot_ms": _stats(kept[1:], None),

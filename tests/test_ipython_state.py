@@ -11,6 +11,7 @@ from tests.oomfix.shells import shell_without_failures
 from jupyter_cudamem.attribution.holders import HolderKind, Origin, find_holders, reaches_cuda
 from jupyter_cudamem.ipython_state import (
     FailureRecorder,
+    ipython_reference_ids,
     ipython_references,
     last_failure,
     recorder_for,
@@ -93,6 +94,17 @@ def test_failed_cell_keeps_locals_alive_until_released(shell) -> None:
     assert shell.user_ns["model"].untyped_storage().nbytes() == 256 * MiB  # user variables untouched
     assert not hasattr(sys, "last_value")
     assert find_holders(user_variables(shell), ipython_references(shell), probe=fake_probe())[0].name == "model"
+
+
+def test_the_ids_a_snapshot_keeps_are_those_of_every_reference(shell) -> None:
+    assert run(shell, SETUP).success
+    for code in ("model", "[model, 1]", "2", "f(1)"):  # three outputs in Out (and _N), then a traceback
+        run(shell, code)
+    refs = ipython_references(shell)
+    names = [ref.name for ref in refs]
+    assert sum(name.startswith("Out[") for name in names) == 3 and "sys.last_value" in names
+    assert sum(name.startswith("_") and name[1:].isdigit() for name in names) == 3
+    assert ipython_reference_ids(shell) == {id(ref.value) for ref in refs}
 
 
 def test_release_from_inside_the_next_cell(shell) -> None:

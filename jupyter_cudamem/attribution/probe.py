@@ -97,11 +97,24 @@ class TensorProbe:
     cuda_storage = device_storage
 
 
+_made: tuple[Any, TensorProbe | None] = (None, None)  # (torch's module, its probe): made once, asked each cell
+
+
 def default_probe() -> TensorProbe | None:
     """PyTorch's types, or ``None`` when torch was never imported (then nothing can hold CUDA tensors)."""
+    global _made
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
         return None
+    if _made[0] is torch:
+        return _made[1]
+    probe = _torch_probe(torch)
+    if probe.module_types and probe.optimizer_types:  # kept once torch is imported whole
+        _made = (torch, probe)
+    return probe
+
+
+def _torch_probe(torch: Any) -> TensorProbe:
     nn = getattr(torch, "nn", None)
     optim = getattr(torch, "optim", None)
     module_types = (nn.Module,) if nn is not None and hasattr(nn, "Module") else ()

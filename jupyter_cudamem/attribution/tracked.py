@@ -12,8 +12,9 @@ What a cell can have changed, cheapest first:
 
 Every name is fingerprinted again (a full walk, as ``NamespaceSnapshot.take``) where that cannot be
 decided: the first snapshot, a cell whose text cannot tell (``exec``, ``globals()``, ``import *``, ``%run``:
-see ``cell_names``), a cell not seen, and once the measured cells since the last full walk have left
-``GUARD_FRACTION`` of the attribution threshold allocated in all. That last one bounds what no name shows:
+see ``cell_names``), a cell not seen, and once the cells since the last full walk have left
+``GUARD_FRACTION`` of the attribution threshold allocated in all (the measured ones each, those between
+two measured cells together). That last one bounds what no name shows:
 code stored earlier and run by a library (a forward hook appending activations, a closure, a callback),
 or a thread, can grow an object no name of the cell leads to; whatever it added since the last full walk
 is less than that, so it cannot turn into a holder the report would name.
@@ -29,7 +30,6 @@ from typing import Any
 
 from ..cell.names import code_names
 from ..collector import collector_paused
-from .holders import Reference
 from .probe import TensorProbe
 from .snapshot import NamespaceSnapshot, fingerprints
 
@@ -67,6 +67,7 @@ class TrackedNamespace:
         self._probe: TensorProbe | None = None
         self._touched: set[str] = set()
         self._left_bytes = 0
+        self._allocated: dict[int, int] = {}  # device -> allocated bytes, as last known
         # Who holds what, for finding the names that share an object: the object's id -> the name, and
         # the ids of children and attributes (and of objects two names are bound to) -> those names.
         self._owner: dict[int, str] = {}
@@ -84,14 +85,21 @@ class TrackedNamespace:
         elif self._base is not None:
             self._touched.update(names)
 
-    def left(self, nbytes: int) -> None:
-        """A measured cell left ``nbytes`` more allocated (counted towards the guard)."""
+    def left(self, nbytes: int, ended: Mapping[int, int] | None = None) -> None:
+        """A measured cell left ``nbytes`` more allocated (counted towards the guard), ending with
+        ``ended`` allocated bytes on each device it touched."""
         self._left_bytes += max(nbytes, 0)
+        self._allocated.update(ended or {})
 
-    def take(
-        self, namespace: Mapping[str, Any], references: Iterable[Reference], probe: TensorProbe
-    ) -> NamespaceSnapshot:
-        """The namespace as it is now, as ``NamespaceSnapshot.take`` would fingerprint it."""
+    def unmeasured(self, allocated: Mapping[int, int]) -> None:
+        """Cells not measured may have run since the last measured one: what they left on each device
+        (``allocated`` bytes now, less what it was as that one ended) counts towards the guard."""
+        self._left_bytes += sum(max(now - self._allocated.get(device, now), 0) for device, now in allocated.items())
+        self._allocated = dict(allocated)
+
+    def take(self, namespace: Mapping[str, Any], reference_ids: frozenset[int], probe: TensorProbe) -> NamespaceSnapshot:
+        """The namespace as it is now, as ``NamespaceSnapshot.take`` would fingerprint it, with the ids of
+        what IPython keeps (``ipython_state.ipython_reference_ids``)."""
         with warnings.catch_warnings(), collector_paused():
             warnings.simplefilter("ignore")
             if self._base is None or probe != self._probe or self._left_bytes * GUARD_FRACTION >= self.guard_bytes:
@@ -104,7 +112,7 @@ class TrackedNamespace:
         if len(changed) > max(64, len(base) // 8):  # merged now and then: a cost per name taken again
             base = self._base = dict(NamespaceSnapshot(base, frozenset(), changed).names)
             changed = self._changed = {}
-        return NamespaceSnapshot(base, frozenset(id(reference.value) for reference in references), changed)
+        return NamespaceSnapshot(base, reference_ids, changed)
 
     # -- every name -------------------------------------------------------------------------------
     def _walk_all(self, namespace: Mapping[str, Any], probe: TensorProbe) -> None:

@@ -297,8 +297,8 @@ def run_cell_body(shell: InteractiveShell, raw_cell: str) -> Ran:
         tree = shell.transform_ast(tree)
     except Exception as error:  # InputRejected, or a transformer's own failure
         return Ran(False, error=error, kind=_BEFORE, traceback=error.__traceback__)
-    ran = Ran(False, quiet=semicolon_at_end(transformed))
     executed, shown = _split(shell, list(tree.body))
+    ran = Ran(False, quiet=bool(shown) and semicolon_at_end(transformed))  # tokenized only where a value shows
     flags = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0) if getattr(shell, "autoawait", False) else 0
     steps: list[tuple[ast.stmt, str]] = [(node, "exec") for node in executed] + [(node, "single") for node in shown]
     for node, mode in steps:

@@ -269,3 +269,4 @@ class CudaMem(CudaMemMagicsBase):
     def close(self) -> None:
         if self.every_cell.on:
             self.every_cell.stop()
+        self.attribution.close()

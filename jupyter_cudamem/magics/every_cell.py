@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from ..cell.names import SAFE_MAGICS, cell_names
 from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..history import History
@@ -91,7 +90,6 @@ class EveryCell:
         self.inside_magic = False
         self._baseline: Any = None
         self._depth = 0
-        self._unsafe_magics: tuple[int, frozenset[str]] = (-1, frozenset())
 
     def switch(self, command: str) -> None:
         """``on``, ``off`` or ``status``; prints which is active."""
@@ -101,7 +99,6 @@ class EveryCell:
             events.register("pre_run_cell", self.pre_run_cell)
             events.register("post_run_cell", self.post_run_cell)
             self.on = True
-            self.attribution.track(settings)
         elif command == "off" and self.on:
             self.stop()
             self._depth = 0
@@ -120,7 +117,6 @@ class EveryCell:
                 pass
         self.on = False
         self._baseline = None
-        self.attribution.track(None)
 
     @contextmanager
     def measured_by_magic(self) -> Iterator[None]:
@@ -130,16 +126,6 @@ class EveryCell:
             yield
         finally:
             self.inside_magic = False
-
-    def _ran(self, raw: str) -> None:
-        """Tell the kept fingerprints which names a cell can have touched (``attribution.tracked``)."""
-        tracked = self.attribution.tracked
-        if tracked is None:
-            return
-        line_magics = self.shell.magics_manager.magics.get("line", {})
-        if self._unsafe_magics[0] != len(line_magics):  # IPython's automagic: ``run x.py`` runs %run
-            self._unsafe_magics = (len(line_magics), frozenset(line_magics).difference(SAFE_MAGICS))
-        tracked.ran(cell_names(raw, self._unsafe_magics[1]))
 
     def pre_run_cell(self, info: Any = None) -> None:
         # A cell may run others (%oomfix reruns through shell.run_cell): those nested cells belong
@@ -153,20 +139,17 @@ class EveryCell:
             return
         try:
             settings = self.settings()
-            snapshot = self.attribution.snapshot(settings)
+            snapshot = self.attribution.snapshot(settings, raw)
             meter = settings.meter(self.hardware)
             self._baseline = (settings, meter, meter.start(), raw, snapshot)
         except Exception as error:  # never break the user's cell because a reading failed
             self._baseline = None
             note(f"every-cell measurement skipped: {error}")
-        finally:
-            self._ran(raw)  # a snapshot of a cell this one runs must see what this one changed
 
     def post_run_cell(self, result: Any = None) -> None:
         raw = getattr(getattr(result, "info", None), "raw_cell", None)
         if raw is not None and not raw.strip():
             return  # IPython skips pre_run_cell for a blank cell but still sends post_run_cell
-        self._ran(raw if raw is not None else "exec()")  # a cell we cannot read: every name again
         self._depth = max(self._depth - 1, 0)
         if self._depth > 0:
             return

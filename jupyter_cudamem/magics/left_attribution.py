@@ -1,15 +1,23 @@
 """Who holds what a measured cell left, for ``%%cudamem`` and the every-cell mode: the namespace's
 fingerprint as the cell starts, and, when the cell left at least ``CudaMem.attribute_threshold`` more
-allocated, the holders (``attribution.left``). Never fails the cell."""
+allocated, the holders (``attribution.left``). Never fails the cell.
+
+From the first snapshot on, the fingerprints are kept from cell to cell (``attribution.tracked``): every
+cell the shell runs, measured or not, says through IPython's ``pre_run_cell`` and ``post_run_cell`` events
+which names it can have touched (``cell.names``), so a snapshot costs what the cell names, not what the
+namespace holds."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
 from ..attribution.probe import default_probe
 from ..attribution.tracked import TrackedNamespace
+from ..cell.names import SAFE_MAGICS, cell_names
 from ..hardware import Hardware
+from ..ipython_state import ipython_reference_ids
 from ..measure import Measurement
 from .base import note
 from .cellrun import NO_VALUE
@@ -22,16 +30,57 @@ class LeftAttribution:
     def __init__(self, shell: Any, hardware: Hardware):
         self.shell = shell
         self.hardware = hardware
-        # While the every-cell mode is on, the fingerprints are kept from cell to cell (``attribution.tracked``).
-        self.tracked: TrackedNamespace | None = None
+        self.tracked: TrackedNamespace | None = None  # from the first snapshot on
+        self._unsafe_magics: tuple[int, frozenset[str]] = (-1, frozenset())
+        # Cells the shell ran and cells measured (-1: none yet): where they differ, cells not measured ran
+        # in between, and what they left is read.
+        self._cells_ran, self._cells_measured = 0, -1
 
-    def track(self, settings: CellSettings | None) -> None:
-        """Keep the namespace's fingerprints from cell to cell (every cell is then seen), or stop (``None``)."""
-        self.tracked = None if settings is None else TrackedNamespace(
-            settings.attribute_threshold_bytes or DEFAULT_THRESHOLD_BYTES)
+    def _track(self, threshold_bytes: int | None) -> TrackedNamespace:
+        if self.tracked is None:
+            self.tracked = TrackedNamespace(threshold_bytes or DEFAULT_THRESHOLD_BYTES)
+            events = self.shell.events
+            events.register("pre_run_cell", self._pre_run_cell)
+            events.register("post_run_cell", self._post_run_cell)
+        return self.tracked
 
-    def snapshot(self, settings: CellSettings) -> NamespaceSnapshot | None:
-        """The namespace's fingerprint as the cell starts (see ``attribution.left``); ``None`` when
+    def close(self) -> None:
+        """Stop keeping fingerprints (the extension unloads)."""
+        if self.tracked is None:
+            return
+        events = self.shell.events
+        for name, callback in (("pre_run_cell", self._pre_run_cell), ("post_run_cell", self._post_run_cell)):
+            try:
+                events.unregister(name, callback)
+            except ValueError:
+                pass
+        self.tracked = None
+
+    def _ran(self, raw: str | None) -> None:
+        """Tell the kept fingerprints which names a cell can have touched (``None``: it cannot tell)."""
+        if self.tracked is None:
+            return
+        if raw is None:
+            self.tracked.ran(None)
+            return
+        line_magics = self.shell.magics_manager.magics.get("line", {})
+        if self._unsafe_magics[0] != len(line_magics):  # IPython's automagic: ``run x.py`` runs %run
+            self._unsafe_magics = (len(line_magics), frozenset(line_magics).difference(SAFE_MAGICS))
+        self.tracked.ran(cell_names(raw, self._unsafe_magics[1]))
+
+    def _pre_run_cell(self, info: Any = None) -> None:
+        # Before too: a snapshot of a cell this one runs must see what this one changed.
+        self._ran(getattr(info, "raw_cell", None))
+
+    def _post_run_cell(self, result: Any = None) -> None:
+        raw = getattr(getattr(result, "info", None), "raw_cell", None)
+        if raw is not None and not raw.strip():
+            return  # IPython skips pre_run_cell for a blank cell but still sends post_run_cell
+        self._cells_ran += 1
+        self._ran(raw)
+
+    def snapshot(self, settings: CellSettings, cell: str | None = None) -> NamespaceSnapshot | None:
+        """The namespace's fingerprint as ``cell`` starts (see ``attribution.left``); ``None`` when
         attribution is off or nothing can hold device memory (torch not imported)."""
         if settings.attribute_threshold_bytes is None:
             return None
@@ -40,26 +89,32 @@ class LeftAttribution:
             return None
         if not self.hardware.allocator.is_initialized():
             return NamespaceSnapshot({}, frozenset())  # nothing on the device yet: all it will hold is new
-        from ..ipython_state import ipython_references
-
-        references = ipython_references(self.shell)
-        tracked = self.tracked
-        if tracked is not None:
-            tracked.guard_bytes = settings.attribute_threshold_bytes or DEFAULT_THRESHOLD_BYTES
-            return tracked.take(self.shell.user_ns, references, probe)
-        return NamespaceSnapshot.take(self.shell.user_ns, references, probe)
+        tracked = self._track(settings.attribute_threshold_bytes)
+        tracked.guard_bytes = settings.attribute_threshold_bytes or DEFAULT_THRESHOLD_BYTES
+        if self._cells_ran != self._cells_measured:  # what cells not measured left counts towards the guard
+            allocator = self.hardware.allocator
+            try:
+                tracked.unmeasured({index: allocator.read(index).allocated_bytes for index in range(allocator.device_count())})
+            except Exception:  # noqa: BLE001  unreadable (a sticky CUDA error): what they left is unknown
+                tracked.forget()
+            self._cells_measured = self._cells_ran
+        snapshot = tracked.take(self.shell.user_ns, ipython_reference_ids(self.shell), probe)
+        if cell is not None:  # the names it can change, also where it runs without the shell's events
+            self._ran(cell)
+        return snapshot
 
     def left_behind(
         self, settings: CellSettings, measurement: Measurement, snapshot: NamespaceSnapshot | None, value: Any = None,
         error: Any = None,
     ) -> LeftBehind | None:
         """Who holds what the cell left, when it left at least the threshold; never fails the cell."""
+        self._cells_measured += 1
         threshold = settings.attribute_threshold_bytes
         if snapshot is None or threshold is None:
             return None
         left = measurement.left_allocated_bytes
         if self.tracked is not None:
-            self.tracked.left(left)
+            self.tracked.left(left, _ended(measurement))
         if left < threshold:
             return None
         from ..ipython_state import cell_references
@@ -70,3 +125,9 @@ class LeftAttribution:
         except Exception as failure:  # a bug of ours must not cost the user the report
             note(f"could not attribute what the cell left: {type(failure).__name__}: {failure}")
             return None
+
+
+def _ended(measurement: Measurement) -> Mapping[int, int]:
+    """Each measured device's allocated bytes as the cell ended."""
+    return {device.device.torch_index: device.after.allocator.allocated_bytes for device in measurement.devices
+            if device.device.torch_index is not None and device.after.allocator is not None}

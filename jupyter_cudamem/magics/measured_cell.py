@@ -50,7 +50,7 @@ class CellMeasurer:
         shell = self.shell
         count = current_cell_number(shell)
         label = f"[{count}]"
-        snapshot = self.attribution.snapshot(settings)
+        snapshot = self.attribution.snapshot(settings, cell)
         ran: Ran | None = None
         measurement: Measurement | None = None
         tracing: list[TraceSummary] | None = None

@@ -1,7 +1,9 @@
-"""The every-cell mode's kept fingerprints (``attribution.tracked``): after each kind of cell, what it
-refreshed equals a full snapshot of every user name, and it walks every name only where it cannot tell.
+"""The kept fingerprints (``attribution.tracked``): after each kind of cell, what was refreshed equals a full
+snapshot of every user name, and every name is walked only where the cell's text cannot tell. Both ways of
+measuring keep them: the every-cell mode (each cell measured) and ``%%cudamem`` alone (the cells between two
+``%%cudamem`` cells not measured, only told by IPython's events).
 
-Real shell, every-cell mode on, fake hardware and fake tensors (see ``tests/fakes.py``)."""
+Real shell, fake hardware and fake tensors (see ``tests/fakes.py``)."""
 
 from __future__ import annotations
 
@@ -39,14 +41,24 @@ untouched = [FakeTensor(MiB, machine=m) for _ in range(3)]
 """
 
 
-@pytest.fixture
-def tracked_shell(shell, capsys):
+MODES = ("every_cell", "cell_magic")
+
+
+def measured(shell, cell: str) -> str:
+    """``cell`` as a measured cell of the shell's mode: itself in the every-cell mode, else under ``%%cudamem``."""
+    return cell if magics.loaded(shell).magics[0].every_cell.on else "%%cudamem -q\n" + cell
+
+
+@pytest.fixture(params=MODES)
+def tracked_shell(shell, capsys, request):
     cudamem = magics.loaded(shell).magics[0]
     cudamem.probe = fake_probe()
     shell.user_ns.update(FakeTensor=FakeTensor, MiB=MiB)
     shell.run_cell(SETUP)
-    shell.run_cell("%cudamem on")
-    shell.run_cell("x = 1")  # the first snapshot walks every name
+    if request.param == "every_cell":
+        shell.run_cell("%cudamem on")
+    shell.run_cell(measured(shell, "x = 1"))  # the first snapshot walks every name
+    assert cudamem.attribution.tracked.full_walks == 1
     yield shell, cudamem
     shell.run_cell("%cudamem off")
     for name, _ in user_items(dict(shell.user_ns)):
@@ -114,13 +126,13 @@ def test_code_run_by_a_library_is_bounded_by_the_guard(tracked_shell):
     cells since the last full walk have left a quarter of the attribution threshold (64 MiB: 16 MiB)."""
     shell, cudamem = tracked_shell
     shell.run_cell("hooks = [lambda: hooked.append(FakeTensor(4 * MiB, machine=m))]\nhooked = []")
-    shell.run_cell("x = 1")  # hooks and hooked refreshed
+    shell.run_cell(measured(shell, "x = 1"))  # hooks and hooked refreshed
     walks = cudamem.attribution.tracked.full_walks
-    for _ in range(4):  # 4 MiB a cell, through a name-less call
+    for _ in range(4):  # 4 MiB a cell, through a name-less call (under %%cudamem alone, not measured)
         shell.run_cell("hooks[0]()")
         assert cudamem.attribution.tracked.full_walks == walks
     # Each cell names ``hooks``, not ``hooked``: the guard (16 MiB left) walks everything at the next cell.
-    shell.run_cell("x = 2")
+    shell.run_cell(measured(shell, "x = 2"))
     assert cudamem.attribution.tracked.full_walks == walks + 1
     _kept_equals_full(shell, cudamem)
 
@@ -136,3 +148,19 @@ def test_cell_names_reads_identifiers_and_refuses_what_text_cannot_tell():
     # IPython's automagic: a bare magic name at a line's start runs the magic
     assert cell_names("run script.py", frozenset({"run"})) is None
     assert cell_names("run = 3", frozenset({"run"})) == frozenset({"run"})
+
+
+def test_cells_between_whose_leftovers_cannot_be_read_walk_every_name(shell, monkeypatch):
+    cudamem = magics.loaded(shell).magics[0]
+    cudamem.probe = fake_probe()
+    shell.run_cell("%%cudamem -q\nx = 1")
+    walks = cudamem.attribution.tracked.full_walks
+    shell.run_cell("y = 2")  # not measured: its leftovers are read at the next snapshot
+
+    def sticky_error(index):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(cudamem.hardware.allocator, "read", sticky_error)
+    assert cudamem.attribution.snapshot(cudamem.settings()) is not None
+    assert cudamem.attribution.tracked.full_walks == walks + 1
+    shell.user_ns.pop("y", None)

@@ -10,7 +10,7 @@ from jupyter_cudamem import magics
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.report import CellReport
 
-from tests.fakes import FakeAllocator, FakeMachine, FakeNvml
+from tests.fakes import FakeAllocator, FakeMachine, FakeNvml, fake_probe
 
 GiB = 1024**3
 
@@ -205,6 +205,18 @@ def test_unload_removes_magics_callbacks_and_configurables(shell):
     assert instance not in shell.configurables
     assert instance.every_cell.pre_run_cell not in shell.events.callbacks["pre_run_cell"]
     assert instance.every_cell.post_run_cell not in shell.events.callbacks["post_run_cell"]
+
+
+def test_unload_leaves_the_shells_events_as_loading_found_them(ip, hardware):
+    magics.unload(ip)
+    before = {event: list(callbacks) for event, callbacks in ip.events.callbacks.items()}
+    magics.load(ip, hardware).magics[0].probe = fake_probe()
+    ip.run_cell("%%cudamem -q\nx = 1")  # the kept fingerprints follow every cell from here on
+    assert cudamem(ip).attribution.tracked is not None
+    for cell in ("%cudamem on", "y = 2", "%cudamem off"):
+        ip.run_cell(cell)
+    magics.unload(ip)
+    assert {event: list(callbacks) for event, callbacks in ip.events.callbacks.items()} == before
 
 
 def test_no_gpu_runs_the_cell_and_says_what_it_cannot_measure(ip, capsys):

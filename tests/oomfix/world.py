@@ -103,77 +103,94 @@ class Step:
         """The run's events, and each allocation it leaves (a model it builds, optimizer state, kept
         gradients) with where it sits in ``held_at_start(stepped=True)``, the list the next run starts
         with (``None``: not held there, the next run sets it aside and makes it again)."""
-        events: list[Event] = []
-        stays: dict[int, int | None] = {}
-        count = len(self.parameters)
-
-        def alloc(size: float) -> int:
-            key = len(events)
-            events.append(("alloc", key, max(int(size), 1), 0))
-            return key
-
-        def free(key: int) -> None:
-            events.append(("free", key, 0, 0))
-
+        plan, stays = _plan(self, stepped)
         jitter = 1.0 if rng is None else rng.uniform(1 - self.noise, 1 + self.noise)
-        has_state = not self.built_in_cell and (stepped or self.state_exists)
-        has_grads = has_state and self.grads_kept
-        if self.built_in_cell:
-            for size in self.parameters:
-                stays[alloc(size)] = None
-        x = alloc(self.input_per_sample * batch)
-        kept: list[tuple[int, float]] = []
-        middle = len(self.activations) // 2
-        for index, (fixed, per_sample) in enumerate(self.activations):
-            size = fixed + per_sample * batch
-            key = alloc(size)
-            if not self.training and kept:
-                free(kept.pop()[0])
-            kept.append((key, size))
-            if index == middle and self.workspace_bytes:
-                # A library's workspace: its size is the algorithm's, which another run may pick otherwise.
-                free(alloc(self.workspace_bytes * jitter))
-        if self.training:
-            grads: list[int] = []
-            pending = list(self.parameters) if not has_grads else []
-            share = max(1, math.ceil(len(pending) / max(len(kept), 1)))
-            previous: int | None = None
-            for key, size in reversed(kept):
-                gradient = alloc(size)
-                if previous is not None:
-                    free(previous)
-                free(key)
-                previous = gradient
-                for _ in range(min(share, len(pending))):
-                    index = len(pending) - 1
-                    grads.append(alloc(pending.pop()))
-                    stays[grads[-1]] = count * (1 + self.state_per_parameter) + index
+        workspace = max(int(self.workspace_bytes * jitter), 1)
+        events: list[Event] = [
+            (kind, key, 0, 0) if kind == "free" else
+            (kind, key, workspace if per_sample is None else max(int(fixed + per_sample * batch), 1), 0)
+            for kind, key, fixed, per_sample in plan
+        ]
+        return events, dict(stays)
+
+
+_Planned = tuple[str, int, float, "float | None"]
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(step: Step, stepped: bool) -> tuple[tuple[_Planned, ...], dict[int, int | None]]:
+    """A run's events with each allocation's size as ``fixed + per_sample * batch`` (``per_sample``
+    ``None``: the library's workspace, drawn anew each run), and what it leaves (``Step.events``): the
+    same for every batch, so made once per step."""
+    events: list[_Planned] = []
+    stays: dict[int, int | None] = {}
+    count = len(step.parameters)
+
+    def alloc(fixed: float, per_sample: float | None = 0) -> int:
+        key = len(events)
+        events.append(("alloc", key, fixed, per_sample))
+        return key
+
+    def free(key: int) -> None:
+        events.append(("free", key, 0, 0))
+
+    has_state = not step.built_in_cell and (stepped or step.state_exists)
+    has_grads = has_state and step.grads_kept
+    if step.built_in_cell:
+        for size in step.parameters:
+            stays[alloc(size)] = None
+    x = alloc(0.0, step.input_per_sample)
+    kept: list[tuple[int, tuple[float, float]]] = []
+    middle = len(step.activations) // 2
+    for index, (fixed, per_sample) in enumerate(step.activations):
+        key = alloc(fixed, per_sample)
+        if not step.training and kept:
+            free(kept.pop()[0])
+        kept.append((key, (fixed, per_sample)))
+        if index == middle and step.workspace_bytes:
+            # A library's workspace: its size is the algorithm's, which another run may pick otherwise.
+            free(alloc(step.workspace_bytes, None))
+    if step.training:
+        grads: list[int] = []
+        pending = list(step.parameters) if not has_grads else []
+        share = max(1, math.ceil(len(pending) / max(len(kept), 1)))
+        previous: int | None = None
+        for key, size in reversed(kept):
+            gradient = alloc(*size)
             if previous is not None:
                 free(previous)
-            while pending:
+            free(key)
+            previous = gradient
+            for _ in range(min(share, len(pending))):
                 index = len(pending) - 1
                 grads.append(alloc(pending.pop()))
-                stays[grads[-1]] = count * (1 + self.state_per_parameter) + index
-            if not has_state:
-                made = 0
-                for size in self.parameters:
-                    for _ in range(self.state_per_parameter):
-                        stays[alloc(size)] = count + made  # where held_at_start(True) lists it
-                        made += 1
-            temporaries = [alloc(self.parameters[i]) for i in self.temporaries]
-            for key in temporaries:
+                stays[grads[-1]] = count * (1 + step.state_per_parameter) + index
+        if previous is not None:
+            free(previous)
+        while pending:
+            index = len(pending) - 1
+            grads.append(alloc(pending.pop()))
+            stays[grads[-1]] = count * (1 + step.state_per_parameter) + index
+        if not has_state:
+            made = 0
+            for size in step.parameters:
+                for _ in range(step.state_per_parameter):
+                    stays[alloc(size)] = count + made  # where held_at_start(True) lists it
+                    made += 1
+        temporaries = [alloc(step.parameters[i]) for i in step.temporaries]
+        for key in temporaries:
+            free(key)
+        if not step.grads_kept:
+            for key in grads:
                 free(key)
-            if not self.grads_kept:
-                for key in grads:
-                    free(key)
-                    stays.pop(key, None)
-        else:
-            for key, _ in kept:
-                free(key)
-        free(x)
-        if self.built_in_cell:  # the next run sets the model and its optimizer aside and builds its own
-            stays = dict.fromkeys(stays)
-        return events, stays
+                stays.pop(key, None)
+    else:
+        for key, _ in kept:
+            free(key)
+    free(x)
+    if step.built_in_cell:  # the next run sets the model and its optimizer aside and builds its own
+        stays = dict.fromkeys(stays)
+    return tuple(events), stays
 
 
 def start_segments(held: list[int]) -> tuple[StartSegment, ...]:
@@ -236,6 +253,11 @@ def run(step: Step, batch: int, stepped: bool, rng: random.Random | None) -> Run
     return Run(False, held, held + block_bytes(events[result.failed_at][2]), stuck, recorded)
 
 
+def fits(step: Step, batch: int, stepped: bool, rng: random.Random | None) -> bool:
+    """``run(...).fitted`` without what a search is handed (what the run left, its recording)."""
+    return replay(step.events(batch, stepped, rng)[0], start_segments(step.held_at_start(stepped)), step.cap_bytes).fits
+
+
 def largest_fitting(step: Step, limit: int = 10**7) -> int:
     """The largest batch that fits from the failed cell's state (0: none), assuming every batch below
     one that fits fits: below the bound the allocated bytes set, the replay steps down and bisects."""
@@ -249,7 +271,7 @@ def largest_fitting(step: Step, limit: int = 10**7) -> int:
     slack = len(lines) / limit
     bound = allocated_limit([(k, key, st, f - 1, p - slack, e) for k, key, st, f, p, e in lines], held, step.cap_bytes)
     high = min(limit, math.floor(bound)) if bound < math.inf else limit
-    return largest_below(lambda batch: run(step, batch, False, None).fitted, high)
+    return largest_below(lambda batch: fits(step, batch, False, None), high)
 
 
 def halving(step: Step, start: int, seed: int) -> int:
@@ -257,7 +279,7 @@ def halving(step: Step, start: int, seed: int) -> int:
     same jitter between runs as the search's."""
     rng = random.Random(seed)
     batch = start // 2
-    while batch >= 1 and not run(step, batch, False, rng).fitted:
+    while batch >= 1 and not fits(step, batch, False, rng):
         batch //= 2
     return batch
 
@@ -271,7 +293,7 @@ class _WorstWorkspace(random.Random):
 
 def safe_largest(step: Step, upper: int) -> int:
     """The largest batch up to ``upper`` that fits with the largest workspace a run may draw."""
-    return largest_below(lambda batch: run(step, batch, False, _WorstWorkspace()).fitted, upper)
+    return largest_below(lambda batch: fits(step, batch, False, _WorstWorkspace()), upper)
 
 
 def told(step: Step, batches: tuple[int, ...], seed: int) -> int:
@@ -281,7 +303,7 @@ def told(step: Step, batches: tuple[int, ...], seed: int) -> int:
     rng = random.Random(seed)
     best = 0
     for batch in batches:
-        if batch > best and run(step, batch, False, rng).fitted:
+        if batch > best and fits(step, batch, False, rng):
             best = batch
     return best
 
@@ -436,7 +458,7 @@ def draw(rng: random.Random) -> tuple[Step, int, int] | None:
         return None
     ratio = math.exp(rng.uniform(math.log(1.05), math.log(100)))
     start = max(int(round(largest * ratio)), largest + 1)
-    if start < 2 or run(step, start, False, None).fitted:
+    if start < 2 or fits(step, start, False, None):
         return None
     return step, start, largest
 
