@@ -298,7 +298,8 @@ def peak_allocated_bytes(events: Sequence[Event], start_bytes: int = 0) -> int:
             block = block_bytes(size)
             live[key] = block
             now += block
-            peak = max(peak, now)
+            if now > peak:
+                peak = now
     return peak
 
 

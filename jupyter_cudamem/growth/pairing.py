@@ -252,6 +252,12 @@ def events_at(lines: Sequence[Line], batch: float) -> list[Event]:
     """The events at ``batch`` (a fraction of a sample too: a margin is taken on the per-sample part):
     each request on its line, rounded up to whole bytes, never below zero (the allocator rounds it
     further)."""
-    return [(kind, key, max(0, math.ceil(fixed + per_sample * (batch if exponent == 1.0 else batch ** exponent)))
-             if kind != FREE else 0, stream)
-            for kind, key, stream, fixed, per_sample, exponent in lines]
+    events: list[Event] = []
+    append = events.append  # a search builds a few thousand of these lists: the loop is kept lean
+    for kind, key, stream, fixed, per_sample, exponent in lines:
+        if kind == FREE:
+            append((kind, key, 0, stream))
+        else:
+            size = math.ceil(fixed + per_sample * (batch if exponent == 1.0 else batch ** exponent))
+            append((kind, key, size if size > 0 else 0, stream))
+    return events

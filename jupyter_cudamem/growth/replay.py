@@ -35,10 +35,10 @@ Pure Python, no torch: sizes in bytes, events as plain tuples. A recorded trace 
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, field
+from bisect import bisect_left, insort
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..units import MiB
 
@@ -123,131 +123,6 @@ class Replay:
     reserved_at_failure_bytes: int | None = None
 
 
-@dataclass(eq=False, slots=True)
-class _Block:
-    address: int
-    size: int
-    stream: int
-    small: bool
-    allocated: bool = False
-    prev: _Block | None = None
-    next: _Block | None = None
-
-
-@dataclass
-class _Allocator:
-    """The caching allocator's state: blocks linked within segments, free blocks sorted per pool."""
-
-    cap_bytes: int
-    free: dict[bool, list[tuple[int, int, int]]] = field(default_factory=lambda: {True: [], False: []})
-    by_address: dict[int, _Block] = field(default_factory=dict)
-    reserved: int = 0
-    allocated: int = 0
-    next_address: int = 0
-    segment_allocs: list[int] = field(default_factory=list)
-    segment_frees: list[int] = field(default_factory=list)
-
-    def _cache(self, block: _Block) -> None:
-        bisect.insort(self.free[block.small], (block.stream, block.size, block.address))
-        self.by_address[block.address] = block
-
-    def _uncache(self, block: _Block) -> None:
-        pool = self.free[block.small]
-        del pool[bisect.bisect_left(pool, (block.stream, block.size, block.address))]
-
-    def add_segment(self, address: int, small: bool, stream: int,
-                    blocks: Sequence[tuple[int, bool]]) -> list[_Block]:
-        """Create a segment of ``(size, allocated)`` blocks in address order; only the free ones are cached."""
-        made: list[_Block] = []
-        prev: _Block | None = None
-        for size, allocated in blocks:
-            block = _Block(address, size, stream, small, allocated, prev)
-            if prev is not None:
-                prev.next = block
-            if allocated:
-                self.allocated += size
-            else:
-                self._cache(block)
-            made.append(block)
-            prev = block
-            address += size
-        self.reserved += address - made[0].address
-        self.next_address = max(self.next_address, address)
-        return made
-
-    def _new_segment(self, size: int, small: bool, stream: int) -> _Block | None:
-        """A new segment of one block, not cached (its caller takes it at once), or ``None`` where the
-        cap refuses it even after the wholly free segments are returned."""
-        if self.reserved + size > self.cap_bytes:
-            self._release_cached()
-            if self.reserved + size > self.cap_bytes:
-                return None
-        self.segment_allocs.append(size)
-        block = _Block(self.next_address, size, stream, small)
-        self.reserved += size
-        self.next_address += size
-        return block
-
-    def _release_cached(self) -> None:
-        """Return every wholly free segment to the driver, large pool first (as torch does)."""
-        for small in (False, True):
-            for stream, size, address in list(self.free[small]):
-                block = self.by_address[address]
-                if block.prev is None and block.next is None:
-                    self._uncache(block)
-                    del self.by_address[address]
-                    self.reserved -= size
-                    self.segment_frees.append(size)
-
-    def malloc(self, requested_bytes: int, stream: int) -> _Block | None:
-        size = -(-requested_bytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES  # block_bytes, inlined: the hot path
-        if size < MIN_BLOCK_BYTES:
-            size = MIN_BLOCK_BYTES
-        small = size <= SMALL_REQUEST_BYTES
-        pool = self.free[small]
-        i = bisect.bisect_left(pool, (stream, size, -1))
-        if i < len(pool) and pool[i][0] == stream:
-            block = self.by_address[pool[i][2]]
-            del pool[i]
-        else:
-            # No cached block of this stream is large enough, so a new segment's is the only one.
-            fresh = self._new_segment(segment_bytes(size), small, stream)
-            if fresh is None:
-                return None
-            block = fresh
-        rest = block.size - size
-        if rest >= MIN_BLOCK_BYTES if small else rest > SMALL_REQUEST_BYTES:
-            tail = _Block(block.address + size, rest, stream, small, False, block, block.next)
-            if block.next is not None:
-                block.next.prev = tail
-            block.next = tail
-            block.size = size
-            self._cache(tail)
-        block.allocated = True
-        self.allocated += block.size
-        return block
-
-    def release(self, block: _Block) -> None:
-        block.allocated = False
-        self.allocated -= block.size
-        for neighbour in (block.prev, block.next):
-            if neighbour is None or neighbour.allocated:
-                continue
-            self._uncache(neighbour)
-            del self.by_address[neighbour.address]
-            if neighbour is block.prev:
-                block.address = neighbour.address
-                block.prev = neighbour.prev
-                if block.prev is not None:
-                    block.prev.next = block
-            else:
-                block.next = neighbour.next
-                if block.next is not None:
-                    block.next.prev = block
-            block.size += neighbour.size
-        self._cache(block)
-
-
 def start_keys(start: Sequence[StartSegment]) -> dict[int, int]:
     """Keys (negative) for the blocks allocated at the start, by address.
 
@@ -264,44 +139,144 @@ def start_keys(start: Sequence[StartSegment]) -> dict[int, int]:
     return {address: -1 - rank for rank, (_, _, address) in enumerate(sorted(allocated))}
 
 
+_Block = list[Any]
+"""A block in the replay: ``[address, size, allocated, prev, next, pool]``, the neighbours in its segment
+(``None`` at its ends) and the free list it goes back to. A list, not an object: the cheapest to make and
+change in the replay's loop, which makes and merges a few hundred thousand per search."""
+_ADDRESS, _SIZE, _ALLOCATED, _PREV, _NEXT, _POOL = range(6)
+
+_Pool = list[tuple[int, int, _Block]]
+"""The free blocks of one pool and stream as ``(size, address, block)``, kept sorted: the smallest block that
+is large enough is one bisection away, the lowest address first on a tie (addresses are unique, so blocks
+themselves are never compared). A cell caches a few dozen blocks at a time, where a list's insertion is
+cheaper than a tree's."""
+
+
+def _release_cached(pools: dict[int, tuple[_Pool, _Pool]], segment_frees: list[int]) -> int:
+    """Return every wholly free segment to the driver, large pool first (as torch does), streams in order;
+    the bytes returned."""
+    returned = 0
+    for small in (False, True):
+        for stream in sorted(pools):
+            pool = pools[stream][small]
+            kept: _Pool = []
+            for cached in pool:
+                block = cached[2]
+                if block[_PREV] is None and block[_NEXT] is None:
+                    returned += block[_SIZE]
+                    segment_frees.append(block[_SIZE])
+                else:
+                    kept.append(cached)
+            pool[:] = kept
+    return returned
+
+
 def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: int) -> Replay:
-    """Replay ``events`` from the ``start`` segments with reserved bytes capped at ``cap_bytes``."""
-    allocator = _Allocator(cap_bytes)
+    """Replay ``events`` from the ``start`` segments with reserved bytes capped at ``cap_bytes``.
+
+    One loop with the allocator's state in local variables: a search replays a cell's requests thousands of
+    times, and a method call per request was most of its time. ``tests/growth/test_replay_reference.py``
+    holds it to a plain model of the same rules on random requests."""
+    pools: dict[int, tuple[_Pool, _Pool]] = {}  # by stream: the large pool's free blocks, then the small's
     live: dict[int, _Block] = {}
+    reserved = allocated = next_address = 0
+    block: _Block
+    before: _Block | None
+    after: _Block | None
     keys = start_keys(start)
     for segment in start:
-        for held in allocator.add_segment(segment.address, segment.small, segment.stream, segment.blocks):
-            if held.allocated:
-                live[keys[held.address]] = held
-    peak_allocated, peak_reserved = allocator.allocated, allocator.reserved
+        pool = (pools.get(segment.stream) or pools.setdefault(segment.stream, ([], [])))[segment.small]
+        address, before = segment.address, None
+        for size, is_allocated in segment.blocks:
+            block = [address, size, is_allocated, before, None, pool]
+            if before is not None:
+                before[_NEXT] = block
+            if is_allocated:
+                allocated += size
+                live[keys[address]] = block
+            else:
+                insort(pool, (size, address, block))
+            before = block
+            address += size
+        reserved += address - segment.address
+        next_address = max(next_address, address)
+    peak_allocated, peak_reserved = allocated, reserved
+    segment_allocs: list[int] = []
+    segment_frees: list[int] = []
     refused: list[int] = []
     failed_at: int | None = None
-    at_failure: tuple[int | None, int | None] = (None, None)
-    malloc, release = allocator.malloc, allocator.release
-    for index, (kind, key, size, stream) in enumerate(events):
+    for index, (kind, key, requested, stream) in enumerate(events):
         if kind == FREE:
-            block = live.pop(key, None)
-            if block is not None:
-                release(block)
-            continue
-        granted = malloc(size, stream)
-        if allocator.reserved > peak_reserved:
-            peak_reserved = allocator.reserved
-        if granted is None:
-            if kind == ALLOC:
-                failed_at = index
-                at_failure = (allocator.allocated, allocator.reserved)
-                break
-            refused.append(index)
-            continue
-        if allocator.allocated > peak_allocated:
-            peak_allocated = allocator.allocated
-        if kind == TRY:
-            release(granted)
+            freed = live.pop(key, None)
+            if freed is None:
+                continue
+            block = freed
         else:
-            live[key] = granted
+            size = -(-requested // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+            if size < MIN_BLOCK_BYTES:
+                size = MIN_BLOCK_BYTES
+            small = size <= SMALL_REQUEST_BYTES
+            streams_pools = pools.get(stream)
+            if streams_pools is None:
+                streams_pools = pools[stream] = ([], [])
+            pool = streams_pools[small]
+            i = bisect_left(pool, (size,))
+            if i < len(pool):
+                block = pool.pop(i)[2]
+            else:
+                fresh = segment_bytes(size)
+                if reserved + fresh > cap_bytes:
+                    reserved -= _release_cached(pools, segment_frees)
+                    if reserved + fresh > cap_bytes:
+                        if kind == ALLOC:
+                            failed_at = index
+                            break
+                        refused.append(index)
+                        continue
+                segment_allocs.append(fresh)
+                block = [next_address, fresh, False, None, None, pool]
+                next_address += fresh
+                reserved += fresh
+                if reserved > peak_reserved:
+                    peak_reserved = reserved
+            rest = block[_SIZE] - size
+            if rest >= MIN_BLOCK_BYTES if small else rest > SMALL_REQUEST_BYTES:
+                after = block[_NEXT]
+                tail = [block[_ADDRESS] + size, rest, False, block, after, pool]
+                if after is not None:
+                    after[_PREV] = tail
+                block[_NEXT] = tail
+                block[_SIZE] = size
+                insort(pool, (rest, tail[_ADDRESS], tail))
+            block[_ALLOCATED] = True
+            allocated += block[_SIZE]
+            if allocated > peak_allocated:
+                peak_allocated = allocated
+            if kind != TRY:
+                live[key] = block
+                continue
+        block[_ALLOCATED] = False
+        allocated -= block[_SIZE]
+        pool = block[_POOL]
+        before = block[_PREV]
+        if before is not None and not before[_ALLOCATED]:
+            del pool[bisect_left(pool, (before[_SIZE], before[_ADDRESS]))]
+            block[_ADDRESS] = before[_ADDRESS]
+            block[_SIZE] += before[_SIZE]
+            before = block[_PREV] = before[_PREV]
+            if before is not None:
+                before[_NEXT] = block
+        after = block[_NEXT]
+        if after is not None and not after[_ALLOCATED]:
+            del pool[bisect_left(pool, (after[_SIZE], after[_ADDRESS]))]
+            block[_SIZE] += after[_SIZE]
+            after = block[_NEXT] = after[_NEXT]
+            if after is not None:
+                after[_PREV] = block
+        insort(pool, (block[_SIZE], block[_ADDRESS], block))
+    at_failure = (None, None) if failed_at is None else (allocated, reserved)
     return Replay(failed_at is None, failed_at, peak_allocated, peak_reserved,
-                  tuple(allocator.segment_allocs), tuple(allocator.segment_frees), tuple(refused), *at_failure)
+                  tuple(segment_allocs), tuple(segment_frees), tuple(refused), *at_failure)
 
 
 def events_from_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],

@@ -1,5 +1,5 @@
 """A run as PyTorch records it, for tests of the recording: requests played through the replay's model of
-the caching allocator (``growth.replay``), written down as torch writes them (trace rows of
+the caching allocator (``tests/growth/allocator_reference.py``, what ``growth.replay`` is held to), written down as torch writes them (trace rows of
 ``alloc``/``free_requested``/``free_completed``/``segment_alloc``, and a snapshot's segments with their
 blocks' states and requested sizes)."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyter_cudamem.growth.replay import StartSegment, _Allocator, _Block
+from jupyter_cudamem.growth.replay import StartSegment
+from tests.growth.allocator_reference import Block, ReferenceAllocator
 
 
 class TorchLikeRun:
@@ -15,8 +16,8 @@ class TorchLikeRun:
     the snapshot's segments now, ``live()`` the requested bytes of every block allocated now."""
 
     def __init__(self, start: tuple[StartSegment, ...], cap_bytes: int = 1 << 40):
-        self.allocator = _Allocator(cap_bytes)
-        self.live_blocks: dict[object, tuple[_Block, int]] = {}
+        self.allocator = ReferenceAllocator(cap_bytes)
+        self.live_blocks: dict[object, tuple[Block, int]] = {}
         for segment in start:
             for block in self.allocator.add_segment(segment.address, segment.small, segment.stream, segment.blocks):
                 if block.allocated:
@@ -47,7 +48,7 @@ class TorchLikeRun:
     def segments(self) -> list[dict[str, Any]]:
         requested = {id(block): size for block, size in self.live_blocks.values()}
         blocks = [block for block, _ in self.live_blocks.values()]
-        blocks += [self.allocator.by_address[address] for pool in self.allocator.free.values() for *_, address in pool]
+        blocks += self.allocator.free
         found = []
         for head in sorted((b for b in blocks if b.prev is None), key=lambda b: b.address):
             chain, block = [], head
