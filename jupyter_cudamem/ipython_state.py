@@ -36,10 +36,10 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from .ipython_names import OUTPUT_CACHE_NAMES
-from .attribution.holders import Origin, Reference, reaches_cuda
 from .oom import OomInfo, describe_chain, exception_chain, parse_oom
 
 if TYPE_CHECKING:
@@ -48,6 +48,38 @@ if TYPE_CHECKING:
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
 # IPython's own frames (``run_code``) are cleared too but not worth naming in a report.
 _MACHINERY_MODULES = ("IPython.", "ipykernel.")
+
+
+class Origin(StrEnum):
+    """Where something that may hold memory comes from: a user's variable or one of the things IPython keeps.
+    Attribution names a holder, and judges its cause, by it."""
+
+    VARIABLE = "variable"
+    OUTPUT_CACHE = "output cache"  # Out[N], _N, _, the last execution result's value
+    EXCEPTION = "exception"  # sys.last_*, the execution result's error, InteractiveTB.tb, a cell's own error
+    FRAME = "traceback frame"  # a function's frame on a failed cell's traceback
+
+
+@dataclass(slots=True)
+class Reference:
+    """Something IPython keeps that may hold the user's memory: its name, where it comes from, and it.
+
+    ``name`` is plain (``"Out[3]"``, ``"sys.last_value"``, ``"f()"`` for a frame of ``f``);
+    ``occurrence`` tells apart frames of one function (recursion, one frame per layer). Not frozen:
+    a snapshot lists them before every measured cell, and frozen dataclasses are slow to make.
+    """
+
+    name: str
+    origin: Origin
+    value: object = field(repr=False, compare=False)
+    occurrence: int = 1
+
+    @property
+    def label(self) -> str:
+        if self.origin is Origin.FRAME:
+            suffix = f" #{self.occurrence}" if self.occurrence > 1 else ""
+            return f"frame of {self.name}{suffix} (from the failed cell's traceback)"
+        return self.name
 
 
 @dataclass(frozen=True)
@@ -349,18 +381,18 @@ def _clear_traceback(tb: types.TracebackType | None, cleared: list[str]) -> None
 def release_ipython_references(
     shell: InteractiveShell,
     exception: BaseException | None = None,
-    holds_cuda: Callable[[object], bool] | None = None,
+    *,
+    holds_cuda: Callable[[object], bool],
 ) -> list[str]:
     """Release everything IPython keeps from the failed cell; never a user variable.
 
     Clears the frames of every known failed exception's traceback chain (``exception``, the
     recorder's, ``sys.last_*``, the last execution result's), detaches tracebacks and chained
     exceptions, removes ``sys.last_*``, the execution result's error, ``InteractiveTB.tb`` and
-    ipykernel's ``_last_traceback``, and the output-cache entries that reach CUDA memory (``holds_cuda``,
-    by default any CUDA tensor reachable through them). Afterwards ``%debug`` has no traceback to open.
+    ipykernel's ``_last_traceback``, and the output-cache entries that reach CUDA memory (``holds_cuda``:
+    this module knows what IPython keeps, not what reaches a tensor). Afterwards ``%debug`` has no traceback to open.
     Returns one line per thing released.
     """
-    holds_cuda = holds_cuda if holds_cuda is not None else reaches_cuda
     released: list[str] = []
 
     frames: list[str] = []
@@ -410,10 +442,9 @@ def release_ipython_references(
     return released
 
 
-def release_output_cache(shell: InteractiveShell, holds_cuda: Callable[[object], bool] | None = None) -> list[str]:
+def release_output_cache(shell: InteractiveShell, holds_cuda: Callable[[object], bool]) -> list[str]:
     """Drop the output-cache entries (``Out``, ``_N``, ``_``...) that reach CUDA memory (``holds_cuda``);
     one line per entry released."""
-    holds_cuda = holds_cuda if holds_cuda is not None else reaches_cuda
     released: list[str] = []
     user_ns = shell.user_ns
     hidden = getattr(shell, "user_ns_hidden", {})

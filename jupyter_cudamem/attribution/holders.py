@@ -39,15 +39,8 @@ from .walk import Reach, ReachedAs, walk
 # under their own holders (from ``ipython_state.ipython_references``), the rest hold no tensors.
 from ..ipython_names import IPYTHON_NAME_PATTERN as _IPYTHON_NAME_PATTERN
 from ..ipython_names import IPYTHON_NAMES as _IPYTHON_NAMES
-
-
-class Origin(StrEnum):
-    """Where a root comes from: what decides its holder's kind, its cause and how it is named."""
-
-    VARIABLE = "variable"
-    OUTPUT_CACHE = "output cache"  # Out[N], _N, _, the last execution result's value
-    EXCEPTION = "exception"  # sys.last_*, the execution result's error, InteractiveTB.tb, a cell's own error
-    FRAME = "traceback frame"  # a function's frame on a failed cell's traceback
+# What IPython keeps, named by where it comes from: ``ipython_state`` lists them, the walk takes them as roots.
+from ..ipython_state import Origin, Reference
 
 
 class HolderKind(StrEnum):
@@ -71,28 +64,6 @@ class HolderKind(StrEnum):
     SET = "set"
     FROZENSET = "frozenset"
     DEQUE = "deque"
-
-
-@dataclass(slots=True)
-class Reference:
-    """Something IPython keeps that may hold the user's memory: its name, where it comes from, and it.
-
-    ``name`` is plain (``"Out[3]"``, ``"sys.last_value"``, ``"f()"`` for a frame of ``f``);
-    ``occurrence`` tells apart frames of one function (recursion, one frame per layer). Not frozen:
-    a snapshot lists them before every measured cell, and frozen dataclasses are slow to make.
-    """
-
-    name: str
-    origin: Origin
-    value: object = field(repr=False, compare=False)
-    occurrence: int = 1
-
-    @property
-    def label(self) -> str:
-        if self.origin is Origin.FRAME:
-            suffix = f" #{self.occurrence}" if self.occurrence > 1 else ""
-            return f"frame of {self.name}{suffix} (from the failed cell's traceback)"
-        return self.name
 
 
 def as_references(refs: Iterable[Reference] | Mapping[str, object]) -> list[Reference]:
