@@ -284,6 +284,14 @@ def ipython_references(shell: InteractiveShell, outputs: bool = True) -> list[Re
     namespace as its locals) are listed one by one, so a report can say which function's locals hold
     the memory. ``outputs=False``: without the output cache (``ipython_reference_ids`` reads it).
     """
+    refs = _exception_references(shell)
+    refs.extend(_output_references(shell, outputs))
+    refs.extend(_frame_references(_known_exceptions(shell, None)))
+    return refs
+
+
+def _exception_references(shell: InteractiveShell) -> list[Reference]:
+    """``sys.last_*``, the last execution result's error and value, the traceback handlers' ``tb``."""
     refs: list[Reference] = []
     for name in _SYS_ATTRIBUTES[:3]:
         value = vars(sys).get(name)  # as above, asked before every measured cell
@@ -299,6 +307,12 @@ def ipython_references(shell: InteractiveShell, outputs: bool = True) -> list[Re
         tb = getattr(getattr(shell, handler, None), "tb", None)
         if tb is not None:
             refs.append(Reference(f"{handler}.tb", Origin.EXCEPTION, tb))
+    return refs
+
+
+def _output_references(shell: InteractiveShell, outputs: bool) -> list[Reference]:
+    """The output cache (``Out[N]`` and its ``_N``, with ``outputs``) and the display hook's ``_``, ``__``, ``___``."""
+    refs: list[Reference] = []
     cache = _output_cache(shell) if outputs else None
     if cache is not None:
         for number, value in list(cache.items()):
@@ -310,7 +324,6 @@ def ipython_references(shell: InteractiveShell, outputs: bool = True) -> list[Re
         value = getattr(displayhook, name, None)
         if value is not None and not isinstance(value, str):
             refs.append(Reference(name, Origin.OUTPUT_CACHE, value))
-    refs.extend(_frame_references(_known_exceptions(shell, None)))
     return refs
 
 
@@ -393,8 +406,15 @@ def release_ipython_references(
     this module knows what IPython keeps, not what reaches a tensor). Afterwards ``%debug`` has no traceback to open.
     Returns one line per thing released.
     """
-    released: list[str] = []
+    released = _release_tracebacks(shell, exception)
+    released.extend(_release_last_error(shell, holds_cuda))
+    released.extend(release_output_cache(shell, holds_cuda))
+    return released
 
+
+def _release_tracebacks(shell: InteractiveShell, exception: BaseException | None) -> list[str]:
+    """Clear the frames of every known failed exception's chain, and detach its tracebacks and links."""
+    released: list[str] = []
     frames: list[str] = []
     chained = 0
     for error in _known_exceptions(shell, exception):
@@ -412,7 +432,13 @@ def release_ipython_references(
         released.append(f"locals of {', '.join(frames)} in the failed cell's traceback")
     if chained:
         released.append(f"{chained} chained exception{'s' if chained > 1 else ''} (__cause__/__context__)")
+    return released
 
+
+def _release_last_error(shell: InteractiveShell, holds_cuda: Callable[[object], bool]) -> list[str]:
+    """Remove ``sys.last_*``, the last execution result's error (and its value where it reaches CUDA
+    memory), the traceback handlers' ``tb`` and ipykernel's last formatted traceback."""
+    released: list[str] = []
     present = [name for name in _SYS_ATTRIBUTES if getattr(sys, name, None) is not None]
     for name in _SYS_ATTRIBUTES:
         if hasattr(sys, name):
@@ -437,34 +463,17 @@ def release_ipython_references(
     if getattr(shell, "_last_traceback", None) is not None:  # ipykernel's shell only
         setattr(shell, "_last_traceback", None)  # noqa: B010 - not an attribute of IPython's own shell
         released.append("the kernel's last formatted traceback")
-
-    released.extend(release_output_cache(shell, holds_cuda))
     return released
 
 
 def release_output_cache(shell: InteractiveShell, holds_cuda: Callable[[object], bool]) -> list[str]:
     """Drop the output-cache entries (``Out``, ``_N``, ``_``...) that reach CUDA memory (``holds_cuda``);
     one line per entry released."""
-    released: list[str] = []
     user_ns = shell.user_ns
     hidden = getattr(shell, "user_ns_hidden", {})
     displayhook = getattr(shell, "displayhook", None)
-    cache = _output_cache(shell)
     doomed: list[object] = []
-    if cache is not None:
-        for number, value in list(cache.items()):
-            if not holds_cuda(value):
-                continue
-            doomed.append(value)
-            also = []
-            del cache[number]
-            key = f"_{number}"
-            if user_ns.get(key) is value:
-                del user_ns[key]
-                also.append(key)
-            if hidden.get(key) is value:
-                del hidden[key]
-            released.append(f"Out[{number}]" + (f" (also {', '.join(also)})" if also else ""))
+    released = _release_numbered_outputs(shell, holds_cuda, doomed)
     for name in OUTPUT_CACHE_NAMES:
         value = getattr(displayhook, name, None)
         if value is None or isinstance(value, str):
@@ -478,6 +487,32 @@ def release_output_cache(shell: InteractiveShell, holds_cuda: Callable[[object],
             if hidden.get(name) is value:
                 hidden[name] = ""
             released.append(f"{name} (output cache)")
+    return released
+
+
+def _release_numbered_outputs(
+    shell: InteractiveShell, holds_cuda: Callable[[object], bool], doomed: list[object]
+) -> list[str]:
+    """Drop ``Out[N]`` (and its ``_N``) where it reaches CUDA memory, adding each value dropped to ``doomed``."""
+    released: list[str] = []
+    user_ns = shell.user_ns
+    hidden = getattr(shell, "user_ns_hidden", {})
+    cache = _output_cache(shell)
+    if cache is None:
+        return released
+    for number, value in list(cache.items()):
+        if not holds_cuda(value):
+            continue
+        doomed.append(value)
+        also = []
+        del cache[number]
+        key = f"_{number}"
+        if user_ns.get(key) is value:
+            del user_ns[key]
+            also.append(key)
+        if hidden.get(key) is value:
+            del hidden[key]
+        released.append(f"Out[{number}]" + (f" (also {', '.join(also)})" if also else ""))
     return released
 
 

@@ -133,14 +133,16 @@ def bin_history(
             if (not marked or marked[-1] != index) and flag.applies(record):
                 marked.append(index)
 
-    def finite(values: list[float]) -> list[float]:
-        return [value if math.isfinite(value) else math.nan for value in values]
-
     series = [
-        DeviceSeries(label, finite(track.low), finite(track.high), finite(track.after))
+        DeviceSeries(label, _finite(track.low), _finite(track.high), _finite(track.after))
         for label, track in sorted(tracks.items())
     ]
     return BinnedHistory(cells, per_bin, series, flagged)
+
+
+def _finite(values: list[float]) -> list[float]:
+    """``values`` with the infinities a bin starts from (a bin no reading reached) as NaN."""
+    return [value if math.isfinite(value) else math.nan for value in values]
 
 
 class _Track:
@@ -170,6 +172,44 @@ def _unit(largest_bytes: float) -> tuple[str, int]:
         if largest_bytes >= size:
             return name, size
     return _UNITS[0]
+
+
+def _draw_flags(
+    axes: Any,
+    drawn: list[Any],
+    binned: BinnedHistory,
+    centers: list[float],
+    records: Sequence[CellRecord] | None,
+    flags: Sequence[Flag],
+) -> int:
+    """Draw each flag's marks in a row of its own along the top edge (axes coordinates), clear of the data,
+    adding them to ``drawn``; with ``records`` (one cell per bin: bars) each mark carries its flag's note.
+    Returns the number of rows drawn."""
+    rows = 0
+    for flag in flags:
+        marked = binned.flagged_bins.get(flag.label) or []
+        if not marked:
+            continue
+        drawn += axes.plot(
+            [centers[index] for index in marked],
+            [0.97 - 0.06 * rows] * len(marked),
+            transform=axes.get_xaxis_transform(),
+            linestyle="none",
+            marker=flag.marker,
+            color=flag.color,
+            markersize=6,
+            clip_on=False,
+            label=flag.label,
+        )
+        if records is not None and flag.note is not None:
+            for index in marked:
+                axes.annotate(
+                    flag.note(records[index]), (centers[index], 0.97 - 0.06 * rows),
+                    xycoords=axes.get_xaxis_transform(), xytext=(5, -3), textcoords="offset points",
+                    fontsize=7, color=flag.color, clip_on=False,
+                )
+        rows += 1
+    return rows
 
 
 def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS) -> Any:
@@ -212,30 +252,7 @@ def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS)
                                                label=f"{series.label} range of peaks"))
             drawn += axes.plot(centers, high, drawstyle="steps-mid", linewidth=1.2, color=color, label=peak_label)
             drawn += axes.plot(centers, after, drawstyle="steps-mid", linestyle="--", linewidth=1, color=color, label=after_label)
-    # Flags sit in rows along the top edge (axes coordinates), clear of the data, one row per flag.
-    rows = 0
-    for flag in flags:
-        marked = binned.flagged_bins.get(flag.label) or []
-        if marked:
-            drawn += axes.plot(
-                [centers[index] for index in marked],
-                [0.97 - 0.06 * rows] * len(marked),
-                transform=axes.get_xaxis_transform(),
-                linestyle="none",
-                marker=flag.marker,
-                color=flag.color,
-                markersize=6,
-                clip_on=False,
-                label=flag.label,
-            )
-            if as_bars and flag.note is not None:
-                for index in marked:  # one cell per bin here
-                    axes.annotate(
-                        flag.note(records[index]), (centers[index], 0.97 - 0.06 * rows),
-                        xycoords=axes.get_xaxis_transform(), xytext=(5, -3), textcoords="offset points",
-                        fontsize=7, color=flag.color, clip_on=False,
-                    )
-            rows += 1
+    rows = _draw_flags(axes, drawn, binned, centers, records if as_bars else None, flags)
 
     def cell_label(x: float, _position: int | None = None) -> str:
         index = round(x)
