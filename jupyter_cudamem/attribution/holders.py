@@ -327,37 +327,35 @@ def find_holders(
                 if root.kind is HolderKind.IPYTHON:
                     cache_only[key] = hit.nbytes
 
-    holders = []
-    for root in roots:
-        reach = root.reach
-        total = reach.total
-        if total == 0:
-            continue
-        if root.user_variable:
-            exclusive = sum(hit.nbytes for key, hit in reach.storages.items() if user_reach[key] == 1)
-        else:
-            exclusive = sum(hit.nbytes for key, hit in reach.storages.items() if key not in user_reach)
-        holders.append(
-            Holder(
-                name=root.name,
-                kind=root.kind,
-                cuda_bytes=total,
-                user_variable=root.user_variable,
-                exclusive_bytes=exclusive,
-                tensor_count=len(reach.storages),
-                detail=_detail(root.kind, root.value, reach) if root.user_variable else "",
-                origin=root.origin,
-                occurrence=root.occurrence,
-                graph_bytes=reach.by_category().get(ReachedAs.GRAPH, 0),
-                type_name=type(root.value).__name__,
-            )
-        )
+    holders = [_holder(root, user_reach) for root in roots if root.reach.total]
     holders.sort(key=lambda h: (-h.cuda_bytes, not h.user_variable, h.name))
     result.extend(holders[: max(top, 0)])
     result.namespace_bytes = sum(namespace_storages.values())
     result.ipython_only_bytes = sum(ipython_only.values())
     result.cache_only_bytes = sum(cache_only.values())
     return result
+
+
+def _holder(root: Root, user_reach: Mapping[Any, int]) -> Holder:
+    """A walked root as a holder; ``user_reach`` says how many user variables reach each storage."""
+    reach = root.reach
+    if root.user_variable:
+        exclusive = sum(hit.nbytes for key, hit in reach.storages.items() if user_reach[key] == 1)
+    else:
+        exclusive = sum(hit.nbytes for key, hit in reach.storages.items() if key not in user_reach)
+    return Holder(
+        name=root.name,
+        kind=root.kind,
+        cuda_bytes=reach.total,
+        user_variable=root.user_variable,
+        exclusive_bytes=exclusive,
+        tensor_count=len(reach.storages),
+        detail=_detail(root.kind, root.value, reach) if root.user_variable else "",
+        origin=root.origin,
+        occurrence=root.occurrence,
+        graph_bytes=reach.by_category().get(ReachedAs.GRAPH, 0),
+        type_name=type(root.value).__name__,
+    )
 
 
 def reaches_cuda(obj: Any, probe: TensorProbe | None = None) -> bool:
