@@ -43,7 +43,7 @@ from .ipython_names import OUTPUT_CACHE_NAMES
 from .oom import OomInfo, describe_chain, exception_chain, parse_oom
 
 if TYPE_CHECKING:
-    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
 # IPython's own frames (``run_code``) are cleared too but not worth naming in a report.
@@ -157,7 +157,7 @@ class FailureRecorder:
         """Drop the record, e.g. once the failure has been fixed by a rerun."""
         self.last = None
 
-    def post_run_cell(self, result: Any = None) -> None:
+    def post_run_cell(self, result: ExecutionResult | None = None) -> None:
         # A callback must never raise into the kernel: a result we cannot read is simply not recorded.
         try:
             if result is None or self._paused:  # ipykernel passes None when the cell was cancelled
@@ -327,7 +327,7 @@ def _output_references(shell: InteractiveShell, outputs: bool) -> list[Reference
     return refs
 
 
-def ipython_reference_ids(shell: Any) -> frozenset[int]:
+def ipython_reference_ids(shell: InteractiveShell) -> frozenset[int]:
     """The ids of what ``ipython_references`` lists, without naming each: all a snapshot before a cell
     keeps. The output cache's values (its ``_N`` are the same objects) are read by one C loop: a long
     session's ``Out`` holds thousands, and naming each cost about 1.6 µs a cell."""
@@ -554,7 +554,7 @@ def release_flushed_underscores(shell: InteractiveShell) -> list[str]:
 def release_flushed_underscores_after_cell(shell: InteractiveShell) -> Callable[..., None]:
     """A ``post_run_cell`` callback running ``release_flushed_underscores``; it never raises into the kernel."""
 
-    def after_cell(result: Any = None) -> None:
+    def after_cell(result: ExecutionResult | None = None) -> None:
         try:
             release_flushed_underscores(shell)
         except Exception:  # noqa: BLE001  IPython's internals changed: keep the cell's outcome intact

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import CudaMemError
 from ..hardware import Hardware
@@ -22,6 +22,9 @@ from ..sources.base import AllocatorReading
 from ..units import format_bytes
 from ..attribution.holders import reaches_cuda
 from ..ipython_state import release_ipython_references, release_output_cache
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 
 @dataclass(frozen=True, repr=False)
@@ -73,7 +76,7 @@ def _freed(
 
 
 def cleanup(
-    shell: Any,
+    shell: InteractiveShell,
     hardware: Hardware,
     exception: BaseException | None = None,
     delete_names: tuple[str, ...] = (),
