@@ -31,6 +31,8 @@ from .restore import restore_notes
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
+    from ..breakdown import Category
+
 
 class Reruns(Protocol):
     """How a try runs (``magics.oomfix_reruns.ShellReruns``: through the shell)."""
@@ -140,7 +142,7 @@ def _preview(request: FixRequest, diagnosis: Diagnosis, shell: InteractiveShell,
                                cell_name=request.cell_name)
 
 
-def _model_state(namespace: dict[str, Any]) -> Any:
+def _model_state(namespace: dict[str, Any]) -> dict[Category, int] | None:
     """Parameters, gradients and optimizer state of the models and optimizers bound to names (bytes), for
     the diagnosis's split by category; ``None`` where torch was never imported or they cannot be read."""
     if "torch" not in sys.modules:

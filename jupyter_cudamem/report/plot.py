@@ -18,13 +18,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..collector import collector_paused
 from ..errors import CudaMemError
 from ..history import CellRecord
 from ..units import GiB, KiB, MiB, format_bytes
 from .text import TextReport
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # Fixed size: 9 x 3.6 inches is 900 x 360 pixels at the 100 dpi we render at, about 650 of them for the
 # plotting area once the axis labels and the legend on the right have theirs.
@@ -175,7 +179,7 @@ def _unit(largest_bytes: float) -> tuple[str, int]:
 
 
 def _draw_flags(
-    axes: Any,
+    axes: Axes,
     drawn: list[Any],
     binned: BinnedHistory,
     centers: list[float],
@@ -212,7 +216,7 @@ def _draw_flags(
     return rows
 
 
-def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS) -> Any:
+def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS) -> Figure:
     """Each cell's peak allocated and what it left allocated, per device, in a figure of fixed size."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -281,7 +285,7 @@ def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS)
 
 
 
-def figure_png(figure: Any, dpi: int = PNG_DPI) -> bytes:
+def figure_png(figure: Figure, dpi: int = PNG_DPI) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
@@ -299,7 +303,7 @@ class HistoryPlot(TextReport):
         ):
             raise CudaMemError("nothing to plot: no measured cell used PyTorch's allocator yet")
 
-    def figure(self) -> Any:
+    def figure(self) -> Figure:
         return history_figure(self.records, self.flags)
 
     def png(self) -> bytes:

@@ -58,7 +58,7 @@ class _Call:
     def __init__(self, session: NvmlSession) -> None:
         self._session = session
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> ModuleType:
         return self._session._enter()
 
     def __exit__(
@@ -108,7 +108,7 @@ class NvmlSession:
             return
         self._ready = True
 
-    def _enter(self) -> Any:
+    def _enter(self) -> ModuleType:
         """Count a call in flight (``close`` waits for it) and return the pynvml module."""
         with self._condition:
             if self._closing:
@@ -157,7 +157,7 @@ class NvmlSession:
             self._initialise_locked()
             return None if self._ready else self._failure
 
-    def _handle(self, pynvml: ModuleType, nvml_index: int) -> Any:
+    def _handle(self, pynvml: ModuleType, nvml_index: int) -> object:
         handle = self._handles.get(nvml_index)
         if handle is None:
             handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
