@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 TIMED = echo '$(1)'; started=$$(date +%s); status=0; $(1) || status=$$?; \
 	echo "make $@ took $$(( $$(date +%s) - started )) s"; exit $$status
 
-.PHONY: demo test test-fast test-min test-gpu test-browser test-real docs-images typecheck clean
+.PHONY: demo test test-fast test-min test-gpu test-browser test-real docs-images typecheck complexity clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,15 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/python -m mypy
+
+# Functions too complex to follow: ruff's C901 over the package (max-complexity in pyproject.toml's
+# [tool.ruff.lint.mccabe]) may find at most MAX_COMPLEX; one more fails, and lists them all.
+MAX_COMPLEX ?= 15
+complexity: $(VENV)/.installed-dev
+	@found=$$($(BIN)/python -m ruff check --select C901 --exit-zero --output-format concise jupyter_cudamem); \
+	count=$$(printf '%s\n' "$$found" | grep -c ' C901 '); \
+	echo "ruff C901: $$count functions over the complexity limit (at most $(MAX_COMPLEX))"; \
+	if [ "$$count" -gt $(MAX_COMPLEX) ]; then printf '%s\n' "$$found"; exit 1; fi
 
 # The browser test's tools (jupyterlab, notebook, playwright), on top of the dev environment. The browser
 # itself is the system's Chromium: `apt-get install chromium` on Debian (CHROMIUM=/path/to/chromium picks

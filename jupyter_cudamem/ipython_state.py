@@ -36,18 +36,50 @@ import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from .ipython_names import OUTPUT_CACHE_NAMES
-from .attribution.holders import Origin, Reference, reaches_cuda
 from .oom import OomInfo, describe_chain, exception_chain, parse_oom
 
 if TYPE_CHECKING:
-    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
 # IPython's own frames (``run_code``) are cleared too but not worth naming in a report.
 _MACHINERY_MODULES = ("IPython.", "ipykernel.")
+
+
+class Origin(StrEnum):
+    """Where something that may hold memory comes from: a user's variable or one of the things IPython keeps.
+    Attribution names a holder, and judges its cause, by it."""
+
+    VARIABLE = "variable"
+    OUTPUT_CACHE = "output cache"  # Out[N], _N, _, the last execution result's value
+    EXCEPTION = "exception"  # sys.last_*, the execution result's error, InteractiveTB.tb, a cell's own error
+    FRAME = "traceback frame"  # a function's frame on a failed cell's traceback
+
+
+@dataclass(slots=True)
+class Reference:
+    """Something IPython keeps that may hold the user's memory: its name, where it comes from, and it.
+
+    ``name`` is plain (``"Out[3]"``, ``"sys.last_value"``, ``"f()"`` for a frame of ``f``);
+    ``occurrence`` tells apart frames of one function (recursion, one frame per layer). Not frozen:
+    a snapshot lists them before every measured cell, and frozen dataclasses are slow to make.
+    """
+
+    name: str
+    origin: Origin
+    value: object = field(repr=False, compare=False)
+    occurrence: int = 1
+
+    @property
+    def label(self) -> str:
+        if self.origin is Origin.FRAME:
+            suffix = f" #{self.occurrence}" if self.occurrence > 1 else ""
+            return f"frame of {self.name}{suffix} (from the failed cell's traceback)"
+        return self.name
 
 
 @dataclass(frozen=True)
@@ -125,7 +157,7 @@ class FailureRecorder:
         """Drop the record, e.g. once the failure has been fixed by a rerun."""
         self.last = None
 
-    def post_run_cell(self, result: Any = None) -> None:
+    def post_run_cell(self, result: ExecutionResult | None = None) -> None:
         # A callback must never raise into the kernel: a result we cannot read is simply not recorded.
         try:
             if result is None or self._paused:  # ipykernel passes None when the cell was cancelled
@@ -252,6 +284,14 @@ def ipython_references(shell: InteractiveShell, outputs: bool = True) -> list[Re
     namespace as its locals) are listed one by one, so a report can say which function's locals hold
     the memory. ``outputs=False``: without the output cache (``ipython_reference_ids`` reads it).
     """
+    refs = _exception_references(shell)
+    refs.extend(_output_references(shell, outputs))
+    refs.extend(_frame_references(_known_exceptions(shell, None)))
+    return refs
+
+
+def _exception_references(shell: InteractiveShell) -> list[Reference]:
+    """``sys.last_*``, the last execution result's error and value, the traceback handlers' ``tb``."""
     refs: list[Reference] = []
     for name in _SYS_ATTRIBUTES[:3]:
         value = vars(sys).get(name)  # as above, asked before every measured cell
@@ -267,6 +307,12 @@ def ipython_references(shell: InteractiveShell, outputs: bool = True) -> list[Re
         tb = getattr(getattr(shell, handler, None), "tb", None)
         if tb is not None:
             refs.append(Reference(f"{handler}.tb", Origin.EXCEPTION, tb))
+    return refs
+
+
+def _output_references(shell: InteractiveShell, outputs: bool) -> list[Reference]:
+    """The output cache (``Out[N]`` and its ``_N``, with ``outputs``) and the display hook's ``_``, ``__``, ``___``."""
+    refs: list[Reference] = []
     cache = _output_cache(shell) if outputs else None
     if cache is not None:
         for number, value in list(cache.items()):
@@ -278,11 +324,10 @@ def ipython_references(shell: InteractiveShell, outputs: bool = True) -> list[Re
         value = getattr(displayhook, name, None)
         if value is not None and not isinstance(value, str):
             refs.append(Reference(name, Origin.OUTPUT_CACHE, value))
-    refs.extend(_frame_references(_known_exceptions(shell, None)))
     return refs
 
 
-def ipython_reference_ids(shell: Any) -> frozenset[int]:
+def ipython_reference_ids(shell: InteractiveShell) -> frozenset[int]:
     """The ids of what ``ipython_references`` lists, without naming each: all a snapshot before a cell
     keeps. The output cache's values (its ``_N`` are the same objects) are read by one C loop: a long
     session's ``Out`` holds thousands, and naming each cost about 1.6 µs a cell."""
@@ -349,20 +394,27 @@ def _clear_traceback(tb: types.TracebackType | None, cleared: list[str]) -> None
 def release_ipython_references(
     shell: InteractiveShell,
     exception: BaseException | None = None,
-    holds_cuda: Callable[[object], bool] | None = None,
+    *,
+    holds_cuda: Callable[[object], bool],
 ) -> list[str]:
     """Release everything IPython keeps from the failed cell; never a user variable.
 
     Clears the frames of every known failed exception's traceback chain (``exception``, the
     recorder's, ``sys.last_*``, the last execution result's), detaches tracebacks and chained
     exceptions, removes ``sys.last_*``, the execution result's error, ``InteractiveTB.tb`` and
-    ipykernel's ``_last_traceback``, and the output-cache entries that reach CUDA memory (``holds_cuda``,
-    by default any CUDA tensor reachable through them). Afterwards ``%debug`` has no traceback to open.
+    ipykernel's ``_last_traceback``, and the output-cache entries that reach CUDA memory (``holds_cuda``:
+    this module knows what IPython keeps, not what reaches a tensor). Afterwards ``%debug`` has no traceback to open.
     Returns one line per thing released.
     """
-    holds_cuda = holds_cuda if holds_cuda is not None else reaches_cuda
-    released: list[str] = []
+    released = _release_tracebacks(shell, exception)
+    released.extend(_release_last_error(shell, holds_cuda))
+    released.extend(release_output_cache(shell, holds_cuda))
+    return released
 
+
+def _release_tracebacks(shell: InteractiveShell, exception: BaseException | None) -> list[str]:
+    """Clear the frames of every known failed exception's chain, and detach its tracebacks and links."""
+    released: list[str] = []
     frames: list[str] = []
     chained = 0
     for error in _known_exceptions(shell, exception):
@@ -380,7 +432,13 @@ def release_ipython_references(
         released.append(f"locals of {', '.join(frames)} in the failed cell's traceback")
     if chained:
         released.append(f"{chained} chained exception{'s' if chained > 1 else ''} (__cause__/__context__)")
+    return released
 
+
+def _release_last_error(shell: InteractiveShell, holds_cuda: Callable[[object], bool]) -> list[str]:
+    """Remove ``sys.last_*``, the last execution result's error (and its value where it reaches CUDA
+    memory), the traceback handlers' ``tb`` and ipykernel's last formatted traceback."""
+    released: list[str] = []
     present = [name for name in _SYS_ATTRIBUTES if getattr(sys, name, None) is not None]
     for name in _SYS_ATTRIBUTES:
         if hasattr(sys, name):
@@ -405,35 +463,17 @@ def release_ipython_references(
     if getattr(shell, "_last_traceback", None) is not None:  # ipykernel's shell only
         setattr(shell, "_last_traceback", None)  # noqa: B010 - not an attribute of IPython's own shell
         released.append("the kernel's last formatted traceback")
-
-    released.extend(release_output_cache(shell, holds_cuda))
     return released
 
 
-def release_output_cache(shell: InteractiveShell, holds_cuda: Callable[[object], bool] | None = None) -> list[str]:
+def release_output_cache(shell: InteractiveShell, holds_cuda: Callable[[object], bool]) -> list[str]:
     """Drop the output-cache entries (``Out``, ``_N``, ``_``...) that reach CUDA memory (``holds_cuda``);
     one line per entry released."""
-    holds_cuda = holds_cuda if holds_cuda is not None else reaches_cuda
-    released: list[str] = []
     user_ns = shell.user_ns
     hidden = getattr(shell, "user_ns_hidden", {})
     displayhook = getattr(shell, "displayhook", None)
-    cache = _output_cache(shell)
     doomed: list[object] = []
-    if cache is not None:
-        for number, value in list(cache.items()):
-            if not holds_cuda(value):
-                continue
-            doomed.append(value)
-            also = []
-            del cache[number]
-            key = f"_{number}"
-            if user_ns.get(key) is value:
-                del user_ns[key]
-                also.append(key)
-            if hidden.get(key) is value:
-                del hidden[key]
-            released.append(f"Out[{number}]" + (f" (also {', '.join(also)})" if also else ""))
+    released = _release_numbered_outputs(shell, holds_cuda, doomed)
     for name in OUTPUT_CACHE_NAMES:
         value = getattr(displayhook, name, None)
         if value is None or isinstance(value, str):
@@ -447,6 +487,32 @@ def release_output_cache(shell: InteractiveShell, holds_cuda: Callable[[object],
             if hidden.get(name) is value:
                 hidden[name] = ""
             released.append(f"{name} (output cache)")
+    return released
+
+
+def _release_numbered_outputs(
+    shell: InteractiveShell, holds_cuda: Callable[[object], bool], doomed: list[object]
+) -> list[str]:
+    """Drop ``Out[N]`` (and its ``_N``) where it reaches CUDA memory, adding each value dropped to ``doomed``."""
+    released: list[str] = []
+    user_ns = shell.user_ns
+    hidden = getattr(shell, "user_ns_hidden", {})
+    cache = _output_cache(shell)
+    if cache is None:
+        return released
+    for number, value in list(cache.items()):
+        if not holds_cuda(value):
+            continue
+        doomed.append(value)
+        also = []
+        del cache[number]
+        key = f"_{number}"
+        if user_ns.get(key) is value:
+            del user_ns[key]
+            also.append(key)
+        if hidden.get(key) is value:
+            del hidden[key]
+        released.append(f"Out[{number}]" + (f" (also {', '.join(also)})" if also else ""))
     return released
 
 
@@ -488,7 +554,7 @@ def release_flushed_underscores(shell: InteractiveShell) -> list[str]:
 def release_flushed_underscores_after_cell(shell: InteractiveShell) -> Callable[..., None]:
     """A ``post_run_cell`` callback running ``release_flushed_underscores``; it never raises into the kernel."""
 
-    def after_cell(result: Any = None) -> None:
+    def after_cell(result: ExecutionResult | None = None) -> None:
         try:
             release_flushed_underscores(shell)
         except Exception:  # noqa: BLE001  IPython's internals changed: keep the cell's outcome intact

@@ -111,16 +111,16 @@ MIN_ITERATIONS = 3
 MIN_KEPT_BYTES = MiB
 
 
-def loop_growth(
-    events: list[dict[str, Any]],
-    frees: tuple[str, ...] = _FREES,
-    describe_file: Callable[[str], str] | None = None,
-    source_line: Callable[[str, int], str | None] | None = None,
-    is_cell_file: Callable[[str], bool] | None = None,
-) -> LoopGrowth | None:
-    """The line that kept the most from most iterations of a loop, or ``None`` (see the module docstring)."""
-    live: dict[int, tuple[int, tuple[str, int, str], int, tuple[str, int, str] | None]] = {}
-    repeats: dict[tuple[tuple[str, int, str], int], int] = {}
+_Site = tuple[str, int, str]
+
+
+def _still_live(
+    events: list[dict[str, Any]], frees: tuple[str, ...], is_cell_file: Callable[[str], bool] | None
+) -> tuple[dict[int, tuple[int, _Site, int, _Site | None]], dict[tuple[_Site, int], int]]:
+    """The allocations of user code still live at the trace's end (by address: size, site, which repeat
+    of that site and size it was, the cell's outermost frame), and how often each site and size repeated."""
+    live: dict[int, tuple[int, _Site, int, _Site | None]] = {}
+    repeats: dict[tuple[_Site, int], int] = {}
     for event in events:
         action = event.get("action")
         if action == _ALLOC:
@@ -135,6 +135,18 @@ def loop_growth(
             live[event["addr"]] = (size, site, occurrence, outer)
         elif action in frees:
             live.pop(event.get("addr", -1), None)
+    return live, repeats
+
+
+def loop_growth(
+    events: list[dict[str, Any]],
+    frees: tuple[str, ...] = _FREES,
+    describe_file: Callable[[str], str] | None = None,
+    source_line: Callable[[str, int], str | None] | None = None,
+    is_cell_file: Callable[[str], bool] | None = None,
+) -> LoopGrowth | None:
+    """The line that kept the most from most iterations of a loop, or ``None`` (see the module docstring)."""
+    live, repeats = _still_live(events, frees, is_cell_file)
     counts = [count for count in repeats.values() if count >= MIN_ITERATIONS]
     if not counts:
         return None
@@ -174,6 +186,24 @@ def loop_growth(
     return best
 
 
+def _traced_peak(events: list[dict[str, Any]], frees: tuple[str, ...]) -> tuple[int, int]:
+    """The most bytes live at once in the trace, and the position of the event that reached it (-1: none)."""
+    live: dict[int, int] = {}
+    total = 0
+    peak = 0
+    peak_at = -1
+    for position, event in enumerate(events):
+        action = event.get("action")
+        if action == _ALLOC:
+            live[event["addr"]] = int(event["size"])
+            total += int(event["size"])
+            if total > peak:
+                peak, peak_at = total, position
+        elif action in frees and event.get("addr") in live:
+            total -= live.pop(event["addr"])
+    return peak, peak_at
+
+
 def summarize(
     snapshot: dict[str, Any],
     device_index: int = 0,
@@ -190,20 +220,7 @@ def summarize(
     has_completed = any(event.get("action") in _FREES for event in events)
     frees = _FREES if has_completed else (_FREE_FALLBACK,)
 
-    live: dict[int, int] = {}
-    total = 0
-    peak = 0
-    peak_at = -1
-    for position, event in enumerate(events):
-        action = event.get("action")
-        if action == _ALLOC:
-            live[event["addr"]] = int(event["size"])
-            total += int(event["size"])
-            if total > peak:
-                peak, peak_at = total, position
-        elif action in frees and event.get("addr") in live:
-            total -= live.pop(event["addr"])
-
+    peak, peak_at = _traced_peak(events, frees)
     # Replay again up to the peak, keeping which site each live allocation came from.
     at_peak: dict[int, tuple[int, tuple[str, int, str] | None]] = {}
     for event in events[: peak_at + 1]:

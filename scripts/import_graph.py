@@ -21,12 +21,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_cudamem"
 
 ROOMS = (
     "errors", "units", "oom", "breakdown", "sources", "devices", "hardware", "collector", "measure", "repeats",
-    "trace", "cell", "ipython_names", "growth", "reruns", "batch", "attribution", "ipython_state", "history",
+    "trace", "cell", "ipython_names", "ipython_state", "growth", "reruns", "batch", "attribution", "history",
     "advice", "report", "monitor", "oomfix", "capacity", "engines", "magics",
 )
-"""The map, lowest first. ``__init__`` (the extension's entry points) may import anything. ``ipython_state``
-(what IPython itself holds) sits above ``attribution``: it names what it finds with attribution's vocabulary
-of holders (an output cache entry, a traceback's frame) and asks it whether a value reaches CUDA memory."""
+"""The map, lowest first, in the order of the house style's map; the rooms it does not name sit beside the
+rooms they serve. ``__init__`` (the extension's entry points) may import anything. ``errors`` comes before
+``units``, which raises its one exception type on a size it cannot read. ``ipython_state`` (what IPython
+itself holds) sits below ``attribution``: it names what it lists (``Origin``, ``Reference``) and is told
+what reaches CUDA memory (``holds_cuda``), so attribution takes IPython's references as roots without
+IPython's module asking it anything."""
 
 
 def room_of(module: str) -> str | None:

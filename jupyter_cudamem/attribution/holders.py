@@ -39,15 +39,8 @@ from .walk import Reach, ReachedAs, walk
 # under their own holders (from ``ipython_state.ipython_references``), the rest hold no tensors.
 from ..ipython_names import IPYTHON_NAME_PATTERN as _IPYTHON_NAME_PATTERN
 from ..ipython_names import IPYTHON_NAMES as _IPYTHON_NAMES
-
-
-class Origin(StrEnum):
-    """Where a root comes from: what decides its holder's kind, its cause and how it is named."""
-
-    VARIABLE = "variable"
-    OUTPUT_CACHE = "output cache"  # Out[N], _N, _, the last execution result's value
-    EXCEPTION = "exception"  # sys.last_*, the execution result's error, InteractiveTB.tb, a cell's own error
-    FRAME = "traceback frame"  # a function's frame on a failed cell's traceback
+# What IPython keeps, named by where it comes from: ``ipython_state`` lists them, the walk takes them as roots.
+from ..ipython_state import Origin, Reference
 
 
 class HolderKind(StrEnum):
@@ -71,28 +64,6 @@ class HolderKind(StrEnum):
     SET = "set"
     FROZENSET = "frozenset"
     DEQUE = "deque"
-
-
-@dataclass(slots=True)
-class Reference:
-    """Something IPython keeps that may hold the user's memory: its name, where it comes from, and it.
-
-    ``name`` is plain (``"Out[3]"``, ``"sys.last_value"``, ``"f()"`` for a frame of ``f``);
-    ``occurrence`` tells apart frames of one function (recursion, one frame per layer). Not frozen:
-    a snapshot lists them before every measured cell, and frozen dataclasses are slow to make.
-    """
-
-    name: str
-    origin: Origin
-    value: object = field(repr=False, compare=False)
-    occurrence: int = 1
-
-    @property
-    def label(self) -> str:
-        if self.origin is Origin.FRAME:
-            suffix = f" #{self.occurrence}" if self.occurrence > 1 else ""
-            return f"frame of {self.name}{suffix} (from the failed cell's traceback)"
-        return self.name
 
 
 def as_references(refs: Iterable[Reference] | Mapping[str, object]) -> list[Reference]:
@@ -356,37 +327,35 @@ def find_holders(
                 if root.kind is HolderKind.IPYTHON:
                     cache_only[key] = hit.nbytes
 
-    holders = []
-    for root in roots:
-        reach = root.reach
-        total = reach.total
-        if total == 0:
-            continue
-        if root.user_variable:
-            exclusive = sum(hit.nbytes for key, hit in reach.storages.items() if user_reach[key] == 1)
-        else:
-            exclusive = sum(hit.nbytes for key, hit in reach.storages.items() if key not in user_reach)
-        holders.append(
-            Holder(
-                name=root.name,
-                kind=root.kind,
-                cuda_bytes=total,
-                user_variable=root.user_variable,
-                exclusive_bytes=exclusive,
-                tensor_count=len(reach.storages),
-                detail=_detail(root.kind, root.value, reach) if root.user_variable else "",
-                origin=root.origin,
-                occurrence=root.occurrence,
-                graph_bytes=reach.by_category().get(ReachedAs.GRAPH, 0),
-                type_name=type(root.value).__name__,
-            )
-        )
+    holders = [_holder(root, user_reach) for root in roots if root.reach.total]
     holders.sort(key=lambda h: (-h.cuda_bytes, not h.user_variable, h.name))
     result.extend(holders[: max(top, 0)])
     result.namespace_bytes = sum(namespace_storages.values())
     result.ipython_only_bytes = sum(ipython_only.values())
     result.cache_only_bytes = sum(cache_only.values())
     return result
+
+
+def _holder(root: Root, user_reach: Mapping[Any, int]) -> Holder:
+    """A walked root as a holder; ``user_reach`` says how many user variables reach each storage."""
+    reach = root.reach
+    if root.user_variable:
+        exclusive = sum(hit.nbytes for key, hit in reach.storages.items() if user_reach[key] == 1)
+    else:
+        exclusive = sum(hit.nbytes for key, hit in reach.storages.items() if key not in user_reach)
+    return Holder(
+        name=root.name,
+        kind=root.kind,
+        cuda_bytes=reach.total,
+        user_variable=root.user_variable,
+        exclusive_bytes=exclusive,
+        tensor_count=len(reach.storages),
+        detail=_detail(root.kind, root.value, reach) if root.user_variable else "",
+        origin=root.origin,
+        occurrence=root.occurrence,
+        graph_bytes=reach.by_category().get(ReachedAs.GRAPH, 0),
+        type_name=type(root.value).__name__,
+    )
 
 
 def reaches_cuda(obj: Any, probe: TensorProbe | None = None) -> bool:

@@ -231,12 +231,7 @@ def judge_namespace(
     reached = set().union(*(part.reached for part, _ in walks))
     walked_hooks = [hook for part, _ in walks for hook in part.hooks]
     truncated = any(part.truncated for part, _ in walks)
-    hidden: dict[int, dict[Any, Hit]] = {}
-    for part, positions in walks:
-        for key, hit in part.late.items():
-            if key not in reached:
-                hidden.setdefault(positions[hit.owner], {})[key] = hit
-    for owner, hits in hidden.items():
+    for owner, hits in _hidden_by_owner(walks, reached).items():
         name, value = unchanged[owner]
         root = made.get(owner) or Root(name, root_kind(value, probe), value, True, Origin.VARIABLE, 1)
         root.reach = Reach(storages=hits, hooks=walked_hooks, truncated=truncated)
@@ -245,6 +240,17 @@ def judge_namespace(
     if truncated and judged:
         judged[0].root.reach.truncated = True
     return judged, hooks
+
+
+def _hidden_by_owner(walks: list[tuple[Reach, list[int]]], reached: set[Any]) -> dict[int, dict[Any, Hit]]:
+    """What the unchanged names reach only through their modules' hooks and attributes (``Reach.late``)
+    and nothing reached otherwise, by the owner's position in the unchanged names."""
+    hidden: dict[int, dict[Any, Hit]] = {}
+    for part, positions in walks:
+        for key, hit in part.late.items():
+            if key not in reached:
+                hidden.setdefault(positions[hit.owner], {})[key] = hit
+    return hidden
 
 
 ALLOCATION_ROUNDING_BYTES = 512

@@ -130,6 +130,59 @@ def _largest_path(root: Root, hits: list[Hit]) -> str:
     return max(sizes, key=lambda text: sizes[text])
 
 
+def _owners(
+    judged: list[Judged], verdict: Mapping[Any, int]
+) -> tuple[dict[Any, tuple[tuple[int, int], int]], dict[Any, list[int]]]:
+    """Each storage the cell may have left (not ``OLD``): the root that owns it (storage -> (rank, index
+    of the root), the best ``_rank``) and every root that reaches it (storage -> indexes)."""
+    owners: dict[Any, tuple[tuple[int, int], int]] = {}
+    reachers: dict[Any, list[int]] = {}
+    for index, entry in enumerate(judged):
+        for key, hit in entry.root.reach.storages.items():
+            if verdict[key] == OLD:
+                continue
+            reachers.setdefault(key, []).append(index)
+            rank = _rank(entry.root, hit)
+            if key not in owners or rank < owners[key][0]:
+                owners[key] = (rank, index)
+    return owners, reachers
+
+
+def _gather(
+    judged: list[Judged],
+    counted: set[Any],
+    owners: Mapping[Any, tuple[tuple[int, int], int]],
+    reachers: Mapping[Any, list[int]],
+) -> dict[int, dict[str, Any]]:
+    """What each owning root holds of the storages counted: bytes by category, tensor, graph and storage
+    counts, the hits, and the names of the other roots that reach them."""
+    gathered: dict[int, dict[str, Any]] = {}
+    for key in counted:
+        index = owners[key][1]
+        hit = judged[index].root.reach.storages[key]
+        holder = gathered.setdefault(
+            index,
+            {
+                "categories": {},
+                "tensors": 0,
+                "graph_tensors": 0,
+                "scalars": 0,
+                "storages": 0,
+                "hits": [],
+                "also": set(),
+            },
+        )
+        holder["categories"][hit.category] = holder["categories"].get(hit.category, 0) + hit.nbytes
+        holder["storages"] += 1
+        holder["hits"].append(hit)
+        if hit.category is ReachedAs.TENSORS:
+            holder["tensors"] += 1
+            holder["graph_tensors"] += hit.graph != NO_GRAPH
+            holder["scalars"] += hit.graph == GRAPH_SCALAR
+        holder["also"].update(judged[other].root.name for other in reachers[key] if other != index)
+    return gathered
+
+
 def left_behind(
     namespace: Mapping[str, Any],
     references: Iterable[Reference] | Mapping[str, object],
@@ -155,16 +208,7 @@ def left_behind(
     for entry in judged:
         for key, novelty in entry.novelty.items():
             verdict[key] = min(verdict.get(key, NEW), novelty)
-    owners: dict[Any, tuple[tuple[int, int], int]] = {}  # storage -> (rank, index of the owning root)
-    reachers: dict[Any, list[int]] = {}
-    for index, entry in enumerate(judged):
-        for key, hit in entry.root.reach.storages.items():
-            if verdict[key] == OLD:
-                continue
-            reachers.setdefault(key, []).append(index)
-            rank = _rank(entry.root, hit)
-            if key not in owners or rank < owners[key][0]:
-                owners[key] = (rank, index)
+    owners, reachers = _owners(judged, verdict)
 
     certain = sum(
         judged[index].root.reach.storages[key].nbytes for key, (_, index) in owners.items() if verdict[key] == NEW
@@ -190,30 +234,7 @@ def left_behind(
     for hook in hooks:
         all_hooks.setdefault(id(hook.hook), hook)
 
-    gathered: dict[int, dict[str, Any]] = {}
-    for key in counted:
-        index = owners[key][1]
-        hit = judged[index].root.reach.storages[key]
-        holder = gathered.setdefault(
-            index,
-            {
-                "categories": {},
-                "tensors": 0,
-                "graph_tensors": 0,
-                "scalars": 0,
-                "storages": 0,
-                "hits": [],
-                "also": set(),
-            },
-        )
-        holder["categories"][hit.category] = holder["categories"].get(hit.category, 0) + hit.nbytes
-        holder["storages"] += 1
-        holder["hits"].append(hit)
-        if hit.category is ReachedAs.TENSORS:
-            holder["tensors"] += 1
-            holder["graph_tensors"] += hit.graph != NO_GRAPH
-            holder["scalars"] += hit.graph == GRAPH_SCALAR
-        holder["also"].update(judged[other].root.name for other in reachers[key] if other != index)
+    gathered = _gather(judged, counted, owners, reachers)
 
     minimum = max(MIN_HOLDER_BYTES, left_bytes // 100)
     holders: list[LeftHolder] = []

@@ -78,14 +78,8 @@ def describe_holder(root: Root, cause: Cause, holder: dict[str, Any]) -> str:
     value = root.value
     container = container_kind(value)
     saved = f"{format_bytes(graph)} of saved activations" if graph else ""
-    if root.origin is Origin.OUTPUT_CACHE:
-        tensor_like = hasattr(value, "shape") and hasattr(value, "dtype")
-        what = f"tensor {tensor_text(value)}" if tensor_like else type(value).__name__
-        return f"a cell's value kept by IPython's output cache ({what})"
-    if root.origin is Origin.FRAME:
-        return f"locals of {root.name}, kept by the failed cell's traceback"
-    if root.origin is Origin.EXCEPTION:  # shown after its name: the name is not said again
-        return "its frames' tensors, kept by the failed cell's traceback"
+    if root.origin is not Origin.VARIABLE:
+        return _kept_by_ipython(root)
     if root.kind is HolderKind.MODULE:
         parts = [f"{label} {format_bytes(categories[label])}" for label in MODULE_PARTS if categories.get(label)]
         return f"{type(value).__name__}: " + ", ".join(parts)
@@ -98,38 +92,67 @@ def describe_holder(root: Root, cause: Cause, holder: dict[str, Any]) -> str:
         if graph_tensors:
             text += " holding its autograd graph" + (f", {saved}" if saved else "")
         return text
-    captured = sorted({capture for capture in map(captured_by, holder["hits"]) if capture is not None})
-    if captured and all(captured_by(hit) for hit in holder["hits"]):
-        kept = plural(tensors or holder["storages"], "tensor")
-        if isinstance(value, types.FunctionType):
-            names = capture_names(value)
-            variables = dict.fromkeys(names.get(str(hit.path[0][1]), "?") for hit in holder["hits"] if hit.path)
-            how = " and ".join(f"its {_capture_words(capture)}" for capture in captured)
-            return f"function {value.__qualname__} keeping {kept} in {how} ({', '.join(variables)})"
-        if container is not None:
-            functions = len({hit.position for hit in holder["hits"]})
-            owner = "its" if functions == 1 else "their"
-            how = " and ".join(f"{owner} {_capture_words(capture, functions)}" for capture in captured)
-            return f"{container} of {plural(functions, 'function')} keeping {kept} in {how}"
+    captures = _captures_text(value, container, holder)
+    if captures is not None:
+        return captures
     if container is not None:
-        noun = (
-            f"{container} of {plural(tensors, 'tensor')}"
-            if tensors
-            else f"{container} reaching {plural(holder['storages'], 'storage')}"
-        )
-        if graph_tensors:
-            owner = "its" if tensors == 1 else "their"
-            noun += (
-                f" holding {owner} autograd graphs"
-                if graph_tensors == tensors
-                else f" ({graph_tensors} holding autograd graphs)"
-            )
-            noun += f", {saved}" if saved else ""
-        return noun
+        return _container_text(container, holder, saved)
     text = f"{type(value).__name__} reaching {plural(tensors or holder['storages'], 'tensor')}"
     if graph_tensors:
         text += " with autograd graphs" + (f", {saved}" if saved else "")
     return text
+
+
+def _container_text(container: str, holder: dict[str, Any], saved: str) -> str:
+    """``list of 40 tensors holding their autograd graphs, 10.00 MiB of saved activations``."""
+    tensors, graph_tensors = holder["tensors"], holder["graph_tensors"]
+    noun = (
+        f"{container} of {plural(tensors, 'tensor')}"
+        if tensors
+        else f"{container} reaching {plural(holder['storages'], 'storage')}"
+    )
+    if graph_tensors:
+        owner = "its" if tensors == 1 else "their"
+        noun += (
+            f" holding {owner} autograd graphs"
+            if graph_tensors == tensors
+            else f" ({graph_tensors} holding autograd graphs)"
+        )
+        noun += f", {saved}" if saved else ""
+    return noun
+
+
+def _kept_by_ipython(root: Root) -> str:
+    """What IPython keeps: a cell's value in its output cache, a traceback's frame or its exception."""
+    if root.origin is Origin.OUTPUT_CACHE:
+        value = root.value
+        tensor_like = hasattr(value, "shape") and hasattr(value, "dtype")
+        what = f"tensor {tensor_text(value)}" if tensor_like else type(value).__name__
+        return f"a cell's value kept by IPython's output cache ({what})"
+    if root.origin is Origin.FRAME:
+        return f"locals of {root.name}, kept by the failed cell's traceback"
+    # an exception: shown after its name, the name is not said again
+    return "its frames' tensors, kept by the failed cell's traceback"
+
+
+def _captures_text(value: Any, container: str | None, holder: dict[str, Any]) -> str | None:
+    """A function, or a container of functions, that keeps every tensor it reaches in what it captured
+    (defaults, closures, a partial's arguments); ``None`` when something else keeps one of them."""
+    captured = sorted({capture for capture in map(captured_by, holder["hits"]) if capture is not None})
+    if not captured or not all(captured_by(hit) for hit in holder["hits"]):
+        return None
+    kept = plural(holder["tensors"] or holder["storages"], "tensor")
+    if isinstance(value, types.FunctionType):
+        names = capture_names(value)
+        variables = dict.fromkeys(names.get(str(hit.path[0][1]), "?") for hit in holder["hits"] if hit.path)
+        how = " and ".join(f"its {_capture_words(capture)}" for capture in captured)
+        return f"function {value.__qualname__} keeping {kept} in {how} ({', '.join(variables)})"
+    if container is not None:
+        functions = len({hit.position for hit in holder["hits"]})
+        owner = "its" if functions == 1 else "their"
+        how = " and ".join(f"{owner} {_capture_words(capture, functions)}" for capture in captured)
+        return f"{container} of {plural(functions, 'function')} keeping {kept} in {how}"
+    return None
 
 
 # -- what to change about each holder ------------------------------------------------------------------
@@ -138,39 +161,47 @@ def _del_names(holder: LeftHolder) -> str:
     return ", ".join(dict.fromkeys(names))
 
 
+def _graph_advice(holder: LeftHolder) -> str:
+    """Keep numbers, not graphs: what to store instead of tensors that hold their autograd graphs."""
+    name = holder.where or holder.name  # tracker.outputs, where an object's attribute keeps them
+    scalars = holder.scalar_graph_tensors
+    if holder.kind is HolderKind.TENSOR and scalars:
+        return (
+            f"accumulate numbers, not graphs: {name} += value.item() (or value.detach()), so each step's "
+            "graph and the activations it saved are freed"
+        )
+    if scalars and scalars * 2 >= max(holder.graph_tensors, 1):
+        return (
+            f"keep numbers, not graphs: store loss.item() (a Python float) or loss.detach() in {name}, "
+            "so each step's graph with its saved activations is freed"
+        )
+    return (
+        "if nothing needs their gradients, compute them under `with torch.no_grad():` (or "
+        f"torch.inference_mode()); otherwise store .detach() in {name}, which drops the graph"
+    )
+
+
+def _hook_advice(holder: LeftHolder, free_now: str) -> tuple[str, ...]:
+    """A module hook keeps what it is given: what to store instead, and how to free what it kept."""
+    hook = holder.hooks[0] if holder.hooks else "a module hook"
+    fix = (
+        f"the {hook} keeps what it is given: store output.detach() (or a summary such as "
+        "output.mean().item()), or remove the hook when done (handle.remove() on what "
+        "register_forward_hook returned)"
+    )
+    if holder.origin is Origin.VARIABLE and holder.kind is not HolderKind.MODULE:
+        return (fix, free_now)
+    return (fix, "removing the hook frees what it kept (its closure or object goes with it)")
+
+
 def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
     """What to change, matched to the cause; a result that is not a leak gets what to know about it."""
     name = holder.name
     free_now = f"free it now: del {_del_names(holder)}, then torch.cuda.empty_cache() returns it to the driver"
     if holder.cause is Cause.GRAPH:
-        name = holder.where or name  # tracker.outputs, where an object's attribute keeps them
-        scalars = holder.scalar_graph_tensors
-        if holder.kind is HolderKind.TENSOR and scalars:
-            first = (
-                f"accumulate numbers, not graphs: {name} += value.item() (or value.detach()), so each step's "
-                "graph and the activations it saved are freed"
-            )
-        elif scalars and scalars * 2 >= max(holder.graph_tensors, 1):
-            first = (
-                f"keep numbers, not graphs: store loss.item() (a Python float) or loss.detach() in {name}, "
-                "so each step's graph with its saved activations is freed"
-            )
-        else:
-            first = (
-                "if nothing needs their gradients, compute them under `with torch.no_grad():` (or "
-                f"torch.inference_mode()); otherwise store .detach() in {name}, which drops the graph"
-            )
-        return (first, free_now)
+        return (_graph_advice(holder), free_now)
     if holder.cause is Cause.HOOK:
-        hook = holder.hooks[0] if holder.hooks else "a module hook"
-        fix = (
-            f"the {hook} keeps what it is given: store output.detach() (or a summary such as "
-            "output.mean().item()), or remove the hook when done (handle.remove() on what "
-            "register_forward_hook returned)"
-        )
-        if holder.origin is Origin.VARIABLE and holder.kind is not HolderKind.MODULE:
-            return (fix, free_now)
-        return (fix, "removing the hook frees what it kept (its closure or object goes with it)")
+        return _hook_advice(holder, free_now)
     if holder.cause is Cause.OUTPUT_CACHE:
         fix = (
             f"{name} keeps a cell's value: end the cell with ';' or assign the value to a name; "

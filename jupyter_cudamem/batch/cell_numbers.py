@@ -137,17 +137,10 @@ def cell_knobs(numbers: CellNumbers, context: Context, parsed: ParsedCell) -> li
             )
         )
     for name, nodes in numbers.assigned.items():
-        uses = set(numbers.local_uses.get(name, set()))
-        if {context.batch_dimension, STATE_BATCH} & numbers.local_dims.get(name, set()):
-            uses.add(Use.DIMENSION)
-        batch_uses = {u for u in uses if u in USE_SCORES}
-        named = name_score(name)
-        if not named and not batch_uses:
+        scored = _assignment_score(name, numbers, context)
+        if scored is None:
             continue
-        if uses and uses <= {Use.PRINTED}:
-            continue
-        score = named + max((USE_SCORES[u] for u in batch_uses), default=0) + CELL_BONUS + (1 if uses else 0)
-        score -= phase_penalty(name, context)
+        score, batch_uses = scored
         for node in nodes:
             value = int_constant(node)
             if value is None or value < 2:
@@ -169,6 +162,46 @@ def cell_knobs(numbers: CellNumbers, context: Context, parsed: ParsedCell) -> li
     return knobs
 
 
+def _assignment_score(name: str, numbers: CellNumbers, context: Context) -> tuple[int, set[Use]] | None:
+    """A name the cell assigns a number to, as a batch: its score and its uses that say batch; ``None``
+    when neither its name nor its uses say batch, or it is only printed."""
+    uses = set(numbers.local_uses.get(name, set()))
+    if {context.batch_dimension, STATE_BATCH} & numbers.local_dims.get(name, set()):
+        uses.add(Use.DIMENSION)
+    batch_uses = {u for u in uses if u in USE_SCORES}
+    named = name_score(name)
+    if not named and not batch_uses:
+        return None
+    if uses and uses <= {Use.PRINTED}:
+        return None
+    score = named + max((USE_SCORES[u] for u in batch_uses), default=0) + CELL_BONUS + (1 if uses else 0)
+    return score - phase_penalty(name, context), batch_uses
+
+
+def _batch_index(constructor: Constructor, context: Context, sequence_batches: set[int | None]) -> int:
+    """Which of a constructor's dimensions is the batch: the context's for three or more dimensions (the
+    second for an RNN's states), else the first, or the second of (seq, batch) token ids."""
+    shape = constructor.shape
+    index = context.batch_dimension if len(shape) >= 3 else 0
+    if len(shape) == 3 and constructor.assigned_to in context.scan.states:
+        index = 1  # h0 / c0: (layers, batch, hidden) with or without batch_first
+    if (
+        len(shape) == 2
+        and int_constant(shape[1]) in sequence_batches
+        and int_constant(shape[0]) not in sequence_batches
+    ):
+        index = 1
+    return index
+
+
+def _only_in_products(constructor: Constructor, numbers: CellNumbers) -> bool:
+    """Whether the tensor is used only in matrix products (and printed): a matrix, not a batch."""
+    if constructor.assigned_to is None:
+        return False
+    uses = numbers.local_uses.get(constructor.assigned_to, set())
+    return bool(uses) and uses <= {Use.MATMUL, Use.PRINTED}
+
+
 def tensor_groups(numbers: CellNumbers, context: Context, parsed: ParsedCell) -> list[Knob]:
     """Literal batch dimensions of tensor constructors, one knob per value. A square or repeated size is a
     matrix dimension, and so is a tensor used only in matrix products, and a dimension a matrix product
@@ -182,15 +215,7 @@ def tensor_groups(numbers: CellNumbers, context: Context, parsed: ParsedCell) ->
     } - {None}
     for constructor in numbers.constructors:
         shape = constructor.shape
-        index = context.batch_dimension if len(shape) >= 3 else 0
-        if len(shape) == 3 and constructor.assigned_to in context.scan.states:
-            index = 1  # h0 / c0: (layers, batch, hidden) with or without batch_first
-        if (
-            len(shape) == 2
-            and int_constant(shape[1]) in sequence_batches
-            and int_constant(shape[0]) not in sequence_batches
-        ):
-            index = 1
+        index = _batch_index(constructor, context, sequence_batches)
         if index >= len(shape) or index in constructor.matrix:
             continue
         lead = int_constant(shape[index])
@@ -199,10 +224,8 @@ def tensor_groups(numbers: CellNumbers, context: Context, parsed: ParsedCell) ->
         rest = [int_constant(n) for i, n in enumerate(shape) if i != index]
         if lead in rest:
             continue
-        if constructor.assigned_to is not None:
-            uses = numbers.local_uses.get(constructor.assigned_to, set())
-            if uses and uses <= {Use.MATMUL, Use.PRINTED}:
-                continue
+        if _only_in_products(constructor, numbers):
+            continue
         groups.setdefault(lead, []).append(shape[index])
         if len(shape) >= 2:
             shaped.add(lead)

@@ -237,34 +237,9 @@ class BatchChange:
         if isinstance(target, Value):
             self._set_value(target, target.path, batch)
         elif isinstance(target, Loader):
-            loader = self._get(target.path)
-            if wrapped_loader(loader) is not None or _loader_parameters(type(loader)) is None:
-                # A prepared loader (accelerate's, bound to the device and the processes) cannot be rebuilt
-                # without what prepared it; the stock BatchSampler it batches with is changed in place.
-                sampler = _stock_batch_sampler(loader)
-                size = sampler.batch_size
-                self._original(target, None, lambda: setattr(sampler, "batch_size", size))
-                sampler.batch_size = batch
-                return
-            original = self._original(target, loader, lambda: self._put(target.path, original))
-            self._put(target.path, rebuilt_loader(original, batch))
+            self._set_loader(target, batch)
         elif isinstance(target, TrainerArgs):
-            trainer = self._get(target.path)
-            args = trainer.args
-            old_field = getattr(args, target.field)
-            old_copy = getattr(trainer, "_train_batch_size", None)
-
-            def undo() -> None:
-                _assign(args, target.field, old_field)
-                if old_copy is not None:
-                    trainer._train_batch_size = old_copy
-
-            self._original(target, None, undo)
-            _assign(args, target.field, batch)
-            if target.field == "per_device_train_batch_size" and hasattr(trainer, "_train_batch_size"):
-                # Trainer copies args.train_batch_size (per-device size x GPUs) when built; train() reads the copy.
-                copied = getattr(args, "train_batch_size", batch)
-                trainer._train_batch_size = copied if type(copied) is int else batch
+            self._set_trainer_args(target, batch)
         elif isinstance(target, Rows):
             tensor = self._get(target.path)
             original = self._original(target, tensor, lambda: self._put(target.path, original))
@@ -282,6 +257,37 @@ class BatchChange:
 
             self._original(target, None, restore_defaults)
             _set_default(function, target.parameter, batch)
+
+    def _set_loader(self, target: Loader, batch: int) -> None:
+        loader = self._get(target.path)
+        if wrapped_loader(loader) is not None or _loader_parameters(type(loader)) is None:
+            # A prepared loader (accelerate's, bound to the device and the processes) cannot be rebuilt
+            # without what prepared it; the stock BatchSampler it batches with is changed in place.
+            sampler = _stock_batch_sampler(loader)
+            size = sampler.batch_size
+            self._original(target, None, lambda: setattr(sampler, "batch_size", size))
+            sampler.batch_size = batch
+            return
+        original = self._original(target, loader, lambda: self._put(target.path, original))
+        self._put(target.path, rebuilt_loader(original, batch))
+
+    def _set_trainer_args(self, target: TrainerArgs, batch: int) -> None:
+        trainer = self._get(target.path)
+        args = trainer.args
+        old_field = getattr(args, target.field)
+        old_copy = getattr(trainer, "_train_batch_size", None)
+
+        def undo() -> None:
+            _assign(args, target.field, old_field)
+            if old_copy is not None:
+                trainer._train_batch_size = old_copy
+
+        self._original(target, None, undo)
+        _assign(args, target.field, batch)
+        if target.field == "per_device_train_batch_size" and hasattr(trainer, "_train_batch_size"):
+            # Trainer copies args.train_batch_size (per-device size x GPUs) when built; train() reads the copy.
+            copied = getattr(args, "train_batch_size", batch)
+            trainer._train_batch_size = copied if type(copied) is int else batch
 
     def _original(self, target: LiveTarget, value: Any, undo: Callable[[], None]) -> Any:
         """The value before the first try (recorded with how to put it back); later tries reuse it."""

@@ -376,6 +376,53 @@ def function_defaults(context: Context) -> list[Knob]:
     return knobs
 
 
+def _batch_dim(path: ObjectPath, rank: int, context: Context) -> int:
+    """A tensor's batch dimension: the second of an RNN's (layers, batch, hidden) states, the context's for
+    three or more dimensions, else the first."""
+    if rank == 3 and path.root in context.scan.states:
+        return 1
+    return context.batch_dimension if rank >= 3 else 0
+
+
+def _rows_trace(context: Context, tensors: list[tuple[ObjectPath, int]], rows: int) -> Trace:
+    """Where the first tensor's rows are written in a cell, else the first of the others' that is."""
+    first, dim = tensors[0]
+    trace = trace_rows(context.scan.history, first, dim, rows)
+    if not trace.written:
+        for other, other_dim in tensors[1:]:
+            alternative = trace_rows(context.scan.history, other, other_dim, rows)
+            if alternative.written:
+                return alternative
+    return trace
+
+
+def _tensors_read(
+    context: Context,
+) -> tuple[dict[int, list[tuple[ObjectPath, int]]], dict[int, list[ObjectPath]], set[int]]:
+    """The earlier cells' tensors the cell reads, by rows: those fed whole to a module (with their batch
+    dimension), those beside them (by their leading dimension, unless a matrix product sums over it), and
+    the sides of the square matrices it reads. A module's buffer is the model's, not the data's."""
+    fed: dict[int, list[tuple[ObjectPath, int]]] = {}
+    beside: dict[int, list[ObjectPath]] = {}
+    square: set[int] = set()
+    for path, read in context.scan.reads.items():
+        if read.uses <= {Use.PRINTED}:
+            continue
+        value = resolve(context.scan.namespace, path)
+        shape = tensor_shape(value) if found(value) else None
+        if not shape or (path.steps and is_module(resolve(context.scan.namespace, ObjectPath(path.root)))):
+            continue
+        rank = len(shape)
+        if rank == 2 and shape[0] == shape[1]:
+            square.add(shape[0])
+        dim = _batch_dim(path, rank, context)
+        if read.direct and read.fed and rank >= 2 and shape[dim] >= 2:
+            fed.setdefault(shape[dim], []).append((path, dim))
+        elif shape[0] >= 2 and -rank not in context.scan.contracted.get(path.text, set()):
+            beside.setdefault(shape[0], []).append(path)
+    return fed, beside, square
+
+
 def earlier_tensors(context: Context) -> list[Knob]:
     """Tensors from earlier cells the cell feeds whole to a module (``model(inputs)``), one knob per batch:
     their batch dimension, cut together with every other tensor the cell (or code it calls) reads whose
@@ -384,37 +431,14 @@ def earlier_tensors(context: Context) -> list[Knob]:
     matrix product sums over is not such a row; a square tensor of that side (an adjacency matrix) cannot
     be cut by its rows alone, so then nothing is. Only where the rows are written in a cell (a
     constructor's dimension, or the variable it was given)."""
-    fed: dict[int, list[tuple[ObjectPath, int]]] = {}
-    beside: dict[int, list[ObjectPath]] = {}
-    square: set[int] = set()  # sides of square matrices the cell reads
-    for path, read in context.scan.reads.items():
-        if read.uses <= {Use.PRINTED}:
-            continue
-        value = resolve(context.scan.namespace, path)
-        shape = tensor_shape(value) if found(value) else None
-        if not shape or (path.steps and is_module(resolve(context.scan.namespace, ObjectPath(path.root)))):
-            continue  # a module's buffer is the model's, not the data's
-        rank = len(shape)
-        if rank == 2 and shape[0] == shape[1]:
-            square.add(shape[0])
-        dim = 1 if rank == 3 and path.root in context.scan.states else context.batch_dimension if rank >= 3 else 0
-        if read.direct and read.fed and rank >= 2 and shape[dim] >= 2:
-            fed.setdefault(shape[dim], []).append((path, dim))
-        elif shape[0] >= 2 and -rank not in context.scan.contracted.get(path.text, set()):
-            beside.setdefault(shape[0], []).append(path)
+    fed, beside, square = _tensors_read(context)
     knobs = []
     for rows, tensors in fed.items():
         if rows in square:
             continue
         tensors.sort(key=lambda t: t[0].text)
         first, dim = tensors[0]
-        trace = trace_rows(context.scan.history, first, dim, rows)
-        if not trace.written:
-            for other, other_dim in tensors[1:]:
-                alternative = trace_rows(context.scan.history, other, other_dim, rows)
-                if alternative.written:
-                    trace = alternative
-                    break
+        trace = _rows_trace(context, tensors, rows)
         if not trace.written:
             # Rows taken from elsewhere (``images, labels = next(iter(loader))``): the cell may index them by a
             # count of its own (``for i in range(4)``), so cutting them is not safe to guess.

@@ -151,11 +151,9 @@ class History:
             if inner is None:
                 return Trace((), f"{place} ({code(parsed, expression)}, without {steps[0].name!r})")
             return self._resolve(inner, steps[1:], value, number, parsed, depth)
-        if isinstance(expression, ast.Call):
-            return self._through_call(expression, steps, value, number, parsed, depth)
-        if isinstance(expression, ast.Subscript) and isinstance(expression.value, ast.Call):
-            # ``parser.parse_known_args()[0]``
-            return self._through_call(expression.value, steps, value, number, parsed, depth)
+        call = _called(expression)
+        if call is not None:
+            return self._through_call(call, steps, value, number, parsed, depth)
         inner_path = path_of(expression)
         if inner_path is not None:
             return self._follow(ObjectPath(inner_path.root, inner_path.steps + steps), value, depth)
@@ -387,3 +385,10 @@ def _constant_arithmetic(node: ast.AST) -> bool:
     if isinstance(node, ast.UnaryOp):
         return _constant_arithmetic(node.operand)
     return int_constant(node) is not None
+
+
+def _called(expression: ast.expr) -> ast.Call | None:
+    """The call an expression is, or takes an item of (``parser.parse_known_args()[0]``)."""
+    if isinstance(expression, ast.Subscript):
+        expression = expression.value
+    return expression if isinstance(expression, ast.Call) else None

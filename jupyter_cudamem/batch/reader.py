@@ -189,20 +189,12 @@ class BodyReader:
         if defined is None:
             return
         _, parsed, definition = defined
-        bindings: dict[str, ObjectPath | None] = {}
-        try:
-            signature = inspect.signature(function)
-            arguments: list[Any] = ([None] if self_path is not None or inspect.ismethod(callee) else []) + list(
-                node.args
-            )
-            if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
-                raise TypeError
-            bound = signature.bind_partial(*arguments, **{k.arg: k.value for k in node.keywords if k.arg})
-        except (TypeError, ValueError):
+        called = _bind_call(node, callee, function, self_path)
+        if called is None:
             return
+        signature, bound = called
         parameters = list(signature.parameters)
-        for parameter in parameters:
-            bindings[parameter] = None
+        bindings: dict[str, ObjectPath | None] = dict.fromkeys(parameters)
         if inspect.ismethod(callee) and parameters:
             bindings[parameters[0]] = self_path
         for parameter, argument in bound.arguments.items():
@@ -223,15 +215,23 @@ class BodyReader:
         )
         reader.read_body(definition.body)
         if self_path is None:
-            function_path = self.body.scope.namespace_path(node.func)
-            if function_path is not None:
-                for declared in signature.parameters.values():
-                    default = declared.default
-                    if declared.name in bound.arguments or type(default) is not int or default < 2:
-                        continue
-                    uses = _uses_in(definition.body, declared.name)
-                    if batch_like(declared.name) or any(u in USE_SCORES for u in uses):
-                        self.body.scan.defaults.append((function_path, declared.name, default, uses))
+            self._note_defaults(node, signature, bound, definition)
+
+    def _note_defaults(
+        self, node: ast.Call, signature: inspect.Signature, bound: inspect.BoundArguments,
+        definition: ast.FunctionDef | ast.AsyncFunctionDef,
+    ) -> None:
+        """The batch-like integer defaults of a notebook function the call leaves unset: knobs of their own."""
+        function_path = self.body.scope.namespace_path(node.func)
+        if function_path is None:
+            return
+        for declared in signature.parameters.values():
+            default = declared.default
+            if declared.name in bound.arguments or type(default) is not int or default < 2:
+                continue
+            uses = _uses_in(definition.body, declared.name)
+            if batch_like(declared.name) or any(u in USE_SCORES for u in uses):
+                self.body.scan.defaults.append((function_path, declared.name, default, uses))
 
     def follow_iteration(self, iterable: ast.expr, path: ObjectPath) -> None:
         """``for xb, yb in train_dl`` over an instance of a notebook class: read its ``__iter__``."""
@@ -252,6 +252,21 @@ class BodyReader:
         if defined is None or not isinstance(defined[2], ast.ClassDef):
             return {}
         return _class_batch_parameters(defined[2])
+
+
+def _bind_call(
+    node: ast.Call, callee: Any, function: Any, self_path: ObjectPath | None
+) -> tuple[inspect.Signature, inspect.BoundArguments] | None:
+    """The function's signature and the call's arguments bound to it (a method's first parameter to
+    ``None``); ``None`` where the call unpacks ``*args``/``**kwargs`` or does not fit the signature."""
+    try:
+        signature = inspect.signature(function)
+        arguments: list[Any] = ([None] if self_path is not None or inspect.ismethod(callee) else []) + list(node.args)
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            return None
+        return signature, signature.bind_partial(*arguments, **{k.arg: k.value for k in node.keywords if k.arg})
+    except (TypeError, ValueError):
+        return None
 
 
 def _definition_of(

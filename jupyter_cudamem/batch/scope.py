@@ -99,7 +99,10 @@ class Scope:
                 self.loop_targets.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
             for name, line in names:
                 self.bound_at[name] = min(self.bound_at.get(name, line), line)
-        # Names bound inside comprehensions or nested functions do not count: they are scoped there.
+        self._forget_comprehension_names(body)
+
+    def _forget_comprehension_names(self, body: list[ast.stmt]) -> None:
+        """Names bound inside comprehensions or nested functions do not count: they are scoped there."""
         for node in ast.walk(ast.Module(body=body, type_ignores=[])):
             if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
                 for generator in node.generators:

@@ -44,24 +44,25 @@ KEEPS_ROWS = frozenset(
 )
 
 
+def _elements(node: ast.AST) -> list[ast.AST] | None:
+    """A tuple's or list's elements; ``None`` for anything else."""
+    return list(node.elts) if isinstance(node, (ast.Tuple, ast.List)) else None
+
+
 def shape_nodes(call: ast.Call, name: str) -> list[ast.AST]:
     """The nodes giving a constructor's dimensions, in order (``randn(512, 3)``, ``zeros((512, 3))``)."""
     for keyword in call.keywords:
-        if keyword.arg == "size" and isinstance(keyword.value, (ast.Tuple, ast.List)):
-            return list(keyword.value.elts)
+        if keyword.arg == "size" and (elements := _elements(keyword.value)) is not None:
+            return elements
     args: list[ast.AST] = list(call.args)
     if name == "randint":
         # randint(high, size) or randint(low, high, size): the shape is the tuple argument.
-        for arg in args:
-            if isinstance(arg, (ast.Tuple, ast.List)):
-                return list(arg.elts)
-        return []
+        return next((elements for elements in map(_elements, args) if elements is not None), [])
+    first = _elements(args[0]) if args else None
+    if first is not None:
+        return first
     if name in {"full", "new_full", "normal", "empty_strided"}:
-        if args and isinstance(args[0], (ast.Tuple, ast.List)):
-            return list(args[0].elts)
         return []
-    if args and isinstance(args[0], (ast.Tuple, ast.List)):
-        return list(args[0].elts)
     shape: list[ast.AST] = []
     for arg in args:
         if isinstance(arg, ast.Starred):

@@ -48,31 +48,46 @@ def given_option(call: ast.Call, options: list[str], value: int, number: int, pa
     place = where(number, parsed, call)
     given = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "args"), None)
     if isinstance(given, (ast.List, ast.Tuple)):
-        items = given.elts
-        for index, item in enumerate(items):
-            if not (isinstance(item, ast.Constant) and isinstance(item.value, str)):
-                continue
-            option, _, attached = item.value.partition("=")
-            if option not in options:
-                continue
-            target = item if attached else (items[index + 1] if index + 1 < len(items) else None)
-            text = attached or (
-                target.value if isinstance(target, ast.Constant) and isinstance(target.value, str) else ""
-            )
-            if text.strip().isdigit() and target is not None:
-                span = digits_span(parsed, target, text.strip())
-                if span is not None and int(text) == value:
-                    return Trace((Written(number, span),), place)
-            return Trace((), f"{place} ({code(parsed, item)})")
-    elif isinstance(given, ast.Call) and isinstance(given.func, ast.Attribute) and given.func.attr == "split":
-        text_node = given.func.value
-        if isinstance(text_node, ast.Constant) and isinstance(text_node.value, str):
-            for option in options:
-                match = re.search(rf"(?:^|\s){re.escape(option)}[\s=]+(\d+)\b", text_node.value)
-                if match and int(match.group(1)) == value:
-                    span = digits_span(parsed, text_node, match.group(1), option)
-                    if span is not None:
-                        return Trace((Written(number, span),), place)
+        return _given_in_list(given.elts, options, value, number, parsed, place)
+    if isinstance(given, ast.Call) and isinstance(given.func, ast.Attribute) and given.func.attr == "split":
+        return _given_in_split(given.func.value, options, value, number, parsed, place)
+    return None
+
+
+def _given_in_list(
+    items: list[ast.expr], options: list[str], value: int, number: int, parsed: ParsedCell, place: str
+) -> Trace | None:
+    """``["--batch-size", "64"]`` or ``["--batch-size=64"]``: where the first of ``options`` given is."""
+    for index, item in enumerate(items):
+        if not (isinstance(item, ast.Constant) and isinstance(item.value, str)):
+            continue
+        option, _, attached = item.value.partition("=")
+        if option not in options:
+            continue
+        target = item if attached else (items[index + 1] if index + 1 < len(items) else None)
+        text = attached or (
+            target.value if isinstance(target, ast.Constant) and isinstance(target.value, str) else ""
+        )
+        if text.strip().isdigit() and target is not None:
+            span = digits_span(parsed, target, text.strip())
+            if span is not None and int(text) == value:
+                return Trace((Written(number, span),), place)
+        return Trace((), f"{place} ({code(parsed, item)})")
+    return None
+
+
+def _given_in_split(
+    text_node: ast.expr, options: list[str], value: int, number: int, parsed: ParsedCell, place: str
+) -> Trace | None:
+    """``"--batch-size 64".split()``: where one of ``options`` is given ``value`` in the string."""
+    if not (isinstance(text_node, ast.Constant) and isinstance(text_node.value, str)):
+        return None
+    for option in options:
+        match = re.search(rf"(?:^|\s){re.escape(option)}[\s=]+(\d+)\b", text_node.value)
+        if match and int(match.group(1)) == value:
+            span = digits_span(parsed, text_node, match.group(1), option)
+            if span is not None:
+                return Trace((Written(number, span),), place)
     return None
 
 

@@ -8,17 +8,20 @@ one line and one label. Built without pyplot, so no global figure state is touch
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..units import GiB, MiB
 from .prediction import PlanFigures, calibrated
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FIGURE_SIZE_IN = (8.0, 4.5)
 PNG_DPI = 100
 LABEL_CLEARANCE = 1.12  # ratio of two card lines' heights below which their labels would overlap
 
 
-def plan_figure(plan: PlanFigures) -> Any:
+def plan_figure(plan: PlanFigures) -> Figure:
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=FIGURE_SIZE_IN, layout="constrained")

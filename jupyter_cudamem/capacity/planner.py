@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ContextManager
 
-from ..batch import BatchChange, find_batch
+from ..batch import BatchChange, BatchFinding, Knob, find_batch
 from ..cell.edit import AutocastNotApplicable, wrap_in_autocast
-from ..cell.traits import cell_traits
+from ..cell.traits import CellTraits, cell_traits
 from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..measure import Meter
@@ -96,6 +96,49 @@ def kept_as_one_run(restorer: Restorer) -> list[str]:
     return [f"{', '.join(names)} put back after the plan's runs as its first run at the batch as written left them"]
 
 
+def _not_measured(hardware: Hardware) -> str:
+    """How the memory outside PyTorch was counted where NVML could not read it."""
+    why = hardware.nvml.status() or "NVML could not be read"
+    return f"NOT measured ({why}): counted as 0, so every card's usable memory is overstated by it"
+
+
+def _margin(options: PlanOptions, calibrated: bool) -> float:
+    """``--margin`` where given, else the default, smaller for a calibrated plan."""
+    if options.margin is not None:
+        return options.margin
+    return options.calibrated_margin if calibrated else options.default_margin
+
+
+def _check_small(small: int, finding: BatchFinding, batch: int | None) -> None:
+    """``--small``: a batch to measure beside the cell's own, which needs a batch and another size."""
+    if finding.chosen is None:
+        raise CudaMemError(f"--small: {finding.summary()}")
+    if small < 1 or small == batch:
+        raise CudaMemError(f"--small takes a batch size of at least 1 other than {batch}, got {small}")
+
+
+def _under_autocast(
+    cell: str, knob: Knob | None, traits: CellTraits, access: CellAccess, notes: list[str]
+) -> tuple[str | None, str | None]:
+    """``--autocast``: the cell wrapped in autocast and its dtype; no source, and why in ``notes``, where
+    there is no batch to compare, the cell runs under autocast already, or it cannot be wrapped."""
+    if knob is None:
+        notes.append("--autocast needs a batch to compare per-sample memory: not run")
+        return None, None
+    if traits.autocast:
+        notes.append("the cell already runs under autocast: --autocast adds nothing")
+        return None, None
+    dtype = default_autocast_dtype()
+    try:
+        source = wrap_in_autocast(cell, dtype, import_torch="torch" not in access.namespace, transform=access.transform)
+    except SyntaxError as error:
+        raise CudaMemError(f"--autocast: the cell does not parse ({error.msg}); nothing ran") from None
+    except AutocastNotApplicable as reason:
+        notes.append(f"--autocast not run: {reason}")
+        return None, dtype
+    return source, dtype
+
+
 def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Hardware,
               history_records: Sequence[Any] = ()) -> tuple[CapacityPlan, Measured]:
     """Measure ``cell`` and plan it. The cell's own errors propagate from ``access.run`` (the magic shows
@@ -106,28 +149,11 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
     batch = knob.value if knob is not None else None
     notes: list[str] = []
     if options.small is not None:
-        if knob is None:
-            raise CudaMemError(f"--small: {finding.summary()}")
-        if options.small < 1 or options.small == batch:
-            raise CudaMemError(f"--small takes a batch size of at least 1 other than {batch}, got {options.small}")
+        _check_small(options.small, finding, batch)
     if knob is None:
         notes.append(f"{finding.summary()}: measured once and planned as fixed-size")
     traits = cell_traits(cell, access.transform)
-    autocast_source = dtype = None
-    if options.autocast:
-        if knob is None:
-            notes.append("--autocast needs a batch to compare per-sample memory: not run")
-        elif traits.autocast:
-            notes.append("the cell already runs under autocast: --autocast adds nothing")
-        else:
-            dtype = default_autocast_dtype()
-            try:
-                autocast_source = wrap_in_autocast(cell, dtype, import_torch="torch" not in access.namespace,
-                                                   transform=access.transform)
-            except SyntaxError as error:
-                raise CudaMemError(f"--autocast: the cell does not parse ({error.msg}); nothing ran") from None
-            except AutocastNotApplicable as reason:
-                notes.append(f"--autocast not run: {reason}")
+    autocast_source, dtype = _under_autocast(cell, knob, traits, access, notes) if options.autocast else (None, None)
 
     change = BatchChange(finding, knob, access.namespace, access.history) if knob is not None else None
     # Tensors only: a plan must leave the cell's objects as they were, and a module moved in place would be
@@ -165,14 +191,9 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
     if batch is not None:
         history_peak = next(history_match(history_records, source_key(cell), batch), None)
     judged = judge(measured, batch, history_peak)
-    how = measured.non_pytorch_how
-    if not how:
-        why = hardware.nvml.status() or "NVML could not be read"
-        how = f"NOT measured ({why}): counted as 0, so every card's usable memory is overstated by it"
+    how = measured.non_pytorch_how or _not_measured(hardware)
     calibration = measured.calibration if judged.line is not None else None
-    margin = options.default_margin if options.margin is None else options.margin
-    if calibration is not None and options.margin is None:
-        margin = options.calibrated_margin
+    margin = _margin(options, calibration is not None)
     plan = build_plan(
         measured.runs, batch, knob.label if knob is not None else None, options.cards, margin,
         measured.non_pytorch_bytes, how, this_card(hardware, measured), judged.line, judged.autocast_line, dtype,

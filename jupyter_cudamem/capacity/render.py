@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 
+from ..growth.through_points import Line
 from ..units import GiB, format_bytes
 from .prediction import DEFAULT_MARGIN, CardPlan, PlanFigures, calibrated, replay_margin
 
@@ -25,6 +26,37 @@ def _card_name(card: CardPlan, plan: PlanFigures) -> str:
     return f"this card ({card.name})" if card.this_card else card.name
 
 
+def _line_lines(plan: PlanFigures, line: Line) -> list[str]:
+    """The knob, the line measured for it, how well other runs agree with it, and its slope under autocast."""
+    lines = [f"Capacity plan for {plan.knob} = {plan.batch}"]
+    if plan.batch_where:
+        lines.append(f"  {plan.batch_where}")
+    points = [r for r in plan.runs if r.label in ("smaller", "smaller still", "as written, again") and not r.oom]
+    measured = ", ".join(f"{r.batch}: {format_bytes(r.peak_bytes)}" for r in points)
+    if line.slope_bytes > 0:
+        lines.append(
+            f"  peak = {format_bytes(line.intercept_bytes)} + {format_bytes(line.slope_bytes)} x batch"
+            f"   (PyTorch's allocated peak at batch {measured})"
+        )
+    else:
+        lines.append(
+            f"  peak = {format_bytes(line.intercept_bytes)} whatever the batch measured (PyTorch's allocated "
+            f"peak at batch {measured}): a phase that does not depend on the batch"
+        )
+    for agreement in plan.agreements:
+        lines.append(
+            f"  {agreement.label} at batch {agreement.batch}: {format_bytes(agreement.measured_bytes)}, "
+            f"{agreement.relative:+.1%} from the line"
+        )
+    if plan.autocast_line is not None and line.slope_bytes > 0:
+        change = plan.autocast_line.slope_bytes / line.slope_bytes - 1
+        lines.append(
+            f"  under autocast ({plan.autocast_dtype or 'reduced precision'}): "
+            f"{_per_sample(plan.autocast_line.slope_bytes)} ({change:+.0%})"
+        )
+    return lines
+
+
 def summary_lines(plan: PlanFigures) -> list[str]:
     """Everything above the table: the line, how well it holds, the non-PyTorch part, the margin."""
     lines = []
@@ -34,32 +66,7 @@ def summary_lines(plan: PlanFigures) -> list[str]:
             "(planned as fixed-size)"
         )
     else:
-        lines.append(f"Capacity plan for {plan.knob} = {plan.batch}")
-        if plan.batch_where:
-            lines.append(f"  {plan.batch_where}")
-        points = [r for r in plan.runs if r.label in ("smaller", "smaller still", "as written, again") and not r.oom]
-        measured = ", ".join(f"{r.batch}: {format_bytes(r.peak_bytes)}" for r in points)
-        if plan.line.slope_bytes > 0:
-            lines.append(
-                f"  peak = {format_bytes(plan.line.intercept_bytes)} + {format_bytes(plan.line.slope_bytes)} x batch"
-                f"   (PyTorch's allocated peak at batch {measured})"
-            )
-        else:
-            lines.append(
-                f"  peak = {format_bytes(plan.line.intercept_bytes)} whatever the batch measured (PyTorch's allocated "
-                f"peak at batch {measured}): a phase that does not depend on the batch"
-            )
-        for agreement in plan.agreements:
-            lines.append(
-                f"  {agreement.label} at batch {agreement.batch}: {format_bytes(agreement.measured_bytes)}, "
-                f"{agreement.relative:+.1%} from the line"
-            )
-        if plan.autocast_line is not None and plan.line.slope_bytes > 0:
-            change = plan.autocast_line.slope_bytes / plan.line.slope_bytes - 1
-            lines.append(
-                f"  under autocast ({plan.autocast_dtype or 'reduced precision'}): "
-                f"{_per_sample(plan.autocast_line.slope_bytes)} ({change:+.0%})"
-            )
+        lines += _line_lines(plan, plan.line)
     lines.append(
         f"  outside PyTorch: {format_bytes(plan.non_pytorch_bytes)} (CUDA context and library workspaces), "
         f"{plan.non_pytorch_how}"

@@ -190,17 +190,21 @@ class Runner:
             recorded,
         )
         if device is not None:
-            self.measured.total_bytes = device.device.total_bytes
-            self.measured.device_name = device.device.name
-            self.measured.torch_index = device.device.torch_index
-            if not oom:
-                amount, how = _non_pytorch(device)
-                if amount is not None:
-                    self.measured.non_pytorch_bytes, self.measured.non_pytorch_how = amount, how
+            self._note_device(device, oom)
         if last and not oom:
             self.measured.value, self.measured.has_value = value, True
         self.measured.runs.append(run)
         return run
+
+    def _note_device(self, device: DeviceMeasurement, oom: bool) -> None:
+        """Keep the card a run measured, and from a run that fitted, the memory outside PyTorch."""
+        self.measured.total_bytes = device.device.total_bytes
+        self.measured.device_name = device.device.name
+        self.measured.torch_index = device.device.torch_index
+        if not oom:
+            amount, how = _non_pytorch(device)
+            if amount is not None:
+                self.measured.non_pytorch_bytes, self.measured.non_pytorch_how = amount, how
 
     def changed(self, change: Change, label: str, batch: int) -> Run:
         try:
@@ -248,33 +252,10 @@ def measure_runs(
     if after_first is not None:
         after_first()
     second = runner.changed(change, SMALLER, small)
-    if first.oom and second.oom:
-        raise CudaMemError(f"the cell ran out of GPU memory at both batch {batch} and {small}: no plan; try --small N")
     if second.oom:
-        raise CudaMemError(
-            f"the cell ran out of GPU memory at batch {small} but not at {batch}: "
-            + ("pass a smaller --small N" if small > batch else
-               "it is not repeatable enough to plan (does it keep memory from run to run?)")
-        )
+        raise _smaller_ran_out(first, batch, small)
     if first.oom:
-        smallest = max(small // 2, 1)
-        if smallest == small:
-            raise CudaMemError(f"the cell ran out of GPU memory at batch {batch} and only batch {small} fits here: no line")
-        third = runner.changed(change, SMALLEST, smallest)
-        if (third.start_bytes or 0) - (second.start_bytes or 0) > REPEAT_SLACK:
-            # The smaller run created what a first run creates (optimizer state), which the run that ran out
-            # of memory never reached: it was the warm-up. Measure it again, now in the steady state.
-            measured.runs[measured.runs.index(second)] = dataclasses.replace(second, label=SMALLER_WARM_UP)
-            runner.changed(change, SMALLER, small)
-        measured.notes.append(
-            f"batch {batch} ran out of GPU memory here, so the line goes through batches {small} and {smallest}; "
-            f"the cell was not run at {batch} again (its values are set back to {batch})"
-        )
-        if calibrate_at is not None:
-            last_point = measured.runs[-1].batch or small
-            calibrate(runner, change, calibrate_at())
-            runner.changed(change, FINAL, last_point)  # the names end with a fitting run's, not a calibration run's
-        return measured
+        return _line_below(runner, change, batch, small, second, calibrate_at)
     if autocast_source is not None:
         runner.once(AUTOCAST, autocast_source, batch, autocast=True)
     again = runner.once(AGAIN, source, batch, last=True)
@@ -291,6 +272,47 @@ def measure_runs(
         calibrate(runner, change, calibrate_at())
     if probed or calibrate_at is not None:
         runner.once(FINAL, source, batch, last=True)
+    return measured
+
+
+def _smaller_ran_out(first: Run, batch: int, small: int) -> CudaMemError:
+    if first.oom:
+        return CudaMemError(f"the cell ran out of GPU memory at both batch {batch} and {small}: no plan; try --small N")
+    return CudaMemError(
+        f"the cell ran out of GPU memory at batch {small} but not at {batch}: "
+        + ("pass a smaller --small N" if small > batch else
+           "it is not repeatable enough to plan (does it keep memory from run to run?)")
+    )
+
+
+def _line_below(
+    runner: Runner,
+    change: Change,
+    batch: int,
+    small: int,
+    second: Run,
+    calibrate_at: Callable[[], CalibrationScale | None] | None,
+) -> Measured:
+    """The batch as written ran out of memory and ``second`` (at ``small``) fitted: the line goes through it
+    and a batch smaller still, the smaller run measured again if it was the warm-up."""
+    measured = runner.measured
+    smallest = max(small // 2, 1)
+    if smallest == small:
+        raise CudaMemError(f"the cell ran out of GPU memory at batch {batch} and only batch {small} fits here: no line")
+    third = runner.changed(change, SMALLEST, smallest)
+    if (third.start_bytes or 0) - (second.start_bytes or 0) > REPEAT_SLACK:
+        # The smaller run created what a first run creates (optimizer state), which the run that ran out
+        # of memory never reached: it was the warm-up. Measure it again, now in the steady state.
+        measured.runs[measured.runs.index(second)] = dataclasses.replace(second, label=SMALLER_WARM_UP)
+        runner.changed(change, SMALLER, small)
+    measured.notes.append(
+        f"batch {batch} ran out of GPU memory here, so the line goes through batches {small} and {smallest}; "
+        f"the cell was not run at {batch} again (its values are set back to {batch})"
+    )
+    if calibrate_at is not None:
+        last_point = measured.runs[-1].batch or small
+        calibrate(runner, change, calibrate_at())
+        runner.changed(change, FINAL, last_point)  # the names end with a fitting run's, not a calibration run's
     return measured
 
 
@@ -420,29 +442,11 @@ class Judged:
 def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] | None = None) -> Judged:
     """Fit the line and check the runs agree with it; ``CudaMemError`` (one line) when they do not."""
     runs = {r.label: r for r in measured.runs}
-    if all(r.peak_bytes is None for r in measured.runs):
-        raise CudaMemError("the cell used no GPU memory through PyTorch (or none could be read): nothing to plan")
-    if any(r.peak_bytes is None for r in measured.runs if not r.oom):
-        raise CudaMemError("PyTorch's allocator could not be read during every run: no plan")
+    _check_read(measured.runs)
     notes: list[str] = []
     if batch is None:
         return Judged(None, (), None, ())
-    first, again = runs.get(AS_WRITTEN), runs.get(AGAIN)
-    warm_up = False
-    if first is not None and again is not None and not first.oom:
-        assert first.peak_bytes is not None and again.peak_bytes is not None
-        assert first.start_bytes is not None and again.start_bytes is not None
-        warm_up = again.start_bytes - first.start_bytes > REPEAT_SLACK
-        if warm_up:
-            notes.append(
-                f"the first run kept {(again.start_bytes - first.start_bytes) / MiB:,.0f} MiB (optimizer state, "
-                "caches): it counts as a warm-up"
-            )
-        elif not same(first.peak_bytes, again.peak_bytes, first.start_bytes):
-            raise CudaMemError(
-                f"the cell is not repeatable: two runs at batch {batch} peaked at {first.peak_bytes / MiB:,.0f} "
-                f"and {again.peak_bytes / MiB:,.0f} MiB; a plan needs a cell that does the same work each run"
-            )
+    warm_up = _warm_up(runs.get(AS_WRITTEN), runs.get(AGAIN), batch, notes)
     points = [r for r in measured.runs if r.label in (SMALLER, SMALLEST, AGAIN) and not r.oom]
     if len({r.batch for r in points}) < 2:
         raise CudaMemError("fewer than two batch sizes fitted here: no line; try a smaller second batch with --small N")
@@ -458,21 +462,7 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
     start = min(r.start_bytes or 0 for r in points)
     replay_runs = (low, top) if low.recorded is not None and top.recorded is not None else None
     if line.slope_bytes <= 0:
-        if replay_runs is None or requested_bytes(top) - requested_bytes(low) <= REPEAT_SLACK:
-            raise CudaMemError(
-                f"the peak did not grow with the batch ({', '.join(f'{r.batch}: {(r.peak_bytes or 0) / MiB:,.0f} MiB' for r in points)}): "
-                f"is {batch!r} really the cell's batch? Plan it as fixed-size by setting the batch in the cell"
-            )
-        # A fine-tune's peak at small batches is its optimizer's step (weights, gradients, AdamW's state),
-        # which no batch changes; the batch's tensors peak in the backward pass, below it. The replay of
-        # the two recorded runs sees both phases and finds where the batch's reaches the cap.
-        notes.append(
-            f"the peak did not grow from batch {low.batch} to {top.batch} ({(low.peak_bytes or 0) / MiB:,.0f} and "
-            f"{(top.peak_bytes or 0) / MiB:,.0f} MiB): a phase that does not depend on the batch (an optimizer's "
-            "step) sets it there; the allocator's replay of the two runs finds where the batch's phases reach "
-            "each card's memory"
-        )
-        line = Line(0.0, float(max(r.peak_bytes or 0 for r in points)))
+        line = _flat_line(points, replay_runs, batch, notes)
     if faster_than_linear(line, start, top.peak_bytes or 0):
         raise CudaMemError(
             f"the peak grows faster than the batch ({line.slope_bytes / MiB:,.2f} MiB per sample from two runs puts "
@@ -486,32 +476,93 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
     if history_peak is not None:
         label, peak = history_peak
         agreements.append(Agreement(label, batch, peak, line.peak(batch)))
-    autocast_line = None
-    autocast = runs.get(AUTOCAST)
-    if autocast is not None and autocast.batch:
-        if line.slope_bytes <= 0:
-            notes.append("under autocast: no line either, where the float32 runs' peak did not grow with the batch")
-        elif autocast.oom or autocast.peak_bytes is None:
-            notes.append("the run under autocast ran out of memory: nothing to say about what it buys")
-        else:
-            slope = (autocast.peak_bytes - line.intercept_bytes) / autocast.batch
-            if slope > 0:
-                # Under autocast the weights, their gradients and the optimizer state stay float32: the
-                # part that does not depend on the batch is the same; the activations shrink.
-                autocast_line = Line(slope, line.intercept_bytes)
-            else:
-                notes.append("under autocast the peak fell below the part that does not depend on the batch: "
-                             "no line for it")
-    reserved_line = None
-    reserved = [(r.batch, r.peak_reserved_bytes) for r in points if r.peak_reserved_bytes is not None]
-    if len(reserved) == len(points):
-        candidate = fit(reserved)  # type: ignore[arg-type]
-        # Reserved covers allocated: a reserved line below the allocated one at the batch as written is a
-        # misreading (the allocator's counters from another device, say), never a smaller need.
-        if candidate.slope_bytes > 0 and candidate.peak(batch) >= line.peak(batch):
-            reserved_line = candidate
+    autocast_line = _autocast_line(runs.get(AUTOCAST), line, notes)
+    reserved_line = _reserved_line(points, line, batch)
     return Judged(line, tuple(agreements), autocast_line, tuple(notes), reserved_line, replay_runs,
                   measured.workspaces_optional)
+
+
+def _check_read(runs: list[Run]) -> None:
+    """``CudaMemError`` unless the allocator's peak was read in every run that fitted, and in one at least."""
+    if all(r.peak_bytes is None for r in runs):
+        raise CudaMemError("the cell used no GPU memory through PyTorch (or none could be read): nothing to plan")
+    if any(r.peak_bytes is None for r in runs if not r.oom):
+        raise CudaMemError("PyTorch's allocator could not be read during every run: no plan")
+
+
+def _flat_line(points: list[Run], replay_runs: tuple[Run, Run] | None, batch: int, notes: list[str]) -> Line:
+    """The peak did not grow with the batch: a flat line at the highest peak where the two recorded runs'
+    requests did grow (the replay plans it), else ``CudaMemError``."""
+    low, top = replay_runs if replay_runs is not None else (points[0], points[0])
+    if replay_runs is None or requested_bytes(top) - requested_bytes(low) <= REPEAT_SLACK:
+        raise CudaMemError(
+            f"the peak did not grow with the batch ({', '.join(f'{r.batch}: {(r.peak_bytes or 0) / MiB:,.0f} MiB' for r in points)}): "
+            f"is {batch!r} really the cell's batch? Plan it as fixed-size by setting the batch in the cell"
+        )
+    # A fine-tune's peak at small batches is its optimizer's step (weights, gradients, AdamW's state),
+    # which no batch changes; the batch's tensors peak in the backward pass, below it. The replay of
+    # the two recorded runs sees both phases and finds where the batch's reaches the cap.
+    notes.append(
+        f"the peak did not grow from batch {low.batch} to {top.batch} ({(low.peak_bytes or 0) / MiB:,.0f} and "
+        f"{(top.peak_bytes or 0) / MiB:,.0f} MiB): a phase that does not depend on the batch (an optimizer's "
+        "step) sets it there; the allocator's replay of the two runs finds where the batch's phases reach "
+        "each card's memory"
+    )
+    return Line(0.0, float(max(r.peak_bytes or 0 for r in points)))
+
+
+def _warm_up(first: Run | None, again: Run | None, batch: int, notes: list[str]) -> bool:
+    """Whether the first run at the batch as written was a warm-up (the run after it started with more
+    kept: optimizer state, caches), noted in ``notes``; ``CudaMemError`` when the two peaks disagree."""
+    if first is None or again is None or first.oom:
+        return False
+    assert first.peak_bytes is not None and again.peak_bytes is not None
+    assert first.start_bytes is not None and again.start_bytes is not None
+    if again.start_bytes - first.start_bytes > REPEAT_SLACK:
+        notes.append(
+            f"the first run kept {(again.start_bytes - first.start_bytes) / MiB:,.0f} MiB (optimizer state, "
+            "caches): it counts as a warm-up"
+        )
+        return True
+    if not same(first.peak_bytes, again.peak_bytes, first.start_bytes):
+        raise CudaMemError(
+            f"the cell is not repeatable: two runs at batch {batch} peaked at {first.peak_bytes / MiB:,.0f} "
+            f"and {again.peak_bytes / MiB:,.0f} MiB; a plan needs a cell that does the same work each run"
+        )
+    return False
+
+
+def _autocast_line(autocast: Run | None, line: Line, notes: list[str]) -> Line | None:
+    """The line under autocast, through the float32 line's fixed part and the run under autocast; where
+    there is none, why in ``notes``."""
+    if autocast is None or not autocast.batch:
+        return None
+    if line.slope_bytes <= 0:
+        notes.append("under autocast: no line either, where the float32 runs' peak did not grow with the batch")
+        return None
+    if autocast.oom or autocast.peak_bytes is None:
+        notes.append("the run under autocast ran out of memory: nothing to say about what it buys")
+        return None
+    slope = (autocast.peak_bytes - line.intercept_bytes) / autocast.batch
+    if slope > 0:
+        # Under autocast the weights, their gradients and the optimizer state stay float32: the
+        # part that does not depend on the batch is the same; the activations shrink.
+        return Line(slope, line.intercept_bytes)
+    notes.append("under autocast the peak fell below the part that does not depend on the batch: no line for it")
+    return None
+
+
+def _reserved_line(points: list[Run], line: Line, batch: int) -> Line | None:
+    """The line of reserved peaks, where every point read one."""
+    reserved = [(r.batch, r.peak_reserved_bytes) for r in points if r.peak_reserved_bytes is not None]
+    if len(reserved) != len(points):
+        return None
+    candidate = fit(reserved)  # type: ignore[arg-type]
+    # Reserved covers allocated: a reserved line below the allocated one at the batch as written is a
+    # misreading (the allocator's counters from another device, say), never a smaller need.
+    if candidate.slope_bytes > 0 and candidate.peak(batch) >= line.peak(batch):
+        return candidate
+    return None
 
 
 def requested_bytes(run: Run) -> int:

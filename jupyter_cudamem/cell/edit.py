@@ -175,17 +175,9 @@ class _Wrapper:
         run: list[ast.stmt] = []
         shared_lines = self._lines_of_stepping(statements)
         for statement in statements:
-            if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(statement, _NOT_WRAPPED):
                 self._close(run)
-                if statement.name in self.outside_names:
-                    self.block(statement.body)  # the step is inside: wrap its forward there
-                continue
-            if isinstance(statement, (ast.ClassDef, ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)):
-                self._close(run)
-                if isinstance(statement, ast.ClassDef):
-                    for member in statement.body:
-                        if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)) and self._steps(member, True):
-                            self.block(member.body)
+                self._definition(statement)
                 continue
             lines = set(range(statement.lineno, (statement.end_lineno or statement.lineno) + 1))
             if not self._steps(statement) and not (lines & shared_lines):
@@ -196,6 +188,17 @@ class _Wrapper:
                 if body[0].lineno > statement.lineno:  # not ``for x in y: step()`` on one line
                     self.block(body)
         self._close(run)
+
+    def _definition(self, statement: ast.stmt) -> None:
+        """A definition ends a run; a function named in ``outside_names`` and a class's methods that step
+        are entered (the step is inside: wrap its forward there). Imports and declarations end a run too."""
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if statement.name in self.outside_names:
+                self.block(statement.body)
+        elif isinstance(statement, ast.ClassDef):
+            for member in statement.body:
+                if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)) and self._steps(member, True):
+                    self.block(member.body)
 
     def _lines_of_stepping(self, statements: list[ast.stmt]) -> set[int]:
         """Lines of simple statements that step: another statement on the same line (``out = model(x);
@@ -229,6 +232,12 @@ class _Wrapper:
         run.clear()
 
 
+# Statements a ``with`` block never wraps: definitions, imports and scope declarations.
+_NOT_WRAPPED = (
+    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal
+)
+
+
 def _walk(node: ast.AST, nested: bool) -> list[ast.AST]:
     """``ast.walk`` that does not enter function or class definitions below ``node`` unless ``nested``."""
     found: list[ast.AST] = []
@@ -251,6 +260,38 @@ def _computes(statement: ast.stmt) -> bool:
         or (isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult))
         for node in _walk(statement, False)
     )
+
+
+def _trainer_trains(dtype: str) -> AutocastNotApplicable:
+    precision = "bf16=True" if dtype == "bfloat16" else "fp16=True"
+    lightning = "bf16-mixed" if dtype == "bfloat16" else "16-mixed"
+    return AutocastNotApplicable(
+        "a Trainer trains in this cell: its mixed precision is its argument, not a with block "
+        f"(Hugging Face: TrainingArguments(..., {precision}); Lightning: Trainer(..., precision=\"{lightning}\"))"
+    )
+
+
+def _wrapped_lines(
+    body: list[str], runs: list[tuple[int, int]], inside_string: set[int], opening: str, newline: str
+) -> list[str]:
+    """``body`` with ``opening`` before each run of lines (raw, 1-based, both ends included) at the run's
+    first line's indent, and the run's lines indented by four spaces, blank lines and lines inside a
+    multi-line string excepted."""
+    openings: dict[int, str] = {}  # raw body line (1-based) -> the ``with`` line to put before it
+    indented: set[int] = set()
+    for start, end in runs:
+        text = body[start - 1]
+        indent = text[: len(text) - len(text.lstrip())]
+        openings[start] = indent + opening + newline
+        indented |= set(range(start, end + 1))
+    wrapped = []
+    for number, line in enumerate(body, start=1):
+        if number in openings:
+            wrapped.append(openings[number])
+        if number in indented and line.strip() and number not in inside_string:
+            line = "    " + line
+        wrapped.append(line)
+    return wrapped
 
 
 def wrap_in_autocast(
@@ -282,12 +323,7 @@ def wrap_in_autocast(
     wrapper = _Wrapper(parsed.tree, outside_names)
     wrapper.block(parsed.tree.body)
     if wrapper.trainer_calls:
-        precision = "bf16=True" if dtype == "bfloat16" else "fp16=True"
-        lightning = "bf16-mixed" if dtype == "bfloat16" else "16-mixed"
-        raise AutocastNotApplicable(
-            "a Trainer trains in this cell: its mixed precision is its argument, not a with block "
-            f"(Hugging Face: TrainingArguments(..., {precision}); Lightning: Trainer(..., precision=\"{lightning}\"))"
-        )
+        raise _trainer_trains(dtype)
     raw_lines = split_lines(source)
     header, body = raw_lines[: parsed.header_lines], raw_lines[parsed.header_lines :]
     newline = line_ending(source)
@@ -305,21 +341,8 @@ def wrap_in_autocast(
         return parsed.line_map.get(line, parsed.header_lines + line) - parsed.header_lines
 
     inside_string = {raw(t) for t in _string_continuation_lines(transformed)}
-    openings: dict[int, str] = {}  # raw body line (1-based) -> the ``with`` line to put before it
-    indented: set[int] = set()
-    for first, last in wrapper.runs:
-        start, end = raw(first), raw(last)
-        text = body[start - 1]
-        indent = text[: len(text) - len(text.lstrip())]
-        openings[start] = f'{indent}with torch.autocast("cuda", dtype=torch.{dtype}):' + newline
-        indented |= set(range(start, end + 1))
-    wrapped = []
-    for number, line in enumerate(body, start=1):
-        if number in openings:
-            wrapped.append(openings[number])
-        if number in indented and line.strip() and number not in inside_string:
-            line = "    " + line
-        wrapped.append(line)
+    runs = [(raw(first), raw(last)) for first, last in wrapper.runs]
+    wrapped = _wrapped_lines(body, runs, inside_string, f'with torch.autocast("cuda", dtype=torch.{dtype}):', newline)
     if wrapped and not wrapped[-1].endswith(("\n", "\r")):
         wrapped[-1] += newline
     opening = ["import torch" + newline] if import_torch else []

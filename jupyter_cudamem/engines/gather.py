@@ -19,6 +19,9 @@ from .records import EngineAnswer, EngineReport, EngineStatus
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
     from ipykernel.zmqshell import ZMQInteractiveShell
+    from ipyparallel import Client, DirectView
+
+    from .live import EngineReading
 
 INSTALL_HINT = (
     "ipyparallel is not installed, so there are no engines to gather from: "
@@ -40,7 +43,7 @@ def ipyparallel_missing() -> bool:
     return importlib.util.find_spec("ipyparallel") is None
 
 
-def px_view(shell: InteractiveShell) -> Any:
+def px_view(shell: InteractiveShell) -> DirectView:
     """The view ``%px`` runs on in this shell (ipyparallel registers it when a client connects)."""
     if ipyparallel_missing():
         raise CudaMemError(INSTALL_HINT)
@@ -56,7 +59,7 @@ def px_view(shell: InteractiveShell) -> Any:
     raise CudaMemError(NO_VIEW_HINT)
 
 
-def engine_ids(view: Any) -> list[int]:
+def engine_ids(view: DirectView) -> list[int]:
     """The engines a view targets, as ids (``'all'`` and ``None`` mean every engine registered now)."""
     targets = view.targets
     if targets is None or targets == "all":
@@ -85,7 +88,7 @@ def _one_line(error: BaseException) -> str:
 
 
 def ask(
-    client: Any,
+    client: Client,
     engines: Iterable[int],
     request: Callable[..., Any],
     *args: Any,
@@ -120,7 +123,7 @@ def ask(
 
 
 def ask_engines(
-    client: Any,
+    client: Client,
     engines: Iterable[int],
     request: Callable[..., EngineReport],
     *args: Any,
@@ -168,11 +171,11 @@ def feed_sender(shell: ZMQInteractiveShell, channel: str) -> Callable[[Any], Non
     return send
 
 
-def feed_readings(client: Any, channel: str) -> Callable[[], dict[int, Any]]:
+def feed_readings(client: Client, channel: str) -> Callable[[], dict[int, EngineReading]]:
     """Client side: the latest reading of each engine on ``channel``, read without waiting on any engine."""
     from .live import EngineReading
 
-    def readings() -> dict[int, Any]:
+    def readings() -> dict[int, EngineReading]:
         metadata = client.metadata.get(channel)  # .get: the defaultdict must not grow an entry for nothing
         if metadata is None:
             return {}

@@ -18,7 +18,9 @@ from .render import DEFAULT_ALERT_FRACTION, panel_html, text_line
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:
+    from IPython.core.display_functions import DisplayHandle
     from IPython.core.interactiveshell import InteractiveShell
+    from ipywidgets import Widget
 
 NO_WIDGET_HINT = (
     "no panel here? this frontend does not show ipywidgets: "
@@ -27,7 +29,7 @@ NO_WIDGET_HINT = (
 NO_IPYWIDGETS_NOTE = "ipywidgets is not installed, so the monitor shows one line of text: pip install ipywidgets"
 
 
-def _display(*args: Any, **kwargs: Any) -> Any:
+def _display(*args: Any, **kwargs: Any) -> DisplayHandle | None:
     from IPython.display import display
 
     return display(*args, **kwargs)
@@ -47,7 +49,7 @@ class TextView:
         self.live = live
         self.updates_sent = 0
         self._line: str | None = None
-        self._handle: Any = None
+        self._handle: DisplayHandle | None = None
         self._unsubscribe: Callable[[], None] | None = None
 
     def line(self, state: MonitorState | None = None) -> str:
@@ -110,7 +112,7 @@ class WidgetView:
     def _html(self, state: MonitorState) -> str:
         return panel_html(state, self.poller.histories(), self.alert_fraction)
 
-    def _set(self, widget: Any, name: str, value: Any) -> None:
+    def _set(self, widget: Widget, name: str, value: Any) -> None:
         # Assigning an equal value sends nothing (traitlets does not notify), but we skip it
         # explicitly and count what does go out: the benchmark reports messages per second.
         if getattr(widget, name) != value:

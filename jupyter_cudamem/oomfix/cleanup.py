@@ -13,14 +13,18 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
 from ..units import format_bytes
+from ..attribution.holders import reaches_cuda
 from ..ipython_state import release_ipython_references, release_output_cache
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 
 @dataclass(frozen=True, repr=False)
@@ -72,7 +76,7 @@ def _freed(
 
 
 def cleanup(
-    shell: Any,
+    shell: InteractiveShell,
     hardware: Hardware,
     exception: BaseException | None = None,
     delete_names: tuple[str, ...] = (),
@@ -93,6 +97,7 @@ def cleanup(
             f"no variable named {names} in the notebook; nothing was changed. "
             "Check the spelling (--del takes names of your own variables, e.g. --del model)"
         )
+    holds_cuda = holds_cuda if holds_cuda is not None else reaches_cuda
     before = hardware.allocator_readings()
     # What was held before the failed cell goes first, each measured on its own (a rerun does not make it
     # again, so it is room the rerun has that the failed cell did not): the output cache of earlier cells
@@ -110,7 +115,7 @@ def cleanup(
         now = hardware.allocator_readings()
         freed_by_name[name] = _freed(last, now, "allocated_bytes")
         last = now
-    cleared = cached + release_ipython_references(shell, exception, holds_cuda)
+    cleared = cached + release_ipython_references(shell, exception, holds_cuda=holds_cuda)
     exception = None  # our own reference must not outlive the release
     gc.collect()
     if before:

@@ -376,6 +376,47 @@ def failure_categories(oom: OomInfo, model_state: dict[Category, int] | None) ->
     return {**held, Category.ACTIVATIONS: max(needed - sum(held.values()), 0)}
 
 
+def _room_left(oom: OomInfo, capped: bool) -> str:
+    """What the cell needed more than: the cap, or what was left (and free, where the message says)."""
+    if capped:
+        return (
+            f"the per-process cap allows ({format_bytes(oom.allowed_bytes)}, "
+            "set by torch.cuda.set_per_process_memory_fraction)"
+        )
+    if oom.free_bytes is not None:
+        return f"was left ({format_bytes(oom.free_bytes)} was free)"
+    return "was left"
+
+
+def _what_cleanup_frees(oom: OomInfo, holders: list[Holder], own: int, cached_now: int, verdict: Verdict) -> str:
+    """What the explanation adds: the failed cell's traceback's own tensors (``own`` bytes), and a cache
+    that a non-allocator failure could not use, both of which the cleanup frees."""
+    text = ""
+    if own >= MiB:
+        frames = _user_frames([h.name for h in holders if h.origin is Origin.FRAME])
+        where = f" (in {', '.join(frames[:3])})" if frames else ""
+        text += (
+            f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "
+            "the cleanup frees it."
+        )
+    if oom.kind is not OomKind.ALLOCATOR and cached_now and verdict is not Verdict.FRAGMENTATION:
+        text += (
+            f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {KIND_WORDS[oom.kind]} cannot use "
+            "until the cleanup returns it (empty_cache)."
+        )
+    return text
+
+
+def _with_category_advice(suggestions: list[str], categories: dict[Category, int], holders: list[Holder]) -> list[str]:
+    """The advice for what the cell needed, by category; where activations lead, it replaces the general
+    advice on batch, autocast and checkpointing (said again with this cell's bytes)."""
+    fitting = advice.category_advice(categories, graph_kept=_graph_kept(holders))
+    if fitting and fitting[0].category is Category.ACTIVATIONS:
+        general = set(advice.needs_more_advice()) | set(advice.too_big_advice(capped=False))
+        suggestions = [item for item in suggestions if item not in general]
+    return suggestions + [item.text("what the cell needed") for item in fitting]
+
+
 def diagnose(
     oom: OomInfo,
     holders: list[Holder],
@@ -437,38 +478,14 @@ def diagnose(
         suggestions += advice.held_by_namespace_advice(named)
     else:
         verdict = Verdict.TOO_BIG
-        if capped:
-            left = (
-                f"the per-process cap allows ({format_bytes(oom.allowed_bytes)}, "
-                "set by torch.cuda.set_per_process_memory_fraction)"
-            )
-        elif oom.free_bytes is not None:
-            left = f"was left ({format_bytes(oom.free_bytes)} was free)"
-        else:
-            left = "was left"
-        explanation = f"the cell needs more GPU memory than {left}; a smaller or cheaper computation must fit."
+        explanation = (
+            f"the cell needs more GPU memory than {_room_left(oom, capped)}; a smaller or cheaper computation must fit."
+        )
         suggestions += advice.needs_more_advice()
-    own = ipython_only - cache_only
-    if own >= MiB:
-        frames = _user_frames([h.name for h in holders if h.origin is Origin.FRAME])
-        where = f" (in {', '.join(frames[:3])})" if frames else ""
-        explanation += (
-            f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "
-            "the cleanup frees it."
-        )
-    if oom.kind is not OomKind.ALLOCATOR and cached_now and verdict is not Verdict.FRAGMENTATION:
-        explanation += (
-            f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {KIND_WORDS[oom.kind]} cannot use "
-            "until the cleanup returns it (empty_cache)."
-        )
+    explanation += _what_cleanup_frees(oom, holders, ipython_only - cache_only, cached_now, verdict)
     categories = failure_categories(oom, model_state)
     if categories is not None and verdict not in (Verdict.FRAGMENTATION, Verdict.HELD_BY_IPYTHON):
-        fitting = advice.category_advice(categories, graph_kept=_graph_kept(holders))
-        if fitting and fitting[0].category is Category.ACTIVATIONS:
-            # the general advice on batch, autocast and checkpointing, said again with this cell's bytes
-            general = set(advice.needs_more_advice()) | set(advice.too_big_advice(capped=False))
-            suggestions = [item for item in suggestions if item not in general]
-        suggestions += [item.text("what the cell needed") for item in fitting]
+        suggestions = _with_category_advice(suggestions, categories, holders)
     if (
         verdict is not Verdict.FRAGMENTATION
         and oom.fits_unfragmented  # a request larger than all the room there is: no allocator setting helps

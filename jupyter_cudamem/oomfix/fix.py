@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..attribution.holders import find_holders, reaches_cuda
 from ..attribution.probe import TensorProbe
@@ -27,6 +27,11 @@ from .dry_run import dry_run
 from .outcome import Outcome
 from .request import FixRequest
 from .restore import restore_notes
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from ..breakdown import Category
 
 
 class Reruns(Protocol):
@@ -48,7 +53,7 @@ def fix(
     request: FixRequest,
     error: BaseException | None,
     *,
-    shell: Any,
+    shell: InteractiveShell,
     hardware: Hardware,
     reruns: Reruns,
     recorder: FailureRecorder,
@@ -102,7 +107,7 @@ def fix(
     return outcome
 
 
-def _driver(request: FixRequest, shell: Any, hardware: Hardware, reruns: Reruns, restorer: Restorer | None,
+def _driver(request: FixRequest, shell: InteractiveShell, hardware: Hardware, reruns: Reruns, restorer: Restorer | None,
             probe: TensorProbe | None, holds_cuda: Callable[[object], bool] | None) -> Driver:
     """The driver of the tries: each runs through ``reruns`` (after ``restorer`` puts back what the cell
     trains), and each failed one is cleaned up as the failure was."""
@@ -120,7 +125,7 @@ def _driver(request: FixRequest, shell: Any, hardware: Hardware, reruns: Reruns,
     )
 
 
-def _diagnosis(request: FixRequest, shell: Any, hardware: Hardware, probe: TensorProbe | None) -> Diagnosis:
+def _diagnosis(request: FixRequest, shell: InteractiveShell, hardware: Hardware, probe: TensorProbe | None) -> Diagnosis:
     """Who holds memory now, and what the failure's figures say of it."""
     holders = find_holders(user_variables(shell), ipython_references(shell), probe=probe)
     readings = hardware.allocator_readings() or None
@@ -128,7 +133,7 @@ def _diagnosis(request: FixRequest, shell: Any, hardware: Hardware, probe: Tenso
     return dataclasses.replace(diagnosis, verbose=request.verbose)
 
 
-def _preview(request: FixRequest, diagnosis: Diagnosis, shell: Any, hardware: Hardware) -> Outcome:
+def _preview(request: FixRequest, diagnosis: Diagnosis, shell: InteractiveShell, hardware: Hardware) -> Outcome:
     """``--dry-run``: the plan beside the diagnosis; nothing freed, nothing rerun."""
     preview = dry_run(request.source, request.oom, diagnosis, request.strategies, request.max_tries,
                       request.cell_number, namespace=shell.user_ns, transform=shell.transform_cell,
@@ -137,7 +142,7 @@ def _preview(request: FixRequest, diagnosis: Diagnosis, shell: Any, hardware: Ha
                                cell_name=request.cell_name)
 
 
-def _model_state(namespace: dict[str, Any]) -> Any:
+def _model_state(namespace: dict[str, Any]) -> dict[Category, int] | None:
     """Parameters, gradients and optimizer state of the models and optimizers bound to names (bytes), for
     the diagnosis's split by category; ``None`` where torch was never imported or they cannot be read."""
     if "torch" not in sys.modules:

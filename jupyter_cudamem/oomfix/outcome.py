@@ -1,16 +1,15 @@
 """What ``%oomfix`` did or would do: every try, what fitted, the cells to change, advice; and their renderings.
 
 ``TryResult`` is one rerun; ``Outcome`` the whole fix (or, with ``dry_run``, the plan without running
-anything). Both are data for the driver to fill and the magic to show, as text and as HTML.
+anything: ``BatchPlan``, which ``plan.plan_batch`` makes). Both are data for the driver to fill and the magic to show, as text and as HTML.
 """
 
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 from ..advice import Suggestion
+from ..batch import Knob
 from ..cell.edit import CellDiff, unified_diff
 from ..report.text import TextReport, disclosure_html, more_line
 from ..units import format_bytes, format_seconds
@@ -19,8 +18,66 @@ from ..reruns.tries import Observation
 from .strategies import STRATEGY_TITLES, Strategy
 from .whole_data import CHUNKED_NOTE
 
-if TYPE_CHECKING:
-    from .plan import BatchPlan
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The batch strategy's plan: the knob, its first try, and the cells that try changes."""
+
+    summary: str
+    knob: Knob | None
+    first_batch: int | None
+    first_reason: str
+    diffs: tuple[CellDiff, ...]
+    strategies: tuple[Strategy, ...]
+    notes: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        order = ", ".join(STRATEGY_TITLES[s] for s in self.strategies)
+        lines = [f"plan: {order}, in that order"]
+        if Strategy.BATCH in self.strategies:
+            if self.knob is None:
+                lines.append(f"  smaller batch: nothing to shrink ({self.summary})")
+            else:
+                knob = self.knob
+                lines.append(
+                    f"  smaller batch: {knob.label} = {knob.value} "
+                    f"({knob.kind.value}, {knob.origin or 'origin unknown'})"
+                )
+                if knob.evidence:
+                    lines.append(f"    because it is {', '.join(knob.evidence)}")
+                if self.first_batch is not None:
+                    lines.append(f"    first try: {knob.label} = {self.first_batch} ({self.first_reason})")
+                else:
+                    lines.append(f"    first try: {self.first_reason}")
+                for diff in self.diffs:
+                    lines += ["    " + line for line in diff.diff.rstrip("\n").splitlines()]
+                others = self.summary.partition("; also seen: ")[2]
+                if others:
+                    lines.append(f"    also seen: {others}")
+        lines += [f"  note: {note}" for note in self.notes]
+        return lines
+
+    def html(self) -> str:
+        e = html.escape
+        order = ", ".join(STRATEGY_TITLES[s] for s in self.strategies)
+        parts = [f"<p><b>Plan</b>: {e(order)}, in that order.</p>"]
+        if Strategy.BATCH in self.strategies:
+            if self.knob is None:
+                parts.append(f"<p>Smaller batch: nothing to shrink ({e(self.summary)}).</p>")
+            else:
+                knob = self.knob
+                first = (
+                    f"first try <code>{e(knob.label)} = {self.first_batch}</code> ({e(self.first_reason)})"
+                    if self.first_batch is not None
+                    else f"first try: {e(self.first_reason)}"
+                )
+                parts.append(
+                    f"<p>Smaller batch: <code>{e(knob.label)} = {knob.value}</code> ({e(knob.kind.value)}, "
+                    f"{e(knob.origin or 'origin unknown')}); {first}.</p>"
+                )
+                parts += [diff_html(d.diff) for d in self.diffs]
+        parts += [f"<p><i>{e(note)}</i></p>" for note in self.notes]
+        return "".join(parts)
 
 
 @dataclass(frozen=True)

@@ -9,79 +9,16 @@ it needs no GPU.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from ..batch import BatchChange, BatchFinding, Knob
+from ..batch import BatchChange, BatchFinding
 from ..cell.edit import CellDiff
-from .outcome import Outcome, diff_html
 from ..oom import OomInfo
 from ..reruns.search import BatchSearch
-from .strategies import STRATEGY_TITLES, Strategy
+from .outcome import BatchPlan, Outcome
+from .strategies import Strategy
 from .whole_data import whole_data_decision
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """The batch strategy's plan: the knob, its first try, and the cells that try changes."""
-
-    summary: str
-    knob: Knob | None
-    first_batch: int | None
-    first_reason: str
-    diffs: tuple[CellDiff, ...]
-    strategies: tuple[Strategy, ...]
-    notes: tuple[str, ...] = ()
-
-    def lines(self) -> list[str]:
-        order = ", ".join(STRATEGY_TITLES[s] for s in self.strategies)
-        lines = [f"plan: {order}, in that order"]
-        if Strategy.BATCH in self.strategies:
-            if self.knob is None:
-                lines.append(f"  smaller batch: nothing to shrink ({self.summary})")
-            else:
-                knob = self.knob
-                lines.append(
-                    f"  smaller batch: {knob.label} = {knob.value} "
-                    f"({knob.kind.value}, {knob.origin or 'origin unknown'})"
-                )
-                if knob.evidence:
-                    lines.append(f"    because it is {', '.join(knob.evidence)}")
-                if self.first_batch is not None:
-                    lines.append(f"    first try: {knob.label} = {self.first_batch} ({self.first_reason})")
-                else:
-                    lines.append(f"    first try: {self.first_reason}")
-                for diff in self.diffs:
-                    lines += ["    " + line for line in diff.diff.rstrip("\n").splitlines()]
-                others = self.summary.partition("; also seen: ")[2]
-                if others:
-                    lines.append(f"    also seen: {others}")
-        lines += [f"  note: {note}" for note in self.notes]
-        return lines
-
-    def html(self) -> str:
-        e = html.escape
-        order = ", ".join(STRATEGY_TITLES[s] for s in self.strategies)
-        parts = [f"<p><b>Plan</b>: {e(order)}, in that order.</p>"]
-        if Strategy.BATCH in self.strategies:
-            if self.knob is None:
-                parts.append(f"<p>Smaller batch: nothing to shrink ({e(self.summary)}).</p>")
-            else:
-                knob = self.knob
-                first = (
-                    f"first try <code>{e(knob.label)} = {self.first_batch}</code> ({e(self.first_reason)})"
-                    if self.first_batch is not None
-                    else f"first try: {e(self.first_reason)}"
-                )
-                parts.append(
-                    f"<p>Smaller batch: <code>{e(knob.label)} = {knob.value}</code> ({e(knob.kind.value)}, "
-                    f"{e(knob.origin or 'origin unknown')}); {first}.</p>"
-                )
-                parts += [diff_html(d.diff) for d in self.diffs]
-        parts += [f"<p><i>{e(note)}</i></p>" for note in self.notes]
-        return "".join(parts)
 
 
 def budget_from_message(oom: OomInfo | None) -> int | None:

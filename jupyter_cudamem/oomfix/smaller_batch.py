@@ -24,7 +24,7 @@ from ..units import format_bytes
 from .outcome import TryResult
 from .strategies import Strategy
 from .tries import FixTries
-from .whole_data import kept_on_host_note, moved_back_ran_out
+from .whole_data import kept_on_host_note
 
 
 @dataclass(frozen=True)
@@ -230,3 +230,12 @@ def steady_note(best: TryResult) -> str:
                 "it leaves (optimizer state, gradients, the values the cell binds again): it keeps fitting")
     return (f"rerun #{best.number} at {best.batch} was the first to fit: it did not hold what a run leaves "
             "(a first step's optimizer state, gradients); run the cell twice to check it keeps fitting")
+
+
+def moved_back_ran_out(result: TryResult, knob: Knob) -> bool:
+    """Whether a try of chunks joined through the host ran out of memory moving the joined result back:
+    on a line the chunk size is written on, outside any model's forward pass (the chunks' own work runs
+    inside it; the host's join allocates nothing on the GPU)."""
+    site = result.failed_at
+    lines = {written.span.line for written in knob.written if written.cell is None}
+    return result.out_of_memory and site is not None and not site.in_module and site.line in lines

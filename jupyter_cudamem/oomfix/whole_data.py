@@ -30,14 +30,11 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..batch.knobs import BatchFinding, Knob, KnobKind, Written
 from ..batch.whole import WholeData, covers_whole_data
 from ..cell.source import Span, line_ending, split_lines
-
-if TYPE_CHECKING:
-    from .outcome import TryResult
 
 CHUNK_LABEL = "rows per chunk"
 CHUNKED_NOTE = "the batch is the data: "  # how the note of a chunked fix begins (the outcome's headline reads it)
@@ -180,15 +177,6 @@ def whole_data_decision(
     )
     on_host = written_in(True) if join is Join.THROUGH_HOST else None
     return WholeDataDecision(whole, note, written_in(False), on_host)
-
-
-def moved_back_ran_out(result: TryResult, knob: Knob) -> bool:
-    """Whether a try of chunks joined through the host ran out of memory moving the joined result back:
-    on a line the chunk size is written on, outside any model's forward pass (the chunks' own work runs
-    inside it; the host's join allocates nothing on the GPU)."""
-    site = result.failed_at
-    lines = {written.span.line for written in knob.written if written.cell is None}
-    return result.out_of_memory and site is not None and not site.in_module and site.line in lines
 
 
 def kept_on_host_note(rows: int | None, chunk: int) -> str:

@@ -18,13 +18,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..collector import collector_paused
 from ..errors import CudaMemError
 from ..history import CellRecord
 from ..units import GiB, KiB, MiB, format_bytes
 from .text import TextReport
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # Fixed size: 9 x 3.6 inches is 900 x 360 pixels at the 100 dpi we render at, about 650 of them for the
 # plotting area once the axis labels and the legend on the right have theirs.
@@ -133,14 +137,16 @@ def bin_history(
             if (not marked or marked[-1] != index) and flag.applies(record):
                 marked.append(index)
 
-    def finite(values: list[float]) -> list[float]:
-        return [value if math.isfinite(value) else math.nan for value in values]
-
     series = [
-        DeviceSeries(label, finite(track.low), finite(track.high), finite(track.after))
+        DeviceSeries(label, _finite(track.low), _finite(track.high), _finite(track.after))
         for label, track in sorted(tracks.items())
     ]
     return BinnedHistory(cells, per_bin, series, flagged)
+
+
+def _finite(values: list[float]) -> list[float]:
+    """``values`` with the infinities a bin starts from (a bin no reading reached) as NaN."""
+    return [value if math.isfinite(value) else math.nan for value in values]
 
 
 class _Track:
@@ -172,7 +178,45 @@ def _unit(largest_bytes: float) -> tuple[str, int]:
     return _UNITS[0]
 
 
-def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS) -> Any:
+def _draw_flags(
+    axes: Axes,
+    drawn: list[Any],
+    binned: BinnedHistory,
+    centers: list[float],
+    records: Sequence[CellRecord] | None,
+    flags: Sequence[Flag],
+) -> int:
+    """Draw each flag's marks in a row of its own along the top edge (axes coordinates), clear of the data,
+    adding them to ``drawn``; with ``records`` (one cell per bin: bars) each mark carries its flag's note.
+    Returns the number of rows drawn."""
+    rows = 0
+    for flag in flags:
+        marked = binned.flagged_bins.get(flag.label) or []
+        if not marked:
+            continue
+        drawn += axes.plot(
+            [centers[index] for index in marked],
+            [0.97 - 0.06 * rows] * len(marked),
+            transform=axes.get_xaxis_transform(),
+            linestyle="none",
+            marker=flag.marker,
+            color=flag.color,
+            markersize=6,
+            clip_on=False,
+            label=flag.label,
+        )
+        if records is not None and flag.note is not None:
+            for index in marked:
+                axes.annotate(
+                    flag.note(records[index]), (centers[index], 0.97 - 0.06 * rows),
+                    xycoords=axes.get_xaxis_transform(), xytext=(5, -3), textcoords="offset points",
+                    fontsize=7, color=flag.color, clip_on=False,
+                )
+        rows += 1
+    return rows
+
+
+def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS) -> Figure:
     """Each cell's peak allocated and what it left allocated, per device, in a figure of fixed size."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -212,30 +256,7 @@ def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS)
                                                label=f"{series.label} range of peaks"))
             drawn += axes.plot(centers, high, drawstyle="steps-mid", linewidth=1.2, color=color, label=peak_label)
             drawn += axes.plot(centers, after, drawstyle="steps-mid", linestyle="--", linewidth=1, color=color, label=after_label)
-    # Flags sit in rows along the top edge (axes coordinates), clear of the data, one row per flag.
-    rows = 0
-    for flag in flags:
-        marked = binned.flagged_bins.get(flag.label) or []
-        if marked:
-            drawn += axes.plot(
-                [centers[index] for index in marked],
-                [0.97 - 0.06 * rows] * len(marked),
-                transform=axes.get_xaxis_transform(),
-                linestyle="none",
-                marker=flag.marker,
-                color=flag.color,
-                markersize=6,
-                clip_on=False,
-                label=flag.label,
-            )
-            if as_bars and flag.note is not None:
-                for index in marked:  # one cell per bin here
-                    axes.annotate(
-                        flag.note(records[index]), (centers[index], 0.97 - 0.06 * rows),
-                        xycoords=axes.get_xaxis_transform(), xytext=(5, -3), textcoords="offset points",
-                        fontsize=7, color=flag.color, clip_on=False,
-                    )
-            rows += 1
+    rows = _draw_flags(axes, drawn, binned, centers, records if as_bars else None, flags)
 
     def cell_label(x: float, _position: int | None = None) -> str:
         index = round(x)
@@ -264,7 +285,7 @@ def history_figure(records: Sequence[CellRecord], flags: Sequence[Flag] = FLAGS)
 
 
 
-def figure_png(figure: Any, dpi: int = PNG_DPI) -> bytes:
+def figure_png(figure: Figure, dpi: int = PNG_DPI) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi)
     return buffer.getvalue()
@@ -282,7 +303,7 @@ class HistoryPlot(TextReport):
         ):
             raise CudaMemError("nothing to plot: no measured cell used PyTorch's allocator yet")
 
-    def figure(self) -> Any:
+    def figure(self) -> Figure:
         return history_figure(self.records, self.flags)
 
     def png(self) -> bytes:

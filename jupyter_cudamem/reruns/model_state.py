@@ -124,38 +124,15 @@ class _Finder:
         if kind is not None:
             self._found(value, kind, path, depth)
             if plain and kind is StateKind.MODULE and self._notebook_owned(type(value)):
-                # A notebook's module keeps lists of its own (Lightning's ``self.validation_step_outputs``):
-                # its public containers are plain values; torch's own attributes are private.
-                for name, attribute in itertools.islice(vars(value).items(), _WIDTH):
-                    if not name.startswith("_") and isinstance(attribute, CONTAINERS):
-                        self.state.plain.keep(attribute, f"{path}.{name}", False)
+                self._keep_module_containers(value, path)
             return
         if torch_state.is_tensor(value):
             return  # a tensor nothing trains: a rerun may bind it again, never step it
         if isinstance(value, types.FunctionType):
-            if self._notebook_owned(value):
-                for name in sorted(code_names(value.__code__)):
-                    self.name(name)
-            for cell in value.__closure__ or ():
-                try:
-                    self.visit(cell.cell_contents, path, depth + 1)
-                except ValueError:  # an empty cell
-                    pass
-            for default in (value.__defaults__ or ()) + tuple((value.__kwdefaults__ or {}).values()):
-                self.visit(default, path, depth + 1, plain=self._notebook_owned(value))
+            self._visit_function(value, path, depth)
             return
-        if isinstance(value, types.MethodType):
-            self.visit(value.__self__, path, depth)
-            self.visit(value.__func__, path, depth)
-            return
-        if isinstance(value, functools.partial):
-            for part in (value.func, *value.args, *value.keywords.values()):
-                self.visit(part, path, depth + 1)
-            return
-        if isinstance(value, type):
-            if self._notebook_owned(value):
-                for member in list(vars(value).values())[:_WIDTH]:
-                    self.visit(member, path, depth)
+        if isinstance(value, (types.MethodType, functools.partial, type)):
+            self._visit_callable(value, path, depth)
             return
         plain = plain and self.state.plain.keep(value, path, self._notebook_owned(type(value)))
         if depth >= _DEPTH:
@@ -163,6 +140,39 @@ class _Finder:
         self.visit(type(value), path, depth)  # a notebook class's methods read its globals
         for item_path, item in _items(value, path):
             self.visit(item, item_path, depth + 1, plain)
+
+    def _keep_module_containers(self, module: Any, path: str) -> None:
+        """A notebook's module keeps lists of its own (Lightning's ``self.validation_step_outputs``): its
+        public containers are plain values; torch's own attributes are private."""
+        for name, attribute in itertools.islice(vars(module).items(), _WIDTH):
+            if not name.startswith("_") and isinstance(attribute, CONTAINERS):
+                self.state.plain.keep(attribute, f"{path}.{name}", False)
+
+    def _visit_function(self, function: types.FunctionType, path: str, depth: int) -> None:
+        """A function: the names a notebook's own reads, what its closure keeps, its defaults."""
+        if self._notebook_owned(function):
+            for name in sorted(code_names(function.__code__)):
+                self.name(name)
+        for cell in function.__closure__ or ():
+            try:
+                self.visit(cell.cell_contents, path, depth + 1)
+            except ValueError:  # an empty cell
+                pass
+        for default in (function.__defaults__ or ()) + tuple((function.__kwdefaults__ or {}).values()):
+            self.visit(default, path, depth + 1, plain=self._notebook_owned(function))
+
+    def _visit_callable(self, value: types.MethodType | functools.partial[Any] | type, path: str, depth: int) -> None:
+        """A bound method (its object and function), a partial (its function and arguments), a class (the
+        members of a notebook's own)."""
+        if isinstance(value, types.MethodType):
+            self.visit(value.__self__, path, depth)
+            self.visit(value.__func__, path, depth)
+        elif isinstance(value, functools.partial):
+            for part in (value.func, *value.args, *value.keywords.values()):
+                self.visit(part, path, depth + 1)
+        elif self._notebook_owned(value):
+            for member in list(vars(value).values())[:_WIDTH]:
+                self.visit(member, path, depth)
 
     def _found(self, value: Any, kind: StateKind, path: str, depth: int) -> None:
         state = self.state
@@ -293,14 +303,7 @@ class Restorer:
                     self.unrestored.append(failed)
         state = self._trained
         # Optimizers first: their old moments are freed before parameters and .grad are written.
-        held = [h for h in self._held if h.holding]  # a run that never stepped still holds the last's
-        for stepped in (h for h in self._held if not h.holding):
-            stepped.release()
-        for optimizer, saved_optimizer in zip(state.optimizers, saved.optimizers):
-            kept = torch_state.restore_optimizer(optimizer, saved_optimizer, keep_memory)
-            if kept is not None:
-                held.append(kept)
-        self._held = held
+        self._restore_optimizers(state, saved, keep_memory)
         for parameter, saved_parameter in zip(state.parameters, saved.parameters):
             torch_state.restore_parameter(parameter, saved_parameter, keep_memory)
         for buffer, saved_buffer in zip(state.buffers, saved.buffers):
@@ -312,6 +315,17 @@ class Restorer:
         torch_state.restore_random_state(saved.random)
         self._changed = False
         self.restores += 1
+
+    def _restore_optimizers(self, state: TrainingState, saved: _Saved, keep_memory: bool) -> None:
+        """Put each optimizer's state back; with ``keep_memory``, hold what the last run made for its next step."""
+        held = [h for h in self._held if h.holding]  # a run that never stepped still holds the last's
+        for stepped in (h for h in self._held if not h.holding):
+            stepped.release()
+        for optimizer, saved_optimizer in zip(state.optimizers, saved.optimizers):
+            kept = torch_state.restore_optimizer(optimizer, saved_optimizer, keep_memory)
+            if kept is not None:
+                held.append(kept)
+        self._held = held
 
     def finish(self, last_fitted: bool) -> None:
         """The end: after a failed last rerun the copy goes back exactly (no memory kept); whatever is

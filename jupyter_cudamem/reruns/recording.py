@@ -122,20 +122,7 @@ def without_step_marks(rows: Sequence[Row], marks: Sequence[Sequence[int]],
                       and rows[i + 1][0] == "alloc" and rows[i + 1][1] == second), None)
         if begin is None:
             continue
-        end = len(rows)
-        second_freed = False
-        for i in range(begin + 2, len(rows)):
-            action, address = rows[i][0], rows[i][1]
-            if not str(action).startswith("free"):
-                continue
-            if address == second and not second_freed:
-                dropped.add(i)
-                second_freed = action == "free_completed"
-            elif address == first:
-                dropped.add(i)
-                if action == "free_completed":
-                    end = i
-                    break
+        end = _drop_mark_frees(rows, begin, first, second, dropped)
         dropped.update((begin, begin + 1))
         spans.append((begin, end))
         cursor = begin + 2
@@ -146,13 +133,27 @@ def without_step_marks(rows: Sequence[Row], marks: Sequence[Sequence[int]],
     return kept, [(position[begin], position[end]) for begin, end in spans]
 
 
-def window_prologue(snapshot: Mapping[str, Any], rows: Sequence[Row], start: Sequence[StartSegment],
-                    device: int) -> list[Row] | None:
-    """Rows that take a run from ``start`` to where its recorded ``rows`` begin (see the module
-    docstring): a free of each block it started with that was gone by then, and an allocation of each
-    block it had made and still held, in address order. ``None`` where the rows do not undo to a
-    consistent state (an allocation of a block not held, a free of one held)."""
-    held: dict[int, tuple[int | None, int, int]] = {}  # address -> (block bytes where known, requested, stream)
+def _drop_mark_frees(rows: Sequence[Row], begin: int, first: int, second: int, dropped: set[int]) -> int:
+    """Add to ``dropped`` the frees of a step's two mark requests (at ``first`` and ``second``, allocated at
+    ``begin``); the row where the first is freed, which ends the step (the end of ``rows``: never)."""
+    second_freed = False
+    for i in range(begin + 2, len(rows)):
+        action, address = rows[i][0], rows[i][1]
+        if not str(action).startswith("free"):
+            continue
+        if address == second and not second_freed:
+            dropped.add(i)
+            second_freed = action == "free_completed"
+        elif address == first:
+            dropped.add(i)
+            if action == "free_completed":
+                return i
+    return len(rows)
+
+
+def _held_at_end(snapshot: Mapping[str, Any], device: int) -> dict[int, tuple[int | None, int, int]]:
+    """The blocks ``device``'s segments hold in ``snapshot``: address -> (block bytes, requested, stream)."""
+    held: dict[int, tuple[int | None, int, int]] = {}
     for segment in _segments_of(snapshot, device):
         address = int(segment["address"])
         for block in segment.get("blocks") or ():
@@ -160,16 +161,33 @@ def window_prologue(snapshot: Mapping[str, Any], rows: Sequence[Row], start: Seq
             if str(block.get("state", "")).startswith("active"):
                 held[address] = (size, int(block.get("requested_size") or size), int(segment.get("stream") or 0))
             address += size
+    return held
+
+
+def _undo(held: dict[int, tuple[int | None, int, int]], rows: Sequence[Row]) -> bool:
+    """Take ``held`` back to before ``rows``, last row first; ``False`` where they do not undo consistently."""
     for action, address, size, stream in reversed(rows):
         if not isinstance(address, int):
             continue
         if action == "alloc":
             if held.pop(address, None) is None:
-                return None
+                return False
         elif action == "free_completed" and isinstance(size, int):
             if address in held:
-                return None
+                return False
             held[address] = (None, size, int(stream) if isinstance(stream, int) else 0)
+    return True
+
+
+def window_prologue(snapshot: Mapping[str, Any], rows: Sequence[Row], start: Sequence[StartSegment],
+                    device: int) -> list[Row] | None:
+    """Rows that take a run from ``start`` to where its recorded ``rows`` begin (see the module
+    docstring): a free of each block it started with that was gone by then, and an allocation of each
+    block it had made and still held, in address order. ``None`` where the rows do not undo to a
+    consistent state (an allocation of a block not held, a free of one held)."""
+    held = _held_at_end(snapshot, device)  # address -> (block bytes where known, requested, stream)
+    if not _undo(held, rows):
+        return None
     started = allocated_blocks(start)
 
     def started_with(address: int) -> bool:

@@ -125,6 +125,19 @@ def _bind(statement: ast.stmt, read: set[str], bound: list[str]) -> None:
 
 def _walk_block(statement: ast.stmt, read: set[str], bound: list[str]) -> None:
     """A compound statement in the order it runs: its header's reads, its target, then its bodies."""
+    for body in _header(statement, read, bound):
+        for inner in body:
+            if isinstance(inner, _BLOCKS):
+                _walk_block(inner, read, bound)
+            elif isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                read |= _loads(inner)
+            else:
+                _bind(inner, read, bound)
+
+
+def _header(statement: ast.stmt, read: set[str], bound: list[str]) -> list[list[ast.stmt]]:
+    """A compound statement's header: what it reads into ``read``, its loop target into ``bound``; its
+    bodies in the order they run (none for a statement that is not a block)."""
     if isinstance(statement, (ast.For, ast.AsyncFor)):
         read |= _loads(statement.iter)
         for name in (n.id for n in ast.walk(statement.target) if isinstance(n, ast.Name)):
@@ -141,15 +154,8 @@ def _walk_block(statement: ast.stmt, read: set[str], bound: list[str]) -> None:
     elif isinstance(statement, (ast.Try, ast.TryStar)):
         bodies = [statement.body] + [h.body for h in statement.handlers] + [statement.orelse, statement.finalbody]
     else:
-        return
-    for body in bodies:
-        for inner in body:
-            if isinstance(inner, _BLOCKS):
-                _walk_block(inner, read, bound)
-            elif isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                read |= _loads(inner)
-            else:
-                _bind(inner, read, bound)
+        return []
+    return bodies
 
 
 def _in_order(body: list[ast.stmt], read: set[str]) -> list[ast.stmt]:

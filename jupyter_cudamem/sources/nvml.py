@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from types import ModuleType, TracebackType
 from typing import Any, Literal
 
 from ..errors import CudaMemError
@@ -28,7 +29,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _reason(error: BaseException, pynvml: Any) -> str:
+def _reason(error: BaseException, pynvml: ModuleType | None) -> str:
     """A one-line explanation, with what to do, for an NVML failure."""
     if pynvml is None:
         return "nvidia-ml-py is not installed, so driver-level memory is not measured: pip install nvidia-ml-py"
@@ -57,10 +58,12 @@ class _Call:
     def __init__(self, session: NvmlSession) -> None:
         self._session = session
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> ModuleType:
         return self._session._enter()
 
-    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> Literal[False]:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> Literal[False]:
         self._session._exit(error)  # raises the translated error for an NVML failure
         return False
 
@@ -105,7 +108,7 @@ class NvmlSession:
             return
         self._ready = True
 
-    def _enter(self) -> Any:
+    def _enter(self) -> ModuleType:
         """Count a call in flight (``close`` waits for it) and return the pynvml module."""
         with self._condition:
             if self._closing:
@@ -154,7 +157,7 @@ class NvmlSession:
             self._initialise_locked()
             return None if self._ready else self._failure
 
-    def _handle(self, pynvml: Any, nvml_index: int) -> Any:
+    def _handle(self, pynvml: ModuleType, nvml_index: int) -> object:
         handle = self._handles.get(nvml_index)
         if handle is None:
             handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)

@@ -17,19 +17,20 @@ from __future__ import annotations
 
 import gc
 import sys
+from types import ModuleType
 from typing import Any
 
 from ..errors import CudaMemError
 from .base import OPTIMIZER_STEPS, AllocatorReading, TorchDevice
 
 
-def _torch() -> Any:
+def _torch() -> ModuleType:
     import torch
 
     return torch
 
 
-def _hold_free_blocks(torch: Any, index: int) -> list[Any]:
+def _hold_free_blocks(torch: ModuleType, index: int) -> list[Any]:
     """Placeholders filling every free block of this stream's large segments on device ``index``.
 
     Each is asked for at its block's exact size, so the allocator's best fit hands it that block (or one
@@ -50,7 +51,7 @@ def _hold_free_blocks(torch: Any, index: int) -> list[Any]:
     return held
 
 
-def _make_workspaces(torch: Any, index: int, allocated_before: int) -> None:
+def _make_workspaces(torch: ModuleType, index: int, allocated_before: int) -> None:
     """cuBLAS's workspaces made now: a matmul with bias in this thread, then (where the process had more)
     one in autograd's backward thread, which has a cuBLAS handle, so a workspace, of its own."""
     a = torch.ones(8, 8, device=f"cuda:{index}", requires_grad=True)
@@ -62,7 +63,7 @@ def _make_workspaces(torch: Any, index: int, allocated_before: int) -> None:
     del a, out
 
 
-def _graph_pool_bytes(torch: Any, index: int) -> int:
+def _graph_pool_bytes(torch: ModuleType, index: int) -> int:
     """What segments of private pools (CUDA graphs') hold reserved on device ``index``."""
     return sum(int(segment.get("total_size") or 0) for segment in torch.cuda.memory_snapshot()
                if segment.get("device") == index and tuple(segment.get("segment_pool_id") or (0, 0)) != (0, 0))
@@ -255,14 +256,14 @@ class StepMarks:
     it. Each mark is ``(device, first address, second address)``. A step given a closure is not marked:
     the closure runs the forward and backward passes inside it."""
 
-    def __init__(self, torch: Any):
+    def __init__(self, torch: ModuleType):
         self._torch = torch
         self.marks: list[tuple[int, int, int]] = []
         self._open: dict[int, Any] = {}
         self._handles: list[Any] = []
 
     @classmethod
-    def install(cls, torch: Any) -> "StepMarks | None":
+    def install(cls, torch: ModuleType) -> "StepMarks | None":
         hooks = sys.modules.get("torch.optim.optimizer")  # not an attribute of torch.optim in every torch
         pre = getattr(hooks, "register_optimizer_step_pre_hook", None)
         post = getattr(hooks, "register_optimizer_step_post_hook", None)
@@ -272,7 +273,7 @@ class StepMarks:
         marks._handles = [pre(marks._before), post(marks._after)]
         return marks
 
-    def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _before(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             given = args[1:] if args and args[0] is optimizer else args  # torch passes the step's self too
             if given or (kwargs or {}).get("closure") is not None:
@@ -291,7 +292,7 @@ class StepMarks:
     def _device_of(optimizer: Any) -> Any:
         return next((p.device for group in optimizer.param_groups for p in group["params"]), None)
 
-    def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _after(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._open.pop(id(optimizer), None)
 
     def remove(self) -> None:

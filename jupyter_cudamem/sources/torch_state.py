@@ -13,6 +13,7 @@ import copy
 import random
 import sys
 from enum import Enum
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
-def _classes(torch: Any) -> list[tuple[StateKind, tuple[type, ...]]]:
+def _classes(torch: ModuleType) -> list[tuple[StateKind, tuple[type, ...]]]:
     """Each kind's classes in this torch (the scheduler base was ``_LRScheduler`` before 2.0; the
     GradScaler lived in ``torch.cuda.amp`` before 2.3)."""
     schedulers = tuple(
@@ -189,19 +190,19 @@ class HeldUntilStep:
         self._handle.remove()
 
 
-def save_scheduler(scheduler: Any) -> dict[str, Any]:
+def save_scheduler(scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:
     return copy.deepcopy(scheduler.state_dict())
 
 
-def restore_scheduler(scheduler: Any, saved: dict[str, Any]) -> None:
+def restore_scheduler(scheduler: torch.optim.lr_scheduler.LRScheduler, saved: dict[str, Any]) -> None:
     scheduler.load_state_dict(copy.deepcopy(saved))
 
 
-def save_grad_scaler(scaler: Any) -> dict[str, Any]:
+def save_grad_scaler(scaler: torch.amp.GradScaler) -> dict[str, Any]:
     return copy.deepcopy(scaler.state_dict())
 
 
-def restore_grad_scaler(scaler: Any, saved: dict[str, Any]) -> None:
+def restore_grad_scaler(scaler: torch.amp.GradScaler, saved: dict[str, Any]) -> None:
     if saved:
         scaler.load_state_dict(copy.deepcopy(saved))
     # A try that failed between ``unscale_`` and ``update`` leaves the optimizer marked unscaled, and the
