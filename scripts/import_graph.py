@@ -4,7 +4,7 @@
 
 A room's imports are read from its modules' ``import`` statements (``TYPE_CHECKING`` blocks included: a
 circle there is still a circle for a reader). The map's order is ``ROOMS``: data flows one way, from the
-hardware (``sources``) through measurement and models (``growth``, ``reruns``, ``batch``, ``attribution``) to
+hardware (``sources``) through measurement and models (``reruns``, ``batch``, ``attribution``) to
 the features (``oomfix``, ``capacity``, ``engines``) and ``magics``; a room may import only rooms before it, and
 no two modules of one folder import each other, however far round (``module_graph``);
 ``tests/test_import_graph.py`` holds the package to both.
@@ -20,13 +20,15 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_cudamem"
 
 ROOMS = (
-    "errors", "units", "oom", "breakdown", "sources", "devices", "hardware", "collector", "measure", "repeats",
-    "trace", "cell", "ipython_names", "growth", "reruns", "batch", "attribution", "ipython_state", "history",
+    "errors", "units", "oom", "breakdown", "growth", "sources", "devices", "hardware", "collector", "measure", "repeats",
+    "trace", "cell", "ipython_names", "reruns", "batch", "attribution", "ipython_state", "history",
     "advice", "report", "monitor", "oomfix", "capacity", "engines", "magics",
 )
 """The map, lowest first. ``__init__`` (the extension's entry points) may import anything. ``ipython_state``
 (what IPython itself holds) sits above ``attribution``: it names what it finds with attribution's vocabulary
-of holders (an output cache entry, a traceback's frame) and asks it whether a value reaches CUDA memory."""
+of holders (an output cache entry, a traceback's frame) and asks it whether a value reaches CUDA memory.
+``growth`` (the memory model: pure arithmetic on plain tuples, importing only ``units``) sits below
+``sources``, as ``units`` does, so that ``sources.torch_trace`` reads torch's trace into its events."""
 
 
 def room_of(module: str) -> str | None:
