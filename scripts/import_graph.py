@@ -4,7 +4,7 @@
 
 A room's imports are read from its modules' ``import`` statements (``TYPE_CHECKING`` blocks included: a
 circle there is still a circle for a reader). The map's order is ``ROOMS``: data flows one way, from the
-hardware (``sources``) through measurement and models (``reruns``, ``batch``, ``attribution``) to
+hardware (``sources``) through measurement and models (``reruns``, ``batchsearch``, ``batch``, ``attribution``) to
 the features (``oomfix``, ``capacity``, ``engines``) and ``magics``; a room may import only rooms before it, and
 no two modules of one folder import each other, however far round (``module_graph``);
 ``tests/test_import_graph.py`` holds the package to both.
@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_cudamem"
 
 ROOMS = (
     "errors", "units", "oom", "breakdown", "growth", "sources", "devices", "hardware", "collector", "measure", "repeats",
-    "trace", "cell", "ipython_names", "reruns", "batch", "attribution", "ipython_state", "history",
+    "trace", "cell", "ipython_names", "reruns", "batchsearch", "batch", "attribution", "ipython_state", "history",
     "advice", "report", "monitor", "oomfix", "capacity", "engines", "magics",
 )
 """The map, lowest first. ``__init__`` (the extension's entry points) may import anything. ``ipython_state``

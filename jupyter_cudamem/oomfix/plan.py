@@ -18,7 +18,7 @@ from ..batch import BatchChange, BatchFinding, Knob
 from ..cell.edit import CellDiff
 from .outcome import Outcome, diff_html
 from ..oom import OomInfo
-from ..reruns.search import BatchSearch
+from ..batchsearch.policy import BatchSearch
 from .strategies import STRATEGY_TITLES, Strategy
 from .whole_data import whole_data_decision
 

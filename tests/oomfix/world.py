@@ -43,8 +43,8 @@ from jupyter_cudamem.growth.fitting import allocated_limit, largest_below
 from jupyter_cudamem.growth.pairing import Line
 from jupyter_cudamem.growth.replay import Event, StartSegment, block_bytes, replay, segment_bytes
 from jupyter_cudamem.reruns.recording import RecordedRun
-from jupyter_cudamem.reruns.search import BatchSearch
-from jupyter_cudamem.reruns.tries import Observation
+from jupyter_cudamem.batchsearch.policy import BatchSearch
+from jupyter_cudamem.batchsearch.state import Observation
 
 MiB = 2**20
 GiB = 2**30
