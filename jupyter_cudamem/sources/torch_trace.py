@@ -3,8 +3,9 @@
 The one reader of torch's format for the replay: the dicts ``torch.cuda.memory._snapshot()`` returns
 (``segments`` with their ``blocks``, ``device_traces`` with one entry per allocator event) become
 ``StartSegment``s and ``(action, address, size, stream)`` rows, and the rows become replayable
-``Event``s. ``sources.torch_alloc`` records the history; ``reruns.recording`` decides what of a run to
-keep; ``growth`` replays it, knowing nothing of torch. No torch is imported here: a snapshot is plain data.
+``Event``s. ``sources.torch_alloc`` records the history; ``reruns.recording`` decides what of a run
+to keep; ``growth`` replays it, knowing nothing of torch. No torch is imported here: a snapshot is
+plain data.
 """
 
 from __future__ import annotations
@@ -93,9 +94,10 @@ def without_step_marks(rows: Sequence[Row], marks: Sequence[Sequence[int]],
 def window_prologue(snapshot: Mapping[str, Any], rows: Sequence[Row], start: Sequence[StartSegment],
                     device: int) -> list[Row] | None:
     """Rows that take a run from ``start`` to where its recorded ``rows`` begin (a window: the history's
-    last rows, its beginning dropped; ``reruns.recording`` says when one is kept): a free of each block it started with that was gone by then, and an allocation of each
-    block it had made and still held, in address order. ``None`` where the rows do not undo to a
-    consistent state (an allocation of a block not held, a free of one held)."""
+    last rows, its beginning dropped; ``reruns.recording`` says when one is kept): a free of each block
+    it started with that was gone by then, and an allocation of each block it had made and still held,
+    in address order. ``None`` where the rows do not undo to a consistent state (an allocation of a
+    block not held, a free of one held)."""
     held: dict[int, tuple[int | None, int, int]] = {}  # address -> (block bytes where known, requested, stream)
     for segment in _segments_of(snapshot, device):
         address = int(segment["address"])
@@ -130,8 +132,6 @@ def window_prologue(snapshot: Mapping[str, Any], rows: Sequence[Row], start: Seq
     return prologue
 
 
-
-
 def events_from_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
                       failed: bool = False) -> list[Event]:
     """Turn a recorded trace into replayable events (``read_trace`` without what the run left)."""
@@ -148,7 +148,7 @@ def read_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
     program caught it), except the last one of a run that ``failed``, which is the allocation that
     raised. A free of an address the trace never allocated and the start did not hold is ignored
     (memory outside the traced allocator). What the run left is ``(address, key)`` of each allocation
-    it did not free (``held_elsewhere``).
+    it did not free (``growth.replay.held_elsewhere``).
     """
     events, left, _ = read_trace_within(trace, start, failed)
     return events, left
