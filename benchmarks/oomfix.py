@@ -912,7 +912,7 @@ def searches_kept() -> Any:
     if TRACES_DIR is None:
         yield kept
         return
-    from jupyter_cudamem.reruns.search import BatchSearch
+    from jupyter_cudamem.batchsearch.policy import BatchSearch
 
     original = BatchSearch.next
 

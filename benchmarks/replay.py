@@ -111,6 +111,7 @@ def _start(raw: list[Any]) -> list[Any]:
 
 def validate(paths: list[Path]) -> dict[str, Any]:
     from jupyter_cudamem.growth import fitting, pairing, replay
+    from jupyter_cudamem.sources.torch_trace import events_from_trace
 
     result: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                               "traces": [], "runs": [], "predictions": []}
@@ -128,7 +129,7 @@ def validate(paths: list[Path]) -> dict[str, Any]:
             events = {}
             for fraction, run in runs.items():
                 start = _start(run["start_segments"])
-                events[fraction] = (replay.events_from_trace(run["trace"], start, failed=not run["fitted"]), start)
+                events[fraction] = (events_from_trace(run["trace"], start, failed=not run["fitted"]), start)
                 started = time.perf_counter()
                 replayed = replay.replay(events[fraction][0], start, cap)
                 timings.append(time.perf_counter() - started)

@@ -4,7 +4,7 @@
 
 A room's imports are read from its modules' ``import`` statements (``TYPE_CHECKING`` blocks included: a
 circle there is still a circle for a reader). The map's order is ``ROOMS``: data flows one way, from the
-hardware (``sources``) through measurement and models (``growth``, ``reruns``, ``batch``, ``attribution``) to
+hardware (``sources``) through measurement and models (``reruns``, ``batchsearch``, ``batch``, ``attribution``) to
 the features (``oomfix``, ``capacity``, ``engines``) and ``magics``; a room may import only rooms before it, and
 no two modules of one folder import each other, however far round (``module_graph``);
 ``tests/test_import_graph.py`` holds the package to both.
@@ -20,16 +20,18 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_cudamem"
 
 ROOMS = (
-    "errors", "units", "oom", "breakdown", "sources", "devices", "hardware", "collector", "measure", "repeats",
-    "trace", "cell", "ipython_names", "ipython_state", "growth", "reruns", "batch", "attribution", "history",
-    "advice", "report", "monitor", "oomfix", "capacity", "engines", "magics",
+    "errors", "units", "oom", "breakdown", "growth", "sources", "devices", "hardware", "collector", "measure",
+    "repeats", "trace", "cell", "ipython_names", "ipython_state", "reruns", "batchsearch", "batch", "attribution",
+    "history", "advice", "report", "monitor", "oomfix", "capacity", "engines", "magics",
 )
 """The map, lowest first, in the order of the house style's map; the rooms it does not name sit beside the
 rooms they serve. ``__init__`` (the extension's entry points) may import anything. ``errors`` comes before
-``units``, which raises its one exception type on a size it cannot read. ``ipython_state`` (what IPython
-itself holds) sits below ``attribution``: it names what it lists (``Origin``, ``Reference``) and is told
-what reaches CUDA memory (``holds_cuda``), so attribution takes IPython's references as roots without
-IPython's module asking it anything."""
+``units``, which raises its one exception type on a size it cannot read. ``growth`` (the memory model: pure
+arithmetic on plain tuples, importing only ``units``) sits below ``sources``, as ``units`` does, so that
+``sources.torch_trace`` reads torch's trace into its events. ``ipython_state`` (what IPython itself holds)
+sits below ``attribution``: it names what it lists (``Origin``, ``Reference``) and is told what reaches CUDA
+memory (``holds_cuda``), so attribution takes IPython's references as roots without IPython's module asking
+it anything. ``batchsearch`` (the batch search's policy and what its tries showed) sits above ``reruns``."""
 
 
 def room_of(module: str) -> str | None:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
-from .pairing import Line, events_at, growth_lines, law_through, match
+from .pairing import EventLine, events_at, growth_lines, law_through, match
 from .replay import ALLOC, FREE, Event, StartSegment, block_bytes, given_back_at_once, replay
 
 PREDICTION_RESOLUTION = 1 / 512
@@ -121,7 +121,7 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
     if batch <= 0 or not any(kind != FREE for kind, *_ in events):
         return None
     fixed = set(batch_independent)
-    lines: list[Line] = [(kind, key, stream, float(size), 0.0, 1.0) if kind != FREE and key in fixed
+    lines: list[EventLine] = [(kind, key, stream, float(size), 0.0, 1.0) if kind != FREE and key in fixed
                          else (kind, key, stream, 0.0, 0.0 if kind == FREE else size / batch, 1.0)
                          for kind, key, size, stream in events]
     temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed]
@@ -174,7 +174,7 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
         size = events[index][2]
         if law[2] > 1.0 and law[2] > faster.get(size, (0.0, 0.0, 0.0))[2]:
             faster[size] = law
-    lines: list[Line] = []
+    lines: list[EventLine] = []
     for index, (kind, key, size, stream) in enumerate(events):
         if kind == FREE:
             lines.append((kind, key, stream, 0.0, 0.0, 1.0))
@@ -207,7 +207,7 @@ def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: S
     return None if found is None else found.largest(max_batch)
 
 
-def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_batch: int,
+def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measured_batch: int,
                      start: Sequence[StartSegment], cap_bytes: int,
                      margin: float) -> tuple[Callable[[int], bool], Callable[[int], int]]:
     """Whether a batch fits both when the ``unknown`` requests grow with the batch as their lines say and
@@ -257,7 +257,7 @@ def _fits_either_way(lines: Sequence[Line], unknown: Sequence[int], measured_bat
     return fits, largest
 
 
-def allocated_limit(lines: Sequence[Line], start_bytes: int, cap_bytes: int) -> float:
+def allocated_limit(lines: Sequence[EventLine], start_bytes: int, cap_bytes: int) -> float:
     """A batch above which the requests on ``lines`` hold more than ``cap_bytes`` at once, with
     ``start_bytes`` held from the start (``math.inf``: none; a bound, not the answer: each block is at
     least its line's bytes, and the allocator's rounding and refusals only lower the real one).

@@ -161,10 +161,11 @@ def power_of_the_batch(size: int, batch: int, larger_batch: int, larger_size: in
     return None
 
 
-Line = tuple[EventKind, int, int, float, float, float]
-"""An event as ``(kind, key, stream, fixed_bytes, bytes_per_sample, exponent)``: its request at batch ``b``
-is ``fixed_bytes + bytes_per_sample * b ** exponent``. The exponent is 1 but for a request two runs show
-growing faster than the batch (``fitting.fitting_from_one_and_failure``)."""
+EventLine = tuple[EventKind, int, int, float, float, float]
+"""One event on its own line, ``(kind, key, stream, fixed_bytes, bytes_per_sample, exponent)`` (the
+whole cell's peak on one line is ``line.Growth``): its request at batch ``b`` is ``fixed_bytes +
+bytes_per_sample * b ** exponent``. The exponent is 1 but for a request two runs show growing faster
+than the batch (``fitting.fitting_from_one_and_failure``)."""
 
 
 class GrowthLines(NamedTuple):
@@ -172,7 +173,7 @@ class GrowthLines(NamedTuple):
     measured sizes fix, and the indices of its requests with no partner (``unpaired``): a line through
     zero is also what an exactly proportional pair gives, so the value alone cannot tell them apart."""
 
-    lines: list[Line]
+    lines: list[EventLine]
     share: float
     unpaired: tuple[int, ...]
 
@@ -189,7 +190,7 @@ def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Even
     if batch_first > batch_second:
         first, batch_first, second, batch_second = second, batch_second, first, batch_first
     partner = _same_size_left_over(first, second, match(first, batch_first, second, batch_second))
-    lines: list[Line] = []
+    lines: list[EventLine] = []
     unpaired: list[int] = []
     matched = total = 0
     for (kind, key, size, stream), index in zip(second, partner):
@@ -248,7 +249,7 @@ def law_through(size: int, batch: int, larger_size: int, larger_batch: int) -> t
     return larger_size - per_sample * larger_batch, per_sample, 1.0
 
 
-def events_at(lines: Sequence[Line], batch: float) -> list[Event]:
+def events_at(lines: Sequence[EventLine], batch: float) -> list[Event]:
     """The events at ``batch`` (a fraction of a sample too: a margin is taken on the per-sample part):
     each request on its line, rounded up to whole bytes, never below zero (the allocator rounds it
     further)."""

@@ -29,8 +29,8 @@ frees (a block is returned when its ``free_completed`` event says so), expandabl
 ``max_split_size`` and CUDA-graph pools. Addresses of new segments are invented (each above the last);
 the driver's real addresses only break ties between equal free blocks.
 
-Pure Python, no torch: sizes in bytes, events as plain tuples. A recorded trace is the list of
-``(action, address, size, stream)`` that ``torch.cuda.memory._snapshot()['device_traces']`` holds.
+Pure Python, no torch: sizes in bytes, events as plain tuples. ``sources.torch_trace`` reads a
+recorded trace (``torch.cuda.memory._snapshot()``) into these events and start segments.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from ..units import MiB
 
@@ -277,53 +277,6 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
     at_failure = (None, None) if failed_at is None else (allocated, reserved)
     return Replay(failed_at is None, failed_at, peak_allocated, peak_reserved,
                   tuple(segment_allocs), tuple(segment_frees), tuple(refused), *at_failure)
-
-
-def events_from_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
-                      failed: bool = False) -> list[Event]:
-    """Turn a recorded trace into replayable events (``read_trace`` without what the run left)."""
-    return read_trace(trace, start, failed)[0]
-
-
-def read_trace(trace: Iterable[Sequence[object]], start: Sequence[StartSegment],
-               failed: bool = False) -> tuple[list[Event], tuple[tuple[int, int], ...]]:
-    """Turn a recorded trace into replayable events, and say what the run left allocated.
-
-    ``alloc`` keys are the event's index (so two runs of the same code give the same keys); a block is
-    returned at ``free_completed``, when torch puts it back in the pool. Segment events are dropped: they
-    are the allocator's doing, which the replay recomputes. Each ``oom`` event becomes a ``try`` (the
-    program caught it), except the last one of a run that ``failed``, which is the allocation that
-    raised. A free of an address the trace never allocated and the start did not hold is ignored
-    (memory outside the traced allocator). What the run left is ``(address, key)`` of each allocation
-    it did not free (``held_elsewhere``).
-    """
-    events, left, _ = read_trace_within(trace, start, failed)
-    return events, left
-
-
-def read_trace_within(trace: Iterable[Sequence[object]], start: Sequence[StartSegment], failed: bool = False,
-                      spans: Sequence[tuple[int, int]] = ()
-                      ) -> tuple[list[Event], tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
-    """``read_trace``, and ``spans`` (``(first row, row after the last)`` of the trace: an optimizer's
-    steps) as the same of the events."""
-    events: list[Event] = []
-    live = dict(start_keys(start))
-    rows = [(str(row[0]), row[1], row[2], row[3]) for row in trace]
-    ooms = [i for i, row in enumerate(rows) if row[0] == "oom"]
-    fatal = ooms[-1] if failed and ooms else None
-    made_before = [0] * (len(rows) + 1)  # how many events the rows before each row made
-    for i, (action, address, size, stream) in enumerate(rows):
-        stream_id = int(stream) if isinstance(stream, int) else 0
-        if action == "alloc" and isinstance(address, int) and isinstance(size, int):
-            live[address] = len(events)
-            events.append((ALLOC, len(events), size, stream_id))
-        elif action == "free_completed" and isinstance(address, int) and address in live:
-            events.append((FREE, live.pop(address), 0, stream_id))
-        elif action == "oom" and isinstance(size, int):
-            events.append((ALLOC if i == fatal else TRY, len(events), size, stream_id))
-        made_before[i + 1] = len(events)
-    left = tuple((address, key) for address, key in live.items() if key >= 0)
-    return events, left, tuple((made_before[first], made_before[after]) for first, after in spans)
 
 
 def given_back_at_once(events: Sequence[Event]) -> list[int]:

@@ -14,7 +14,7 @@ from ..cell.edit import CellDiff, unified_diff
 from ..report.text import TextReport, disclosure_html, more_line
 from ..units import format_bytes, format_seconds
 from ..reruns.recording import RecordedRun
-from ..reruns.tries import Observation
+from ..batchsearch.state import Observation
 from .strategies import STRATEGY_TITLES, Strategy
 from .whole_data import CHUNKED_NOTE
 
@@ -164,7 +164,7 @@ _REASON_WORDS = (
     ("MiB per item", "MiB per sample"),
     ("bisection", "halfway between what fitted and what failed"),
     ("probe", "a small first try, to measure memory per sample"),
-    # The one-peak bound (``reruns.search``): "surest from 76's peak (line through it and zero)".
+    # The one-peak bound (``batchsearch.policy``): "surest from 76's peak (line through it and zero)".
     ("(line through it and zero)", "(all of it taken as growing with the batch)"),
     ("(line through it and its parameters)", "(all but the parameters the cell builds taken as growing with the batch)"),
 )

@@ -15,7 +15,7 @@ from typing import Any
 from ..batch import BatchChange, BatchFinding
 from ..cell.edit import CellDiff
 from ..oom import OomInfo
-from ..reruns.search import BatchSearch
+from ..batchsearch.policy import BatchSearch
 from .outcome import BatchPlan, Outcome
 from .strategies import Strategy
 from .whole_data import whole_data_decision

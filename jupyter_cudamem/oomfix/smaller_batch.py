@@ -2,9 +2,10 @@
 batch changed where it lives (``batch.BatchChange``) and put back, or kept at the largest that fitted.
 
 Why apart from the driver: the driver orders the strategies; this runs the one that reruns the most,
-and knows how the search (``reruns.search``) and the tries meet: where each try starts, what the search
+and knows how the search (``batchsearch``) and the tries meet: where each try starts, what the search
 reads before choosing, and when the best batch must be run once more so that the variables and the
-model hold the run the outcome reports.
+model hold the run the outcome reports. Where the next batch is chosen: this file, then
+``batchsearch/policy.py``, ``batchsearch/state.py`` and ``growth/fitting.py`` (``batchsearch`` says how).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from ..cell.edit import CellDiff
 from ..errors import CudaMemError
 from ..growth import FixedMemory
 from ..hardware import Hardware, reserved_limit_bytes
-from ..reruns.search import BatchSearch
-from ..reruns.tries import Observation
+from ..batchsearch.policy import BatchSearch
+from ..batchsearch.state import Observation
 from ..units import format_bytes
 from .outcome import TryResult
 from .strategies import Strategy

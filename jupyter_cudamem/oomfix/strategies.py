@@ -4,7 +4,7 @@
   cleanup freed enough to matter (at least the allocation that failed) or the failure looked like
   fragmentation; otherwise the rerun would fail the same way and is skipped, with the reason.
 - ``batch``: find where the batch size lives (``jupyter_cudamem.batch``), and search for the largest
-  that fits (``search.BatchSearch``), changing only it.
+  that fits (``batchsearch.policy.BatchSearch``), changing only it.
 - ``autocast``: run the cell under ``torch.autocast("cuda", dtype=...)``, bfloat16 where the card
   supports it, else float16 (then a GradScaler is needed to train).
 

@@ -3,7 +3,8 @@
 PyTorch keeps the history itself when asked (``torch.cuda.memory._record_memory_history``, torch 2.1
 and later): every allocation and free in order, with its size and address. Recorded without Python
 stacks, which is what makes it cheap enough to leave on for a rerun. The allocator source
-(``sources.torch_alloc``) switches it on and off; this module only reads its snapshots.
+(``sources.torch_alloc``) switches it on and off, ``sources.torch_trace`` reads its snapshots; this
+module decides what of a run to keep.
 
 A rerun is not recorded when the history is already being recorded (the user's own recording, or
 ``%%cudamem --trace``): switching it off would end theirs. Nor when the snapshot API is missing. The
@@ -28,14 +29,13 @@ different places in the loop), so the search replays the larger of them alone (`
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..sources.base import OPTIMIZER_STEPS, AllocatorSource
+from ..sources.torch_trace import read_trace_within, start_segments, trace_rows, window_prologue, without_step_marks
 from ..growth.fitting import REPLAY_MARGIN
-from ..growth.replay import (ALLOC, FREE, Event, StartSegment, allocated_blocks, held_elsewhere, read_trace_within, replay,
-                             same_block)
+from ..growth.replay import ALLOC, FREE, Event, StartSegment, allocated_blocks, held_elsewhere, replay
 
 MAX_EVENTS = 100_000
 """The history kept per run where no window is asked for (``%%cudamem_plan``'s runs). The benchmark's
@@ -54,9 +54,10 @@ the cell's loop for the window to reach the run's peak. On an H100 (the project'
 @dataclass(frozen=True)
 class RecordedRun:
     """One rerun as the replay reads it: the segments it started from, its events, and what it left
-    allocated as ``(address, key)`` (``replay.read_trace``). ``whole`` is false for a window of a run
-    too long to keep (see the module docstring); ``carried`` are then the keys of the allocations it
-    had made before the window and still held, replayed at the window's start at the size they had."""
+    allocated as ``(address, key)`` (``sources.torch_trace.read_trace``). ``whole`` is false for a
+    window of a run too long to keep (see the module docstring); ``carried`` are then the keys of the
+    allocations it had made before the window and still held, replayed at the window's start at the
+    size they had."""
 
     start: tuple[StartSegment, ...]
     events: tuple[Event, ...]
@@ -68,140 +69,6 @@ class RecordedRun:
     def events_from(self, start: tuple[StartSegment, ...], remade: frozenset[int] = frozenset()) -> list[Event]:
         """The events a run from ``start`` makes (``replay.held_elsewhere``; ``remade`` as there)."""
         return held_elsewhere(self.events, self.left, start, remade)
-
-
-Row = tuple[Any, Any, Any, Any]
-"""One event of the recorded history: ``(action, address, size, stream)``."""
-
-
-def _segments_of(snapshot: Mapping[str, Any], device: int) -> Iterator[Mapping[str, Any]]:
-    """The segments of ``device`` in an allocator snapshot, as the snapshot gives them."""
-    for segment in snapshot.get("segments") or ():
-        if segment.get("device", device) == device:
-            yield segment
-
-
-def start_segments(snapshot: Mapping[str, Any], device: int) -> tuple[StartSegment, ...]:
-    """The segments of ``device`` in an allocator snapshot, blocks in address order."""
-    segments = []
-    for segment in _segments_of(snapshot, device):
-        blocks = tuple((int(block["size"]), str(block.get("state", "")).startswith("active"))
-                       for block in segment.get("blocks") or ())
-        segments.append(StartSegment(int(segment["address"]), segment.get("segment_type") == "small", blocks,
-                                     int(segment.get("stream") or 0)))
-    return tuple(sorted(segments, key=lambda s: s.address))
-
-
-def trace_rows(snapshot: Mapping[str, Any], device: int) -> list[Row]:
-    """``(action, address, size, stream)`` of each event of ``device``'s recorded history."""
-    traces: Sequence[Any] = snapshot.get("device_traces") or ()
-    entries = traces[device] if device < len(traces) else ()
-    return [(entry.get("action"), entry.get("addr"), entry.get("size"), entry.get("stream")) for entry in entries]
-
-
-def without_step_marks(rows: Sequence[Row], marks: Sequence[Sequence[int]],
-                       device: int) -> tuple[list[Row], list[tuple[int, int]]]:
-    """``rows`` without the requests that mark the optimizer's steps (``sources.base.OPTIMIZER_STEPS``), and
-    each marked step's span in what is left, ``(first row, row after the last)``; a step still open when
-    the history ends (it raised) runs to the end.
-
-    Why: what a step allocates (its state, its temporaries) is the parameters' size at every batch. One
-    run cannot tell that from sizes alone: at a batch of one a sequence as long as the model is wide
-    makes activations the size of a weight, and in a loop every step but the last looks like the batch's."""
-    if not marks:
-        return list(rows), []
-    # The allocator's own rows (a segment it opened for the second request) stand between the pair's.
-    rows = [row for row in rows if not str(row[0]).startswith("segment")]
-    dropped: set[int] = set()
-    spans: list[tuple[int, int]] = []
-    cursor = 0
-    for mark_device, first, second in marks:
-        if mark_device != device:
-            continue
-        begin = next((i for i in range(cursor, len(rows) - 1) if rows[i][0] == "alloc" and rows[i][1] == first
-                      and rows[i + 1][0] == "alloc" and rows[i + 1][1] == second), None)
-        if begin is None:
-            continue
-        end = _drop_mark_frees(rows, begin, first, second, dropped)
-        dropped.update((begin, begin + 1))
-        spans.append((begin, end))
-        cursor = begin + 2
-    kept = [row for i, row in enumerate(rows) if i not in dropped]
-    position = [0] * (len(rows) + 1)  # how many rows are kept before each row
-    for i in range(len(rows)):
-        position[i + 1] = position[i] + (i not in dropped)
-    return kept, [(position[begin], position[end]) for begin, end in spans]
-
-
-def _drop_mark_frees(rows: Sequence[Row], begin: int, first: int, second: int, dropped: set[int]) -> int:
-    """Add to ``dropped`` the frees of a step's two mark requests (at ``first`` and ``second``, allocated at
-    ``begin``); the row where the first is freed, which ends the step (the end of ``rows``: never)."""
-    second_freed = False
-    for i in range(begin + 2, len(rows)):
-        action, address = rows[i][0], rows[i][1]
-        if not str(action).startswith("free"):
-            continue
-        if address == second and not second_freed:
-            dropped.add(i)
-            second_freed = action == "free_completed"
-        elif address == first:
-            dropped.add(i)
-            if action == "free_completed":
-                return i
-    return len(rows)
-
-
-def _held_at_end(snapshot: Mapping[str, Any], device: int) -> dict[int, tuple[int | None, int, int]]:
-    """The blocks ``device``'s segments hold in ``snapshot``: address -> (block bytes, requested, stream)."""
-    held: dict[int, tuple[int | None, int, int]] = {}
-    for segment in _segments_of(snapshot, device):
-        address = int(segment["address"])
-        for block in segment.get("blocks") or ():
-            size = int(block["size"])
-            if str(block.get("state", "")).startswith("active"):
-                held[address] = (size, int(block.get("requested_size") or size), int(segment.get("stream") or 0))
-            address += size
-    return held
-
-
-def _undo(held: dict[int, tuple[int | None, int, int]], rows: Sequence[Row]) -> bool:
-    """Take ``held`` back to before ``rows``, last row first; ``False`` where they do not undo consistently."""
-    for action, address, size, stream in reversed(rows):
-        if not isinstance(address, int):
-            continue
-        if action == "alloc":
-            if held.pop(address, None) is None:
-                return False
-        elif action == "free_completed" and isinstance(size, int):
-            if address in held:
-                return False
-            held[address] = (None, size, int(stream) if isinstance(stream, int) else 0)
-    return True
-
-
-def window_prologue(snapshot: Mapping[str, Any], rows: Sequence[Row], start: Sequence[StartSegment],
-                    device: int) -> list[Row] | None:
-    """Rows that take a run from ``start`` to where its recorded ``rows`` begin (see the module
-    docstring): a free of each block it started with that was gone by then, and an allocation of each
-    block it had made and still held, in address order. ``None`` where the rows do not undo to a
-    consistent state (an allocation of a block not held, a free of one held)."""
-    held = _held_at_end(snapshot, device)  # address -> (block bytes where known, requested, stream)
-    if not _undo(held, rows):
-        return None
-    started = allocated_blocks(start)
-
-    def started_with(address: int) -> bool:
-        """Whether the block held at ``address`` when the window began is the one the run started with."""
-        if address not in started:
-            return False
-        size, requested, _ = held[address]
-        return size == started[address] if size is not None else same_block(started[address], requested)
-
-    prologue: list[Row] = [("free_completed", address, size, 0)  # a free's stream is its block's: not read
-                           for address, size in sorted(started.items()) if address not in held or not started_with(address)]
-    prologue += [("alloc", address, requested, stream) for address, (_, requested, stream) in sorted(held.items())
-                 if not started_with(address)]
-    return prologue
 
 
 class Recorder:

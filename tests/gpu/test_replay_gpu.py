@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from jupyter_cudamem.growth.fitting import fitting_from_one, fitting_from_one_and_failure, largest_fitting_batch
-from jupyter_cudamem.growth.replay import StartSegment, events_from_trace, replay
+from jupyter_cudamem.growth.replay import StartSegment, replay
+from jupyter_cudamem.sources.torch_trace import events_from_trace
 
 pytestmark = pytest.mark.gpu
 

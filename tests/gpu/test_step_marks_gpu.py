@@ -1,5 +1,5 @@
 """The optimizer's steps marked in a rerun's recorded history on the real CUDA caching allocator
-(``sources.torch_alloc.StepMarks``, ``reruns.recording.without_step_marks``): a three-step AdamW loop's
+(``sources.torch_alloc.StepMarks``, ``sources.torch_trace.without_step_marks``): a three-step AdamW loop's
 steps are found, what they made is its state and foreach temporaries (each a parameter's size), and the
 one-run replay of a small batch, taking those as fixed, puts the largest batch near where it is."""
 

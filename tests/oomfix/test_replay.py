@@ -4,8 +4,8 @@ import pytest
 
 from jupyter_cudamem.growth.fitting import fitting, fitting_from_one, fitting_from_one_and_failure, largest_fitting_batch
 from jupyter_cudamem.growth.pairing import growth_lines, law_through, power_of_the_batch
-from jupyter_cudamem.growth.replay import (StartSegment, block_bytes, events_from_trace, held_elsewhere, read_trace,
-                                           replay, segment_bytes, start_keys)
+from jupyter_cudamem.growth.replay import StartSegment, block_bytes, held_elsewhere, replay, segment_bytes, start_keys
+from jupyter_cudamem.sources.torch_trace import events_from_trace, read_trace
 
 MiB = 1 << 20
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from jupyter_cudamem.growth.replay import StartSegment, replay
 from jupyter_cudamem.reruns.recording import RecordedRun
-from jupyter_cudamem.reruns.search import BatchSearch
-from jupyter_cudamem.reruns.tries import Attempt, Observation
+from jupyter_cudamem.batchsearch.policy import BatchSearch
+from jupyter_cudamem.batchsearch.state import Attempt, Observation
 from tests.oomfix import world
 from tests.oomfix.test_search_replay import events, observe
 

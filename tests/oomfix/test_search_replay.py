@@ -17,8 +17,8 @@ import pytest
 from jupyter_cudamem.growth import replay
 from jupyter_cudamem.growth.fitting import Fitting
 from jupyter_cudamem.reruns.recording import RecordedRun
-from jupyter_cudamem.reruns.search import REPLAY_MARGIN, BatchSearch
-from jupyter_cudamem.reruns.tries import Observation
+from jupyter_cudamem.batchsearch.policy import REPLAY_MARGIN, BatchSearch
+from jupyter_cudamem.batchsearch.state import Observation
 from tests.fakes import GiB, MiB
 
 CAP = 6 * GiB

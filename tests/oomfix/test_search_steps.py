@@ -15,10 +15,10 @@ import pytest
 
 from jupyter_cudamem.growth import FixedMemory, replay
 from jupyter_cudamem.growth.fixed import made_in_steps, step_gradients
-from jupyter_cudamem.reruns.recording import RecordedRun, without_step_marks
-from jupyter_cudamem.reruns.search import BatchSearch
-from jupyter_cudamem.reruns.tries import Observation
-from jupyter_cudamem.growth.replay import read_trace_within
+from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.sources.torch_trace import read_trace_within, without_step_marks
+from jupyter_cudamem.batchsearch.policy import BatchSearch
+from jupyter_cudamem.batchsearch.state import Observation
 from tests.fakes import GiB, MiB
 
 CAP = 6 * GiB

@@ -40,11 +40,11 @@ from typing import TypeVar
 
 from jupyter_cudamem.growth import FixedMemory
 from jupyter_cudamem.growth.fitting import allocated_limit, largest_below
-from jupyter_cudamem.growth.pairing import Line
+from jupyter_cudamem.growth.pairing import EventLine
 from jupyter_cudamem.growth.replay import Event, StartSegment, block_bytes, replay, segment_bytes
 from jupyter_cudamem.reruns.recording import RecordedRun
-from jupyter_cudamem.reruns.search import BatchSearch
-from jupyter_cudamem.reruns.tries import Observation
+from jupyter_cudamem.batchsearch.policy import BatchSearch
+from jupyter_cudamem.batchsearch.state import Observation
 
 MiB = 2**20
 GiB = 2**30
@@ -263,9 +263,9 @@ def largest_fitting(step: Step, limit: int = 10**7) -> int:
     one that fits fits: below the bound the allocated bytes set, the replay steps down and bisects."""
     fixed_at = {event[1]: event[2] for event in step.events(0, False, None)[0] if event[0] != "free"}
     grown = step.events(limit, False, None)[0]
-    lines: list[Line] = [(kind, key, stream, 0.0, 0.0, 1.0) if kind == "free" else
-                         (kind, key, stream, float(fixed_at[key]), (size - fixed_at[key]) / limit, 1.0)
-                         for kind, key, size, stream in grown]
+    lines: list[EventLine] = [(kind, key, stream, 0.0, 0.0, 1.0) if kind == "free" else
+                              (kind, key, stream, float(fixed_at[key]), (size - fixed_at[key]) / limit, 1.0)
+                              for kind, key, size, stream in grown]
     held = _allocated(start_segments(step.held_at_start(False)))
     # Sizes are truncated to whole bytes: a sample's share of one byte per tensor keeps the bound above.
     slack = len(lines) / limit

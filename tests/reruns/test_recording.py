@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from jupyter_cudamem.reruns.recording import MAX_EVENTS, RecordedRun, Recorder, start_segments
+from jupyter_cudamem.reruns.recording import MAX_EVENTS, RecordedRun, Recorder
+from jupyter_cudamem.sources.torch_trace import start_segments
 from jupyter_cudamem.growth.replay import StartSegment
 from tests.fakes import FakeAllocator, FakeMachine, MiB
 from tests.oomfix.test_driver import TRAINING_CELL, fail_first, setup
@@ -130,8 +131,7 @@ def _live_after(events, start, count: int) -> list[int]:
 def test_a_window_of_a_run_begins_with_what_the_run_held_when_the_window_began():
     import random
 
-    from jupyter_cudamem.growth.replay import read_trace
-    from jupyter_cudamem.reruns.recording import window_prologue
+    from jupyter_cudamem.sources.torch_trace import read_trace, window_prologue
     from tests.reruns.torch_like import TorchLikeRun
 
     rng = random.Random(11)

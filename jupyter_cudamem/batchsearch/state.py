@@ -1,6 +1,6 @@
 """What the tries of one batch search showed, and what follows from it: the largest batch that fitted,
 the smallest that failed, the budget, the memory model the fitted tries give (``growth``) and the
-allocator's replay of their recorded runs (``replayed``). ``search.BatchSearch`` chooses from it.
+allocator's replay of their recorded runs (``replayed``). ``policy.BatchSearch`` chooses from it.
 
 Pure arithmetic: no torch, no IPython. Sizes in bytes.
 """
@@ -14,7 +14,7 @@ from ..growth import FixedMemory, Growth, batch_independent_requests, fit, throu
 from ..growth import fitting, replay
 from ..growth.fixed import made_in_steps
 
-from .recording import RecordedRun
+from ..reruns.recording import RecordedRun
 
 
 @dataclass(frozen=True)

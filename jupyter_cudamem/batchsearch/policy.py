@@ -124,7 +124,7 @@ from ..growth import Growth, lowest_slope
 from ..growth.fitting import REPLAY_MARGIN
 from ..units import MiB
 
-from .tries import Attempt, Observation, Tries
+from .state import Attempt, Observation, Tries
 
 FIRST_PROBE_DIVISOR = 64
 """The first probe is the failed batch over 64 (times budget/need when the failure's figures show the
