@@ -165,10 +165,9 @@ class Runner:
                 return error
             return None
 
-        start = self.recorder.start(index) if self.recorder is not None and index is not None else None
-        measured = run_measured(attempt, self.meter)
+        measured = run_measured(attempt, self.meter, self.recorder, index)
         oom = measured.error is not None
-        recorded = self.recorder.stop(start, index, failed=oom) if self.recorder is not None and index is not None else None
+        recorded = measured.recorded
         measurement = measured.measurement
         del measured  # its error's frames are cleared, but it is the failed run's: not kept
         value: Any = returned[0] if returned else None
