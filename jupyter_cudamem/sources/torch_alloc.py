@@ -224,6 +224,9 @@ class TorchAllocator:
         # Without stacks (context None) each event costs no Python frame walk: what %oomfix records.
         memory._record_memory_history(enabled="all", context="all" if stacks else None, stacks="python",
                                       max_entries=max_entries)
+        if self._steps is not None:
+            self._steps.remove()  # a recording never stopped: its hooks go, not beside the new ones
+            self._steps = None
         if mark_steps:
             self._steps = StepMarks.install(_torch())
 

@@ -190,3 +190,30 @@ def test_a_mark_never_breaks_the_users_step():
     on_gpu = types.SimpleNamespace(param_groups=[{"params": [types.SimpleNamespace(device=torch.device("cuda", 0))]}])
     marks._before(on_gpu, (on_gpu,), {})
     assert marks.marks == []
+
+
+def test_a_recording_never_stopped_leaves_no_step_hooks_beside_the_next_ones(monkeypatch):
+    import types
+
+    from jupyter_cudamem.sources import torch_alloc
+
+    recorded: list[dict] = []
+    memory = types.SimpleNamespace(_record_memory_history=lambda **kwargs: recorded.append(kwargs))
+    monkeypatch.setattr(torch_alloc, "_torch", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory)))
+    removed: list[str] = []
+    installed = iter(("first", "second"))
+
+    class Marks:
+        def __init__(self):
+            self.name = next(installed)
+
+        def remove(self):
+            removed.append(self.name)
+
+    monkeypatch.setattr(torch_alloc.StepMarks, "install", classmethod(lambda cls, torch: Marks()))
+    allocator = torch_alloc.TorchAllocator()
+    allocator.start_trace(10, stacks=False, mark_steps=True)
+    allocator.start_trace(10, stacks=False, mark_steps=True)  # the first was never stopped (an interrupt)
+    assert removed == ["first"] and allocator._steps is not None and allocator._steps.name == "second"
+    allocator.start_trace(10)  # no marks asked for: none left
+    assert removed == ["first", "second"] and allocator._steps is None and len(recorded) == 3
