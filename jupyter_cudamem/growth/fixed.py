@@ -120,6 +120,10 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
       the step's put the next try above the largest batch that fits, up to twice it, in 9 of 20,000
       models).
 
+    Where the run's optimizer steps were marked (``steps``), the marks replace the last two rules: what each
+    step made (``made_in_steps``) and the gradients each applied (``step_gradients``), in every iteration of
+    a loop, where the rules above see only the last one.
+
     Any other parameter-sized request keeps growing with the batch: at batch 1 a weight-sized activation
     is indistinguishable by its size (the H100 put the next try at 21 where 6 fits when all of them were
     taken as fixed; ``tests/gpu/test_oomfix_finetune_gpu.py``)."""
