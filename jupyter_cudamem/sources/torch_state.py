@@ -10,6 +10,7 @@ rerun draws from (dropout masks, ``randn`` inputs, a shuffling DataLoader).
 from __future__ import annotations
 
 import copy
+import importlib
 import random
 import sys
 from enum import Enum
@@ -173,13 +174,24 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any], k
 
 
 class HeldUntilStep:
-    """Tensors kept alive until an optimizer's next ``step()`` begins (a step pre-hook, torch 2.0+).
-    ``release()`` lets them go sooner and removes the hook (never from inside a step: the hook only
-    drops the tensors, as torch iterates its hooks while calling them)."""
+    """Tensors kept alive until an optimizer's next ``step()`` begins. ``release()`` lets them go sooner
+    and removes the hook (never from inside a step: the hook only drops the tensors, as torch iterates
+    its hooks while calling them).
+
+    The hook is torch's global step pre-hook, matched on the optimizer's ``state`` dict: a wrapper
+    (accelerate's ``AcceleratedOptimizer``) subclasses ``Optimizer`` without its hooks and steps the
+    optimizer it wraps, whose ``state`` it shares."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, held: list[Any]):
         self._held = held
-        self._handle = optimizer.register_step_pre_hook(lambda *_: self._held.clear())
+        state = optimizer.state
+
+        def release_on_step(stepping: object, *_: object) -> None:
+            if getattr(stepping, "state", None) is state:
+                self._held.clear()
+
+        hooks = importlib.import_module("torch.optim.optimizer")  # not an attribute of torch.optim in every torch
+        self._handle = hooks.register_optimizer_step_pre_hook(release_on_step)
 
     @property
     def holding(self) -> bool:

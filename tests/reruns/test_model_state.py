@@ -185,3 +185,57 @@ def test_copy_fits_leaves_a_share_of_host_memory():
     assert HOST_SHARE == 0.8
     assert copy_fits(800, 1000) and not copy_fits(801, 1000)
     assert copy_fits(10**15, None)  # unknown: taken
+
+
+class _WrappedOptimizer(torch.optim.Optimizer):
+    """As accelerate's ``AcceleratedOptimizer``: an ``Optimizer`` subclass that never runs its base
+    ``__init__`` (so it has no step hooks of its own), shares the wrapped optimizer's state and groups,
+    and steps it."""
+
+    def __init__(self, optimizer):  # noqa: D107 - no super().__init__, as the wrapper
+        self.optimizer = optimizer
+
+    @property
+    def state(self):
+        return self.optimizer.state
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @property
+    def defaults(self):
+        return self.optimizer.defaults
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+
+
+def test_a_wrapped_optimizers_state_is_held_until_the_optimizer_it_wraps_steps():
+    import weakref
+
+    model, other_model = _model(), _model()
+    optimizer = _WrappedOptimizer(torch.optim.AdamW(model.parameters(), lr=0.1))
+    other = torch.optim.AdamW(other_model.parameters(), lr=0.1)
+    restorer = Restorer(_found({"model": model, "opt": optimizer}, "step(model, opt)\n"))
+    restorer.take()
+    restorer.run(lambda source: _step(model, optimizer, steps=1))("")
+    moments = [weakref.ref(v) for entry in optimizer.state.values() for v in entry.values() if v.dim() > 0]
+    assert moments
+    restorer.restore()  # a wrapper without hooks of its own: no AttributeError
+    assert not optimizer.state and all(m() is not None for m in moments)
+    _step(other_model, other, steps=1)  # another optimizer's step lets nothing go
+    assert all(m() is not None for m in moments)
+    restorer.run(lambda source: _step(model, optimizer, steps=1))("")
+    assert all(m() is None for m in moments)  # the wrapped optimizer's step did
+    restorer.finish(last_fitted=True)
+    assert not restorer._held
