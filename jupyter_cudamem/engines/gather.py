@@ -29,7 +29,7 @@ INSTALL_HINT = (
 )
 NO_VIEW_HINT = (
     "no ipyparallel client in this kernel: connect one first, e.g. "
-    "cluster = ipyparallel.Cluster(n=2); rc = cluster.start_and_connect_sync()"
+    "cluster = ipyparallel.Cluster(n=2); cluster.start_cluster_sync(); rc = cluster.connect_client_sync()"
 )
 DEFAULT_TIMEOUT_S = 10.0
 MIN_TIMEOUT_S = 0.01
