@@ -99,12 +99,20 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
             buffers = list(module.buffers())
         except Exception:  # noqa: BLE001  a module that cannot list its tensors is skipped
             continue
+        shared: dict[Any, int] = {}  # storages holding several of the module's parameters: their sizes
         for tensor in parameters + buffers:
             if not probe.on_device(tensor):
                 continue
             found = True
             size = _nbytes(tensor)
             sizes.update((size, size // 2))  # and the half-precision copy autocast makes
+            whole = probe.device_storage(tensor)
+            if whole is not None and whole[1] > size:
+                # A parameter in a storage larger than itself: cuDNN's RNNs keep their weights in one flat
+                # buffer, and their backward pass makes the gradients as one too.
+                sizes.add(whole[1])
+                if getattr(tensor, "requires_grad", False):
+                    shared[whole[0]] = whole[1]
             held = storage(tensor)
             if held is not None and name in rebuilt:
                 parameters_bytes += held[1]
@@ -123,6 +131,7 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
                     if fresh:
                         gradients_bytes += _nbytes(parameter)
                         gradient_sizes.append(_nbytes(parameter))
+            trainable_sizes.extend(shared.values())  # a flat buffer's gradient, made whole by its backward
     for name, optimizer in optimizers:
         try:
             groups = list(optimizer.param_groups)

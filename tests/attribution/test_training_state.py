@@ -83,3 +83,19 @@ def test_a_model_the_cell_never_reads_makes_no_gradients():
     read = {id(p) for p in model.parameters()}
     fixed = fixed_memory(namespace, set(), CPU, read=read)
     assert fixed.gradients_bytes == 440 and fixed.optimizer_state_bytes == 0
+
+
+def test_parameters_in_one_flat_storage_make_its_size_a_parameters_and_a_trained_gradients():
+    # As cuDNN's LSTM on the GPU: every weight a view of one flat buffer, and its backward pass makes the
+    # gradients as one flat buffer too. The buffer's size is a request that does not grow with the batch.
+    flat = torch.zeros(1000 + 200)  # 4,800 bytes
+    module = torch.nn.Module()
+    module.weight = torch.nn.Parameter(flat[:1000])
+    module.bias = torch.nn.Parameter(flat[1000:])
+    optimizer = torch.optim.Adam(module.parameters())
+    fixed = fixed_memory({"rnn": module, "opt": optimizer}, rebuilt=set(), probe=CPU)
+    assert fixed.is_parameter_sized(4800) and fixed.is_parameter_sized(4000)
+    assert sorted(fixed.trainable_sizes) == [800, 4000, 4800]
+    assert fixed.gradients_bytes == 4800 and sorted(fixed.gradient_sizes) == [800, 4000]  # counted once
+    separate = fixed_memory({"m": torch.nn.Linear(100, 10)}, rebuilt=set(), probe=CPU)
+    assert sorted(separate.trainable_sizes) == [40, 4000]  # separate storages add nothing
