@@ -16,7 +16,8 @@ from typing import Any, ContextManager
 
 from ..batch import BatchChange, BatchFinding, Knob, find_batch
 from ..cell.edit import AutocastNotApplicable, wrap_in_autocast
-from ..cell.traits import CellTraits, cell_traits
+from ..cell.read import ReadCell, read_cell
+from ..cell.traits import CellTraits
 from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..measure import Meter
@@ -73,12 +74,11 @@ class CellAccess:
     quiet: Callable[[], ContextManager[Any]]
 
 
-def runs_restorer(cell: str, access: CellAccess, notes: list[str]) -> Restorer | None:
+def runs_restorer(cell: ReadCell, access: CellAccess, notes: list[str]) -> Restorer | None:
     """What puts the cell's training state and plain values back, after the last run, as the first run at the
     batch as written left them (``runs.measure_runs``'s ``after_first``): the plan's extra runs leave no
     steps in the model and no entries in the lists it appends to. ``None`` where the cell changes neither."""
-    trained, copy, too_large = what_to_restore(cell, access.namespace, access.transform, no_restore=False,
-                                               can_ask=True)
+    trained, copy, too_large = what_to_restore(cell, access.namespace, no_restore=False, can_ask=True)
     if too_large is not None:
         notes.append(f"the training steps of the plan's runs stay in {trained.describe()}: "
                      "a copy of its state would not fit in host memory")
@@ -152,7 +152,8 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
         _check_small(options.small, finding, batch)
     if knob is None:
         notes.append(f"{finding.summary()}: measured once and planned as fixed-size")
-    traits = cell_traits(cell, access.transform)
+    read = read_cell(cell, access.transform)  # its names serve every run: a run changes the batch, not the names
+    traits = read.traits
     autocast_source, dtype = _under_autocast(cell, knob, traits, access, notes) if options.autocast else (None, None)
 
     change = BatchChange(finding, knob, access.namespace, access.history) if knob is not None else None
@@ -160,12 +161,12 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
     # seen on the host by whatever else refers to it; a module the cell binds again stays bound (it is the
     # cell's fixed part).
     tensors_only = TorchMover(tensors_only=True)
-    restorer = runs_restorer(cell, access, notes) if knob is not None else None
+    restorer = runs_restorer(read, access, notes) if knob is not None else None
     graph_pools = GraphPools(hardware.allocator.release_graph_pools)
     runner = Runner(Meter(hardware, reset_peak=True), run=access.run if restorer is None else restorer.run(access.run),
                     is_oom=is_cuda_oom,
                     release=hardware.allocator.empty_cache, quiet=access.quiet,
-                    set_aside=lambda source: set_aside(access.namespace, source, tensors_only, access.transform),
+                    set_aside=lambda source: set_aside(access.namespace, read.rebinds, tensors_only),
                     recorder=Recorder(hardware.allocator), graph_pools=graph_pools)
     calibrate_at = None
     if options.calibrate:

@@ -6,9 +6,8 @@ that back to the raw line it came from when the transformer left it unchanged. E
 *raw* text at the AST positions of what they change, so comments, spacing and IPython syntax survive
 byte for byte, which ``ast.unparse`` of the whole cell could not promise.
 
-A cell is parsed once: ``parse_cell`` is memoised, so every reader of one source (the batch finder,
-the traits, the set-aside, the autocast wrapper) calls it and gets the same ``ParsedCell``, with no
-parsed tree handed from one to the next.
+A cell is parsed once: ``parse_cell`` is memoised, so every reader of one source (``read.read_cell``,
+the batch finder, the autocast wrapper) calls it and gets the same ``ParsedCell``.
 """
 
 from __future__ import annotations

@@ -28,6 +28,14 @@ def cell_traits(source: str, transform: Transform | None = None) -> CellTraits:
     try:
         tree = parse_cell(source, transform).tree
     except Exception:  # unparseable: the text is all we have
+        return traits_of(source, None)
+    return traits_of(source, tree)
+
+
+def traits_of(source: str, tree: ast.Module | None) -> CellTraits:
+    """What ``source`` does, read from ``tree`` (what IPython runs of it); from the text where it does not
+    parse (``None``)."""
+    if tree is None:
         return CellTraits(
             ".backward(" in source,
             "TrainingArguments" in source,

@@ -13,7 +13,8 @@ earlier cell, a DataLoader, a Trainer's arguments), found once per fix and kept 
 fitted, or put back when none did. Every try starts with what the failed cell started with: what the
 failed cell bound and binds again is set aside first (``reruns.set_aside``), and each failed try is undone.
 The OOM of each try is parsed once, and only its figures are kept (``TryResult``), never the exception;
-each source (the failed cell's, each try's) is parsed once (``parse_cell`` is memoised), whoever reads it.
+the failed cell comes read once (``cell.read.ReadCell``): its names and traits serve every try, whose
+source is run, never parsed here.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ from ..attribution.training_state import fixed_memory
 from ..growth import FixedMemory
 from ..batch import BatchFinding, find_batch
 from ..cell.edit import AutocastNotApplicable, CellDiff, wrap_in_autocast
-from ..cell.source import default_transform
-from ..cell.traits import CellTraits, cell_traits
+from ..cell.read import ReadCell
 from .cleanup import CleanupResult
-from ..reruns.set_aside import Mover, SetAside, bound_before_read
+from ..reruns.model_state import training_state
+from ..reruns.set_aside import Mover, SetAside
 from .options import check_max_tries, check_strategies
 from .outcome import Outcome, TryResult
 from .smaller_batch import BatchTried, SmallerBatch
@@ -55,13 +56,12 @@ def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
     )
 
 
-def freed_from_before(source: str, cleaned: CleanupResult | None,
-                      transform: Callable[[str], str] | None) -> tuple[int, list[str]]:
+def freed_from_before(rebinds: tuple[str, ...], cleaned: CleanupResult | None) -> tuple[int, list[str]]:
     """What the cleanup freed that was held before the failed cell (bytes, and by whom): the output cache,
-    and each variable deleted with ``--del`` that the cell does not bind (one it binds, it made)."""
+    and each variable deleted with ``--del`` that the cell does not bind again (``rebinds``: it made those)."""
     if cleaned is None:
         return 0, []
-    rebound = set(bound_before_read(source, transform))
+    rebound = set(rebinds)
     gained, held_by = 0, []
     if cleaned.freed_output_cache_bytes:
         gained += cleaned.freed_output_cache_bytes
@@ -75,16 +75,15 @@ def freed_from_before(source: str, cleaned: CleanupResult | None,
 
 @dataclass(frozen=True)
 class _FailedCell:
-    """What the strategies read of the failed cell, read once at the start of a fix: its OOM and the device
-    it names, where its batch lives, its traits; then what it needs at least and the room it has (bytes,
-    ``None``: unknown), and what the cleanup freed."""
+    """What the strategies read of the failed cell, read once at the start of a fix: the cell as read, its
+    OOM and the device it names, where its batch lives; then what it needs at least and the room it has
+    (bytes, ``None``: unknown), and what the cleanup freed."""
 
-    source: str
+    read: ReadCell
     namespace: Mapping[str, Any] | None
     oom: OomInfo | None
     device: int
     finding: BatchFinding | None
-    traits: CellTraits
     need: int | None = None
     budget: int | None = None
     cleaned: CleanupResult | None = None
@@ -106,7 +105,6 @@ class Driver:
     max_tries: int = 3
     strategies: tuple[Strategy, ...] = STRATEGIES
     autocast_dtype: Callable[[], str] | None = None
-    transform: Callable[[str], str] | None = None
     margin: float = 0.04
     mover: Mover | None = None
     oom_of: Callable[[BaseException], OomInfo | None] | None = None
@@ -123,23 +121,17 @@ class Driver:
         self.strategies = check_strategies(self.strategies)
         # Through lambdas, so that what a caller sets on the driver later (a test's run_source) is used.
         self._runs = FixTries(lambda source: self.run_source(source), self.hardware, lambda error: self.cleanup(error),
-                              self.max_tries, self.mover, self.oom_of, self._put_back, self.transform)
+                              self.max_tries, self.mover, self.oom_of, self._put_back)
         self._history: Sequence[str] | None = None
         self._fixed: FixedMemory | None = None  # what the cell's step holds whatever its batch
 
     @staticmethod
-    def _trained_ids(source: str, namespace: Mapping[str, Any] | None, transform: Callable[[str], str]) -> set[int] | None:
+    def _trained_ids(cell: ReadCell, namespace: Mapping[str, Any] | None) -> set[int] | None:
         """The ids of the parameters and optimizers the cell reads (through the functions it calls too), so
         what does not grow with the batch counts only what it trains; ``None`` where the cell does not parse."""
-        from ..cell.source import parse_cell
-        from ..reruns.model_state import training_state
-        from ..reruns.set_aside import names_bound_before_read
-
-        try:
-            tree = parse_cell(source, transform).tree
-        except (SyntaxError, ValueError):
+        if cell.parsed is None:
             return None
-        state = training_state(namespace or {}, tree, names_bound_before_read(tree))
+        state = training_state(namespace or {}, cell.reads, cell.binds_first)
         return {id(p) for p in state.parameters} | {id(o) for o in state.optimizers}
 
     def _put_back(self) -> None:
@@ -149,7 +141,7 @@ class Driver:
     # -- the whole fix ------------------------------------------------------------------------------
     def fix(
         self,
-        source: str,
+        cell: ReadCell,
         error: BaseException | None,
         namespace: Mapping[str, Any] | None = None,
         freed_bytes: int | None = None,
@@ -159,7 +151,8 @@ class Driver:
         cell_number: int | None = None,
         cleaned: CleanupResult | None = None,
     ) -> Outcome:
-        """Try the strategies on ``source``, which failed with ``error``; cleanup has already run.
+        """Try the strategies on ``cell`` (``cell.read.read_cell``), which failed with ``error``; cleanup has
+        already run.
 
         ``oom`` is the failure as parsed (pass it when the exception itself was released by the
         cleanup; it is parsed from ``error`` otherwise, once); ``error`` and ``oom`` both ``None`` means
@@ -172,11 +165,11 @@ class Driver:
         """
         oom = self._start(error, oom, namespace, history)
         error = None  # the figures are all we keep
-        cell = self._read_cell(source, namespace, oom, cell_number)
-        cell = self._levels(cell, freed_bytes, allocated_before, cleaned)
-        fitted, strategy, batch = self._try_strategies(cell)
+        failed = self._failed_cell(cell, namespace, oom, cell_number)
+        failed = self._levels(failed, freed_bytes, allocated_before, cleaned)
+        fitted, strategy, batch = self._try_strategies(failed)
         self._closing_notes(fitted)
-        return self._outcome(cell, fitted, strategy, batch, freed_bytes)
+        return self._outcome(failed, fitted, strategy, batch, freed_bytes)
 
     def _start(self, error: BaseException | None, oom: OomInfo | None, namespace: Mapping[str, Any] | None,
                history: Sequence[str] | None) -> OomInfo | None:
@@ -191,27 +184,27 @@ class Driver:
             raise CudaMemError(f"the last failure was not a GPU out-of-memory error ({one_line(error)}); %oomfix does nothing for it")
         return oom
 
-    def _read_cell(self, source: str, namespace: Mapping[str, Any] | None, oom: OomInfo | None,
-                   cell_number: int | None) -> _FailedCell:
-        """What the strategies read of the cell, read once: where its batch lives, its traits, and what its
-        step holds whatever its batch (read before the models the cell builds again are set aside: on the
-        host, they count nothing)."""
-        transform = self._runs.transform = self.transform or default_transform
+    def _failed_cell(self, cell: ReadCell, namespace: Mapping[str, Any] | None, oom: OomInfo | None,
+                     cell_number: int | None) -> _FailedCell:
+        """What the strategies read of the cell, once: where its batch lives and what its step holds whatever
+        its batch (read before the models the cell builds again are set aside: on the host, they count
+        nothing)."""
+        self._runs.rebinds = cell.rebinds
         finding = None
         if Strategy.BATCH in self.strategies:
-            finding = find_batch(source, namespace, transform, history=list(self._history or []), cell_number=cell_number)
-        traits = cell_traits(source, transform)
-        self._fixed = fixed_memory(namespace or {}, bound_before_read(source, transform),
-                                   self.probe if self.probe is not None else default_probe(), traits.trains,
-                                   read=self._trained_ids(source, namespace, transform))
-        return _FailedCell(source, namespace, oom, oom_device(oom), finding, traits)
+            finding = find_batch(cell.source, namespace, cell.transform, history=list(self._history or []),
+                                 cell_number=cell_number)
+        self._fixed = fixed_memory(namespace or {}, cell.rebinds,
+                                   self.probe if self.probe is not None else default_probe(), cell.traits.trains,
+                                   read=self._trained_ids(cell, namespace))
+        return _FailedCell(cell, namespace, oom, oom_device(oom), finding)
 
     def _levels(self, cell: _FailedCell, freed_bytes: int | None, allocated_before: int | None,
                 cleaned: CleanupResult | None) -> _FailedCell:
         """Set aside what the cell binds again, then read what it needs, the room it has, and the level every
         try's figures are taken from."""
         device = cell.device
-        aside = self._runs.set_aside(cell.source, device)
+        aside = self._runs.set_aside(device)
         if allocated_before is None and freed_bytes is not None:
             # Unknown: at most what is allocated now plus what the cleanup and the set-aside freed
             # (both may include what was there before the cell), so the need it gives errs low.
@@ -275,14 +268,14 @@ class Driver:
         finding = cell.finding
         fragmented = bool(cell.oom is not None and cell.oom.looks_fragmented)
         suggestions = build_suggestions(
-            cell.source, cell.traits, batch.batch_before, batch.batch_after, autocast_dtype, fragmented,
+            cell.read.source, cell.read.traits, batch.batch_before, batch.batch_after, autocast_dtype, fragmented,
             strategy is Strategy.AUTOCAST,
             # Where the batch lives decides how to accumulate (a Trainer's gradient_accumulation_steps).
             batch_home=None if finding is None or finding.chosen is None else finding.chosen.kind,
         )
         by_batch = strategy is Strategy.BATCH
         return Outcome(
-            original_source=cell.source,
+            original_source=cell.read.source,
             fixed_source=None if fitted is None else fitted.source,
             strategy=strategy,
             tries=tuple(self._runs.tries),
@@ -307,7 +300,7 @@ class Driver:
         rerun has. Only what was held before the cell and is gone now is (the output cache of earlier
         cells, a variable deleted with ``--del`` that the cell does not bind), and the rerun gets past the
         allocation that failed only if that is at least what the allocation lacked then."""
-        source, oom, needed, budget, device = cell.source, cell.oom, cell.need, cell.budget, cell.device
+        source, oom, needed, budget, device = cell.read.source, cell.oom, cell.need, cell.budget, cell.device
         if oom is None:
             return self._plain("as written", source, device)  # the cell has not failed yet (``%%oomfix``)
         if needed is not None and budget is not None and needed > budget:
@@ -316,7 +309,7 @@ class Driver:
                 f"(what it held when it failed plus the allocation that failed), {format_bytes(budget)} is free"
             )
             return None
-        gained, held_by = freed_from_before(source, cell.cleaned, self._runs.transform)
+        gained, held_by = freed_from_before(cell.read.rebinds, cell.cleaned)
         lacked = lacked_bytes(oom)
         if not gained:
             self._runs.notes.append("skipped a plain rerun: the cleanup freed only what the failed cell had made, "
@@ -337,7 +330,7 @@ class Driver:
     def _smaller_batch(self, cell: _FailedCell, finding: BatchFinding) -> BatchTried:
         """The batch strategy; where the batch is the data (inference over a whole tensor), over chunks of all
         of it, or a refusal."""
-        whole = whole_data_decision(finding, cell.namespace, self._runs.transform)
+        whole = whole_data_decision(finding, cell.namespace, cell.read.transform)
         if whole is not None:
             self._runs.notes.append(whole.note)
             if whole.chunked is None:
@@ -350,19 +343,19 @@ class Driver:
         if chosen is finding:
             return tried
         # The chunked cell's diff starts from the cell as the user wrote it.
-        diffs = tuple(replace(d, before=cell.source) if d.cell_number is None else d for d in tried.cell_diffs)
+        diffs = tuple(replace(d, before=cell.read.source) if d.cell_number is None else d for d in tried.cell_diffs)
         return replace(tried, cell_diffs=diffs)
 
     def _autocast(self, cell: _FailedCell) -> TryResult | None:
-        if cell.traits.autocast:
+        if cell.read.traits.autocast:
             self._runs.notes.append("the cell already uses autocast")
             return None
         namespace = cell.namespace
         has_torch = namespace is not None and getattr(namespace.get("torch"), "autocast", None) is not None
         dtype = self._dtype()
         try:
-            wrapped = wrap_in_autocast(cell.source, dtype, import_torch=not has_torch, transform=self.transform,
-                                       outside_names=stepping_functions(namespace))
+            wrapped = wrap_in_autocast(cell.read.source, dtype, import_torch=not has_torch,
+                                       transform=cell.read.transform, outside_names=stepping_functions(namespace))
         except SyntaxError as error:
             self._runs.notes.append(f"could not wrap the cell in autocast: it does not parse ({error.msg})")
             return None

@@ -2,8 +2,9 @@
 
 The magic reads the request once and hands over what it runs with: the shell, the hardware, how a try runs
 (``Reruns``), IPython's record of failures and who may be asked. This owns the rest, in order: who holds
-memory and the diagnosis; for ``--dry-run`` the plan; else the question, the cleanup, the copy of what the
-cell trains (``reruns.model_state.Restorer``) and the ``Driver`` of the tries.
+memory and the diagnosis; the one read of the cell (``cell.read.ReadCell``), handed to every part below;
+for ``--dry-run`` the plan; else the question, the cleanup, the copy of what the cell trains
+(``reruns.model_state.Restorer``) and the ``Driver`` of the tries.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..attribution.holders import find_holders, reaches_cuda
 from ..attribution.probe import TensorProbe
+from ..cell.read import ReadCell, read_cell
 from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..ipython_state import FailureRecorder, input_history, ipython_references, user_variables
@@ -70,10 +72,10 @@ def fix(
     if missing:
         raise CudaMemError(f"--del {missing[0]}: no such variable; nothing was deleted")
     diagnosis = _diagnosis(request, shell, hardware, probe)
+    cell = read_cell(request.source, shell.transform_cell)  # the one read of the cell: every part gets this
     if request.dry_run:
-        return _preview(request, diagnosis, shell, hardware)
-    trained, restore, too_large = what_to_restore(request.source, namespace, shell.transform_cell,
-                                                  request.no_restore, can_ask=request.ask)
+        return _preview(request, cell, diagnosis, shell, hardware)
+    trained, restore, too_large = what_to_restore(cell, namespace, request.no_restore, can_ask=request.ask)
     if request.ask:
         if confirm is None or not confirm(diagnosis, trained, restore, too_large):
             return None
@@ -89,7 +91,7 @@ def fix(
     try:
         # Our reruns are not the user's failures: the record stays the cell they ran.
         with recorder.paused():
-            outcome = driver.fix(request.source, None, namespace, freed_bytes=cleaned.freed_bytes, oom=request.oom,
+            outcome = driver.fix(cell, None, namespace, freed_bytes=cleaned.freed_bytes, oom=request.oom,
                                  allocated_before=request.allocated_before, history=input_history(shell),
                                  cell_number=request.cell_number, cleaned=cleaned)
         last_fitted = bool(outcome.tries) and outcome.tries[-1].fitted
@@ -118,7 +120,6 @@ def _driver(request: FixRequest, shell: InteractiveShell, hardware: Hardware, re
         cleanup=lambda failed: cleanup_module.cleanup(shell, hardware, exception=failed, holds_cuda=holds_cuda),
         max_tries=request.max_tries,
         strategies=request.strategies,
-        transform=shell.transform_cell,
         margin=request.margin,
         oom_of=reruns.oom_of,
         probe=probe,
@@ -133,10 +134,11 @@ def _diagnosis(request: FixRequest, shell: InteractiveShell, hardware: Hardware,
     return dataclasses.replace(diagnosis, verbose=request.verbose)
 
 
-def _preview(request: FixRequest, diagnosis: Diagnosis, shell: InteractiveShell, hardware: Hardware) -> Outcome:
+def _preview(request: FixRequest, cell: ReadCell, diagnosis: Diagnosis, shell: InteractiveShell,
+             hardware: Hardware) -> Outcome:
     """``--dry-run``: the plan beside the diagnosis; nothing freed, nothing rerun."""
-    preview = dry_run(request.source, request.oom, diagnosis, request.strategies, request.max_tries,
-                      request.cell_number, namespace=shell.user_ns, transform=shell.transform_cell,
+    preview = dry_run(cell, request.oom, diagnosis, request.strategies, request.max_tries,
+                      request.cell_number, namespace=shell.user_ns,
                       history=input_history(shell), hardware=hardware, margin=request.margin)
     return dataclasses.replace(preview, notes=preview.notes + request.limit_notes, verbose=request.verbose,
                                cell_name=request.cell_name)

@@ -125,7 +125,7 @@ class SmallerBatch:
         best: TryResult | None = None
         host_chunk: int | None = None
         while self.runs.left() > 0:
-            self._before_try(search, where.finding, device)
+            self._before_try(search, device)
             if (batch := search.next()) is None:
                 break
             try:
@@ -152,7 +152,7 @@ class SmallerBatch:
                 search.stop(self.runs.stopped)
         return best, host_chunk
 
-    def _before_try(self, search: BatchSearch, finding: BatchFinding, device: int) -> None:
+    def _before_try(self, search: BatchSearch, device: int) -> None:
         """Start the next try as the user's next run of the cell will, and tell the search what it starts from."""
         if self.runs.tries:
             # The model's and optimizer's values go back as they were before the reruns
@@ -160,7 +160,7 @@ class SmallerBatch:
             # optimizer state and gradients, the values the cell binds again: ``Restorer.restore``,
             # ``FixTries.set_aside``): the next try starts as the user's next run of the cell will,
             # and the level the search reads, and the segments it replays from, count it.
-            self.runs.set_aside(self.runs.tries[-1].source, device)
+            self.runs.set_aside(device)
             self._put_back_now()
         self.runs.release_graph_pools(device)
         self.runs.renew_workspaces(device)
@@ -168,7 +168,7 @@ class SmallerBatch:
         if level is not None and self.runs.reference is not None:
             search.set_level(level - self.runs.reference)
         search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device),
-                             self.runs.rebound_addresses(finding.source))
+                             self.runs.rebound_addresses())
 
     def _after_search(self, search: BatchSearch, device: int) -> None:
         if self.runs.tries and not self.runs.tries[-1].fitted:

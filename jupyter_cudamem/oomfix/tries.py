@@ -20,7 +20,7 @@ from ..oom import OomInfo, parse_oom
 from ..reruns.graph_pools import GraphPools
 from ..reruns.measured import run_measured
 from ..reruns.recording import Recorder
-from ..reruns.set_aside import Mover, SetAside, bound_before_read, restore_bindings, set_aside
+from ..reruns.set_aside import Mover, SetAside, restore_bindings, set_aside
 from ..sources.torch_host import TorchMover
 from .outcome import FailureSite, TryResult
 from .strategies import Strategy
@@ -89,7 +89,9 @@ class FixTries:
     """The tries of one fix (see the module docstring). ``run_source`` runs a cell's source and returns
     its error; ``cleanup`` frees what a failed try left; ``before_rerun`` puts the trained model and
     optimizer back before each try (``Driver.before_rerun``); ``oom_of`` reads a try's OOM (``parse_oom``
-    when ``None``); ``mover`` moves what is set aside (``TorchMover`` when ``None``)."""
+    when ``None``); ``mover`` moves what is set aside (``TorchMover`` when ``None``). ``rebinds``: the
+    names the failed cell binds again (``ReadCell.rebinds``), every try's too (a try changes its batch,
+    not its names)."""
 
     run_source: RunSource
     hardware: Hardware
@@ -98,7 +100,7 @@ class FixTries:
     mover: Mover | None = None
     oom_of: Callable[[BaseException], OomInfo | None] | None = None
     before_rerun: Callable[[], object] | None = None
-    transform: Callable[[str], str] | None = None
+    rebinds: tuple[str, ...] = ()
     tries: list[TryResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     namespace: Mapping[str, Any] | None = None
@@ -128,8 +130,8 @@ class FixTries:
         # What the failed cell bound and this try binds again goes to the host first (until a try fits:
         # then the last fitted try's values stay bound, as in the cell's next run).
         steady = self.after_a_fit
-        self.set_aside(source, device)
-        before, bound_again = self._bindings_before(namespace, source)
+        self.set_aside(device)
+        before, bound_again = self._bindings_before(namespace)
         grown = self._grown(namespace, bound_again, batch)
         at_start = self.allocated(device)
         # A batch try's allocations are recorded for the search's replay of the allocator (``replay``).
@@ -188,14 +190,14 @@ class FixTries:
             self.stop(f"rerun #{result.number} failed with {message}; stopped")
         return result
 
-    def _bindings_before(self, namespace: MutableMapping[str, Any] | None, source: str
+    def _bindings_before(self, namespace: MutableMapping[str, Any] | None
                          ) -> tuple[dict[str, Any] | None, dict[str, Callable[[], Any]]]:
         """What a failed try is undone to: the namespace as the try starts, less what the cell binds again
         once a try has fitted (its last values), which is only referred to weakly: held here, it would
         outlive the line that binds it again, which the cell's next run does not let it."""
         if namespace is None:
             return None, {}
-        again = set(bound_before_read(source, self.transform)) if self.after_a_fit else set()
+        again = set(self.rebinds) if self.after_a_fit else set()
         weak: dict[str, Callable[[], Any]] = {}
         for name in again & set(namespace):
             value = namespace[name]
@@ -253,21 +255,21 @@ class FixTries:
             self.stopped = reason
             self.notes.append(reason)
 
-    def rebound_addresses(self, source: str) -> frozenset[int]:
-        """Where on the device the values ``source`` binds again lie (``Mover.addresses``): what the replay
+    def rebound_addresses(self) -> frozenset[int]:
+        """Where on the device the values the cell binds again lie (``Mover.addresses``): what the replay
         takes as made anew by the next try (``growth.replay.held_elsewhere``)."""
         namespace = self.namespace
         if namespace is None:
             return frozenset()
         found: set[int] = set()
-        for name in bound_before_read(source, self.transform):
+        for name in self.rebinds:
             if name in namespace:
                 found |= self._mover.addresses(namespace[name])
         return frozenset(found)
 
-    def set_aside(self, source: str, device: int) -> SetAside:
-        """Set aside (``set_aside.set_aside``) what ``source`` binds again; kept with what earlier tries
-        set aside until a try that fits supersedes it or the fix ends.
+    def set_aside(self, device: int) -> SetAside:
+        """Set aside (``set_aside.set_aside``) what the cell binds again; kept with what earlier tries set
+        aside until a try that fits supersedes it or the fix ends.
 
         Only the failed cell's values: once a try has fitted, what it bound stays bound, and the next try
         holds it until it binds the name again, as the user's next run of the cell will."""
@@ -275,7 +277,7 @@ class FixTries:
         if not isinstance(namespace, MutableMapping) or self.after_a_fit:
             return self.aside
         before = self.allocated(device)
-        aside = set_aside(namespace, source, self._mover, self.transform)
+        aside = set_aside(namespace, self.rebinds, self._mover)
         after = self.allocated(device)
         if before is not None and after is not None:
             aside.freed_bytes = max(before - after, 0)

@@ -7,7 +7,7 @@ the copy put back before each rerun (and after the last, when the last one faile
 optimizer end as one run of the cell that fitted leaves them (``Restorer``).
 
 What the cell reads: the names it reads that it does not bind first (a name it binds before reading is a
-new object each run, ``set_aside.names_bound_before_read``), followed through the notebook's own
+new object each run, ``cell.read.ReadCell.binds_first``), followed through the notebook's own
 functions and classes (their globals, closures and defaults), bound methods, and the attributes and
 items of other objects a few levels deep (a Trainer's ``model``, a dict of models).
 
@@ -21,7 +21,6 @@ does not follow (files, NumPy arrays changed in place, iterators).
 
 from __future__ import annotations
 
-import ast
 import functools
 import itertools
 import types
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cell.names import code_names
+from ..cell.read import ReadCell
 from ..errors import CudaMemError
 from ..ipython_names import is_ipython_name
 from ..sources import torch_state
@@ -45,15 +45,6 @@ _WIDTH = 200
 # themselves need host memory too (their data, their inputs), and a copy that pushes the kernel into
 # swap or the OOM killer costs more than the steps it would undo.
 HOST_SHARE = 0.8
-
-
-def names_read(tree: ast.AST) -> list[str]:
-    """Every name the cell reads, once, in the order they appear (inside the functions it defines too:
-    their globals)."""
-    found = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
-    found += [n.target for n in ast.walk(tree) if isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name)]
-    found.sort(key=lambda n: (n.lineno, n.col_offset))
-    return list(dict.fromkeys(n.id for n in found))
 
 
 @dataclass
@@ -212,11 +203,12 @@ def _items(value: Any, path: str) -> list[tuple[str, Any]]:
         return []
 
 
-def training_state(namespace: Mapping[str, Any], tree: ast.AST, bound_again: Iterable[str] = ()) -> TrainingState:
-    """The training state the cell (``tree``, as IPython runs it) reads from ``namespace``; the names in
-    ``bound_again`` are bound by the cell before it reads them, so their old objects are not followed."""
+def training_state(namespace: Mapping[str, Any], reads: Iterable[str], bound_again: Iterable[str] = ()) -> TrainingState:
+    """The training state a cell that reads the names ``reads`` (``ReadCell.reads``) reads from ``namespace``;
+    the names in ``bound_again`` are bound by the cell before it reads them, so their old objects are not
+    followed."""
     finder = _Finder(namespace, bound_again)
-    for name in names_read(tree):
+    for name in reads:
         finder.name(name)
     return finder.state
 
@@ -341,22 +333,18 @@ class Restorer:
 
 
 def what_to_restore(
-    source: str, namespace: Mapping[str, Any], transform: Callable[[str], str], no_restore: bool, can_ask: bool
+    cell: ReadCell, namespace: Mapping[str, Any], no_restore: bool, can_ask: bool
 ) -> tuple[TrainingState, bool, str | None]:
     """The state the cell trains and the plain values it reads (``TrainingState``), whether the host copy
     of the training state is to be taken, and why not when it would not fit in host memory; one line
     asking for --no-restore when it would not fit and nobody can be asked (``can_ask`` false: --yes, or
     ``OomFix.confirm`` off). ``no_restore``: nothing is to be put back."""
-    from ..cell.source import parse_cell
     from ..sources.host import available_bytes
     from ..units import format_bytes
-    from .set_aside import names_bound_before_read
 
-    try:
-        tree = parse_cell(source, transform).tree
-    except (SyntaxError, ValueError):
+    if cell.parsed is None:
         return TrainingState(), False, None  # a cell that does not parse reruns to fail as it did
-    trained = training_state(namespace, tree, names_bound_before_read(tree))
+    trained = training_state(namespace, cell.reads, cell.binds_first)
     if no_restore:
         trained.plain = PlainState()  # nothing is put back, plain values included
         return trained, False, None

@@ -7,6 +7,7 @@ import contextlib
 
 import pytest
 
+from jupyter_cudamem.cell.read import read_cell
 from jupyter_cudamem.capacity.cards import Card
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, Run, build_plan
@@ -101,7 +102,7 @@ def test_the_runner_records_each_run_once_the_device_is_known_and_judge_pairs_th
     recorder = FakeRecorder(machine)
     runner = Runner(Meter(hardware, reset_peak=True), lambda s: exec(s, namespace), lambda e: False,
                     release=hardware.allocator.empty_cache, recorder=recorder,
-                    set_aside=lambda source: set_aside(namespace, source, FakeMover(machine)))
+                    set_aside=lambda source: set_aside(namespace, read_cell(source).rebinds, FakeMover(machine)))
     measured = measure_runs(runner, "x = make(batch)\n", 64, Batch())
     assert [r.recorded is not None for r in measured.runs] == [False, True, True]  # the first run finds the device
     assert recorder.devices == [0, 0]
@@ -183,7 +184,7 @@ def test_the_probe_comes_after_the_lines_points_and_the_cell_runs_at_its_batch_l
 
     runner = Runner(Meter(hardware, reset_peak=True), lambda s: exec(s, namespace), lambda e: isinstance(e, Oom),
                     release=hardware.allocator.empty_cache, recorder=WorkspaceRecorder(machine),
-                    set_aside=lambda source: set_aside(namespace, source, FakeMover(machine)))
+                    set_aside=lambda source: set_aside(namespace, read_cell(source).rebinds, FakeMover(machine)))
     measured = measure_runs(runner, cell, 64, Batch(), cap_at=cap_at)
     assert [r.label for r in measured.runs] == [AS_WRITTEN, SMALLER, AGAIN, WORKSPACES, FINAL]
     assert measured.runs[3].oom and not measured.workspaces_optional

@@ -13,6 +13,7 @@ import math
 import pytest
 
 from tests.fakes import FakeMover, FakeTensor, GiB, MiB
+from jupyter_cudamem.cell.read import read_cell
 from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, build_plan
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs
@@ -42,7 +43,7 @@ class Oom(RuntimeError):
 def plan_runs(hardware, machine, namespace, source, mover=True):
     runner = Runner(Meter(hardware, reset_peak=True), lambda s: exec(s, namespace), lambda e: isinstance(e, Oom),
                     release=hardware.allocator.empty_cache,
-                    set_aside=(lambda s: set_aside(namespace, s, FakeMover(machine))) if mover else None)
+                    set_aside=(lambda s: set_aside(namespace, read_cell(s).rebinds, FakeMover(machine))) if mover else None)
     measured = measure_runs(runner, source, 64, NamespaceBatch(namespace, source, 64))
     return measured, judge(measured, 64)
 
@@ -83,7 +84,7 @@ def test_a_run_that_runs_out_of_memory_gives_the_set_aside_tensors_back(hardware
     exec(CELL, namespace)
     runner = Runner(Meter(hardware, reset_peak=True), lambda s: exec(s, namespace), lambda e: isinstance(e, Oom),
                     release=hardware.allocator.empty_cache,
-                    set_aside=lambda s: set_aside(namespace, s, FakeMover(machine)))
+                    set_aside=lambda s: set_aside(namespace, read_cell(s).rebinds, FakeMover(machine)))
 
     def failing(batch):
         raise Oom("CUDA out of memory")

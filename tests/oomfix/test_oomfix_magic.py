@@ -253,6 +253,31 @@ def test_each_oom_is_parsed_once_from_the_failed_cell_through_every_rerun(env, m
     assert len(calls) == 1 + len(failed)
 
 
+def test_one_oomfix_of_three_batch_tries_parses_the_failed_cell_once_and_no_try(env, monkeypatch):
+    # The failed cell is read once (``oomfix.fix`` reads it into a ``cell.read.ReadCell``, which the restorer,
+    # the driver, the set-aside and the tries share; the batch finder shares its tree through
+    # ``parse_cell``'s memo, emptied here so that nothing parsed before counts): ``ast.parse`` runs once on
+    # it, whatever runs the magic, and the tries' sources, three other texts, are run, never parsed.
+    import ast
+    from collections import Counter
+    from functools import lru_cache
+
+    from jupyter_cudamem.cell import source as cell_source
+
+    shell, _, cell, _ = env
+    cell.hidden_limit_bytes = 5 * GiB  # fragmentation: the first prediction fails, so the search takes 3 tries
+    run(shell, FAILING_CELL)
+    memo = cell_source._parse
+    monkeypatch.setattr(cell_source, "_parse", lru_cache(maxsize=memo.cache_info().maxsize)(memo.__wrapped__))
+    parsed: Counter[str] = Counter()
+    real = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda text, *args, **kwargs: parsed.update([text]) or real(text, *args, **kwargs))
+    outcome = shell.run_line_magic("oomfix", "--yes -o --strategy batch --max-tries 3")
+    assert outcome.strategy == "batch" and outcome.reruns == 3
+    assert len({t.source for t in outcome.tries} - {FAILING_CELL}) == 3
+    assert parsed == {shell.transform_cell(FAILING_CELL): 1}
+
+
 # -- reruns leave no trace in what the cell trains (reruns/model_state.py) ----------------------------
 TRAINING_CELL = """batch_size = 6000
 train_step(batch_size)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from jupyter_cudamem.cell.read import read_cell
 from jupyter_cudamem.batch import find_batch
 from jupyter_cudamem.batch.whole import covers_whole_data
 from jupyter_cudamem.oomfix.driver import Driver
@@ -260,7 +261,7 @@ def test_driver_fixes_inference_with_chunks_and_every_row_computed(result_mib_pe
     namespace, run, driver = _driver(result_row_bytes=int(result_mib_per_row * MiB))
     error = run(INFERENCE_CELL)
     assert error is not None and "out of memory" in str(error)
-    outcome = driver.fix(INFERENCE_CELL, error, namespace, freed_bytes=0)
+    outcome = driver.fix(read_cell(INFERENCE_CELL), error, namespace, freed_bytes=0)
     assert outcome.fitted and outcome.strategy == "batch", repr(outcome)
     assert outcome.headline().startswith(f"%oomfix: fits in chunks of {outcome.batch_after} rows (all 32768 computed)")
     assert len(namespace["predictions"].rows) == len(namespace["features"].rows) == 32768
@@ -279,7 +280,7 @@ def test_a_joined_result_too_large_for_the_gpu_stays_on_the_host():
     namespace, run, driver = _driver(result_row_bytes=int(0.15 * MiB))
     error = run(INFERENCE_CELL)
     assert error is not None
-    outcome = driver.fix(INFERENCE_CELL, error, namespace, freed_bytes=0)
+    outcome = driver.fix(read_cell(INFERENCE_CELL), error, namespace, freed_bytes=0)
     assert outcome.fitted and outcome.strategy == "batch", [(t.batch, t.verdict, t.reason) for t in outcome.tries]
     first = outcome.tries[0]
     assert first.out_of_memory and first.failed_at is not None and not first.failed_at.in_module
@@ -302,7 +303,7 @@ def test_driver_refuses_rather_than_shrinking_a_metric_over_the_data():
     source = "batch_size = 32768\nfeatures = torch.randn(batch_size, 2048)\nresult = classifier.forward(features)\n"
     error = run(source)
     assert error is not None
-    outcome = driver.fix(source, error, namespace, freed_bytes=0)
+    outcome = driver.fix(read_cell(source), error, namespace, freed_bytes=0)
     assert not outcome.fitted and "predictions" not in namespace and "result" not in namespace
     assert not any(t.strategy == "batch" for t in outcome.tries)
     [note] = [n for n in outcome.notes if "does not shrink the batch" in n]

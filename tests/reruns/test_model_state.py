@@ -3,7 +3,6 @@ with real CPU PyTorch objects (jupyter_cudamem/reruns/model_state.py, sources/to
 
 from __future__ import annotations
 
-import ast
 import random
 
 import pytest
@@ -29,10 +28,10 @@ def _step(model, optimizer, scheduler=None, steps=2):
 
 
 def _found(namespace, source):
-    tree = ast.parse(source)
-    from jupyter_cudamem.reruns.set_aside import names_bound_before_read
+    from jupyter_cudamem.cell.read import read_cell
 
-    return training_state(namespace, tree, names_bound_before_read(tree))
+    read = read_cell(source, lambda text: text)
+    return training_state(namespace, read.reads, read.binds_first)
 
 
 def test_what_the_cell_reads_is_found_through_notebook_functions_and_objects():

@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import argparse
-import ast
 import collections
 import types
 
 import pytest
 
+from jupyter_cudamem.cell.read import read_cell
 from jupyter_cudamem.reruns import plain_state
 from jupyter_cudamem.reruns.model_state import Restorer, training_state
-from jupyter_cudamem.reruns.set_aside import names_bound_before_read
 
 NOTEBOOK = '''
 import collections, types
@@ -66,8 +65,8 @@ def _notebook() -> dict:
 
 
 def _state(namespace: dict, source: str = CELL):
-    tree = ast.parse(source)
-    return training_state(namespace, tree, names_bound_before_read(tree))
+    read = read_cell(source, lambda text: text)
+    return training_state(namespace, read.reads, read.binds_first)
 
 
 def _snapshot(ns: dict) -> dict:

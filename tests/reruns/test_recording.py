@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jupyter_cudamem.cell.read import read_cell
 from jupyter_cudamem.reruns.recording import MAX_EVENTS, RecordedRun, Recorder
 from jupyter_cudamem.sources.torch_trace import start_segments
 from jupyter_cudamem.growth.replay import StartSegment
@@ -67,7 +68,7 @@ def test_each_batch_try_of_a_fix_is_recorded_and_the_search_gets_the_allocators_
     fake.trace_entries = list(TRACE)
     true_max = cell.largest_fitting(20000)
     source = TRAINING_CELL.format(batch=8 * true_max)
-    outcome = driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+    outcome = driver.fix(read_cell(source), fail_first(run, source), namespace, freed_bytes=0)
     batch_tries = [t for t in outcome.tries if t.batch is not None]
     assert batch_tries and all(isinstance(t.recorded, RecordedRun) for t in batch_tries)
     # Failed tries too: their requests up to the one that raised say which of a fitted run's grow.
@@ -102,7 +103,7 @@ def test_an_interrupted_try_stops_the_recording():
     driver.run_source = interrupted
     source = TRAINING_CELL.format(batch=8 * cell.largest_fitting(20000))
     with pytest.raises(KeyboardInterrupt):
-        driver.fix(source, fail_first(run, source), namespace, freed_bytes=0)
+        driver.fix(read_cell(source), fail_first(run, source), namespace, freed_bytes=0)
     assert not fake.tracing
 
 

@@ -10,52 +10,16 @@ import gc
 
 from jupyter_cudamem.ipython_names import IPYTHON_NAMES, OUTPUT_CACHE_NAMES
 from jupyter_cudamem.oomfix.driver import Driver
-from jupyter_cudamem.reruns.set_aside import bound_before_read, restore_bindings, set_aside
+from jupyter_cudamem.cell.read import read_cell
+from jupyter_cudamem.reruns.set_aside import restore_bindings, set_aside
 from tests.fakes import FakeMover, FakeOutOfMemoryError, FakeTensor, GiB, MiB
 from tests.oomfix.simulated import OutOfMemoryError, capped_machine, fake_hardware, torch_oom_message
-
-
-def test_names_bound_before_they_are_read():
-    source = (
-        "x = torch.randn(batch_size, 256, device='cuda')\n"
-        "h = h.detach()\n"  # read first: its old value is needed
-        "out, hidden = model(x, h)\n"
-        "loss = out.sum()\n"
-        "loss.backward()\n"
-        "total += loss.item()\n"  # augmented: read first
-        "for step in range(2):\n    y = step\n"
-    )
-    assert bound_before_read(source) == ["x", "out", "hidden", "loss", "step", "y"]
-    wrapped = "with torch.autocast('cuda', dtype=torch.bfloat16):\n    x = make(8)\n    y = model(x)\n"
-    assert bound_before_read(wrapped) == ["x", "y"]
-    assert bound_before_read("x = x.cuda()\n") == []
-    assert bound_before_read("def f(:\n") == []
-
-
-def test_names_bound_in_a_loop_are_listed_unless_read_after_it():
-    training_loop = (
-        "for step in range(2):\n"
-        "    tokens = torch.randint(0, 10000, (bs, 129), device=dev)\n"
-        "    logits = lm(tokens[:, :-1])\n"
-        "    loss = loss_fn(logits, tokens)\n"
-        "    loss.backward()\n"
-    )
-    assert bound_before_read(training_loop) == ["step", "tokens", "logits", "loss"]
-    # Read after the loop: if the loop ran no step, the old value is what is read, so it stays bound.
-    assert bound_before_read(training_loop + "print(loss.item())\n") == ["step", "tokens", "logits"]
-    # Read in the loop before this iteration binds it: the previous value is needed.
-    assert bound_before_read("for i in range(3):\n    if i:\n        use(prev)\n    prev = f(i)\n") == ["i"]
-    # A branch and a try are walked in order too.
-    assert bound_before_read("if big:\n    out = model(x)\nelse:\n    out = None\n") == ["out"]
-    assert bound_before_read("try:\n    y = g(x)\nexcept E:\n    y = None\nz = y\n") == ["z"]
-    # A function's body binds nothing at the top level, and what it reads is read.
-    assert bound_before_read("for i in r:\n    def f():\n        return w\n    w = 1\n") == ["i"]
 
 
 def test_a_name_bound_in_a_loop_the_fitted_try_did_not_run_is_given_back():
     machine = capped_machine(4 * GiB)
     namespace = {"out": FakeTensor(100 * MiB, machine=machine), "x": FakeTensor(10 * MiB, machine=machine)}
-    aside = set_aside(namespace, "x = make(b)\nfor _ in range(n):\n    out = model(x)\n", FakeMover(machine))
+    aside = set_aside(namespace, read_cell("x = make(b)\nfor _ in range(n):\n    out = model(x)\n").rebinds, FakeMover(machine))
     assert aside.names == ("x", "out")
     namespace["x"] = FakeTensor(10 * MiB, machine=machine)  # a try that fitted bound x, ran no step
     aside.drop_rebound()
@@ -68,7 +32,7 @@ def test_set_aside_moves_what_the_cell_binds_again_and_gives_it_back():
     namespace = {"x": FakeTensor(1 * GiB, machine=machine), "model": FakeTensor(100 * MiB, machine=machine),
                  "h": FakeTensor(10 * MiB, machine=machine), "_": FakeTensor(1 * MiB, machine=machine)}
     mover = FakeMover(machine)
-    aside = set_aside(namespace, "x = make(batch)\nh = h * 2\nout = model(x)\n", mover)
+    aside = set_aside(namespace, read_cell("x = make(batch)\nh = h * 2\nout = model(x)\n").rebinds, mover)
     gc.collect()
     assert aside.names == ("x",) and "x" not in namespace
     assert machine.gpus[0].allocated == 111 * MiB  # the 1 GiB input is on the host now
@@ -79,7 +43,7 @@ def test_set_aside_moves_what_the_cell_binds_again_and_gives_it_back():
 def test_what_no_longer_fits_on_the_device_is_given_back_as_its_host_copy_never_lost():
     machine = capped_machine(4 * GiB)
     namespace = {"x": FakeTensor(1 * GiB, machine=machine)}
-    aside = set_aside(namespace, "x = make(batch)\n", FakeMover(machine))
+    aside = set_aside(namespace, read_cell("x = make(batch)\n").rebinds, FakeMover(machine))
     gc.collect()
     taken = FakeTensor(int(3.5 * GiB), machine=machine)  # what the reruns left holds the room x had
     assert aside.give_back() == ["x"]
@@ -103,7 +67,7 @@ def test_ipython_names_are_never_set_aside_and_a_try_binding_them_is_not_undone_
     namespace = {name: FakeTensor(1 * MiB, machine=machine) for name in names}
     namespace["x"] = FakeTensor(1 * MiB, machine=machine)
     source = "".join(f"{name} = make(1)\n" for name in names) + "x = make(1)\n"
-    aside = set_aside(namespace, source, FakeMover(machine))
+    aside = set_aside(namespace, read_cell(source).rebinds, FakeMover(machine))
     assert aside.names == ("x",)
     before = dict(namespace)
     after = {name: object() for name in namespace}
@@ -151,7 +115,7 @@ def _fix(forward_mib, backward_mib, cap=2 * GiB, held=300 * MiB, max_tries=3):
     assert error is not None and namespace["x"].is_cuda  # the failed cell bound its 1 GiB input, then failed
     driver = Driver(cell.run, fake_hardware(machine), lambda failed: machine.empty_cache(),
                     strategies=("batch",), max_tries=max_tries, mover=FakeMover(machine))
-    outcome = driver.fix(source, error, namespace, freed_bytes=0, allocated_before=started)
+    outcome = driver.fix(read_cell(source), error, namespace, freed_bytes=0, allocated_before=started)
     return outcome, machine, namespace, started
 
 
@@ -197,7 +161,7 @@ def test_a_failed_try_after_one_that_fitted_keeps_the_names_that_hold_no_gpu_mem
     runs.append(source)
     driver = Driver(second_fails, fake_hardware(machine), lambda failed: machine.empty_cache(),
                     strategies=("batch",), max_tries=3, mover=FakeMover(machine))
-    outcome = driver.fix(source, error, namespace, freed_bytes=0, allocated_before=started)
+    outcome = driver.fix(read_cell(source), error, namespace, freed_bytes=0, allocated_before=started)
     assert [t.fitted for t in outcome.tries][:2] == [True, False], outcome.text()
     assert namespace["batch_size"] == namespace["trained"] == outcome.batch_after  # never lost
     assert namespace["x"].untyped_storage().nbytes() == outcome.batch_after * MiB
@@ -238,26 +202,10 @@ def test_an_optimizer_rebound_by_the_cell_has_its_state_set_aside_and_given_back
     mover = TorchMover()
     assert mover.holds_gpu(optimizer)
     namespace = {"opt": optimizer}
-    aside = set_aside(namespace, "opt = torch.optim.Adam(params)\n", mover)
+    aside = set_aside(namespace, read_cell("opt = torch.optim.Adam(params)\n").rebinds, mover)
     assert aside.names == ("opt",) and "opt" not in namespace
     assert not any(getattr(t, "is_cuda", False) for t in optimizer.state[weight].values())
     assert not mover.holds_gpu(optimizer)
     assert aside.give_back() == ["opt"] and namespace["opt"] is optimizer
     assert optimizer.state[weight]["exp_avg"].is_cuda and optimizer.state[weight]["step"].item() == 1.0
     assert not mover.holds_gpu(torch.optim.SGD([weight], lr=0.1))  # no state: nothing to move
-
-
-def test_names_bound_before_read_in_ipython_input_as_the_shell_runs_it():
-    # The driver sets aside what ``bound_before_read`` lists, read through the shell's transform (one
-    # parse of each source, memoised in ``parse_cell``).
-    from jupyter_cudamem.cell.source import default_transform
-
-    cases = {
-        "x = make(b)\nh = h * 2\nfor _ in range(n):\n    out = model(x)\n": ["x", "_", "out"],  # h is read first
-        "with torch.autocast('cuda', dtype=torch.bfloat16):\n    x = make(8)\n    y = model(x)\n": ["x", "y"],
-        "!nvidia-smi\nx = make(b)\n%time y = model(x)\n": ["x"],  # y is bound inside %time's call
-        "%%time\nx = make(b)\n": [],  # a cell magic's body runs as one call: nothing bound at the top
-        "def f(:\n": [],
-    }
-    for source, names in cases.items():
-        assert bound_before_read(source, default_transform) == names, source
