@@ -23,11 +23,7 @@ from .left_attribution import LeftAttribution
 from .measuring import CellSettings, gpu_present, record
 
 if TYPE_CHECKING:
-    from IPython.core.interactiveshell import (
-        ExecutionInfo,
-        ExecutionResult,
-        InteractiveShell,
-    )
+    from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
 
     from ..attribution.left import NamespaceSnapshot
     from ..measure import Baseline, Meter

@@ -12,12 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ..attribution.left import (
-    DEFAULT_THRESHOLD_BYTES,
-    LeftBehind,
-    NamespaceSnapshot,
-    left_behind,
-)
+from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
 from ..attribution.probe import default_probe
 from ..attribution.tracked import TrackedNamespace
 from ..cell.names import SAFE_MAGICS, cell_names
@@ -29,11 +24,7 @@ from .cellrun import NO_VALUE
 from .measuring import CellSettings
 
 if TYPE_CHECKING:
-    from IPython.core.interactiveshell import (
-        ExecutionInfo,
-        ExecutionResult,
-        InteractiveShell,
-    )
+    from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
 
 
 class LeftAttribution:
