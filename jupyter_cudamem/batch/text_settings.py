@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any
 
 from ..cell.source import ParsedCell, Span, split_lines
 from .earlier_cells import code, where
