@@ -42,7 +42,7 @@ class _CallableMonitor(types.ModuleType):
     here, at the top, where the magics are known; the monitor package itself stays free of them.
     """
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Snapshot | None:
         from .magics.monitor import call_monitor
 
         return call_monitor(*args, **kwargs)
@@ -52,6 +52,8 @@ from . import monitor  # noqa: E402 - after the names above; a light package (it
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
+
+    from .monitor.snapshot import Snapshot
 
 monitor.__class__ = _CallableMonitor
 

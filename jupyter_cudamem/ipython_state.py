@@ -360,7 +360,7 @@ def _frame_references(errors: list[BaseException]) -> list[Reference]:
     return refs
 
 
-def cell_references(shell: InteractiveShell, value: Any = None, error: BaseException | None = None) -> list[Reference]:
+def cell_references(shell: InteractiveShell, value: object = None, error: BaseException | None = None) -> list[Reference]:
     """What IPython keeps, plus what a cell run inside a magic has not handed to IPython yet: its
     value (about to enter the output cache as ``Out[N]``) and its exception with its frames."""
     refs = ipython_references(shell)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 from .errors import CudaMemError
 
@@ -95,16 +94,16 @@ def format_seconds(seconds: float) -> str:
     return f"{minutes} min {rest} s"
 
 
-def number_in(value: Any, name: str, low: float, high: float, what: str) -> float:
+def number_in(value: object, name: str, low: float, high: float, what: str) -> float:
     """``value`` as a float from ``low`` to ``high`` (both included), else a ``CudaMemError`` naming ``name``.
 
     The one check of the numbers people type or set: NaN, infinities and numbers out of range are refused
     where they are given, not found later as an ``OverflowError`` in a wait or a division by zero in a figure.
     """
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not math.isfinite(value) or not low <= value <= high:
-        raise CudaMemError(f"{name} takes {what} from {low:g} to {high:g}; got {value:g}" if number else
-                           f"{name} takes {what} from {low:g} to {high:g}; got {value!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise CudaMemError(f"{name} takes {what} from {low:g} to {high:g}; got {value!r}")
+    if not math.isfinite(value) or not low <= value <= high:
+        raise CudaMemError(f"{name} takes {what} from {low:g} to {high:g}; got {value:g}")
     return float(value)
 
 

@@ -27,7 +27,7 @@ class Capture(StrEnum):
 CALLABLES_KEEPING = (types.FunctionType, types.MethodType, partial)
 
 
-def function_captures(function: Any) -> list[tuple[str, Any]]:
+def function_captures(function: types.FunctionType | types.MethodType | partial[object]) -> list[tuple[str, Any]]:
     """What a Python function keeps alive of its own: its default arguments and the contents of its
     closure cells (not its globals, not its code); a bound method, its object and function; a
     ``functools.partial``, its function and arguments. Each with the expression that reads it."""
@@ -49,7 +49,7 @@ def function_captures(function: Any) -> list[tuple[str, Any]]:
     return captures
 
 
-def capture_names(function: Any) -> dict[str, str]:
+def capture_names(function: types.FunctionType) -> dict[str, str]:
     """The variable each of ``function_captures``' expressions reads: ``{"__defaults__[0]": "t"}``."""
     code = function.__code__
     positional = code.co_varnames[: code.co_argcount]

@@ -143,7 +143,7 @@ class Holders(list[Holder]):
     cache_only_bytes: int = 0
 
 
-def is_user_name(name: str, value: Any) -> bool:
+def is_user_name(name: str, value: object) -> bool:
     """A variable of the user's own: not IPython's names, and not a handle on the machinery
     (``ip = get_ipython()`` reaches every namespace; our own recorder or results are not the user's data)."""
     if name in _IPYTHON_NAMES or (name[:1] == "_" and _IPYTHON_NAME_PATTERN.match(name)):
@@ -189,11 +189,11 @@ _ROOT_KINDS = {
 }
 
 
-def root_kind(value: Any, probe: TensorProbe) -> HolderKind:
+def root_kind(value: object, probe: TensorProbe) -> HolderKind:
     return _ROOT_KINDS.get(type_code(type(value), probe), HolderKind.OBJECT)
 
 
-def tensor_text(value: Any) -> str:
+def tensor_text(value: object) -> str:
     """``(4096, 1024), torch.float32`` for a tensor."""
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
@@ -211,7 +211,7 @@ MODULE_PARTS = (
 )
 
 
-def _detail(kind: HolderKind, value: Any, reach: Reach) -> str:
+def _detail(kind: HolderKind, value: object, reach: Reach) -> str:
     count = len(reach.storages)
     parts = reach.by_category()
     graph = parts.get(ReachedAs.GRAPH, 0)
@@ -358,7 +358,7 @@ def _holder(root: Root, user_reach: Mapping[Any, int]) -> Holder:
     )
 
 
-def reaches_cuda(obj: Any, probe: TensorProbe | None = None) -> bool:
+def reaches_cuda(obj: object, probe: TensorProbe | None = None) -> bool:
     """Whether any device storage is reachable through ``obj`` (by the same walk as ``find_holders``)."""
     probe = probe if probe is not None else default_probe()
     if probe is None or obj is None or isinstance(obj, ATOMS):

@@ -17,7 +17,7 @@ the root it hangs under:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from itertools import compress, islice
@@ -105,7 +105,7 @@ def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: T
     return Change.UNCHANGED, None
 
 
-def _container_change(value: Any, now: tuple[Any, ...], old: tuple[Any, ...]) -> tuple[Change, Any]:
+def _container_change(value: Iterable[object], now: tuple[Any, ...], old: tuple[Any, ...]) -> tuple[Change, Any]:
     """A list, tuple, dict or deque whose fingerprint changed: ``(Change.GREW, (old length, {position: old
     length of the child container there, or -1 for one that was not there}))`` when it gained items or
     a child container grew in place or was put where something else was (``history['losses'].append``,
@@ -263,7 +263,7 @@ workspace a library made in the cell (cuBLAS's, megabytes) or anything held out 
 either way, everything is walked."""
 
 
-def _mark_old(judged: list[Judged], reached: Any) -> None:
+def _mark_old(judged: list[Judged], reached: Container[object]) -> None:
     for entry in judged:
         for key in entry.novelty:
             if key in reached:

@@ -217,7 +217,7 @@ def left_behind(
     counted: set[Any] = {key for key in owners if verdict[key] == NEW}
     likely_roots: set[int] = set()
     # Unknown storages (an unchanged module's hooks and attributes), hooks first, up to what is unexplained.
-    def hooks_first(key: Any) -> tuple[bool, int]:
+    def hooks_first(key: object) -> tuple[bool, int]:
         index = owners[key][1]
         return judged[index].root.reach.storages[key].category is not ReachedAs.HOOKS, index
 

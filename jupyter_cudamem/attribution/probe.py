@@ -25,6 +25,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+StorageKey = tuple[str, int]
+"""Equal for tensors that share one storage: ``("storage", address)``, or ``("tensor", id)`` without one."""
+
 _RAW_PREFIX = "_raw_saved_"
 # Node types whose saved tensors sit behind unpack hooks that recompute (non-reentrant checkpoint).
 _HOOKED_GRAPH_MARKERS = frozenset({"_NoopSaveInputsBackward"})
@@ -40,7 +43,7 @@ HOOK_KINDS = {
 }
 
 
-def _is_cuda(tensor: Any) -> bool:
+def _is_cuda(tensor: object) -> bool:
     return bool(getattr(tensor, "is_cuda", False))
 
 
@@ -63,10 +66,10 @@ class TensorProbe:
     # Python storage object per call); a walk reads it for every tensor of the namespace.
     storage_address: Callable[[Any], int] | None = None
 
-    def is_tensor(self, obj: Any) -> bool:
+    def is_tensor(self, obj: object) -> bool:
         return isinstance(obj, self.tensor_types)
 
-    def device_storage(self, tensor: Any) -> tuple[Any, int] | None:
+    def device_storage(self, tensor: Any) -> tuple[StorageKey, int] | None:
         """``(key, bytes)`` of a counted tensor's storage, the key equal for tensors sharing it; else ``None``."""
         if not self.on_device(tensor):
             return None
@@ -81,7 +84,7 @@ class TensorProbe:
             except Exception:
                 return None
 
-    def storage_key(self, tensor: Any) -> Any:
+    def storage_key(self, tensor: Any) -> StorageKey | None:
         """``device_storage``'s key alone (what a walk that only asks *which* storages needs), or ``None``."""
         if not self.on_device(tensor):
             return None
@@ -97,7 +100,7 @@ class TensorProbe:
     cuda_storage = device_storage
 
 
-_made: tuple[Any, TensorProbe | None] = (None, None)  # (torch's module, its probe): made once, asked each cell
+_made: tuple[types.ModuleType | None, TensorProbe | None] = (None, None)  # (torch's module, its probe): made once, asked each cell
 
 
 def default_probe() -> TensorProbe | None:
@@ -114,7 +117,7 @@ def default_probe() -> TensorProbe | None:
     return probe
 
 
-def _torch_probe(torch: Any) -> TensorProbe:
+def _torch_probe(torch: types.ModuleType) -> TensorProbe:
     nn = getattr(torch, "nn", None)
     optim = getattr(torch, "optim", None)
     module_types = (nn.Module,) if nn is not None and hasattr(nn, "Module") else ()
@@ -124,7 +127,7 @@ def _torch_probe(torch: Any) -> TensorProbe:
 
 
 # -- autograd graphs ----------------------------------------------------------------------------
-def grad_fn_of(tensor: Any) -> Any:
+def grad_fn_of(tensor: object) -> Any:
     """The node that made ``tensor`` (``None`` for leaves, tensors made without gradients, and fakes)."""
     try:
         return getattr(tensor, "grad_fn", None)
@@ -132,7 +135,7 @@ def grad_fn_of(tensor: Any) -> Any:
         return None
 
 
-def grad_of(tensor: Any) -> Any:
+def grad_of(tensor: object) -> Any:
     """A tensor's ``.grad``; read only where PyTorch fills it (leaves, ``retain_grad()``), since reading
     it on other tensors costs a warning each time."""
     try:
@@ -172,7 +175,7 @@ def graph_is_hooked(nodes: list[Any]) -> bool:
     return any(type(node).__name__ in _HOOKED_GRAPH_MARKERS for node in nodes)
 
 
-def saved_by(node: Any, may_unpack: bool) -> Iterator[Any]:
+def saved_by(node: object, may_unpack: bool) -> Iterator[Any]:
     """What ``node`` keeps for its backward: saved tensors (or what a pack hook made of them) and, for
     a custom ``autograd.Function``, the other objects ``forward`` put on ``ctx``.
 
@@ -227,15 +230,15 @@ class ModuleHook:
     module_path: str
     kind: str
     name: str
-    hook: Any
-    captured: tuple[Any, ...]
+    hook: object
+    captured: tuple[object, ...]
     global_names: frozenset[str]
 
     def describe(self) -> str:
         return f"{self.kind} {self.name} on {self.module_path}"
 
 
-def _submodules(module: Any, path: str) -> Iterator[tuple[str, Any]]:
+def _submodules(module: object, path: str) -> Iterator[tuple[str, object]]:
     named = getattr(module, "named_modules", None)
     if callable(named):
         try:
@@ -252,9 +255,9 @@ def _submodules(module: Any, path: str) -> Iterator[tuple[str, Any]]:
                 yield from _submodules(child, f"{path}.{name}")
 
 
-def _hook_target(hook: Any) -> tuple[Any, tuple[Any, ...]]:
+def _hook_target(hook: object) -> tuple[object, tuple[object, ...]]:
     """The function behind a hook and the objects it captured."""
-    captured: list[Any] = []
+    captured: list[object] = []
     function = hook
     for _ in range(4):  # partial(partial(f, a), b) and bound methods of partials, a few levels deep
         if isinstance(function, functools.partial):
@@ -277,7 +280,7 @@ def _hook_target(hook: Any) -> tuple[Any, tuple[Any, ...]]:
     return function, tuple(captured)
 
 
-def _global_names(function: Any) -> frozenset[str]:
+def _global_names(function: object) -> frozenset[str]:
     code = getattr(function, "__code__", None)
     if code is None:
         return frozenset()
@@ -288,7 +291,7 @@ def _global_names(function: Any) -> frozenset[str]:
     return frozenset(names)
 
 
-def module_hooks(module: Any, path: str) -> list[ModuleHook]:
+def module_hooks(module: object, path: str) -> list[ModuleHook]:
     """Every forward/backward hook on ``module`` and its submodules, with what each captured."""
     found: list[ModuleHook] = []
     for sub_path, sub in _submodules(module, path):
@@ -304,7 +307,7 @@ def module_hooks(module: Any, path: str) -> list[ModuleHook]:
     return found
 
 
-def module_attributes(module: Any, path: str) -> Iterator[tuple[str, Any]]:
+def module_attributes(module: object, path: str) -> Iterator[tuple[str, Any]]:
     """``(path, value)`` of what the module and its submodules keep as plain attributes (``self.cache``)."""
     for sub_path, sub in _submodules(module, path):
         attributes = getattr(sub, "__dict__", {})

@@ -35,7 +35,7 @@ _CONTAINER_KINDS = (
 )
 
 
-def container_kind(value: Any) -> HolderKind | None:
+def container_kind(value: object) -> HolderKind | None:
     """The kind a container is shown by (``list``, ``dict``, ``deque``...); ``None`` for anything else."""
     for container, kind in _CONTAINER_KINDS:
         if isinstance(value, container):
@@ -135,7 +135,7 @@ def _kept_by_ipython(root: Root) -> str:
     return "its frames' tensors, kept by the failed cell's traceback"
 
 
-def _captures_text(value: Any, container: str | None, holder: dict[str, Any]) -> str | None:
+def _captures_text(value: object, container: str | None, holder: dict[str, Any]) -> str | None:
     """A function, or a container of functions, that keeps every tensor it reaches in what it captured
     (defaults, closures, a partial's arguments); ``None`` when something else keeps one of them."""
     captured = sorted({capture for capture in map(captured_by, holder["hits"]) if capture is not None})

@@ -189,7 +189,7 @@ class TrackedNamespace:
         return touched
 
     @staticmethod
-    def _codes_of(value: Any, namespace: Mapping[str, Any]) -> list[types.CodeType]:
+    def _codes_of(value: object, namespace: Mapping[str, Any]) -> list[types.CodeType]:
         """The code objects of a function, class or instance of a class defined in this namespace."""
         if isinstance(value, types.MethodType):
             value = value.__func__

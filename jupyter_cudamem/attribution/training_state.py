@@ -24,7 +24,7 @@ _STATE_TENSORS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "A
                   "SparseAdam": 2, "LBFGS": 0}
 
 
-def _state_tensors(optimizer: Any, group: Mapping[str, Any]) -> int:
+def _state_tensors(optimizer: object, group: Mapping[str, Any]) -> int:
     """How many tensors of a parameter's size the optimizer's first step creates for one parameter."""
     name = type(optimizer).__name__
     if name == "SGD":
@@ -75,7 +75,7 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
     built_sizes: list[int] = []
     found = False
 
-    def storage(tensor: Any) -> tuple[Any, int] | None:
+    def storage(tensor: object) -> tuple[Any, int] | None:
         found = probe.device_storage(tensor)
         if found is None or found[0] in counted:
             return None

@@ -177,7 +177,7 @@ class _Walker:
         self.track_paths = not defer_hidden
 
     def push(
-        self, item: Any, category: ReachedAs, position: int, path: tuple[Step, ...], owner: int, hidden: bool = False
+        self, item: object, category: ReachedAs, position: int, path: tuple[Step, ...], owner: int, hidden: bool = False
     ) -> None:
         if type(item) in ATOM_TYPES:
             return
@@ -278,7 +278,7 @@ class _Walker:
                     push(getattr(obj, slot), category, position, step, owner)
 
     def visit_tensor(
-        self, tensor: Any, category: ReachedAs, position: int, path: tuple[Step, ...], is_root: bool, owner: int
+        self, tensor: object, category: ReachedAs, position: int, path: tuple[Step, ...], is_root: bool, owner: int
     ) -> None:
         found = self.probe.device_storage(tensor)
         node = grad_fn_of(tensor)
@@ -301,12 +301,12 @@ class _Walker:
         if node is not None:
             self.visit_graph(node, position, path, owner)
 
-    def visit_graph(self, start: Any, position: int, path: tuple[Step, ...], owner: int) -> None:
+    def visit_graph(self, start: object, position: int, path: tuple[Step, ...], owner: int) -> None:
         """Every node not yet seen from ``start``, then what each keeps for its backward."""
         for saved in self.graph_saved(start):
             self.push(saved, ReachedAs.GRAPH, position, path, owner)
 
-    def graph_saved(self, start: Any) -> list[Any]:
+    def graph_saved(self, start: object) -> list[Any]:
         """What the graph nodes not yet seen from ``start`` keep for their backward (kept alive)."""
         nodes: list[Any] = []
         frontier = [start]
@@ -352,7 +352,7 @@ class _Walker:
 
 
 def walk(
-    root: Any,
+    root: object,
     probe: TensorProbe,
     skip_ids: frozenset[int] = frozenset(),
     follow_grad: bool = True,

@@ -241,7 +241,7 @@ class CallReader:
         value = resolve(self.body.scan.namespace, path)
         return value if found(value) else None
 
-    def _module_called(self, node: ast.Call, callee: Any) -> Any:
+    def _module_called(self, node: ast.Call, callee: object) -> Any:
         """What the cell calls: from the namespace, or, for a name the cell bound before the call, what it
         held when the cell failed (the model it built)."""
         if callee is not None or not isinstance(node.func, ast.Name) or node.func.id not in self.body.scope.bound_at:
@@ -270,7 +270,7 @@ def _positional_parameters(callee: Any, name: str) -> list[str | None]:
     return []
 
 
-def _leading_size(value: Any) -> int | None:
+def _leading_size(value: object) -> int | None:
     shape = getattr(value, "shape", None)
     if shape is not None and len(shape) > 0:
         try:

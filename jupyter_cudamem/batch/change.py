@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -289,7 +290,7 @@ class BatchChange:
             copied = getattr(args, "train_batch_size", batch)
             trainer._train_batch_size = copied if type(copied) is int else batch
 
-    def _original(self, target: LiveTarget, value: Any, undo: Callable[[], None]) -> Any:
+    def _original(self, target: LiveTarget, value: object, undo: Callable[[], None]) -> Any:
         """The value before the first try (recorded with how to put it back); later tries reuse it."""
         if target not in self._undo:
             self._undo[target] = undo
@@ -307,7 +308,7 @@ class BatchChange:
             raise CudaMemError(f"{path.text} is no longer in the namespace")
         return value
 
-    def _put(self, path: ObjectPath, value: Any) -> None:
+    def _put(self, path: ObjectPath, value: object) -> None:
         if not path.steps:
             self.namespace[path.root] = value
             return
@@ -344,7 +345,7 @@ def live_batch(namespace: Mapping[str, Any], target: LiveTarget) -> int | None:
     return default if type(default) is int else None
 
 
-def _stock_batch_sampler(loader: Any) -> Any:
+def _stock_batch_sampler(loader: object) -> Any:
     """The ``BatchSampler`` a wrapped loader batches with (inside accelerate's ``BatchSamplerShard`` too)."""
     sampler = getattr(loader, "batch_sampler", None)
     while sampler is not None and type(sampler).__name__ != "BatchSampler":
@@ -357,7 +358,7 @@ def _stock_batch_sampler(loader: Any) -> Any:
     return sampler
 
 
-def _assign(obj: Any, name: str, value: Any) -> None:
+def _assign(obj: object, name: str, value: object) -> None:
     try:
         setattr(obj, name, value)
     except AttributeError:
@@ -365,7 +366,7 @@ def _assign(obj: Any, name: str, value: Any) -> None:
         object.__setattr__(obj, name, value)
 
 
-def _set_default(function: Any, parameter: str, value: int) -> None:
+def _set_default(function: types.FunctionType, parameter: str, value: int) -> None:
     code = function.__code__
     positional = code.co_varnames[: code.co_argcount]  # co_argcount counts positional-only ones too
     defaults = list(function.__defaults__ or ())

@@ -14,7 +14,7 @@ import functools
 import inspect
 import types
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from .knobs import ObjectPath, Step
 from .names import batch_like
@@ -39,7 +39,7 @@ def _from_notebook(obj: object) -> bool:
     return getattr(obj, "__module__", None) == "__main__"
 
 
-def is_user_function(obj: object) -> bool:
+def is_user_function(obj: object) -> TypeGuard[types.FunctionType]:
     """A function defined in the notebook (whose source is in the input history)."""
     return isinstance(obj, types.FunctionType) and _from_notebook(obj)
 
@@ -118,7 +118,7 @@ def config_fields(obj: Any) -> Iterator[tuple[Step, Any]]:
         yield Step(name), value
 
 
-def batch_fields(obj: Any, path: ObjectPath, depth: int = 2) -> Iterator[tuple[ObjectPath, int]]:
+def batch_fields(obj: object, path: ObjectPath, depth: int = 2) -> Iterator[tuple[ObjectPath, int]]:
     """Every int field named like a batch size in a config and the configs inside it."""
     for step, value in config_fields(obj):
         child = path.child(step)
@@ -128,7 +128,7 @@ def batch_fields(obj: Any, path: ObjectPath, depth: int = 2) -> Iterator[tuple[O
             yield from batch_fields(value, child, depth - 1)
 
 
-def settable(parent: Any, step: Step) -> bool:
+def settable(parent: object, step: Step) -> bool:
     """Whether ``parent``'s field can be assigned (not a read-only property)."""
     if step.key:
         return True
@@ -158,14 +158,14 @@ def is_dataloader(obj: object) -> bool:
     return "DataLoader" in class_names(obj) and all(hasattr(obj, a) for a in ("dataset", "batch_sampler"))
 
 
-def wrapped_loader(loader: Any) -> Any:
+def wrapped_loader(loader: object) -> Any:
     """The DataLoader inside a wrapper that stands for it (accelerate's ``DataLoaderShard``, which
     ``Accelerator.prepare`` returns), or ``None`` for a loader that is itself a DataLoader."""
     inner = getattr(loader, "__dict__", {}).get("base_dataloader")
     return inner if inner is not None and type(loader) is not type(inner) and is_dataloader(inner) else None
 
 
-def loader_problem(loader: Any) -> str | None:
+def loader_problem(loader: object) -> str | None:
     """Why a loader's batch size cannot be changed by rebuilding it, or ``None`` when it can."""
     if getattr(loader, "batch_size", None) is not None:
         return None
@@ -180,7 +180,7 @@ def loader_problem(loader: Any) -> str | None:
     )
 
 
-def loader_batch_size(loader: Any) -> int | None:
+def loader_batch_size(loader: object) -> int | None:
     size = getattr(loader, "batch_size", None)
     if type(size) is int:
         return size
@@ -211,7 +211,7 @@ def is_lightning_holder(obj: object) -> bool:
     return callable(getattr(obj, "train_dataloader", None)) and bool(lightning_batch_paths(obj, ObjectPath("x")))
 
 
-def lightning_batch_paths(obj: Any, path: ObjectPath) -> list[tuple[ObjectPath, int]]:
+def lightning_batch_paths(obj: object, path: ObjectPath) -> list[tuple[ObjectPath, int]]:
     """Where a Lightning object keeps ``batch_size``: the attribute and its ``hparams``, as Lightning's own
     batch-size finder changes both."""
     holders: list[tuple[ObjectPath, int]] = []

@@ -83,7 +83,7 @@ def _via(trace: Trace, context: Context) -> tuple[LiveTarget, ...]:
     return tuple(targets)
 
 
-def _integer(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+def _integer(path: ObjectPath, value: object, read: Read, context: Context) -> list[Knob]:
     """An int the cell reads, named or used as a batch: a variable, or a field of a config (a batch of 1 too:
     the plan measures it; a fix says it cannot shrink)."""
     if type(value) is not int or value < 1:
@@ -118,7 +118,7 @@ def _integer(path: ObjectPath, value: Any, read: Read, context: Context) -> list
     ]
 
 
-def _dataloader(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+def _dataloader(path: ObjectPath, value: object, read: Read, context: Context) -> list[Knob]:
     """A DataLoader the cell iterates or hands on: rebuilt with the new batch size."""
     if not is_dataloader(value) or not (read.uses & {Use.ITERATED, Use.ARGUMENT}):
         return []
@@ -152,7 +152,7 @@ def _dataloader(path: ObjectPath, value: Any, read: Read, context: Context) -> l
     ]
 
 
-def _loader_trace(context: Context, path: ObjectPath, loader: Any, size: int) -> Trace:
+def _loader_trace(context: Context, path: ObjectPath, loader: object, size: int) -> Trace:
     """Where a loader's batch is written. A loader batched by its ``batch_sampler`` has it in the sampler
     (``BatchSampler(sampler, batch_size=256, ...)``), and DataLoader refuses a ``batch_size=`` beside
     ``batch_sampler=``; a prepared loader batches that way too, from the ``batch_size=`` of the loader it
@@ -202,7 +202,7 @@ def _hf_trainer(path: ObjectPath, value: Any, read: Read, context: Context) -> l
     return knobs
 
 
-def _training_arguments(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+def _training_arguments(path: ObjectPath, value: object, read: Read, context: Context) -> list[Knob]:
     """``TrainingArguments`` the cell passes to a ``Trainer`` it builds."""
     if not is_training_arguments(value) or Use.ARGUMENT not in read.uses:
         return []
@@ -228,7 +228,7 @@ def _training_arguments(path: ObjectPath, value: Any, read: Read, context: Conte
     ]
 
 
-def _lightning(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+def _lightning(path: ObjectPath, value: object, read: Read, context: Context) -> list[Knob]:
     """A Lightning datamodule (or module building its own loaders) the cell fits or evaluates."""
     if not (read.uses & {Use.ARGUMENT}) or not is_lightning_holder(value):
         return []
@@ -260,7 +260,7 @@ def _lightning(path: ObjectPath, value: Any, read: Read, context: Context) -> li
     ]
 
 
-def _config(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+def _config(path: ObjectPath, value: object, read: Read, context: Context) -> list[Knob]:
     """A config the cell hands to code we cannot read: its fields named like a batch size, weakly."""
     if not read.opaque_argument or not is_config_like(value) or isinstance(value, (list, tuple)):
         return []
@@ -290,7 +290,7 @@ def _config(path: ObjectPath, value: Any, read: Read, context: Context) -> list[
     return knobs
 
 
-def _bound(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+def _bound(path: ObjectPath, value: object, read: Read, context: Context) -> list[Knob]:
     """A ``functools.partial`` the cell (or code it calls) calls, binding an argument named like a batch size
     (``make_loader = partial(DataLoader, batch_size=128)``): passed as a batch size on every call."""
     if not read.called:
@@ -319,7 +319,7 @@ def _bound(path: ObjectPath, value: Any, read: Read, context: Context) -> list[K
     return knobs
 
 
-def _loader_collection(path: ObjectPath, value: Any, read: Read, context: Context) -> list[Knob]:
+def _loader_collection(path: ObjectPath, value: object, read: Read, context: Context) -> list[Knob]:
     """A dict or list of DataLoaders whose items the cell takes by a computed key (``dataloaders[phase]``)."""
     if not (read.element_uses & {Use.ITERATED, Use.ARGUMENT}):
         return []

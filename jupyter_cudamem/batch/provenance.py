@@ -274,7 +274,7 @@ class History:
     def _through_return(
         self,
         call: ast.Call,
-        callee: Any,
+        callee: object,
         steps: tuple[Step, ...],
         value: int,
         number: int,
@@ -333,7 +333,7 @@ class History:
 
 
 # -- the live callee --------------------------------------------------------------------------------------
-def _bound_argument(callee: Any, call: ast.Call, name: str) -> ast.expr | None:
+def _bound_argument(callee: object, call: ast.Call, name: str) -> ast.expr | None:
     """The argument expression of ``call`` that the live callee takes as parameter ``name``."""
     if callee is None or not callable(callee) or any(isinstance(a, ast.Starred) for a in call.args):
         return None

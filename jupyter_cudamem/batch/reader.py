@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import types
 from typing import Any
 
 from ..cell.source import ParsedCell, callable_name, int_constant
@@ -174,7 +175,7 @@ class BodyReader:
                 self._function_definition(item)
 
     # -- notebook code the body calls -----------------------------------------------------------------
-    def follow_call(self, node: ast.Call, callee: Any) -> None:
+    def follow_call(self, node: ast.Call, callee: object) -> None:
         """Read a notebook function (or a method of a notebook class) the code calls, with its parameters
         bound to the namespace paths the call passes."""
         self_path: ObjectPath | None = None
@@ -255,7 +256,7 @@ class BodyReader:
 
 
 def _bind_call(
-    node: ast.Call, callee: Any, function: Any, self_path: ObjectPath | None
+    node: ast.Call, callee: object, function: types.FunctionType, self_path: ObjectPath | None
 ) -> tuple[inspect.Signature, inspect.BoundArguments] | None:
     """The function's signature and the call's arguments bound to it (a method's first parameter to
     ``None``); ``None`` where the call unpacks ``*args``/``**kwargs`` or does not fit the signature."""
@@ -270,7 +271,7 @@ def _bind_call(
 
 
 def _definition_of(
-    history: History, function: Any
+    history: History, function: types.FunctionType
 ) -> tuple[int, ParsedCell, ast.FunctionDef | ast.AsyncFunctionDef] | None:
     """Where a notebook function or method was defined in the input history, found by its qualified name."""
     qualified = getattr(function, "__qualname__", function.__name__).split(".")

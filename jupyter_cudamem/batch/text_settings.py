@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any
 
 from ..cell.source import ParsedCell, Span, split_lines
 from .earlier_cells import code, where
@@ -36,7 +35,7 @@ def in_text(node: ast.Constant, steps: tuple[Step, ...], value: int, number: int
     return Trace((), place)
 
 
-def option_strings(parser: Any, dest: str) -> list[str]:
+def option_strings(parser: object, dest: str) -> list[str]:
     """The command-line options of a parser that set ``dest`` (``--batch-size``), or the usual spellings."""
     options = [o for a in getattr(parser, "_actions", []) if getattr(a, "dest", None) == dest for o in a.option_strings]
     return options or [f"--{dest}", f"--{dest.replace('_', '-')}"]

@@ -30,7 +30,7 @@ data as its one positional argument, on one line, at the top level) becomes
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..cell.source import ParsedCell, dotted_name, parse_cell
@@ -191,7 +191,7 @@ def _namespace_tensors(parsed: ParsedCell, namespace: Mapping[str, Any], bound: 
 def covers_whole_data(
     finding: BatchFinding,
     namespace: Mapping[str, Any] | None = None,
-    transform: Any = None,
+    transform: Callable[[str], str] | None = None,
 ) -> WholeData | None:
     """``WholeData`` when the cell's batch is its data (see the module docstring), else ``None``."""
     namespace = namespace if namespace is not None else {}

@@ -78,7 +78,7 @@ def _normal(name: str) -> str:
     return "".join(name.lower().split()).replace("-", "").replace("_", "")
 
 
-def _card(name: str, value: Any) -> Card:
+def _card(name: str, value: object) -> Card:
     ecc = False
     memory = value
     if isinstance(value, Mapping):

@@ -5,7 +5,7 @@ are importable from here too."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import CudaMemError
 from ..growth.through_points import Agreement, Line
@@ -28,6 +28,9 @@ from .prediction import (
     usable_bytes,
 )
 from .render import plan_html, plan_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "CALIBRATED_MARGIN", "DEFAULT_MARGIN", "Calibration", "CapacityPlan", "CardPlan", "PlanFigures", "Run",
@@ -52,7 +55,7 @@ class CapacityPlan(PlanFigures):
     def _repr_html_(self) -> str:
         return plan_html(self)
 
-    def figure(self) -> Any:
+    def figure(self) -> Figure:
         """A matplotlib figure: peak against batch, the measured points, each card's usable memory."""
         return plan_figure(self)
 

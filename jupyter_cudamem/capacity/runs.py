@@ -37,9 +37,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
@@ -51,6 +51,9 @@ from ..reruns.measured import run_measured
 from ..reruns.recording import Recorder
 from ..units import MiB
 from .prediction import Calibration, Run
+
+if TYPE_CHECKING:
+    from ..history import CellRecord
 
 
 class Change(Protocol):
@@ -66,7 +69,7 @@ class Measured:
     """The runs, what the last one returned, and what the device looked like."""
 
     runs: list[Run] = field(default_factory=list)
-    value: Any = None
+    value: object = None
     has_value: bool = False
     total_bytes: int | None = None  # the card the runs used, as CUDA reports it
     device_name: str | None = None
@@ -170,7 +173,7 @@ class Runner:
         recorded = measured.recorded
         measurement = measured.measurement
         del measured  # its error's frames are cleared, but it is the failed run's: not kept
-        value: Any = returned[0] if returned else None
+        value: object = returned[0] if returned else None
         if aside is not None and not oom:
             aside.drop()  # the run bound those names again
         if oom:
@@ -575,7 +578,7 @@ REPEAT_SLACK = 4 * MiB
 memory (a cached index tensor, a counter on the GPU)."""
 
 
-def history_match(records: Any, key: str, batch: int | None) -> Iterator[tuple[str, int]]:
+def history_match(records: Iterable[CellRecord], key: str, batch: int | None) -> Iterator[tuple[str, int]]:
     """Earlier measurements (``%%cudamem``'s history) of the cell ``key`` that ran without error."""
     for record in reversed(list(records)):
         if getattr(record, "source_key", None) != key:

@@ -91,7 +91,7 @@ def ask(
     client: Client,
     engines: Iterable[int],
     request: Callable[..., Any],
-    *args: Any,
+    *args: object,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> dict[int, tuple[EngineStatus, Any, str]]:
@@ -126,7 +126,7 @@ def ask_engines(
     client: Client,
     engines: Iterable[int],
     request: Callable[..., EngineReport],
-    *args: Any,
+    *args: object,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> list[EngineAnswer]:
@@ -145,7 +145,7 @@ def ask_engines(
 
 
 # -- the live monitor's transport -----------------------------------------------------------------------
-def feed_sender(shell: ZMQInteractiveShell, channel: str) -> Callable[[Any], None]:
+def feed_sender(shell: ZMQInteractiveShell, channel: str) -> Callable[[EngineReading], None]:
     """Engine side: a ``send(reading)`` that publishes on the engine's IOPub, as ipyparallel's
     ``publish_data`` does, but under a fixed parent ``channel`` instead of the request running now.
 
@@ -163,7 +163,7 @@ def feed_sender(shell: ZMQInteractiveShell, channel: str) -> Callable[[Any], Non
     parent = dict(extract_header(shell.get_parent()))
     parent["msg_id"] = channel
 
-    def send(reading: Any) -> None:
+    def send(reading: EngineReading) -> None:
         data = {str(reading.engine_id): reading}
         buffers = serialize_object(data, buffer_threshold=session.buffer_threshold, item_threshold=session.item_threshold)
         session.send(socket, "data_message", content={"keys": list(data)}, parent=parent, buffers=buffers, ident=publisher.topic)

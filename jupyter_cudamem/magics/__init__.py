@@ -6,13 +6,15 @@ event callbacks, configurables and threads.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ..hardware import Hardware, default_hardware
 from .base import CudaMemMagicsBase
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
+
+M = TypeVar("M", bound=CudaMemMagicsBase)
 
 
 def _magic_classes() -> list[type[CudaMemMagicsBase]]:
@@ -39,7 +41,7 @@ class Extension:
 
         self.after_cell = release_flushed_underscores_after_cell(shell)
 
-    def get(self, kind: type[CudaMemMagicsBase]) -> CudaMemMagicsBase | None:
+    def get(self, kind: type[M]) -> M | None:
         return next((m for m in self.magics if isinstance(m, kind)), None)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics
@@ -18,21 +18,22 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
     from . import Extension
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def one_line_errors(method: F) -> F:
+def one_line_errors(method: Callable[P, R]) -> Callable[P, R]:
     """Turn our ``CudaMemError`` into IPython's ``UsageError``: one red line, no traceback."""
 
     @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         __tracebackhide__ = True  # noqa: F841 - read by IPython's traceback printer
         try:
             return method(*args, **kwargs)
         except CudaMemError as error:
             raise UsageError(str(error)) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 
 
 def note(message: str) -> None:
@@ -72,7 +73,7 @@ class CudaMemMagicsBase(Magics):
 
     shell: InteractiveShell  # IPython types it Optional; ours always have one
 
-    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: Any):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
         super().__init__(shell=shell, **kwargs)
         self.hardware = hardware
         self.extension = extension  # the ``magics.Extension`` this belongs to, to find siblings

@@ -3,12 +3,12 @@ with an OOM's figures they bound what the failed cell itself needed (``%oomfix``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..hardware import Hardware
 
 if TYPE_CHECKING:
-    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.interactiveshell import ExecutionInfo, InteractiveShell
 
 _KEPT_CELLS = 8
 
@@ -38,7 +38,7 @@ class CellStarts:
         readings = self.hardware.allocator_readings() or None
         return None if readings is None else {index: r.allocated_bytes for index, r in readings.items()}
 
-    def _note_cell_start(self, info: Any = None) -> None:
+    def _note_cell_start(self, info: ExecutionInfo | None = None) -> None:
         # A callback must never raise into the kernel: a reading we cannot take is simply missing.
         try:
             readings = self.allocated_now()

@@ -28,7 +28,7 @@ import sys
 import threading
 import tokenize
 import warnings
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import CodeType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,7 @@ from .base import CudaMemMagicsBase, current_cell_number
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.utils.bunch import Bunch
 
 NO_VALUE = object()
 
@@ -54,14 +55,14 @@ class Ran:
     """What running a body did: its displayable values and its error, not yet shown."""
 
     started: bool  # False when the body ran no statement: it did not transform, parse or compile
-    values: list[Any] = field(default_factory=list)
+    values: list[object] = field(default_factory=list)
     quiet: bool = False  # a trailing ';' (IPython's rule): show no value
     error: BaseException | None = None
     kind: str = ""
     traceback: TracebackType | None = None
 
     @property
-    def value(self) -> Any:
+    def value(self) -> object:
         """The last value the body would display (``NO_VALUE`` for none or a trailing ``;``)."""
         return self.values[-1] if self.values and not self.quiet else NO_VALUE
 
@@ -141,7 +142,7 @@ def _failed_after_all(shell: InteractiveShell) -> None:
     flag is set to False now, and an observer puts it back to False when the cell's end sets it True.
     """
 
-    def correct(change: Any) -> None:
+    def correct(change: Bunch) -> None:
         if change.get("new"):
             shell.unobserve(correct, names="last_execution_succeeded")
             shell.last_execution_succeeded = False
@@ -202,7 +203,7 @@ def _split(shell: InteractiveShell, nodes: list[ast.stmt]) -> tuple[list[ast.stm
     return nodes, []
 
 
-def _run_coroutine(shell: InteractiveShell, coroutine: Any) -> Any:
+def _run_coroutine(shell: InteractiveShell, coroutine: Awaitable[object]) -> object:
     """Top-level ``await``: IPython's loop runner where no event loop is running this thread (a terminal,
     a script); in a kernel, on an event loop of its own in a worker thread (see ``_await_beside``)."""
     __tracebackhide__ = True  # noqa: F841
@@ -215,7 +216,7 @@ def _run_coroutine(shell: InteractiveShell, coroutine: Any) -> Any:
     return _await_beside(coroutine)
 
 
-def _await_beside(coroutine: Any) -> Any:
+def _await_beside(coroutine: Awaitable[object]) -> object:
     """Run ``coroutine`` to completion on a new event loop in a worker thread, and wait for it.
 
     In a kernel a cell runs inside the kernel's event loop, and a magic is a plain call within it: the
@@ -233,7 +234,7 @@ def _await_beside(coroutine: Any) -> Any:
     outcome: dict[str, Any] = {}
     as_in_the_cell = carry_thread_state()  # torch's per-thread state: current device, grad mode
 
-    async def body() -> Any:
+    async def body() -> object:
         try:
             return await coroutine
         except BaseException as error:  # noqa: BLE001 - the body's own, with its frames (a cancel's too)
@@ -370,7 +371,7 @@ class BodyRuns:
         self.shell = shell
         self._failed: Ran | None = None
 
-    def run(self, raw_cell: str) -> Any:
+    def run(self, raw_cell: str) -> object:
         __tracebackhide__ = True  # noqa: F841
         ran = run_cell_body(self.shell, raw_cell)
         if ran.error is not None:

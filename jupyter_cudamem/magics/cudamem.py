@@ -9,7 +9,8 @@ the history of measured cells (they never hold this class), and the magic itself
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from IPython.core.magic import line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -29,6 +30,16 @@ from .measuring import (
     ATTRIBUTE_ALLOWED, AUTO_ALLOWED, CellSettings, attribute_threshold_bytes, auto_threshold_bytes, gpu_present,
 )
 from .options import positive_int, size_setting
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.utils.bunch import Bunch
+
+    from ..attribution.probe import TensorProbe
+    from ..hardware import Hardware
+    from ..report import CellReport
+    from . import Extension
+    from .measuring import NvtxRanges, PeakCounter
 
 
 @magics_class
@@ -80,25 +91,25 @@ class CudaMem(CudaMemMagicsBase):
     # Every option is checked when it is set (``%config`` prints the one line) and applies from the
     # next cell on; history_size resizes the history at once.
     @validate("auto_threshold")
-    def _check_auto_threshold(self, proposal: Any) -> Any:
+    def _check_auto_threshold(self, proposal: Bunch) -> int | str:
         size_setting("CudaMem.auto_threshold", proposal["value"], AUTO_ALLOWED)
         return proposal["value"]
 
     @validate("attribute_threshold")
-    def _check_attribute_threshold(self, proposal: Any) -> Any:
+    def _check_attribute_threshold(self, proposal: Bunch) -> int | str:
         size_setting("CudaMem.attribute_threshold", proposal["value"], ATTRIBUTE_ALLOWED)
         return proposal["value"]
 
     @validate("history_size")
-    def _check_history_size(self, proposal: Any) -> int:
+    def _check_history_size(self, proposal: Bunch) -> int:
         return positive_int("CudaMem.history_size", proposal["value"], "the number of measured cells kept")
 
     @validate("trace_max_entries")
-    def _check_trace_max_entries(self, proposal: Any) -> int:
+    def _check_trace_max_entries(self, proposal: Bunch) -> int:
         return positive_int("CudaMem.trace_max_entries", proposal["value"], "the most allocation events --trace records")
 
     @validate("cards")
-    def _check_cards(self, proposal: Any) -> Any:
+    def _check_cards(self, proposal: Bunch) -> dict[str, object]:
         from ..capacity.cards import card_table
 
         try:
@@ -108,18 +119,18 @@ class CudaMem(CudaMemMagicsBase):
         return proposal["value"]
 
     @validate("trace_dir")
-    def _check_trace_dir(self, proposal: Any) -> str:
+    def _check_trace_dir(self, proposal: Bunch) -> str:
         if not proposal["value"].strip():
             raise TraitError("CudaMem.trace_dir takes a folder for --trace's snapshots, such as 'cudamem_traces'; got ''")
         return proposal["value"]
 
     @observe("history_size")
-    def _resize_history(self, change: Any) -> None:
+    def _resize_history(self, change: Bunch) -> None:
         history = getattr(self, "history", None)
         if history is not None:
             history.max_records = change["new"]
 
-    def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
         super().__init__(shell, hardware, extension, **kwargs)
         self.history = History(self.history_size)
         self.attribution = LeftAttribution(shell, hardware)
@@ -127,11 +138,11 @@ class CudaMem(CudaMemMagicsBase):
         self.measurer = CellMeasurer(shell, hardware, self.attribution, self.history, self.every_cell)
         self.arguments = CudaMemArguments(self.cudamem.parser)
         # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
-        self.probe: Any = None
+        self.probe: TensorProbe | None = None
         # What --breakdown counts with: ``namespace -> tracker`` (``sources.torch_breakdown.PeakTracker``
         # of CUDA tensors when ``None``); and what --nvtx marks with (``sources.nvtx.TorchNvtx``).
-        self.breakdown_tracker: Any = None
-        self.nvtx_ranges: Any = None
+        self.breakdown_tracker: Callable[[Mapping[str, object]], PeakCounter] | None = None
+        self.nvtx_ranges: NvtxRanges | None = None
 
     def settings(self) -> CellSettings:
         """The settings as a cell starts, read once for the helpers that measure it."""
@@ -197,7 +208,7 @@ class CudaMem(CudaMemMagicsBase):
     @no_var_expand  # the statement is the user's code: `{x}` and `$x` stay as written, as under %time
     @line_cell_magic
     @one_line_errors
-    def cudamem(self, line: str, cell: str | None = None) -> Any:
+    def cudamem(self, line: str, cell: str | None = None) -> CellReport | None:
         """Measure the GPU memory of a cell: peak and change, from PyTorch's allocator and NVML.
 
         Cell form::
@@ -215,7 +226,8 @@ class CudaMem(CudaMemMagicsBase):
             options, statement = self.arguments.split(line)
             mode = mode_of(options, statement, self.shell.user_ns)
             if mode is not None:
-                return self.every_cell.switch(mode)
+                self.every_cell.switch(mode)
+                return None
             if not statement:
                 raise CudaMemError("nothing to measure: use %%cudamem as a cell magic, %cudamem STATEMENT, or %cudamem on")
             cell, line = statement, options

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import line_magic, magics_class
@@ -28,10 +29,12 @@ from .base import CudaMemMagicsBase, one_line_errors
 from .options import parse_line
 
 if TYPE_CHECKING:
-    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
+    from ipyparallel import Client
     from traitlets.utils.bunch import Bunch
     from . import Extension
     from ..hardware import Hardware
+    from ..oomfix.outcome import Outcome
 
 ACTIONS = ("show", "on", "off", "status", "monitor", "stop")
 DEFAULT_HISTORY_CELLS = 20
@@ -47,7 +50,7 @@ def _engine_extension() -> Any:
     return shell, (None if shell is None else loaded(shell))
 
 
-def _oomfix_summary(outcome: Any) -> OomfixSummary | None:
+def _oomfix_summary(outcome: Outcome | None) -> OomfixSummary | None:
     if outcome is None:
         return None
     return OomfixSummary(
@@ -128,15 +131,15 @@ def stop_engine_feed(channel: str) -> None:
         engines_magics.stop_feed(channel)
 
 
-def timeout_seconds(value: Any, name: str) -> float:
+def timeout_seconds(value: object, name: str) -> float:
     return number_in(value, name, MIN_TIMEOUT_S, MAX_TIMEOUT_S, "seconds to wait for the engines")
 
 
-def interval_seconds(value: Any, name: str) -> float:
+def interval_seconds(value: object, name: str) -> float:
     return number_in(value, name, MIN_INTERVAL_S, MAX_INTERVAL_S, "seconds between readings")
 
 
-def _as_trait(check: Any, value: Any, name: str) -> float:
+def _as_trait(check: Callable[[object, str], float], value: object, name: str) -> float:
     try:
         return check(value, name)
     except CudaMemError as error:
@@ -165,7 +168,7 @@ class CudaMemEngines(CudaMemMagicsBase):
             raise TraitError(f"CudaMemEngines.history_cells takes a whole number, at least 1; got {proposal['value']!r}")
         return proposal["value"]
 
-    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: Any):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
         self.auto = False
         self.last: EnginesReport | None = None
@@ -173,7 +176,7 @@ class CudaMemEngines(CudaMemMagicsBase):
         self.live: EnginesLive | None = None
         self.live_view: LiveView | None = None
         self._live_channel: str | None = None
-        self._live_client: Any = None
+        self._live_client: Client | None = None
         # On an engine: the feeds this engine sends to clients, by channel.
         self.feeds: dict[str, tuple[Any, Poller, bool]] = {}
 
@@ -194,7 +197,7 @@ class CudaMemEngines(CudaMemMagicsBase):
     @argument("-o", "--output", action="store_true", help="Show the table and also return it (records in .answers).")
     @line_magic
     @one_line_errors
-    def cudamem_engines(self, line: str = "") -> Any:
+    def cudamem_engines(self, line: str = "") -> EnginesReport | EnginesHistory | None:
         """GPU memory of every ipyparallel engine, gathered here.
 
         Load the extension on the engines (``%px %load_ext jupyter_cudamem``) and measure cells there
@@ -207,7 +210,8 @@ class CudaMemEngines(CudaMemMagicsBase):
         args = parse_line(self.cudamem_engines, line)
         self._check_options(args)
         if args.action in ("on", "off", "status"):
-            return self._mode(args.action)
+            self._mode(args.action)
+            return None
         if args.action == "stop":
             self.stop_monitor()
             return None
@@ -273,7 +277,7 @@ class CudaMemEngines(CudaMemMagicsBase):
             return not any(flag in first.split() for flag in ("--noblock", "-a"))
         return first.startswith("%px ")
 
-    def _after_cell(self, result: Any = None) -> None:
+    def _after_cell(self, result: ExecutionResult | None = None) -> None:
         raw = getattr(getattr(result, "info", None), "raw_cell", None) or ""
         if not self._is_px_cell(raw):
             return
@@ -292,7 +296,7 @@ class CudaMemEngines(CudaMemMagicsBase):
             display(report)
 
     # -- the live monitor ---------------------------------------------------------------------------
-    def start_monitor(self, client: Any, engines: list[int], interval_s: float) -> EnginesLive:
+    def start_monitor(self, client: Client, engines: list[int], interval_s: float) -> EnginesLive:
         interval_s = interval_seconds(interval_s, "--interval")
         self.stop_monitor(quiet=True)
         channel = f"cudamem-engines-{uuid.uuid4().hex[:12]}"

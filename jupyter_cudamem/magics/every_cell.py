@@ -10,7 +10,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import CudaMemError
 from ..hardware import Hardware
@@ -21,6 +21,12 @@ from ..units import format_bytes
 from .base import current_cell_number, note
 from .left_attribution import LeftAttribution
 from .measuring import CellSettings, gpu_present, record
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
+
+    from ..attribution.left import NamespaceSnapshot
+    from ..measure import Baseline, Meter
 
 MODES = ("on", "off", "status")
 
@@ -43,7 +49,7 @@ def _parses(statement: str) -> bool:
     return True
 
 
-def mode_of(options: str, statement: str, namespace: Mapping[str, Any]) -> str | None:
+def mode_of(options: str, statement: str, namespace: Mapping[str, object]) -> str | None:
     """``on``/``off``/``status`` of the line form; one line saying what to type for a near miss.
 
     A name the user defined (``ON = 1``) is theirs to measure; so is any statement that parses.
@@ -78,7 +84,7 @@ class EveryCell:
     as each cell starts; ``attribution`` names who holds what a cell left; each measured cell goes into
     ``history``."""
 
-    def __init__(self, shell: Any, hardware: Hardware, attribution: LeftAttribution, history: History,
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, attribution: LeftAttribution, history: History,
                  settings: Callable[[], CellSettings]):
         self.shell = shell
         self.hardware = hardware
@@ -88,7 +94,7 @@ class EveryCell:
         self.on = False
         # Set while a %%cudamem cell runs (``measured_by_magic``): that cell is measured by the magic, not again here.
         self.inside_magic = False
-        self._baseline: Any = None
+        self._baseline: tuple[CellSettings, Meter, Baseline, str, NamespaceSnapshot | None] | None = None
         self._depth = 0
 
     def switch(self, command: str) -> None:
@@ -127,7 +133,7 @@ class EveryCell:
         finally:
             self.inside_magic = False
 
-    def pre_run_cell(self, info: Any = None) -> None:
+    def pre_run_cell(self, info: ExecutionInfo | None = None) -> None:
         # A cell may run others (%oomfix reruns through shell.run_cell): those nested cells belong
         # to the outer one's measurement, so only the outermost cell is measured.
         self._depth += 1
@@ -146,7 +152,7 @@ class EveryCell:
             self._baseline = None
             note(f"every-cell measurement skipped: {error}")
 
-    def post_run_cell(self, result: Any = None) -> None:
+    def post_run_cell(self, result: ExecutionResult | None = None) -> None:
         raw = getattr(getattr(result, "info", None), "raw_cell", None)
         if raw is not None and not raw.strip():
             return  # IPython skips pre_run_cell for a blank cell but still sends post_run_cell

@@ -6,8 +6,9 @@ only shows them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -21,8 +22,10 @@ from ..report.table import DEFAULT_SHOWN_CELLS
 from .base import CudaMemMagicsBase, one_line_errors
 from .options import parse_line
 
+T = TypeVar("T")
 
-def _saved(path: str, save: Any) -> Any:
+
+def _saved(path: str, save: Callable[[Path], T]) -> T:
     """``--save PATH`` for records and plots alike: missing folders are created; a path that cannot be
     written is one line."""
     target = Path(path).expanduser()
@@ -73,7 +76,7 @@ class CudaMemHistory(CudaMemMagicsBase):
     )
     @line_magic
     @one_line_errors
-    def cudamem_history(self, line: str = "") -> Any:
+    def cudamem_history(self, line: str = "") -> list[dict[str, Any]] | None:
         """Show the cells measured so far: a table, a plot, or records to load into pandas.
 
         The table lists the latest cells and sums up the rest in one line (--all lists every cell); the plot

@@ -10,7 +10,7 @@ namespace holds."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, NamespaceSnapshot, left_behind
 from ..attribution.probe import default_probe
@@ -23,11 +23,14 @@ from .base import note
 from .cellrun import NO_VALUE
 from .measuring import CellSettings
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
+
 
 class LeftAttribution:
     """Attribution around the cells of one shell, with the settings each cell started with."""
 
-    def __init__(self, shell: Any, hardware: Hardware):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware):
         self.shell = shell
         self.hardware = hardware
         self.tracked: TrackedNamespace | None = None  # from the first snapshot on
@@ -68,11 +71,11 @@ class LeftAttribution:
             self._unsafe_magics = (len(line_magics), frozenset(line_magics).difference(SAFE_MAGICS))
         self.tracked.ran(cell_names(raw, self._unsafe_magics[1]))
 
-    def _pre_run_cell(self, info: Any = None) -> None:
+    def _pre_run_cell(self, info: ExecutionInfo | None = None) -> None:
         # Before too: a snapshot of a cell this one runs must see what this one changed.
         self._ran(getattr(info, "raw_cell", None))
 
-    def _post_run_cell(self, result: Any = None) -> None:
+    def _post_run_cell(self, result: ExecutionResult | None = None) -> None:
         raw = getattr(getattr(result, "info", None), "raw_cell", None)
         if raw is not None and not raw.strip():
             return  # IPython skips pre_run_cell for a blank cell but still sends post_run_cell
@@ -104,8 +107,8 @@ class LeftAttribution:
         return snapshot
 
     def left_behind(
-        self, settings: CellSettings, measurement: Measurement, snapshot: NamespaceSnapshot | None, value: Any = None,
-        error: Any = None,
+        self, settings: CellSettings, measurement: Measurement, snapshot: NamespaceSnapshot | None, value: object = None,
+        error: BaseException | None = None,
     ) -> LeftBehind | None:
         """Who holds what the cell left, when it left at least the threshold; never fails the cell."""
         self._cells_measured += 1

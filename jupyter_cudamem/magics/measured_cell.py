@@ -7,8 +7,8 @@ the breakdown ``breakdown``'s; this is the order they run in and what a failure 
 
 from __future__ import annotations
 
-from contextlib import ExitStack
-from typing import Any
+from contextlib import AbstractContextManager, ExitStack
+from typing import TYPE_CHECKING
 
 from IPython.display import display
 
@@ -21,14 +21,19 @@ from .base import current_cell_number, note
 from .cellrun import Ran, run_cell_body
 from .every_cell import EveryCell
 from .left_attribution import LeftAttribution
-from .measuring import CellSettings, record
+from .measuring import CellSettings, PeakCounter, record
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from ..breakdown import Breakdown
 
 
 class CellMeasurer:
     """Runs cells of one shell measured: ``attribution`` names who holds what a cell left, each measured
     cell goes into ``history``, and ``every_cell`` does not measure the cell again."""
 
-    def __init__(self, shell: Any, hardware: Hardware, attribution: LeftAttribution, history: History,
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, attribution: LeftAttribution, history: History,
                  every_cell: EveryCell):
         self.shell = shell
         self.hardware = hardware
@@ -54,7 +59,7 @@ class CellMeasurer:
         ran: Ran | None = None
         measurement: Measurement | None = None
         tracing: list[TraceSummary] | None = None
-        tracker: Any = None
+        tracker: PeakCounter | None = None
         try:
             with ExitStack() as stack:
                 cap_note = stack.enter_context(self.hardware.pytorch_capped(limit_bytes, meter.devices)) if limit_bytes else None
@@ -96,7 +101,7 @@ class CellMeasurer:
             return None
         return report
 
-    def _tracker(self, settings: CellSettings) -> Any:
+    def _tracker(self, settings: CellSettings) -> PeakCounter:
         """What counts the cell's tensors for --breakdown (imports torch: only when asked)."""
         if settings.breakdown_tracker is not None:
             return settings.breakdown_tracker(self.shell.user_ns)
@@ -104,7 +109,7 @@ class CellMeasurer:
 
         return PeakTracker(self.shell.user_ns)
 
-    def _breakdowns(self, tracker: Any, measurement: Measurement) -> tuple[Any, ...]:
+    def _breakdowns(self, tracker: PeakCounter, measurement: Measurement) -> tuple[Breakdown, ...]:
         """Where each measured device's peak went; a failure of ours costs the user only this part."""
         from ..breakdown import breakdowns_for
 
@@ -116,13 +121,13 @@ class CellMeasurer:
             note(f"could not break the peak down: {type(failure).__name__}: {failure}")
             return ()
 
-    def _nvtx_range(self, settings: CellSettings, count: int | None, cell: str) -> Any:
+    def _nvtx_range(self, settings: CellSettings, count: int | None, cell: str) -> AbstractContextManager[None]:
         from ..sources.nvtx import TorchNvtx, range_name
 
         ranges = settings.nvtx_ranges if settings.nvtx_ranges is not None else TorchNvtx()
         return ranges.range(range_name(count, cell))
 
-    def _tracing(self, settings: CellSettings, count: int | None) -> Any:
+    def _tracing(self, settings: CellSettings, count: int | None) -> AbstractContextManager[list[TraceSummary]]:
         return traced(self.hardware.allocator, settings.trace_max_entries, settings.trace_dir, count, self._describe_file)
 
     def _describe_file(self, filename: str) -> str:

@@ -4,10 +4,11 @@ history. The helpers (``measured_cell``, ``left_attribution``, ``every_cell``) t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, Self
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES
 from ..attribution.probe import TensorProbe
@@ -18,8 +19,27 @@ from ..repeats import run_growth, source_key
 from ..units import MiB
 from .options import size_setting
 
+if TYPE_CHECKING:
+    from ..breakdown import TrackedPeak
+
 AUTO_ALLOWED = "a size such as 1MiB, 512KB or 4096 (bytes), or 0 for a line after every cell"
 ATTRIBUTE_ALLOWED = "a size such as 64MiB or 1GB, or 'off' (or 0) to never name holders"
+
+
+class PeakCounter(Protocol):
+    """What --breakdown counts a cell's tensors with while it runs (``sources.torch_breakdown.PeakTracker``)."""
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def peaks(self) -> Mapping[str, TrackedPeak]: ...
+
+
+class NvtxRanges(Protocol):
+    """What --nvtx marks a cell with (``sources.nvtx.TorchNvtx``)."""
+
+    def range(self, name: str) -> AbstractContextManager[None]: ...
 
 
 @dataclass(frozen=True)
@@ -37,8 +57,8 @@ class CellSettings:
     trace_dir: str = "cudamem_traces"
     trace_max_entries: int = 200_000
     probe: TensorProbe | None = None
-    breakdown_tracker: Callable[[dict[str, Any]], Any] | None = None
-    nvtx_ranges: Any = None
+    breakdown_tracker: Callable[[Mapping[str, object]], PeakCounter] | None = None
+    nvtx_ranges: NvtxRanges | None = None
 
     def meter(self, hardware: Hardware, devices: list[int] | None = None, reset_peak: bool | None = None) -> Meter:
         return Meter(hardware, reset_peak=self.reset_peak if reset_peak is None else reset_peak, devices=devices,

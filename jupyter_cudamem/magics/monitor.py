@@ -83,7 +83,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
             )
         return value
 
-    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: Any):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
         # Set before the base class loads the shell's config, which calls the observers below.
         self.poller: Poller | None = None
         self.view: MonitorView | None = None
@@ -248,7 +248,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
 
     # -- live configuration -------------------------------------------------------------------
     @observe("interval_s", "history_s", "max_updates_per_s")
-    def _timing_changed(self, change: Any) -> None:
+    def _timing_changed(self, change: Bunch) -> None:
         if self.poller is None:
             return
         try:
@@ -257,7 +257,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
             self.note(str(error))
 
     @observe("alert_fraction")
-    def _alert_changed(self, change: Any) -> None:
+    def _alert_changed(self, change: Bunch) -> None:
         if self.view is not None:
             self.view.alert_fraction = change["new"]
             self.view.render()

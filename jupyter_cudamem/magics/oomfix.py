@@ -10,7 +10,8 @@ and the like.
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import TYPE_CHECKING
 
 from IPython.core.magic import cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import magic_arguments
@@ -35,6 +36,14 @@ from .oomfix_dialogue import confirmed, show, state_note
 from .oomfix_reruns import ShellReruns
 from .options import parse_line
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.utils.bunch import Bunch
+
+    from ..attribution.probe import TensorProbe
+    from ..hardware import Hardware
+    from . import Extension
+
 
 @magics_class
 class OomFix(CudaMemMagicsBase):
@@ -52,14 +61,14 @@ class OomFix(CudaMemMagicsBase):
 
     # Checked when set (``%config`` prints the one line); every option is read at the next %oomfix.
     @validate("max_tries")
-    def _check_max_tries(self, proposal: Any) -> int:
+    def _check_max_tries(self, proposal: Bunch) -> int:
         try:
             return check_max_tries(proposal["value"])
         except CudaMemError as error:
             raise TraitError(f"OomFix.{error}") from None
 
     @validate("strategies")
-    def _check_strategies(self, proposal: Any) -> str:
+    def _check_strategies(self, proposal: Bunch) -> str:
         try:
             check_strategies(proposal["value"])
         except CudaMemError as error:
@@ -67,7 +76,7 @@ class OomFix(CudaMemMagicsBase):
         return proposal["value"]
 
     @validate("margin")
-    def _check_margin(self, proposal: Any) -> float:
+    def _check_margin(self, proposal: Bunch) -> float:
         value = proposal["value"]
         if not 0.0 <= value < 1.0:
             raise TraitError(
@@ -76,7 +85,7 @@ class OomFix(CudaMemMagicsBase):
             )
         return value
 
-    def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
         from ..ipython_state import FailureRecorder, recorder_for
 
@@ -90,7 +99,7 @@ class OomFix(CudaMemMagicsBase):
         # bound what the failed cell itself needed.
         self.cell_starts = CellStarts(shell, hardware)
         # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
-        self.probe: Any = None
+        self.probe: TensorProbe | None = None
         self.reruns = ShellReruns(shell)
 
     def close(self) -> None:
@@ -191,7 +200,7 @@ class OomFix(CudaMemMagicsBase):
     # -- shared ----------------------------------------------------------------------------------
     def _fix(
         self,
-        args: Any,
+        args: argparse.Namespace,
         source: str,
         error: BaseException | None,
         oom: OomInfo,

@@ -4,7 +4,7 @@ that fitted."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from IPython.display import display
 
@@ -13,6 +13,8 @@ from ..oomfix.outcome import Outcome
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
+
+    from ..reruns.model_state import TrainingState
 
 _SIDE_EFFECTS = (
     "%oomfix reruns the cell (up to {tries} times): anything it does outside the notebook (writing files, "
@@ -25,7 +27,7 @@ _NOT_RESTORED = " The reruns' training steps stay in {names} (--no-restore)."
 _PLAIN = " The lists, dicts and variables it changes are put back before each rerun."
 
 
-def state_note(trained: Any, restore: bool, too_large: str | None) -> str:
+def state_note(trained: TrainingState, restore: bool, too_large: str | None) -> str:
     """What the question before rerunning says of the training state and the plain values."""
     plain = "" if trained.plain.empty else _PLAIN
     if trained.empty:

@@ -38,7 +38,7 @@ def split_line(line: str) -> list[str]:
 def parse_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
     """``line`` parsed by ``magic``'s own parser (from ``@magic_arguments``), split by ``split_line``: the one
     path every magic of ours reads its options by. The parser's errors are IPython's one-line ``UsageError``."""
-    parser: Any = getattr(magic, "parser")
+    parser: argparse.ArgumentParser = getattr(magic, "parser")
     return parser.parse_args(split_line(line))
 
 
@@ -102,7 +102,7 @@ def expand_options(options: str, namespace: Mapping[str, Any]) -> str:
 _OFF_WORDS = ("", "0", "off", "none")
 
 
-def size_setting(option: str, value: Any, allowed: str) -> int | None:
+def size_setting(option: str, value: object, allowed: str) -> int | None:
     """The bytes of a size option (``None``: off); a ``TraitError`` naming ``option`` and what it takes."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:

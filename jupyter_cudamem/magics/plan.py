@@ -8,7 +8,7 @@ table is extended with ``%config CudaMem.cards = {...}``; the margin defaults to
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from IPython.core.magic import cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
     from . import Extension
     from ..hardware import Hardware
+    from .cudamem import CudaMem
 
 
 @magics_class
@@ -45,7 +46,7 @@ class CudaMemPlan(CudaMemMagicsBase):
         "--margin overrides it for one plan.",
     ).tag(config=True)
 
-    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: Any):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
         self.last_plan: CapacityPlan | None = None
 
@@ -70,7 +71,7 @@ class CudaMemPlan(CudaMemMagicsBase):
     @no_var_expand
     @cell_magic("cudamem_plan")  # type: ignore[arg-type]  # IPython annotates cell_magic("name") as taking Never
     @one_line_errors
-    def cudamem_plan(self, line: str, cell: str) -> Any:
+    def cudamem_plan(self, line: str, cell: str) -> CapacityPlan | None:
         """Run the cell at its batch and at a smaller one, fit peak = fixed + per sample x batch, and say
         for this card and a table of common cards the largest batch that fits, and for the batch as
         written: fits, or a micro-batch and the gradient-accumulation steps that keep it exactly.
@@ -124,11 +125,11 @@ class CudaMemPlan(CudaMemMagicsBase):
         display(plan)
         return None
 
-    def _cudamem(self) -> Any:
+    def _cudamem(self) -> CudaMem | None:
         from .cudamem import CudaMem
 
         return None if self.extension is None else self.extension.get(CudaMem)
 
-    def _cards_setting(self) -> dict[str, Any]:
+    def _cards_setting(self) -> dict[str, object]:
         cudamem = self._cudamem()
         return dict(cudamem.cards) if cudamem is not None else {}

@@ -7,7 +7,7 @@ global changes, no GUI backend is needed, and the PNG shows in any frontend.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..units import GiB, MiB
 from ..report.plot import figure_png
@@ -15,6 +15,9 @@ from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
 from .state import MonitorState, Sample
 from .render import DEFAULT_ALERT_FRACTION
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 # The y-axis shows the whole card only when the data reaches this share of it; below, it zooms to the
 # data, or a story of a few GiB on an 80 GiB card sits in the bottom few percent of the plot. Half:
@@ -69,7 +72,7 @@ class Snapshot(TextReport):
             )
         return cls(tuple(devices), alert_fraction)
 
-    def figure(self) -> Any:
+    def figure(self) -> Figure:
         """A matplotlib ``Figure``: memory used, this kernel's share, total and alert line, per device."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

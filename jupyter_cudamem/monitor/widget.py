@@ -112,7 +112,7 @@ class WidgetView:
     def _html(self, state: MonitorState) -> str:
         return panel_html(state, self.poller.histories(), self.alert_fraction)
 
-    def _set(self, widget: Widget, name: str, value: Any) -> None:
+    def _set(self, widget: Widget, name: str, value: object) -> None:
         # Assigning an equal value sends nothing (traitlets does not notify), but we skip it
         # explicitly and count what does go out: the benchmark reports messages per second.
         if getattr(widget, name) != value:

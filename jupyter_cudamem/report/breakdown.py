@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import base64
 import html
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..advice import CategoryAdvice, category_advice
 from ..breakdown import CATEGORIES, OTHER_MODULE, Breakdown, Category, Phase
 from ..collector import collector_paused
 from ..units import GiB, KiB, MiB, format_bytes
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FIGURE_SIZE_IN = (9.0, 3.0)
 PNG_DPI = 100
@@ -89,7 +92,7 @@ def breakdown_lines(breakdown: Breakdown) -> list[str]:
     return lines
 
 
-def breakdown_figure(breakdown: Breakdown) -> Any:
+def breakdown_figure(breakdown: Breakdown) -> Figure:
     """One horizontal bar for the whole peak and one per module, each stacked by category."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -4,7 +4,10 @@ its lead and keeps the rest for who asks (``--verbose`` in text, a disclosure in
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from IPython.lib.pretty import PrettyPrinter
 
 
 class TextReport:
@@ -20,7 +23,7 @@ class TextReport:
     def __repr__(self) -> str:
         return self.text()
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+    def _repr_pretty_(self, printer: PrettyPrinter, cycle: bool) -> None:
         printer.text(f"{type(self).__name__}(...)" if cycle else self.text())
 
 

@@ -25,7 +25,7 @@ _NOT_AVAILABLE = (1 << 64) - 1
 _CLOSE_WAIT_S = 5.0
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

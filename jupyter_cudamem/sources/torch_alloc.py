@@ -18,10 +18,13 @@ from __future__ import annotations
 import gc
 import sys
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CudaMemError
 from .base import OPTIMIZER_STEPS, AllocatorReading, TorchDevice
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _torch() -> ModuleType:
@@ -69,7 +72,7 @@ def _graph_pool_bytes(torch: ModuleType, index: int) -> int:
                if segment.get("device") == index and tuple(segment.get("segment_pool_id") or (0, 0)) != (0, 0))
 
 
-def _pci_bus_id(props: Any) -> str | None:
+def _pci_bus_id(props: object) -> str | None:
     """NVML's form of the PCI address (``00000000:00:06.0``), where this torch exposes it."""
     bus = getattr(props, "pci_bus_id", None)
     if bus is None:
@@ -276,7 +279,7 @@ class StepMarks:
         marks._handles = [pre(marks._before), post(marks._after)]
         return marks
 
-    def _before(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _before(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         try:
             given = args[1:] if args and args[0] is optimizer else args  # torch passes the step's self too
             if given or (kwargs or {}).get("closure") is not None:
@@ -292,10 +295,10 @@ class StepMarks:
             return
 
     @staticmethod
-    def _device_of(optimizer: Any) -> Any:
+    def _device_of(optimizer: torch.optim.Optimizer) -> torch.device | None:
         return next((p.device for group in optimizer.param_groups for p in group["params"]), None)
 
-    def _after(self, optimizer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _after(self, optimizer: object, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         self._open.pop(id(optimizer), None)
 
     def remove(self) -> None:

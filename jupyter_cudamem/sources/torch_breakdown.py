@@ -57,10 +57,10 @@ class _Held:
     category: Category
     module: str
     device: str
-    reference: Any = None
+    reference: weakref.ref[torch.UntypedStorage] | None = None
 
 
-def _tensors(value: Any) -> Iterator[Any]:
+def _tensors(value: object) -> Iterator[torch.Tensor]:
     """The tensors in an operation's result (a tensor, or tuples and lists of them)."""
     if isinstance(value, torch.Tensor):
         yield value
@@ -229,7 +229,7 @@ class PeakTracker:
         return storage, address, str(tensor.device)
 
     @_guarded
-    def _made(self, result: Any) -> None:
+    def _made(self, result: object) -> None:
         category: tuple[Category, str] | None = None
         for tensor in _tensors(result):
             found = self._storage(tensor)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import copy
 import types
 from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TorchMover:
@@ -163,7 +166,7 @@ def _contained(value: object, depth: int = _CONTAINER_DEPTH) -> list[Any]:
     return found
 
 
-def _move_container(value: Any) -> tuple[object, Callable[[], object]] | None:
+def _move_container(value: object) -> tuple[object, Callable[[], object]] | None:
     """A model's output (``transformers``' ``ModelOutput`` is a dict), a batch dict, a list of losses: a
     copy whose CUDA tensors are on the host, detached (what they free is the failed run's autograd graph
     too; no rerun reads it back). The container itself is never changed: another name that refers to it
@@ -195,7 +198,7 @@ def _move(item: Any, depth: int) -> tuple[Any, Callable[[], Any]] | None:
     return host, lambda: _with(host, {key: back() for key, back in backs.items()})
 
 
-def _movable_children(item: Any) -> dict[Any, Any] | None:
+def _movable_children(item: object) -> dict[Any, Any] | None:
     """A mapping's items, a list's or tuple's by index, a plain object's attributes (``_plain_attributes``);
     ``None`` for anything else. (A read-only mapping is listed too: what it holds is seen, but copying it
     with its tensors replaced fails, so it is left bound.)"""
@@ -227,7 +230,7 @@ def _rebuilt_tuple(original: tuple[Any, ...], items: list[Any]) -> tuple[Any, ..
     return make(items) if callable(make) else (tuple(items) if type(original) is tuple else type(original)(items))
 
 
-def _optimizer_state(value: object) -> Any:
+def _optimizer_state(value: object) -> Mapping[object, object] | None:
     state = getattr(value, "state", None)
     return state if isinstance(state, Mapping) and hasattr(value, "param_groups") else None
 
@@ -239,7 +242,7 @@ def _state_tensors(value: object) -> list[Any]:
     return [t for entry in state.values() if isinstance(entry, Mapping) for t in entry.values()]
 
 
-def _move_optimizer_state(optimizer: Any) -> tuple[object, Callable[[], object]] | None:
+def _move_optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[object, Callable[[], object]] | None:
     """Move each CUDA tensor of ``optimizer.state`` to the host in place; give back moves them back."""
     moved: list[tuple[dict[Any, Any], Any, Any]] = []  # (state entry, key, device)
     for entry in optimizer.state.values():

@@ -13,6 +13,7 @@ import copy
 import importlib
 import random
 import sys
+from collections.abc import Callable
 from enum import Enum
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -80,7 +81,7 @@ def optimizer_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def scheduler_optimizer(scheduler: Any) -> Any:
+def scheduler_optimizer(scheduler: object) -> object:
     return getattr(scheduler, "optimizer", None)
 
 
@@ -250,7 +251,7 @@ def restore_random_state(saved: dict[str, Any]) -> None:
         numpy.random.set_state(saved["numpy"])
 
 
-def carry_thread_state() -> Any:
+def carry_thread_state() -> Callable[[], None]:
     """A function that gives the calling thread's torch state to another thread: the current CUDA device
     and whether gradients are enabled are per thread (a body run in a worker thread must see the
     device the notebook set with ``torch.cuda.set_device`` and a ``torch.set_grad_enabled(False)``)."""
