@@ -10,7 +10,6 @@ Pure Python, no torch.
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
@@ -49,8 +48,8 @@ of ``tests/oomfix/test_simulator.py``, 9,890 without."""
 
 @dataclass(frozen=True)
 class Fitting:
-    """Whether a batch fits, by replaying requests put on lines through measured runs (``fitting``,
-    ``fitting_from_one``); ``largest`` the largest batch that does."""
+    """Whether a batch fits, by replaying requests put on lines through measured runs (``paired_fittings``,
+    ``fitting_from_one``, ``paired_with_failure``); ``largest`` the largest batch that does."""
 
     fits: Callable[[int], bool]
     largest_up_to: Callable[[int], int]
@@ -65,33 +64,17 @@ class Fitting:
         return self.largest_up_to(max_batch)
 
 
-def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
-            start: Sequence[StartSegment], cap_bytes: int, margin: float = 0.0) -> Fitting | None:
-    """Whether a batch fits under ``cap_bytes``, from two runs' events.
+def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
+                    start: Sequence[StartSegment]) -> Callable[[int, float], Fitting] | None:
+    """Whether a batch fits under any cap and margin, ``(cap_bytes, margin)``, from two runs' events: paired
+    once (a search asks at several margins, a plan at several caps), each call costs only its replays.
 
     ``None`` when the two runs do not align: not one request of the larger run can be paired with one
     of the smaller (a different program ran; no measured line exists), or one of them made none.
     Requests left unpaired where others pair must fit both as proportional to the batch and at their
-    measured size (``_fits_either_way``); ``growth_lines`` gives the paired share for a caller that
-    wants to judge it. ``margin``: a batch fits when its requests' per-sample parts ``1 + margin`` times
-    as large do (the next run is another run: another cuDNN algorithm, a block of rounding).
-    """
-    under = fittings(first, batch_first, second, batch_second, start, margin)
-    return None if under is None else under(cap_bytes)
-
-
-def fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
-             start: Sequence[StartSegment], margin: float = 0.0) -> Callable[[int], Fitting] | None:
-    """``fitting`` under any cap: the runs are paired once, and each cap (a card of a capacity plan) costs
-    only its replays. ``None`` where ``fitting`` would be."""
-    under = paired_fittings(first, batch_first, second, batch_second, start)
-    return None if under is None else (lambda cap_bytes: under(cap_bytes, margin))
-
-
-def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
-                    start: Sequence[StartSegment]) -> Callable[[int, float], Fitting] | None:
-    """``fitting`` under any cap and margin, ``(cap_bytes, margin)``: the runs are paired once (a search
-    asks at several margins), each call costs only its replays. ``None`` where ``fitting`` would be."""
+    measured size (``_fits_either_way``). ``margin``: a batch fits when its requests' per-sample parts
+    ``1 + margin`` times as large do (the next run is another run: another cuDNN algorithm, a block of
+    rounding)."""
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
     if not any(kind != FREE for kind, *_ in first) or not any(kind != FREE for kind, *_ in second):
@@ -128,21 +111,12 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
     return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
 
 
-def fitting_from_one_and_failure(events: Sequence[Event], batch: int, failed: Sequence[Event], failed_batch: int,
-                                 start: Sequence[StartSegment], cap_bytes: int,
-                                 batch_independent: Collection[int] = (),
-                                 margin: float = 0.0) -> Fitting | None:
-    """``paired_with_failure`` under ``cap_bytes`` with ``margin``."""
-    under = paired_with_failure(events, batch, failed, failed_batch, start, batch_independent)
-    return None if under is None else under(cap_bytes, margin)
-
-
 def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Event], failed_batch: int,
                         start: Sequence[StartSegment],
                         batch_independent: Collection[int] = ()) -> Callable[[int, float], Fitting] | None:
     """Whether a batch fits under any cap and margin, ``(cap_bytes, margin)``, from one run that fitted and
     the beginning of one at a larger batch that failed (its events up to the request that raised): the
-    requests both made are on the line through their two sizes, as from two runs (``fitting``), and those
+    requests both made are on the line through their two sizes, as from two runs (``paired_fittings``), and those
     after the failure as from one (``fitting_from_one``). Paired once; each call costs only its replays.
 
     Why: one run cannot tell a request's batch-independent part from its per-sample part; a tensor of
@@ -190,28 +164,11 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
     return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
 
 
-def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],
-                          batch_second: int, start: Sequence[StartSegment], cap_bytes: int,
-                          max_batch: int = 1 << 30, margin: float = 0.0) -> int | None:
-    """``fitting(...).largest(max_batch)``; ``None`` where the runs give no fitting."""
-    found = fitting(first, batch_first, second, batch_second, start, cap_bytes, margin)
-    return None if found is None else found.largest(max_batch)
-
-
-def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment],
-                                   cap_bytes: int, max_batch: int = 1 << 30,
-                                   batch_independent: Collection[int] = (),
-                                   margin: float = 0.0) -> int | None:
-    """``fitting_from_one(...).largest(max_batch)``; ``None`` where the run gives no fitting."""
-    found = fitting_from_one(events, batch, start, cap_bytes, batch_independent, margin)
-    return None if found is None else found.largest(max_batch)
-
-
 def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measured_batch: int,
                      start: Sequence[StartSegment], cap_bytes: int,
                      margin: float) -> tuple[Callable[[int], bool], Callable[[int], int]]:
     """Whether a batch fits both when the ``unknown`` requests grow with the batch as their lines say and
-    when they keep the size measured at ``measured_batch`` (margins as in ``largest_fitting_batch``).
+    when they keep the size measured at ``measured_batch`` (margins as in ``paired_fittings``).
 
     Why both: a request whose growth two runs do not tell (one run, or two sizes that cannot be one
     tensor's: a workspace another algorithm sized) is either a batch's or a library's. Scaling it errs

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..units import MiB
+from .through_points import least_squares
 
 ALLOCATOR_BLOCK_BYTES = 2 * MiB
 """PyTorch's caching allocator rounds allocations above 1 MiB up to 2 MiB multiples (``kRoundLarge``)."""
@@ -135,11 +136,7 @@ def fit(points: Iterable[tuple[int, float]]) -> Growth | None:
     top = max(usable)
     if len(set(batches)) < 2:
         return through_origin(*top)
-    n = len(usable)
-    mean_b = sum(batches) / n
-    mean_p = sum(p for _, p in usable) / n
-    sxx = sum((b - mean_b) ** 2 for b in batches)
-    slope = sum((b - mean_b) * (p - mean_p) for b, p in usable) / sxx
+    slope, mean_b, mean_p = least_squares(usable)
     spread = max(batches) - min(batches)
     # A slope below zero is rounding (a peak never shrinks with the batch): the points then say only
     # that the slope is small, at most what the uncertainty of two points over their spread allows.

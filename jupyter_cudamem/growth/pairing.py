@@ -165,7 +165,7 @@ EventLine = tuple[EventKind, int, int, float, float, float]
 """One event on its own line, ``(kind, key, stream, fixed_bytes, bytes_per_sample, exponent)`` (the
 whole cell's peak on one line is ``line.Growth``): its request at batch ``b`` is ``fixed_bytes +
 bytes_per_sample * b ** exponent``. The exponent is 1 but for a request two runs show growing faster
-than the batch (``fitting.fitting_from_one_and_failure``)."""
+than the batch (``fitting.paired_with_failure``)."""
 
 
 class GrowthLines(NamedTuple):
