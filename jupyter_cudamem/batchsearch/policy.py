@@ -87,10 +87,6 @@ class BatchSearch(Tries):
         self.reason = choice.reason
         return choice.batch
 
-    def next_batch(self) -> int | None:
-        """The same as ``next()`` (the name the dry run's plan uses)."""
-        return self.next()
-
     def record(self, batch: int, observation: Observation | bool, peak_bytes: int | None = None) -> Attempt:
         """Record what a try of ``batch`` showed (``True``/``False`` with ``peak_bytes`` is short for an
         ``Observation``)."""
@@ -123,13 +119,6 @@ class BatchSearch(Tries):
         """End the search (the caller's reason: an error that is not an OOM, a change that cannot be made)."""
         if self.stopped is None:
             self.stopped = reason
-
-    def run(self, try_batch) -> int | None:
-        """Drive the whole search with ``try_batch(batch) -> Observation``; return the best batch.
-        (The driver runs the same loop with its own tries; this is for tests and benchmarks.)"""
-        while (batch := self.next()) is not None:
-            self.record(batch, try_batch(batch))
-        return self.best
 
     # -- the policy ---------------------------------------------------------------------------------
     def _choose(self) -> Choice | None:

@@ -24,26 +24,16 @@ samples to the sample; above, a 0.2% error is noise beside the next run's own (a
 
 REPLAY_MARGIN = 0.02
 """How much larger than its line each request's per-sample part is taken when the replay predicts a
-batch: the replay is exact for the runs it was given (54 of 54 recorded runs replayed to their real
-outcome, ``benchmarks/replay.py``; ``tests/gpu/test_replay_gpu.py`` checks it on the GPU), but the next
-run is another run: cuDNN may pick another algorithm and workspace (peaks measured twice at one batch
-differ by up to half a percent), and a request's size between two measured batches is read off their
-line, which rounding to 512-byte and 2 MiB blocks leaves a block or two off. 2% is a few times either.
-Taken on the sizes, not off the batch found: what jitters is the sizes, and the allocator's reuse of
-cached blocks makes a run that fits with 2% smaller sizes fit or fail at the same batch as one without
-(a bytes margin off the cap moved nothing there); where a sample is a few percent of the card (a
-fine-tune whose largest batch is a few dozen) it costs a sample only when the batch fits with less
-than 2% of a sample's requests to spare."""
+batch: the replay is exact for the runs it was given, but the next run is another run (another cuDNN
+workspace) and a size read off a line is a block or two off; 2% is a few times either. Taken on the
+sizes, not off the batch found, because what jitters is the sizes."""
 
 
 NEXT_RUN_SCALES = (1.0, 0.5, 0.0)
 """The shares of the margin a predicted batch's per-sample parts are replayed with: it fits only where it
-fits at each. Why several: the caching allocator is not monotone in the sizes (a block a little larger is
-cached where a later request reuses it; a request that crosses 10 MiB gets a segment of its own instead of
-a share of a 20 MiB one), so fitting at the margin's sizes alone is luck; and the line's own sizes (no
-margin) are the likeliest of the next run. Measured in the project's simulator (``tests/oomfix/world.py``,
-whose allocator has such windows): with the line's own sizes added, 9,920 of 10,000 searches met the goal
-of ``tests/oomfix/test_simulator.py``, 9,890 without."""
+fits at each, because the caching allocator is not monotone in the sizes (a block a little larger is
+cached and reused; one past 10 MiB gets a segment of its own), and the line's own sizes (no margin) are
+the likeliest of the next run."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +73,7 @@ def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[E
     if share == 0.0:
         return None
     # Only the requests with no partner: an exactly proportional pair's line also runs through zero, and
-    # keeping it at its measured size would hold a batch's activations fixed (on an H100, a DataLoader
-    # CNN's replay from batches 6 and 243 then put the largest at 281, where 360 fits).
+    # keeping it at its measured size would hold a batch's activations fixed.
     measured = max(batch_first, batch_second)
     return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin))
 
@@ -122,9 +111,7 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
     Why: one run cannot tell a request's batch-independent part from its per-sample part; a tensor of
     fixed size (a mask, a position table, a library's workspace) is scaled with the batch, and a replay
     of larger blocks is not a bound in the allocator, where they land in other segments and leave other
-    fragments. A failed try's own requests say which those are. In the project's simulator
-    (``tests/oomfix/world.py``), a fine-tune at batch 2 whose 11 MiB masks the one-run replay scaled to
-    222 MiB at 39 said 39 fits where 35 and above fail in the fragments their real size leaves.
+    fragments. A failed try's own requests say which those are.
 
     A request that grew with the square or cube of the batch (``pairing.law_through``) is on that power,
     and a request after the failure of the size such a one had in the fitted run is taken as its kin (a
