@@ -147,7 +147,8 @@ def validate(paths: list[Path]) -> dict[str, Any]:
             oracle = workload["oracle"]
             for low, high in PAIRS:
                 (first, _), (second, start) = events[low], events[high]
-                predicted = fitting.largest_fitting_batch(first, runs[low]["batch"], second, runs[high]["batch"], start, cap)
+                paired = fitting.paired_fittings(first, runs[low]["batch"], second, runs[high]["batch"], start)
+                predicted = None if paired is None else paired(cap, 0.0).largest()
                 slope = (runs[high]["peak_alloc"] - runs[low]["peak_alloc"]) / (runs[high]["batch"] - runs[low]["batch"])
                 line = runs[high]["batch"] + (cap - runs[high]["start_alloc"] - runs[high]["peak_alloc"]) / slope
                 result["predictions"].append({

@@ -81,7 +81,7 @@ class Tries:
     def __post_init__(self) -> None:
         if self.failed_batch < 2:
             raise ValueError(f"a batch of {self.failed_batch} cannot be made smaller")
-        # The failed cell's fragments, per sample of its batch (see ``search``'s module docstring).
+        # The failed cell's fragments, per sample of its batch: they are pieces of the batch's own tensors.
         self._stuck_per_sample = 0.0
         if self._failed_on_fragments(self.need_bytes, self.stuck_bytes):
             self._stuck_per_sample = float(self.stuck_bytes or 0) / self.failed_batch
@@ -135,7 +135,7 @@ class Tries:
         a try that failed above it where that replays its failure: ``paired_failure``), from the segments
         the next try starts with, under the cap less what a failed try showed the replay does not see
         (not where the failed try's own requests are replayed); each request's per-sample part taken
-        ``1 + margin`` times as large. ``None`` without a replay (see the module docstring)."""
+        ``1 + margin`` times as large. ``None`` without a replay."""
         if self._segments is None or self._reserved_limit is None:
             return None
         runs = self._recorded_fits()
@@ -170,7 +170,7 @@ class Tries:
 
     def paired_failure(self) -> Attempt | None:
         """The recorded try that failed at the smallest batch above the one recorded run that fitted, where
-        the replay pairs the two (``growth.fitting.fitting_from_one_and_failure``): only where that replay,
+        the replay pairs the two (``growth.fitting.paired_with_failure``): only where that replay,
         with no margin, fails at the failed try's batch, as the try did. Where it fits there, what made the
         try fail (fragments a request of another size leaves, a workspace drawn larger) is not in it, and
         it is no better than the one run's replay under the cap less what the try could not use."""

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..growth.accumulation import accumulation_plan
-from ..growth.fitting import REPLAY_MARGIN, fittings
+from ..growth.fitting import REPLAY_MARGIN, paired_fittings
 from ..growth.replay import optional_workspaces
 from ..growth.through_points import Agreement, Line
 from .cards import Card
@@ -141,10 +141,10 @@ def replayed_largest(smaller: Run, larger: Run, margin: float,
     small, large = smaller.recorded.events_from(start), larger.recorded.events_from(start)
     if workspaces_optional:
         small, large = optional_workspaces(small), optional_workspaces(large)
-    under = fittings(small, smaller.batch, large, larger.batch, start, margin)
+    under = paired_fittings(small, smaller.batch, large, larger.batch, start)
     if under is None:
         return None
-    return lambda usable: under(usable).largest()
+    return lambda usable: under(usable, margin).largest()
 
 
 def replay_margin(margin: float) -> float:

@@ -10,7 +10,6 @@ Pure Python, no torch.
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
@@ -25,32 +24,22 @@ samples to the sample; above, a 0.2% error is noise beside the next run's own (a
 
 REPLAY_MARGIN = 0.02
 """How much larger than its line each request's per-sample part is taken when the replay predicts a
-batch: the replay is exact for the runs it was given (54 of 54 recorded runs replayed to their real
-outcome, ``benchmarks/replay.py``; ``tests/gpu/test_replay_gpu.py`` checks it on the GPU), but the next
-run is another run: cuDNN may pick another algorithm and workspace (peaks measured twice at one batch
-differ by up to half a percent), and a request's size between two measured batches is read off their
-line, which rounding to 512-byte and 2 MiB blocks leaves a block or two off. 2% is a few times either.
-Taken on the sizes, not off the batch found: what jitters is the sizes, and the allocator's reuse of
-cached blocks makes a run that fits with 2% smaller sizes fit or fail at the same batch as one without
-(a bytes margin off the cap moved nothing there); where a sample is a few percent of the card (a
-fine-tune whose largest batch is a few dozen) it costs a sample only when the batch fits with less
-than 2% of a sample's requests to spare."""
+batch: the replay is exact for the runs it was given, but the next run is another run (another cuDNN
+workspace) and a size read off a line is a block or two off; 2% is a few times either. Taken on the
+sizes, not off the batch found, because what jitters is the sizes."""
 
 
 NEXT_RUN_SCALES = (1.0, 0.5, 0.0)
 """The shares of the margin a predicted batch's per-sample parts are replayed with: it fits only where it
-fits at each. Why several: the caching allocator is not monotone in the sizes (a block a little larger is
-cached where a later request reuses it; a request that crosses 10 MiB gets a segment of its own instead of
-a share of a 20 MiB one), so fitting at the margin's sizes alone is luck; and the line's own sizes (no
-margin) are the likeliest of the next run. Measured in the project's simulator (``tests/oomfix/world.py``,
-whose allocator has such windows): with the line's own sizes added, 9,920 of 10,000 searches met the goal
-of ``tests/oomfix/test_simulator.py``, 9,890 without."""
+fits at each, because the caching allocator is not monotone in the sizes (a block a little larger is
+cached and reused; one past 10 MiB gets a segment of its own), and the line's own sizes (no margin) are
+the likeliest of the next run."""
 
 
 @dataclass(frozen=True)
 class Fitting:
-    """Whether a batch fits, by replaying requests put on lines through measured runs (``fitting``,
-    ``fitting_from_one``); ``largest`` the largest batch that does."""
+    """Whether a batch fits, by replaying requests put on lines through measured runs (``paired_fittings``,
+    ``fitting_from_one``, ``paired_with_failure``); ``largest`` the largest batch that does."""
 
     fits: Callable[[int], bool]
     largest_up_to: Callable[[int], int]
@@ -65,33 +54,17 @@ class Fitting:
         return self.largest_up_to(max_batch)
 
 
-def fitting(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
-            start: Sequence[StartSegment], cap_bytes: int, margin: float = 0.0) -> Fitting | None:
-    """Whether a batch fits under ``cap_bytes``, from two runs' events.
+def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
+                    start: Sequence[StartSegment]) -> Callable[[int, float], Fitting] | None:
+    """Whether a batch fits under any cap and margin, ``(cap_bytes, margin)``, from two runs' events: paired
+    once (a search asks at several margins, a plan at several caps), each call costs only its replays.
 
     ``None`` when the two runs do not align: not one request of the larger run can be paired with one
     of the smaller (a different program ran; no measured line exists), or one of them made none.
     Requests left unpaired where others pair must fit both as proportional to the batch and at their
-    measured size (``_fits_either_way``); ``growth_lines`` gives the paired share for a caller that
-    wants to judge it. ``margin``: a batch fits when its requests' per-sample parts ``1 + margin`` times
-    as large do (the next run is another run: another cuDNN algorithm, a block of rounding).
-    """
-    under = fittings(first, batch_first, second, batch_second, start, margin)
-    return None if under is None else under(cap_bytes)
-
-
-def fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
-             start: Sequence[StartSegment], margin: float = 0.0) -> Callable[[int], Fitting] | None:
-    """``fitting`` under any cap: the runs are paired once, and each cap (a card of a capacity plan) costs
-    only its replays. ``None`` where ``fitting`` would be."""
-    under = paired_fittings(first, batch_first, second, batch_second, start)
-    return None if under is None else (lambda cap_bytes: under(cap_bytes, margin))
-
-
-def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
-                    start: Sequence[StartSegment]) -> Callable[[int, float], Fitting] | None:
-    """``fitting`` under any cap and margin, ``(cap_bytes, margin)``: the runs are paired once (a search
-    asks at several margins), each call costs only its replays. ``None`` where ``fitting`` would be."""
+    measured size (``_fits_either_way``). ``margin``: a batch fits when its requests' per-sample parts
+    ``1 + margin`` times as large do (the next run is another run: another cuDNN algorithm, a block of
+    rounding)."""
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
     if not any(kind != FREE for kind, *_ in first) or not any(kind != FREE for kind, *_ in second):
@@ -100,8 +73,7 @@ def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[E
     if share == 0.0:
         return None
     # Only the requests with no partner: an exactly proportional pair's line also runs through zero, and
-    # keeping it at its measured size would hold a batch's activations fixed (on an H100, a DataLoader
-    # CNN's replay from batches 6 and 243 then put the largest at 281, where 360 fits).
+    # keeping it at its measured size would hold a batch's activations fixed.
     measured = max(batch_first, batch_second)
     return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin))
 
@@ -128,29 +100,18 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
     return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
 
 
-def fitting_from_one_and_failure(events: Sequence[Event], batch: int, failed: Sequence[Event], failed_batch: int,
-                                 start: Sequence[StartSegment], cap_bytes: int,
-                                 batch_independent: Collection[int] = (),
-                                 margin: float = 0.0) -> Fitting | None:
-    """``paired_with_failure`` under ``cap_bytes`` with ``margin``."""
-    under = paired_with_failure(events, batch, failed, failed_batch, start, batch_independent)
-    return None if under is None else under(cap_bytes, margin)
-
-
 def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Event], failed_batch: int,
                         start: Sequence[StartSegment],
                         batch_independent: Collection[int] = ()) -> Callable[[int, float], Fitting] | None:
     """Whether a batch fits under any cap and margin, ``(cap_bytes, margin)``, from one run that fitted and
     the beginning of one at a larger batch that failed (its events up to the request that raised): the
-    requests both made are on the line through their two sizes, as from two runs (``fitting``), and those
+    requests both made are on the line through their two sizes, as from two runs (``paired_fittings``), and those
     after the failure as from one (``fitting_from_one``). Paired once; each call costs only its replays.
 
     Why: one run cannot tell a request's batch-independent part from its per-sample part; a tensor of
     fixed size (a mask, a position table, a library's workspace) is scaled with the batch, and a replay
     of larger blocks is not a bound in the allocator, where they land in other segments and leave other
-    fragments. A failed try's own requests say which those are. In the project's simulator
-    (``tests/oomfix/world.py``), a fine-tune at batch 2 whose 11 MiB masks the one-run replay scaled to
-    222 MiB at 39 said 39 fits where 35 and above fail in the fragments their real size leaves.
+    fragments. A failed try's own requests say which those are.
 
     A request that grew with the square or cube of the batch (``pairing.law_through``) is on that power,
     and a request after the failure of the size such a one had in the fitted run is taken as its kin (a
@@ -190,28 +151,11 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
     return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
 
 
-def largest_fitting_batch(first: Sequence[Event], batch_first: int, second: Sequence[Event],
-                          batch_second: int, start: Sequence[StartSegment], cap_bytes: int,
-                          max_batch: int = 1 << 30, margin: float = 0.0) -> int | None:
-    """``fitting(...).largest(max_batch)``; ``None`` where the runs give no fitting."""
-    found = fitting(first, batch_first, second, batch_second, start, cap_bytes, margin)
-    return None if found is None else found.largest(max_batch)
-
-
-def largest_fitting_batch_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment],
-                                   cap_bytes: int, max_batch: int = 1 << 30,
-                                   batch_independent: Collection[int] = (),
-                                   margin: float = 0.0) -> int | None:
-    """``fitting_from_one(...).largest(max_batch)``; ``None`` where the run gives no fitting."""
-    found = fitting_from_one(events, batch, start, cap_bytes, batch_independent, margin)
-    return None if found is None else found.largest(max_batch)
-
-
 def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measured_batch: int,
                      start: Sequence[StartSegment], cap_bytes: int,
                      margin: float) -> tuple[Callable[[int], bool], Callable[[int], int]]:
     """Whether a batch fits both when the ``unknown`` requests grow with the batch as their lines say and
-    when they keep the size measured at ``measured_batch`` (margins as in ``largest_fitting_batch``).
+    when they keep the size measured at ``measured_batch`` (margins as in ``paired_fittings``).
 
     Why both: a request whose growth two runs do not tell (one run, or two sizes that cannot be one
     tensor's: a workspace another algorithm sized) is either a batch's or a library's. Scaling it errs

@@ -116,17 +116,14 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
       foreach temporaries), from the first state tensor it made where it made one (a weight-sized
       activation's gradient may come after the last parameter's, and is freed before the step); where
       it made none, from when the backward pass freed the last weight-sized tensor it frees while the
-      gradients live (in the project's simulator, ``tests/oomfix/world.py``, taking those gradients for
-      the step's put the next try above the largest batch that fits, up to twice it, in 9 of 20,000
-      models).
+      gradients live.
 
     Where the run's optimizer steps were marked (``steps``), the marks replace the last two rules: what each
     step made (``made_in_steps``) and the gradients each applied (``step_gradients``), in every iteration of
     a loop, where the rules above see only the last one.
 
     Any other parameter-sized request keeps growing with the batch: at batch 1 a weight-sized activation
-    is indistinguishable by its size (the H100 put the next try at 21 where 6 fits when all of them were
-    taken as fixed; ``tests/gpu/test_oomfix_finetune_gpu.py``)."""
+    is indistinguishable by its size."""
     sized = fixed.is_parameter_sized
     allocations = [(index, key, size) for index, (kind, key, size, _) in enumerate(events)
                    if kind != FREE and sized(size)]

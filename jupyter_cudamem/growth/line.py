@@ -4,10 +4,9 @@ Pure arithmetic on bytes; knows nothing of IPython, PyTorch or the search that u
 
 Why a line: a training or inference step's peak above what was allocated before it is the sum of the
 tensors alive at its peak; activations, their gradients and the inputs grow with the batch, while
-weights, gradients of weights, optimizer state and workspaces built in the step do not. Measured on an
-H100 (the project's ``benchmarks/oomfix.py`` workloads, one Adam step each), a line through two small
-batches predicted every larger peak within 0.6%. Not every cell is linear (dynamic shapes, caches that
-grow), which is why a prediction is always confirmed by a run before it is reported.
+weights, gradients of weights, optimizer state and workspaces built in the step do not. Not every cell
+is linear (dynamic shapes, caches that grow), which is why a prediction is always confirmed by a run
+before it is reported.
 
 Why an uncertainty: PyTorch's caching allocator rounds each allocation above 1 MiB up to a multiple of
 ``ALLOCATOR_BLOCK_BYTES``, so a peak is the line plus up to one block per large live tensor, and it
@@ -23,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..units import MiB
+from .through_points import least_squares
 
 ALLOCATOR_BLOCK_BYTES = 2 * MiB
 """PyTorch's caching allocator rounds allocations above 1 MiB up to 2 MiB multiples (``kRoundLarge``)."""
@@ -33,8 +33,7 @@ by less than a 2 MiB block, so with k of them the peak sits 0 to 2k MiB above th
 difference between two peaks (what a slope is made of) varies by about 2 MiB x sqrt(k / 6): 2.3 MiB
 for 8 tensors, 3.7 MiB for 20. Two blocks per point covers that at 1.5 to 2 standard deviations:
 enough that rounding alone rarely makes a predicted batch fail, small enough that a probe a few dozen
-samples wide still gives a usable slope (a larger allowance made the third try land 15-25% low when a
-model built in the cell fills half the budget; tests/oomfix/test_search.py)."""
+samples wide still gives a usable slope."""
 
 PEAK_UNCERTAINTY_FRACTION = 0.001
 """The same, relative: peaks measured twice at one batch differ by a fraction of a percent (cuDNN or
@@ -135,11 +134,7 @@ def fit(points: Iterable[tuple[int, float]]) -> Growth | None:
     top = max(usable)
     if len(set(batches)) < 2:
         return through_origin(*top)
-    n = len(usable)
-    mean_b = sum(batches) / n
-    mean_p = sum(p for _, p in usable) / n
-    sxx = sum((b - mean_b) ** 2 for b in batches)
-    slope = sum((b - mean_b) * (p - mean_p) for b, p in usable) / sxx
+    slope, mean_b, mean_p = least_squares(usable)
     spread = max(batches) - min(batches)
     # A slope below zero is rounding (a peak never shrinks with the batch): the points then say only
     # that the slope is small, at most what the uncertainty of two points over their spread allows.

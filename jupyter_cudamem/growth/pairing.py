@@ -38,16 +38,10 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
 
 MAX_PAIRING_WORK = 4_000_000
 """The most ``difflib`` may be given to pair (the product of the two middles' lengths; about a second
-in Python). Longer middles are paired by walking both runs (``_walked_runs``), which costs at most
-this many comparisons: a training step of a large model makes thousands of events, and runs at two
-batches differ by a few inserted requests (another cuBLAS workspace, a gradient accumulated in another
-order), so a walk that steps over them pairs nearly all (on an H100, a ViT-L fine-tune's 6,000-event
-runs at batches 1 and 2 paired 45% of their bytes without it, 100% with it, and the replay put the
-largest batch at 23, where 23 fits, instead of 3). Runs whose middles differ throughout (a cell that
-loops over chunks of its data makes as many events per chunk as there are chunks) pair little either
-way; the rest is unpaired, taken as proportional to the batch, which errs towards a smaller batch.
-Measured before any bound (``benchmarks/oomfix.py``, H100): on a ResNet-50 inference over 3,552 rows
-chunked by 43 and by 132 rows, ``%oomfix`` took 213 s, against 5-7 s over 333 and 888 rows."""
+in Python). Longer middles are walked (``_walked_runs``), at most this many comparisons: runs of a large
+model at two batches differ by a few inserted requests, which a walk steps over; runs whose middles
+differ throughout (a loop over chunks of its data) pair little either way, and the rest is taken as
+proportional to the batch, which errs towards a smaller batch."""
 
 RESYNC_WINDOW = 64
 """How far ahead (in events, in both runs together) the walk looks for the two runs to agree again."""
@@ -150,10 +144,8 @@ def power_of_the_batch(size: int, batch: int, larger_batch: int, larger_size: in
     """The power of the batch (2 or 3) of which ``size`` at ``batch`` and ``larger_size`` at ``larger_batch``
     are the same whole multiple (``None``: neither). A tensor of every sample against every other requests
     exactly its shape's bytes, a whole number per power of the batch, the same at both. Sizes that only
-    grew about that much are two tensors the kinds' subsequence paired by position: between two runs at
-    batches twice apart, a bottleneck's fourfold channels grow by about the cube of the ratio (on the
-    H100's recorded traces, ``benchmarks/replay.py --validate``, a ResNet-50's replay from two runs fell
-    from 1.00 to 0.89 of the largest batch when growth within 1% of a power was taken for one)."""
+    grew about that much are two tensors the kinds' subsequence paired by position (a bottleneck's
+    fourfold channels grow by about the cube of the ratio of batches twice apart)."""
     for power in (2, 3):
         low, high = batch ** power, larger_batch ** power
         if size % low == 0 and larger_size % high == 0 and size // low == larger_size // high > 0:
@@ -165,7 +157,7 @@ EventLine = tuple[EventKind, int, int, float, float, float]
 """One event on its own line, ``(kind, key, stream, fixed_bytes, bytes_per_sample, exponent)`` (the
 whole cell's peak on one line is ``line.Growth``): its request at batch ``b`` is ``fixed_bytes +
 bytes_per_sample * b ** exponent``. The exponent is 1 but for a request two runs show growing faster
-than the batch (``fitting.fitting_from_one_and_failure``)."""
+than the batch (``fitting.paired_with_failure``)."""
 
 
 class GrowthLines(NamedTuple):
@@ -215,8 +207,7 @@ def _same_size_left_over(first: Sequence[Event], second: Sequence[Event],
     subsequence against another event. Why: where the number of loop passes changes with the batch (a
     cell that runs its model over chunks of its data, then joins their results), the passes shift
     every event after them, and the join, the largest request and the same at every chunk size, would
-    be taken as proportional to the chunk (on an H100, GPT-2's logits of 12 prompts joined after chunks
-    of 1 and 2: the replay put the largest chunk at 2, where 4 fits)."""
+    be taken as proportional to the chunk."""
     taken = {index for index in partner if index is not None}
     left_first: dict[int, list[int]] = {}
     for index, (kind, _, size, _) in enumerate(first):

@@ -291,11 +291,8 @@ def optional_workspaces(events: Sequence[Event]) -> list[Event]:
     Why: that is how a library's workspace looks (cuDNN's convolutions take one for the call and give it
     back), and a library sizes it by what it can get: refused, cuDNN falls back to an algorithm that needs
     less. Runs recorded with room to spare made every workspace they asked for, so replayed under a
-    smaller cap each would count as needed. On the H100 (``benchmarks/plan.py``), a convnet's inference
-    asked for 2.3 GiB workspaces uncapped; near a 16 GiB cap's limit it asked for 14.8 GiB, was refused,
-    and fitted at 413 where a replay that needs them found 271 and one that may skip them 405. Only for a
-    cell shown to cope without them (``capacity.runs.probe_workspaces``): cuDNN's RNNs fail without
-    theirs."""
+    smaller cap each would count as needed. Only for a cell shown to cope without them
+    (``capacity.runs.probe_workspaces``): cuDNN's RNNs fail without theirs."""
     at_once = set(given_back_at_once(events))
     kept: list[Event] = []
     for index, event in enumerate(events):
@@ -328,10 +325,8 @@ def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
     recorded run created once and kept, AdamW's state at its first step, gradients kept after it, is in
     those segments already, and the next run does not create it again: replayed as recorded it would be
     counted twice. What the next run does create again (a model the cell builds, set aside before it)
-    is no longer held there, and stays, though the driver may hand its address to another block (on an
-    H100, cuBLAS's 32 MiB workspace, made again where a ViT-L's 16 MiB weight had been: taken for the
-    weight, the weight's request left one run, the two runs' requests no longer paired, and the replay
-    put the largest batch at 8 where 23 fits).
+    is no longer held there, and stays, though the driver may hand its address to another block (a
+    workspace of another size, which taken for the old block would leave one run's requests unpaired).
 
     ``remade``: addresses of blocks ``start`` holds for values the cell binds again (its input, its
     outputs, a model it builds, still bound from its last run): the run makes each anew, and the old one

@@ -65,17 +65,24 @@ class Agreement:
         return (self.measured_bytes - self.predicted_bytes) / self.predicted_bytes if self.predicted_bytes else 0.0
 
 
-def fit(points: Sequence[tuple[int, int]]) -> Line:
-    """Least squares through ``(batch, peak_bytes)`` points of at least two distinct batches."""
+def least_squares(points: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
+    """The least-squares slope through ``(batch, peak_bytes)`` points of at least two distinct batches, with
+    the points' mean batch and mean peak (the line runs through them): the one fit the plan's line and the
+    search's ``line.fit`` share."""
     batches = [b for b, _ in points]
-    if len(set(batches)) < 2:
-        raise ValueError("a line needs peaks at two different batch sizes")
     n = len(points)
     mean_b = sum(batches) / n
     mean_p = sum(p for _, p in points) / n
     sxx = sum((b - mean_b) ** 2 for b in batches)
     sxy = sum((b - mean_b) * (p - mean_p) for b, p in points)
-    slope = sxy / sxx
+    return sxy / sxx, mean_b, mean_p
+
+
+def fit(points: Sequence[tuple[int, int]]) -> Line:
+    """Least squares through ``(batch, peak_bytes)`` points of at least two distinct batches."""
+    if len({b for b, _ in points}) < 2:
+        raise ValueError("a line needs peaks at two different batch sizes")
+    slope, mean_b, mean_p = least_squares(points)
     return Line(slope, mean_p - slope * mean_b)
 
 

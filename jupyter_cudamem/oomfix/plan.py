@@ -68,7 +68,7 @@ def plan_batch(
             strategies,
             notes,
         )
-    first = BatchSearch(knob.value, budget_bytes, max_tries=max_tries, margin=margin).next_batch()
+    first = BatchSearch(knob.value, budget_bytes, max_tries=max_tries, margin=margin).next()
     if first is None:
         return BatchPlan(
             finding.summary(), knob, None, "none: the search sees nothing smaller worth trying", (), strategies, notes

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_cudamem.growth.fitting import fitting_from_one, fitting_from_one_and_failure, largest_fitting_batch
+from jupyter_cudamem.growth.fitting import fitting_from_one, paired_fittings, paired_with_failure
 from jupyter_cudamem.growth.replay import StartSegment, replay
 from jupyter_cudamem.sources.torch_trace import events_from_trace
 
@@ -76,9 +76,9 @@ def test_a_recorded_run_replays_to_its_outcome_and_segments(torch, capped, batch
 def test_two_small_runs_predict_the_largest_batch_that_really_fits(torch, capped):
     _, start, low = recorded(torch, 10)
     _, _, high = recorded(torch, 20)
-    predicted = largest_fitting_batch(events_from_trace(low, start), 10, events_from_trace(high, start), 20,
-                                      start, capped)
-    assert predicted is not None
+    paired = paired_fittings(events_from_trace(low, start), 10, events_from_trace(high, start), 20, start)
+    assert paired is not None
+    predicted = paired(capped, 0.0).largest()
     assert recorded(torch, predicted)[0]
     assert not recorded(torch, predicted + 1)[0]
 
@@ -89,10 +89,10 @@ def test_a_failed_runs_recorded_requests_with_one_small_run_predict_the_largest_
     fitted, start, low = recorded(torch, 4, masked)
     failed, _, high = recorded(torch, 150, masked)
     assert fitted and not failed
-    paired = fitting_from_one_and_failure(events_from_trace(low, start), 4, events_from_trace(high, start, failed=True),
-                                          150, start, capped)
+    under = paired_with_failure(events_from_trace(low, start), 4, events_from_trace(high, start, failed=True), 150, start)
     one = fitting_from_one(events_from_trace(low, start), 4, start, capped)
-    assert paired is not None and one is not None
+    assert under is not None and one is not None
+    paired = under(capped, 0.0)
     assert not paired.fits(150)  # it replays the failure, as the search asks before it trusts it
     predicted = paired.largest(149)
     assert recorded(torch, predicted, masked)[0]

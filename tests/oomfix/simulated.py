@@ -211,5 +211,13 @@ def search_outcome(model: MemoryModel, start: int, budget_bytes: float, max_trie
     assert not failed.fitted, "the start must fail"
     search = BatchSearch(start, int(budget_bytes), max_tries=max_tries, need_bytes=failed.need_bytes,
                          stuck_bytes=failed.stuck_bytes)
-    found = search.run(model.observe)
+    found = run_search(search, model.observe)
     return found, len(search.attempts), search
+
+
+def run_search(search, try_batch: Callable[[int], Any]) -> int | None:
+    """Drive ``search`` as ``%oomfix``'s driver does: try each batch ``next()`` gives and ``record`` what
+    ``try_batch`` shows; the largest batch that fitted."""
+    while (batch := search.next()) is not None:
+        search.record(batch, try_batch(batch))
+    return search.best

@@ -2,7 +2,7 @@
 
 import pytest
 
-from jupyter_cudamem.growth.fitting import fitting, fitting_from_one, fitting_from_one_and_failure, largest_fitting_batch
+from jupyter_cudamem.growth.fitting import fitting_from_one, paired_fittings, paired_with_failure
 from jupyter_cudamem.growth.pairing import growth_lines, law_through, power_of_the_batch
 from jupyter_cudamem.growth.replay import StartSegment, block_bytes, held_elsewhere, replay, segment_bytes, start_keys
 from jupyter_cudamem.sources.torch_trace import events_from_trace, read_trace
@@ -68,8 +68,8 @@ def test_a_start_segments_free_piece_takes_a_small_request_without_a_new_segment
 def test_bisection_finds_the_fragmentation_limit_from_two_small_runs():
     # Reserved bytes at the end are 2b + 4b = 6b MiB (the split block cannot be released): the limit
     # is b = 100 under 600 MiB, where the allocated peak (5b MiB) would allow 120.
-    assert largest_fitting_batch(fragmenting(10), 10, fragmenting(20), 20, [], 600 * MiB) == 100
-    assert largest_fitting_batch(fragmenting(20), 20, fragmenting(10), 10, [], 612 * MiB) == 102
+    assert paired_fittings(fragmenting(10), 10, fragmenting(20), 20, [])(600 * MiB, 0.0).largest() == 100
+    assert paired_fittings(fragmenting(20), 20, fragmenting(10), 10, [])(612 * MiB, 0.0).largest() == 102
 
 
 def test_a_batch_fits_only_where_its_line_sizes_fit_too_not_only_the_margins():
@@ -82,19 +82,19 @@ def test_a_batch_fits_only_where_its_line_sizes_fit_too_not_only_the_margins():
 
     cap = 30 * MiB
     assert [replay(run(10, scale), (), cap).fits for scale in (1.0, 1.01, 1.02)] == [False, True, True]
-    predicted = fitting(run(4), 4, run(8), 8, (), cap, margin=0.02)
-    assert predicted is not None and not predicted.fits(10)  # the next run's sizes are likeliest its line's
+    paired = paired_fittings(run(4), 4, run(8), 8, ())
+    assert paired is not None and not paired(cap, 0.02).fits(10)  # the next run's sizes are likeliest its line's
 
 
 def test_runs_that_are_not_one_program_give_no_prediction():
     shrinking = [("alloc", 0, 2 * MiB, 0)]
-    assert largest_fitting_batch([("alloc", 0, 40 * MiB, 0)], 10, shrinking, 20, [], 600 * MiB) is None
-    assert largest_fitting_batch(fragmenting(10), 10, fragmenting(10), 10, [], 600 * MiB) is None
+    assert paired_fittings([("alloc", 0, 40 * MiB, 0)], 10, shrinking, 20, []) is None
+    assert paired_fittings(fragmenting(10), 10, fragmenting(10), 10, []) is None
 
 
 def test_requests_that_do_not_grow_fit_up_to_the_search_limit():
     fixed = [("alloc", 0, 8 * MiB, 0)]
-    assert largest_fitting_batch(fixed, 10, fixed, 20, [], 600 * MiB, max_batch=1000) == 1000
+    assert paired_fittings(fixed, 10, fixed, 20, [])(600 * MiB, 0.0).largest(1000) == 1000
 
 
 def test_an_extra_request_in_one_run_is_taken_as_proportional_to_the_batch():
@@ -106,7 +106,7 @@ def test_an_extra_request_in_one_run_is_taken_as_proportional_to_the_batch():
     assert unpaired == (1,)
     assert share == 6 / 8
     assert lines[1][3:] == (0.0, 2 * MiB, 1.0)
-    assert largest_fitting_batch(first, 10, second, 20, [], 800 * MiB) == 100
+    assert paired_fittings(first, 10, second, 20, [])(800 * MiB, 0.0).largest() == 100
 
 
 def chunked(rows: int, chunk: int) -> list:
@@ -127,8 +127,8 @@ def test_a_join_after_a_loop_whose_passes_change_with_the_batch_is_batch_indepen
     assert unpaired == ()
     assert share == 1.0 and lines[-1][3:] == (48 * MiB, 0.0, 1.0)
     # The largest chunk is where 8 MiB a row of work reaches the cap (the join, 48 MiB, comes after it).
-    assert largest_fitting_batch(chunked(12, 1), 1, chunked(12, 2), 2, [], 96 * MiB) == 12
-    assert largest_fitting_batch(chunked(120, 1), 1, chunked(120, 2), 2, [], 600 * MiB) == 75
+    assert paired_fittings(chunked(12, 1), 1, chunked(12, 2), 2, [])(96 * MiB, 0.0).largest() == 12
+    assert paired_fittings(chunked(120, 1), 1, chunked(120, 2), 2, [])(600 * MiB, 0.0).largest() == 75
     # A size left over more often in one run than in the other is not paired by size: of two joins where
     # the other run made one, one pairs, the other stays proportional (the conservative guess).
     twice = chunked(12, 2) + [("alloc", 99, 48 * MiB, 0)]
@@ -249,17 +249,18 @@ def test_a_failed_runs_requests_up_to_its_failure_tell_the_fixed_from_the_growin
     # What PyTorch records of a failed run: its requests up to the one that raised, then what it gave back
     # while the error unwound.
     prefix = masked(150)[:failed.failed_at + 1] + [("free", 9, 0, 0)]
-    paired = fitting_from_one_and_failure(masked(4), 4, prefix, 150, (), cap)
+    under = paired_with_failure(masked(4), 4, prefix, 150, ())
     one = fitting_from_one(masked(4), 4, (), cap)
-    assert paired is not None and one is not None
+    assert under is not None and one is not None
+    paired = under(cap, 0.0)
     assert paired.largest(149) == truth
     assert not paired.fits(150)  # it replays the failure, as the search requires before it trusts it
     assert one.largest(149) < 0.8 * truth  # one run scales the mask with the batch
 
 
 def test_no_pairing_with_a_failure_at_or_below_the_run_that_fitted():
-    assert fitting_from_one_and_failure(masked(40), 40, masked(40), 40, (), 600 * MiB) is None
-    assert fitting_from_one_and_failure(masked(40), 40, masked(20), 20, (), 600 * MiB) is None
+    assert paired_with_failure(masked(40), 40, masked(40), 40, ()) is None
+    assert paired_with_failure(masked(40), 40, masked(20), 20, ()) is None
 
 
 def test_a_batch_by_batch_tensor_is_paired_on_its_power_of_the_batch():
@@ -282,7 +283,7 @@ def test_logits_after_a_failure_are_replayed_on_the_square_of_the_batch():
     truth = max(b for b in range(1000, 30_000, 50) if replay(step(b), (), cap).fits)
     failed = replay(step(40_000), (), cap)
     assert not failed.fits and failed.failed_at == 1  # the logits raised; the softmax was never asked for
-    paired = fitting_from_one_and_failure(step(200), 200, step(40_000)[:2], 40_000, (), cap)
-    assert paired is not None and truth - 50 <= paired.largest(39_999) <= truth + 50
+    paired = paired_with_failure(step(200), 200, step(40_000)[:2], 40_000, ())
+    assert paired is not None and truth - 50 <= paired(cap, 0.0).largest(39_999) <= truth + 50
     one = fitting_from_one(step(200), 200, (), cap)
     assert one is not None and one.largest(39_999) > 2 * truth  # one run scales the logits with the batch

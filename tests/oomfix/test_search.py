@@ -30,7 +30,7 @@ from jupyter_cudamem.growth import Growth, fit, lowest_slope, through_origin
 from jupyter_cudamem.batchsearch.policy import BatchSearch
 from jupyter_cudamem.batchsearch.state import Observation
 from tests.fakes import GiB, MiB
-from tests.oomfix.simulated import MemoryModel, search_outcome
+from tests.oomfix.simulated import MemoryModel, run_search, search_outcome
 
 BUDGET = 6 * GiB
 
@@ -134,7 +134,7 @@ def test_fragmentation_is_corrected_by_what_a_failed_try_held():
 def test_superlinear_peaks_fall_back_to_bisection_and_never_claim_a_failure(power):
     search = BatchSearch(4000, BUDGET, max_tries=6)
     peak = lambda b: 1 * MiB * b**power + 20 * MiB  # noqa: E731
-    best = search.run(lambda b: Observation(True, int(peak(b))) if peak(b) <= BUDGET
+    best = run_search(search, lambda b: Observation(True, int(peak(b))) if peak(b) <= BUDGET
                       else Observation(False, need_bytes=int(peak(b)), held_bytes=int(0.97 * BUDGET)))
     true = max(b for b in range(1, 4000) if peak(b) <= BUDGET)
     assert best is not None and peak(best) <= BUDGET and best >= 0.75 * true
