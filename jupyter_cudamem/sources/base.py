@@ -68,8 +68,14 @@ class ProcessMemory:
 
 OPTIMIZER_STEPS = "optimizer_steps"
 """The key under which ``AllocatorSource.stop_trace`` adds the marks of the optimizer steps it saw: each
-``(device, first address, second address)`` of the two one-byte requests that open a step, the first
-freed when the step ends (``torch_alloc.StepMarks``)."""
+``(device, first address, second address)`` of the two requests that open a step (``STEP_MARK_BYTES``),
+the first freed when the step ends (``torch_alloc.StepMarks``)."""
+
+STEP_MARK_BYTES = (1, 3)
+"""The sizes of a step mark's two requests. The allocator gives freed blocks out again, so a pair of a
+mark's addresses also opens pairs of the forward pass's small tensors (on an H200 a ResNet-18 step's mark
+matched two requests at the run's start, and the whole run was taken as its step); no tensor of torch's is
+3 bytes made just after one of 1."""
 
 
 @runtime_checkable

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CudaMemError
-from .base import OPTIMIZER_STEPS, AllocatorReading, TorchDevice
+from .base import OPTIMIZER_STEPS, STEP_MARK_BYTES, AllocatorReading, TorchDevice
 
 if TYPE_CHECKING:
     import torch
@@ -257,9 +257,8 @@ class StepMarks:
     """Marks each optimizer ``step()`` in the recorded history, so that what a step allocates can be told
     from what the batch does (a step's state and temporaries are the parameters' size at every batch).
 
-    Global step hooks (torch 2.0+): before a step, two one-byte tensors are made at once and the second
-    freed (a pair of addresses no other pair of requests shares in the history), the first is freed after
-    it. Each mark is ``(device, first address, second address)``. A step given a closure is not marked:
+    Global step hooks (torch 2.0+): before a step, two tensors of ``STEP_MARK_BYTES`` are made at once and
+    the second freed, the first is freed after it. Each mark is ``(device, first address, second address)``. A step given a closure is not marked:
     the closure runs the forward and backward passes inside it."""
 
     def __init__(self, torch: ModuleType):
@@ -287,8 +286,9 @@ class StepMarks:
             device = self._device_of(optimizer)
             if device is None or device.type != "cuda":
                 return
-            first = self._torch.empty(1, dtype=self._torch.uint8, device=device)
-            second = self._torch.empty(1, dtype=self._torch.uint8, device=device)
+            first_bytes, second_bytes = STEP_MARK_BYTES
+            first = self._torch.empty(first_bytes, dtype=self._torch.uint8, device=device)
+            second = self._torch.empty(second_bytes, dtype=self._torch.uint8, device=device)
             self.marks.append((device.index or 0, first.data_ptr(), second.data_ptr()))
             self._open[id(optimizer)] = first
         except Exception:  # noqa: BLE001  a mark is never worth a user's step

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..growth.replay import ALLOC, FREE, TRY, Event, StartSegment, allocated_blocks, same_block, start_keys
+from .base import STEP_MARK_BYTES
 
 Row = tuple[Any, Any, Any, Any]
 """One event of the recorded history: ``(action, address, size, stream)``."""
@@ -63,8 +64,8 @@ def without_step_marks(rows: Sequence[Row], marks: Sequence[Sequence[int]],
     for mark_device, first, second in marks:
         if mark_device != device:
             continue
-        begin = next((i for i in range(cursor, len(rows) - 1) if rows[i][0] == "alloc" and rows[i][1] == first
-                      and rows[i + 1][0] == "alloc" and rows[i + 1][1] == second), None)
+        begin = next((i for i in range(cursor, len(rows) - 1) if _opens_mark(rows[i], rows[i + 1], first, second)),
+                     None)
         if begin is None:
             continue
         end = _drop_mark_frees(rows, begin, first, second, dropped)
@@ -76,6 +77,12 @@ def without_step_marks(rows: Sequence[Row], marks: Sequence[Sequence[int]],
     for i in range(len(rows)):
         position[i + 1] = position[i] + (i not in dropped)
     return kept, [(position[begin], position[end]) for begin, end in spans]
+
+
+def _opens_mark(row: Row, after: Row, first: int, second: int) -> bool:
+    """Whether two rows are a step mark's requests: its addresses and its sizes (``STEP_MARK_BYTES``)."""
+    return (row[0] == "alloc" and after[0] == "alloc" and (row[1], after[1]) == (first, second)
+            and (row[2], after[2]) == STEP_MARK_BYTES)
 
 
 def _drop_mark_frees(rows: Sequence[Row], begin: int, first: int, second: int, dropped: set[int]) -> int:

@@ -247,9 +247,9 @@ def test_the_optimizers_steps_are_marked_and_their_marks_leave_the_run():
     fake.trace_entries = [TRACE[0],  # the batch's, freed before the step
                           {"action": "free_completed", "addr": 1 << 30, "size": 64 * MiB, "stream": 0},
                           {"action": "alloc", "addr": first, "size": 1, "stream": 0},
-                          {"action": "alloc", "addr": second, "size": 1, "stream": 0},
-                          {"action": "free_requested", "addr": second, "size": 1, "stream": 0},
-                          {"action": "free_completed", "addr": second, "size": 1, "stream": 0},
+                          {"action": "alloc", "addr": second, "size": 3, "stream": 0},
+                          {"action": "free_requested", "addr": second, "size": 3, "stream": 0},
+                          {"action": "free_completed", "addr": second, "size": 3, "stream": 0},
                           {"action": "alloc", "addr": state, "size": 8 * MiB, "stream": 0},  # the step's state
                           {"action": "free_requested", "addr": first, "size": 1, "stream": 0},
                           {"action": "free_completed", "addr": first, "size": 1, "stream": 0}]

@@ -146,12 +146,15 @@ def test_each_optimizer_step_is_marked_by_a_pair_of_requests_and_the_hooks_go_wi
 
     import torch
 
+    from jupyter_cudamem.sources.base import STEP_MARK_BYTES
     from jupyter_cudamem.sources.torch_alloc import StepMarks
 
     made: list[int] = []
+    sizes: list[int] = []
 
-    def empty(*_, **__):
+    def empty(size, **__):
         made.append(4096 * (len(made) + 1))
+        sizes.append(size)
         return _Block(made[-1])
 
     marks = StepMarks.install(types.SimpleNamespace(empty=empty, uint8=torch.uint8))
@@ -162,6 +165,7 @@ def test_each_optimizer_step_is_marked_by_a_pair_of_requests_and_the_hooks_go_wi
     weight.grad = torch.ones(2)
     optimizer.step()  # through torch's own global hooks, as it calls them
     assert marks.marks == [(1, 4096, 8192)] and not marks._open  # the first lived through the step only
+    assert tuple(sizes) == STEP_MARK_BYTES  # sizes no pair of other requests has
     seen_open = []
     optimizer.register_step_pre_hook(lambda *_: seen_open.append(bool(marks._open)))
     optimizer.step()
