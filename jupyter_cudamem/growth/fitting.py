@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Collection, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from .pairing import EventLine, events_at, growth_lines, law_through, match
-from .replay import ALLOC, FREE, Event, StartSegment, block_bytes, given_back_at_once, replay
+from .replay import (ALLOC, FREE, Event, StartSegment, allocated_blocks, block_bytes, given_back_at_once, replay,
+                     start_keys)
 
 PREDICTION_RESOLUTION = 1 / 512
 """How close a prediction settles on the largest batch: a replay per halving of the gap, and below 512
@@ -170,7 +171,7 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
         kind, key, stream, fixed, per_sample, exponent = lines[index]
         kept[index] = (kind, key, stream, fixed + per_sample * measured_batch ** exponent, 0.0, 1.0)
 
-    held = sum(size for segment in start for size, used in segment.blocks if used)
+    held = held_at_start(start)
     variants = [lines, kept] if unknown else [lines]
 
     def could_fit(batch: int) -> bool:
@@ -201,18 +202,26 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
     return fits, largest
 
 
-def allocated_limit(lines: Sequence[EventLine], start_bytes: int, cap_bytes: int) -> float:
-    """A batch above which the requests on ``lines`` hold more than ``cap_bytes`` at once, with
-    ``start_bytes`` held from the start (``math.inf``: none; a bound, not the answer: each block is at
-    least its line's bytes, and the allocator's rounding and refusals only lower the real one).
+def held_at_start(start: Sequence[StartSegment]) -> dict[int, int]:
+    """The bytes of each block allocated in ``start``, by the key a run's events free it with
+    (``replay.start_keys``): a value the cell binds again is freed in the run (``replay.held_elsewhere``)."""
+    keys = start_keys(start)
+    return {keys[address]: size for address, size in allocated_blocks(start).items()}
+
+
+def allocated_limit(lines: Sequence[EventLine], held: Mapping[int, int], cap_bytes: int) -> float:
+    """A batch above which the requests on ``lines`` hold more than ``cap_bytes`` at once, with the blocks
+    ``held`` (bytes by key) allocated at the start until a line frees them (``math.inf``: none; a bound,
+    not the answer: each block is at least its line's bytes, and the allocator's rounding and refusals
+    only lower the real one).
 
     One pass: at each request the bytes held are ``fixed + per_sample * batch`` summed over what is
     live, so each request bounds the batch by a division; ``peak_allocated_bytes`` at the batches
     around it then settles it in a few passes, where bisecting on it alone takes the batch's bits."""
-    live: dict[int, tuple[float, float]] = {}
-    fixed_now = per_sample_now = 0.0
+    live: dict[int, tuple[float, float]] = {key: (float(size), 0.0) for key, size in held.items()}
+    fixed_now, per_sample_now = float(sum(held.values())), 0.0
     limit = math.inf
-    room = cap_bytes - start_bytes
+    room = float(cap_bytes)
     for kind, key, _, fixed, per_sample, exponent in lines:
         if exponent != 1.0:
             fixed, per_sample = 0.0, 0.0  # faster than the batch: left out, the bound stays one
@@ -230,11 +239,12 @@ def allocated_limit(lines: Sequence[EventLine], start_bytes: int, cap_bytes: int
     return max(limit, 0.0)
 
 
-def peak_allocated_bytes(events: Sequence[Event], start_bytes: int = 0) -> int:
-    """The most ``events`` hold allocated at once, with ``start_bytes`` held from the start (blocks rounded
-    as the allocator rounds them; a ``try``, which the run survives being refused, counts nothing)."""
-    live: dict[int, int] = {}
-    now = peak = start_bytes
+def peak_allocated_bytes(events: Sequence[Event], held: Mapping[int, int] | None = None) -> int:
+    """The most ``events`` hold allocated at once, with the blocks ``held`` (bytes by key) allocated from
+    the start until an event frees them (blocks rounded as the allocator rounds them; a ``try``, which the
+    run survives being refused, counts nothing)."""
+    live: dict[int, int] = dict(held or {})
+    now = peak = sum(live.values())
     for kind, key, size, _ in events:
         if kind == FREE:
             now -= live.pop(key, 0)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from jupyter_cudamem.growth import FixedMemory
-from jupyter_cudamem.growth.fitting import allocated_limit, largest_below
+from jupyter_cudamem.growth.fitting import allocated_limit, held_at_start, largest_below
 from jupyter_cudamem.growth.pairing import EventLine
 from jupyter_cudamem.growth.replay import Event, StartSegment, block_bytes, replay, segment_bytes
 from jupyter_cudamem.reruns.recording import RecordedRun
@@ -266,7 +266,7 @@ def largest_fitting(step: Step, limit: int = 10**7) -> int:
     lines: list[EventLine] = [(kind, key, stream, 0.0, 0.0, 1.0) if kind == "free" else
                               (kind, key, stream, float(fixed_at[key]), (size - fixed_at[key]) / limit, 1.0)
                               for kind, key, size, stream in grown]
-    held = _allocated(start_segments(step.held_at_start(False)))
+    held = held_at_start(start_segments(step.held_at_start(False)))
     # Sizes are truncated to whole bytes: a sample's share of one byte per tensor keeps the bound above.
     slack = len(lines) / limit
     bound = allocated_limit([(k, key, st, f - 1, p - slack, e) for k, key, st, f, p, e in lines], held, step.cap_bytes)
