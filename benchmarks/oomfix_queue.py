@@ -5,7 +5,7 @@
 (``oomfix.py --workloads W --ratios R``), the longest first by ``oomfix.py``'s own estimate,
 ``--per-gpu`` jobs at once on each GPU (``CUDA_VISIBLE_DEVICES``), each capped as the sweep caps it. A job
 still running when the budget ends is stopped; every job writes its cases as it goes, so what ran is kept.
-Merge the parts afterwards: ``oomfix.py --merge DIR/cases/*.json`` and ``--merge-oracles DIR/oracles/*.json``.
+``--oracles FILE`` skips the oracle jobs and reads FILE (oracles measured before). Merge the parts afterwards: ``oomfix.py --merge DIR/cases/*.json`` and ``--merge-oracles DIR/oracles/*.json``.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ def main() -> int:
     parser.add_argument("--workloads", default="", help="comma-separated (default: all)")
     parser.add_argument("--ratios", default=",".join(f"{r:g}" for r in oomfix.RATIOS))
     parser.add_argument("--finders", default=",".join(oomfix.FINDERS))
+    parser.add_argument("--oracles", default=None,
+                        help="an oracles file measured before (oomfix.py --merge-oracles): no oracle jobs")
     args = parser.parse_args()
     deadline = time.monotonic() + args.seconds
     out = Path(args.out)
@@ -95,13 +97,14 @@ def main() -> int:
     oracle_jobs = [["--oracles-only", "--workloads", w.name, "--oracles", str(out / "oracles" / f"{w.name}.json")]
                    for w in by_cost]
     started = time.monotonic()
-    unfinished = run_queue(oracle_jobs, gpus, args.per_gpu, deadline, out / "logs")
-    print(f"oracles: {time.monotonic() - started:.0f} s; {unfinished or 'all ended'}", flush=True)
+    if args.oracles is None:
+        unfinished = run_queue(oracle_jobs, gpus, args.per_gpu, deadline, out / "logs")
+        print(f"oracles: {time.monotonic() - started:.0f} s; {unfinished or 'all ended'}", flush=True)
     per_case = {w.name: cost[w.name]["cases_s"] / max(len(ratios), 1) for w in workloads}
     case_jobs = sorted(([w.name, r] for w in workloads for r in ratios), key=lambda job: -per_case[job[0]])
     jobs = [["--workloads", name, "--ratios", f"{ratio:g}", "--finders", ",".join(finders),
              "--out", str(out / "cases" / f"{name}_x{ratio:g}.json"),
-             "--oracles", str(out / "oracles" / f"{name}.json")] for name, ratio in case_jobs]
+             "--oracles", args.oracles or str(out / "oracles" / f"{name}.json")] for name, ratio in case_jobs]
     unfinished = run_queue(jobs, gpus, args.per_gpu, deadline, out / "logs")
     print(f"cases: {time.monotonic() - started:.0f} s in all; unfinished: {unfinished or 'none'}", flush=True)
     return 0
