@@ -14,7 +14,7 @@ from typing import Any
 from IPython.core.magic import line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
-from traitlets import Bool, Dict, Int, TraitError, Unicode, Union, observe, validate
+from traitlets import All, Bool, Dict, Int, TraitError, Unicode, Union, observe, validate
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES
 from ..errors import CudaMemError
@@ -119,8 +119,13 @@ class CudaMem(CudaMemMagicsBase):
         if history is not None:
             history.max_records = change["new"]
 
+    @observe(All)
+    def _settings_changed(self, change: Any) -> None:
+        self._settings = None  # read again at the next cell: traitlets cost ~1 µs a trait, on every cell
+
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell, hardware, extension, **kwargs)
+        self._settings: CellSettings | None = None
         self.history = History(self.history_size)
         self.attribution = LeftAttribution(shell, hardware)
         self.every_cell = EveryCell(shell, hardware, self.attribution, self.history, self.settings)
@@ -134,8 +139,13 @@ class CudaMem(CudaMemMagicsBase):
         self.nvtx_ranges: Any = None
 
     def settings(self) -> CellSettings:
-        """The settings as a cell starts, read once for the helpers that measure it."""
-        return CellSettings(
+        """The settings as a cell starts, read once for the helpers that measure it (and kept until a
+        setting changes: the traits through ``_settings_changed``, the plain attributes by identity)."""
+        kept = self._settings
+        if (kept is not None and kept.probe is self.probe and kept.breakdown_tracker is self.breakdown_tracker
+                and kept.nvtx_ranges is self.nvtx_ranges):
+            return kept
+        kept = self._settings = CellSettings(
             reset_peak=self.reset_peak,
             process_memory=self.process_memory,
             auto_threshold_bytes=auto_threshold_bytes(self.auto_threshold),
@@ -146,6 +156,7 @@ class CudaMem(CudaMemMagicsBase):
             breakdown_tracker=self.breakdown_tracker,
             nvtx_ranges=self.nvtx_ranges,
         )
+        return kept
 
     # -- %%cudamem / %cudamem ------------------------------------------------------------------
     @magic_arguments()
