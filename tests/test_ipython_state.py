@@ -255,3 +255,34 @@ def test_numbered_outputs_flushed_from_the_namespace_leave_the_hidden_one_too():
                             user_ns_hidden={"_": "", "_1": flushed, "_2": kept, "_x1": flushed})
     assert release_flushed_underscores(shell) == ["_1"]
     assert shell.user_ns_hidden == {"_": "", "_2": kept, "_x1": flushed}
+
+
+def test_after_each_cell_the_numbered_outputs_a_flush_or_cull_dropped_leave_the_hidden_namespace():
+    # IPython 8.12's flush (and any IPython's cull of a full output cache) leave ``_N`` in ``user_ns_hidden``.
+    from types import SimpleNamespace
+
+    from jupyter_cudamem.ipython_state import release_flushed_underscores_after_cell
+
+    first, second, third = object(), object(), object()
+    outputs = {1: first, 2: second}
+    shell = SimpleNamespace(displayhook=SimpleNamespace(_=second, __=first, ___=""),
+                            user_ns={"_oh": outputs, "_": second, "__": first, "_1": first, "_2": second},
+                            user_ns_hidden={"_": second, "__": first, "_1": first, "_2": second, "_i1": "1"})
+    after_cell = release_flushed_underscores_after_cell(shell)
+    after_cell()
+    assert shell.user_ns_hidden == {"_": second, "__": first, "_1": first, "_2": second, "_i1": "1"}
+
+    # A cull: the oldest output leaves the cache and the namespace, a new one comes.
+    del outputs[1], shell.user_ns["_1"]
+    outputs[3] = shell.user_ns["_3"] = shell.user_ns_hidden["_3"] = third
+    after_cell()
+    assert "_1" not in shell.user_ns_hidden and shell.user_ns_hidden["_3"] is third
+
+    # %reset -f out as IPython 8.12 does it: the cache and the namespace emptied, the hidden names kept.
+    outputs.clear()
+    for name in ("_2", "_3"):
+        del shell.user_ns[name]
+    shell.displayhook._ = shell.displayhook.__ = ""
+    shell.user_ns.update({"_": "", "__": "", "___": ""})
+    after_cell()
+    assert shell.user_ns_hidden == {"_": "", "__": "", "_i1": "1"}
