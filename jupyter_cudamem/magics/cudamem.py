@@ -119,13 +119,14 @@ class CudaMem(CudaMemMagicsBase):
         if history is not None:
             history.max_records = change["new"]
 
+    _settings: CellSettings | None = None  # kept from cell to cell (``settings``)
+
     @observe(All)
     def _settings_changed(self, change: Any) -> None:
         self._settings = None  # read again at the next cell: traitlets cost ~1 µs a trait, on every cell
 
     def __init__(self, shell: Any, hardware: Any, extension: Any = None, **kwargs: Any):
         super().__init__(shell, hardware, extension, **kwargs)
-        self._settings: CellSettings | None = None
         self.history = History(self.history_size)
         self.attribution = LeftAttribution(shell, hardware)
         self.every_cell = EveryCell(shell, hardware, self.attribution, self.history, self.settings)

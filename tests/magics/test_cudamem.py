@@ -152,6 +152,19 @@ def test_every_cell_threshold_is_configurable(shell, capsys):
     assert len(lines) == 1 and "+3.00 GiB" in lines[0]
 
 
+def test_a_setting_changed_between_cells_applies_from_the_next_cell(shell, capsys):
+    # The settings are kept from cell to cell: a change through %config must still reach the next cell.
+    shell.run_cell("%cudamem on")
+    shell.run_cell("m.allocate(0, GiB)")
+    shell.run_line_magic("config", 'CudaMem.auto_threshold = "2GiB"')
+    shell.run_cell("m.allocate(0, GiB)")
+    shell.run_line_magic("config", 'CudaMem.auto_threshold = "1MiB"')
+    shell.run_cell("m.allocate(0, 2 * GiB)")
+    shell.run_cell("%cudamem off")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cudamem [")]
+    assert len(lines) == 2 and "+1.00 GiB" in lines[0] and "+2.00 GiB" in lines[1]
+
+
 def test_every_cell_mode_reports_failed_cells(shell, capsys):
     shell.run_cell("%cudamem on")
     shell.run_cell("m.allocate(0, GiB); 1/0")
