@@ -286,3 +286,34 @@ def test_after_each_cell_the_numbered_outputs_a_flush_or_cull_dropped_leave_the_
     shell.user_ns.update({"_": "", "__": "", "___": ""})
     after_cell()
     assert shell.user_ns_hidden == {"_": "", "__": "", "_i1": "1"}
+
+
+def test_output_ids_kept_from_call_to_call_equal_a_whole_read_after_each_way_ipython_writes_the_cache():
+    import random
+
+    from jupyter_cudamem.ipython_state import OutputIds
+
+    rng = random.Random(42)
+    kept = OutputIds()
+    cache: dict[int, object] = {}
+    count = 0
+    for _ in range(3000):
+        step = rng.random()
+        if step < 0.5:  # a cell shows a value
+            count += 1
+            cache[count] = object()
+        elif step < 0.6 and cache:  # the same cell shows another: its entry is set again
+            cache[count] = [count]
+        elif step < 0.65 and len(cache) > 4:  # the cache is full: the display hook drops the oldest
+            for key in sorted(cache)[: max(len(cache) // 5, 2)]:
+                del cache[key]
+        elif step < 0.67:  # %reset -f out
+            cache.clear()
+        elif step < 0.68:  # %reset: a new cache
+            cache = dict(cache)
+        elif step < 0.70 and cache:  # %xdel of one shown value
+            del cache[rng.choice(list(cache))]
+        elif step < 0.72 and cache:  # a cell naming Out writes an older entry, and says so
+            cache[rng.choice(list(cache))] = object()
+            kept.touched()
+        assert kept.of(cache) == frozenset(map(id, cache.values()))
