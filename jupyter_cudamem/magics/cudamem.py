@@ -13,14 +13,13 @@ from typing import Any
 
 from IPython.core.magic import line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
-from IPython.display import display
 from traitlets import All, Bool, Dict, Int, TraitError, Unicode, Union, observe, validate
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES
 from ..errors import CudaMemError
 from ..history import History
 from ..units import MiB, parse_size
-from .base import CudaMemMagicsBase, one_line_errors, parse_devices
+from .base import CudaMemMagicsBase, one_line_errors, parse_devices, show_report
 from .cudamem_arguments import CudaMemArguments
 from .every_cell import EveryCell, mode_of
 from .left_attribution import LeftAttribution
@@ -261,7 +260,7 @@ class CudaMem(CudaMemMagicsBase):
         if report is None:
             return None
         if not args.quiet:
-            display(report)
+            show_report(self.shell, report)
         return report if args.output else None
 
     def _nvtx_status(self) -> str | None:

@@ -10,14 +10,12 @@ from __future__ import annotations
 from contextlib import ExitStack, nullcontext
 from typing import Any
 
-from IPython.display import display
-
 from ..hardware import Hardware
 from ..history import History
 from ..measure import Measurement, Meter
 from ..report import CellReport
 from ..trace import TraceSummary, traced
-from .base import current_cell_number, note
+from .base import current_cell_number, note, show_report
 from .cellrun import Ran, run_cell_body
 from .every_cell import EveryCell
 from .left_attribution import LeftAttribution
@@ -95,7 +93,7 @@ class CellMeasurer:
         ran.show_values(shell)
         if ran.error is not None:
             if show:
-                display(report)
+                show_report(shell, report)
             ran.fail(shell)
             return None
         return report

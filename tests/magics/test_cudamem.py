@@ -29,6 +29,24 @@ def test_cell_reports_peak_and_displays_last_value_first(shell, machine, capsys)
     assert record.measurement.devices[0].peak_above_start_bytes == 2 * GiB
 
 
+def test_the_report_shown_is_the_bundle_ipythons_formatters_make_of_it(shell):
+    from IPython.utils.capture import capture_output
+
+    formatter = shell.display_formatter
+    before = list(formatter.active_types)
+    try:
+        for active, types in ((["text/plain"], {"text/plain"}), (list(formatter.formatters), {"text/plain", "text/html"})):
+            formatter.active_types = active  # a terminal's, then a notebook's
+            with capture_output() as captured:
+                shell.run_cell("report = %cudamem -o m.allocate(0, 2 * GiB); m.free(0, GiB)")
+            [shown] = captured.outputs
+            formatted, metadata = formatter.format(shell.user_ns["report"])
+            assert set(formatted) == types and not metadata
+            assert shown.data == formatted and "+2.00 GiB above start" in shown.data["text/plain"]
+    finally:
+        formatter.active_types = before
+
+
 def test_trailing_semicolon_hides_the_value(shell, capsys):
     shell.run_cell("%%cudamem\n'hidden';")
     assert "'hidden'" not in capsys.readouterr().out
