@@ -14,11 +14,11 @@ import gc
 from types import TracebackType
 
 
-class collector_paused:  # noqa: N801 - used as a function: ``with collector_paused():``
+class collector_paused:  # lower case: called like a function, ``with collector_paused():``
     """Disable the cyclic collector inside, and put it back as it was (never enable one that was off).
 
-    A class, not ``@contextmanager``: it runs before every measured cell, and the generator version
-    cost ten times as much."""
+    A class, not ``@contextmanager``: it runs before every measured cell, and a generator's context
+    costs about ten times as much."""
 
     __slots__ = ("_enabled",)
 

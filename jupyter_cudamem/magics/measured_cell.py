@@ -21,7 +21,6 @@ from .every_cell import EveryCell
 from .left_attribution import LeftAttribution
 from .measuring import CellSettings, record
 
-
 _NOTHING: Any = nullcontext()
 
 
