@@ -11,17 +11,22 @@ small and the collector takes it after, as usual.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Disable the cyclic collector inside, and put it back as it was (never enable one that was off)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
+class collector_paused:  # lower case: called like a function, ``with collector_paused():``
+    """Disable the cyclic collector inside, and put it back as it was (never enable one that was off).
+
+    A class, not ``@contextmanager``: it runs before every measured cell, and a generator's context
+    costs about ten times as much."""
+
+    __slots__ = ("_enabled",)
+
+    def __enter__(self) -> None:
+        self._enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self._enabled:
             gc.enable()

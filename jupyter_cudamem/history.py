@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from .measure import Measurement
 SOURCE_HEAD_CHARS = 60
 
 
+@lru_cache(maxsize=256)  # as ``repeats.source_key``: the same cells, measured again and again
 def source_head(source: str) -> str:
     """The first meaningful line of a cell, shortened, to name it in tables."""
     for line in source.splitlines():

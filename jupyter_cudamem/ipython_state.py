@@ -29,8 +29,8 @@ cache (``Out``/``_oh``, ``_N``, ``_``/``__``/``___``) and in the execution resul
 
 from __future__ import annotations
 
+import itertools
 import re
-
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -327,15 +327,54 @@ def _output_references(shell: InteractiveShell, outputs: bool) -> list[Reference
     return refs
 
 
-def ipython_reference_ids(shell: InteractiveShell) -> frozenset[int]:
+def ipython_reference_ids(shell: InteractiveShell, outputs: OutputIds | None = None) -> frozenset[int]:
     """The ids of what ``ipython_references`` lists, without naming each: all a snapshot before a cell
-    keeps. The output cache's values (its ``_N`` are the same objects) are read by one C loop: a long
-    session's ``Out`` holds thousands, and naming each cost about 1.6 µs a cell."""
+    keeps. The output cache's values (its ``_N`` are the same objects) are read by one C loop, or through
+    ``outputs``, which keeps them from call to call: a long session's ``Out`` holds thousands."""
     ids = {id(reference.value) for reference in ipython_references(shell, outputs=False)}
     cache = _output_cache(shell)
-    if cache is not None:
+    if cache is None:
+        return frozenset(ids)
+    if outputs is None:
         ids.update(map(id, list(cache.values())))
-    return frozenset(ids)
+        return frozenset(ids)
+    kept = outputs.of(cache)
+    return kept if ids <= kept else kept | ids  # ``_`` and the last result are outputs: mostly no copy
+
+
+class OutputIds:
+    """The ids of the output cache's values, kept from call to call: read whole, 1,000 outputs cost about
+    80 µs, before every measured cell.
+
+    IPython writes the cache at its end only: the display hook sets the running cell's entry (again where
+    a cell shows several values), a full cache drops its oldest entries and a flush all of them. So while
+    it is the same dict and the newest entry last seen is still there, with the same value, just before
+    those added since, only those added are read. Code that writes elsewhere in it says so (``touched``:
+    a cell that names ``Out`` or ``_oh``, or whose names cannot be told), and the next call reads it whole.
+    """
+
+    def __init__(self) -> None:
+        # The cache's id, its length, its newest key and that value's id, as last read; None: read it whole.
+        self._seen: tuple[int, int, Any, int] | None = None
+        self._ids: frozenset[int] = frozenset()
+
+    def touched(self) -> None:
+        self._seen = None
+
+    def of(self, cache: dict[Any, Any]) -> frozenset[int]:
+        seen, length = self._seen, len(cache)
+        if seen is not None and seen[0] == id(cache) and 0 < seen[1] <= length:
+            newest = list(itertools.islice(reversed(cache.items()), length - seen[1] + 1))  # newest first
+            key, value = newest[-1]
+            if key == seen[2] and id(value) == seen[3]:
+                if len(newest) > 1:
+                    self._ids = self._ids.union(id(value) for _, value in newest[:-1])
+                    self._seen = (id(cache), length, newest[0][0], id(newest[0][1]))
+                return self._ids
+        values = list(cache.items())
+        self._ids = frozenset(id(value) for _, value in values)
+        self._seen = (id(cache), length, values[-1][0], id(values[-1][1])) if values else None
+        return self._ids
 
 
 def _frame_references(errors: list[BaseException]) -> list[Reference]:
@@ -520,7 +559,7 @@ _UNDERSCORES = ("_", "__", "___")
 _NUMBERED = re.compile(r"_\d+")
 
 
-def release_flushed_underscores(shell: InteractiveShell) -> list[str]:
+def release_flushed_underscores(shell: InteractiveShell, numbered: bool = True) -> list[str]:
     """After ``%reset -f out``, drop the old values IPython still keeps under ``_``, ``__``, ``___``.
 
     IPython's display hook binds those names in the user namespace *and* in ``user_ns_hidden``; its
@@ -530,7 +569,8 @@ def release_flushed_underscores(shell: InteractiveShell) -> list[str]:
     visible values then differ, IPython stops updating ``_`` at all. Where the display hook and the
     namespace agree on a name and the hidden entry does not, the hidden entry takes their value, as
     after any display. A name the user bound themselves (the namespace differs from the display hook)
-    is left alone. Returns the names released.
+    is left alone. ``numbered=False``: only ``_``, ``__`` and ``___`` (the numbered names take a pass over
+    ``user_ns_hidden``). Returns the names released.
     """
     displayhook = getattr(shell, "displayhook", None)
     namespace, hidden = getattr(shell, "user_ns", None), getattr(shell, "user_ns_hidden", None)
@@ -545,6 +585,8 @@ def release_flushed_underscores(shell: InteractiveShell) -> list[str]:
             hidden[name] = value
             released.append(name)
     # IPython 8 also keeps the numbered names (``_1``) there after ``flush()`` took them out of the namespace.
+    if not numbered:
+        return released
     for name in [key for key in hidden if _NUMBERED.fullmatch(key) and key not in namespace]:
         del hidden[name]
         released.append(name)
@@ -552,11 +594,22 @@ def release_flushed_underscores(shell: InteractiveShell) -> list[str]:
 
 
 def release_flushed_underscores_after_cell(shell: InteractiveShell) -> Callable[..., None]:
-    """A ``post_run_cell`` callback running ``release_flushed_underscores``; it never raises into the kernel."""
+    """A ``post_run_cell`` callback running ``release_flushed_underscores``; it never raises into the kernel.
+
+    The numbered names are looked for only after the output cache lost entries (``flush()`` clears it,
+    IPython drops the oldest once it is full, ``%xdel`` takes one out): ``user_ns_hidden`` gains an ``_iN``
+    for every cell run, and a pass over it costs about 1.6 ms a cell after 1,000 cells with outputs."""
+    # The cache's size and newest key after the cell before: a cell adds at most one output, at the end.
+    # None: the first cell looks (a flush may have come before the extension was loaded).
+    seen: list[tuple[int, Any] | None] = [None]
 
     def after_cell(result: ExecutionResult | None = None) -> None:
         try:
-            release_flushed_underscores(shell)
+            cache = _output_cache(shell)
+            now = None if cache is None else (len(cache), next(reversed(cache), None))
+            before, seen[0] = seen[0], now
+            lost = now is None or before is None or now[0] < before[0] + (now[1] != before[1])
+            release_flushed_underscores(shell, numbered=lost)
         except Exception:  # noqa: BLE001  IPython's internals changed: keep the cell's outcome intact
             pass
 

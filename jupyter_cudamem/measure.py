@@ -253,6 +253,11 @@ class Meter:
         return readings
 
     # -- the block -------------------------------------------------------------------------
+    # Why both ends synchronize (about 4 µs each on an idle device): the allocator's figures are the host's
+    # bookkeeping and would read the same without, but the wall time would not (work queued before the
+    # block counted in it, the block's own queued kernels not), NVML's figures would not where the
+    # stream-ordered allocator (``backend:cudaMallocAsync``) gives its pool back at a synchronization,
+    # and an asynchronous CUDA error would surface in a later cell instead of the one that caused it.
     def start(self) -> Baseline:
         initialized = self.hardware.allocator.is_initialized()
         allocator_readings = self._read_allocator(synchronize=True)

@@ -255,3 +255,65 @@ def test_numbered_outputs_flushed_from_the_namespace_leave_the_hidden_one_too():
                             user_ns_hidden={"_": "", "_1": flushed, "_2": kept, "_x1": flushed})
     assert release_flushed_underscores(shell) == ["_1"]
     assert shell.user_ns_hidden == {"_": "", "_2": kept, "_x1": flushed}
+
+
+def test_after_each_cell_the_numbered_outputs_a_flush_or_cull_dropped_leave_the_hidden_namespace():
+    # IPython 8.12's flush (and any IPython's cull of a full output cache) leave ``_N`` in ``user_ns_hidden``.
+    from types import SimpleNamespace
+
+    from jupyter_cudamem.ipython_state import release_flushed_underscores_after_cell
+
+    first, second, third = object(), object(), object()
+    outputs = {1: first, 2: second}
+    shell = SimpleNamespace(displayhook=SimpleNamespace(_=second, __=first, ___=""),
+                            user_ns={"_oh": outputs, "_": second, "__": first, "_1": first, "_2": second},
+                            user_ns_hidden={"_": second, "__": first, "_1": first, "_2": second, "_i1": "1"})
+    after_cell = release_flushed_underscores_after_cell(shell)
+    after_cell()
+    assert shell.user_ns_hidden == {"_": second, "__": first, "_1": first, "_2": second, "_i1": "1"}
+
+    # A cull: the oldest output leaves the cache and the namespace, a new one comes.
+    del outputs[1], shell.user_ns["_1"]
+    outputs[3] = shell.user_ns["_3"] = shell.user_ns_hidden["_3"] = third
+    after_cell()
+    assert "_1" not in shell.user_ns_hidden and shell.user_ns_hidden["_3"] is third
+
+    # %reset -f out as IPython 8.12 does it: the cache and the namespace emptied, the hidden names kept.
+    outputs.clear()
+    for name in ("_2", "_3"):
+        del shell.user_ns[name]
+    shell.displayhook._ = shell.displayhook.__ = ""
+    shell.user_ns.update({"_": "", "__": "", "___": ""})
+    after_cell()
+    assert shell.user_ns_hidden == {"_": "", "__": "", "_i1": "1"}
+
+
+def test_output_ids_kept_from_call_to_call_equal_a_whole_read_after_each_way_ipython_writes_the_cache():
+    import random
+
+    from jupyter_cudamem.ipython_state import OutputIds
+
+    rng = random.Random(42)
+    kept = OutputIds()
+    cache: dict[int, object] = {}
+    count = 0
+    for _ in range(3000):
+        step = rng.random()
+        if step < 0.5:  # a cell shows a value
+            count += 1
+            cache[count] = object()
+        elif step < 0.6 and cache:  # the same cell shows another: its entry is set again
+            cache[count] = [count]
+        elif step < 0.65 and len(cache) > 4:  # the cache is full: the display hook drops the oldest
+            for key in sorted(cache)[: max(len(cache) // 5, 2)]:
+                del cache[key]
+        elif step < 0.67:  # %reset -f out
+            cache.clear()
+        elif step < 0.68:  # %reset: a new cache
+            cache = dict(cache)
+        elif step < 0.70 and cache:  # %xdel of one shown value
+            del cache[rng.choice(list(cache))]
+        elif step < 0.72 and cache:  # a cell naming Out writes an older entry, and says so
+            cache[rng.choice(list(cache))] = object()
+            kept.touched()
+        assert kept.of(cache) == frozenset(map(id, cache.values()))

@@ -305,7 +305,10 @@ def run_cell_body(shell: InteractiveShell, raw_cell: str) -> Ran:
     for node, mode in steps:
         module: ast.mod = ast.Module([node], []) if mode == "exec" else ast.Interactive([node])
         try:
-            with compiler.extra_flags(flags):
+            if flags:
+                with compiler.extra_flags(flags):
+                    code = compiler(module, filename, mode)
+            else:  # extra_flags(0) changes nothing, and its generator costs a few µs a statement
                 code = compiler(module, filename, mode)
         except BaseException as error:  # a statement that parses but does not compile: stop here
             ran.error, ran.kind, ran.traceback = error, _BEFORE, error.__traceback__

@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING
 
 from IPython.core.magic import line_cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
-from IPython.display import display
-from traitlets import Bool, Dict, Int, TraitError, Unicode, Union, observe, validate
+from traitlets import All, Bool, Dict, Int, TraitError, Unicode, Union, observe, validate
 
 from ..attribution.left import DEFAULT_THRESHOLD_BYTES
 from ..errors import CudaMemError
 from ..history import History
 from ..units import MiB, parse_size
-from .base import CudaMemMagicsBase, one_line_errors, parse_devices
+from .base import CudaMemMagicsBase, one_line_errors, parse_devices, show_report
 from .cudamem_arguments import CudaMemArguments
 from .every_cell import EveryCell, mode_of
 from .left_attribution import LeftAttribution
@@ -130,6 +129,12 @@ class CudaMem(CudaMemMagicsBase):
         if history is not None:
             history.max_records = change["new"]
 
+    _settings: CellSettings | None = None  # kept from cell to cell (``settings``)
+
+    @observe(All)
+    def _settings_changed(self, change: object) -> None:
+        self._settings = None  # read again at the next cell: traitlets cost ~1 µs a trait, on every cell
+
     def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
         super().__init__(shell, hardware, extension, **kwargs)
         self.history = History(self.history_size)
@@ -145,8 +150,13 @@ class CudaMem(CudaMemMagicsBase):
         self.nvtx_ranges: NvtxRanges | None = None
 
     def settings(self) -> CellSettings:
-        """The settings as a cell starts, read once for the helpers that measure it."""
-        return CellSettings(
+        """The settings as a cell starts, read once for the helpers that measure it (and kept until a
+        setting changes: the traits through ``_settings_changed``, the plain attributes by identity)."""
+        kept = self._settings
+        if (kept is not None and kept.probe is self.probe and kept.breakdown_tracker is self.breakdown_tracker
+                and kept.nvtx_ranges is self.nvtx_ranges):
+            return kept
+        kept = self._settings = CellSettings(
             reset_peak=self.reset_peak,
             process_memory=self.process_memory,
             auto_threshold_bytes=auto_threshold_bytes(self.auto_threshold),
@@ -157,6 +167,7 @@ class CudaMem(CudaMemMagicsBase):
             breakdown_tracker=self.breakdown_tracker,
             nvtx_ranges=self.nvtx_ranges,
         )
+        return kept
 
     # -- %%cudamem / %cudamem ------------------------------------------------------------------
     @magic_arguments()
@@ -261,7 +272,7 @@ class CudaMem(CudaMemMagicsBase):
         if report is None:
             return None
         if not args.quiet:
-            display(report)
+            show_report(self.shell, report)
         return report if args.output else None
 
     def _nvtx_status(self) -> str | None:

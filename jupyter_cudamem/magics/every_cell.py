@@ -8,8 +8,7 @@ import ast
 import builtins
 import difflib
 import re
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from ..errors import CudaMemError
@@ -79,6 +78,21 @@ def mode_of(options: str, statement: str, namespace: Mapping[str, object]) -> st
     return None
 
 
+class _MeasuredByMagic:
+    """``with every_cell.measured_by_magic():`` (a class: a generator's context costs ten times as much)."""
+
+    __slots__ = ("_every_cell",)
+
+    def __init__(self, every_cell: EveryCell):
+        self._every_cell = every_cell
+
+    def __enter__(self) -> None:
+        self._every_cell.inside_magic = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._every_cell.inside_magic = False
+
+
 class EveryCell:
     """The every-cell mode on one shell: its IPython callbacks. ``settings`` reads ``CudaMem``'s settings, once
     as each cell starts; ``attribution`` names who holds what a cell left; each measured cell goes into
@@ -124,14 +138,9 @@ class EveryCell:
         self.on = False
         self._baseline = None
 
-    @contextmanager
-    def measured_by_magic(self) -> Iterator[None]:
+    def measured_by_magic(self) -> _MeasuredByMagic:
         """While a ``%%cudamem`` cell's body runs: the magic measures it, so this does not."""
-        self.inside_magic = True
-        try:
-            yield
-        finally:
-            self.inside_magic = False
+        return _MeasuredByMagic(self)
 
     def pre_run_cell(self, info: ExecutionInfo | None = None) -> None:
         # A cell may run others (%oomfix reruns through shell.run_cell): those nested cells belong

@@ -17,7 +17,7 @@ from ..attribution.probe import default_probe
 from ..attribution.tracked import TrackedNamespace
 from ..cell.names import SAFE_MAGICS, cell_names
 from ..hardware import Hardware
-from ..ipython_state import ipython_reference_ids
+from ..ipython_state import OutputIds, ipython_reference_ids
 from ..measure import Measurement
 from .base import note
 from .cellrun import NO_VALUE
@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionInfo, ExecutionResult, InteractiveShell
 
 
+# The names of IPython's output cache: a cell naming one may write anywhere in it (``OutputIds``).
+_OUTPUT_CACHE = frozenset({"Out", "_oh"})
+
+
 class LeftAttribution:
     """Attribution around the cells of one shell, with the settings each cell started with."""
 
@@ -34,6 +38,7 @@ class LeftAttribution:
         self.shell = shell
         self.hardware = hardware
         self.tracked: TrackedNamespace | None = None  # from the first snapshot on
+        self.outputs = OutputIds()  # the output cache's ids, kept as the fingerprints are
         self._unsafe_magics: tuple[int, frozenset[str]] = (-1, frozenset())
         # Cells the shell ran and cells measured (-1: none yet): where they differ, cells not measured ran
         # in between, and what they left is read.
@@ -49,6 +54,7 @@ class LeftAttribution:
 
     def close(self) -> None:
         """Stop keeping fingerprints (the extension unloads)."""
+        self.outputs = OutputIds()
         if self.tracked is None:
             return
         events = self.shell.events
@@ -65,11 +71,15 @@ class LeftAttribution:
             return
         if raw is None:
             self.tracked.ran(None)
+            self.outputs.touched()
             return
         line_magics = self.shell.magics_manager.magics.get("line", {})
         if self._unsafe_magics[0] != len(line_magics):  # IPython's automagic: ``run x.py`` runs %run
             self._unsafe_magics = (len(line_magics), frozenset(line_magics).difference(SAFE_MAGICS))
-        self.tracked.ran(cell_names(raw, self._unsafe_magics[1]))
+        names = cell_names(raw, self._unsafe_magics[1])
+        self.tracked.ran(names)
+        if names is None or not _OUTPUT_CACHE.isdisjoint(names):
+            self.outputs.touched()
 
     def _pre_run_cell(self, info: ExecutionInfo | None = None) -> None:
         # Before too: a snapshot of a cell this one runs must see what this one changed.
@@ -101,7 +111,7 @@ class LeftAttribution:
             except Exception:  # noqa: BLE001  unreadable (a sticky CUDA error): what they left is unknown
                 tracked.forget()
             self._cells_measured = self._cells_ran
-        snapshot = tracked.take(self.shell.user_ns, ipython_reference_ids(self.shell), probe)
+        snapshot = tracked.take(self.shell.user_ns, ipython_reference_ids(self.shell, self.outputs), probe)
         if cell is not None:  # the names it can change, also where it runs without the shell's events
             self._ran(cell)
         return snapshot

@@ -29,6 +29,24 @@ def test_cell_reports_peak_and_displays_last_value_first(shell, machine, capsys)
     assert record.measurement.devices[0].peak_above_start_bytes == 2 * GiB
 
 
+def test_the_report_shown_is_the_bundle_ipythons_formatters_make_of_it(shell):
+    from IPython.utils.capture import capture_output
+
+    formatter = shell.display_formatter
+    before = list(formatter.active_types)
+    try:
+        for active, types in ((["text/plain"], {"text/plain"}), (list(formatter.formatters), {"text/plain", "text/html"})):
+            formatter.active_types = active  # a terminal's, then a notebook's
+            with capture_output() as captured:
+                shell.run_cell("report = %cudamem -o m.allocate(0, 2 * GiB); m.free(0, GiB)")
+            [shown] = captured.outputs
+            formatted, metadata = formatter.format(shell.user_ns["report"])
+            assert set(formatted) == types and not metadata
+            assert shown.data == formatted and "+2.00 GiB above start" in shown.data["text/plain"]
+    finally:
+        formatter.active_types = before
+
+
 def test_trailing_semicolon_hides_the_value(shell, capsys):
     shell.run_cell("%%cudamem\n'hidden';")
     assert "'hidden'" not in capsys.readouterr().out
@@ -150,6 +168,19 @@ def test_every_cell_threshold_is_configurable(shell, capsys):
     shell.run_cell("%cudamem off")
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cudamem [")]
     assert len(lines) == 1 and "+3.00 GiB" in lines[0]
+
+
+def test_a_setting_changed_between_cells_applies_from_the_next_cell(shell, capsys):
+    # The settings are kept from cell to cell: a change through %config must still reach the next cell.
+    shell.run_cell("%cudamem on")
+    shell.run_cell("m.allocate(0, GiB)")
+    shell.run_line_magic("config", 'CudaMem.auto_threshold = "2GiB"')
+    shell.run_cell("m.allocate(0, GiB)")
+    shell.run_line_magic("config", 'CudaMem.auto_threshold = "1MiB"')
+    shell.run_cell("m.allocate(0, 2 * GiB)")
+    shell.run_cell("%cudamem off")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cudamem [")]
+    assert len(lines) == 2 and "+1.00 GiB" in lines[0] and "+2.00 GiB" in lines[1]
 
 
 def test_every_cell_mode_reports_failed_cells(shell, capsys):
