@@ -1,11 +1,8 @@
 """Free what a failed cell left behind, and measure what that gave back.
 
-Order matters: what was held before the failed cell is released first and measured on its own (the
-output cache of earlier cells, then each variable the user named with ``--del``), then the failed
-cell's own references (its traceback's frames, ``sys.last_*``), then ``gc.collect()`` breaks the cycles a traceback forms (a frame refers to its locals,
-an exception to its traceback, the traceback to the frame), and only then can ``empty_cache()`` return
-the allocator's freed blocks to the driver. Bytes freed are measured through the allocator before and
-after, on every device PyTorch has initialised.
+Order matters: what was held before the failed cell goes first, measured on its own (the output cache,
+each ``--del`` variable); then the failed cell's references, ``gc.collect()`` for the cycles a traceback
+forms, and only then ``empty_cache()``.
 """
 
 from __future__ import annotations

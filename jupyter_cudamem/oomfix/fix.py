@@ -1,10 +1,8 @@
 """``%oomfix``'s feature: one failed cell (a ``FixRequest``) diagnosed, freed, and rerun in a form that fits.
 
-The magic reads the request once and hands over what it runs with: the shell, the hardware, how a try runs
-(``Reruns``), IPython's record of failures and who may be asked. This owns the rest, in order: who holds
-memory and the diagnosis; the one read of the cell (``cell.read.ReadCell``), handed to every part below;
-for ``--dry-run`` the plan; else the question, the cleanup, the copy of what the cell trains
-(``reruns.model_state.Restorer``) and the ``Driver`` of the tries.
+The magic hands over the shell, the hardware and how a try runs (``Reruns``); this owns the rest, in
+order: the diagnosis, the one read of the cell, the plan (``--dry-run``) or the cleanup, the copy of what
+the cell trains (``Restorer``) and the ``Driver`` of the tries.
 """
 
 from __future__ import annotations

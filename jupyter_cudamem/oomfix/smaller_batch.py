@@ -1,11 +1,5 @@
 """``%oomfix``'s batch strategy: the batch search's tries, each made by the fix's ``FixTries``, with the
 batch changed where it lives (``batch.BatchChange``) and put back, or kept at the largest that fitted.
-
-Why apart from the driver: the driver orders the strategies; this runs the one that reruns the most,
-and knows how the search (``batchsearch``) and the tries meet: where each try starts, what the search
-reads before choosing, and when the best batch must be run once more so that the variables and the
-model hold the run the outcome reports. Where the next batch is chosen: this file, then
-``batchsearch/policy.py``, ``batchsearch/state.py`` and ``growth/fitting.py`` (``batchsearch`` says how).
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
-"""What ``%oomfix`` does when the batch is the data itself: chunks that cover all of it, or a refusal.
+"""What ``%oomfix`` does when the batch is the data itself (``batch.whole.covers_whole_data``): chunks that
+cover all of it, or a refusal, never a smaller batch that would leave a partial result.
 
-``batch.whole.covers_whole_data`` decides whether a smaller batch would only compute a smaller result
-(an inference cell, a metric over a whole tensor). Then shrinking the batch is never tried: a rerun
-that fits with 12,923 of 32,768 rows would leave the cell's names holding a partial result. Instead
-each model call over the data is rewritten to run over chunks of it and join them,
-
-    predictions = classifier(features).argmax(dim=1)
-    predictions = torch.cat([classifier(_chunk).detach().cpu() for _chunk in features.split(32768)]).to(features.device).argmax(dim=1)
-
-and the batch search shrinks the chunk, not the data: every row is computed whatever size fits. Where
-the chunks' results are joined (``Join``) decides what the cell holds at once besides one chunk's work:
-joined on the GPU, every chunk's result and then their join (twice the whole result); joined on the
-host and moved back, the whole result once, at the end (each chunk's result goes to the host as it
-comes: a copy over PCIe for the room of a whole result). Where even one whole result does not fit
-beside the model (the logits of many long sequences: 8 GB for 40 rows of GPT-2's vocabulary at 1024
-tokens), the move back is what runs out of memory, at any chunk size; the batch search then keeps the
-result on the host (``on_host``), where the cell's later lines compute on it, and says so. The chunk's
-output is detached so each chunk's autograd graph (kept for a backward pass the cell never runs) is
-freed before the next chunk; the cell does not train, so nothing needed it. Where the rewrite is not
-safe (the result is not a model's, the call is in a loop or spans lines), ``%oomfix`` says in one line
-why it will not shrink the batch, and tries the other strategies (a plain rerun, autocast), which keep
-every row.
+Each model call over the data is rewritten to run over chunks and join them (``torch.cat``), and the
+search shrinks the chunk: every row is computed. ``Join`` says where the results are joined; where the
+whole result cannot move back beside the model, it stays on the host (``on_host``), said in a note.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Reruns leave no trace in what a cell trains: the modules, optimizers, LR schedulers and GradScalers the
-cell reads are copied to the host once, before the first rerun, and put back before each later one.
+cell reads are copied to the host once, before the first rerun, and put back before each later one
+(``Restorer``), so the model ends as one run of the cell that fitted leaves it.
 
-Every rerun of a training cell takes its optimizer steps and adds to ``.grad``: three reruns of a cell
-that takes three Adam steps would leave the model nine steps on, its optimizer's step count at nine. With
-the copy put back before each rerun (and after the last, when the last one failed), the model and its
-optimizer end as one run of the cell that fitted leaves them (``Restorer``).
-
-What the cell reads: the names it reads that it does not bind first (a name it binds before reading is a
-new object each run, ``cell.read.ReadCell.binds_first``), followed through the notebook's own
-functions and classes (their globals, closures and defaults), bound methods, and the attributes and
-items of other objects a few levels deep (a Trainer's ``model``, a dict of models).
-
-The same walk finds the plain state the cell may change (its lists, dicts, counters, the notebook's own
-objects): ``plain_state`` keeps it, and the ``Restorer`` puts it back with the rest.
-
-What is not undone: what the failed cell itself did before it failed (an OOM in ``backward`` after some
-``.grad`` were written) when the copy is taken after it, as ``%oomfix`` must; what ``plain_state`` says it
-does not follow (files, NumPy arrays changed in place, iterators).
+What the cell reads: the names it reads before binding them, followed through the notebook's own
+functions and classes, bound methods, and a few levels of attributes and items. The same walk finds the
+plain state the cell may change (``plain_state``). Not undone: what the failed cell did before it failed.
 """
 
 from __future__ import annotations

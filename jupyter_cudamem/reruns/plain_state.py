@@ -1,24 +1,12 @@
-"""Reruns leave no trace in the notebook's plain Python state either: the lists, dicts and sets a cell adds
-to (``losses.append(loss.item())``, ``history["acc"].append(acc)``), the names it rebinds from their old
-value (``step += 1``, ``best = max(best, acc)``) and the attributes of objects the notebook's own classes
-made (an ``AverageMeter``'s sum and count) are put back before each rerun as they were before the first.
-The rerun that fitted, the last, then leaves them as one plain run of it does: three reruns of a cell
-that appends its loss would otherwise leave three runs' losses in the list the user plots.
+"""Reruns leave no trace in the notebook's plain Python state either: the containers a cell adds to
+(``losses.append(...)``), the names it rebinds from their old value (``step += 1``) and the attributes of
+the notebook's own objects are put back before each rerun as they were before the first, so the last
+rerun leaves them as one plain run does.
 
-What is kept (``PlainState.keep``): what the cell reads before binding it, followed by
-``model_state``'s walk (through the notebook's own functions, their globals, closures and defaults),
-along paths of plain values only: builtin containers (``list``, ``dict``, ``set``, ``deque``,
-``bytearray`` and their subclasses), instances of classes the notebook defined, ``SimpleNamespace`` and
-``argparse.Namespace``; and the public lists and dicts of the notebook's own ``nn.Module`` classes (a
-Lightning module's ``self.validation_step_outputs``, appended to at every step). Each is copied
-shallowly (its items, not what they are) and put back in place, so every other reference to it sees the
-same contents. Other libraries' objects are not entered (their internals are theirs to keep consistent),
-torch's objects are ``model_state``'s, and NumPy arrays or tensors changed in place, iterators the cell
-advances and files it writes are not undone. What the copy holds stays alive through the reruns: a
-container's old items where the cell empties it, a name's old value where the cell rebinds it (a GPU tensor
-rebound to a new one, ``x = x * 2``, costs its size there).
-
-Pure Python: no torch, no IPython.
+Kept (``PlainState.keep``): along paths of plain values only (builtin containers, the notebook's own
+instances, namespace objects, the public containers of the notebook's own ``nn.Module`` classes), each
+copied shallowly and put back in place. Not undone: other libraries' objects, arrays or tensors changed
+in place, iterators, files. Pure Python: no torch, no IPython.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """A failed try leaves nothing: what the failed cell bound is set aside before the reruns, and nothing of a
 failed try stays alive on our side.
 
-**Before the first rerun.** The failed cell may have bound values before it failed that it will bind
-again (its input ``x = torch.randn(batch, ...)``): left bound, the rerun builds the new one while the
-old one still holds its memory. Seen on an H100 with a GRU started at batch 8192: the failed cell's
-1 GiB input was still allocated when the first try began, and a try at a batch that needs 1.2 GiB
-failed. ``set_aside`` takes the names the cell binds *before reading them* (so the rerun cannot need
-the old value: ``cell.read.ReadCell.rebinds``) whose value holds GPU memory, moves tensors and modules
-to the host and unbinds the names. If every try fails, ``give_back`` binds them again, moved back where they were; if a try fits,
-the rerun has bound new values and the set-aside ones are dropped.
-
-**After each failed try.** The driver keeps of a try only its figures and a one-line message (never the
-exception: its traceback holds the frames of the forward or backward that failed, with their
-activations), and ``restore_bindings`` puts the namespace back as it was before the try, IPython's
-output-cache names (``_``, ``__``, ``___``) included. The cleanup the driver is given then releases what
-IPython keeps of the failure.
-
-Knows nothing of IPython: it works on a namespace (a mutable mapping) and the names the cell binds.
-Moving to the host is a ``Mover`` (``sources.torch_host.TorchMover`` for PyTorch; tests pass fakes).
+``set_aside`` moves to the host, and unbinds, the values holding GPU memory that the cell binds again
+before reading them (``cell.read.ReadCell.rebinds``): left bound, a rerun would build the new value while
+the old one still holds its memory. ``give_back`` binds them again if no try fits. ``restore_bindings``
+puts the namespace back as it was before a failed try. No IPython here; moving is a ``Mover``.
 """
 
 from __future__ import annotations
