@@ -63,9 +63,8 @@ def freed_from_before(rebinds: tuple[str, ...], cleaned: CleanupResult | None) -
 
 @dataclass(frozen=True)
 class _FailedCell:
-    """What the strategies read of the failed cell, read once at the start of a fix: the cell as read, its
-    OOM and the device it names, where its batch lives; then what it needs at least and the room it has
-    (bytes, ``None``: unknown), and what the cleanup freed."""
+    """What the strategies read of the failed cell, once: the cell, its OOM and device, where its batch
+    lives, what it needs at least and the room it has (bytes, ``None``: unknown), what the cleanup freed."""
 
     read: ReadCell
     namespace: Mapping[str, Any] | None
@@ -106,8 +105,8 @@ class Driver:
 
     @staticmethod
     def _trained_ids(cell: ReadCell, namespace: Mapping[str, Any] | None) -> set[int] | None:
-        """The ids of the parameters and optimizers the cell reads (through the functions it calls too), so
-        what does not grow with the batch counts only what it trains; ``None`` where the cell does not parse."""
+        """The ids of the parameters and optimizers the cell reads, so what does not grow with the batch counts
+        only what it trains; ``None`` where the cell does not parse."""
         if cell.parsed is None:
             return None
         state = training_state(namespace or {}, cell.reads, cell.binds_first)
@@ -157,9 +156,8 @@ class Driver:
 
     def _failed_cell(self, cell: ReadCell, namespace: Mapping[str, Any] | None, oom: OomInfo | None,
                      cell_number: int | None) -> _FailedCell:
-        """What the strategies read of the cell, once: where its batch lives and what its step holds whatever
-        its batch (read before the models the cell builds again are set aside: on the host, they count
-        nothing)."""
+        """Where the cell's batch lives and what its step holds whatever its batch (read before what the cell
+        builds again is set aside: on the host, it counts nothing)."""
         self._runs.rebinds = cell.rebinds
         finding = None
         if Strategy.BATCH in self.strategies:
@@ -172,8 +170,7 @@ class Driver:
 
     def _levels(self, cell: _FailedCell, freed_bytes: int | None, allocated_before: int | None,
                 cleaned: CleanupResult | None) -> _FailedCell:
-        """Set aside what the cell binds again, then read what it needs, the room it has, and the level every
-        try's figures are taken from."""
+        """Set aside what the cell binds again, then read what it needs, its room and the reference level."""
         device = cell.device
         aside = self._runs.set_aside(device)
         if allocated_before is None and freed_bytes is not None:
@@ -187,8 +184,7 @@ class Driver:
         return replace(cell, need=needed_bytes(cell.oom, allocated_before), budget=budget, cleaned=cleaned)
 
     def _try_strategies(self, cell: _FailedCell) -> tuple[TryResult | None, Strategy | None, BatchTried]:
-        """The strategies in order until one fits or the tries run out: the try that fitted, its strategy,
-        and what the batch strategy did (empty where it did not run)."""
+        """The strategies in order until one fits or the tries run out."""
         fitted: TryResult | None = None
         strategy: Strategy | None = None
         batch = BatchTried()
@@ -234,7 +230,6 @@ class Driver:
         suggestions = build_suggestions(
             cell.read.source, cell.read.traits, batch.batch_before, batch.batch_after, autocast_dtype, fragmented,
             strategy is Strategy.AUTOCAST,
-            # Where the batch lives decides how to accumulate (a Trainer's gradient_accumulation_steps).
             batch_home=None if finding is None or finding.chosen is None else finding.chosen.kind,
         )
         by_batch = strategy is Strategy.BATCH
@@ -286,8 +281,7 @@ class Driver:
         return result if result.fitted else None
 
     def _smaller_batch(self, cell: _FailedCell, finding: BatchFinding) -> BatchTried:
-        """The batch strategy; where the batch is the data (inference over a whole tensor), over chunks of all
-        of it, or a refusal."""
+        """The batch strategy; where the batch is the data, over chunks of all of it, or a refusal."""
         whole = whole_data_decision(finding, cell.namespace, cell.read.transform)
         if whole is not None:
             self._runs.notes.append(whole.note)
@@ -326,6 +320,6 @@ class Driver:
     def _dtype(self) -> str:
         if self.autocast_dtype is not None:
             return self.autocast_dtype()
-        from .strategies import default_autocast_dtype
+        from ..sources.torch_device import default_autocast_dtype
 
         return default_autocast_dtype()

@@ -44,8 +44,7 @@ class Reruns(Protocol):
     def forget(self) -> None: ...
 
 
-# Asked before rerunning, with the diagnosis, what the cell trains, whether it is put back and why not
-# (``reruns.model_state.what_to_restore``); ``True``: rerun.
+# Asked before rerunning (``what_to_restore``'s answer beside the diagnosis); ``True``: rerun.
 Confirm = Callable[[Diagnosis, TrainingState, bool, "str | None"], bool]
 
 
@@ -60,11 +59,8 @@ def fix(
     probe: TensorProbe | None = None,
     confirm: Confirm | None = None,
 ) -> Outcome | None:
-    """Diagnose, free and rerun ``request``'s cell; ``None`` when the rerun was declined.
-
-    ``error`` is the failure itself, released by the cleanup (its frames hold what the cell made);
-    ``None`` where there is none to release. ``confirm`` is asked where ``request.ask``.
-    """
+    """Diagnose, free and rerun ``request``'s cell; ``None`` when the rerun was declined. ``error``: the
+    failure, released by the cleanup (``None``: none); ``confirm`` is asked where ``request.ask``."""
     namespace = shell.user_ns
     missing = [name for name in request.delete if name not in namespace]
     if missing:

@@ -1,10 +1,5 @@
-"""What ``%oomfix`` would do, without doing it: the plan ``--dry-run`` shows beside the diagnosis.
-
-Which knob sets the batch, where it lives and where it was written, and the first change the search
-would try, with the diff of every cell that change touches. Built from the finding, the free memory
-(measured, or as the error message reported it when no GPU can be read here) and the search's own
-first choice, so the preview says what a real run would do first. Runs nothing, changes nothing:
-it needs no GPU.
+"""What ``%oomfix`` would do, without doing it: the plan ``--dry-run`` shows beside the diagnosis (the knob,
+where it lives, the search's own first try and its diffs). Runs nothing, changes nothing, needs no GPU.
 """
 
 from __future__ import annotations
@@ -46,39 +41,30 @@ def plan_batch(
     knob = finding.chosen
     notes = finding.notes
     original = finding.source
+
+    def planned(reason: str, first: int | None = None, diffs: tuple[CellDiff, ...] = ()) -> BatchPlan:
+        return BatchPlan(finding.summary(), knob, first, reason, diffs, strategies, notes)
+
     whole = whole_data_decision(finding, namespace) if Strategy.BATCH in strategies else None
     if whole is not None:  # the batch is the data: chunks over all of it, or no batch try at all
         notes = notes + (whole.note,)
         if whole.chunked is None:
-            return BatchPlan(finding.summary(), knob, None, "none: the batch is the data", (), strategies, notes)
+            return planned("none: the batch is the data")
         finding, knob = whole.chunked, whole.chunked.chosen
     if knob is None or Strategy.BATCH not in strategies:
-        return BatchPlan(finding.summary(), knob, None, "", (), strategies, notes)
+        return planned("")
     if knob.value < 2:
-        return BatchPlan(
-            finding.summary(), knob, None, f"none: the batch is already {knob.value}", (), strategies, notes
-        )
+        return planned(f"none: the batch is already {knob.value}")
     if budget_bytes is None:
-        return BatchPlan(
-            finding.summary(),
-            knob,
-            None,
-            "chosen once the free memory is measured after the cleanup (it cannot be read here)",
-            (),
-            strategies,
-            notes,
-        )
+        return planned("chosen once the free memory is measured after the cleanup (it cannot be read here)")
     first = BatchSearch(knob.value, budget_bytes, max_tries=max_tries, margin=margin).next()
     if first is None:
-        return BatchPlan(
-            finding.summary(), knob, None, "none: the search sees nothing smaller worth trying", (), strategies, notes
-        )
+        return planned("none: the search sees nothing smaller worth trying")
     change = BatchChange(finding, knob, dict(namespace or {}), history)
-    reason = f"the search's first choice with {budget_source} free memory"
     diffs = change.diffs(first)
     if whole is not None:  # the diff is from the cell as the user wrote it, not from our chunked form
         diffs = (CellDiff("the failed cell", original, change.source_for(first), None),)
-    return BatchPlan(finding.summary(), knob, first, reason, diffs, strategies, notes)
+    return planned(f"the search's first choice with {budget_source} free memory", first, diffs)
 
 
 def preview(

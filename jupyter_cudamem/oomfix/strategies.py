@@ -7,10 +7,6 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from ..sources.torch_device import default_autocast_dtype
-
-__all__ = ["STRATEGIES", "STRATEGY_TITLES", "Strategy", "default_autocast_dtype"]
-
 
 class Strategy(StrEnum):
     """A way to make the cell fit, named as ``--strategy`` takes it; members in the order they are tried."""

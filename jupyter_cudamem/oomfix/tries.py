@@ -50,9 +50,8 @@ def needed_bytes(oom: OomInfo | None, allocated_before: int | None) -> int | Non
 
 
 def failure_site(error: BaseException) -> FailureSite | None:
-    """Where in the cell ``error`` arose: the line of the cell's own code (the first ``<module>`` frame of
-    its traceback: IPython's frames above it are functions) and whether a model's forward pass (a frame
-    whose ``self`` is a module) lies below it. ``None`` when no frame of the cell is in the traceback."""
+    """Where in the cell ``error`` arose: the line of its first ``<module>`` frame, and whether a model's
+    forward pass (a frame whose ``self`` is a module) lies below it; ``None``: no frame of the cell."""
     cell = None
     in_module = False
     traceback = error.__traceback__

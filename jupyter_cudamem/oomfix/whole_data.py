@@ -42,10 +42,6 @@ class WholeDataDecision:
     chunked: BatchFinding | None
     on_host: BatchFinding | None = None  # the same chunks with the result left on the host (see ``Join``)
 
-    @property
-    def refused(self) -> bool:
-        return self.chunked is None
-
 
 def _needs_parentheses(data: str) -> bool:
     try:
@@ -121,9 +117,8 @@ def whole_data_decision(
     namespace: Mapping[str, Any] | None = None,
     transform: Callable[[str], str] | None = None,
 ) -> WholeDataDecision | None:
-    """``None`` when a smaller batch is a fix; else chunks over all the data, or a refusal (see the module
-    docstring). ``finding.whole_data`` is used when it was decided for the knob chosen now (as ``find_batch``
-    decides it)."""
+    """``None`` when a smaller batch is a fix; else chunks over all the data, or a refusal.
+    ``finding.whole_data`` is used where it was decided for the knob chosen now."""
     whole = finding.whole_data
     chosen = finding.chosen
     stale = whole is not None and chosen is not None and whole.knob != chosen.label

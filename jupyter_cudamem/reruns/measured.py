@@ -17,9 +17,7 @@ from .recording import Recorder, RecordedRun
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """What one run showed: its error (``None``: it ran through), the meter's reading, its wall time, and
-    its allocations where they were recorded. The caller drops ``error`` once it has read it: the
-    exception's frames hold the failed run's tensors."""
+    """What one run showed; the caller drops ``error`` once read (its frames hold the run's tensors)."""
 
     error: BaseException | None = field(repr=False)
     measurement: Measurement

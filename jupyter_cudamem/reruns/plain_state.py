@@ -22,12 +22,10 @@ CONTAINERS = (list, dict, set, bytearray, collections.deque)
 """The builtin containers whose contents are kept and put back."""
 
 NAMESPACE_OBJECTS = (types.SimpleNamespace, argparse.Namespace)
-"""Objects that are only their attributes (a config bag): their ``__dict__`` is kept as a notebook
-instance's is."""
+"""Objects that are only their attributes (a config bag), kept as a notebook instance is."""
 
 MAX_ITEMS = 2_000_000
-"""At most this many items are copied in all (16 MB of references): a container that would take more
-(a list of a million file names, a dataset held in a dict) is left as the reruns leave it, and said."""
+"""At most this many items are copied in all (16 MB of references); a larger container is left, and said."""
 
 
 def _copy(value: Any) -> Any:
@@ -61,8 +59,7 @@ def _same(value: Any, saved: Any) -> bool:
 
 @dataclass
 class PlainState:
-    """The plain state a cell may change (see the module docstring): what ``keep`` and ``bind`` were shown,
-    as ``save`` found it."""
+    """The plain state a cell may change: what ``keep`` and ``bind`` were shown, as ``save`` found it."""
 
     names: list[str] = field(default_factory=list)  # names the cell reads
     kept: list[tuple[Any, str]] = field(default_factory=list)  # (container or instance, path)
@@ -102,8 +99,7 @@ class PlainState:
         return True
 
     def save(self, namespace: MutableMapping[str, Any]) -> list[str]:
-        """Copy what is kept, and the names' bindings, as they are now (before the first rerun); the paths
-        that could not be copied (one line each, with why), which are then not put back."""
+        """Copy what is kept, and the names' bindings, as they are now; the paths that could not be (with why)."""
         self._bindings = {name: namespace[name] for name in self.names if name in namespace}
         self._saved, failed = [], []
         for value, path in self.kept:

@@ -30,10 +30,7 @@ pass of the cell's loop to reach the run's peak."""
 @dataclass(frozen=True)
 class RecordedRun:
     """One rerun as the replay reads it: the segments it started from, its events, and what it left
-    allocated as ``(address, key)`` (``sources.torch_trace.read_trace``). ``whole`` is false for a
-    window of a run too long to keep (see the module docstring); ``carried`` are then the keys of the
-    allocations it had made before the window and still held, replayed at the window's start at the
-    size they had."""
+    allocated as ``(address, key)``. ``whole`` is false for a window (see the module docstring)."""
 
     start: tuple[StartSegment, ...]
     events: tuple[Event, ...]
@@ -104,10 +101,8 @@ class Recorder:
 
     def _reaches_the_peak(self, events: Sequence[Event], carried: frozenset[int], start: tuple[StartSegment, ...],
                           device: int) -> bool:
-        """Whether the window's replay at its own batch reaches the run's measured peak (within the
-        replay's margin of what the run added), without what was carried into it that it frees: else the
-        run's largest moment came before the window, or began before it (a pass whose tensors were made
-        before the window, which the replay would keep at their size at every batch)."""
+        """Whether the window's replay reaches the run's measured peak (within the replay's margin) without
+        what was carried into it that it frees: else the run's largest moment began before the window."""
         try:
             measured = self.allocator.read(device).peak_allocated_bytes
         except Exception:  # noqa: BLE001
