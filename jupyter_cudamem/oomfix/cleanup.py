@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
@@ -76,15 +75,8 @@ def cleanup(
     holds_cuda: Callable[[object], bool] | None = None,
 ) -> CleanupResult:
     """Release what IPython keeps from the failed cell, delete ``delete_names`` (through ``del_var``, as
-    ``%xdel``; a missing name raises before anything changes), collect, empty the cache. ``holds_cuda``:
-    which output-cache entries to drop (default: those reaching a CUDA tensor)."""
-    missing = [name for name in delete_names if name not in shell.user_ns]
-    if missing:
-        names = ", ".join(repr(name) for name in missing)
-        raise CudaMemError(
-            f"no variable named {names} in the notebook; nothing was changed. "
-            "Check the spelling (--del takes names of your own variables, e.g. --del model)"
-        )
+    ``%xdel``; the caller checks they exist), collect, empty the cache. ``holds_cuda``: which output-cache
+    entries to drop (default: those reaching a CUDA tensor)."""
     holds_cuda = holds_cuda if holds_cuda is not None else reaches_cuda
     before = hardware.allocator_readings()
     # What was held before the failed cell goes first, each measured on its own: room a rerun has.

@@ -23,8 +23,8 @@ from ..reruns.model_state import Restorer, TrainingState, what_to_restore
 from . import cleanup as cleanup_module
 from .diagnosis import Diagnosis, diagnose
 from .driver import Driver
-from .dry_run import dry_run
 from .outcome import Outcome
+from .plan import dry_run
 from .request import FixRequest
 from .restore import restore_notes
 

@@ -1,5 +1,6 @@
 """What ``%oomfix`` would do, without doing it: the plan ``--dry-run`` shows beside the diagnosis (the knob,
-where it lives, the search's own first try and its diffs). Runs nothing, changes nothing, needs no GPU.
+where it lives, the search's own first try and its diffs), from the free memory measured where a GPU can
+be read, else as the error message reported it. Runs nothing, changes nothing, needs no GPU.
 """
 
 from __future__ import annotations
@@ -7,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..batch import BatchChange, BatchFinding
+from ..batch import BatchChange, BatchFinding, find_batch
 from ..cell.edit import CellDiff
-from ..oom import OomInfo
+from ..cell.read import ReadCell
+from ..hardware import Hardware, headroom_bytes
+from ..oom import OomInfo, oom_device
 from ..batchsearch.policy import BatchSearch
 from .outcome import BatchPlan, Outcome
 from .strategies import Strategy
@@ -82,3 +85,29 @@ def preview(
         diagnosis=diagnosis,
         plan=plan,
     )
+
+
+def dry_run(
+    cell: ReadCell,
+    oom: OomInfo | None,
+    diagnosis: Any,
+    strategies: tuple[Strategy, ...],
+    max_tries: int,
+    cell_number: int | None,
+    *,
+    namespace: dict[str, Any],
+    history: list[str],
+    hardware: Hardware,
+    margin: float,
+) -> Outcome:
+    """The preview ``--dry-run`` shows for ``cell`` (``cell.read.read_cell``): the diagnosis and the plan."""
+    source = cell.source
+    if cell_number is None:  # the failure was found without its count: the last time this source ran
+        cell_number = next((k for k in range(len(history) - 1, 0, -1) if history[k] == source), None)
+    finding = find_batch(source, namespace, cell.transform, history=history, cell_number=cell_number)
+    measured = headroom_bytes(hardware, oom_device(oom)) if hardware.allocator.status() is None else None
+    budget = measured if measured is not None else budget_from_message(oom)
+    plan = plan_batch(finding, namespace, history, budget, strategies,
+                      max_tries=max_tries, margin=margin,
+                      budget_source="the measured" if measured is not None else "the error message's")
+    return preview(source, finding, plan, diagnosis, measured)

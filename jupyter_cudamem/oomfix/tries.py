@@ -29,14 +29,8 @@ Cleanup = Callable[["BaseException | None"], Any]
 def lacked_bytes(oom: OomInfo) -> int | None:
     """How much more room the allocation that failed needed than the process had then: the request less
     what was free for it (under a per-process cap, the room under it); ``None`` where the message does not say."""
-    if oom.requested_bytes is None:
-        return None
-    free = []
-    if oom.room_under_cap_bytes is not None:
-        free.append(oom.room_under_cap_bytes)
-    if oom.free_bytes is not None:
-        free.append(oom.free_bytes)
-    if not free:
+    free = [room for room in (oom.room_under_cap_bytes, oom.free_bytes) if room is not None]
+    if oom.requested_bytes is None or not free:
         return None
     return max(oom.requested_bytes - max(min(free), 0), 0)
 
