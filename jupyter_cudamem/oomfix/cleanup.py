@@ -39,7 +39,7 @@ class CleanupResult(TextReport):
     """What releasing the output cache, and deleting each ``--del`` variable, freed (each measured on its
     own, before the failed cell's frames are released): memory held before the failed cell."""
 
-    def summary(self) -> str:
+    def text(self) -> str:
         """One line for the user."""
         if self.freed_bytes is None:
             freed = "freed memory not measured (no GPU readable by PyTorch)"
@@ -51,9 +51,6 @@ class CleanupResult(TextReport):
         what = "; ".join(self.cleared) if self.cleared else "nothing held by IPython"
         deleted = f"; deleted {', '.join(self.deleted)}" if self.deleted else ""
         return f"cleanup {freed} (released: {what}{deleted})"
-
-    def text(self) -> str:
-        return self.summary()
 
 
 def _freed(

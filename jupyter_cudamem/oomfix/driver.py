@@ -7,6 +7,7 @@ search: once it says a larger batch will not fit), and at any error that is not 
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,8 +37,6 @@ from .whole_data import whole_data_decision
 def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
     """Functions of earlier cells whose code calls ``backward``, ``step`` or ``zero_grad``: a call of one
     stays outside autocast (``wrap_in_autocast``'s ``outside_names``)."""
-    import types
-
     return frozenset(
         name for name, value in (namespace or {}).items()
         if isinstance(value, types.FunctionType) and {"backward", "step", "zero_grad"} & set(value.__code__.co_names)
@@ -255,7 +254,7 @@ class Driver:
         memory held before the cell: what it freed of the cell's own, a rerun makes again."""
         source, oom, needed, budget, device = cell.read.source, cell.oom, cell.need, cell.budget, cell.device
         if oom is None:
-            return self._plain("as written", source, device)  # the cell has not failed yet (``%%oomfix``)
+            return self._fitted(Strategy.CLEANUP, source, "as written", device)  # the cell has not failed yet (``%%oomfix``)
         if needed is not None and budget is not None and needed > budget:
             self._runs.notes.append(
                 f"skipped a plain rerun: the cell needs at least {format_bytes(needed)} "
@@ -274,10 +273,11 @@ class Driver:
                                f"{format_bytes(lacked)} the allocation that failed lacked")
             return None
         lacking = "" if lacked is None else f"; the allocation that failed lacked {format_bytes(lacked)}"
-        return self._plain(f"the cleanup freed {what}{lacking}", source, device)
+        return self._fitted(Strategy.CLEANUP, source, f"the cleanup freed {what}{lacking}", device)
 
-    def _plain(self, reason: str, source: str, device: int) -> TryResult | None:
-        result = self._runs.run(Strategy.CLEANUP, source, reason, device)
+    def _fitted(self, strategy: Strategy, source: str, reason: str, device: int) -> TryResult | None:
+        """One try; the try if it fitted."""
+        result = self._runs.run(strategy, source, reason, device)
         return result if result.fitted else None
 
     def _smaller_batch(self, cell: _FailedCell, finding: BatchFinding) -> BatchTried:
@@ -314,8 +314,7 @@ class Driver:
         except AutocastNotApplicable as reason:
             self._runs.notes.append(f"autocast not tried: {reason}")
             return None
-        result = self._runs.run(Strategy.AUTOCAST, wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", cell.device)
-        return result if result.fitted else None
+        return self._fitted(Strategy.AUTOCAST, wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", cell.device)
 
     def _dtype(self) -> str:
         if self.autocast_dtype is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..oom import OomInfo, oom_device
+from ..oom import OomInfo
 from .strategies import Strategy
 
 
@@ -29,10 +29,6 @@ class FixRequest:
     apply: bool = False
     verbose: bool = False
     limit_notes: tuple[str, ...] = ()
-
-    @property
-    def device(self) -> int:
-        return oom_device(self.oom)
 
     @property
     def cell_name(self) -> str:

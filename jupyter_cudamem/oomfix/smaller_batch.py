@@ -158,7 +158,6 @@ class SmallerBatch:
 
     def _after_search(self, search: BatchSearch, device: int) -> None:
         if self.runs.tries and not self.runs.tries[-1].fitted:
-            # An OOM while CUDA graph trees recorded leaves them failing at the model's next call.
             self.runs.release_graph_pools(device)
         if search.stopped is not None and self.runs.stopped is None and self.runs.left() > 0:
             self.runs.notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed

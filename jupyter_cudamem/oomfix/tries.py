@@ -104,7 +104,8 @@ class FixTries:
         return None if reading is None else reading.allocated_bytes
 
     def run(self, strategy: Strategy, source: str, reason: str, device: int, batch: int | None = None) -> TryResult:
-        self._before()
+        if self.before_rerun is not None:
+            self.before_rerun()
         namespace = self.namespace if isinstance(self.namespace, MutableMapping) else None
         steady = self.after_a_fit
         self.set_aside(device)
@@ -187,10 +188,6 @@ class FixTries:
             return []
         return [held for name in bound_again if name in namespace
                 for held in self._mover.grown(namespace[name], last, batch)]
-
-    def _before(self) -> None:
-        if self.before_rerun is not None:
-            self.before_rerun()
 
     def renew_workspaces(self, device: int) -> None:
         """cuBLAS's workspaces freed and made again in segments of their own before a try: carved from a

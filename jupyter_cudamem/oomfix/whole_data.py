@@ -83,8 +83,7 @@ def chunked_source(source: str, whole: WholeData, rows: int, join: Join = Join.O
         for call in sorted(calls, key=lambda c: c.span.col):
             data = f"({call.data})" if _needs_parentheses(call.data) else call.data
             start, end = call.span.col + shift, call.span.end_col + shift
-            # ``model(x).logits``: a model that returns an output object (transformers' ModelOutput, a
-            # tuple) is joined by the tensor the cell takes from it, taken from each chunk's output.
+            # ``model(x).logits``: joined by the tensor the cell takes from each chunk's output.
             taken = _taken_from_output(text[end:])
             host = "" if join is Join.ON_DEVICE else ".cpu()"
             head = (f"torch.cat([{call.callee}({_CHUNK_VARIABLE}){taken}.detach(){host} for {_CHUNK_VARIABLE} "

@@ -227,6 +227,7 @@ class Restorer:
         self._saved: _Saved | None = None
         self._changed = False  # a rerun has run since the copy was last put back
         self._kept_memory = False  # the last put back kept what the run before it made
+        self.restores = 0  # how many times the copy was put back
         self._held: list[torch_state.HeldUntilStep] = []  # optimizer state kept for the next step
 
     def take(self) -> None:
@@ -279,6 +280,7 @@ class Restorer:
             torch_state.restore_grad_scaler(scaler, saved_scaler)
         torch_state.restore_random_state(saved.random)
         self._changed = False
+        self.restores += 1
 
     def _restore_optimizers(self, state: TrainingState, saved: _Saved, keep_memory: bool) -> None:
         """Put each optimizer's state back; with ``keep_memory``, hold what the last run made for its next step."""

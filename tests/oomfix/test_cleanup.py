@@ -57,7 +57,7 @@ def test_frees_what_the_failed_cell_left_and_measures_it(setup) -> None:
     assert any("f()" in line for line in result.cleared)
     assert "model" in shell.user_ns and "spare" in shell.user_ns
     assert result.before[0].allocated_bytes - result.after[0].allocated_bytes == result.freed_bytes
-    assert "freed 4.25 GiB allocated" in result.summary()
+    assert "freed 4.25 GiB allocated" in result.text()
 
 
 def test_delete_names_on_request(setup) -> None:
@@ -82,7 +82,7 @@ def test_without_a_gpu_nothing_is_measured(setup) -> None:
     result = cleanup(shell, hardware, holds_cuda=holds_fake_cuda)
     assert result.freed_bytes is None and result.freed_reserved_bytes is None
     assert result.cleared  # released all the same
-    assert "not measured" in result.summary()
+    assert "not measured" in result.text()
 
 
 def test_cuda_not_initialised_reads_nothing(setup) -> None:

@@ -79,6 +79,7 @@ def test_the_copy_is_put_back_exactly_weights_grads_buffers_optimizer_scheduler(
     # Put back before the 2nd and 3rd: the last rerun started at step 1 and took 3 (without: 1 + 3 x 3 = 10).
     assert optimizer.state[next(model.parameters())]["step"].item() == 4.0
     restorer.finish(last_fitted=False)
+    assert restorer.restores == 3  # before the 2nd and 3rd rerun, and after the last (which failed)
     for key, value in model.state_dict().items():
         assert torch.equal(value, expected[key]), key
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
