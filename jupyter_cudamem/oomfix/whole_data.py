@@ -1,9 +1,6 @@
-"""What ``%oomfix`` does when the batch is the data itself (``batch.whole.covers_whole_data``): chunks that
-cover all of it, or a refusal, never a smaller batch that would leave a partial result.
-
-Each model call over the data is rewritten to run over chunks and join them (``torch.cat``), and the
-search shrinks the chunk: every row is computed. ``Join`` says where the results are joined; where the
-whole result cannot move back beside the model, it stays on the host (``on_host``), said in a note.
+"""What ``%oomfix`` does when the batch is the data itself (``batch.whole.covers_whole_data``): each model
+call over the data run over chunks and joined (``Join``), the search shrinking the chunk so every row is
+computed; or a refusal, never a smaller batch that would leave a partial result.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""torch.compile's CUDA graph pools between the runs a feature makes of a cell (``%oomfix``'s tries, the
-plan's runs): reset before each run where they hold memory, and one note naming the most a reset freed.
-
-Why: a graph's pool outlives the run that recorded it and serves no other allocation, so a run at another
-batch would start with the pools of every batch before it. The reset itself is the allocator adapter's
-(``AllocatorSource.release_graph_pools``).
+"""torch.compile's CUDA graph pools between the runs a feature makes of a cell: reset before each run where
+they hold memory (a pool outlives its run and serves no other allocation), and one note naming the most a
+reset freed. The reset itself is the allocator adapter's (``AllocatorSource.release_graph_pools``).
 """
 
 from __future__ import annotations

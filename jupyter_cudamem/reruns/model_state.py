@@ -1,10 +1,7 @@
 """Reruns leave no trace in what a cell trains: the modules, optimizers, LR schedulers and GradScalers the
-cell reads are copied to the host once, before the first rerun, and put back before each later one
-(``Restorer``), so the model ends as one run of the cell that fitted leaves it.
-
-What the cell reads: the names it reads before binding them, followed through the notebook's own
-functions and classes, bound methods, and a few levels of attributes and items. The same walk finds the
-plain state the cell may change (``plain_state``). Not undone: what the failed cell did before it failed.
+cell reads (followed through the notebook's functions, methods and a few levels of attributes) are copied
+to the host once and put back before each rerun (``Restorer``), as one run of the cell that fitted leaves
+them; the same walk finds the plain state the cell may change (``plain_state``).
 """
 
 from __future__ import annotations

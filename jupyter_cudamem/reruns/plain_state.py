@@ -1,12 +1,7 @@
-"""Reruns leave no trace in the notebook's plain Python state either: the containers a cell adds to
-(``losses.append(...)``), the names it rebinds from their old value (``step += 1``) and the attributes of
-the notebook's own objects are put back before each rerun as they were before the first, so the last
-rerun leaves them as one plain run does.
-
-Kept (``PlainState.keep``): along paths of plain values only (builtin containers, the notebook's own
-instances, namespace objects, the public containers of the notebook's own ``nn.Module`` classes), each
-copied shallowly and put back in place. Not undone: other libraries' objects, arrays or tensors changed
-in place, iterators, files. Pure Python: no torch, no IPython.
+"""Reruns leave no trace in the notebook's plain Python state either: the containers a cell adds to, the
+names it rebinds from their old value and the attributes of the notebook's own objects are put back
+before each rerun, copied shallowly along paths of plain values only (``PlainState.keep``). Not undone:
+other libraries' objects, arrays or tensors changed in place, iterators, files. No torch, no IPython.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Record what a rerun allocates and frees, for the allocator replay (``replay``).
-
-PyTorch keeps the history when asked (``torch.cuda.memory._record_memory_history``), without Python
-stacks, cheap enough for a rerun. Not recorded where someone else records (switching it off would end
-theirs) or the snapshot API is missing: the search then does without a replay. A run longer than the
-history's ring is kept as a **window** of its last events where ``%oomfix`` asks for one, and only where
-that window's replay reaches the run's measured peak (why: ``docs/oomfix.md``, "Why the reruns work
-this way").
+"""Record what a rerun allocates and frees, for the allocator replay (``replay``), through PyTorch's own
+history without Python stacks; not where someone else records, or the API is missing (then no replay).
+A run longer than the history is kept as a **window** of its last events where ``%oomfix`` asks, and only
+where its replay reaches the run's measured peak (why: ``docs/oomfix.md``, "Why the reruns work this way").
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""A failed try leaves nothing: what the failed cell bound is set aside before the reruns, and nothing of a
-failed try stays alive on our side.
-
-``set_aside`` moves to the host, and unbinds, the values holding GPU memory that the cell binds again
-before reading them (``cell.read.ReadCell.rebinds``): left bound, a rerun would build the new value while
-the old one still holds its memory. ``give_back`` binds them again if no try fits. ``restore_bindings``
-puts the namespace back as it was before a failed try. No IPython here; moving is a ``Mover``.
+"""A failed try leaves nothing. ``set_aside`` moves to the host, and unbinds, the values holding GPU memory
+that the failed cell binds again before reading them (left bound, a rerun would build the new value beside
+the old); ``give_back`` binds them again if no try fits; ``restore_bindings`` undoes a failed try's names.
 """
 
 from __future__ import annotations
