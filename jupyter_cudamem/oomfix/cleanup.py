@@ -1,11 +1,8 @@
 """Free what a failed cell left behind, and measure what that gave back.
 
-Order matters: what was held before the failed cell is released first and measured on its own (the
-output cache of earlier cells, then each variable the user named with ``--del``), then the failed
-cell's own references (its traceback's frames, ``sys.last_*``), then ``gc.collect()`` breaks the cycles a traceback forms (a frame refers to its locals,
-an exception to its traceback, the traceback to the frame), and only then can ``empty_cache()`` return
-the allocator's freed blocks to the driver. Bytes freed are measured through the allocator before and
-after, on every device PyTorch has initialised.
+Order matters: what was held before the failed cell goes first, measured on its own (the output cache,
+each ``--del`` variable); then the failed cell's references, ``gc.collect()`` for the cycles a traceback
+forms, and only then ``empty_cache()``.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..report.text import TextReport
 from ..sources.base import AllocatorReading
@@ -29,12 +25,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, repr=False)
 class CleanupResult(TextReport):
-    """What a cleanup released and what it freed.
-
-    ``freed_bytes`` is PyTorch's allocated bytes before minus after, summed over devices;
-    ``freed_reserved_bytes`` the same for reserved bytes (what the driver got back). Both are
-    ``None`` where PyTorch cannot read a GPU, and 0 where CUDA was never initialised (nothing to free).
-    """
+    """What a cleanup released and freed: allocated and reserved bytes before less after, summed over
+    devices (``None`` where PyTorch cannot read a GPU)."""
 
     freed_bytes: int | None
     freed_reserved_bytes: int | None
@@ -44,11 +36,10 @@ class CleanupResult(TextReport):
     after: dict[int, AllocatorReading] = field(default_factory=dict)
     freed_output_cache_bytes: int | None = None
     freed_by_name: dict[str, int | None] = field(default_factory=dict)
-    """What releasing the output cache freed, and what deleting each ``--del`` variable freed (allocated
-    bytes, each measured on its own, before the failed cell's own frames are released): memory held
-    before the failed cell, except a variable the cell itself binds, which a rerun makes again."""
+    """What releasing the output cache, and deleting each ``--del`` variable, freed (each measured on its
+    own, before the failed cell's frames are released): memory held before the failed cell."""
 
-    def summary(self) -> str:
+    def text(self) -> str:
         """One line for the user."""
         if self.freed_bytes is None:
             freed = "freed memory not measured (no GPU readable by PyTorch)"
@@ -60,9 +51,6 @@ class CleanupResult(TextReport):
         what = "; ".join(self.cleared) if self.cleared else "nothing held by IPython"
         deleted = f"; deleted {', '.join(self.deleted)}" if self.deleted else ""
         return f"cleanup {freed} (released: {what}{deleted})"
-
-    def text(self) -> str:
-        return self.summary()
 
 
 def _freed(
@@ -83,25 +71,12 @@ def cleanup(
     *,
     holds_cuda: Callable[[object], bool] | None = None,
 ) -> CleanupResult:
-    """Release what IPython keeps from the failed cell, delete ``delete_names``, collect, empty the cache.
-
-    User variables are deleted only when named; a name that does not exist raises ``CudaMemError``
-    before anything is changed. Deleting goes through IPython's ``del_var``, which also drops the
-    output-cache and execution-result references to the same object (as ``%xdel`` does).
-    ``holds_cuda`` decides which output-cache entries to drop (default: those reaching a CUDA tensor).
-    """
-    missing = [name for name in delete_names if name not in shell.user_ns]
-    if missing:
-        names = ", ".join(repr(name) for name in missing)
-        raise CudaMemError(
-            f"no variable named {names} in the notebook; nothing was changed. "
-            "Check the spelling (--del takes names of your own variables, e.g. --del model)"
-        )
+    """Release what IPython keeps from the failed cell, delete ``delete_names`` (through ``del_var``, as
+    ``%xdel``; the caller checks they exist), collect, empty the cache. ``holds_cuda``: which output-cache
+    entries to drop (default: those reaching a CUDA tensor)."""
     holds_cuda = holds_cuda if holds_cuda is not None else reaches_cuda
     before = hardware.allocator_readings()
-    # What was held before the failed cell goes first, each measured on its own (a rerun does not make it
-    # again, so it is room the rerun has that the failed cell did not): the output cache of earlier cells
-    # (a failed cell puts nothing there) and the variables named with --del.
+    # What was held before the failed cell goes first, each measured on its own: room a rerun has.
     cached = release_output_cache(shell, holds_cuda)
     gc.collect()
     after_cache = hardware.allocator_readings()

@@ -1,24 +1,13 @@
 """Rerun a cell that ran out of GPU memory until a form of it fits, measuring every try.
 
-The driver knows nothing of IPython: it is handed a function that runs a cell's source and returns
-the exception it raised (``None`` when it ran), a function that frees what a failure left behind,
-and the ``Hardware`` to measure with. ``oomfix.fix`` passes the shell's ``run_cell`` and the real cleanup;
-tests pass a simulated cell and fake hardware (``tests/oomfix/simulated.py``).
-
-Tries stop at ``max_tries``, at the first try that fits (for a batch search: once the search says a
-larger batch will not fit), and at any error that is not an OOM: that one is the user's to see.
-
-The batch is changed where it lives (``batch.BatchChange``: the cell's text, a variable or config of an
-earlier cell, a DataLoader, a Trainer's arguments), found once per fix and kept at the best batch that
-fitted, or put back when none did. Every try starts with what the failed cell started with: what the
-failed cell bound and binds again is set aside first (``reruns.set_aside``), and each failed try is undone.
-The OOM of each try is parsed once, and only its figures are kept (``TryResult``), never the exception;
-the failed cell comes read once (``cell.read.ReadCell``): its names and traits serve every try, whose
-source is run, never parsed here.
+Knows nothing of IPython: it is handed a function that runs a cell's source and returns its exception,
+a cleanup, and the ``Hardware``. Tries stop at ``max_tries``, at the first try that fits (for the batch
+search: once it says a larger batch will not fit), and at any error that is not an OOM.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -48,8 +37,6 @@ from .whole_data import whole_data_decision
 def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
     """Functions of earlier cells whose code calls ``backward``, ``step`` or ``zero_grad``: a call of one
     stays outside autocast (``wrap_in_autocast``'s ``outside_names``)."""
-    import types
-
     return frozenset(
         name for name, value in (namespace or {}).items()
         if isinstance(value, types.FunctionType) and {"backward", "step", "zero_grad"} & set(value.__code__.co_names)
@@ -75,9 +62,8 @@ def freed_from_before(rebinds: tuple[str, ...], cleaned: CleanupResult | None) -
 
 @dataclass(frozen=True)
 class _FailedCell:
-    """What the strategies read of the failed cell, read once at the start of a fix: the cell as read, its
-    OOM and the device it names, where its batch lives; then what it needs at least and the room it has
-    (bytes, ``None``: unknown), and what the cleanup freed."""
+    """What the strategies read of the failed cell, once: the cell, its OOM and device, where its batch
+    lives, what it needs at least and the room it has (bytes, ``None``: unknown), what the cleanup freed."""
 
     read: ReadCell
     namespace: Mapping[str, Any] | None
@@ -91,13 +77,8 @@ class _FailedCell:
 
 @dataclass
 class Driver:
-    """Runs the strategies in order for one failed cell; see the module docstring.
-
-    ``mover`` moves what the failed cell bound to the host before the reruns (``reruns.set_aside``);
-    ``None`` uses PyTorch's (``set_aside.TorchMover``), tests pass fakes. ``oom_of`` reads a try's OOM
-    from its exception (``oom.parse_oom`` when ``None``): a caller that has parsed it already (the
-    magic, to hide a try's OOM traceback) hands that over, so each try's OOM is parsed once.
-    """
+    """Runs the strategies in order for one failed cell. ``mover``: how what the cell binds again goes to
+    the host (``None``: PyTorch's); ``oom_of``: a try's OOM from its exception (``None``: ``parse_oom``)."""
 
     run_source: RunSource
     hardware: Hardware
@@ -109,11 +90,7 @@ class Driver:
     mover: Mover | None = None
     oom_of: Callable[[BaseException], OomInfo | None] | None = None
     probe: TensorProbe | None = None
-    # Called at the start of each rerun (``reruns.model_state.Restorer.restore``: the model and optimizer
-    # the cell trains put back as they were); it must do nothing when nothing ran since. Not before the
-    # search reads the level of the next try: a search that then proposes nothing would leave the state
-    # put back instead of the last fitted try's; the level it reads includes what a fitted try left (as
-    # without restoring), so it errs low.
+    # Puts back what the cell trains before each rerun (``Restorer.restore``); does nothing if none ran since.
     before_rerun: Callable[[], object] | None = None
 
     def __post_init__(self) -> None:
@@ -127,8 +104,8 @@ class Driver:
 
     @staticmethod
     def _trained_ids(cell: ReadCell, namespace: Mapping[str, Any] | None) -> set[int] | None:
-        """The ids of the parameters and optimizers the cell reads (through the functions it calls too), so
-        what does not grow with the batch counts only what it trains; ``None`` where the cell does not parse."""
+        """The ids of the parameters and optimizers the cell reads, so what does not grow with the batch counts
+        only what it trains; ``None`` where the cell does not parse."""
         if cell.parsed is None:
             return None
         state = training_state(namespace or {}, cell.reads, cell.binds_first)
@@ -151,18 +128,10 @@ class Driver:
         cell_number: int | None = None,
         cleaned: CleanupResult | None = None,
     ) -> Outcome:
-        """Try the strategies on ``cell`` (``cell.read.read_cell``), which failed with ``error``; cleanup has
-        already run.
-
-        ``oom`` is the failure as parsed (pass it when the exception itself was released by the
-        cleanup; it is parsed from ``error`` otherwise, once); ``error`` and ``oom`` both ``None`` means
-        the cell has not run yet (``%%oomfix``). ``allocated_before`` is what PyTorch had allocated
-        when the failed cell started: with the OOM's figures it bounds what the cell needs, which
-        decides whether a plain rerun can fit and where the batch search starts. ``history`` is
-        IPython's input history (``In``) and ``cell_number`` the failed cell's ``k``, so the batch is
-        found in the earlier cells that set it; ``cleaned`` the cleanup's result, whose figures say what
-        it freed (``freed_bytes`` in all) that was held before the cell.
-        """
+        """Try the strategies on ``cell``, which failed with ``error`` (parsed once into ``oom``; both
+        ``None``: not run yet, ``%%oomfix``) after the cleanup ``cleaned`` freed ``freed_bytes``.
+        ``allocated_before`` bounds what the cell needs; ``history`` and ``cell_number`` find the batch
+        in the earlier cells that set it."""
         oom = self._start(error, oom, namespace, history)
         error = None  # the figures are all we keep
         failed = self._failed_cell(cell, namespace, oom, cell_number)
@@ -186,9 +155,8 @@ class Driver:
 
     def _failed_cell(self, cell: ReadCell, namespace: Mapping[str, Any] | None, oom: OomInfo | None,
                      cell_number: int | None) -> _FailedCell:
-        """What the strategies read of the cell, once: where its batch lives and what its step holds whatever
-        its batch (read before the models the cell builds again are set aside: on the host, they count
-        nothing)."""
+        """Where the cell's batch lives and what its step holds whatever its batch (read before what the cell
+        builds again is set aside: on the host, it counts nothing)."""
         self._runs.rebinds = cell.rebinds
         finding = None
         if Strategy.BATCH in self.strategies:
@@ -201,26 +169,21 @@ class Driver:
 
     def _levels(self, cell: _FailedCell, freed_bytes: int | None, allocated_before: int | None,
                 cleaned: CleanupResult | None) -> _FailedCell:
-        """Set aside what the cell binds again, then read what it needs, the room it has, and the level every
-        try's figures are taken from."""
+        """Set aside what the cell binds again, then read what it needs, its room and the reference level."""
         device = cell.device
         aside = self._runs.set_aside(device)
         if allocated_before is None and freed_bytes is not None:
-            # Unknown: at most what is allocated now plus what the cleanup and the set-aside freed
-            # (both may include what was there before the cell), so the need it gives errs low.
+            # Unknown: an upper bound, so the need it gives errs low.
             now = self._runs.allocated(device)
             if now is not None:
                 allocated_before = now + freed_bytes + aside.freed_bytes
         budget = headroom_bytes(self.hardware, device)
-        # Every try's figures are taken from this level, not from the try's own start: a try that fits
-        # leaves state the user keeps (gradients, an optimizer's first-step state, cuBLAS's workspace),
-        # so later tries start higher, and a peak measured from a higher start would mix two scales.
+        # Every try's figures are taken from this level: a try that fits leaves state later tries start with.
         self._runs.reference = self._runs.allocated(device)
         return replace(cell, need=needed_bytes(cell.oom, allocated_before), budget=budget, cleaned=cleaned)
 
     def _try_strategies(self, cell: _FailedCell) -> tuple[TryResult | None, Strategy | None, BatchTried]:
-        """The strategies in order until one fits or the tries run out: the try that fitted, its strategy,
-        and what the batch strategy did (empty where it did not run)."""
+        """The strategies in order until one fits or the tries run out."""
         fitted: TryResult | None = None
         strategy: Strategy | None = None
         batch = BatchTried()
@@ -240,8 +203,6 @@ class Driver:
 
     def _closing_notes(self, fitted: TryResult | None) -> None:
         """Give back what was set aside, and say what the variables hold after the tries."""
-        # Set aside and not bound again by a try that fitted since: give it back, so the variables hold
-        # what the last try that fitted left (or, when none did, what the failed cell left).
         notes = self._runs.notes
         given = self._runs.aside.give_back()
         if self._runs.aside.left_on_host:
@@ -252,8 +213,6 @@ class Driver:
         if fitted is None and self._runs.stopped is None and self._runs.left() <= 0 and len(self.strategies) > 1:
             notes.append(f"stopped after --max-tries {self.max_tries} reruns")
         if self._runs.tries and not self._runs.tries[-1].fitted and fitted is not None:
-            # Where the state the cell trains and changes was put back, it is as before the reruns (the
-            # notes of ``oomfix.restore`` name it); the names the cell binds hold the failed rerun's values.
             left = ("what the cell trains and changes is as before the reruns, the names it binds hold what the "
                     "failed rerun left" if self.before_rerun is not None else
                     "the variables hold what the failed rerun left")
@@ -270,7 +229,6 @@ class Driver:
         suggestions = build_suggestions(
             cell.read.source, cell.read.traits, batch.batch_before, batch.batch_after, autocast_dtype, fragmented,
             strategy is Strategy.AUTOCAST,
-            # Where the batch lives decides how to accumulate (a Trainer's gradient_accumulation_steps).
             batch_home=None if finding is None or finding.chosen is None else finding.chosen.kind,
         )
         by_batch = strategy is Strategy.BATCH
@@ -292,17 +250,11 @@ class Driver:
 
     # -- strategies ---------------------------------------------------------------------------------
     def _cleanup_alone(self, cell: _FailedCell) -> TryResult | None:
-        """The cell as it is, once, where the figures say it can fit after the cleanup.
-
-        A rerun makes again everything the failed cell made, its fragments included (before raising an
-        OOM, PyTorch's allocator has already released its unused cached blocks and retried): what the
-        cleanup freed of the failed cell's own (its traceback's frames, the model it built) is no room a
-        rerun has. Only what was held before the cell and is gone now is (the output cache of earlier
-        cells, a variable deleted with ``--del`` that the cell does not bind), and the rerun gets past the
-        allocation that failed only if that is at least what the allocation lacked then."""
+        """The cell as it is, once, where the cleanup freed at least what the failed allocation lacked of
+        memory held before the cell: what it freed of the cell's own, a rerun makes again."""
         source, oom, needed, budget, device = cell.read.source, cell.oom, cell.need, cell.budget, cell.device
         if oom is None:
-            return self._plain("as written", source, device)  # the cell has not failed yet (``%%oomfix``)
+            return self._fitted(Strategy.CLEANUP, source, "as written", device)  # the cell has not failed yet (``%%oomfix``)
         if needed is not None and budget is not None and needed > budget:
             self._runs.notes.append(
                 f"skipped a plain rerun: the cell needs at least {format_bytes(needed)} "
@@ -321,15 +273,15 @@ class Driver:
                                f"{format_bytes(lacked)} the allocation that failed lacked")
             return None
         lacking = "" if lacked is None else f"; the allocation that failed lacked {format_bytes(lacked)}"
-        return self._plain(f"the cleanup freed {what}{lacking}", source, device)
+        return self._fitted(Strategy.CLEANUP, source, f"the cleanup freed {what}{lacking}", device)
 
-    def _plain(self, reason: str, source: str, device: int) -> TryResult | None:
-        result = self._runs.run(Strategy.CLEANUP, source, reason, device)
+    def _fitted(self, strategy: Strategy, source: str, reason: str, device: int) -> TryResult | None:
+        """One try; the try if it fitted."""
+        result = self._runs.run(strategy, source, reason, device)
         return result if result.fitted else None
 
     def _smaller_batch(self, cell: _FailedCell, finding: BatchFinding) -> BatchTried:
-        """The batch strategy; where the batch is the data (inference over a whole tensor), over chunks of all
-        of it, or a refusal."""
+        """The batch strategy; where the batch is the data, over chunks of all of it, or a refusal."""
         whole = whole_data_decision(finding, cell.namespace, cell.read.transform)
         if whole is not None:
             self._runs.notes.append(whole.note)
@@ -362,12 +314,11 @@ class Driver:
         except AutocastNotApplicable as reason:
             self._runs.notes.append(f"autocast not tried: {reason}")
             return None
-        result = self._runs.run(Strategy.AUTOCAST, wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", cell.device)
-        return result if result.fitted else None
+        return self._fitted(Strategy.AUTOCAST, wrapped, f"torch.autocast('cuda', dtype=torch.{dtype})", cell.device)
 
     def _dtype(self) -> str:
         if self.autocast_dtype is not None:
             return self.autocast_dtype()
-        from .strategies import default_autocast_dtype
+        from ..sources.torch_device import default_autocast_dtype
 
         return default_autocast_dtype()

@@ -1,10 +1,8 @@
 """``%oomfix``'s feature: one failed cell (a ``FixRequest``) diagnosed, freed, and rerun in a form that fits.
 
-The magic reads the request once and hands over what it runs with: the shell, the hardware, how a try runs
-(``Reruns``), IPython's record of failures and who may be asked. This owns the rest, in order: who holds
-memory and the diagnosis; the one read of the cell (``cell.read.ReadCell``), handed to every part below;
-for ``--dry-run`` the plan; else the question, the cleanup, the copy of what the cell trains
-(``reruns.model_state.Restorer``) and the ``Driver`` of the tries.
+The magic hands over the shell, the hardware and how a try runs (``Reruns``); this owns the rest, in
+order: the diagnosis, the one read of the cell, the plan (``--dry-run``) or the cleanup, the copy of what
+the cell trains (``Restorer``) and the ``Driver`` of the tries.
 """
 
 from __future__ import annotations
@@ -25,8 +23,8 @@ from ..reruns.model_state import Restorer, TrainingState, what_to_restore
 from . import cleanup as cleanup_module
 from .diagnosis import Diagnosis, diagnose
 from .driver import Driver
-from .dry_run import dry_run
 from .outcome import Outcome
+from .plan import dry_run
 from .request import FixRequest
 from .restore import restore_notes
 
@@ -46,8 +44,7 @@ class Reruns(Protocol):
     def forget(self) -> None: ...
 
 
-# Asked before rerunning, with the diagnosis, what the cell trains, whether it is put back and why not
-# (``reruns.model_state.what_to_restore``); ``True``: rerun.
+# Asked before rerunning (``what_to_restore``'s answer beside the diagnosis); ``True``: rerun.
 Confirm = Callable[[Diagnosis, TrainingState, bool, "str | None"], bool]
 
 
@@ -62,11 +59,8 @@ def fix(
     probe: TensorProbe | None = None,
     confirm: Confirm | None = None,
 ) -> Outcome | None:
-    """Diagnose, free and rerun ``request``'s cell; ``None`` when the rerun was declined.
-
-    ``error`` is the failure itself, released by the cleanup (its frames hold what the cell made);
-    ``None`` where there is none to release. ``confirm`` is asked where ``request.ask``.
-    """
+    """Diagnose, free and rerun ``request``'s cell; ``None`` when the rerun was declined. ``error``: the
+    failure, released by the cleanup (``None``: none); ``confirm`` is asked where ``request.ask``."""
     namespace = shell.user_ns
     missing = [name for name in request.delete if name not in namespace]
     if missing:

@@ -1,7 +1,5 @@
-"""The checks of ``%oomfix``'s options, in one place: the magic's flags and its ``%config`` traits call these.
-
-Each raises ``CudaMemError`` with one line naming what is allowed, so a bad value reads the same
-whichever way it was given.
+"""The checks of ``%oomfix``'s options, for its flags and its ``%config`` traits alike: each raises
+``CudaMemError`` with one line naming what is allowed, so a bad value reads the same whichever way it came.
 """
 
 from __future__ import annotations

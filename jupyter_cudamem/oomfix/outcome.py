@@ -1,8 +1,5 @@
-"""What ``%oomfix`` did or would do: every try, what fitted, the cells to change, advice; and their renderings.
-
-``TryResult`` is one rerun; ``Outcome`` the whole fix (or, with ``dry_run``, the plan without running
-anything: ``BatchPlan``, which ``plan.plan_batch`` makes). Both are data for the driver to fill and the magic to show, as text and as HTML.
-"""
+"""What ``%oomfix`` did or would do (``TryResult``: one rerun; ``Outcome``: the fix; ``BatchPlan``: the
+``--dry-run`` plan), as data for the driver to fill and the magic to show, as text and as HTML."""
 
 from __future__ import annotations
 
@@ -102,27 +99,21 @@ class TryResult:
     reason: str
     batch: int | None = None
     error: str | None = None  # one line for a failure that was not an OOM
-    # What PyTorch had allocated when the try started; the least it needed (for an OOM: what it held
-    # when it failed, above its start, plus the allocation that failed); and what it left allocated
-    # above its start once undone and cleaned up (0 when it leaves nothing).
+    # Allocated at its start; the least it needed (for an OOM); what it left above its start once cleaned up.
     allocated_at_start_bytes: int | None = None
     need_bytes: int | None = None
     left_bytes: int | None = None
-    # How far above the fix's reference level (what was allocated when the reruns began) the try
-    # started: state an earlier try left that the user keeps (gradients, optimizer state).
+    # How far above the fix's reference level the try started (state an earlier try left).
     start_above_reference_bytes: int = 0
     # For an OOM: what PyTorch held reserved but unallocated when it failed (its OOM message's figure).
     stuck_bytes: int | None = None
-    # Its allocations and frees as PyTorch recorded them (``recording``), for the allocator replay.
     recorded: RecordedRun | None = field(default=None, repr=False, compare=False)
     failed_at: FailureSite | None = None  # for an OOM, where in the cell it arose
-    # Whether it ran as the cell's next run will: after a try that fitted, holding what that run made and
-    # bound (optimizer state, gradients, the values the cell binds again, at this try's batch).
+    # Whether it ran as the cell's next run will, holding what the try that fitted before it made and bound.
     steady: bool = False
 
     def observation(self) -> Observation:
-        """What the batch search learns from this try, measured from the fix's reference level (a peak
-        from a later, higher start and one from the first start are then on one scale)."""
+        """What the batch search learns from this try, measured from the fix's reference level."""
         offset = self.start_above_reference_bytes
 
         def shifted(value: int | None) -> int | None:
@@ -157,14 +148,11 @@ def diff_html(diff: str) -> str:
 
 DETAILS = "the diagnosis's figures and holders, every try, the diff, notes and advice"
 
-# The batch search's reasons in the user's words: how the batch was chosen, not the model behind it.
+# The batch search's reasons in the user's words.
 _REASON_WORDS = (
-    ("line through origin", "predicted from the first measured peak"),
     ("line through measured peaks", "predicted from the measured peaks"),
-    ("MiB per item", "MiB per sample"),
     ("bisection", "halfway between what fitted and what failed"),
     ("probe", "a small first try, to measure memory per sample"),
-    # The one-peak bound (``batchsearch.policy``): "surest from 76's peak (line through it and zero)".
     ("(line through it and zero)", "(all of it taken as growing with the batch)"),
     ("(line through it and its parameters)", "(all but the parameters the cell builds taken as growing with the batch)"),
 )
@@ -173,19 +161,14 @@ _REASON_WORDS = (
 def user_reason(reason: str) -> str:
     """A try's reason as the user reads it (the search names its own method otherwise)."""
     for internal, words in _REASON_WORDS:
-        if reason.startswith(internal) or internal.startswith(("MiB", "(line through it")):
-            reason = reason.replace(internal, words, 1)
+        reason = reason.replace(internal, words, 1)
     return reason
 
 
 @dataclass(frozen=True, repr=False)
 class Outcome(TextReport):
-    """What ``%oomfix`` did: every try, what fitted, the cells that should change, and advice.
-
-    ``cell_diffs`` holds one diff per cell whose text sets the batch (an earlier ``In[k]`` and the
-    failed cell); when empty, the diff is between the failed cell and the one that fitted. ``paste``
-    is the code ``--apply`` offers (by default the cell that fitted).
-    """
+    """What ``%oomfix`` did. ``cell_diffs``: one diff per cell whose text sets the batch (empty: the diff is
+    between the failed cell and the one that fitted); ``paste_code``: what ``--apply`` offers instead of it."""
 
     original_source: str
     fixed_source: str | None
@@ -203,9 +186,7 @@ class Outcome(TextReport):
     cell_diffs: tuple[CellDiff, ...] = ()
     paste_code: str | None = None
     plan: BatchPlan | None = field(default=None, compare=False)
-    # Why the cleanup freed more or less than the diagnosis listed (``Diagnosis.cleanup_explanation``).
-    cleanup_note: str = ""
-    # How it is shown: three lines first, the rest with ``verbose`` (in HTML, behind a disclosure).
+    cleanup_note: str = ""  # why the cleanup freed more or less than the diagnosis listed
     verbose: bool = False
     cell_name: str = "the cell"  # In[k] where known
     kept: bool = False  # the namespace holds what the try that fitted made (it was the last try)
@@ -238,13 +219,21 @@ class Outcome(TextReport):
     def reruns(self) -> int:
         return len(self.tries)
 
+    @property
+    def _count(self) -> str:
+        return f"{self.reruns} rerun{'s' if self.reruns != 1 else ''}"
+
+    @property
+    def _chunked(self) -> bool:
+        return self.strategy is Strategy.BATCH and any(note.startswith(CHUNKED_NOTE) for note in self.notes)
+
     def headline(self) -> str:
         if self.dry_run:
             return "%oomfix --dry-run: diagnosis only, nothing was rerun"
-        count = f"{self.reruns} rerun{'s' if self.reruns != 1 else ''}"
+        count = self._count
         if not self.fitted:
             return f"%oomfix: nothing fitted after {count}"
-        if self.strategy is Strategy.BATCH and any(note.startswith(CHUNKED_NOTE) for note in self.notes):
+        if self._chunked:
             return f"%oomfix: fits in chunks of {self.batch_after} rows (all {self.batch_before} computed) after {count}"
         if self.strategy is Strategy.BATCH:
             return f"%oomfix: fits with batch {self.batch_after} (was {self.batch_before}) after {count}"
@@ -270,12 +259,11 @@ class Outcome(TextReport):
             return "Nothing was rerun (--dry-run); without it %oomfix frees what the failure left and reruns the cell"
         fitted = self._fitted_try()
         if fitted is None:
-            count = f"{self.reruns} rerun{'s' if self.reruns != 1 else ''}"
-            return f"Not fixed: none of {count} fitted" if self.tries else "Not fixed: nothing was rerun"
+            return f"Not fixed: none of {self._count} fitted" if self.tries else "Not fixed: nothing was rerun"
         room = "" if self.budget_bytes is None else f" of the {format_bytes(self.budget_bytes)} free"
         proof = f"peak {format_bytes(fitted.peak_bytes)}{room}" + (
             ", holding what a run leaves, as your next runs will" if fitted.steady else "")
-        if self.strategy is Strategy.BATCH and any(note.startswith(CHUNKED_NOTE) for note in self.notes):
+        if self._chunked:
             return (f"Fixed with chunks of {self.batch_after} rows (all {self.batch_before} computed): "
                     f"the rerun fitted, {proof}")
         if self.strategy is Strategy.BATCH:

@@ -1,10 +1,6 @@
-"""What ``%oomfix`` would do, without doing it: the plan ``--dry-run`` shows beside the diagnosis.
-
-Which knob sets the batch, where it lives and where it was written, and the first change the search
-would try, with the diff of every cell that change touches. Built from the finding, the free memory
-(measured, or as the error message reported it when no GPU can be read here) and the search's own
-first choice, so the preview says what a real run would do first. Runs nothing, changes nothing:
-it needs no GPU.
+"""What ``%oomfix`` would do, without doing it: the plan ``--dry-run`` shows beside the diagnosis (the knob,
+where it lives, the search's own first try and its diffs), from the free memory measured where a GPU can
+be read, else as the error message reported it. Runs nothing, changes nothing, needs no GPU.
 """
 
 from __future__ import annotations
@@ -12,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..batch import BatchChange, BatchFinding
+from ..batch import BatchChange, BatchFinding, find_batch
 from ..cell.edit import CellDiff
-from ..oom import OomInfo
+from ..cell.read import ReadCell
+from ..hardware import Hardware, headroom_bytes
+from ..oom import OomInfo, oom_device
 from ..batchsearch.policy import BatchSearch
 from .outcome import BatchPlan, Outcome
 from .strategies import Strategy
@@ -46,39 +44,30 @@ def plan_batch(
     knob = finding.chosen
     notes = finding.notes
     original = finding.source
+
+    def planned(reason: str, first: int | None = None, diffs: tuple[CellDiff, ...] = ()) -> BatchPlan:
+        return BatchPlan(finding.summary(), knob, first, reason, diffs, strategies, notes)
+
     whole = whole_data_decision(finding, namespace) if Strategy.BATCH in strategies else None
     if whole is not None:  # the batch is the data: chunks over all of it, or no batch try at all
         notes = notes + (whole.note,)
         if whole.chunked is None:
-            return BatchPlan(finding.summary(), knob, None, "none: the batch is the data", (), strategies, notes)
+            return planned("none: the batch is the data")
         finding, knob = whole.chunked, whole.chunked.chosen
     if knob is None or Strategy.BATCH not in strategies:
-        return BatchPlan(finding.summary(), knob, None, "", (), strategies, notes)
+        return planned("")
     if knob.value < 2:
-        return BatchPlan(
-            finding.summary(), knob, None, f"none: the batch is already {knob.value}", (), strategies, notes
-        )
+        return planned(f"none: the batch is already {knob.value}")
     if budget_bytes is None:
-        return BatchPlan(
-            finding.summary(),
-            knob,
-            None,
-            "chosen once the free memory is measured after the cleanup (it cannot be read here)",
-            (),
-            strategies,
-            notes,
-        )
+        return planned("chosen once the free memory is measured after the cleanup (it cannot be read here)")
     first = BatchSearch(knob.value, budget_bytes, max_tries=max_tries, margin=margin).next()
     if first is None:
-        return BatchPlan(
-            finding.summary(), knob, None, "none: the search sees nothing smaller worth trying", (), strategies, notes
-        )
+        return planned("none: the search sees nothing smaller worth trying")
     change = BatchChange(finding, knob, dict(namespace or {}), history)
-    reason = f"the search's first choice with {budget_source} free memory"
     diffs = change.diffs(first)
     if whole is not None:  # the diff is from the cell as the user wrote it, not from our chunked form
         diffs = (CellDiff("the failed cell", original, change.source_for(first), None),)
-    return BatchPlan(finding.summary(), knob, first, reason, diffs, strategies, notes)
+    return planned(f"the search's first choice with {budget_source} free memory", first, diffs)
 
 
 def preview(
@@ -96,3 +85,29 @@ def preview(
         diagnosis=diagnosis,
         plan=plan,
     )
+
+
+def dry_run(
+    cell: ReadCell,
+    oom: OomInfo | None,
+    diagnosis: Any,
+    strategies: tuple[Strategy, ...],
+    max_tries: int,
+    cell_number: int | None,
+    *,
+    namespace: dict[str, Any],
+    history: list[str],
+    hardware: Hardware,
+    margin: float,
+) -> Outcome:
+    """The preview ``--dry-run`` shows for ``cell`` (``cell.read.read_cell``): the diagnosis and the plan."""
+    source = cell.source
+    if cell_number is None:  # the failure was found without its count: the last time this source ran
+        cell_number = next((k for k in range(len(history) - 1, 0, -1) if history[k] == source), None)
+    finding = find_batch(source, namespace, cell.transform, history=history, cell_number=cell_number)
+    measured = headroom_bytes(hardware, oom_device(oom)) if hardware.allocator.status() is None else None
+    budget = measured if measured is not None else budget_from_message(oom)
+    plan = plan_batch(finding, namespace, history, budget, strategies,
+                      max_tries=max_tries, margin=margin,
+                      budget_source="the measured" if measured is not None else "the error message's")
+    return preview(source, finding, plan, diagnosis, measured)

@@ -5,20 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..oom import OomInfo, oom_device
+from ..oom import OomInfo
 from .strategies import Strategy
 
 
 @dataclass(frozen=True)
 class FixRequest:
-    """The failed cell and how to fix it.
-
-    ``oom`` is the failure as parsed (its message's figures; ``OomKind.OTHER`` where it says nothing we
-    parse). ``allocated_before`` is what PyTorch had allocated on the OOM's device when the cell started
-    (bytes; ``None``: not known). ``ask``: ask before rerunning (neither ``--yes`` nor ``OomFix.confirm``
-    off). ``limit_notes``: what the outcome says of the ``--limit`` cap the fix runs under (the magic
-    applies it).
-    """
+    """The failed cell and how to fix it. ``allocated_before``: what PyTorch had allocated on the OOM's
+    device when the cell started (``None``: not known); ``ask``: ask before rerunning; ``limit_notes``: what
+    the outcome says of the ``--limit`` cap the fix runs under."""
 
     source: str
     oom: OomInfo
@@ -34,10 +29,6 @@ class FixRequest:
     apply: bool = False
     verbose: bool = False
     limit_notes: tuple[str, ...] = ()
-
-    @property
-    def device(self) -> int:
-        return oom_device(self.oom)
 
     @property
     def cell_name(self) -> str:

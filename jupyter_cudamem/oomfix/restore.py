@@ -14,19 +14,16 @@ def restore_notes(trained: Any, restorer: Any, outcome: Outcome, last_fitted: bo
     if len(outcome.tries) == 0:
         return ()
     notes: list[str] = []
+    put_back = (" put back before each rerun: as one run of the cell that fitted leaves them" if last_fitted
+                else " put back as they were before the reruns")
     if not trained.empty:
-        names = trained.describe()
         if restorer is None or not restorer.copy_training:
-            notes.append(f"the reruns' training steps stayed in {names}: their state was not put back")
-        elif last_fitted:
-            notes.append(f"{names} put back before each rerun: as one run of the cell that fitted leaves them")
+            notes.append(f"the reruns' training steps stayed in {trained.describe()}: their state was not put back")
         else:
-            notes.append(f"{names} put back as they were before the reruns")
+            notes.append(trained.describe() + put_back)
     plain = trained.plain
     if restorer is not None and plain.changed:
-        changed = ", ".join(plain.changed)
-        notes.append(f"{changed} put back before each rerun: as one run of the cell that fitted leaves them"
-                     if last_fitted else f"{changed} put back as they were before the reruns")
+        notes.append(", ".join(plain.changed) + put_back)
     if restorer is not None and restorer.unrestored:
         notes.append(f"could not be put back, so the reruns' changes stay: {'; '.join(restorer.unrestored)}")
     if restorer is not None and plain.too_large:

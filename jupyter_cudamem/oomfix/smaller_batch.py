@@ -1,11 +1,5 @@
 """``%oomfix``'s batch strategy: the batch search's tries, each made by the fix's ``FixTries``, with the
 batch changed where it lives (``batch.BatchChange``) and put back, or kept at the largest that fitted.
-
-Why apart from the driver: the driver orders the strategies; this runs the one that reruns the most,
-and knows how the search (``batchsearch``) and the tries meet: where each try starts, what the search
-reads before choosing, and when the best batch must be run once more so that the variables and the
-model hold the run the outcome reports. Where the next batch is chosen: this file, then
-``batchsearch/policy.py``, ``batchsearch/state.py`` and ``growth/fitting.py`` (``batchsearch`` says how).
 """
 
 from __future__ import annotations
@@ -45,9 +39,8 @@ class BatchTried:
 
 @dataclass
 class SmallerBatch:
-    """One run of the batch strategy over ``runs``. ``fixed`` is what the step holds whatever its batch
-    (read from the namespace); ``history`` IPython's input history, where the batch may live;
-    ``put_back`` puts the trained model and optimizer back before a try (``None``: nothing to put back)."""
+    """One run of the batch strategy over ``runs``. ``fixed``: what the step holds whatever its batch;
+    ``put_back``: puts the trained model and optimizer back before a try (``None``: nothing to put back)."""
 
     runs: FixTries
     hardware: Hardware
@@ -59,8 +52,7 @@ class SmallerBatch:
     _put_back_after: int = field(default=-1, init=False)
 
     def _knob(self, finding: BatchFinding) -> Knob | None:
-        """The knob the batch strategy changes: the one place where it is chosen (a check that a knob
-        must not be shrunk belongs here). ``None``, with a note saying why, when there is none."""
+        """The knob the batch strategy changes; ``None``, with a note saying why, when there is none."""
         knob = finding.chosen
         if knob is None:
             self.runs.notes.append(finding.summary())
@@ -136,9 +128,7 @@ class SmallerBatch:
             result = self.runs.run(Strategy.BATCH, source, search.reason, device, batch=batch)
             observation = result.observation()
             if on_host is not None and moved_back_ran_out(result, where.knob):
-                # Every chunk's work fitted and the joined result did not fit on the GPU: no chunk size
-                # changes that, so the chunks go on with the result left on the host, and this try is
-                # what they showed: the work of chunks of ``batch`` fits (the peak it reached).
+                # No chunk size makes the joined result fit: go on with it left on the host; the chunks' work fitted.
                 where.switch_to(on_host)
                 self.runs.notes.append(kept_on_host_note(where.knob.value, batch))
                 on_host = None
@@ -155,11 +145,7 @@ class SmallerBatch:
     def _before_try(self, search: BatchSearch, device: int) -> None:
         """Start the next try as the user's next run of the cell will, and tell the search what it starts from."""
         if self.runs.tries:
-            # The model's and optimizer's values go back as they were before the reruns
-            # (``before_rerun``), while what the last run made and bound stays allocated (its
-            # optimizer state and gradients, the values the cell binds again: ``Restorer.restore``,
-            # ``FixTries.set_aside``): the next try starts as the user's next run of the cell will,
-            # and the level the search reads, and the segments it replays from, count it.
+            # Values put back, while what the last run made and bound stays allocated, as in the next run.
             self.runs.set_aside(device)
             self._put_back_now()
         self.runs.release_graph_pools(device)
@@ -172,7 +158,6 @@ class SmallerBatch:
 
     def _after_search(self, search: BatchSearch, device: int) -> None:
         if self.runs.tries and not self.runs.tries[-1].fitted:
-            # An OOM while CUDA graph trees recorded leaves them failing at the model's next call.
             self.runs.release_graph_pools(device)
         if search.stopped is not None and self.runs.stopped is None and self.runs.left() > 0:
             self.runs.notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed
@@ -182,16 +167,12 @@ class SmallerBatch:
         model do not hold its run."""
         last_fitted = next((t for t in reversed(self.runs.tries) if t.fitted), None)
         if not self.runs.tries[-1].fitted:
-            # The last try failed: the model and the notebook's values go back as they were before the
-            # reruns now, before the knob is set to the best batch (put back after, the knob would go too).
+            # Put back before the knob is set to the best batch: after, the knob would go back too.
             self._put_back_now()
         source = change.apply(found)  # the knob holds the best batch whether or not it is rerun
         put_back_since = self._put_back_after == len(self.runs.tries)
         if (last_fitted is not best or not self.runs.tries[-1].fitted or put_back_since) and self.runs.left() > 0:
-            # Failed tries are undone, so the variables hold the last try that fitted; when that is
-            # not the best, or a try failed after it, or the model's state was put back after it for
-            # a try the search then did not choose, rerun the best so they and the model hold the run
-            # the outcome reports.
+            # The variables and the model must hold the run the outcome reports.
             confirm = self.runs.run(Strategy.BATCH, source, "rerun of the largest batch that fitted", device, batch=found)
             if confirm.fitted:
                 return confirm
@@ -234,9 +215,8 @@ def steady_note(best: TryResult) -> str:
 
 
 def moved_back_ran_out(result: TryResult, knob: Knob) -> bool:
-    """Whether a try of chunks joined through the host ran out of memory moving the joined result back:
-    on a line the chunk size is written on, outside any model's forward pass (the chunks' own work runs
-    inside it; the host's join allocates nothing on the GPU)."""
+    """Whether a try of chunks joined through the host ran out of memory moving the joined result back: on a
+    line the chunk size is written on, outside any model's forward pass (where the chunks' own work runs)."""
     site = result.failed_at
     lines = {written.span.line for written in knob.written if written.cell is None}
     return result.out_of_memory and site is not None and not site.in_module and site.line in lines

@@ -1,26 +1,6 @@
-"""What ``%oomfix`` does when the batch is the data itself: chunks that cover all of it, or a refusal.
-
-``batch.whole.covers_whole_data`` decides whether a smaller batch would only compute a smaller result
-(an inference cell, a metric over a whole tensor). Then shrinking the batch is never tried: a rerun
-that fits with 12,923 of 32,768 rows would leave the cell's names holding a partial result. Instead
-each model call over the data is rewritten to run over chunks of it and join them,
-
-    predictions = classifier(features).argmax(dim=1)
-    predictions = torch.cat([classifier(_chunk).detach().cpu() for _chunk in features.split(32768)]).to(features.device).argmax(dim=1)
-
-and the batch search shrinks the chunk, not the data: every row is computed whatever size fits. Where
-the chunks' results are joined (``Join``) decides what the cell holds at once besides one chunk's work:
-joined on the GPU, every chunk's result and then their join (twice the whole result); joined on the
-host and moved back, the whole result once, at the end (each chunk's result goes to the host as it
-comes: a copy over PCIe for the room of a whole result). Where even one whole result does not fit
-beside the model (the logits of many long sequences: 8 GB for 40 rows of GPT-2's vocabulary at 1024
-tokens), the move back is what runs out of memory, at any chunk size; the batch search then keeps the
-result on the host (``on_host``), where the cell's later lines compute on it, and says so. The chunk's
-output is detached so each chunk's autograd graph (kept for a backward pass the cell never runs) is
-freed before the next chunk; the cell does not train, so nothing needed it. Where the rewrite is not
-safe (the result is not a model's, the call is in a loop or spans lines), ``%oomfix`` says in one line
-why it will not shrink the batch, and tries the other strategies (a plain rerun, autocast), which keep
-every row.
+"""What ``%oomfix`` does when the batch is the data itself (``batch.whole.covers_whole_data``): each model
+call over the data run over chunks and joined (``Join``), the search shrinking the chunk so every row is
+computed; or a refusal, never a smaller batch that would leave a partial result.
 """
 
 from __future__ import annotations
@@ -58,10 +38,6 @@ class WholeDataDecision:
     note: str
     chunked: BatchFinding | None
     on_host: BatchFinding | None = None  # the same chunks with the result left on the host (see ``Join``)
-
-    @property
-    def refused(self) -> bool:
-        return self.chunked is None
 
 
 def _needs_parentheses(data: str) -> bool:
@@ -104,8 +80,7 @@ def chunked_source(source: str, whole: WholeData, rows: int, join: Join = Join.O
         for call in sorted(calls, key=lambda c: c.span.col):
             data = f"({call.data})" if _needs_parentheses(call.data) else call.data
             start, end = call.span.col + shift, call.span.end_col + shift
-            # ``model(x).logits``: a model that returns an output object (transformers' ModelOutput, a
-            # tuple) is joined by the tensor the cell takes from it, taken from each chunk's output.
+            # ``model(x).logits``: joined by the tensor the cell takes from each chunk's output.
             taken = _taken_from_output(text[end:])
             host = "" if join is Join.ON_DEVICE else ".cpu()"
             head = (f"torch.cat([{call.callee}({_CHUNK_VARIABLE}){taken}.detach(){host} for {_CHUNK_VARIABLE} "
@@ -138,9 +113,8 @@ def whole_data_decision(
     namespace: Mapping[str, Any] | None = None,
     transform: Callable[[str], str] | None = None,
 ) -> WholeDataDecision | None:
-    """``None`` when a smaller batch is a fix; else chunks over all the data, or a refusal (see the module
-    docstring). ``finding.whole_data`` is used when it was decided for the knob chosen now (as ``find_batch``
-    decides it)."""
+    """``None`` when a smaller batch is a fix; else chunks over all the data, or a refusal.
+    ``finding.whole_data`` is used where it was decided for the knob chosen now."""
     whole = finding.whole_data
     chosen = finding.chosen
     stale = whole is not None and chosen is not None and whole.knob != chosen.label

@@ -1,10 +1,6 @@
 """The plan's calibration search (``%%cudamem_plan --calibrate``): the largest batch that fits, by running
 the cell, from a guess. Steps by a factor until one batch fits and one does not, then halves the gap
-until they are within a resolution of each other, in at most a number of runs.
-
-Why here, beside ``search`` (``%oomfix``'s): both are policies that choose which batch to run next; this
-one has a run budget of a dozen and wants the exact largest batch (to take a ratio from), where
-``%oomfix``'s has three reruns and a memory model to spend them on. Pure: ``fits`` runs the cell.
+until they are within a resolution of each other. Pure: ``fits`` runs the cell.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """One run of a cell's source, measured: the one place where ``%oomfix``'s tries and ``%%cudamem_plan``'s
-runs start the meter, time the run, record its allocations and stop the meter.
-
-Why one: the two features rerun the user's code for the same reason (to see what it needs) and must
-read the same figures the same way; what each does around a run differs and stays with it (``%oomfix``
-sets aside what the cell binds again and undoes a failed try's bindings; the plan empties the cache
-first and keeps the last run's value).
-
-The run is a callable that returns the cell's error (``None`` when it ran through) or raises it: an
-error it raises is measured (the meter stopped with its name, the recording stopped as failed) and
-raised again. Pure bookkeeping: no torch, no IPython.
+runs start the meter, time the run, record its allocations and stop the meter, so both read the same
+figures the same way. An error the run raises is measured and raised again. No torch, no IPython.
 """
 
 from __future__ import annotations
@@ -25,9 +17,7 @@ from .recording import Recorder, RecordedRun
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """What one run showed: its error (``None``: it ran through), the meter's reading, its wall time, and
-    its allocations where they were recorded. The caller drops ``error`` once it has read it: the
-    exception's frames hold the failed run's tensors."""
+    """What one run showed; the caller drops ``error`` once read (its frames hold the run's tensors)."""
 
     error: BaseException | None = field(repr=False)
     measurement: Measurement

@@ -1,22 +1,7 @@
 """Reruns leave no trace in what a cell trains: the modules, optimizers, LR schedulers and GradScalers the
-cell reads are copied to the host once, before the first rerun, and put back before each later one.
-
-Every rerun of a training cell takes its optimizer steps and adds to ``.grad``: three reruns of a cell
-that takes three Adam steps would leave the model nine steps on, its optimizer's step count at nine. With
-the copy put back before each rerun (and after the last, when the last one failed), the model and its
-optimizer end as one run of the cell that fitted leaves them (``Restorer``).
-
-What the cell reads: the names it reads that it does not bind first (a name it binds before reading is a
-new object each run, ``cell.read.ReadCell.binds_first``), followed through the notebook's own
-functions and classes (their globals, closures and defaults), bound methods, and the attributes and
-items of other objects a few levels deep (a Trainer's ``model``, a dict of models).
-
-The same walk finds the plain state the cell may change (its lists, dicts, counters, the notebook's own
-objects): ``plain_state`` keeps it, and the ``Restorer`` puts it back with the rest.
-
-What is not undone: what the failed cell itself did before it failed (an OOM in ``backward`` after some
-``.grad`` were written) when the copy is taken after it, as ``%oomfix`` must; what ``plain_state`` says it
-does not follow (files, NumPy arrays changed in place, iterators).
+cell reads (followed through the notebook's functions, methods and a few levels of attributes) are copied
+to the host once and put back before each rerun (``Restorer``), as one run of the cell that fitted leaves
+them; the same walk finds the plain state the cell may change (``plain_state``).
 """
 
 from __future__ import annotations
@@ -41,9 +26,8 @@ from .plain_state import CONTAINERS, PlainState
 _DEPTH = 3
 _WIDTH = 200
 
-# The host copy may take at most this share of the host memory available when it is taken: the reruns
-# themselves need host memory too (their data, their inputs), and a copy that pushes the kernel into
-# swap or the OOM killer costs more than the steps it would undo.
+# The host copy may take at most this share of the host memory available: the reruns need some too, and a
+# copy that pushes the kernel into swap costs more than the steps it would undo.
 HOST_SHARE = 0.8
 
 
@@ -105,8 +89,7 @@ class _Finder:
         return isinstance(value, type) and value.__module__ == self.namespace.get("__name__", "__main__")
 
     def visit(self, value: Any, path: str, depth: int, plain: bool = False) -> None:
-        """Follow ``value`` for torch's objects; ``plain``: reached through plain values only, where
-        ``plain_state`` keeps what the cell may change."""
+        """Follow ``value`` for torch's objects; ``plain``: reached through plain values only."""
         if id(value) in self._seen or value is None or value is self.namespace or isinstance(value, (str, bytes, int, float, bool, complex,
                                                                            types.ModuleType)):
             return
@@ -133,8 +116,7 @@ class _Finder:
             self.visit(item, item_path, depth + 1, plain)
 
     def _keep_module_containers(self, module: Any, path: str) -> None:
-        """A notebook's module keeps lists of its own (Lightning's ``self.validation_step_outputs``): its
-        public containers are plain values; torch's own attributes are private."""
+        """A notebook's module's public containers (Lightning's ``self.validation_step_outputs``) are plain."""
         for name, attribute in itertools.islice(vars(module).items(), _WIDTH):
             if not name.startswith("_") and isinstance(attribute, CONTAINERS):
                 self.state.plain.keep(attribute, f"{path}.{name}", False)
@@ -153,8 +135,7 @@ class _Finder:
             self.visit(default, path, depth + 1, plain=self._notebook_owned(function))
 
     def _visit_callable(self, value: types.MethodType | functools.partial[Any] | type, path: str, depth: int) -> None:
-        """A bound method (its object and function), a partial (its function and arguments), a class (the
-        members of a notebook's own)."""
+        """A bound method, a partial (its function and arguments), a class (the members of a notebook's own)."""
         if isinstance(value, types.MethodType):
             self.visit(value.__self__, path, depth)
             self.visit(value.__func__, path, depth)
@@ -191,8 +172,7 @@ class _Finder:
 
 def _items(value: Any, path: str) -> list[tuple[str, Any]]:
     """The first ``_WIDTH`` items of a mapping or collection, or attributes of another object, with their
-    paths; none where reading them fails (a user's class whose ``__len__``, ``__iter__`` or ``__repr__``
-    raises is left unread, never raised into the user's kernel)."""
+    paths; none where reading them fails (a user's class may raise anything)."""
     try:
         if isinstance(value, Mapping):
             return [(f"{path}[{k!r}]", v) for k, v in itertools.islice(value.items(), _WIDTH)]
@@ -204,9 +184,8 @@ def _items(value: Any, path: str) -> list[tuple[str, Any]]:
 
 
 def training_state(namespace: Mapping[str, Any], reads: Iterable[str], bound_again: Iterable[str] = ()) -> TrainingState:
-    """The training state a cell that reads the names ``reads`` (``ReadCell.reads``) reads from ``namespace``;
-    the names in ``bound_again`` are bound by the cell before it reads them, so their old objects are not
-    followed."""
+    """The training state a cell that reads ``reads`` reads from ``namespace``; the old objects of
+    ``bound_again`` (bound by the cell before it reads them) are not followed."""
     finder = _Finder(namespace, bound_again)
     for name in reads:
         finder.name(name)
@@ -214,8 +193,7 @@ def training_state(namespace: Mapping[str, Any], reads: Iterable[str], bound_aga
 
 
 def copy_fits(nbytes: int, available_bytes: int | None) -> bool:
-    """Whether a host copy of ``nbytes`` fits in ``HOST_SHARE`` of what the host has available
-    (unknown availability: it is taken, as every copy before this check was)."""
+    """Whether a host copy of ``nbytes`` fits in ``HOST_SHARE`` of what the host has (unknown: it does)."""
     return available_bytes is None or nbytes <= HOST_SHARE * available_bytes
 
 
@@ -230,19 +208,14 @@ class _Saved:
 
 
 class Restorer:
-    """Copies ``state`` to the host once (``take``) and puts its values back before each rerun (``restore``),
-    keeping allocated what the last run made, as the cell's next run starts with it.
-
-    ``run(source)`` wraps a rerun: after one has run, the next ``restore()`` puts the copy back, and a
-    ``restore()`` with no rerun since does nothing, so a caller may call it wherever a rerun may come
-    next. ``finish(last_fitted)`` ends: when the last rerun failed, the state goes back to the copy (a
-    failed rerun may have stepped before it failed); the copy is then dropped.
-    """
+    """Copies ``state`` to the host once (``take``) and puts its values back before each rerun wrapped by
+    ``run`` (``restore``: nothing when none ran since); ``finish`` drops the copy, putting it back exactly
+    where the last rerun failed (it may have stepped before it failed)."""
 
     def __init__(self, state: TrainingState, namespace: MutableMapping[str, Any] | None = None,
                  copy_training: bool = True):
         """``namespace``: where the plain state's names are put back (``None``: not put back);
-        ``copy_training``: whether the torch state is copied (not where the host has no room for it)."""
+        ``copy_training``: whether the torch state is copied."""
         self.state = state
         self.namespace = namespace
         self.copy_training = copy_training
@@ -277,9 +250,7 @@ class Restorer:
 
     def restore(self) -> None:
         """Before a rerun: the values go back, and what the last run made that the copy lacks (a first
-        step's optimizer state, ``.grad``) stays allocated, as at the start of the cell's next run
-        (``torch_state``'s ``keep_memory``), so every rerun after one that ran holds what the user's next
-        run will hold."""
+        step's optimizer state, ``.grad``) stays allocated, as at the start of the cell's next run."""
         if self._changed:
             self._put_back(keep_memory=True)
 
@@ -320,11 +291,9 @@ class Restorer:
         self._held = held
 
     def finish(self, last_fitted: bool) -> None:
-        """The end: after a failed last rerun the copy goes back exactly (no memory kept); whatever is
-        still held for an optimizer's next step is let go."""
+        """The end: after a failed last rerun the copy goes back exactly; what is held for a next step goes."""
         if not last_fitted and (self._changed or self._kept_memory):
-            # After a ``restore()`` with no rerun since, only what it kept: the notebook's values may have
-            # been set since (the knob at the best batch).
+            # With no rerun since, the notebook's values may have been set since (the knob at the best batch).
             self._put_back(keep_memory=False, plain=self._changed)
         while self._held:
             self._held.pop().release()
@@ -335,10 +304,8 @@ class Restorer:
 def what_to_restore(
     cell: ReadCell, namespace: Mapping[str, Any], no_restore: bool, can_ask: bool
 ) -> tuple[TrainingState, bool, str | None]:
-    """The state the cell trains and the plain values it reads (``TrainingState``), whether the host copy
-    of the training state is to be taken, and why not when it would not fit in host memory; one line
-    asking for --no-restore when it would not fit and nobody can be asked (``can_ask`` false: --yes, or
-    ``OomFix.confirm`` off). ``no_restore``: nothing is to be put back."""
+    """What the cell trains and reads, whether its host copy is to be taken, and why not where it would not
+    fit in host memory (raised, asking for --no-restore, where nobody can be asked: ``can_ask`` false)."""
     from ..sources.host import available_bytes
     from ..units import format_bytes
 

@@ -1,24 +1,7 @@
-"""Reruns leave no trace in the notebook's plain Python state either: the lists, dicts and sets a cell adds
-to (``losses.append(loss.item())``, ``history["acc"].append(acc)``), the names it rebinds from their old
-value (``step += 1``, ``best = max(best, acc)``) and the attributes of objects the notebook's own classes
-made (an ``AverageMeter``'s sum and count) are put back before each rerun as they were before the first.
-The rerun that fitted, the last, then leaves them as one plain run of it does: three reruns of a cell
-that appends its loss would otherwise leave three runs' losses in the list the user plots.
-
-What is kept (``PlainState.keep``): what the cell reads before binding it, followed by
-``model_state``'s walk (through the notebook's own functions, their globals, closures and defaults),
-along paths of plain values only: builtin containers (``list``, ``dict``, ``set``, ``deque``,
-``bytearray`` and their subclasses), instances of classes the notebook defined, ``SimpleNamespace`` and
-``argparse.Namespace``; and the public lists and dicts of the notebook's own ``nn.Module`` classes (a
-Lightning module's ``self.validation_step_outputs``, appended to at every step). Each is copied
-shallowly (its items, not what they are) and put back in place, so every other reference to it sees the
-same contents. Other libraries' objects are not entered (their internals are theirs to keep consistent),
-torch's objects are ``model_state``'s, and NumPy arrays or tensors changed in place, iterators the cell
-advances and files it writes are not undone. What the copy holds stays alive through the reruns: a
-container's old items where the cell empties it, a name's old value where the cell rebinds it (a GPU tensor
-rebound to a new one, ``x = x * 2``, costs its size there).
-
-Pure Python: no torch, no IPython.
+"""Reruns leave no trace in the notebook's plain Python state either: the containers a cell adds to, the
+names it rebinds from their old value and the attributes of the notebook's own objects are put back
+before each rerun, copied shallowly along paths of plain values only (``PlainState.keep``). Not undone:
+other libraries' objects, arrays or tensors changed in place, iterators, files. No torch, no IPython.
 """
 
 from __future__ import annotations
@@ -34,12 +17,10 @@ CONTAINERS = (list, dict, set, bytearray, collections.deque)
 """The builtin containers whose contents are kept and put back."""
 
 NAMESPACE_OBJECTS = (types.SimpleNamespace, argparse.Namespace)
-"""Objects that are only their attributes (a config bag): their ``__dict__`` is kept as a notebook
-instance's is."""
+"""Objects that are only their attributes (a config bag), kept as a notebook instance is."""
 
 MAX_ITEMS = 2_000_000
-"""At most this many items are copied in all (16 MB of references): a container that would take more
-(a list of a million file names, a dataset held in a dict) is left as the reruns leave it, and said."""
+"""At most this many items are copied in all (16 MB of references); a larger container is left, and said."""
 
 
 def _copy(value: Any) -> Any:
@@ -73,8 +54,7 @@ def _same(value: Any, saved: Any) -> bool:
 
 @dataclass
 class PlainState:
-    """The plain state a cell may change (see the module docstring): what ``keep`` and ``bind`` were shown,
-    as ``save`` found it."""
+    """The plain state a cell may change: what ``keep`` and ``bind`` were shown, as ``save`` found it."""
 
     names: list[str] = field(default_factory=list)  # names the cell reads
     kept: list[tuple[Any, str]] = field(default_factory=list)  # (container or instance, path)
@@ -114,8 +94,7 @@ class PlainState:
         return True
 
     def save(self, namespace: MutableMapping[str, Any]) -> list[str]:
-        """Copy what is kept, and the names' bindings, as they are now (before the first rerun); the paths
-        that could not be copied (one line each, with why), which are then not put back."""
+        """Copy what is kept, and the names' bindings, as they are now; the paths that could not be (with why)."""
         self._bindings = {name: namespace[name] for name in self.names if name in namespace}
         self._saved, failed = [], []
         for value, path in self.kept:

@@ -1,30 +1,7 @@
-"""Record what a rerun allocates and frees, for the allocator replay (``replay``).
-
-PyTorch keeps the history itself when asked (``torch.cuda.memory._record_memory_history``, torch 2.1
-and later): every allocation and free in order, with its size and address. Recorded without Python
-stacks, which is what makes it cheap enough to leave on for a rerun. The allocator source
-(``sources.torch_alloc``) switches it on and off, ``sources.torch_trace`` reads its snapshots; this
-module decides what of a run to keep.
-
-A rerun is not recorded when the history is already being recorded (the user's own recording, or
-``%%cudamem --trace``): switching it off would end theirs. Nor when the snapshot API is missing. The
-batch search then does without a replay.
-
-A rerun that makes more events than the history keeps (a ring buffer: its beginning is dropped) is
-kept as a **window**, where the recorder is asked for one (``%oomfix``'s, ``WINDOW_EVENTS``): its last
-events, after what was allocated when they began, read back from the end (each allocation undone, each
-free undone). What the run had allocated by then is replayed as made at the window's start, in address
-order, at the size it had whatever the batch (the outputs of the passes before, mostly, whose total
-the data sets, not the batch), and what it had freed of what it started with as freed there. A window
-is kept only where its replay at the run's own batch reaches the run's measured peak without what it
-carried and frees (a pass in progress when it began): the window holds the run's largest moment, made
-within it (a cell that loops over its data in batches, whose passes are alike). Why: such a cell is
-where a replay is most worth having (a GPT-2 medium ``generate()`` over 96 prompts a batch at a time,
-24 layers making a key/value cache one token longer each step, makes about 100,000 events per prompt;
-the line alone ended on 22-23 where 29 fits, its window's replay on 29: the project's
-``benchmarks/oomfix.py`` on an H100). Two windows are not paired request by request (they begin at
-different places in the loop), so the search replays the larger of them alone (``Tries.replayed``).
-``%%cudamem_plan`` keeps whole runs only, as it always has.
+"""Record what a rerun allocates and frees, for the allocator replay (``replay``), through PyTorch's own
+history without Python stacks; not where someone else records, or the API is missing (then no replay).
+A run longer than the history is kept as a **window** of its last events where ``%oomfix`` asks, and only
+where its replay reaches the run's measured peak (why: ``docs/oomfix.md``, "Why the reruns work this way").
 """
 
 from __future__ import annotations
@@ -38,26 +15,18 @@ from ..growth.fitting import REPLAY_MARGIN
 from ..growth.replay import ALLOC, FREE, Event, StartSegment, allocated_blocks, held_elsewhere, replay
 
 MAX_EVENTS = 100_000
-"""The history kept per run where no window is asked for (``%%cudamem_plan``'s runs). The benchmark's
-training steps make 100-3,000 events each (ResNet-50 under autocast: 2,200); a cell running dozens of
-steps stays far below this, and replaying 100,000 events a dozen times (the search's bisection) takes
-seconds in Python, which is where it stops being worth it against a rerun."""
+"""The history kept per run where no window is asked for (``%%cudamem_plan``'s runs): far above a
+training step's events, and below where replaying stops being cheaper than a rerun."""
 
 WINDOW_EVENTS = 400_000
-"""The history kept per rerun where windows are asked for (``%oomfix``'s): a run up to this long is
-kept whole, a longer one as a window of its last this many events, which must hold one whole pass of
-the cell's loop for the window to reach the run's peak. On an H100 (the project's
-``benchmarks/oomfix.py``), GPT-2 medium's ``generate()`` of 64 tokens after a prompt of 512 made about
-100,000 events per prompt, and a window of 100,000 missed the prompt's first forward pass, its peak."""
+"""The history kept per rerun where windows are asked for (``%oomfix``'s): a window must hold one whole
+pass of the cell's loop to reach the run's peak."""
 
 
 @dataclass(frozen=True)
 class RecordedRun:
     """One rerun as the replay reads it: the segments it started from, its events, and what it left
-    allocated as ``(address, key)`` (``sources.torch_trace.read_trace``). ``whole`` is false for a
-    window of a run too long to keep (see the module docstring); ``carried`` are then the keys of the
-    allocations it had made before the window and still held, replayed at the window's start at the
-    size they had."""
+    allocated as ``(address, key)``. ``whole`` is false for a window (see the module docstring)."""
 
     start: tuple[StartSegment, ...]
     events: tuple[Event, ...]
@@ -128,10 +97,8 @@ class Recorder:
 
     def _reaches_the_peak(self, events: Sequence[Event], carried: frozenset[int], start: tuple[StartSegment, ...],
                           device: int) -> bool:
-        """Whether the window's replay at its own batch reaches the run's measured peak (within the
-        replay's margin of what the run added), without what was carried into it that it frees: else the
-        run's largest moment came before the window, or began before it (a pass whose tensors were made
-        before the window, which the replay would keep at their size at every batch)."""
+        """Whether the window's replay reaches the run's measured peak (within the replay's margin) without
+        what was carried into it that it frees: else the run's largest moment began before the window."""
         try:
             measured = self.allocator.read(device).peak_allocated_bytes
         except Exception:  # noqa: BLE001

@@ -1,23 +1,6 @@
-"""A failed try leaves nothing: what the failed cell bound is set aside before the reruns, and nothing of a
-failed try stays alive on our side.
-
-**Before the first rerun.** The failed cell may have bound values before it failed that it will bind
-again (its input ``x = torch.randn(batch, ...)``): left bound, the rerun builds the new one while the
-old one still holds its memory. Seen on an H100 with a GRU started at batch 8192: the failed cell's
-1 GiB input was still allocated when the first try began, and a try at a batch that needs 1.2 GiB
-failed. ``set_aside`` takes the names the cell binds *before reading them* (so the rerun cannot need
-the old value: ``cell.read.ReadCell.rebinds``) whose value holds GPU memory, moves tensors and modules
-to the host and unbinds the names. If every try fails, ``give_back`` binds them again, moved back where they were; if a try fits,
-the rerun has bound new values and the set-aside ones are dropped.
-
-**After each failed try.** The driver keeps of a try only its figures and a one-line message (never the
-exception: its traceback holds the frames of the forward or backward that failed, with their
-activations), and ``restore_bindings`` puts the namespace back as it was before the try, IPython's
-output-cache names (``_``, ``__``, ``___``) included. The cleanup the driver is given then releases what
-IPython keeps of the failure.
-
-Knows nothing of IPython: it works on a namespace (a mutable mapping) and the names the cell binds.
-Moving to the host is a ``Mover`` (``sources.torch_host.TorchMover`` for PyTorch; tests pass fakes).
+"""A failed try leaves nothing. ``set_aside`` moves to the host, and unbinds, the values holding GPU memory
+that the failed cell binds again before reading them (left bound, a rerun would build the new value beside
+the old); ``give_back`` binds them again if no try fits; ``restore_bindings`` undoes a failed try's names.
 """
 
 from __future__ import annotations
@@ -30,8 +13,7 @@ from ..ipython_names import OUTPUT_CACHE_NAMES, is_ipython_name
 
 
 def _kept_as_the_try_left(name: str) -> bool:
-    """IPython's own names (``ipython_names``: the cleanup's business) and private names: what a failed
-    try bound to them is not undone, except the output cache's ``_``, ``__``, ``___``."""
+    """IPython's own names and private names, but for the output cache's: a failed try's are not undone."""
     return name not in OUTPUT_CACHE_NAMES and (name.startswith("_") or is_ipython_name(name))
 
 
@@ -51,7 +33,7 @@ class Mover(Protocol):
 
     def grown(self, value: object, from_batch: int, to_batch: int) -> list[list[Any]]:
         """Memory held beside ``value``'s tensors of ``from_batch`` rows so they hold what they would at
-        ``to_batch``, each block in a list that lets it go when cleared, and with its tensor."""
+        ``to_batch``, each block in a list that lets it go when cleared."""
         ...
 
 
@@ -70,10 +52,8 @@ class SetAside:
         return tuple(self.entries)
 
     def give_back(self) -> list[str]:
-        """Bind each set-aside name again, moved back to its device (names a try bound since are left alone).
-
-        A value that does not fit on its device again (what the reruns left there took its room) is bound
-        as its host copy, which holds the same data, and named in ``left_on_host``: never lost."""
+        """Bind each set-aside name again, moved back to its device (names a try bound since are left alone);
+        one that no longer fits there is bound as its host copy and named in ``left_on_host``: never lost."""
         given = []
         for name, (host, back) in self.entries.items():
             if name not in self.namespace:
@@ -90,8 +70,7 @@ class SetAside:
         self.entries.clear()
 
     def drop_rebound(self) -> None:
-        """Forget the names a try that fitted bound anew; the others (bound in a loop or branch the try
-        did not run) stay set aside, to be given back when the fix ends."""
+        """Forget the names a try that fitted bound anew; the others stay set aside until the fix ends."""
         for name in [n for n in self.entries if n in self.namespace]:
             del self.entries[name]
 
@@ -103,8 +82,7 @@ class SetAside:
 
 
 def set_aside(namespace: MutableMapping[str, Any], rebinds: tuple[str, ...], mover: Mover) -> SetAside:
-    """Move to the host and unbind what the failed cell bound and will bind again, ``rebinds`` (its
-    ``cell.read.ReadCell.rebinds``; see the module docstring)."""
+    """Move to the host and unbind what the failed cell bound and will bind again (``rebinds``)."""
     aside = SetAside(namespace)
     kept = []
     for name in rebinds:
@@ -128,14 +106,8 @@ def set_aside(namespace: MutableMapping[str, Any], rebinds: tuple[str, ...], mov
 
 
 def restore_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:
-    """Put ``namespace`` back as it was in ``before``: names the run bound anew are removed, rebound
-    names get their old object back. Returns the names changed.
-
-    A try that fails half-way leaves what it already assigned: a ``loss`` whose ``backward()`` ran out
-    of memory keeps its whole autograd graph (every saved activation) alive, which then shrinks the room
-    for the next try. The output cache's ``_``, ``__``, ``___`` are put back too (a try that displayed a
-    tensor before failing would otherwise keep it); ``In``/``Out`` are IPython's cleanup's business.
-    """
+    """Put ``namespace`` back as it was in ``before`` (the output cache's ``_``, ``__``, ``___`` too), so
+    nothing a failed try bound (a ``loss`` holding its autograd graph) stays alive; the names changed."""
     changed = []
     for name in list(namespace):
         if _kept_as_the_try_left(name):

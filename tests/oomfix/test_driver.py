@@ -443,7 +443,7 @@ def test_a_failed_try_leaves_nothing_behind():
     """A try whose backward() runs out of memory has already bound ``loss``, and with it the
     autograd graph of the forward pass. Seen on the H100: left bound, that graph made the next try
     fail too and stayed allocated after %oomfix. Failed tries are undone."""
-    from jupyter_cudamem.oomfix.tries import undo_bindings
+    from jupyter_cudamem.reruns.set_aside import restore_bindings
 
     machine = capped_machine(4 * GiB)
     namespace: dict = {"kept": "the user's own"}
@@ -481,7 +481,7 @@ def test_a_failed_try_leaves_nothing_behind():
 
     before = {"a": 1, "b": [2]}
     after = {"a": 1, "b": [3], "c": 4, "_": "output cache"}
-    assert sorted(undo_bindings(after, before)) == ["_", "b", "c"]  # the output cache's "_" included
+    assert sorted(restore_bindings(after, before)) == ["_", "b", "c"]  # the output cache's "_" included
     assert after == {"a": 1, "b": [2]}
 
 

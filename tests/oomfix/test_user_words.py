@@ -99,7 +99,9 @@ def test_cleanup_that_frees_more_than_listed_says_what_the_rest_was():
 
 
 def test_search_reasons_in_the_users_words():
-    for reason in ("line through origin: 14.935 MiB per item", "line through measured peaks: 10.039 MiB per item",
+    # Reasons as ``batchsearch.policy`` writes them.
+    for reason in ("surest from 76's peak (line through it and zero)",
+                   "line through measured peaks: 812 MiB fixed + 10.039 MiB per sample",
                    "bisection (no peak measured)", "probe", "rerun of the largest batch that fitted"):
         words = user_reason(reason)
         _assert_user_words(words)
@@ -107,6 +109,6 @@ def test_search_reasons_in_the_users_words():
         "surest from 76's peak (all of it taken as growing with the batch)"
     )
     assert "line through" not in user_reason("surest from 3's peak (line through it and its parameters)")
-    assert user_reason("line through origin: 14.935 MiB per item") == (
-        "predicted from the first measured peak: 14.935 MiB per sample"
+    assert user_reason("line through measured peaks: 812 MiB fixed + 10.039 MiB per sample") == (
+        "predicted from the measured peaks: 812 MiB fixed + 10.039 MiB per sample"
     )

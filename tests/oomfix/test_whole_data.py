@@ -73,7 +73,7 @@ def test_a_smaller_batch_is_a_fix(source):
 def test_chunks_cover_every_row_and_the_knob_is_the_chunk():
     source = next(iter(WHOLE))
     decision = whole_data_decision(find_batch(source, NAMESPACE), NAMESPACE)
-    assert decision is not None and not decision.refused and decision.chunked is not None
+    assert decision is not None and decision.chunked is not None
     knob = decision.chunked.chosen
     assert knob is not None and knob.label == CHUNK_LABEL and knob.value == 32768
     rewritten = decision.chunked.source
@@ -124,11 +124,11 @@ def test_the_join_goes_through_the_host_where_the_data_can_be_named_twice(data, 
 def test_refusals_are_one_line_that_says_why():
     for source in ("x = torch.randn(4096, 8)\nz = x @ x.T\n", "x = torch.randn(4096, 8)\nouts = [classifier(x) for _ in range(3)]\n"):
         decision = whole_data_decision(find_batch(source, NAMESPACE), NAMESPACE)
-        assert decision is not None and decision.refused
+        assert decision is not None and decision.chunked is None
         assert "\n" not in decision.note and "does not shrink the batch" in decision.note and "fewer rows" in decision.note
     no_torch = {k: v for k, v in NAMESPACE.items() if k != "torch"}
     decision = whole_data_decision(find_batch("preds = classifier(x_all)\n", no_torch), no_torch)
-    assert decision is not None and decision.refused and "torch is not imported" in decision.note
+    assert decision is not None and decision.chunked is None and "torch is not imported" in decision.note
 
 
 def test_several_calls_on_one_line_are_all_chunked():

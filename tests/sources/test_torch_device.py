@@ -6,8 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from jupyter_cudamem.sources.torch_device import bf16_supported  # noqa: E402
-from jupyter_cudamem.oomfix.strategies import default_autocast_dtype  # noqa: E402
+from jupyter_cudamem.sources.torch_device import bf16_supported, default_autocast_dtype  # noqa: E402
 
 
 def test_a_card_that_cannot_say_gets_float16(monkeypatch):
