@@ -280,7 +280,7 @@ class CellReport(TextReport):
     # -- the three lines a person reads first ----------------------------------------------------
     def lead(self) -> tuple[str, str, str]:
         """The cell's peak and change per device from PyTorch's allocator; what NVML saw beyond it; the one
-        finding that matters (an OOM, a leak, what it left, growth across runs, or nothing left behind)."""
+        finding that matters (an OOM, a leak, what it left, growth across runs, what it freed, or nothing left behind)."""
         measurement = self.measurement
         allocator = "; ".join(_allocator_summary(d) for d in measurement.devices if d.after.allocator is not None)
         if not allocator:
@@ -295,7 +295,7 @@ class CellReport(TextReport):
 
     def _finding(self) -> str:
         """The first of these that holds: out of memory; who holds what the cell left (a leak first, with what
-        to change); growth across runs; memory left that nobody was named for; nothing left behind."""
+        to change); growth across runs; memory left that nobody was named for; memory freed; nothing left behind."""
         measurement = self.measurement
         if measurement.error in ("OutOfMemoryError", "OutOfMemory"):
             return "Ran out of GPU memory: run %oomfix in the next cell to diagnose and fix it"
@@ -310,6 +310,9 @@ class CellReport(TextReport):
                     "%config CudaMem.attribute_threshold up")
         if not any(d.after.allocator is not None for d in measurement.devices):
             return "Nothing measured: the cell ran as a plain cell" if measurement.unavailable else "Nothing left behind"
+        freed = -sum(min(d.allocated_delta_bytes or 0, 0) for d in measurement.devices)
+        if freed:
+            return f"Freed {format_bytes(freed)}: allocated is below where it started"
         return "Nothing left behind: allocated is back where it started"
 
     def _hidden(self) -> str:

@@ -38,6 +38,15 @@ def test_a_cell_with_a_peak_that_leaves_nothing(machine, hardware):
     ]
 
 
+def test_a_cell_that_freed_memory_says_it_freed_it(machine, hardware):
+    # 456 MiB allocated before the cell and freed by it: allocated ends 456 MiB below where it started.
+    machine.allocate(0, 456 * MiB)
+    report = CellReport(_measured(hardware, lambda: machine.free(0, 456 * MiB)), label="[8]")
+    first, _, third, _ = report.text().splitlines()
+    assert first.endswith("Δ allocated -456.00 MiB")
+    assert third == "Freed 456.00 MiB: allocated is below where it started"
+
+
 def _leak(left_bytes: int) -> LeftBehind:
     losses = LeftHolder(
         name="losses", origin=Origin.VARIABLE, kind=HolderKind.LIST, nbytes=420 * MiB, cause=Cause.GRAPH,
