@@ -89,6 +89,9 @@ _REMAINDER = (
 )
 
 
+_FREED = "the cell freed at least {} allocated before it (the holders' figures are what it made)"
+
+
 def _holder_head(holder: LeftHolder) -> tuple[str, str]:
     """``(verdict, text)`` for one holder: ``leak``/``result`` and ``losses: list of 40 tensors ...``."""
     verdict = "leak" if holder.leak else "result"
@@ -115,6 +118,8 @@ def left_lines(left: LeftBehind) -> list[str]:
         lines.append(f"    {'':<6}{format_bytes(left.smaller_bytes):>11}  {left.smaller_count} smaller holders")
     if left.remainder_bytes:
         lines.append(f"    {'':<6}{format_bytes(left.remainder_bytes):>11}  {_REMAINDER}")
+    if left.freed_bytes:
+        lines.append(f"    {'':<6}{'':>11}  {_FREED.format(format_bytes(left.freed_bytes))}")
     return lines
 
 
@@ -125,6 +130,8 @@ def left_summary(left: LeftBehind) -> str:
     ]
     if left.remainder_bytes:
         parts.append(f"{format_bytes(left.remainder_bytes)} not attributed")
+    if left.freed_bytes:
+        parts.append(_FREED.format(format_bytes(left.freed_bytes)))
     return f"left {format_bytes(left.left_bytes)}: " + "; ".join(parts or ["nothing attributed"])
 
 
@@ -157,6 +164,9 @@ def _left_html(left: LeftBehind) -> str:
             f"<tr><td></td><td>{e(format_bytes(left.remainder_bytes))}</td>"
             f'<td style="text-align:left" class="note">{e(_REMAINDER)}</td></tr>'
         )
+    if left.freed_bytes:
+        rows.append(f'<tr><td></td><td></td><td style="text-align:left" class="note">'
+                    f"{e(_FREED.format(format_bytes(left.freed_bytes)))}</td></tr>")
     head = (
         f"left behind: {format_bytes(left.left_bytes)} still allocated after the cell; "
         f"{format_bytes(min(left.attributed_bytes, left.left_bytes))} attributed (in {left.elapsed_s * 1000:.0f} ms)"
