@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from tests.fakes import FakeMover, FakeTensor, GiB, MiB
-
 from jupyter_cudamem.magics.oomfix_reruns import ShellReruns
 from jupyter_cudamem.oomfix.cleanup import cleanup
 from jupyter_cudamem.oomfix.strategies import Strategy
 from jupyter_cudamem.oomfix.tries import FixTries
+from tests.fakes import FakeMover, FakeTensor, GiB, MiB
 
 
 def test_a_failed_tries_tensors_go_at_its_cleanup_though_its_frame_lives_on(ip, machine, hardware):
