@@ -29,6 +29,7 @@ cache (``Out``/``_oh``, ``_N``, ``_``/``__``/``___``) and in the execution resul
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import re
 import sys
@@ -414,7 +415,9 @@ def cell_references(shell: InteractiveShell, value: object = None, error: BaseEx
 
 
 def _clear_traceback(tb: types.TracebackType | None, cleared: list[str]) -> None:
-    """Drop every frame's locals; a frame still executing (the caller's own) cannot be cleared and is kept."""
+    """Drop every frame's locals; a frame still executing (the caller's own) cannot be cleared and is kept.
+    A function frame whose locals were read (the holders' walk) keeps a snapshot of them, before Python 3.13,
+    that ``clear()`` leaves: reading ``f_locals`` again syncs it with the cleared frame, emptying it."""
     while tb is not None:
         frame = tb.tb_frame
         try:
@@ -422,6 +425,8 @@ def _clear_traceback(tb: types.TracebackType | None, cleared: list[str]) -> None
         except RuntimeError:
             pass
         else:
+            if frame.f_code.co_flags & inspect.CO_OPTIMIZED:  # a module frame's locals are the namespace
+                frame.f_locals  # noqa: B018  read for its effect: the snapshot loses what clear() dropped
             module = str(frame.f_globals.get("__name__", ""))
             if frame.f_code.co_name != "<module>" and not module.startswith(_MACHINERY_MODULES):
                 label = _frame_label(frame)

@@ -28,11 +28,12 @@ if TYPE_CHECKING:
 
 from .units import MiB
 
+_OURS = "/jupyter_cudamem/"
 _LIBRARY_MARKERS = (
     "/site-packages/",
     "/dist-packages/",
     "/torch/",
-    "/jupyter_cudamem/",
+    _OURS,
     "/IPython/",
     "/ipykernel/",
     "<frozen ",
@@ -98,12 +99,17 @@ def _site_of(frames: list[dict[str, Any]]) -> tuple[str, int, str] | None:
 
 
 def _outermost(frames: list[dict[str, Any]], is_cell_file: Callable[[str], bool]) -> tuple[str, int, str] | None:
-    """The outermost frame of the traced cell's own code (its loop), frames being innermost first."""
-    for frame in reversed(frames or []):
+    """The outermost frame of the traced cell's own code (its loop), frames being innermost first. Only the
+    frames inside our own are looked at: outside them is the cell as IPython ran it, whose line is the
+    magic's call (``get_ipython().run_cell_magic(...)``), not a line the user wrote."""
+    outermost = None
+    for frame in frames or []:
         filename = str(frame.get("filename", ""))
+        if _OURS in filename:
+            break
         if filename and is_cell_file(filename):
-            return filename, int(frame.get("line", 0)), str(frame.get("name", ""))
-    return None
+            outermost = filename, int(frame.get("line", 0)), str(frame.get("name", ""))
+    return outermost
 
 
 # What a loop must show before it is called growing: repeats, and kept allocations from most of them.

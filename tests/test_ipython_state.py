@@ -317,3 +317,22 @@ def test_output_ids_kept_from_call_to_call_equal_a_whole_read_after_each_way_ipy
             cache[rng.choice(list(cache))] = object()
             kept.touched()
         assert kept.of(cache) == frozenset(map(id, cache.values()))
+
+
+def test_a_released_frame_holds_no_locals_even_after_they_were_read(shell) -> None:
+    # The diagnosis's walk reads a failed frame's locals (``frame.f_locals``); before Python 3.13 that leaves a
+    # snapshot dict on the frame, which clearing the frame does not empty. Whatever still holds the frame
+    # after the release (here a list; in a notebook a reference cycle, until the next collection) must not
+    # hold the failed run's tensors: no gc.collect() here.
+    assert run(shell, SETUP).success
+    failed = run(shell, "f(4)").error_in_exec
+    frames, tb = [], failed.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    assert any("activations" in frame.f_locals for frame in frames)  # read, as the walk reads them
+    del failed
+    release_ipython_references(shell, holds_cuda=fake_holds_cuda)
+    refs = shell.user_ns["alive"]
+    assert refs["big"]() is None and refs["activations"]() is None
+    assert len(frames) >= 3  # the frames themselves are still held

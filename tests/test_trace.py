@@ -64,10 +64,17 @@ def test_snapshot_round_trips_as_pickle(tmp_path):
 
 CELL = "/tmp/ipykernel_1/555.py"
 MODEL = "/tmp/ipykernel_1/222.py"
-NAMES = {CELL: "In[5]", MODEL: "In[2]"}
+MAGIC_CALL = "/tmp/ipykernel_1/556.py"  # the cell as IPython ran it: get_ipython().run_cell_magic('cudamem', '', body)
+NAMES = {CELL: "In[5]", MODEL: "In[2]", MAGIC_CALL: "In[5]"}  # the body is cached under its cell's number
+RUN_CELL_MAGIC = (
+    {"filename": "/work/src/jupyter_cudamem/magics/cellrun.py", "line": 300, "name": "run_body"},
+    {"filename": "/usr/lib/python3.12/site-packages/IPython/core/interactiveshell.py", "line": 2541,
+     "name": "run_cell_magic"},
+    {"filename": MAGIC_CALL, "line": 1, "name": "<module>"},
+)
 
 
-def _loop(iterations, keep_every=1, extra_once=0):
+def _loop(iterations, keep_every=1, extra_once=0, outside=()):
     """A traced cell: a loop whose body calls ``forward`` (In[2] line 8 keeps an activation, line 7 frees
     its temporary) and keeps the result of every ``keep_every``-th iteration."""
     events, addr = [], 0
@@ -75,7 +82,7 @@ def _loop(iterations, keep_every=1, extra_once=0):
         for line, size, kept in ((7, 4096, False), (8, 2 * 1024**2, iteration % keep_every == 0)):
             addr += 1
             forward = {"filename": MODEL, "line": line, "name": "forward"}
-            frames = [TORCH, forward, {"filename": CELL, "line": 4, "name": "<module>"}]
+            frames = [TORCH, forward, {"filename": CELL, "line": 4, "name": "<module>"}, *outside]
             events.append(_event("alloc", addr, size, *frames))
             if not kept:
                 events.append(_event("free_completed", addr, size))
@@ -89,7 +96,7 @@ def _growth(snapshot):
         snapshot,
         describe_file=lambda f: NAMES.get(f, f),
         source_line=lambda f, n: f"line {n} of {NAMES.get(f, f)}",
-        is_cell_file=lambda f: f == CELL,
+        is_cell_file=lambda f: NAMES.get(f) == "In[5]",
     ).growth
 
 
@@ -99,6 +106,12 @@ def test_a_loop_keeping_memory_every_iteration_is_tied_to_the_line_that_allocate
     assert growth.iterations == 40 and growth.kept_iterations == 40
     assert growth.per_iteration_bytes == 2 * 1024**2 and growth.kept_bytes == 80 * 1024**2
     assert growth.location == "In[2] line 8 in forward" and growth.code == "line 8 of In[2]"
+    assert growth.called_from == "In[5] line 4" and growth.called_from_code == "line 4 of In[5]"
+
+
+def test_the_loop_is_called_from_the_users_line_in_the_body_not_the_magics_call():
+    growth = _growth(_loop(40, outside=RUN_CELL_MAGIC))
+    assert growth is not None and growth.location == "In[2] line 8 in forward"
     assert growth.called_from == "In[5] line 4" and growth.called_from_code == "line 4 of In[5]"
 
 

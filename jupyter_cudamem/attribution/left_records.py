@@ -77,6 +77,12 @@ class LeftBehind:
         return max(self.left_bytes - self.attributed_bytes, 0)
 
     @property
+    def freed_bytes(self) -> int:
+        """What the cell freed of what was allocated before it, at least: the holders name new storages only,
+        so where they add up to more than the cell left, it freed the difference (a rebound name's old tensor)."""
+        return max(self.attributed_bytes - self.left_bytes, 0)
+
+    @property
     def leaks(self) -> tuple[LeftHolder, ...]:
         return tuple(holder for holder in self.holders if holder.leak)
 

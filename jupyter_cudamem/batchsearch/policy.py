@@ -48,6 +48,11 @@ BELOW_A_REPLAYED_FAILURE = 5 * REPLAY_MARGIN
 every request, so it was close in bytes."""
 
 
+_REPLAY_ALLOWANCE = f" with its per-sample requests {REPLAY_MARGIN:.0%} larger (the replay's allowance for the next run)"
+"""What a replay's prediction allows for, in a try's reason: not ``OomFix.margin``, which leaves a share of the
+room unused where the line predicts."""
+
+
 class Choice(NamedTuple):
     """A batch to try, why, and the peak the line predicts for it (``None``: no prediction)."""
 
@@ -175,11 +180,11 @@ class BatchSearch(Tries):
         self._chosen_by_replay = replayed is not None
         if replayed is not None:
             predicted = replayed
-            how = f"the allocator's replay of the tries fits up to {replayed} with a {REPLAY_MARGIN:.0%} margin"
+            how = f"the allocator's replay of the tries fits up to {replayed}{_REPLAY_ALLOWANCE}"
             paired = self.paired_failure()
             if paired is not None:
                 how = (f"the allocator's replay of the tries, with the requests of the one that failed at "
-                       f"{paired.batch} up to its failure, fits up to {replayed} with a {REPLAY_MARGIN:.0%} margin")
+                       f"{paired.batch} up to its failure, fits up to {replayed}{_REPLAY_ALLOWANCE}")
             if self._replay_cut_bytes and paired is None:
                 # A batch the replay said fits did not: the replay under the cap less what that run could not
                 # use is one bound, the failure less BELOW_A_REPLAYED_FAILURE another; the larger is tried.

@@ -19,6 +19,7 @@ from IPython.display import display
 from traitlets import Bool, Float, Int, TraitError, Unicode, validate
 
 from ..errors import CudaMemError
+from ..growth.fitting import REPLAY_MARGIN
 from ..oom import OomInfo, oom_device, parse_oom
 from ..oomfix.diagnosis import Diagnosis
 from ..oomfix.fix import Confirm, fix
@@ -56,7 +57,9 @@ class OomFix(CudaMemMagicsBase):
     strategies = Unicode(",".join(STRATEGIES), help="Strategies in order: cleanup, batch, autocast.").tag(config=True)
     autocast = Bool(True, help="Whether autocast is among the strategies.").tag(config=True)
     confirm = Bool(True, help="Ask before rerunning a cell (its side effects repeat); --yes skips it.").tag(config=True)
-    margin = Float(0.04, help="Fraction of the free memory a predicted batch leaves unused.").tag(config=True)
+    margin = Float(0.04, help="Share of the room above what does not grow with the batch that a batch predicted by "
+                   "the line of measured peaks leaves unused (a replay's prediction takes its per-sample requests "
+                   f"{REPLAY_MARGIN:.0%} larger instead).").tag(config=True)
     verbose = Bool(False, help="Show everything under the three first lines, as --verbose does.").tag(config=True)
 
     # Checked when set (``%config`` prints the one line); every option is read at the next %oomfix.

@@ -12,13 +12,15 @@ Verdicts (``Verdict``, shown in these words), checked in this order (the first t
   request and at least 5% of the capacity: the cleanup frees it without touching a variable. Memory
   held only by the failed cell's own traceback frames does not decide this verdict: it is the cell's
   own working memory, freed by the cleanup but needed again by a rerun; the explanation reports it.
-- ``"held by namespace"`` when the user's variables hold at least half of the capacity: deleting the
-  ones no longer needed (``--del NAME``) makes room.
+- ``"held by namespace"`` when the user's variables hold at least half of the capacity, or when without
+  their tensors beyond the models' state (and IPython's cache) the cell's need fits: deleting the ones no
+  longer needed (``--del NAME``) makes room. The cell is called too big only when its own need does not fit.
 
 Beside the verdict, where the models' and optimizers' state can be read after the failure
 (``model_state``: parameters, gradients and optimizer state, numel x element size), the failure's
-memory is split by category (``breakdown.Category``): what the allocator held plus what it was asked for,
-less the model state, is the activations and temporaries of the failed computation. The largest
+memory is split by category (``breakdown.Category``): the model state; the user's variables' other tensors
+(``Category.OTHER``, shown as "your variables"); and what the allocator held plus what it was asked for,
+less both, the activations and temporaries of the failed computation. The largest
 category gets the advice that fits it (``advice.category_advice``), each with the bytes it would save.
 """
 
@@ -93,7 +95,7 @@ class Diagnosis(TextReport):
         shown = self._shown_categories()
         if shown:
             largest = max(shown, key=lambda category: shown[category])
-            words += f"; the largest part: {largest.words}, {format_bytes(shown[largest])}"
+            words += f"; the largest part: {_words(largest)}, {format_bytes(shown[largest])}"
         return words
 
     def _shown_categories(self) -> dict[Category, int]:
@@ -157,14 +159,16 @@ class Diagnosis(TextReport):
         rows = []
         for category, size in shown.items():
             source = ("the rest of what was allocated and asked for" if category is Category.ACTIVATIONS
+                      else "your variables' tensors beyond the models' state" if category is Category.OTHER
                       else "read from your models and optimizers")
-            rows.append((category.words, format_bytes(size), source + ("; the largest" if category is largest else "")))
+            rows.append((_words(category), format_bytes(size), source + ("; the largest" if category is largest else "")))
         return rows
 
-    def cleanup_explanation(self, freed_bytes: int | None) -> str:
+    def cleanup_explanation(self, freed_bytes: int | None, deleted: tuple[str, ...] = ()) -> str:
         """Why what the cleanup freed differs from what the holders above listed, or "" when they agree.
 
-        The cleanup frees what only IPython and the failed cell's traceback hold (``ipython_only_bytes``):
+        The cleanup frees what only IPython and the failed cell's traceback hold (``ipython_only_bytes``)
+        and what only the variables it ``deleted`` held:
         memory they share with a variable stays, and memory no name reaches (the failed computation's
         intermediate results, autograd's saved activations, reachable only through the frames'
         internals) is freed too, though no holder could be listed for it.
@@ -172,10 +176,11 @@ class Diagnosis(TextReport):
         if freed_bytes is None:
             return ""
         listed = max((h.cuda_bytes for h in self.holders if not h.user_variable), default=0)
-        only = self.ipython_only_bytes
+        named = sum(h.exclusive_bytes for h in self.holders if h.user_variable and h.name in deleted)
+        only = self.ipython_only_bytes + named
         slack = max(MiB, int(0.1 * max(listed, freed_bytes)))
-        if listed - only > slack and freed_bytes <= only + slack:
-            shared = listed - only
+        if listed - self.ipython_only_bytes > slack and freed_bytes <= only + slack:
+            shared = listed - self.ipython_only_bytes
             return (
                 f"{format_bytes(shared)} of the {format_bytes(listed)} listed under the failed cell's traceback is "
                 "also held by your variables, so it stays until they are deleted (%oomfix --del NAME frees one "
@@ -366,14 +371,24 @@ def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
     return sorted(result, key=lambda h: -h.cuda_bytes)
 
 
-def failure_categories(oom: OomInfo, model_state: dict[Category, int] | None) -> dict[Category, int] | None:
-    """The failure's memory by category: the model state as read from the objects, and as activations
-    what the allocator held plus the failed request beyond it. ``None`` without the figures to do it."""
+def failure_categories(oom: OomInfo, model_state: dict[Category, int] | None,
+                       namespace_bytes: int = 0) -> dict[Category, int] | None:
+    """The failure's memory by category: the model state as read from the objects; what the user's
+    variables hold beyond it (``namespace_bytes`` less the model state; ``Category.OTHER``, where any); and
+    as activations the rest of what the allocator held plus the failed request. ``None`` without the
+    figures to do it."""
     if not model_state or not any(model_state.values()) or oom.allocated_bytes is None:
         return None
     held = {category: int(model_state.get(category, 0)) for category in MODEL_STATE}
+    variables = max(namespace_bytes - sum(held.values()), 0)
     needed = oom.allocated_bytes + (oom.requested_bytes or 0)
-    return {**held, Category.ACTIVATIONS: max(needed - sum(held.values()), 0)}
+    split = {**held, Category.OTHER: variables} if variables else held
+    return {**split, Category.ACTIVATIONS: max(needed - sum(split.values()), 0)}
+
+
+def _words(category: Category) -> str:
+    """A category as the diagnosis names it: the variables' tensors are the user's, not "other"."""
+    return "your variables" if category is Category.OTHER else category.words
 
 
 def _room_left(oom: OomInfo, capped: bool) -> str:
@@ -417,6 +432,19 @@ def _with_category_advice(suggestions: list[str], categories: dict[Category, int
     return suggestions + [item.text("what the cell needed") for item in fitting]
 
 
+def _fits_without_variables(oom: OomInfo, model_state: dict[Category, int] | None, namespace: int,
+                            cache_only: int) -> bool:
+    """Whether the cell's own need fits once what the cleanup can free is gone: the user's variables'
+    tensors beyond the models' state (``--del``) and IPython's output cache. Unknown (``False``) where the
+    models' state could not be read: the variables' figure would count the weights the cell needs."""
+    if model_state is None or oom.allocated_bytes is None or oom.capacity_bytes is None:
+        return False
+    variables = max(namespace - sum(model_state.get(category, 0) for category in MODEL_STATE), 0)
+    needed = oom.allocated_bytes + (oom.requested_bytes or 0)
+    return (variables >= _SIGNIFICANT_SHARE * oom.capacity_bytes
+            and needed - variables - cache_only <= oom.capacity_bytes)
+
+
 def diagnose(
     oom: OomInfo,
     holders: list[Holder],
@@ -436,6 +464,7 @@ def diagnose(
     namespace = _namespace(holders)
     cached_now = sum(r.reserved_unallocated_bytes for r in readings.values()) if readings else 0
     capped = oom.allowed_bytes is not None and oom.total_bytes is not None and oom.allowed_bytes < oom.total_bytes
+    categories = failure_categories(oom, model_state, namespace)
 
     def significant(size: int) -> bool:
         if size <= 0 or (asked is not None and size < asked):
@@ -466,7 +495,8 @@ def diagnose(
             f"({'; '.join(keepers)}), not by any of your variables; the cleanup releases it."
         )
         suggestions += advice.held_by_ipython_advice()
-    elif capacity is not None and namespace >= _NAMESPACE_SHARE * capacity:
+    elif capacity is not None and (namespace >= _NAMESPACE_SHARE * capacity
+                                   or _fits_without_variables(oom, model_state, namespace, cache_only)):
         verdict = Verdict.HELD_BY_NAMESPACE
         largest = [h for h in holders if h.user_variable][:3]
         explanation = (
@@ -483,7 +513,6 @@ def diagnose(
         )
         suggestions += advice.needs_more_advice()
     explanation += _what_cleanup_frees(oom, holders, ipython_only - cache_only, cached_now, verdict)
-    categories = failure_categories(oom, model_state)
     if categories is not None and verdict not in (Verdict.FRAGMENTATION, Verdict.HELD_BY_IPYTHON):
         suggestions = _with_category_advice(suggestions, categories, holders)
     if (

@@ -94,7 +94,8 @@ def fix(
         if restorer is not None:
             restorer.finish(last_fitted)
     notes = request.limit_notes + outcome.notes + restore_notes(trained, restorer, outcome, last_fitted)
-    outcome = dataclasses.replace(outcome, cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes),
+    outcome = dataclasses.replace(outcome,
+                                  cleanup_note=diagnosis.cleanup_explanation(cleaned.freed_bytes, cleaned.deleted),
                                   notes=notes, diagnosis=diagnosis, verbose=request.verbose,
                                   cell_name=request.cell_name, kept=last_fitted,
                                   applied=request.apply and outcome.changed)

@@ -89,6 +89,9 @@ _REMAINDER = (
 )
 
 
+_FREED = "the cell freed at least {} allocated before it (the holders' figures are what it made)"
+
+
 def _holder_head(holder: LeftHolder) -> tuple[str, str]:
     """``(verdict, text)`` for one holder: ``leak``/``result`` and ``losses: list of 40 tensors ...``."""
     verdict = "leak" if holder.leak else "result"
@@ -115,6 +118,8 @@ def left_lines(left: LeftBehind) -> list[str]:
         lines.append(f"    {'':<6}{format_bytes(left.smaller_bytes):>11}  {left.smaller_count} smaller holders")
     if left.remainder_bytes:
         lines.append(f"    {'':<6}{format_bytes(left.remainder_bytes):>11}  {_REMAINDER}")
+    if left.freed_bytes:
+        lines.append(f"    {'':<6}{'':>11}  {_FREED.format(format_bytes(left.freed_bytes))}")
     return lines
 
 
@@ -125,6 +130,8 @@ def left_summary(left: LeftBehind) -> str:
     ]
     if left.remainder_bytes:
         parts.append(f"{format_bytes(left.remainder_bytes)} not attributed")
+    if left.freed_bytes:
+        parts.append(_FREED.format(format_bytes(left.freed_bytes)))
     return f"left {format_bytes(left.left_bytes)}: " + "; ".join(parts or ["nothing attributed"])
 
 
@@ -157,6 +164,9 @@ def _left_html(left: LeftBehind) -> str:
             f"<tr><td></td><td>{e(format_bytes(left.remainder_bytes))}</td>"
             f'<td style="text-align:left" class="note">{e(_REMAINDER)}</td></tr>'
         )
+    if left.freed_bytes:
+        rows.append(f'<tr><td></td><td></td><td style="text-align:left" class="note">'
+                    f"{e(_FREED.format(format_bytes(left.freed_bytes)))}</td></tr>")
     head = (
         f"left behind: {format_bytes(left.left_bytes)} still allocated after the cell; "
         f"{format_bytes(min(left.attributed_bytes, left.left_bytes))} attributed (in {left.elapsed_s * 1000:.0f} ms)"
@@ -280,7 +290,7 @@ class CellReport(TextReport):
     # -- the three lines a person reads first ----------------------------------------------------
     def lead(self) -> tuple[str, str, str]:
         """The cell's peak and change per device from PyTorch's allocator; what NVML saw beyond it; the one
-        finding that matters (an OOM, a leak, what it left, growth across runs, or nothing left behind)."""
+        finding that matters (an OOM, a leak, what it left, growth across runs, what it freed, or nothing left behind)."""
         measurement = self.measurement
         allocator = "; ".join(_allocator_summary(d) for d in measurement.devices if d.after.allocator is not None)
         if not allocator:
@@ -295,7 +305,7 @@ class CellReport(TextReport):
 
     def _finding(self) -> str:
         """The first of these that holds: out of memory; who holds what the cell left (a leak first, with what
-        to change); growth across runs; memory left that nobody was named for; nothing left behind."""
+        to change); growth across runs; memory left that nobody was named for; memory freed; nothing left behind."""
         measurement = self.measurement
         if measurement.error in ("OutOfMemoryError", "OutOfMemory"):
             return "Ran out of GPU memory: run %oomfix in the next cell to diagnose and fix it"
@@ -310,6 +320,9 @@ class CellReport(TextReport):
                     "%config CudaMem.attribute_threshold up")
         if not any(d.after.allocator is not None for d in measurement.devices):
             return "Nothing measured: the cell ran as a plain cell" if measurement.unavailable else "Nothing left behind"
+        freed = -sum(min(d.allocated_delta_bytes or 0, 0) for d in measurement.devices)
+        if freed:
+            return f"Freed {format_bytes(freed)}: allocated is below where it started"
         return "Nothing left behind: allocated is back where it started"
 
     def _hidden(self) -> str:

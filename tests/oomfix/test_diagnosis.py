@@ -276,3 +276,36 @@ def test_expandable_segments_is_not_advised_for_a_request_larger_than_the_room()
     fits = parse_oom(oom_text("1.20 GiB", allocated="261.29 MiB", unallocated="274.71 MiB", allowed="2.00 GiB"))
     assert fits.fits_unfragmented
     assert any(EXPANDABLE in s for s in diagnose(fits, [], None).suggestions)
+
+
+def test_variables_beyond_the_models_state_are_theirs_not_activations_and_not_too_big() -> None:
+    # The similarity cell of the tutorial: a 4 GiB cap, 2.75 GiB allocated and 2.00 GiB asked (4.75 GiB
+    # needed). The namespace holds 1.75 GiB: a 256 MiB model and old_embeddings' 1.50 GiB. Without
+    # old_embeddings the cell needs 3.25 GiB, which fits the cap: its variables are the cause, not its size.
+    oom = parse_oom(oom_text("2.00 GiB", total="79.18 GiB", allocated="2.75 GiB", allowed="4.00 GiB"))
+    old = Holder("old_embeddings", HolderKind.TENSOR, 1536 * MiB, True, 1536 * MiB, 1)
+    model = Holder("model", HolderKind.MODULE, 256 * MiB, True, 256 * MiB, 4)
+    state = {Category.PARAMETERS: 256 * MiB, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
+    d = diagnose(oom, holders(old, model, namespace=1792 * MiB), None, state)
+    # 4.75 GiB needed = 256 MiB of parameters + 1.50 GiB of variables + 3.00 GiB of activations
+    assert d.categories == {**state, Category.OTHER: 1536 * MiB, Category.ACTIVATIONS: 3 * GiB}
+    assert d.verdict is Verdict.HELD_BY_NAMESPACE
+    assert d.cause() == ("your variables hold 1.75 GiB of the 4.00 GiB per-process cap; "
+                         "the largest part: activations, 3.00 GiB")
+    assert ("your variables", "1.50 GiB", "your variables' tensors beyond the models' state") in d.category_rows()
+    assert "%oomfix --del old_embeddings if you no longer need it (frees up to 1.50 GiB)" in d.suggestions
+    # The cleanup freed what --del old_embeddings named: nothing to explain. Without --del, 1.50 GiB is
+    # more than the holders listed, and that is said.
+    assert d.cleanup_explanation(1536 * MiB, ("old_embeddings",)) == ""
+    assert d.cleanup_explanation(1536 * MiB).startswith("1.50 GiB more than the holders listed")
+
+
+def test_a_cell_too_big_without_its_variables_is_still_too_big() -> None:
+    # The same cap and variables, 3.00 GiB asked: 5.75 GiB needed, 4.25 GiB without old_embeddings, over
+    # the 4 GiB cap; its activations are the 4.00 GiB left after the parameters and the variables.
+    oom = parse_oom(oom_text("3.00 GiB", total="79.18 GiB", allocated="2.75 GiB", allowed="4.00 GiB"))
+    old = Holder("old_embeddings", HolderKind.TENSOR, 1536 * MiB, True, 1536 * MiB, 1)
+    state = {Category.PARAMETERS: 256 * MiB, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
+    d = diagnose(oom, holders(old, namespace=1792 * MiB), None, state)
+    assert d.verdict is Verdict.TOO_BIG
+    assert d.cause() == "it needs more than the 4.00 GiB per-process cap allows; the largest part: activations, 4.00 GiB"

@@ -157,3 +157,15 @@ def test_two_recorded_runs_are_paired_once_for_every_margin_and_again_after_a_ne
     search.set_allocator(held, CAP)  # a try left a segment: the runs are read from there again
     search.replayed(0.0)
     assert pairings == [(10, 40), (40, 80), (40, 80)]
+
+
+def test_a_replays_reason_names_its_own_allowance_not_a_margin_the_user_sets():
+    # OomFix.margin (the search's ``margin``) is the share of the room a prediction by the line leaves unused;
+    # a replay's prediction takes its per-sample requests 2% larger instead, and its reason says that.
+    search = _WindowedReplay(2000, CAP)
+    search.set_allocator((), CAP)
+    search.record(31, Observation(True, peak_bytes=31 * MiB, recorded=RecordedRun((), tuple(events(31)))))
+    assert search.next() == 196  # 200 / 1.02
+    assert search.reason.startswith("the allocator's replay of the tries fits up to 196 with its per-sample requests "
+                                    "2% larger (the replay's allowance for the next run)"), search.reason
+    assert "margin" not in search.reason

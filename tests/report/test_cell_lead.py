@@ -38,6 +38,15 @@ def test_a_cell_with_a_peak_that_leaves_nothing(machine, hardware):
     ]
 
 
+def test_a_cell_that_freed_memory_says_it_freed_it(machine, hardware):
+    # 456 MiB allocated before the cell and freed by it: allocated ends 456 MiB below where it started.
+    machine.allocate(0, 456 * MiB)
+    report = CellReport(_measured(hardware, lambda: machine.free(0, 456 * MiB)), label="[8]")
+    first, _, third, _ = report.text().splitlines()
+    assert first.endswith("Δ allocated -456.00 MiB")
+    assert third == "Freed 456.00 MiB: allocated is below where it started"
+
+
 def _leak(left_bytes: int) -> LeftBehind:
     losses = LeftHolder(
         name="losses", origin=Origin.VARIABLE, kind=HolderKind.LIST, nbytes=420 * MiB, cause=Cause.GRAPH,
@@ -92,3 +101,19 @@ def test_verbose_shows_every_figure_in_text_and_opens_the_html_details(machine, 
     page = report._repr_html_()
     assert page.index("Δ allocated +433.00 MiB") < page.index("<details><summary>") < page.index("<table>")
     assert "<details open>" in replace(report, verbose=True)._repr_html_()
+
+
+def test_a_holder_larger_than_what_the_cell_left_is_explained_by_what_it_freed(machine, hardware):
+    # images was 48 MiB before the cell and is rebound to a new 175 MiB tensor: the cell left 127 MiB net,
+    # its holder made 175 MiB, so the cell freed at least the 48 MiB the old images held.
+    machine.allocate(0, 48 * MiB)
+    images = LeftHolder(name="images", origin=Origin.VARIABLE, kind=HolderKind.TENSOR, nbytes=175 * MiB,
+                        cause=Cause.DATA, description="tensor", change=Change.REBOUND)
+    left = LeftBehind(left_bytes=127 * MiB, holders=(images,), elapsed_s=0.01)
+    report = CellReport(_measured(hardware, lambda: (machine.allocate(0, 175 * MiB), machine.free(0, 48 * MiB))),
+                        label="[6]", left=left)
+    lines = report.text().splitlines()
+    assert lines[0].endswith("Δ allocated +127.00 MiB")
+    assert lines[2] == ("Left 127.00 MiB: result images 175.00 MiB (data); the cell freed at least 48.00 MiB "
+                        "allocated before it (the holders' figures are what it made)")
+    assert "the cell freed at least 48.00 MiB allocated before it" in report._repr_html_()
