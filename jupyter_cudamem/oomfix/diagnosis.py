@@ -1,27 +1,8 @@
 """Why a cell ran out of GPU memory, in one verdict, with the figures and holders behind it.
 
-Verdicts (``Verdict``, shown in these words), checked in this order (the first that applies is acted on):
-
-- ``"too big for the card"`` when one allocation asked for more than this process may ever have (the
-  card, or the per-process cap): nothing but a smaller or cheaper computation helps. It is also the
-  verdict when nothing else explains the failure: the cell needs more than is left.
-- ``"fragmentation"`` when PyTorch had the memory cached but not in one piece
-  (``OomInfo.looks_fragmented``): ``expandable_segments`` is the cure, not a smaller batch.
-- ``"held by IPython after the error"`` when memory reachable only through IPython's output cache
-  (``Out``, ``_N``, ``_``, the last result: tensors earlier cells returned) is at least the failed
-  request and at least 5% of the capacity: the cleanup frees it without touching a variable. Memory
-  held only by the failed cell's own traceback frames does not decide this verdict: it is the cell's
-  own working memory, freed by the cleanup but needed again by a rerun; the explanation reports it.
-- ``"held by namespace"`` when the user's variables hold at least half of the capacity, or when without
-  their tensors beyond the models' state (and IPython's cache) the cell's need fits: deleting the ones no
-  longer needed (``--del NAME``) makes room. The cell is called too big only when its own need does not fit.
-
-Beside the verdict, where the models' and optimizers' state can be read after the failure
-(``model_state``: parameters, gradients and optimizer state, numel x element size), the failure's
-memory is split by category (``breakdown.Category``): the model state; the user's variables' other tensors
-(``Category.OTHER``, shown as "your variables"); and what the allocator held plus what it was asked for,
-less both, the activations and temporaries of the failed computation. The largest
-category gets the advice that fits it (``advice.category_advice``), each with the bytes it would save.
+The verdicts (``Verdict``) are checked in their order, the first that applies acted on; beside the verdict the
+failure's memory is split by category (the model state, the user's variables, activations and temporaries), and
+the largest category gets the advice that fits it. Each rule and its reason: docs/oomfix-diagnosis.md.
 """
 
 from __future__ import annotations
@@ -165,14 +146,8 @@ class Diagnosis(TextReport):
         return rows
 
     def cleanup_explanation(self, freed_bytes: int | None, deleted: tuple[str, ...] = ()) -> str:
-        """Why what the cleanup freed differs from what the holders above listed, or "" when they agree.
-
-        The cleanup frees what only IPython and the failed cell's traceback hold (``ipython_only_bytes``)
-        and what only the variables it ``deleted`` held:
-        memory they share with a variable stays, and memory no name reaches (the failed computation's
-        intermediate results, autograd's saved activations, reachable only through the frames'
-        internals) is freed too, though no holder could be listed for it.
-        """
+        """Why what the cleanup freed differs from what the holders above listed, or "" when they agree: it
+        frees what only IPython, the traceback and the ``deleted`` variables held, and what no name reaches."""
         if freed_bytes is None:
             return ""
         listed = max((h.cuda_bytes for h in self.holders if not h.user_variable), default=0)
