@@ -17,9 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
-import oomfix  # noqa: E402
+from benchmarks import oomfix  # noqa: E402
 
 
 def _gpus() -> list[str]:

@@ -1,30 +1,17 @@
 """What IPython itself holds: the last failure, the input history, and everything it keeps alive (the
-output cache, the exception and its traceback). ``%oomfix``, ``%%cudamem``'s report of what a cell left
-and ``%%cudamem_plan`` read it here, the one module that knows IPython's (and ipykernel's) attribute
-names for them.
+output cache, the exception and its traceback); the one module that knows IPython's (and ipykernel's)
+attribute names for them.
 
-**Finding the failed cell.** ``shell.last_execution_result`` is assigned when a cell *finishes*, so
-while ``%oomfix`` runs it still describes the cell before; but a frontend's silent executions
-(variable explorers run code with ``silent=True``) replace it too, and a cell run in between (say
-``!nvidia-smi``) hides the failure. So ``%oomfix`` relies first on ``FailureRecorder``, a
-``post_run_cell`` callback that remembers the last failed cell the user ran (``post_run_cell`` does not
-fire for silent executions): its source, execution count, the chain's text and the OOM's figures
-(parsed once, when it is recorded, so they can still be read after the exception is released), and a
-GPU OOM's exception itself until released (see
-``Failure``: exceptions cannot be weakly referenced, and holding one holds its traceback's frames and
-the tensors in them). Later successful
-cells do not hide it; a later failure replaces it; a ``UsageError`` (a mistyped magic) is not a
-failure of the user's code and is ignored. When the extension was loaded only after the failure, the
-recorder knows nothing and ``last_failure`` falls back to ``shell.last_execution_result`` and then
-``sys.last_exc``/``sys.last_value``, finding the cell from the traceback's cell filename through the
-compiler's filename map and the input history.
+**Finding the failed cell.** ``last_execution_result`` is replaced by any later cell, silent frontend
+executions included, so ``FailureRecorder`` (a ``post_run_cell`` callback, which silent executions do not
+fire) remembers the last failed cell: its source, number, the chain's text and the OOM's figures, parsed
+once, and a GPU OOM's exception until released. A ``UsageError`` is not the user's failure. Loaded after
+the failure, ``last_failure`` falls back to ``last_execution_result``, then ``sys.last_exc``/``last_value``.
 
-**What keeps memory alive** after a failed cell (measured in a real kernel on
-the GPU machine; tests/gpu/test_oomfix_free_gpu.py checks it): the
-exception through ``sys.last_exc``/``last_value``/``last_traceback``, the last execution result's
-``error_in_exec``, ``InteractiveTB.tb``; the exception's traceback holds the frames of every function
-on the failing stack, and their locals hold the tensors; a tensor a cell returned stays in the output
-cache (``Out``/``_oh``, ``_N``, ``_``/``__``/``___``) and in the execution result.
+**What keeps memory alive** after a failed cell (tests/gpu/test_oomfix_free_gpu.py): the exception through
+``sys.last_exc``/``last_value``/``last_traceback``, the execution result's ``error_in_exec`` and
+``InteractiveTB.tb``, whose traceback's frames hold the tensors in their locals; a tensor a cell returned
+stays in the output cache (``Out``/``_oh``, ``_N``, ``_``/``__``/``___``) and in the execution result.
 """
 
 from __future__ import annotations
@@ -329,9 +316,8 @@ def _output_references(shell: InteractiveShell, outputs: bool) -> list[Reference
 
 
 def ipython_reference_ids(shell: InteractiveShell, outputs: OutputIds | None = None) -> frozenset[int]:
-    """The ids of what ``ipython_references`` lists, without naming each: all a snapshot before a cell
-    keeps. The output cache's values (its ``_N`` are the same objects) are read by one C loop, or through
-    ``outputs``, which keeps them from call to call: a long session's ``Out`` holds thousands."""
+    """The ids of what ``ipython_references`` lists, unnamed (what a snapshot before a cell keeps); the
+    output cache's through ``outputs`` where given, which keeps them from call to call."""
     ids = {id(reference.value) for reference in ipython_references(shell, outputs=False)}
     cache = _output_cache(shell)
     if cache is None:
@@ -344,15 +330,10 @@ def ipython_reference_ids(shell: InteractiveShell, outputs: OutputIds | None = N
 
 
 class OutputIds:
-    """The ids of the output cache's values, kept from call to call: read whole, 1,000 outputs cost about
-    80 µs, before every measured cell.
-
-    IPython writes the cache at its end only: the display hook sets the running cell's entry (again where
-    a cell shows several values), a full cache drops its oldest entries and a flush all of them. So while
-    it is the same dict and the newest entry last seen is still there, with the same value, just before
-    those added since, only those added are read. Code that writes elsewhere in it says so (``touched``:
-    a cell that names ``Out`` or ``_oh``, or whose names cannot be told), and the next call reads it whole.
-    """
+    """The ids of the output cache's values, kept from call to call (read whole, 1,000 outputs cost 80 µs a
+    cell). IPython writes the cache at its end only, so while the newest entry last seen is still there with
+    its value, only those added since are read; a cell that may write elsewhere in it (``touched``: it names
+    ``Out`` or ``_oh``, or its names cannot be told) has the next call read it whole."""
 
     def __init__(self) -> None:
         # The cache's id, its length, its newest key and that value's id, as last read; None: read it whole.
@@ -379,8 +360,7 @@ class OutputIds:
 
 
 def _frame_references(errors: list[BaseException]) -> list[Reference]:
-    """The frames of functions on the errors' tracebacks, one reference each; the cell's own
-    (module-level) frame and our own and IPython's frames are left out."""
+    """The frames of functions on the errors' tracebacks, one each, but the cell's, ours and IPython's."""
     refs: list[Reference] = []
     counts: dict[str, int] = {}
     seen: set[int] = set()
@@ -415,9 +395,8 @@ def cell_references(shell: InteractiveShell, value: object = None, error: BaseEx
 
 
 def _clear_traceback(tb: types.TracebackType | None, cleared: list[str]) -> None:
-    """Drop every frame's locals; a frame still executing (the caller's own) cannot be cleared and is kept.
-    A function frame whose locals were read (the holders' walk) keeps a snapshot of them, before Python 3.13,
-    that ``clear()`` leaves: reading ``f_locals`` again syncs it with the cleared frame, emptying it."""
+    """Drop every frame's locals (a frame still executing cannot be cleared), and before Python 3.13 the
+    snapshot of them a read of ``f_locals`` left on a function frame, which reading it again empties."""
     while tb is not None:
         frame = tb.tb_frame
         try:
