@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import gc
+import os
 
-import pytest
+# One thread for torch's CPU kernels, here and in every kernel, engine and script a test starts: the suite
+# runs one process per core (pytest-xdist), and OpenMP's threads, spinning for a core another process
+# holds, make torch's small CPU steps several times slower. Set before anything imports torch; a value
+# already in the environment wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 
 from jupyter_cudamem import magics
 from jupyter_cudamem.hardware import Hardware
