@@ -17,6 +17,30 @@ from jupyter_cudamem import magics
 from jupyter_cudamem.hardware import Hardware
 
 from tests.fakes import FakeAllocator, FakeMachine, FakeNvml
+from tests.versioned import used_during
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _dependency_free_held(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _dependency_free_held(item)
+
+
+def _dependency_free_held(item):
+    """A test marked ``dependency_free`` (``make test-min`` leaves it out) fails if its fixtures or its body
+    use a library whose version ``make test-min`` changes (``tests/versioned.py``)."""
+    if item.get_closest_marker("dependency_free") is None:
+        yield
+        return
+    with used_during() as used:
+        yield
+    if used:
+        pytest.fail(f"marked dependency_free but uses {', '.join(sorted(used))}: drop the marker, so that "
+                    "`make test-min` runs it on the minimum versions", pytrace=False)
 
 
 def pytest_collection_modifyitems(config, items):
