@@ -3,13 +3,44 @@
 from __future__ import annotations
 
 import gc
+import os
 
-import pytest
+# One thread for torch's CPU kernels, here and in every kernel, engine and script a test starts: the suite
+# runs one process per core (pytest-xdist), and OpenMP's threads, spinning for a core another process
+# holds, make torch's small CPU steps several times slower. Set before anything imports torch; a value
+# already in the environment wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 
 from jupyter_cudamem import magics
 from jupyter_cudamem.hardware import Hardware
 
 from tests.fakes import FakeAllocator, FakeMachine, FakeNvml
+from tests.versioned import used_during
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _dependency_free_held(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _dependency_free_held(item)
+
+
+def _dependency_free_held(item):
+    """A test marked ``dependency_free`` (``make test-min`` leaves it out) fails if its fixtures or its body
+    use a library whose version ``make test-min`` changes (``tests/versioned.py``)."""
+    if item.get_closest_marker("dependency_free") is None:
+        yield
+        return
+    with used_during() as used:
+        yield
+    if used:
+        pytest.fail(f"marked dependency_free but uses {', '.join(sorted(used))}: drop the marker, so that "
+                    "`make test-min` runs it on the minimum versions", pytrace=False)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,6 +2,10 @@ from jupyter_cudamem.devices import DeviceMap, match_devices, normalize_uuid, vi
 from jupyter_cudamem.sources.base import GpuIdentity, TorchDevice
 
 from tests.fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 GiB = 1024**3
 

@@ -10,6 +10,9 @@ from jupyter_cudamem.hardware import Hardware
 
 from tests.fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml, GiB
 
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
+
 
 class _CapUnreadable(FakeAllocator):
     """A PyTorch that cannot report its cap (before ``get_per_process_memory_fraction``)."""

@@ -6,6 +6,9 @@ from jupyter_cudamem.measure import Meter
 
 from tests.fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
 
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
+
 GiB = 1024**3
 MiB = 1024**2
 

@@ -6,6 +6,10 @@ from pathlib import Path
 
 import jupyter_cudamem
 from tests.layout import too_long
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 PACKAGE = Path(jupyter_cudamem.__file__).parent
 

@@ -9,7 +9,8 @@
 - A test's asserts are not all behind an ``if``: a condition on the machine is a skip with a reason, so
   a run that checked nothing does not pass as one that did.
 - A module marked ``dependency_free`` (``make test-min`` leaves it out) loads none of the libraries whose
-  versions ``make test-min`` changes, neither when imported nor in its own import statements.
+  versions ``make test-min`` changes, neither when imported nor in its own import statements; while it
+  runs, ``tests/conftest.py`` fails it where its fixtures or body use one (``tests/versioned.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.versioned import VERSIONED, used_during
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -186,13 +189,6 @@ def test_in_a_helper():
     assert _tests_with_every_assert_under_an_if(ast.parse(source)) == ["test_hidden"]
 
 
-# What `make test-min` installs at other versions than `make test`: the declared dependencies and test extras
-# (by the name they are imported by), and numpy, which matplotlib's minimum holds below 2. pytest runs every
-# test, so the rest of the suite checks it at its minimum.
-VERSIONED = ("torch", "IPython", "ipywidgets", "matplotlib", "pynvml", "traitlets", "nbclient", "nbformat",
-             "ipykernel", "pandas", "ipyparallel", "xdist", "numpy")
-
-
 def _marked(tree: ast.Module, marker: str) -> bool:
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
@@ -207,9 +203,9 @@ def _versioned_imports(tree: ast.AST) -> list[str]:
     return sorted({name.split(".")[0] for name in names} & set(VERSIONED))
 
 
-def _loaded_on_import(module: str) -> list[str]:
-    """The versioned libraries in ``sys.modules`` after importing ``module`` in a fresh interpreter."""
-    code = (f"import importlib, json, sys; importlib.import_module({module!r}); "
+def _loaded_on_import(*modules: str) -> list[str]:
+    """The versioned libraries in ``sys.modules`` after importing ``modules`` in one fresh interpreter."""
+    code = (f"import importlib, json, sys; [importlib.import_module(m) for m in {list(modules)!r}]; "
             f"print(json.dumps(sorted(set(sys.modules) & set({list(VERSIONED)!r}))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
@@ -220,13 +216,17 @@ def test_modules_left_out_of_the_minimum_versions_run_load_no_versioned_library(
     marked = [path for path in _python_files(TESTS)
               if path.name.startswith("test_") and _marked(ast.parse(path.read_text(encoding="utf-8")), "dependency_free")]
     assert marked, "no module is marked dependency_free: then `make test-min` needs no -m"
+    modules = {".".join(path.relative_to(REPO).with_suffix("").parts): path for path in marked}
+    # All in one interpreter: what none of them loads, no one of them loads; one by one only to name them.
+    together = _loaded_on_import(*modules)
     loads = {}
-    for path in marked:
-        module = ".".join(path.relative_to(REPO).with_suffix("").parts)
-        found = sorted(set(_versioned_imports(ast.parse(path.read_text(encoding="utf-8")))) | set(_loaded_on_import(module)))
+    for module, path in modules.items():
+        found = sorted(set(_versioned_imports(ast.parse(path.read_text(encoding="utf-8"))))
+                       | (set(_loaded_on_import(module)) if together else set()))
         if found:
             loads[module] = found
-    assert not loads, f"these load libraries `make test-min` checks at their minimum; drop dependency_free: {loads}"
+    assert not loads and not together, (f"these load libraries `make test-min` checks at their minimum; drop "
+                                         f"dependency_free: {loads or together}")
 
 
 def test_the_dependency_check_sees_imports_anywhere_and_on_import():
@@ -234,3 +234,22 @@ def test_the_dependency_check_sees_imports_anywhere_and_on_import():
     assert _versioned_imports(ast.parse(source)) == ["numpy", "torch"]
     assert _loaded_on_import("tests.oomfix.world") == []
     assert "IPython" in _loaded_on_import("jupyter_cudamem.magics")
+    assert "IPython" in _loaded_on_import("tests.oomfix.world", "jupyter_cudamem.magics")
+
+
+def test_the_watch_while_a_test_runs_sees_a_library_imported_inside_a_function():
+    def pure() -> int:
+        return len(json.dumps([1, 2]))
+
+    def lazy() -> object:
+        from IPython import get_ipython
+
+        return get_ipython
+
+    with used_during() as used:
+        pure()
+    assert used == set()
+    with used_during() as used:
+        lazy()
+    assert used == {"IPython"}
+    assert type(sys.modules["IPython"]).__name__ == "module"  # put back after the block

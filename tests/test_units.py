@@ -8,6 +8,9 @@ import pytest
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.units import format_bytes, format_seconds, parse_size
 
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
+
 
 @pytest.mark.parametrize(
     ("text", "expected"),

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import jupyter_cudamem.attribution
 from tests.layout import import_graph, too_long
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 ATTRIBUTION = Path(jupyter_cudamem.attribution.__file__).parent
 # Rooms below attribution in the map (presentation, advice, the features, the magics): it must not import them.

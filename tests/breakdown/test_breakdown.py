@@ -10,6 +10,10 @@ from jupyter_cudamem.breakdown import (
     breakdown_at_peak,
     breakdowns_for,
 )
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 MiB = 1024**2
 

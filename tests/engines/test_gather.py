@@ -10,6 +10,9 @@ from jupyter_cudamem.errors import CudaMemError
 
 from tests.fakes import FakeClock
 
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
+
 
 class Result:
     """An ``AsyncResult`` that is ready after ``ready_after_s`` of the fake clock, with ``value`` or ``error``."""

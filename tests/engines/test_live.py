@@ -15,6 +15,10 @@ from jupyter_cudamem.engines.records import EngineIdentity
 from jupyter_cudamem.monitor.poller import Poller
 
 from tests.fakes import GiB, FakeClock
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 IDENTITY = EngineIdentity(host="node-1", pid=4242)
 

@@ -14,6 +14,10 @@ from jupyter_cudamem.engines.records import (
     OomfixSummary,
 )
 from jupyter_cudamem.engines.table import EnginesHistory, EnginesReport
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 GiB = 1024**3
 CARD_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

@@ -2,6 +2,10 @@
 hand: a model of two weights, 4 MiB and 1 MiB, trained by an AdamW-like optimizer (two state tensors each)."""
 
 from jupyter_cudamem.growth import FixedMemory, batch_independent_requests
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 MiB = 2**20
 W1, W2 = 4 * MiB, 1 * MiB

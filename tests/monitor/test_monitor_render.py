@@ -15,6 +15,10 @@ from jupyter_cudamem.monitor.render import (
     text_line,
 )
 from tests.fakes import GiB
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 DEVICE = Device(torch_index=0, nvml_index=0, name="Fake <H100>", uuid="GPU-0", total_bytes=80 * GiB)
 

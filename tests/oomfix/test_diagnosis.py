@@ -187,6 +187,9 @@ def test_the_failed_traceback_is_one_line_and_a_cap_is_named():
 # -- the split by category, from the models' state read after the failure ------------------------------
 from jupyter_cudamem.breakdown import Category  # noqa: E402
 
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
+
 
 def test_activations_dominate_and_get_the_batch_autocast_and_checkpointing_advice() -> None:
     # 10 GiB allocated and 2 GiB asked: 12 GiB needed; the models' state is 1 + 1 + 2 = 4 GiB, so the

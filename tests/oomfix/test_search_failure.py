@@ -15,6 +15,10 @@ from jupyter_cudamem.batchsearch.policy import BatchSearch
 from jupyter_cudamem.batchsearch.state import Attempt, Observation
 from tests.oomfix import world
 from tests.oomfix.test_search_replay import events, observe
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 STEP = world.Step(
     cap_bytes=8 * world.GiB, parameters=(54714882, 206735426, 203082309), built_in_cell=True, training=True,

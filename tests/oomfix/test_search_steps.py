@@ -21,6 +21,9 @@ from jupyter_cudamem.batchsearch.policy import BatchSearch
 from jupyter_cudamem.batchsearch.state import Observation
 from tests.fakes import GiB, MiB
 
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
+
 CAP = 6 * GiB
 PARAMETER = 256 * MiB
 PARAMETERS = 4

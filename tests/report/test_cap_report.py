@@ -13,6 +13,9 @@ from jupyter_cudamem.measure import Meter
 from jupyter_cudamem.report.cell import CellReport
 from jupyter_cudamem.units import format_bytes
 
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
+
 MiB = 1024**2
 GiB = 1024**3
 

@@ -14,6 +14,10 @@ from jupyter_cudamem.attribution.left import LeftBehind, LeftHolder
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.measure import Meter
 from jupyter_cudamem.report.cell import CellReport
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 POINTER = ": --verbose, or %config CudaMem.verbose = True)"
 

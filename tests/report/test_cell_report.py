@@ -10,6 +10,10 @@ from jupyter_cudamem.repeats import RunGrowth
 from jupyter_cudamem.measure import Meter
 from jupyter_cudamem.report.cell import CellReport, left_summary
 from jupyter_cudamem.trace import LoopGrowth, TraceSummary
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 MiB = 1024**2
 

@@ -1,6 +1,10 @@
 """The plan's calibration search (reruns/bracket.py) on a cell whose largest fitting batch is known."""
 
 from jupyter_cudamem.reruns.bracket import bracket_largest
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 
 def runs_of(largest: int):

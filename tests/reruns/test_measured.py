@@ -6,6 +6,9 @@ import pytest
 
 from jupyter_cudamem.reruns.measured import run_measured
 
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
+
 
 class Meter:
     def __init__(self):

@@ -5,6 +5,10 @@ tests/oomfix/test_search_steps.py."""
 
 from jupyter_cudamem.growth.replay import StartSegment
 from jupyter_cudamem.sources.torch_trace import read_trace, start_segments, trace_rows
+import pytest
+
+# Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).
+pytestmark = pytest.mark.dependency_free
 
 MiB = 1 << 20
 
