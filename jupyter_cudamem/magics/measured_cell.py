@@ -7,7 +7,7 @@ the breakdown ``breakdown``'s; this is the order they run in and what a failure 
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import AbstractContextManager, ExitStack
 from typing import TYPE_CHECKING
 
 from ..hardware import Hardware
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
     from ..breakdown import Breakdown
 
-_NOTHING: AbstractContextManager[ExitStack] = nullcontext()  # type: ignore[assignment]
+# Entered where a cell needs no stack: never given a context, so the same empty one serves every cell.
+_NO_STACK = ExitStack()
 
 
 class CellMeasurer:
@@ -62,7 +63,7 @@ class CellMeasurer:
         tracker: PeakCounter | None = None
         try:
             # The stack only where something is entered: it costs a few µs a cell.
-            with ExitStack() if limit_bytes or trace or nvtx else _NOTHING as stack:
+            with ExitStack() if limit_bytes or trace or nvtx else _NO_STACK as stack:
                 cap_note = stack.enter_context(self.hardware.pytorch_capped(limit_bytes, meter.devices)) if limit_bytes else None
                 tracing = stack.enter_context(self._tracing(settings, count)) if trace else None
                 if nvtx:
