@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..attribution.holders import find_holders, reaches_cuda
@@ -65,8 +65,8 @@ def fix(
     missing = [name for name in request.delete if name not in namespace]
     if missing:
         raise CudaMemError(f"--del {missing[0]}: no such variable; nothing was deleted")
-    diagnosis = _diagnosis(request, shell, hardware, probe)
     cell = read_cell(request.source, shell.transform_cell)  # the one read of the cell: every part gets this
+    diagnosis = _diagnosis(request, shell, hardware, probe, cell.rebinds)
     if request.dry_run:
         return _preview(request, cell, diagnosis, shell, hardware)
     trained, restore, too_large = what_to_restore(cell, namespace, request.no_restore, can_ask=request.ask)
@@ -121,9 +121,13 @@ def _driver(request: FixRequest, shell: InteractiveShell, hardware: Hardware, re
     )
 
 
-def _diagnosis(request: FixRequest, shell: InteractiveShell, hardware: Hardware, probe: TensorProbe | None) -> Diagnosis:
-    """Who holds memory now, and what the failure's figures say of it."""
-    holders = find_holders(user_variables(shell), ipython_references(shell), probe=probe)
+def _diagnosis(request: FixRequest, shell: InteractiveShell, hardware: Hardware, probe: TensorProbe | None,
+               made_by_cell: Collection[str]) -> Diagnosis:
+    """Who holds memory now, and what the failure's figures say of it. What the failed cell binds before
+    reading it (``made_by_cell``: its batch, its outputs) is the cell's own memory, made again by any
+    rerun: not the variables a user could delete."""
+    variables = {name: value for name, value in user_variables(shell).items() if name not in made_by_cell}
+    holders = find_holders(variables, ipython_references(shell), probe=probe)
     readings = hardware.allocator_readings() or None
     diagnosis = diagnose(request.oom, holders, readings, _model_state(shell.user_ns))
     return dataclasses.replace(diagnosis, verbose=request.verbose)

@@ -110,3 +110,24 @@ def test_the_device_is_the_one_the_oom_names_else_0():
     request = FixRequest("x = 1\n", OomInfo(OomKind.ALLOCATOR, "", device_index=2), max_tries=1,
                          strategies=STRATEGIES, margin=0.04)
     assert request.cell_name == "the cell"
+
+
+def test_what_the_failed_cell_binds_is_its_own_memory_not_your_variables(failed, monkeypatch):
+    # Tutorial 00's cell binds ``inputs`` and fails a line later: the diagnosis said "your variables hold
+    # 1.25 GiB", naming ``inputs``, which any rerun makes again. The cell's own names are not looked at as
+    # the user's variables; an earlier cell's are.
+    shell, machine, cell, recorder, error = failed
+    shell.user_ns["earlier"] = object()
+    seen = {}
+
+    def holders_of(variables, references, probe=None):
+        seen.update(variables)
+        return []
+
+    monkeypatch.setattr("jupyter_cudamem.oomfix.fix.find_holders", holders_of)
+    outcome = fix(_request(error, ask=False, dry_run=True), error, shell=shell, hardware=fake_hardware(machine),
+                  reruns=ShellTries(shell), recorder=recorder)
+    del error
+    assert outcome is not None
+    assert "batch_size" not in seen and "earlier" in seen and "train_step" in seen
+    shell.user_ns.pop("earlier")
