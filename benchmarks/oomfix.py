@@ -1146,9 +1146,16 @@ def held_by_models(namespace: Mapping[str, Any], dev: str) -> dict[str, int]:
 
 # -- the real bench: an IPython shell on the GPU --------------------------------------------------
 def _forget_failure(shell: Any, error: BaseException | None) -> None:
-    """Drop every reference IPython and ``sys`` keep to a failed cell's exception (and so its frames)."""
+    """Drop every reference IPython, ``sys`` and the extension's failure record keep to a failed cell's
+    exception (and so its frames). The record is kept for ``%oomfix``; a next run that failed otherwise
+    keeps its tensors through the runs after it (on the H200, 5.7 GB stayed allocated after one did)."""
+    from jupyter_cudamem.ipython_state import recorder_for
+
     if error is not None:
         traceback.clear_frames(error.__traceback__)
+    recorder = recorder_for(shell)
+    if recorder is not None:
+        recorder.forget()
     for name in ("last_exc", "last_value", "last_traceback", "last_type"):
         if hasattr(sys, name):
             setattr(sys, name, None)

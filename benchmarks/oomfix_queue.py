@@ -80,6 +80,7 @@ def main() -> int:
     parser.add_argument("--finders", default=",".join(oomfix.FINDERS))
     parser.add_argument("--oracles", default=None,
                         help="an oracles file measured before (oomfix.py --merge-oracles): no oracle jobs")
+    parser.add_argument("--traces", default=None, metavar="DIR", help="passed to each case job (oomfix.py --traces)")
     args = parser.parse_args()
     deadline = time.monotonic() + args.seconds
     out = Path(args.out)
@@ -106,7 +107,8 @@ def main() -> int:
     case_jobs = sorted(([w.name, r] for w in workloads for r in ratios), key=lambda job: -per_case[job[0]])
     jobs = [["--workloads", name, "--ratios", f"{ratio:g}", "--finders", ",".join(finders),
              "--out", str(out / "cases" / f"{name}_x{ratio:g}.json"),
-             "--oracles", args.oracles or str(out / "oracles" / f"{name}.json")] for name, ratio in case_jobs]
+             "--oracles", args.oracles or str(out / "oracles" / f"{name}.json"),
+             *(["--traces", args.traces] if args.traces else [])] for name, ratio in case_jobs]
     unfinished = run_queue(jobs, gpus, args.per_gpu, deadline, out / "logs")
     print(f"cases: {time.monotonic() - started:.0f} s in all; unfinished: {unfinished or 'none'}", flush=True)
     return 0
