@@ -38,7 +38,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..units import MiB
 
@@ -121,6 +121,9 @@ class Replay:
     refused_tries: tuple[int, ...]
     allocated_at_failure_bytes: int | None = None
     reserved_at_failure_bytes: int | None = None
+    end: tuple[tuple[StartSegment, ...], dict[int, int]] | None = None
+    """With ``keep_end``, where a run that fits leaves the allocator: its segments, and each allocated
+    block's key by address (what the next run starts from: ``growth.fitting.fits_in_a_row``)."""
 
 
 def start_keys(start: Sequence[StartSegment]) -> dict[int, int]:
@@ -171,8 +174,10 @@ def _release_cached(pools: dict[int, tuple[_Pool, _Pool]], segment_frees: list[i
     return returned
 
 
-def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: int) -> Replay:
-    """Replay ``events`` from the ``start`` segments with reserved bytes capped at ``cap_bytes``.
+def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: int,
+           keys: Mapping[int, int] | None = None, keep_end: bool = False) -> Replay:
+    """Replay ``events`` from the ``start`` segments with reserved bytes capped at ``cap_bytes``; ``keys``
+    names the blocks allocated in ``start`` by address (``start_keys`` by default).
 
     One loop with the allocator's state in local variables: a search replays a cell's requests thousands of
     times, and a method call per request was most of its time. ``tests/growth/test_replay_reference.py``
@@ -183,7 +188,7 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
     block: _Block
     before: _Block | None
     after: _Block | None
-    keys = start_keys(start)
+    keys = start_keys(start) if keys is None else keys
     for segment in start:
         pool = (pools.get(segment.stream) or pools.setdefault(segment.stream, ([], [])))[segment.small]
         address, before = segment.address, None
@@ -274,9 +279,28 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
             if after is not None:
                 after[_PREV] = block
         insort(pool, (block[_SIZE], block[_ADDRESS], block))
-    at_failure = (None, None) if failed_at is None else (allocated, reserved)
-    return Replay(failed_at is None, failed_at, peak_allocated, peak_reserved,
-                  tuple(segment_allocs), tuple(segment_frees), tuple(refused), *at_failure)
+    failed = failed_at is not None
+    return Replay(not failed, failed_at, peak_allocated, peak_reserved,
+                  tuple(segment_allocs), tuple(segment_frees), tuple(refused),
+                  allocated if failed else None, reserved if failed else None,
+                  _layout(pools, live) if keep_end and not failed else None)
+
+
+def _layout(pools: dict[int, tuple[_Pool, _Pool]], live: dict[int, _Block]
+            ) -> tuple[tuple[StartSegment, ...], dict[int, int]]:
+    """The replay's segments as a snapshot lists them, and the key of each allocated block by address."""
+    kinds = {id(pool): (stream, small) for stream, both in pools.items() for small, pool in zip((False, True), both)}
+    blocks = [*live.values(), *(cached[2] for both in pools.values() for pool in both for cached in pool)]
+    segments: list[StartSegment] = []
+    for head in sorted((b for b in blocks if b[_PREV] is None), key=lambda b: b[_ADDRESS]):
+        sizes: list[tuple[int, bool]] = []
+        block: _Block | None = head
+        while block is not None:
+            sizes.append((block[_SIZE], block[_ALLOCATED]))
+            block = block[_NEXT]
+        stream, small = kinds[id(head[_POOL])]
+        segments.append(StartSegment(head[_ADDRESS], small, tuple(sizes), stream))
+    return tuple(segments), {block[_ADDRESS]: key for key, block in live.items()}
 
 
 def given_back_at_once(events: Sequence[Event]) -> list[int]:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from jupyter_cudamem.growth.fitting import fitting_from_one, held_at_start
+from jupyter_cudamem.growth.fitting import _CARRIED, fits_in_a_row, fitting_from_one, held_at_start, next_run
 from jupyter_cudamem.growth.replay import ALLOC, FREE, StartSegment, start_keys
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -19,5 +19,29 @@ def test_a_value_the_cell_binds_again_frees_its_old_block_in_the_bound_as_in_the
     assert fitting is not None
     largest = fitting.largest(1000)
     assert fitting.fits(largest) and not fitting.fits(largest + 1)
-    assert largest > 50  # held to the end, the old block would leave room for 19
+    # Held to the end, the old block would leave room for 19. One run fits 60; the runs after it 39: the
+    # new model lands in the segment the last run's activations left (``test_next_run_starts_where_...``).
+    assert largest == 39
     assert held_at_start(start) == {old: 4 * GiB}
+
+
+def test_next_run_starts_where_the_last_left_the_allocator_and_frees_what_it_made():
+    # The same cell at 40: its first run fits (the activations reuse the old model's 4 GiB segment), but
+    # it leaves that segment cached; the next run's model takes 100 MiB of it, the 4,000 MiB of
+    # activations no longer fit beside, and 4 GiB + 4,000 MiB pass the 6 GiB cap.
+    start = (StartSegment(1 << 34, False, ((4 * GiB, True),)),)
+    old = start_keys(start)[1 << 34]
+    events = [(ALLOC, 0, 100 * MiB, 0), (FREE, old, 0, 0), (ALLOC, 1, 4000 * MiB, 0), (FREE, 1, 0, 0)]
+    assert fits_in_a_row(events, start, 6 * GiB, runs=1)
+    assert not fits_in_a_row(events, start, 6 * GiB, runs=2)
+    # The next run frees the model this run made (key 0) where this run freed the old one.
+    assert next_run(events, held_at_start(start))[1] == (FREE, _CARRIED - 0, 0, 0)
+    smaller = [(ALLOC, 0, 100 * MiB, 0), (FREE, old, 0, 0), (ALLOC, 1, 3900 * MiB, 0), (FREE, 1, 0, 0)]
+    assert fits_in_a_row(smaller, start, 6 * GiB)
+
+
+def test_what_a_run_made_and_kept_is_not_made_again_by_the_next():
+    # A first step's optimizer state (key 1) is made once and kept: the next run holds it, makes no second copy.
+    events = [(ALLOC, 0, 3 * GiB, 0), (FREE, 0, 0, 0), (ALLOC, 1, 2 * GiB, 0)]
+    assert next_run(events, {}) == events[:2]
+    assert fits_in_a_row(events, (), 6 * GiB)

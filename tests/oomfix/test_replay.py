@@ -2,7 +2,7 @@
 
 import pytest
 
-from jupyter_cudamem.growth.fitting import fitting_from_one, paired_fittings, paired_with_failure
+from jupyter_cudamem.growth.fitting import fits_in_a_row, fitting_from_one, paired_fittings, paired_with_failure
 from jupyter_cudamem.growth.pairing import growth_lines, law_through, power_of_the_batch
 from jupyter_cudamem.growth.replay import StartSegment, block_bytes, held_elsewhere, replay, segment_bytes, start_keys
 from jupyter_cudamem.sources.torch_trace import events_from_trace, read_trace
@@ -66,10 +66,12 @@ def test_a_start_segments_free_piece_takes_a_small_request_without_a_new_segment
 
 
 def test_bisection_finds_the_fragmentation_limit_from_two_small_runs():
-    # Reserved bytes at the end are 2b + 4b = 6b MiB (the split block cannot be released): the limit
-    # is b = 100 under 600 MiB, where the allocated peak (5b MiB) would allow 120.
-    assert paired_fittings(fragmenting(10), 10, fragmenting(20), 20, [])(600 * MiB, 0.0).largest() == 100
-    assert paired_fittings(fragmenting(20), 20, fragmenting(10), 10, [])(612 * MiB, 0.0).largest() == 102
+    # One run reserves 2b + 4b = 6b MiB at its end (the split block cannot be released): b = 100 under
+    # 600 MiB, where the allocated peak (5b MiB) would allow 120. The next run holds the b and 4b it left
+    # and asks for another 2b segment: 8b, so b = 75 keeps fitting (76 under 612 MiB).
+    assert [replay(fragmenting(b), (), 600 * MiB).fits for b in (100, 101)] == [True, False]
+    assert paired_fittings(fragmenting(10), 10, fragmenting(20), 20, [])(600 * MiB, 0.0).largest() == 75
+    assert paired_fittings(fragmenting(20), 20, fragmenting(10), 10, [])(612 * MiB, 0.0).largest() == 76
 
 
 def test_a_batch_fits_only_where_its_line_sizes_fit_too_not_only_the_margins():
@@ -126,9 +128,10 @@ def test_a_join_after_a_loop_whose_passes_change_with_the_batch_is_batch_indepen
     lines, share, unpaired = growth_lines(chunked(12, 1), 1, chunked(12, 2), 2)
     assert unpaired == ()
     assert share == 1.0 and lines[-1][3:] == (48 * MiB, 0.0, 1.0)
-    # The largest chunk is where 8 MiB a row of work reaches the cap (the join, 48 MiB, comes after it).
-    assert paired_fittings(chunked(12, 1), 1, chunked(12, 2), 2, [])(96 * MiB, 0.0).largest() == 12
-    assert paired_fittings(chunked(120, 1), 1, chunked(120, 2), 2, [])(600 * MiB, 0.0).largest() == 75
+    # The largest chunk is where 8 MiB a row of work reaches the cap beside the join the last run left
+    # (48 MiB): 6 rows, where one run alone fits all 12 (its join comes after the work).
+    assert paired_fittings(chunked(12, 1), 1, chunked(12, 2), 2, [])(96 * MiB, 0.0).largest() == 6
+    assert paired_fittings(chunked(120, 1), 1, chunked(120, 2), 2, [])(600 * MiB, 0.0).largest() == 15
     # A size left over more often in one run than in the other is not paired by size: of two joins where
     # the other run made one, one pairs, the other stays proportional (the conservative guess).
     twice = chunked(12, 2) + [("alloc", 99, 48 * MiB, 0)]
@@ -243,7 +246,7 @@ def masked(batch: int) -> list:
 
 def test_a_failed_runs_requests_up_to_its_failure_tell_the_fixed_from_the_growing():
     cap = 600 * MiB
-    truth = max(b for b in range(1, 200) if replay(masked(b), (), cap).fits)
+    truth = max(b for b in range(1, 200) if fits_in_a_row(masked(b), (), cap))  # 67; one run alone: 89
     failed = replay(masked(150), (), cap)
     assert not failed.fits and failed.failed_at is not None
     # What PyTorch records of a failed run: its requests up to the one that raised, then what it gave back

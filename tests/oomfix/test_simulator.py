@@ -3,23 +3,16 @@ largest fitting batch 1 to 100,000, batch-independent memory 0 to 90% of the car
 cell or earlier, optimizer state made at the first step, library workspaces that change between runs,
 start ratios 1.05 to 100, every run played through the project's model of PyTorch's caching allocator.
 
-The goal (issue "where large models meet small batches"): found >= largest - 1 where the largest is 10 or
-less, else >= 0.90 of it, within 3 reruns, in 99% of models, none below halving. The first half is met, the
-second not: ``benchmarks/oomfix_simulated.py`` runs 10,000 such models of its own seed
-(``benchmarks/results/oomfix_simulated.json`` says how many meet it and end below halving). This test runs
-10,000 of another seed, on every core (``world.many_cases``), and holds the search where it was measured on
-them: 9,936 meet the goal (99.4%; 9,923 before a failed try's own requests were replayed, 9,890 before a
-predicted batch had to fit at its line's own sizes too, 9,877 before the replay paired leftover requests by
-size); 40 end below halving (53 before a failed try's requests were replayed; 143 before those changes and
-the last rerun's try of halving's batch where it fits with no margin; 82 before that try was made, by the
-replay, whatever fitted below it, and before a weight-sized activation's gradient made after the last
-parameter's was kept growing with the batch), 23 of them within the goal (a start near a power of two times
-the largest batch lets halving land on or next to it; in 4 halving's run drew a smaller workspace and fitted
-above the largest batch that fits without the jitter), 17 below it. A change that loses ground fails here.
-
-"None below halving" cannot be held in this world by any search of three reruns: halving's last run can fit a
-batch that most workspace draws fail, and a search told where halving ends, trying it three times, still ends
-below it in some models (``test_even_a_search_told_where_halving_ends_can_end_below_it``).
+The goal (issues "where large models meet small batches" and "a fix that holds"): found >= largest - 1 where
+the largest is 10 or less, else >= 0.90 of it, and never above the largest batch that keeps fitting (above
+it the next runs fail), within 3 reruns, in 99% of models, none below halving. The truth is the steady
+one: the largest batch whose run fits and so do the two after it, each from where the last left the
+allocator (``world.largest_fitting``); halving ends on the first halved batch that keeps fitting. This test
+runs 10,000 models of its own seed, on every core (``world.many_cases``), and holds the search where it was
+measured on them: 8,922 meet the goal (89.2%): 932 end above the largest batch that keeps fitting (their
+last try fitted once, the runs after it do not), 146 below the goal; 57 end below halving, 11 of them
+outside the goal. The search that replayed one run (until this change) ended above the steady largest in
+1,038 of the first 1,500 of these models and met this goal in 459. A change that loses ground fails here.
 """
 
 import statistics
@@ -40,26 +33,23 @@ def test_the_search_holds_its_measured_ground_across_the_space():
     met = sum(case.met_goal for case in cases)
     below_halving_and_goal = sum(case.worse_than_halving and not case.met_goal for case in cases)
     assert all(case.reruns <= 3 for case in cases)
-    assert met >= 9_933, met
-    assert below_halving_and_goal <= 19, below_halving_and_goal
-    assert sum(case.worse_than_halving for case in cases) <= 42
+    assert met >= 8_922, met
+    assert below_halving_and_goal <= 11, below_halving_and_goal
+    assert sum(case.worse_than_halving for case in cases) <= 57
     small = [case.found / case.largest for case in cases if 10 < case.largest <= 64]
     heavy = [case.found / case.largest for case in cases if case.fixed_share >= 0.5]
     assert statistics.median(small) >= 0.98 and statistics.median(heavy) >= 0.98
 
 
-def test_even_a_search_told_where_halving_ends_can_end_below_it():
-    # Why "none below halving" is not held above: a run's workspace is drawn anew (another algorithm), and
-    # the allocator is not monotone in it, so halving's last run can fit a batch that fails with most draws.
-    # A search told halving's own end, trying it up to three times, still ends below halving in some models
-    # (measured: 1 of these 2,000; 1 of 10,000 of seeds 2026 and 7); one told the largest batch that fits
-    # without the jitter (twice, then the largest that fits with the largest workspace) in more (5; 34 of
-    # 10,000 of either seed, where the search ends below halving in 43 and 40).
+def test_a_search_told_where_halving_ends_ends_there():
+    # Halving ends on a batch that keeps fitting with its run's workspace, so a search told it, trying it up
+    # to three times with the same draws, ends on it; one told the largest batch that keeps fitting (twice,
+    # then the largest that fits with the largest workspace) never passes it. Measured on these 2,000: none
+    # below halving (when halving was judged by one run, 1: its last run could fit a batch most draws fail).
     told = world.many_told(2_000, seed=7)
     assert all(case.given_halving in (0, case.halving) for case in told)
     assert all(case.given_largest <= case.largest for case in told)
-    below = [case for case in told if case.given_halving < case.halving]
-    assert below and all(case.halving > case.largest for case in below)
+    assert not [case for case in told if case.given_halving < case.halving]
 
 
 def test_without_the_allocator_history_the_line_decides_within_three_reruns():
