@@ -39,8 +39,9 @@ rerun that proves it and the user's next two, as ``benchmarks/oomfix.py``'s orac
 layout a run leaves decides the next, and a run at the found batch leaves another than the smaller try
 before it (BERT-base at 33 fitted after a try at 24, and failed on the next run but one)."""
 
-_CARRIED = -TiB  # a key, not a size: just below every start key a snapshot could give
-"""Keys of blocks a replayed run made and left, renamed for the next run (``_carried``): below every start key."""
+_CARRIED = -TiB
+"""Keys (not sizes) of blocks a replayed run made and left, renamed for the next run (``_carried``): below
+every start key a snapshot could give."""
 
 
 NEXT_RUN_SCALES = (1.0, 0.5, 0.0)
@@ -201,7 +202,7 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
 
     def fits(batch: int) -> bool:
         # The runs after the first at the largest sizes alone: the margins are for a size's jitter, where
-        # the allocator is not monotone; the next runs, for the layout a run leaves, which they barely move.
+        # the allocator is not monotone; the next runs, for the layout a run leaves (one replay each scale).
         return fits_at(batch, (settling,)) and fits_at(batch, checked_after, runs=1)
 
     def largest(max_batch: int) -> int:
@@ -253,7 +254,8 @@ def next_run(events: Sequence[Event], held: Mapping[int, int]) -> list[Event]:
     start's blocks, bytes by key). What the run made and never freed in a block the start did not free
     (a first step's optimizer state) stays, and is not made again; a start block the run frees (a value
     the cell binds again, gradients zeroed) is, next time, the block the run made in its place: the one
-    made right before its free (``replay.held_elsewhere``), else one of the same size it left."""
+    made right before its free (``replay.held_elsewhere``), else one of the same size it left, else the
+    first it left unclaimed."""
     freed = {key for kind, key, *_ in events if kind == FREE}
     left = {key: block_bytes(size) for kind, key, size, _ in events if kind == ALLOC and key not in freed}
     unclaimed: dict[int, list[int]] = {}
