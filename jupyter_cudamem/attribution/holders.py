@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import types
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from itertools import compress, repeat
 from operator import itemgetter
 from dataclasses import dataclass, field
@@ -297,12 +297,15 @@ def find_holders(
     ipython_refs: Iterable[Reference] | Mapping[str, object],
     top: int = 10,
     probe: TensorProbe | None = None,
+    remade: Collection[str] = (),
 ) -> Holders:
     """The ``top`` largest holders of device memory, largest first; holders of nothing are left out.
 
     ``namespace`` is the user's namespace (IPython's own names in it are skipped: they are reported
     through ``ipython_refs``, ``Reference``s or a ``{"Out[3]": obj}`` mapping). ``probe`` defaults to
-    PyTorch's types; without torch imported there is nothing to find.
+    PyTorch's types; without torch imported there is nothing to find. ``remade``: names a failed cell
+    bound before it failed, which any rerun binds again: what they reach is held by a name (no cleanup
+    frees it) but is the cell's own memory, so they are neither listed nor counted in ``namespace_bytes``.
     """
     probe = probe if probe is not None else default_probe()
     result = Holders()
@@ -321,13 +324,15 @@ def find_holders(
     for root in roots:
         for key, hit in root.reach.storages.items():
             if root.user_variable:
-                namespace_storages[key] = hit.nbytes
+                if root.name.removesuffix(".grad") not in remade:
+                    namespace_storages[key] = hit.nbytes
             elif key not in user_reach:
                 ipython_only[key] = hit.nbytes
                 if root.kind is HolderKind.IPYTHON:
                     cache_only[key] = hit.nbytes
 
-    holders = [_holder(root, user_reach) for root in roots if root.reach.total]
+    holders = [_holder(root, user_reach) for root in roots
+               if root.reach.total and not (root.user_variable and root.name.removesuffix(".grad") in remade)]
     holders.sort(key=lambda h: (-h.cuda_bytes, not h.user_variable, h.name))
     result.extend(holders[: max(top, 0)])
     result.namespace_bytes = sum(namespace_storages.values())

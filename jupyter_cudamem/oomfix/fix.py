@@ -125,9 +125,8 @@ def _diagnosis(request: FixRequest, shell: InteractiveShell, hardware: Hardware,
                made_by_cell: Collection[str]) -> Diagnosis:
     """Who holds memory now, and what the failure's figures say of it. What the failed cell binds before
     reading it (``made_by_cell``: its batch, its outputs) is the cell's own memory, made again by any
-    rerun: not the variables a user could delete."""
-    variables = {name: value for name, value in user_variables(shell).items() if name not in made_by_cell}
-    holders = find_holders(variables, ipython_references(shell), probe=probe)
+    rerun: not the variables a user could delete, yet held by a name, so not the traceback's alone."""
+    holders = find_holders(user_variables(shell), ipython_references(shell), probe=probe, remade=made_by_cell)
     readings = hardware.allocator_readings() or None
     diagnosis = diagnose(request.oom, holders, readings, _model_state(shell.user_ns))
     return dataclasses.replace(diagnosis, verbose=request.verbose)

@@ -211,3 +211,28 @@ def test_huge_plain_data_is_cheap_and_a_huge_graph_is_bounded() -> None:
     assert "floats" not in named and named["t"].cuda_bytes == 1 * MiB
     assert 0 < named["nested"].tensor_count < 150_000  # stopped at the budget, not the end
     assert named["nested"].tensor_count <= holders_module.WALK_LIMIT
+
+
+def test_what_the_failed_cell_bound_is_held_by_a_name_but_not_counted_as_your_variables() -> None:
+    # Tutorial 4: ``images = torch.randn(batch_size, ...)`` then the forward pass fails. ``images`` is the
+    # cell's own (a rerun binds it again), yet its name keeps it: the traceback is not its only holder,
+    # so no cleanup is said to free it.
+    images, earlier = FakeTensor(192 * MiB, grad=FakeTensor(192 * MiB)), FakeTensor(50 * MiB)
+
+    def forward():
+        batch = images  # noqa: F841 - a local the traceback keeps alive
+        raise RuntimeError("CUDA out of memory.")
+
+    try:
+        forward()
+    except RuntimeError as error:
+        exc = error
+    holders = find_holders({"images": images, "earlier": earlier}, {"sys.last_value": exc},
+                           probe=fake_probe(), remade={"images"})
+    named = by_name(holders)
+    assert "images" not in named and "images.grad" not in named and "earlier" in named
+    # The traceback's frames (this test's among them) reach all three tensors; a name holds each.
+    assert named["sys.last_value"].cuda_bytes == (192 + 192 + 50) * MiB and named["sys.last_value"].exclusive_bytes == 0
+    assert holders.ipython_only_bytes == 0
+    assert holders.namespace_bytes == 50 * MiB
+    del exc

@@ -114,20 +114,24 @@ def test_the_device_is_the_one_the_oom_names_else_0():
 
 def test_what_the_failed_cell_binds_is_its_own_memory_not_your_variables(failed, monkeypatch):
     # Tutorial 00's cell binds ``inputs`` and fails a line later: the diagnosis said "your variables hold
-    # 1.25 GiB", naming ``inputs``, which any rerun makes again. The cell's own names are not looked at as
-    # the user's variables; an earlier cell's are.
+    # 1.25 GiB", naming ``inputs``, which any rerun makes again. The cell's own names are searched (their
+    # name holds them) but passed as remade; an earlier cell's are the user's variables.
     shell, machine, cell, recorder, error = failed
     shell.user_ns["earlier"] = object()
-    seen = {}
+    seen, remade = {}, set()
 
-    def holders_of(variables, references, probe=None):
+    def holders_of(variables, references, probe=None, remade=()):
         seen.update(variables)
+        remade_names.update(remade)
         return []
+
+    remade_names = remade
 
     monkeypatch.setattr("jupyter_cudamem.oomfix.fix.find_holders", holders_of)
     outcome = fix(_request(error, ask=False, dry_run=True), error, shell=shell, hardware=fake_hardware(machine),
                   reruns=ShellTries(shell), recorder=recorder)
     del error
     assert outcome is not None
-    assert "batch_size" not in seen and "earlier" in seen and "train_step" in seen
+    assert "batch_size" in remade and "earlier" not in remade and "train_step" not in remade
+    assert {"batch_size", "earlier", "train_step"} <= seen.keys()
     shell.user_ns.pop("earlier")
