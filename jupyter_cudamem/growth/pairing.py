@@ -26,14 +26,32 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
     pair is kept only if its sizes can be one tensor's at the two batches (``_one_tensor``).
     """
     ratio = batch_second / batch_first
-    kinds_first, kinds_second = [e[0] for e in first], [e[0] for e in second]
+    # A free of a block made before the run (the last run's values, let go as the cell binds them again)
+    # is no request of this run: one run may free hundreds where the other frees none, and the two are
+    # aligned without them.
+    own_first, own_second = _made_in_the_run(first), _made_in_the_run(second)
+    firsts, seconds = [first[i] for i in own_first], [second[i] for i in own_second]
+    kinds_first, kinds_second = [e[0] for e in firsts], [e[0] for e in seconds]
     partner: list[int | None] = [None] * len(second)
-    for low, high, length in _common_runs(kinds_first, kinds_second, first, second, ratio):
+    for low, high, length in _common_runs(kinds_first, kinds_second, firsts, seconds, ratio):
         for offset in range(length):
-            a, b = first[low + offset], second[high + offset]
+            a, b = firsts[low + offset], seconds[high + offset]
             if a[0] != FREE and a[3] == b[3] and _one_tensor(a[2], b[2], ratio, (batch_first, batch_second)):
-                partner[high + offset] = low + offset
+                partner[own_second[high + offset]] = own_first[low + offset]
     return partner
+
+
+def _made_in_the_run(events: Sequence[Event]) -> list[int]:
+    """The indices of ``events`` but the frees of blocks the run did not allocate."""
+    made: set[int] = set()
+    kept = []
+    for index, (kind, key, *_) in enumerate(events):
+        if kind != FREE:
+            made.add(key)
+        elif key not in made:
+            continue
+        kept.append(index)
+    return kept
 
 
 MAX_PAIRING_WORK = 4_000_000

@@ -239,6 +239,26 @@ def test_long_runs_with_a_few_extra_requests_are_walked_into_pairs_when_too_long
     assert sum(p is not None for p in module.match(first, 1, other, 2)) < len(other) // 10
 
 
+def test_a_run_that_lets_go_of_the_last_runs_values_pairs_with_a_first_run_that_had_none(monkeypatch):
+    # ViT-L built in its cell, on an H200: the steady try lets go of the last run's weights, gradients and
+    # AdamW state (hundreds of frees in a row, blocks made before it) where the first run frees nothing;
+    # past the walk's window the two never aligned again, the forward and backward went unpaired and were
+    # scaled whole with the batch, and the search stopped at 8 where 22 keeps fitting.
+    from jupyter_cudamem.growth import pairing as module
+
+    monkeypatch.setattr(module, "MAX_PAIRING_WORK", 50_000)  # walked, as runs of a large model are
+    first = _step_events(1, 400)
+    let_go = [("free", -1 - k, 0, 0) for k in range(3 * module.RESYNC_WINDOW)]
+    second = _step_events(2, 400, extra_at=390)  # and a workspace of its own near the end
+    second = second[:30] + let_go + second[30:]
+    partner = module.match(first, 1, second, 2)
+    allocations = [i for i, event in enumerate(second) if event[0] == "alloc"]
+    paired = [i for i in allocations if partner[i] is not None]
+    assert len(paired) >= len(allocations) - 2  # all but the workspace and the request beside it
+    assert all(first[partner[i]][2] in (second[i][2], second[i][2] // 2) for i in paired)
+    assert all(partner[i] is None for i in range(30, 30 + len(let_go)))
+
+
 def masked(batch: int) -> list:
     """A 64 MiB tensor of fixed size (a mask) kept through a run whose tensors grow as ``fragmenting``'s."""
     return [("alloc", 9, 64 * MiB, 0)] + fragmenting(batch) + [("free", 9, 0, 0)]
