@@ -7,7 +7,9 @@ from __future__ import annotations
 import _thread
 import asyncio
 import re
+import sys
 import threading
+import time
 
 import pytest
 
@@ -125,13 +127,43 @@ def test_dry_run_called_from_code_shows_the_plan_before_raising(shell, capsys):
 
 
 def _interrupted(shell, cell: str):
-    """Run ``cell`` as ipykernel does, inside an event loop, and interrupt it half a second in."""
-    threading.Timer(0.5, _thread.interrupt_main).start()
+    """Run ``cell`` as ipykernel does, inside an event loop, and interrupt it once it awaits: once, after
+    the cell imported asyncio, this thread waits for the body awaited beside it (``cellrun._wait_for``)
+    and that body's loop waits on its selector for the sleep. A fixed delay, on a loaded machine, came
+    before the cell got there."""
+    runner = threading.get_ident()
+
+    def where(frame) -> tuple[str, str]:
+        return frame.f_code.co_name, frame.f_code.co_filename.rsplit("/", 1)[-1]
+
+    def interrupt_once_awaiting() -> None:
+        for _ in range(3000):
+            frames = sys._current_frames()
+            # A loop's first select, before the task's first step, has timeout 0: the body has not awaited.
+            selecting = any(where(f) == ("select", "selectors.py") and f.f_locals.get("timeout", 0) != 0
+                            for f in frames.values())
+            if "asyncio" in shell.user_ns and selecting and "_wait_for" in _names(frames.get(runner)):
+                _thread.interrupt_main()
+                return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=interrupt_once_awaiting, daemon=True)
+    shell.user_ns.pop("asyncio", None)
+    watcher.start()
     loop = asyncio.new_event_loop()
     try:
         return loop.run_until_complete(_run(shell, cell))
     finally:
         loop.close()
+        watcher.join()
+
+
+def _names(frame) -> set[str]:
+    names = set()
+    while frame is not None:
+        names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
 
 
 async def _run(shell, cell):
