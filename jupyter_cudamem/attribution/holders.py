@@ -312,6 +312,7 @@ def find_holders(
     if probe is None:
         return result
     roots = walk_roots(namespace, ipython_refs, probe)
+    listed = [root for root in roots if not (root.user_variable and root.name.removesuffix(".grad") in remade)]
 
     user_reach: dict[Any, int] = {}  # storage -> how many user roots reach it
     for root in roots:
@@ -321,18 +322,16 @@ def find_holders(
     namespace_storages: dict[Any, int] = {}
     ipython_only: dict[Any, int] = {}
     cache_only: dict[Any, int] = {}
-    for root in roots:
+    for root in listed:
         for key, hit in root.reach.storages.items():
             if root.user_variable:
-                if root.name.removesuffix(".grad") not in remade:
-                    namespace_storages[key] = hit.nbytes
+                namespace_storages[key] = hit.nbytes
             elif key not in user_reach:
                 ipython_only[key] = hit.nbytes
                 if root.kind is HolderKind.IPYTHON:
                     cache_only[key] = hit.nbytes
 
-    holders = [_holder(root, user_reach) for root in roots
-               if root.reach.total and not (root.user_variable and root.name.removesuffix(".grad") in remade)]
+    holders = [_holder(root, user_reach) for root in listed if root.reach.total]
     holders.sort(key=lambda h: (-h.cuda_bytes, not h.user_variable, h.name))
     result.extend(holders[: max(top, 0)])
     result.namespace_bytes = sum(namespace_storages.values())
