@@ -186,7 +186,7 @@ class Outcome(TextReport):
     cell_diffs: tuple[CellDiff, ...] = ()
     paste_code: str | None = None
     plan: BatchPlan | None = field(default=None, compare=False)
-    cleanup_note: str = ""  # why the cleanup freed more or less than the diagnosis listed
+    cleanup_note: str | None = None  # why the cleanup freed more or less than the diagnosis listed ("": it did not)
     verbose: bool = False
     cell_name: str = "the cell"  # In[k] where known
     kept: bool = False  # the namespace holds what the try that fitted made (it was the last try)
@@ -322,7 +322,8 @@ class Outcome(TextReport):
         facts = []
         if self.freed_bytes is not None:
             explain = getattr(self.diagnosis, "cleanup_explanation", None)
-            why = self.cleanup_note or (explain(self.freed_bytes) if callable(explain) else "")
+            why = self.cleanup_note if self.cleanup_note is not None else (
+                explain(self.freed_bytes) if callable(explain) else "")
             facts.append(f"cleanup freed {format_bytes(self.freed_bytes)}" + (f" ({why})" if why else ""))
         if self.budget_bytes is not None:
             facts.append(f"room for the cell {format_bytes(self.budget_bytes)}")

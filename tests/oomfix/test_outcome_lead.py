@@ -72,6 +72,15 @@ def test_a_cleanup_fix_says_nothing_is_to_change():
     ]
 
 
+def test_a_cleanup_that_freed_what_del_named_is_not_explained_again_without_the_name():
+    # Tutorial 5's ``--del old_embeddings``: the fix found nothing to explain (an empty note), and the
+    # details said "1.50 GiB more than the holders listed", asked again without the deleted name.
+    outcome = _outcome(fixed_source=SOURCE, strategy=Strategy.CLEANUP, freed_bytes=int(1.5 * GiB), cleanup_note="",
+                       tries=(_try(1, Strategy.CLEANUP, SOURCE, True, 3 * GiB),), verbose=True)
+    assert "cleanup freed 1.50 GiB;" in outcome.text() and "more than the holders listed" not in outcome.text()
+    assert "more than the holders listed" in replace(outcome, cleanup_note=None).text()
+
+
 def test_nothing_fitted_says_so_and_gives_the_first_advice():
     outcome = _outcome(fixed_source=None, strategy=None, tries=(
         _try(1, Strategy.BATCH, SOURCE.replace("1024", "16"), False, 4 * GiB, 16),),
