@@ -7,6 +7,7 @@ from __future__ import annotations
 import _thread
 import asyncio
 import re
+import signal
 import sys
 import threading
 import time
@@ -149,6 +150,9 @@ def _interrupted(shell, cell: str):
 
     watcher = threading.Thread(target=interrupt_once_awaiting, daemon=True)
     shell.user_ns.pop("asyncio", None)
+    # Python's own SIGINT handler, as in a kernel: a test run before this one in the same process (a kernel
+    # client's cleanup) may have left one that swallows the interrupt.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     watcher.start()
     loop = asyncio.new_event_loop()
     try:
@@ -156,6 +160,7 @@ def _interrupted(shell, cell: str):
     finally:
         loop.close()
         watcher.join()
+        signal.signal(signal.SIGINT, handler)
 
 
 def _names(frame) -> set[str]:
