@@ -26,7 +26,7 @@ from .every_cell import EveryCell, mode_of
 from .left_attribution import LeftAttribution
 from .measured_cell import CellMeasurer
 from .measuring import (
-    ATTRIBUTE_ALLOWED, AUTO_ALLOWED, CellSettings, attribute_threshold_bytes, auto_threshold_bytes, gpu_present,
+    ATTRIBUTE_ALLOWED, AUTO_ALLOWED, AUTO_OFF, CellSettings, attribute_threshold_bytes, auto_threshold_bytes, gpu_present,
 )
 from .options import positive_int, size_setting
 
@@ -91,7 +91,7 @@ class CudaMem(CudaMemMagicsBase):
     # next cell on; history_size resizes the history at once.
     @validate("auto_threshold")
     def _check_auto_threshold(self, proposal: Bunch) -> int | str:
-        size_setting("CudaMem.auto_threshold", proposal["value"], AUTO_ALLOWED)
+        size_setting("CudaMem.auto_threshold", proposal["value"], AUTO_ALLOWED, off_words=AUTO_OFF)
         return proposal["value"]
 
     @validate("attribute_threshold")

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from ..breakdown import TrackedPeak
 
 AUTO_ALLOWED = "a size such as 1MiB, 512KB or 4096 (bytes), or 0 for a line after every cell"
+AUTO_OFF = ("0",)
+"""The every-cell mode has no "off" threshold (``%cudamem off`` turns the mode off): only 0, every cell."""
 ATTRIBUTE_ALLOWED = "a size such as 64MiB or 1GB, or 'off' (or 0) to never name holders"
 
 
@@ -68,7 +70,7 @@ class CellSettings:
 @lru_cache(maxsize=32)
 def auto_threshold_bytes(setting: str | int) -> int:
     """``CudaMem.auto_threshold`` in bytes (parsed once per setting, not once per cell)."""
-    return size_setting("CudaMem.auto_threshold", setting, AUTO_ALLOWED) or 0
+    return size_setting("CudaMem.auto_threshold", setting, AUTO_ALLOWED, off_words=AUTO_OFF) or 0
 
 
 @lru_cache(maxsize=32)

@@ -102,23 +102,33 @@ def expand_options(options: str, namespace: Mapping[str, Any]) -> str:
 _OFF_WORDS = ("", "0", "off", "none")
 
 
-def size_setting(option: str, value: object, allowed: str) -> int | None:
-    """The bytes of a size option (``None``: off); a ``TraitError`` naming ``option`` and what it takes."""
+MAX_SETTING_BYTES = 1 << 60
+"""The largest size a setting takes (an exbibyte): past it a size is a typo, and no float holds it exactly."""
+
+
+def size_setting(option: str, value: object, allowed: str, off_words: tuple[str, ...] = _OFF_WORDS) -> int | None:
+    """The bytes of a size option (``None``: off, or 0); a ``TraitError`` naming ``option`` and what it takes.
+    ``off_words``: the strings that mean off, where off means something."""
+    size: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise TraitError(f"{option} takes {allowed}; got {value!r}")
-        return value or None
-    if isinstance(value, str):
-        if value.strip().lower() in _OFF_WORDS:
+        size = value
+    elif isinstance(value, str):
+        if value.strip().lower() in off_words:
             return None
         try:
-            return parse_size(value)
-        except CudaMemError:
+            size = parse_size(value)
+        except (CudaMemError, OverflowError):
             pass
-    raise TraitError(f"{option} takes {allowed}; got {value!r}")
+    if size is None or not 0 <= size <= MAX_SETTING_BYTES:
+        raise TraitError(f"{option} takes {allowed}; got {value!r}")
+    return size or None
+
+
+MAX_COUNT = 2**31 - 1
+"""The largest count a setting takes (the history's length, the trace's events): what a C int holds."""
 
 
 def positive_int(option: str, value: int, what: str) -> int:
-    if value < 1:
-        raise TraitError(f"{option} takes {what} (a whole number, at least 1); got {value!r}")
+    if isinstance(value, bool) or not 1 <= value <= MAX_COUNT:
+        raise TraitError(f"{option} takes {what} (a whole number from 1 to {MAX_COUNT:,}); got {value!r}")
     return value

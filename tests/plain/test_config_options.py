@@ -14,13 +14,14 @@ from jupyter_cudamem.magics.monitor import CudaMemMonitor
 from jupyter_cudamem.magics.oomfix import OomFix
 
 BAD = {
-    "CudaMem.auto_threshold": ("'10XB'", "'-1MiB'", "-5", "'lots'", "'1.5.5GiB'", "'MiB'", "True", "[1]", "1.5"),
-    "CudaMem.attribute_threshold": ("'10XB'", "-1", "'some'", "'1 2'", "None", "{}", "False"),
-    "CudaMem.history_size": ("0", "-3", "'ten'", "1.5", "None"),
+    "CudaMem.auto_threshold": ("'10XB'", "'-1MiB'", "-5", "'lots'", "'1.5.5GiB'", "'MiB'", "True", "[1]", "1.5",
+                               "10**400", "'1e400GiB'", "'off'", "'none'"),
+    "CudaMem.attribute_threshold": ("'10XB'", "-1", "'some'", "'1 2'", "None", "{}", "False", "10**400"),
+    "CudaMem.history_size": ("0", "-3", "'ten'", "1.5", "None", "10**30", "True"),
     "CudaMem.cards": ("{'X': -1}", "{'X': 'lots'}", "{'X': True}", "{'X': {'gib': 3}}", "{'': 3}",
                       "{'X': float('nan')}", "{'X': float('inf')}", "{'X': 0}", "{'Small': 0.5}", "{'X': '512MiB'}",
                       "{'X': 1e308}", "{'X': {'memory': float('nan')}}"),
-    "CudaMem.trace_max_entries": ("0", "-1", "'x'"),
+    "CudaMem.trace_max_entries": ("0", "-1", "'x'", "10**30"),
     "CudaMem.trace_dir": ("''", "'   '", "5"),
     "CudaMem.reset_peak": ("'yes'", "2", "None"),
     "CudaMem.process_memory": ("'no'", "[]"),
