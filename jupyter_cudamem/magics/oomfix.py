@@ -28,7 +28,7 @@ from ..oomfix.outcome import Outcome
 from ..oomfix.request import FixRequest
 from ..oomfix.strategies import STRATEGIES
 from ..reruns.model_state import TrainingState
-from .base import CudaMemMagicsBase, one_line_errors
+from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cell_cap import cap_note, cell_cap
 from .cell_starts import CellStarts
 from .cellrun import error_is_raised, run_cell_body
@@ -177,7 +177,7 @@ class OomFix(CudaMemMagicsBase):
             raised = error_is_raised(shell)
             if not raised:
                 ran.fail(shell)  # shown: the error, then the plan
-            preview = self._fix(args, cell, None, oom, started, getattr(shell, "execution_count", None))
+            preview = self._fix(args, cell, None, oom, started, current_cell_number(shell))
             if raised:
                 ran.fail(shell)  # raised, it ends the magic: the plan comes first
             return preview
@@ -185,7 +185,7 @@ class OomFix(CudaMemMagicsBase):
         self.last_outcome = None
         failure: BaseException | None = None
         try:
-            shown = self._fix(args, cell, error, oom, started, getattr(shell, "execution_count", None))
+            shown = self._fix(args, cell, error, oom, started, current_cell_number(shell))
         except BaseException as raised:  # ours (one line) or their Ctrl-C: after the user's own error
             failure = raised
         del error

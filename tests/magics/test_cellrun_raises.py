@@ -127,6 +127,13 @@ def test_dry_run_called_from_code_shows_the_plan_before_raising(shell, capsys):
     assert re.search(r"dry.run", shown(capsys), re.IGNORECASE)  # the preview came before the error
 
 
+def test_the_dry_run_of_a_cell_magic_names_the_cell_it_runs_in(shell, capsys):
+    # IPython 9 counts the cell before running it: ``execution_count`` is the next cell's number there.
+    result = shell.run_cell("%%oomfix --dry-run\nm.allocate(0, 100 * GiB)", store_history=True)
+    text = shown(capsys)
+    assert result.execution_count is not None and f"In[{result.execution_count}] ran out of GPU memory" in text, text
+
+
 def _interrupted(shell, cell: str):
     """Run ``cell`` as ipykernel does, inside an event loop, and interrupt it once it awaits: once, after
     the cell imported asyncio, this thread waits for the body awaited beside it (``cellrun._wait_for``)
