@@ -87,6 +87,12 @@ class CudaMemHistory(CudaMemMagicsBase):
         args = parse_line(self.cudamem_history, line)
         history = self._history()
         if args.clear:
+            others = [flag for flag, given in (("--last", args.last is not None), ("--cells", args.cells is not None),
+                                               ("--plot", args.plot), ("--save", args.save is not None),
+                                               ("--all", args.all)) if given]
+            if others:
+                raise CudaMemError(f"--clear forgets every measured cell: it takes no {others[0]} (nothing was "
+                                   "cleared)")
             count = len(history)
             history.clear()
             print(f"cudamem history cleared ({count:,} cells)")

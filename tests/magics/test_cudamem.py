@@ -211,6 +211,10 @@ def test_history_table_records_save_plot_and_clear(shell, tmp_path, capsys):
     assert (tmp_path / "h.csv").read_text().count("\n") == 3
     shell.run_cell(f"%cudamem_history --plot --save {tmp_path / 'p.png'}")
     assert (tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")
+    capsys.readouterr()
+    refused = shell.run_cell("%cudamem_history --clear --last 1")  # clears all or nothing: never 'the last'
+    assert not refused.success and len(cudamem(shell).history) == 2
+    assert "--clear forgets every measured cell: it takes no --last (nothing was cleared)" in capsys.readouterr().err
     shell.run_cell("%cudamem_history --clear")
     assert len(cudamem(shell).history) == 0
 
