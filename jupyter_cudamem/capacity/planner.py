@@ -53,7 +53,7 @@ class PlanOptions:
         """A one-line error for a margin out of range."""
         margin = self.default_margin if self.margin is None else self.margin
         if not 0 <= margin < 1:
-            raise CudaMemError(f"--margin takes a fraction from 0 to 1 such as 0.05, got {margin}")
+            raise CudaMemError(f"--margin takes a fraction from 0 up to (not including) 1, such as 0.05; got {margin}")
         if self.calibrate and not 0 <= self.calibrated_margin < 1:
             raise CudaMemError(
                 f"CudaMemPlan.calibrated_margin takes a fraction from 0 to 1 such as 0.03, got {self.calibrated_margin}: "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from IPython.core.magic import cell_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
-from traitlets import Float
+from traitlets import Float, TraitError, validate
 
 from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN, CapacityPlan
 from ..growth.fitting import REPLAY_MARGIN
@@ -22,6 +22,8 @@ from .options import parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.utils.bunch import Bunch
+
     from . import Extension
     from ..hardware import Hardware
     from .cudamem import CudaMem
@@ -49,6 +51,15 @@ class CudaMemPlan(CudaMemMagicsBase):
     def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
         self.last_plan: CapacityPlan | None = None
+
+    @validate("margin", "calibrated_margin")
+    def _check_margin(self, proposal: Bunch) -> float:
+        value = proposal["value"]
+        if not 0.0 <= value < 1.0:
+            example = CALIBRATED_MARGIN if proposal["trait"].name == "calibrated_margin" else DEFAULT_MARGIN
+            raise TraitError(f"CudaMemPlan.{proposal['trait'].name} takes a fraction from 0 up to (not including) 1, "
+                             f"such as {example:g}; got {value!r}")
+        return value
 
     @magic_arguments()
     @argument("--autocast", action="store_true",

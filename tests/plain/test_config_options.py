@@ -12,6 +12,7 @@ from jupyter_cudamem.magics.cudamem import CudaMem
 from jupyter_cudamem.magics.engines import CudaMemEngines
 from jupyter_cudamem.magics.monitor import CudaMemMonitor
 from jupyter_cudamem.magics.oomfix import OomFix
+from jupyter_cudamem.magics.plan import CudaMemPlan
 
 BAD = {
     "CudaMem.auto_threshold": ("'10XB'", "'-1MiB'", "-5", "'lots'", "'1.5.5GiB'", "'MiB'", "True", "[1]", "1.5",
@@ -37,6 +38,8 @@ BAD = {
     "CudaMemMonitor.use_widgets": ("'no'",),
     "CudaMemEngines.timeout_s": ("0", "-1", "float('inf')", "1e308", "float('nan')"),
     "CudaMemEngines.interval_s": ("0", "1e10", "float('inf')", "float('nan')"),
+    "CudaMemPlan.margin": ("-1", "1", "5", "float('nan')", "'x'"),
+    "CudaMemPlan.calibrated_margin": ("-0.1", "1.0", "float('inf')", "7"),
 }
 GOOD = {
     "CudaMem.auto_threshold": (("'10MB'", "10MB"), ("0", 0), ("'2 GiB'", "2 GiB"), ("4096", 4096)),
@@ -50,7 +53,8 @@ GOOD = {
     "CudaMemMonitor.interval_s": (("0.2", 0.2),),
     "CudaMemMonitor.alert_fraction": (("0.5", 0.5), ("1", 1.0), ("0", 0.0)),
 }
-KINDS = {"CudaMem": CudaMem, "OomFix": OomFix, "CudaMemMonitor": CudaMemMonitor, "CudaMemEngines": CudaMemEngines}
+KINDS = {"CudaMem": CudaMem, "OomFix": OomFix, "CudaMemMonitor": CudaMemMonitor, "CudaMemEngines": CudaMemEngines,
+         "CudaMemPlan": CudaMemPlan}
 CASES = [(option, value) for option, values in BAD.items() for value in values]
 
 
