@@ -194,7 +194,8 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
         return all(peak_allocated_bytes(events_at(v, batch * (1 + margin)), held) <= cap_bytes for v in variants)
 
     def fits_at(batch: int, scales: Sequence[float], runs: int = RUNS_IN_A_ROW) -> bool:
-        return all(fits_in_a_row(events_at(v, batch * scale), start, cap_bytes, runs) for scale in scales for v in variants)
+        return all(fits_in_a_row(events_at(v, batch * scale), start, cap_bytes, runs, held)
+                   for scale in scales for v in variants)
 
     scales = tuple(dict.fromkeys(1 + margin * share for share in NEXT_RUN_SCALES))
     settling = 1 + margin  # the largest sizes: the replays settle on them first (``largest``)
@@ -221,14 +222,15 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
 
 
 def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: int,
-                  runs: int = RUNS_IN_A_ROW) -> bool:
+                  runs: int = RUNS_IN_A_ROW, held: Mapping[int, int] | None = None) -> bool:
     """Whether ``events`` fit ``runs`` times in a row under ``cap_bytes``: the first from ``start``, each
     next one from where the last left the allocator, as the cell's next run makes them (``next_run``).
-    Stops early where a run leaves the allocator as the run before it did: the next would replay the same."""
+    Stops early where a run leaves the allocator as the run before it did: the next would replay the same.
+    ``held``: ``held_at_start(start)``, where the caller has it already (a search asks thousands of times)."""
     run = replay(events, start, cap_bytes, keep_end=runs > 1)
     if not run.fits or run.end is None:
         return run.fits
-    end, again = run.end, next_run(events, held_at_start(start))
+    end, again = run.end, next_run(events, held_at_start(start) if held is None else held)
     before = None
     for left in range(runs - 2, -1, -1):
         layout, keys = _carried(end)
