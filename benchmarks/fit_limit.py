@@ -3,7 +3,7 @@
 ``%oomfix`` predicts the largest batch from the *allocated* peaks of its tries. A cap limits *reserved*
 memory, and what PyTorch's caching allocator reserves beyond what is allocated near the limit differs
 by workload. This measures, for each workload, around the largest fitting batch (the oracle of
-``results/oomfix_sweep.json``, found by bisection in a fresh namespace):
+``results/oomfix_sweep_2026-11-27_one_run.json``, found by bisection in a fresh namespace):
 
 1. **fresh**: each run in a fresh namespace with the cache emptied (as the oracle's probes), at
    ``FRESH`` x the oracle: fitted or not, the allocated and reserved peaks above the cell's start, the
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         parser.error("no CUDA device: run on the GPU machine")
     oracles = {name: info["oracle_batch"] for name, info in
-               json.loads(sweep.RESULTS.read_text())["workloads"].items() if info.get("oracle_batch")}
+               json.loads(sweep.SINGLE_RUN_RESULTS.read_text())["workloads"].items() if info.get("oracle_batch")}
     names = sweep.select_part([w.name for w in sweep.WORKLOADS if w.name in oracles], args.part)
     torch.cuda.init()
     cap_bytes = int(args.cap_gib * 2**30)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     results.update(sweep.environment("cuda", cap_bytes))
     results.pop("ratios", None)
-    results["oracles_from"] = f"benchmarks/results/oomfix_sweep.json of {json.loads(sweep.RESULTS.read_text())['date']}"
+    results["oracles_from"] = f"benchmarks/results/{sweep.SINGLE_RUN_RESULTS.name} of {json.loads(sweep.SINGLE_RUN_RESULTS.read_text())['date']}"
     results.setdefault("workloads", {})
     started = time.perf_counter()
     try:

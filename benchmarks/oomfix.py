@@ -103,7 +103,7 @@ cap), each to its own files, then merged::
     python benchmarks/oomfix.py --summary
 
 ``--quick`` is ``QUICK_WORKLOADS`` (one per regime, and a cell that builds its model) at x1.5 and x10.
-``--merge`` starts from ``--out``'s content (``results/oomfix_steady.json`` by default; the sweeps before
+``--merge`` starts from ``--out``'s content (``results/oomfix_sweep.json`` by default; the sweeps before
 issue 40 are ``results/oomfix_sweep.json``); a case a part ran replaces the case of the same workload and
 ratio there, and a workload's cases judged by another oracle are dropped. ``--merge-oracles`` adds parts'
 oracle files to ``results/oomfix_oracles.json``. ``--workloads a,b`` and ``--ratios 1.5,10`` pick,
@@ -142,8 +142,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks import bisect_batch  # noqa: E402
 
-RESULTS = REPO / "benchmarks" / "results" / "oomfix_steady.json"
-SINGLE_RUN_RESULTS = REPO / "benchmarks" / "results" / "oomfix_sweep.json"
+RESULTS = REPO / "benchmarks" / "results" / "oomfix_sweep.json"
+SINGLE_RUN_RESULTS = REPO / "benchmarks" / "results" / "oomfix_sweep_2026-11-27_one_run.json"
 """The sweeps before issue 40, judged by the single-run oracle."""
 ORACLES = REPO / "benchmarks" / "results" / "oomfix_oracles.json"
 ORACLES_ABOUT = (

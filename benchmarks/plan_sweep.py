@@ -6,7 +6,7 @@ torchvision and timm convnets, a BERT built from its config with AdamW, a GRU an
 ``no_grad``, a DataLoader loop, autocast; Llama-style, GPT-2, BERT-base and ViT fine-tunes and a GPT-2 850M
 inference whose largest batch is 1 to 48), each in a plain namespace: its setup cells once, its batch set
 where it lives (a knob cell or the cell itself). The batch as written is a quarter of the sweep's largest
-batch under 6 GiB (``benchmarks/results/oomfix_sweep.json``), so it fits comfortably. The plan is made
+batch under 6 GiB (``benchmarks/results/oomfix_sweep_2026-11-27_one_run.json``), so it fits comfortably. The plan is made
 as ``%%cudamem_plan --calibrate`` makes it (``capacity.runs.measure_runs``, ``judge``, ``build_plan``),
 for cards of 4, 6 and 8 GiB played by capping PyTorch at the card's memory less what this process holds
 outside PyTorch; the calibration runs at the smallest, 4 GiB, card. Between runs every name the cell
@@ -51,7 +51,7 @@ from jupyter_cudamem.capacity.planner import capped_at  # noqa: E402
 from jupyter_cudamem.reruns.recording import Recorder  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "plan_sweep.json"
-SWEEP = REPO / "benchmarks" / "results" / "oomfix_sweep.json"
+SWEEP = REPO / "benchmarks" / "results" / "oomfix_sweep_2026-11-27_one_run.json"
 CARDS_GIB = (4, 6, 8)
 GiB = 2**30
 

@@ -5,7 +5,7 @@ Two steps:
 
 1. ``--capture`` (GPU): each workload of ``benchmarks/oomfix.py`` in a fresh namespace, cache emptied,
    PyTorch capped at 6 GiB, at ``FRACTIONS`` x its largest fitting batch (the oracle of
-   ``results/oomfix_sweep.json``), with PyTorch's allocation history recorded (no stacks): the
+   ``results/oomfix_sweep_2026-11-27_one_run.json``), with PyTorch's allocation history recorded (no stacks): the
    segments at the cell's start and every allocation, free, segment and refused request. Written
    gzipped to ``results/replay_traces/``, one file per part.
 2. ``--validate`` (CPU, from those files): (a) each recorded run replayed as it was, under the cap:

@@ -2,7 +2,7 @@
 
 For every workload of ``benchmarks/oomfix.py`` (same setup cells, same cell), PyTorch capped at 6 GiB as in
 the sweep, the cell runs in a plain namespace at fixed fractions of the sweep's largest fitting batch
-(read from ``benchmarks/results/oomfix_sweep.json``), each run after ``gc.collect()`` and
+(read from ``benchmarks/results/oomfix_sweep_2026-11-27_one_run.json``), each run after ``gc.collect()`` and
 ``empty_cache()`` with the peak statistics reset. Recorded per run: whether it fitted, the allocated,
 reserved, active and inactive-split peaks, PyTorch's count of allocation retries (the allocator freeing
 its cache under the cap and trying again), and the error.
@@ -40,7 +40,7 @@ from benchmarks.oomfix import WORKLOADS, missing_module  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "usable_memory.json"
 CAP_BYTES = 6 * 2**30
-SWEEP = REPO / "benchmarks" / "results" / "oomfix_sweep.json"
+SWEEP = REPO / "benchmarks" / "results" / "oomfix_sweep_2026-11-27_one_run.json"
 
 
 def sweep_oracles() -> dict[str, int]:
