@@ -14,7 +14,9 @@ IPython's own rule for a trailing ``;``). ``Ran.fail`` raises the user's error f
 around it; ``run_line_magic`` from code); where the magic is the whole cell (a ``%%cudamem`` cell the
 user ran) nothing of theirs follows, and it shows the error as a plain cell shows it instead (same
 traceback, none of the magic's frames, same ``SystemExit`` note) and marks the cell as failed, so
-``error_in_exec`` is set and a notebook run that stops on errors stops there.
+``error_in_exec`` is set and a notebook run that stops on errors stops there. So does a line form that stands
+alone in its cell and does not compile (``%cudamem def f(:``): IPython prints every frame a raised
+``SyntaxError`` passed through, where a plain cell shows the error alone.
 """
 
 from __future__ import annotations
@@ -83,8 +85,11 @@ class Ran:
         error, kind, traceback = self.error, self.kind, self.traceback
         if error is None:
             return
-        if error_is_raised(shell):
-            raise error.with_traceback(traceback if frames and kind != _SYNTAX else None)
+        # A body that does not compile has no frame worth showing; IPython prints every frame a raised
+        # SyntaxError passed through, so where nothing of the user's follows the magic it is shown, not raised.
+        compiles = kind != _SYNTAX and not (kind == _BEFORE and isinstance(error, SyntaxError))
+        if error_is_raised(shell) and (compiles or not _line_magic_is_the_cell(shell)):
+            raise error.with_traceback(traceback if frames and compiles else None)
         result = shell.displayhook.exec_result
         result.error_in_exec = error
         _failed_after_all(shell)
@@ -130,6 +135,36 @@ def error_is_raised(shell: InteractiveShell) -> bool:
         return True
     magic = shell.find_cell_magic(first[0][2:]) if hasattr(shell, "find_cell_magic") else None
     return not isinstance(getattr(magic, "__self__", None), CudaMemMagicsBase)
+
+
+def _line_magic_is_the_cell(shell: InteractiveShell) -> bool:
+    """Whether the cell IPython is running is one line magic of ours and nothing else (``%cudamem def f(:``):
+    nothing of the user's runs after it, so showing its body's error and failing the cell is what raising
+    it would do."""
+    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    raw_cell = getattr(getattr(result, "info", None), "raw_cell", None)
+    if _bodies_running or not isinstance(raw_cell, str):
+        return False
+    try:
+        body = ast.parse(shell.transform_cell(raw_cell)).body
+    except Exception:  # noqa: BLE001 - not a cell that is one line magic
+        return False
+    name = _line_magic_called(body[0]) if len(body) == 1 else None
+    magic = shell.find_line_magic(name) if name is not None else None
+    return isinstance(getattr(magic, "__self__", None), CudaMemMagicsBase)
+
+
+def _line_magic_called(statement: ast.stmt) -> str | None:
+    """``name`` where ``statement`` is ``get_ipython().run_line_magic('name', ...)``, IPython's form of
+    ``%name ...`` standing alone; ``None`` for any other statement."""
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute) or call.func.attr != "run_line_magic":
+        return None
+    owner = call.func.value
+    if not (isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "get_ipython"):
+        return None
+    name = call.args[0] if call.args else None
+    return name.value if isinstance(name, ast.Constant) and isinstance(name.value, str) else None
 
 
 def _failed_after_all(shell: InteractiveShell) -> None:

@@ -193,3 +193,23 @@ def test_an_interrupt_while_awaiting_is_the_users_cancelled_error(shell, capsys,
     text = shown(capsys)
     assert "await asyncio.sleep(20)" in text  # at the user's line
     assert "jupyter_cudamem" not in text and "threading" not in text and "KeyboardInterrupt" not in text
+
+
+@pytest.mark.parametrize("options", ["", "-q"])
+@pytest.mark.parametrize("body", ["def f(:", "return 1"])  # one does not parse, one parses but does not compile
+def test_a_line_form_that_does_not_compile_shows_what_a_plain_cell_shows(shell, capsys, body, options):
+    plain = shell.run_cell(body, store_history=True)
+    plain_text = re.sub(r"\[\d+\]", "[N]", shown(capsys))
+    result = shell.run_cell(f"%cudamem {options} {body}", store_history=True)
+    assert isinstance(result.error_in_exec, SyntaxError) and not shell.last_execution_succeeded
+    assert re.sub(r"\[\d+\]", "[N]", shown(capsys)) == plain_text  # the SyntaxError alone: no frame at all
+    assert isinstance(plain.error_before_exec or plain.error_in_exec, SyntaxError)
+
+
+@pytest.mark.parametrize("cell", ["%cudamem def f(:\nafter = True", "after = %cudamem def f(:"])
+def test_a_line_form_that_does_not_compile_with_code_around_it_raises_there(shell, capsys, cell):
+    result = shell.run_cell(cell, store_history=True)
+    assert isinstance(result.error_in_exec, SyntaxError) and "after" not in shell.user_ns
+    assert shown(capsys).count("SyntaxError: invalid syntax") == 1
+    result = shell.run_cell("try:\n    %cudamem def f(:\nexcept SyntaxError:\n    caught = True", store_history=True)
+    assert result.success and shell.user_ns["caught"] is True
