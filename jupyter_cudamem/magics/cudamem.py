@@ -21,6 +21,7 @@ from ..errors import CudaMemError
 from ..history import History
 from ..units import MiB, parse_size
 from .base import CudaMemMagicsBase, one_line_errors, parse_devices, show_report
+from .cellrun import NO_VALUE
 from .cudamem_arguments import CudaMemArguments
 from .every_cell import EveryCell, mode_of
 from .left_attribution import LeftAttribution
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
     from ..attribution.probe import TensorProbe
     from ..hardware import Hardware
-    from ..report import CellReport
     from . import Extension
     from .measuring import NvtxRanges, PeakCounter
 
@@ -219,7 +219,7 @@ class CudaMem(CudaMemMagicsBase):
     @no_var_expand  # the statement is the user's code: `{x}` and `$x` stay as written, as under %time
     @line_cell_magic
     @one_line_errors
-    def cudamem(self, line: str, cell: str | None = None) -> CellReport | None:
+    def cudamem(self, line: str, cell: str | None = None) -> object:
         """Measure the GPU memory of a cell: peak and change, from PyTorch's allocator and NVML.
 
         Cell form::
@@ -227,12 +227,14 @@ class CudaMem(CudaMemMagicsBase):
             %%cudamem [options]
             model(x).sum().backward()
 
-        Line form: ``%cudamem [options] STATEMENT``. Every-cell mode: ``%cudamem on`` prints one line after
+        Line form: ``%cudamem [options] STATEMENT``, which returns the statement's value as ``%time`` does
+        (``y = %cudamem f(x)``). Every-cell mode: ``%cudamem on`` prints one line after
         each cell that uses GPU memory, ``%cudamem off`` stops it, ``%cudamem status`` says which is active.
         Peak measurement resets PyTorch's peak counters (torch.cuda.reset_peak_memory_stats) at the start of
         the cell; pass --no-reset-peak or set ``%config CudaMem.reset_peak = False`` to keep them.
         """
         __tracebackhide__ = True  # noqa: F841
+        line_form = cell is None
         if cell is None:
             options, statement = self.arguments.split(line)
             mode = mode_of(options, statement, self.shell.user_ns)
@@ -264,16 +266,21 @@ class CudaMem(CudaMemMagicsBase):
             names, one = " and ".join(without), len(without) == 1
             self.note(f"{names} need{'s' if one else ''} PyTorch with a CUDA device ({next(iter(without.values()))}); "
                       f"the cell runs without {'it' if one else 'them'}")
-        report = self.measurer.measure(
+        # The line form returns the statement's value, as %time does (-o returns the report: the value shows).
+        returns_value = line_form and not args.output
+        measured = self.measurer.measure(
             cell, settings, meter, limit_bytes if allocator is None else None, args.trace and allocator is None,
             show=not args.quiet, breakdown=breakdown and allocator is None,
             nvtx=nvtx and not without.keys() & {"--nvtx", "CudaMem.nvtx"}, verbose=args.verbose or self.verbose,
+            show_values=not returns_value,
         )
-        if report is None:
+        if measured is None:
             return None
         if not args.quiet:
-            show_report(self.shell, report)
-        return report if args.output else None
+            show_report(self.shell, measured.report)
+        if args.output:
+            return measured.report
+        return measured.value if returns_value and measured.value is not NO_VALUE else None
 
     def _nvtx_status(self) -> str | None:
         """Why no NVTX range can be pushed (``None``: one can), from what --nvtx marks with."""

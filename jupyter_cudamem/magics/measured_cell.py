@@ -8,6 +8,7 @@ the breakdown ``breakdown``'s; this is the order they run in and what a failure 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..hardware import Hardware
@@ -30,6 +31,15 @@ if TYPE_CHECKING:
 _NO_STACK = ExitStack()
 
 
+@dataclass(frozen=True)
+class MeasuredCell:
+    """A cell that ran measured: its report, and the value it displays (``NO_VALUE`` for none or a trailing
+    ``;``), which the line form returns as ``%time`` does."""
+
+    report: CellReport
+    value: object
+
+
 class CellMeasurer:
     """Runs cells of one shell measured: ``attribution`` names who holds what a cell left, each measured
     cell goes into ``history``, and ``every_cell`` does not measure the cell again."""
@@ -45,8 +55,10 @@ class CellMeasurer:
     def measure(
         self, cell: str, settings: CellSettings, meter: Meter, limit_bytes: int | None, trace: bool,
         show: bool = True, breakdown: bool = False, nvtx: bool = False, verbose: bool = False,
-    ) -> CellReport | None:
+        show_values: bool = True,
+    ) -> MeasuredCell | None:
         """Run ``cell`` as a plain cell, measured; ``None`` when it failed (its error shown as a plain cell's).
+        ``show_values``: display the cell's values as a plain cell does (the line form returns its value instead).
 
         A body that does not compile gets no report: nothing ran. When reading the counters after a
         failed cell fails too (a sticky CUDA error makes ``synchronize()`` raise again), the user's
@@ -95,13 +107,14 @@ class CellMeasurer:
             verbose=verbose,
         )
         del left, snapshot, tracker
-        ran.show_values(shell)
+        if show_values:
+            ran.show_values(shell)
         if ran.error is not None:
             if show:
                 show_report(shell, report)
             ran.fail(shell)
             return None
-        return report
+        return MeasuredCell(report, ran.value)
 
     def _tracker(self, settings: CellSettings) -> PeakCounter:
         """What counts the cell's tensors for --breakdown (imports torch: only when asked)."""

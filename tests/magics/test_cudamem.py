@@ -97,6 +97,20 @@ def test_without_output_option_nothing_is_returned(shell, machine, capsys):
     assert "peak 1.00 GiB" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("options", ["", "-q"])
+@pytest.mark.parametrize("cell", ["y = %s 6*7", "%s 6*7", "%s 6*7;", "y = %s 6*7;", "y = %s x = 6*7", "%s x = 1; x + 1"])
+def test_the_line_form_returns_the_value_and_shows_out_as_time_does(shell, capsys, cell, options):
+    """``%time`` returns the expression's value: bound by an assignment, shown as ``Out`` only where IPython shows
+    the magic's result (no assignment, no trailing ``;``)."""
+    def run(magic: str) -> tuple[object, list[str]]:
+        shell.user_ns.pop("y", None)
+        shell.run_cell(cell % magic, store_history=True)
+        out = capsys.readouterr().out
+        return shell.user_ns.get("y"), re.findall(r"^Out\[\d+\]: (.*)$", out, flags=re.MULTILINE)
+
+    assert run(f"%cudamem {options}".strip()) == run("%time")
+
+
 def test_quiet_records_without_showing(shell, capsys):
     shell.run_cell("%%cudamem --quiet\nm.allocate(0, GiB)")
     assert "peak" not in capsys.readouterr().out
