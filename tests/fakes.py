@@ -166,13 +166,13 @@ class FakeAllocator:
             raise ValueError("fraction out of range")
         self._gpu(index).fraction = fraction
 
-    def start_trace(self, max_entries: int, stacks: bool = True, mark_steps: bool = False) -> None:
+    def start_trace(self, max_entries: int, stacks: bool = True, mark_steps: bool = False, join: bool = False) -> None:
         self.tracing = True
-        self.trace_stacks = stacks
+        self.trace_stacks = None if join else stacks  # joined: the recording's own settings stand
         self.marking_steps = mark_steps
 
-    def stop_trace(self) -> dict[str, Any]:
-        self.tracing = False
+    def stop_trace(self, leave_running: bool = False) -> dict[str, Any]:
+        self.tracing = leave_running
         snapshot = {"segments": list(self.snapshot_segments), "device_traces": [self.trace_entries or []]}
         if self.marking_steps:
             snapshot["optimizer_steps"] = list(self.step_marks)

@@ -1,5 +1,6 @@
 """Record what a rerun allocates and frees, for the allocator replay (``replay``), through PyTorch's own
-history without Python stacks; not where someone else records, or the API is missing (then no replay).
+history without Python stacks; where the user records already, their history is read and left running as
+they set it (no replay where its ring dropped where the rerun began, or the API is missing).
 A run longer than the history is kept as a **window** of its last events where ``%oomfix`` asks, and only
 where its replay reaches the run's measured peak (why: ``docs/oomfix.md``, "Why the reruns work this way").
 """
@@ -48,6 +49,7 @@ class Recorder:
         self.allocator = allocator
         self.windows = windows
         self.max_events = WINDOW_EVENTS if windows else MAX_EVENTS
+        self._joined: _HistoryEnd | None = None  # where the user's history stood when the rerun began
 
     def state(self, device: int) -> tuple[StartSegment, ...] | None:
         """The segments now (where the next rerun starts); ``None`` when they cannot be read."""
@@ -60,24 +62,31 @@ class Recorder:
         """Start recording; the segments the rerun starts from, or ``None`` when not recording."""
         try:
             snapshot = self.allocator.snapshot()
-            if any(snapshot.get("device_traces") or ()):
-                return None  # someone else is recording: leave their history alone
+            traces = snapshot.get("device_traces") or ()
+            joined = _HistoryEnd.of(traces, device) if any(traces) else None
             start = start_segments(snapshot, device)
-            self.allocator.start_trace(self.max_events, stacks=False, mark_steps=True)
+            self.allocator.start_trace(self.max_events, stacks=False, mark_steps=True, join=joined is not None)
         except Exception:  # noqa: BLE001
             return None
+        self._joined = joined
         return start
 
     def stop(self, start: tuple[StartSegment, ...] | None, device: int, failed: bool) -> RecordedRun | None:
         """Stop recording (when ``start`` says it started) and read the rerun's events."""
         if start is None:
             return None
+        joined, self._joined = self._joined, None
         try:
-            snapshot = self.allocator.stop_trace()
+            snapshot = self.allocator.stop_trace(leave_running=joined is not None)
             rows = trace_rows(snapshot, device)
         except Exception:  # noqa: BLE001
             return None
-        whole = len(rows) < self.max_events  # else the history's ring dropped its beginning
+        if joined is not None:
+            begun = joined.found_in(snapshot, device)
+            if begun is None:
+                return None  # the user's ring dropped where the rerun began
+            rows = rows[begun:]
+        whole = joined is not None or len(rows) < self.max_events  # else the ring dropped its beginning
         rows, steps = without_step_marks(rows, snapshot.get(OPTIMIZER_STEPS) or (), device)
         if whole:
             events, left, spans = read_trace_within(rows, start, failed, steps)
@@ -108,3 +117,26 @@ class Recorder:
         at_start = sum(allocated_blocks(start).values())
         replayed = replay(own, start, 1 << 62).peak_allocated_bytes
         return replayed >= measured - REPLAY_MARGIN * max(measured - at_start, 0)
+
+
+@dataclass(frozen=True)
+class _HistoryEnd:
+    """Where a history someone else records stood on one device: its length and its last entry."""
+
+    length: int
+    last: object
+
+    @classmethod
+    def of(cls, traces: Sequence[Sequence[object]], device: int) -> _HistoryEnd:
+        entries = traces[device] if device < len(traces) else ()
+        return cls(len(entries), entries[-1] if entries else None)
+
+    def found_in(self, snapshot: dict, device: int) -> int | None:
+        """The index in ``snapshot``'s history of the first entry after this end; ``None`` where the history
+        did not grow past it unchanged: a full ring drops its oldest entries, and where the rerun began is
+        then lost (torch's default ring is unbounded)."""
+        traces = snapshot.get("device_traces") or ()
+        entries = traces[device] if device < len(traces) else ()
+        if len(entries) <= self.length or (self.length and entries[self.length - 1] != self.last):
+            return None
+        return self.length

@@ -116,13 +116,15 @@ class AllocatorSource(Protocol):
 
     def set_memory_fraction(self, index: int, fraction: float) -> None: ...
 
-    def start_trace(self, max_entries: int, stacks: bool = True, mark_steps: bool = False) -> None:
+    def start_trace(self, max_entries: int, stacks: bool = True, mark_steps: bool = False, join: bool = False) -> None:
         """Start recording allocation history, with Python stacks unless ``stacks`` is false; with
-        ``mark_steps``, each optimizer step is marked in it (``torch_alloc.StepMarks``)."""
+        ``mark_steps``, each optimizer step is marked in it (``torch_alloc.StepMarks``); with ``join``, a
+        recording someone else started goes on as they set it, and only the marks are added."""
 
-    def stop_trace(self) -> dict[str, Any]:
-        """Stop recording and return the allocator snapshot (``torch.cuda.memory._snapshot()``), with
-        the steps' marks under ``"optimizer_steps"`` where they were asked for."""
+    def stop_trace(self, leave_running: bool = False) -> dict[str, Any]:
+        """Stop recording (unless ``leave_running``: a recording joined) and return the allocator snapshot
+        (``torch.cuda.memory._snapshot()``), with the steps' marks under ``"optimizer_steps"`` where they
+        were asked for."""
 
     def snapshot(self) -> dict[str, Any]:
         """The allocator snapshot now (its segments; its trace when one is being recorded)."""

@@ -220,13 +220,14 @@ class TorchAllocator:
     def set_memory_fraction(self, index: int, fraction: float) -> None:
         _torch().cuda.set_per_process_memory_fraction(fraction, index)
 
-    def start_trace(self, max_entries: int, stacks: bool = True, mark_steps: bool = False) -> None:
+    def start_trace(self, max_entries: int, stacks: bool = True, mark_steps: bool = False, join: bool = False) -> None:
         memory = _torch().cuda.memory
         if not hasattr(memory, "_record_memory_history"):
             raise CudaMemError("this PyTorch cannot record allocation history; --trace needs torch 2.1 or later")
-        # Without stacks (context None) each event costs no Python frame walk: what %oomfix records.
-        memory._record_memory_history(enabled="all", context="all" if stacks else None, stacks="python",
-                                      max_entries=max_entries)
+        if not join:
+            # Without stacks (context None) each event costs no Python frame walk: what %oomfix records.
+            memory._record_memory_history(enabled="all", context="all" if stacks else None, stacks="python",
+                                          max_entries=max_entries)
         if self._steps is not None:
             self._steps.remove()  # a recording never stopped: its hooks go, not beside the new ones
             self._steps = None
@@ -239,7 +240,7 @@ class TorchAllocator:
             raise CudaMemError("this PyTorch cannot take an allocator snapshot (torch 2.1 or later can)")
         return dict(memory._snapshot())
 
-    def stop_trace(self) -> dict[str, Any]:
+    def stop_trace(self, leave_running: bool = False) -> dict[str, Any]:
         memory = _torch().cuda.memory
         steps, self._steps = self._steps, None
         try:
@@ -248,7 +249,8 @@ class TorchAllocator:
                 snapshot[OPTIMIZER_STEPS] = list(steps.marks)
             return snapshot
         finally:
-            memory._record_memory_history(enabled=None)
+            if not leave_running:
+                memory._record_memory_history(enabled=None)
             if steps is not None:
                 steps.remove()
 

@@ -56,3 +56,30 @@ def test_a_run_longer_than_the_history_is_kept_as_a_window_that_replays_to_its_m
 def test_a_run_whose_peak_came_before_the_window_is_not_kept(torch):
     recorded, _ = loop_run(torch, first_pass_mib=256)
     assert recorded is None
+
+
+def test_a_recording_the_user_started_is_read_for_the_rerun_and_left_running(torch):
+    from jupyter_cudamem.sources.torch_alloc import TorchAllocator
+
+    source = TorchAllocator()
+    torch.cuda.empty_cache()
+    torch.cuda.memory._record_memory_history(max_entries=100_000)  # the user's, with stacks
+    try:
+        before = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")  # theirs, before the rerun
+        recorder = Recorder(source)
+        start = recorder.start(0)
+        assert start is not None
+        made = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+        del made
+        torch.cuda.synchronize()
+        recorded = recorder.stop(start, 0, failed=False)
+        assert recorded is not None and recorded.whole
+        assert [(kind, size) for kind, _, size, _ in recorded.events if kind == "alloc"] == [("alloc", 64 * MiB)]
+        after = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda")
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        assert trace[-1]["action"] == "alloc" and trace[-1]["size"] == 2 * MiB  # still recording
+        assert trace[-1]["frames"]  # with the stacks the user asked for
+        del before, after
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+        torch.cuda.empty_cache()

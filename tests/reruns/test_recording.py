@@ -36,14 +36,29 @@ def test_a_rerun_is_recorded_without_stacks_from_the_segments_it_started_with():
     assert [(kind, size) for kind, _, size, _ in run.events] == [("alloc", 64 * MiB), ("free", 0)]
 
 
-def test_someone_elses_recording_is_left_alone():
+USERS = {"action": "alloc", "addr": 1 << 33, "size": 8 * MiB, "stream": 0, "frames": [{"line": 3}]}
+
+
+def test_a_recording_the_user_started_is_read_from_where_it_stood_and_left_running():
     fake = allocator()
-    fake.snapshot = lambda: {"segments": [], "device_traces": [[TRACE[0]]]}  # the user records already
-    stopped = []
-    fake.stop_trace = lambda: stopped.append(True) or {}
+    fake.snapshot = lambda: {"segments": [SEGMENT], "device_traces": [[USERS]]}  # the user records already
+    fake.trace_entries = [USERS, *TRACE]
     recorder = Recorder(fake)
-    assert recorder.start(0) is None and not fake.tracing
-    assert recorder.stop(None, 0, failed=False) is None and not stopped  # their recording goes on
+    start = recorder.start(0)
+    assert fake.tracing and fake.trace_stacks is None  # joined: their settings stand
+    run = recorder.stop(start, 0, failed=False)
+    assert fake.tracing  # their recording goes on
+    assert isinstance(run, RecordedRun)
+    assert [(kind, size) for kind, _, size, _ in run.events] == [("alloc", 64 * MiB), ("free", 0)]  # not theirs
+
+
+def test_a_users_history_whose_ring_dropped_where_the_rerun_began_is_not_replayed():
+    fake = allocator()
+    fake.snapshot = lambda: {"segments": [SEGMENT], "device_traces": [[USERS, USERS]]}
+    fake.trace_entries = [USERS, *TRACE[:1]]  # as long as before: the ring is full, its end moved
+    recorder = Recorder(fake)
+    assert recorder.stop(recorder.start(0), 0, failed=False) is None
+    assert fake.tracing  # still theirs, still on
 
 
 def test_what_cannot_be_recorded_is_not_replayed():

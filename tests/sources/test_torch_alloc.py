@@ -221,3 +221,31 @@ def test_a_recording_never_stopped_leaves_no_step_hooks_beside_the_next_ones(mon
     assert removed == ["first"] and allocator._steps is not None and allocator._steps.name == "second"
     allocator.start_trace(10)  # no marks asked for: none left
     assert removed == ["first", "second"] and allocator._steps is None and len(recorded) == 3
+
+
+def test_a_recording_joined_keeps_the_users_settings_and_keeps_running(monkeypatch):
+    import types
+
+    from jupyter_cudamem.sources import torch_alloc
+
+    recorded: list[dict] = []
+    memory = types.SimpleNamespace(_record_memory_history=lambda **kwargs: recorded.append(kwargs),
+                                   _snapshot=lambda: {"segments": [], "device_traces": [[]]})
+    monkeypatch.setattr(torch_alloc, "_torch", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(memory=memory)))
+    removed: list[str] = []
+
+    class Marks:
+        marks = [(0, 1, 2)]
+
+        def remove(self):
+            removed.append("marks")
+
+    monkeypatch.setattr(torch_alloc.StepMarks, "install", classmethod(lambda cls, torch: Marks()))
+    allocator = torch_alloc.TorchAllocator()
+    allocator.start_trace(10, stacks=False, mark_steps=True, join=True)
+    snapshot = allocator.stop_trace(leave_running=True)
+    assert recorded == []  # neither restarted with our settings nor stopped
+    assert snapshot["optimizer_steps"] == [(0, 1, 2)] and removed == ["marks"]
+    allocator.start_trace(10, stacks=False)
+    allocator.stop_trace()
+    assert [call.get("enabled") for call in recorded] == ["all", None]
