@@ -228,7 +228,8 @@ class CudaMem(CudaMemMagicsBase):
             model(x).sum().backward()
 
         Line form: ``%cudamem [options] STATEMENT``, which returns the statement's value as ``%time`` does
-        (``y = %cudamem f(x)``). Every-cell mode: ``%cudamem on`` prints one line after
+        (``y = %cudamem f(x)``); a statement that starts with ``-`` goes in parentheses (``%cudamem (-x)``),
+        where it would read as an option. Every-cell mode: ``%cudamem on`` prints one line after
         each cell that uses GPU memory, ``%cudamem off`` stops it, ``%cudamem status`` says which is active.
         Peak measurement resets PyTorch's peak counters (torch.cuda.reset_peak_memory_stats) at the start of
         the cell; pass --no-reset-peak or set ``%config CudaMem.reset_peak = False`` to keep them.
@@ -241,10 +242,12 @@ class CudaMem(CudaMemMagicsBase):
             if mode is not None:
                 self.every_cell.switch(mode)
                 return None
+            args = self.arguments.parse(options, self.shell.user_ns, line_form=True)  # an unknown option first
             if not statement:
                 raise CudaMemError("nothing to measure: use %%cudamem as a cell magic, %cudamem STATEMENT, or %cudamem on")
-            cell, line = statement, options
-        args = self.arguments.parse(line, self.shell.user_ns)
+            cell = statement
+        else:
+            args = self.arguments.parse(line, self.shell.user_ns)
         settings = self.settings()
         devices = None if args.device is None else list(parse_devices(args.device, option="--device"))
         meter = settings.meter(self.hardware, devices, reset_peak=False if args.no_reset_peak else None)

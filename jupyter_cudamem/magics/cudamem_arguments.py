@@ -26,9 +26,18 @@ class CudaMemArguments:
         """``%cudamem -o x = f()``'s line as its options and the statement that follows them."""
         return self._splitter.split(line)
 
-    def parse(self, line: str, namespace: Mapping[str, Any]) -> argparse.Namespace:
-        """The options of ``line``, ``{x}`` and ``$x`` expanded from ``namespace``; argparse's errors are its own."""
-        return self._parse(expand_options(line, namespace))
+    def parse(self, line: str, namespace: Mapping[str, Any], line_form: bool = False) -> argparse.Namespace:
+        """The options of ``line``, ``{x}`` and ``$x`` expanded from ``namespace``; argparse's errors are its own,
+        but for an option it does not know. That one is refused, where ``%time -x`` runs ``-x``, so that a
+        mistyped option never runs as code; the line form's error says how a statement starting with ``-`` is
+        written."""
+        parsed, unknown = self._parse(expand_options(line, namespace))
+        if unknown:
+            listed = f"unrecognized arguments: {' '.join(unknown)}; %{'' if line_form else '%'}cudamem? lists the options"
+            if line_form:
+                listed += f", and a statement that starts with '-' goes in parentheses: %cudamem ({unknown[0]})"
+            raise CudaMemError(listed)
+        return parsed
 
     def limit_of(self, source: str, namespace: Mapping[str, Any]) -> int | None:
         """The ``--limit`` (bytes) a ``%%cudamem`` or ``%cudamem`` cell ran under; ``None`` for any other
@@ -46,11 +55,15 @@ class CudaMemArguments:
         except (CudaMemError, Exception):  # noqa: BLE001  a header argparse rejects ran no cell
             return None
 
-    def _parse(self, line: str) -> argparse.Namespace:
-        """argparse costs ~80 µs a call; the same option line always parses the same way."""
+    def _parse(self, line: str) -> tuple[argparse.Namespace, list[str]]:
+        """The options and what the parser does not know; argparse costs ~80 µs a call, and the same option
+        line always parses the same way."""
         cached = self._parsed.get(line)
         if cached is None:
-            cached = self.parser.parse_args(split_line(line))
+            parsed, unknown = self.parser.parse_known_args(split_line(line))
+            if unknown:
+                return parsed, unknown
+            cached = parsed
             if len(self._parsed) < _MEMOISED_LINES:
                 self._parsed[line] = cached
-        return argparse.Namespace(**vars(cached))
+        return argparse.Namespace(**vars(cached)), []

@@ -145,6 +145,20 @@ def test_bad_arguments_are_one_line_and_the_cell_does_not_run(shell, capsys, lin
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(("line", "unknown"), [("--bogus", "--bogus"), ("-x", "-x"), ("-q --bogus", "--bogus"),
+                                               ("-x + 1", "-x"), ("--bogus -q y = 1", "--bogus")])
+def test_an_unknown_option_of_the_line_form_is_named_in_one_line(shell, line, unknown):
+    """Unlike ``%time -x``, which runs ``-x``: a mistyped option must not run as code. A statement that starts
+    with ``-`` goes in parentheses."""
+    shell.user_ns.update(x=3, y=None)
+    result = shell.run_cell(f"%cudamem {line}", store_history=True)
+    message = str(result.error_in_exec)
+    assert type(result.error_in_exec).__name__ == "UsageError" and "\n" not in message
+    assert f"unrecognized arguments: {unknown}" in message and f"%cudamem ({unknown})" in message
+    assert shell.user_ns["y"] is None
+    assert shell.run_cell("y = %cudamem -q (-x)", store_history=True).success and shell.user_ns["y"] == -3
+
+
 def test_trace_names_the_users_line_and_saves_a_snapshot(shell, tmp_path, capsys):
     allocator = magics.loaded(shell).hardware.allocator
     allocator.trace_entries = [
