@@ -50,10 +50,13 @@ class PlanOptions:
     calibrate: bool = False
 
     def __post_init__(self) -> None:
-        """A one-line error for a margin out of range."""
+        """A one-line error for a margin out of range, or a second batch that is no batch (whatever the cell)."""
         margin = self.default_margin if self.margin is None else self.margin
         if not 0 <= margin < 1:
             raise CudaMemError(f"--margin takes a fraction from 0 up to (not including) 1, such as 0.05; got {margin}")
+        if self.small is not None and (isinstance(self.small, bool) or self.small < 1):
+            raise CudaMemError(f"--small takes the second batch size to measure, a whole number from 1 up (other than "
+                               f"the cell's own batch); got {self.small}")
         if self.calibrate and not 0 <= self.calibrated_margin < 1:
             raise CudaMemError(
                 f"CudaMemPlan.calibrated_margin takes a fraction from 0 to 1 such as 0.03, got {self.calibrated_margin}: "

@@ -73,7 +73,7 @@ class CudaMemPlan(CudaMemMagicsBase):
               help="Return the plan, as %%timeit -o does: it is the cell's Out[N], shown once as any value is, so "
               "plan = _ (or Out[N]) in the next cell keeps it (.predicted, .cards, .line, .figure()).")
     @argument("--small", type=int, default=None, metavar="N",
-              help="The second batch to measure (default: half the batch as written).")
+              help="The second batch to measure, 1 or more (default: half the batch as written).")
     @argument("--calibrate", action="store_true",
               help="Also find the largest batch that fits on the smallest card of the plan (PyTorch capped here to "
               "play it; this card when none is smaller) by running the cell there, up to 12 more runs at batches "

@@ -140,6 +140,28 @@ def test_small_overrides_the_second_batch(plan_shell):
     assert "--small" in usage_error(shell, "%%cudamem_plan --small 64\nstep(64)")
 
 
+@pytest.mark.parametrize("small", ["0", "-4"])
+def test_a_small_below_one_is_refused_before_anything_runs(plan_shell, small):
+    """--small is the second batch to measure: whatever the cell holds, 0 or -4 is never one."""
+    shell, machine, stepper = plan_shell
+    for body in ("step(64)", "step(4)", "x = 1"):  # a batch, one smaller than -4's 4, and none to compare
+        message = usage_error(shell, f"%%cudamem_plan --small {small}\n{body}")
+        assert "--small" in message and "a whole number from 1" in message, message
+    assert stepper.calls == []
+
+
+def test_a_small_below_one_is_refused_without_a_gpu(ip, machine):
+    magics.unload(ip)
+    magics.load(ip, Hardware(allocator=FakeAllocator(machine, status="no CUDA device"), nvml=FakeNvml(machine),
+                             pid=machine.pid))
+    try:
+        ip.user_ns["ran"] = []
+        message = usage_error(ip, "%%cudamem_plan --small 0\nran.append(1)")
+        assert "--small" in message and "a whole number from 1" in message and ip.user_ns["ran"] == []
+    finally:
+        magics.unload(ip)
+
+
 def test_no_gpu_runs_the_body_as_a_plain_cell_and_says_what_it_cannot_measure(ip, machine, capsys):
     magics.unload(ip)
     hardware = Hardware(allocator=FakeAllocator(machine, status="no CUDA device (torch.cuda.is_available() is False)"),
