@@ -21,6 +21,7 @@ from typing import Any
 from .errors import CudaMemError
 from .repeats import RunGrowth
 from .measure import Measurement
+from .units import whole_number
 
 SOURCE_HEAD_CHARS = 60
 
@@ -204,12 +205,15 @@ class CellRanges:
         spans: list[tuple[int, int | None]] = []
         for token in tokens:
             match = _CELL_RANGE.match(token)
-            if match is None:
+            first = whole_number(match.group(1)) if match else None
+            end = match.group(3) if match else None  # "" for "20-": no end
+            last = whole_number(end) if end else None
+            if match is None or first is None or (end and last is None):
                 raise CudaMemError(
                     f"--cells takes cell numbers such as 12, 5-9 (both included) or 20- (from 20 on); got {token!r}"
                 )
-            first = int(match.group(1))
-            last = first if match.group(2) is None else (int(match.group(3)) if match.group(3) else None)
+            if match.group(2) is None:
+                last = first
             if last is not None and last < first:
                 raise CudaMemError(f"--cells {token}: the range ends before it starts; write {last}-{first}")
             spans.append((first, last))
@@ -223,4 +227,4 @@ class CellRanges:
         return any(first <= number and (last is None or number <= last) for first, last in self.spans)
 
 
-_CELL_RANGE = re.compile(r"^(\d+)(-(\d*))?$")
+_CELL_RANGE = re.compile(r"^([0-9]+)(-([0-9]*))?$")  # ASCII digits: ``\d`` is any script's

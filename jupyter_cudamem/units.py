@@ -109,6 +109,12 @@ def number_in(value: object, name: str, low: float, high: float, what: str) -> f
 
 def whole_number(text: str) -> int | None:
     """``text`` as a whole number of ASCII digits (``"12"``), else ``None``. ``str.isdigit`` accepts ``"²"``
-    (which ``int`` refuses), ``int`` accepts ``"١٢"`` and ``"1_0"``: an option's number is neither."""
+    (which ``int`` refuses), ``int`` accepts ``"١٢"`` and ``"1_0"``: an option's number is neither. ``None``
+    too for more digits than ``int`` converts from text (``sys.get_int_max_str_digits``)."""
     text = text.strip()
-    return int(text) if text.isascii() and text.isdecimal() else None
+    if not (text.isascii() and text.isdecimal()):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None

@@ -26,7 +26,7 @@ from ..monitor.poller import DEFAULT_INTERVAL_S, Poller
 from ..monitor.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
 from ..units import number_in
 from .base import CudaMemMagicsBase, one_line_errors
-from .options import parse_line
+from .options import count_option, parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
@@ -190,7 +190,8 @@ class CudaMemEngines(CudaMemMagicsBase):
         "status, monitor (watch the engines' GPUs live), stop (stop that monitor).",
     )
     @argument("--history", action="store_true", help="Show each engine's measured cells, not only its latest.")
-    @argument("--last", type=int, metavar="N", help="With --history: the latest N cells of each engine (default 20).")
+    @argument("--last", type=count_option("a number of cells"), metavar="N",
+              help="With --history: the latest N cells of each engine (default 20).")
     @argument("--targets", metavar="IDS", help="Engine ids, such as 0,2 or 0-3 (default: the engines %%px runs on).")
     @argument("--timeout", type=float, metavar="SECONDS", help="Seconds to wait for the engines (default 10).")
     @argument("--interval", type=float, metavar="SECONDS", help="monitor: seconds between readings (default 1).")
@@ -220,8 +221,6 @@ class CudaMemEngines(CudaMemMagicsBase):
         if args.action == "monitor":
             self.start_monitor(view.client, engines, args.interval if args.interval is not None else self.interval_s)
             return None
-        if args.last is not None and args.last < 1:
-            raise CudaMemError(f"--last takes a number of cells, at least 1; got {args.last}")
         if args.last is not None and not args.history:
             raise CudaMemError("--last goes with --history (the latest N cells of each engine)")
         timeout = self.timeout_s if args.timeout is None else timeout_seconds(args.timeout, "--timeout")

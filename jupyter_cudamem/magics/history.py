@@ -20,7 +20,7 @@ from ..report import HistoryTable
 from ..report.plot import HistoryPlot
 from ..report.table import DEFAULT_SHOWN_CELLS
 from .base import CudaMemMagicsBase, one_line_errors
-from .options import parse_line
+from .options import count_option, parse_line
 
 T = TypeVar("T")
 
@@ -58,7 +58,7 @@ class CudaMemHistory(CudaMemMagicsBase):
         "(.png, .svg or .pdf).",
     )
     @argument("--all", action="store_true", help=f"List every selected cell, not the latest {DEFAULT_SHOWN_CELLS} and a summary.")
-    @argument("--last", type=int, metavar="N", help="Only the latest N measured cells.")
+    @argument("--last", type=count_option("a number of cells"), metavar="N", help="Only the latest N measured cells.")
     @argument(
         "--cells",
         metavar="RANGES",

@@ -13,13 +13,14 @@ from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..oomfix.options import check_max_tries, check_strategies
 from ..oomfix.strategies import STRATEGIES, Strategy
+from .options import count_option
 
 
 def oomfix_options(function: Callable[..., Any]) -> Callable[..., Any]:
     """The options both forms share."""
     for decorator in reversed((
         argument("--dry-run", action="store_true", help="Diagnose only: free nothing, rerun nothing."),
-        argument("--max-tries", type=int, default=None, metavar="N",
+        argument("--max-tries", type=count_option("a number of reruns"), default=None, metavar="N",
                  help="At most N reruns (default: OomFix.max_tries, 3)."),
         argument("--del", dest="delete", action="append", default=[], metavar="NAME",
                  help="Also delete this variable before rerunning (repeatable). Nothing of yours is deleted otherwise."),

@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from traitlets import TraitError
 
 from ..errors import CudaMemError
-from ..units import parse_size
+from ..units import parse_size, whole_number
 
 _OPTION = re.compile(r"\s*(--?[A-Za-z][\w-]*)")
 _OPTION_VALUE = re.compile(r"""(?:=|\s+)("[^"]*"|'[^']*'|\S+)""")
@@ -132,3 +132,19 @@ def positive_int(option: str, value: int, what: str) -> int:
     if isinstance(value, bool) or not 1 <= value <= MAX_COUNT:
         raise TraitError(f"{option} takes {what} (a whole number from 1 to {MAX_COUNT:,}); got {value!r}")
     return value
+
+
+def count_option(what: str, least: int = 1) -> Callable[[str], int]:
+    """An ``@argument`` ``type`` for a count typed as an option's value: ``whole_number``'s ASCII digits (``int``
+    also takes ``"３"``, ``"٣"`` and ``"1_0"``), from ``least`` to ``MAX_COUNT``. argparse names the option in
+    its one-line error: ``argument --last: takes a number of cells, ...``."""
+
+    def count(text: str) -> int:
+        number = whole_number(text)
+        if number is None or not least <= number <= MAX_COUNT:
+            raise argparse.ArgumentTypeError(
+                f"takes {what}, a whole number from {least} to {MAX_COUNT:,} in digits 0-9; got {text!r}"
+            )
+        return number
+
+    return count

@@ -18,7 +18,7 @@ from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN, CapacityPlan
 from ..growth.fitting import REPLAY_MARGIN
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, BodyRuns, run_cell_body
-from .options import parse_line
+from .options import count_option, parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -72,7 +72,7 @@ class CudaMemPlan(CudaMemMagicsBase):
     @argument("-o", "--output", action="store_true",
               help="Return the plan, as %%timeit -o does: it is the cell's Out[N], shown once as any value is, so "
               "plan = _ (or Out[N]) in the next cell keeps it (.predicted, .cards, .line, .figure()).")
-    @argument("--small", type=int, default=None, metavar="N",
+    @argument("--small", type=count_option("the second batch size to measure"), default=None, metavar="N",
               help="The second batch to measure, 1 or more (default: half the batch as written).")
     @argument("--calibrate", action="store_true",
               help="Also find the largest batch that fits on the smallest card of the plan (PyTorch capped here to "

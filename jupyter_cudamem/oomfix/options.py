@@ -7,16 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import CudaMemError
+from ..units import whole_number
 from .strategies import STRATEGIES, Strategy
 
 
 def check_max_tries(value: object) -> int:
     """``value`` as a number of reruns: a whole number, at least 1."""
     if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            as_int = int(str(value).strip())
-        except ValueError:
-            raise CudaMemError(f"max_tries must be a whole number of reruns, at least 1; got {value!r}") from None
+        as_int = whole_number(str(value))
+        if as_int is None:
+            raise CudaMemError(f"max_tries must be a whole number of reruns, at least 1; got {value!r}")
         value = as_int
     if value < 1:
         raise CudaMemError(f"max_tries must be at least 1 (a whole number of reruns); got {value}")

@@ -57,7 +57,7 @@ def test_a_closed_client_is_one_line(shell, monkeypatch):
     "line, message",
     [
         ("--last 3", "--last goes with --history"),
-        ("--history --last 0", "--last takes a number of cells, at least 1; got 0"),
+        ("--history --last 0", "argument --last: takes a number of cells, a whole number from 1"),
         ("--targets x", "--targets takes engine ids such as 0,2 or 0-3; got 'x'"),
         ("--interval 2", "'show' takes --history, --last, --targets, --timeout, -o; --interval does not go with it"),
         ("monitor --history", "'monitor' takes --interval, --targets; --history does not go with it"),

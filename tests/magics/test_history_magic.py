@@ -77,7 +77,7 @@ def test_plot_saves_in_one_line_and_shows_text_in_a_terminal(filled, capsys, tmp
     [
         ("--cells 9-5", "--cells 9-5: the range ends before it starts; write 5-9"),
         ("--cells five", "--cells takes cell numbers such as 12, 5-9"),
-        ("--last 0", "--last takes a number of cells of 1 or more"),
+        ("--last 0", "argument --last: takes a number of cells, a whole number from 1"),
         ("--save cells.xlsx", "use .csv or .json"),
         ("--plot --save cells.bmp", "use .png, .svg or .pdf"),
         ("--cells 2000- --plot", "no measured cell in --cells 2000-; the history holds 1,000 cells, [1] to [1000]"),

@@ -77,6 +77,33 @@ def test_a_device_that_is_not_ascii_digits_is_one_line(shell, cell):
     assert "x" not in shell.user_ns
 
 
+@pytest.mark.parametrize("cell, option", [
+    ("%cudamem_history --last ²", "--last"),
+    ("%cudamem_history --last ٣", "--last"),  # Arabic-Indic, fullwidth and a digit group: int() takes them all
+    ("%cudamem_history --last ３", "--last"),
+    ("%cudamem_history --last 1_0", "--last"),
+    ("%cudamem_history --last 99999999999", "--last"),
+    ("%cudamem_history --cells ３", "--cells"),
+    ("%cudamem_history --cells 1-٣", "--cells"),
+    ("%cudamem_history --cells " + "1" * 5000, "--cells"),  # past what int() converts from text
+    ("%oomfix --max-tries ３", "--max-tries"),
+    ("%%oomfix --max-tries ٣\nx = 1", "--max-tries"),
+    ("%%cudamem_plan --small ３\nx = 1", "--small"),
+    ("%cudamem_engines --history --last ３", "--last"),
+])
+def test_a_count_that_is_not_ascii_digits_is_one_line(shell, cell, option):
+    shell.user_ns.pop("x", None)
+    result = shell.run_cell(cell, store_history=True)
+    assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+    message = str(result.error_in_exec)
+    assert option in message and "\n" not in message
+    assert "x" not in shell.user_ns
+
+
+def test_a_count_in_ascii_digits_is_taken(shell):
+    assert shell.run_cell("%cudamem_history --last 3 --cells 1-20", store_history=True).success
+
+
 def test_cards_out_of_range_are_refused_when_set_and_the_plan_still_runs(shell):
     shell.user_ns.pop("x", None)
     for value in ("float('nan')", "float('inf')", "0.5", "-1", "'512MiB'", "1e308"):

@@ -367,7 +367,7 @@ def test_strategy_selection_and_bad_options():
     with pytest.raises(CudaMemError, match="unknown strategy 'halve'; choose from cleanup, batch, autocast"):
         check_strategies("halve")
     assert check_max_tries(5) == 5 and check_max_tries("2") == 2
-    for bad in (0, -1, "x", 1.5):
+    for bad in (0, -1, "x", 1.5, "３", "1_0"):
         with pytest.raises(CudaMemError, match="max_tries must be"):
             check_max_tries(bad)
     with pytest.raises(CudaMemError):
