@@ -141,7 +141,8 @@ class OomFix(CudaMemMagicsBase):
         return self._fix(args, failure.raw_cell, failure.exception, oom, started, failure.execution_count)
 
     # -- the cell magic ------------------------------------------------------------------------
-    @magic_arguments()
+    # The usage line is "%" + this name: %%oomfix, not the method's name (%oomfix_cell).
+    @magic_arguments("%oomfix")
     @oomfix_options
     @no_var_expand
     @cell_magic("oomfix")  # type: ignore[arg-type]  # IPython annotates cell_magic("name") as taking Never

@@ -61,7 +61,7 @@ class CudaMemPlan(CudaMemMagicsBase):
                              f"such as {example:g}; got {value!r}")
         return value
 
-    @magic_arguments()
+    @magic_arguments("%cudamem_plan")  # the usage line is "%" + this name: %%cudamem_plan, as it is typed
     @argument("--autocast", action="store_true",
               help="Also run the cell at its batch under torch.autocast, to say what bfloat16/float16 buys.")
     @argument("--margin", type=float, default=None, metavar="FRACTION",

@@ -104,6 +104,18 @@ def test_a_count_in_ascii_digits_is_taken(shell):
     assert shell.run_cell("%cudamem_history --last 3 --cells 1-20", store_history=True).success
 
 
+@pytest.mark.parametrize("typed, usage", [
+    ("%oomfix", "%oomfix"), ("%%oomfix", "%%oomfix"), ("%%cudamem_plan", "%%cudamem_plan"),
+    ("%cudamem", "%cudamem"), ("%%cudamem", "%cudamem"),  # one function for both forms, as IPython's %%time
+    ("%cudamem_history", "%cudamem_history"),
+])
+def test_help_shows_the_magic_as_it_is_typed(shell, capsys, typed, usage):
+    capsys.readouterr()
+    shell.run_cell(f"{typed}?")
+    shown = capsys.readouterr().out
+    assert f"::\n\n  {usage} [" in shown, shown[:300]
+
+
 def test_cards_out_of_range_are_refused_when_set_and_the_plan_still_runs(shell):
     shell.user_ns.pop("x", None)
     for value in ("float('nan')", "float('inf')", "0.5", "-1", "'512MiB'", "1e308"):
