@@ -6,6 +6,7 @@ only shows them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,8 +34,19 @@ def _saved(path: str, save: Callable[[Path], T]) -> T:
         target.parent.mkdir(parents=True, exist_ok=True)
         return save(target)
     except OSError as error:
-        reason = error.strerror or type(error).__name__
+        reason = _not_a_folder(target) or error.strerror or type(error).__name__
         raise CudaMemError(f"cannot write {str(target)!r}: {reason}; choose --save a path you can write") from None
+
+
+def _not_a_folder(target: Path) -> str | None:
+    """Where the nearest existing folder on the way to ``target`` is a file (``/dev/null/x.csv``): the OS's
+    own words for it ("File exists", "Not a directory") do not say which."""
+    for folder in target.parents:
+        if os.path.isdir(folder):
+            return None
+        if os.path.lexists(folder):
+            return f"{str(folder)!r} is not a folder"
+    return None
 
 
 @magics_class
@@ -85,6 +97,9 @@ class CudaMemHistory(CudaMemMagicsBase):
         records: ``pandas.DataFrame(rows)`` gives one row per cell and device, sizes in bytes.
         """
         args = parse_line(self.cudamem_history, line)
+        if args.save is not None and not args.save.strip():
+            raise CudaMemError("--save takes a file to write, such as cells.csv (with --plot, cells.png); got an "
+                               "empty path")
         history = self._history()
         if args.clear:
             others = [flag for flag, given in (("--last", args.last is not None), ("--cells", args.cells is not None),

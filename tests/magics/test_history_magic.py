@@ -7,6 +7,7 @@ import re
 
 from tests import history_day
 import pytest
+from IPython.core.error import UsageError
 
 from jupyter_cudamem import magics
 from jupyter_cudamem.report.table import DEFAULT_SHOWN_CELLS
@@ -50,6 +51,27 @@ def test_save_says_one_line_and_writes_the_selection(filled, capsys, tmp_path):
     rows = json.loads(target.read_text())
     assert {row["execution_count"] for row in rows} == set(range(1, 51))
     assert out == f"cudamem history: 50 cells ({len(rows)} rows) saved to {target}\n"
+
+
+@pytest.mark.parametrize("line", ['--save ""', "--save ''", "--save '  '", '--plot --save ""'])
+def test_save_with_an_empty_path_is_refused(filled, capsys, line):
+    result = filled.run_cell(f"%cudamem_history {line}")
+    assert isinstance(result.error_in_exec, UsageError)
+    message = str(result.error_in_exec)
+    assert "--save takes a file" in message and "empty" in message and "\n" not in message
+    assert "[1000]" not in capsys.readouterr().out  # nothing shown instead
+
+
+@pytest.mark.parametrize("below", ["cells.csv", "runs/cells.csv"])
+def test_save_below_a_file_says_which_is_not_a_folder(filled, capsys, tmp_path, below):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("mine")
+    target = blocker / below
+    result = filled.run_cell(f"%cudamem_history --save {target}")
+    assert isinstance(result.error_in_exec, UsageError)
+    message = str(result.error_in_exec)
+    assert message.startswith(f"cannot write {str(target)!r}: {str(blocker)!r} is not a folder"), message
+    assert "\n" not in message and blocker.read_text() == "mine"
 
 
 def test_output_shows_the_table_and_returns_the_selected_rows(filled, capsys):
