@@ -102,9 +102,19 @@ def number_in(value: object, name: str, low: float, high: float, what: str) -> f
     """
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise CudaMemError(f"{name} takes {what} from {low:g} to {high:g}; got {value!r}")
-    if not math.isfinite(value) or not low <= value <= high:
-        raise CudaMemError(f"{name} takes {what} from {low:g} to {high:g}; got {value:g}")
+    # An int is compared as it is: one past a float's range (10**400) has no float to check.
+    within = low <= value <= high if isinstance(value, int) else math.isfinite(value) and low <= value <= high
+    if not within:
+        raise CudaMemError(f"{name} takes {what} from {low:g} to {high:g}; got {_shown(value)}")
     return float(value)
+
+
+def _shown(value: float) -> str:
+    """``value`` as ``number_in``'s error writes it: ``%g``, or its power of ten past a float's range."""
+    try:
+        return f"{value:g}"
+    except OverflowError:
+        return f"about {'-' if value < 0 else ''}1e+{int(math.log10(abs(value)))}"
 
 
 def whole_number(text: str) -> int | None:

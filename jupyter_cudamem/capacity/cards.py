@@ -26,6 +26,7 @@ the plan runs on (see ``plan.non_pytorch_bytes``), not assumed.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,8 @@ def _card(name: str, value: object) -> Card:
             gib = parse_size(memory) / GiB
         except CudaMemError as error:
             raise CudaMemError(f"CudaMem.cards[{name!r}]: {error}") from None
+        except OverflowError:  # more than a float holds ('9' * 400 + 'GiB'): past the range, refused below
+            gib = math.inf
     else:
         gib = memory
     return Card(name, number_in(gib, f"CudaMem.cards[{name!r}]", MIN_CARD_GIB, MAX_CARD_GIB, "a card's memory in GiB"), ecc)

@@ -4,9 +4,12 @@ values unquoted as a shell does, and numbers people type checked once (``units.n
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from IPython.core.error import UsageError
 
+from jupyter_cudamem import magics
 from jupyter_cudamem.magics.options import split_line
 
 USES_THE_GPU = "m.allocate(0, GiB)\nm.free(0, GiB)"  # a fixed-size cell: one run plans it
@@ -124,6 +127,19 @@ def test_cards_out_of_range_are_refused_when_set_and_the_plan_still_runs(shell):
     assert isinstance(result.error_in_exec, UsageError)  # X was never added: it is not in the table
     assert "'X' is not in the table" in str(result.error_in_exec)
     assert shell.run_cell(f"%%cudamem_plan -o\n{USES_THE_GPU}", store_history=True).success
+
+
+@pytest.mark.parametrize("value", ["10**400", "-10**400", "{'memory': 10**400}", "'9' * 400 + 'GiB'",
+                                   "'1' + '0' * 300 + 'PiB'"])
+def test_a_card_past_what_a_float_holds_is_refused_naming_the_setting_and_its_range(shell, caplog, value):
+    from jupyter_cudamem.capacity.cards import MAX_CARD_GIB, MIN_CARD_GIB
+
+    with caplog.at_level(logging.ERROR):
+        shell.run_cell(f"%config CudaMem.cards = {{'X': {value}}}", store_history=True)
+    [message] = [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+    assert message.startswith("CudaMem.cards['X']") and "\n" not in message, message
+    assert f"from {MIN_CARD_GIB:g} to {MAX_CARD_GIB:g}" in message, message
+    assert "X" not in magics.loaded(shell).magics[0].cards
 
 
 def test_a_card_whose_room_is_all_taken_outside_pytorch_draws(shell, machine):

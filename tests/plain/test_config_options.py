@@ -21,7 +21,7 @@ BAD = {
     "CudaMem.history_size": ("0", "-3", "'ten'", "1.5", "None", "10**30", "True"),
     "CudaMem.cards": ("{'X': -1}", "{'X': 'lots'}", "{'X': True}", "{'X': {'gib': 3}}", "{'': 3}",
                       "{'X': float('nan')}", "{'X': float('inf')}", "{'X': 0}", "{'Small': 0.5}", "{'X': '512MiB'}",
-                      "{'X': 1e308}", "{'X': {'memory': float('nan')}}"),
+                      "{'X': 1e308}", "{'X': {'memory': float('nan')}}", "{'X': 10**400}", "{'X': '9' * 400 + 'GiB'}"),
     "CudaMem.trace_max_entries": ("0", "-1", "'x'", "10**30"),
     "CudaMem.trace_dir": ("''", "'   '", "5"),
     "CudaMem.reset_peak": ("'yes'", "2", "None"),
