@@ -98,6 +98,29 @@ class Tries:
         return max(fitted) if fitted else None
 
     @property
+    def answer(self) -> int | None:
+        """The batch to report: the largest that fitted, unless the replay of its own recorded run, run after
+        run as the cell's next runs make it, runs out of memory (a try proves one run; the layout and the
+        values it leaves decide the next). Then the larger of the largest batch below it that its own run's
+        requests keep fitting (``fitting_from_one``) and the largest other try whose own run keeps fitting."""
+        best = self.best
+        if best is None or self._own_run_holds(best) is not False:
+            return best
+        run = self._recorded_fits()[best]
+        own = fitting.fitting_from_one(run.events_from(run.start, self._remade), best, run.start,
+                                       self._reserved_limit or 0, batch_independent=self._one_run_fixed(run))
+        held = [a.batch for a in self.attempts if a.fitted and a.batch < best and self._own_run_holds(a.batch)]
+        return max([own.largest(best - 1) if own is not None else 0, *held])
+
+    def _own_run_holds(self, batch: int) -> bool | None:
+        """Whether the recorded run of the try that fitted at ``batch`` fits ``fitting.RUNS_IN_A_ROW`` times
+        from where it began, under the cap it fitted under (``None``: not recorded whole, or no cap known)."""
+        run = self._recorded_fits().get(batch)
+        if run is None or not run.whole or self._reserved_limit is None:
+            return None
+        return fitting.fits_in_a_row(run.events_from(run.start, self._remade), run.start, self._reserved_limit)
+
+    @property
     def smallest_failed(self) -> int:
         return min([self.failed_batch] + [a.batch for a in self.attempts if not a.fitted])
 

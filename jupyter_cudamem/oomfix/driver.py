@@ -137,7 +137,7 @@ class Driver:
         failed = self._failed_cell(cell, namespace, oom, cell_number)
         failed = self._levels(failed, freed_bytes, allocated_before, cleaned)
         fitted, strategy, batch = self._try_strategies(failed)
-        self._closing_notes(fitted)
+        self._closing_notes(fitted, batch.replayed_source is not None)
         return self._outcome(failed, fitted, strategy, batch, freed_bytes)
 
     def _start(self, error: BaseException | None, oom: OomInfo | None, namespace: Mapping[str, Any] | None,
@@ -201,8 +201,9 @@ class Driver:
                 strategy = name
         return fitted, strategy, batch
 
-    def _closing_notes(self, fitted: TryResult | None) -> None:
-        """Give back what was set aside, and say what the variables hold after the tries."""
+    def _closing_notes(self, fitted: TryResult | None, not_rerun: bool = False) -> None:
+        """Give back what was set aside, and say what the variables hold after the tries (``not_rerun``: the
+        batch reported is the replay's, which no try ran)."""
         notes = self._runs.notes
         given = self._runs.aside.give_back()
         if self._runs.aside.left_on_host:
@@ -212,6 +213,9 @@ class Driver:
             notes.append(f"nothing fitted: {', '.join(given)} bound again as the failed cell left them")
         if fitted is None and self._runs.stopped is None and self._runs.left() <= 0 and len(self.strategies) > 1:
             notes.append(f"stopped after --max-tries {self.max_tries} reruns")
+        if not_rerun:
+            notes.append(f"what the cell trains and changes is as before the reruns, the names it binds hold what rerun "
+                         f"#{self._runs.tries[-1].number} left; run the fixed cell to get its results")
         if self._runs.tries and not self._runs.tries[-1].fitted and fitted is not None:
             left = ("what the cell trains and changes is as before the reruns, the names it binds hold what the "
                     "failed rerun left" if self.before_rerun is not None else
@@ -234,7 +238,7 @@ class Driver:
         by_batch = strategy is Strategy.BATCH
         return Outcome(
             original_source=cell.read.source,
-            fixed_source=None if fitted is None else fitted.source,
+            fixed_source=None if fitted is None else batch.replayed_source if by_batch and batch.replayed_source else fitted.source,
             strategy=strategy,
             tries=tuple(self._runs.tries),
             batch_before=batch.batch_before,

@@ -88,7 +88,8 @@ def fix(
             outcome = driver.fix(cell, None, namespace, freed_bytes=cleaned.freed_bytes, oom=request.oom,
                                  allocated_before=request.allocated_before, history=input_history(shell),
                                  cell_number=request.cell_number, cleaned=cleaned)
-        last_fitted = bool(outcome.tries) and outcome.tries[-1].fitted
+        # The kernel keeps the last try's state only where that try ran the cell the outcome reports.
+        last_fitted = bool(outcome.tries) and outcome.tries[-1].fitted and outcome.tries[-1].source == outcome.fixed_source
     finally:
         reruns.forget()
         if restorer is not None:

@@ -258,6 +258,11 @@ class Outcome(TextReport):
         if self.dry_run:
             return "Nothing was rerun (--dry-run); without it %oomfix frees what the failure left and reruns the cell"
         fitted = self._fitted_try()
+        if fitted is None and self.fitted and self.strategy is Strategy.BATCH:
+            above = max((t for t in self.tries if t.fitted and t.batch), key=lambda t: t.batch or 0)
+            return (f"Fixed with batch {self.batch_after} (was {self.batch_before}): rerun #{above.number} at "
+                    f"{above.batch} fitted once, and the replay of its own requests, run after run as your next runs "
+                    f"will, keeps fitting {self.batch_after}")
         if fitted is None:
             return f"Not fixed: none of {self._count} fitted" if self.tries else "Not fixed: nothing was rerun"
         room = "" if self.budget_bytes is None else f" of the {format_bytes(self.budget_bytes)} free"

@@ -31,9 +31,15 @@ class BatchTried:
     batch_before: int | None = None
     cell_diffs: tuple[CellDiff, ...] = ()
     paste: str | None = None
+    # The batch reported and its cell, where no try ran it: the replay of the fitted try's own run says it keeps
+    # fitting where the try's batch does not (``Tries.answer``).
+    replayed_batch: int | None = None
+    replayed_source: str | None = None
 
     @property
     def batch_after(self) -> int | None:
+        if self.replayed_batch is not None:
+            return self.replayed_batch
         return None if self.fitted is None else self.fitted.batch
 
 
@@ -90,7 +96,15 @@ class SmallerBatch:
             where.change.restore()
             return BatchTried(batch_before=where.knob.value)
         found = best.batch
-        best = self._settle(best, found, where.change, device)
+        answer = search.answer or found
+        if answer < found:
+            best, found = self._below_the_last_fit(best, found, answer, where.change, device)
+            if found != best.batch:
+                where.change.forget_originals()
+                return BatchTried(best, where.knob.value, where.change.diffs(found), where.change.paste_code(found),
+                                  replayed_batch=found, replayed_source=where.change.apply(found))
+        else:
+            best = self._settle(best, found, where.change, device)
         self.runs.notes.append(steady_note(best))
         where.change.forget_originals()
         return BatchTried(best, where.knob.value, where.change.diffs(found), where.change.paste_code(found))
@@ -177,6 +191,24 @@ class SmallerBatch:
             if confirm.fitted:
                 return confirm
         return best
+
+    def _below_the_last_fit(self, best: TryResult, found: int, answer: int, change: BatchChange,
+                            device: int) -> tuple[TryResult, int]:
+        """``best`` fitted, but its own run, replayed as the next runs make it, does not keep fitting and
+        ``answer`` does: rerun at ``answer`` where a rerun is left (it holds what ``best``'s run left, as the
+        next run will); else ``answer`` is reported as the replay's. The try that proves the batch, and the batch."""
+        self.runs.notes.append(
+            f"rerun #{best.number} at {found} fitted once, but its own requests, replayed run after run as "
+            f"your next runs make them, run out of memory: {answer} keeps fitting in that replay")
+        if self.runs.left() > 0:
+            confirm = self.runs.run(Strategy.BATCH, change.apply(answer), f"{answer}, which the replay of rerun "
+                                    f"#{best.number}'s own run keeps fitting", device, batch=answer)
+            if confirm.fitted:
+                return confirm, answer
+            self._put_back_now()
+            change.apply(found)
+            return best, found
+        return best, answer
 
     def _put_back_now(self) -> None:
         """Put the trained model and optimizer back (where there is a ``put_back``), noting after which try."""

@@ -123,5 +123,5 @@ def cases(count: int, seed: int) -> list[Case]:
         halved = start // 2
         while halved >= 1 and not step.fits(halved):
             halved //= 2
-        out.append(Case(truth, start, search.best or 0, len(search.attempts), halved))
+        out.append(Case(truth, start, search.answer or 0, len(search.attempts), halved))
     return out

@@ -11,6 +11,7 @@ import traceback
 
 import pytest
 
+from jupyter_cudamem.batchsearch.policy import BatchSearch
 from jupyter_cudamem.cell.read import read_cell
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.oomfix.cleanup import CleanupResult
@@ -726,3 +727,38 @@ def test_what_does_not_grow_counts_only_the_parameters_the_cell_trains():
     read = Driver._trained_ids(read_cell("loss = model(torch.ones(2, 4)).sum()\nloss.backward()\nstep()\n",
                                          lambda source: source), namespace)
     assert read == {id(p) for p in model.parameters()} | {id(opt)}
+
+
+@pytest.mark.parametrize("search_tries", [3, 2])
+def test_a_batch_whose_own_run_does_not_keep_fitting_is_not_reported(monkeypatch, search_tries):
+    # The replay of the last fitted try's own run (``Tries.answer``) says a batch 2 below it keeps fitting:
+    # where the search ends with a rerun left, that batch is rerun (and is what the kernel holds); without
+    # one, it is reported as the replay's, not as fitted, and the cell is for the user to run.
+    monkeypatch.setattr(BatchSearch, "answer", property(lambda search: (search.best or 0) - 2 if search.best else None))
+    choose = BatchSearch._choose
+
+    def ending_after(search):
+        if len(search.attempts) >= search_tries:
+            search.stop("the test's end")
+            return None
+        return choose(search)
+
+    monkeypatch.setattr(BatchSearch, "_choose", ending_after)
+    machine, cell, namespace, run, driver, cleanups = setup()
+    true_max = cell.largest_fitting(20000)
+    source = TRAINING_CELL.format(batch=8 * true_max)
+    outcome = driver.fix(read_cell(source), fail_first(run, source), namespace, freed_bytes=0)
+    searched = max(t.batch for t in outcome.tries[:search_tries] if t.fitted and t.batch)
+    assert outcome.fitted and outcome.batch_after == searched - 2
+    assert outcome.fixed_source == source.replace(str(8 * true_max), str(outcome.batch_after))
+    assert any("keeps fitting in that replay" in note for note in outcome.notes)
+    last = outcome.tries[-1]
+    if search_tries == 2:  # the rerun left proves it, and the kernel holds its run
+        assert last.fitted and last.batch == outcome.batch_after
+        assert namespace["last_batch"] == outcome.batch_after
+        assert "fitted" in outcome.lead()[1] and "replay of its own requests" not in outcome.lead()[1]
+    else:
+        assert last.batch == searched and last.source != outcome.fixed_source
+        assert any("run the fixed cell to get its results" in note for note in outcome.notes)
+        what_fixed = outcome.lead()[1]
+        assert f"Fixed with batch {outcome.batch_after}" in what_fixed and "replay of its own requests" in what_fixed

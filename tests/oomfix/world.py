@@ -411,7 +411,7 @@ def search(step: Step, start: int, seed: int, max_tries: int = 3, recorded: bool
                                       stuck_bytes=result.stuck_bytes or None,
                                       recorded=result.recorded if recorded and failures_recorded else None)
         policy.record(batch, observation)
-    return policy.best or 0, len(policy.attempts), policy
+    return policy.answer or 0, len(policy.attempts), policy
 
 
 def draw(rng: random.Random) -> tuple[Step, int, int] | None:

@@ -1,0 +1,43 @@
+"""The batch a search reports (``Tries.answer``): the largest that fitted, unless the replay of that try's
+own recorded run, run after run as the cell's next runs make it, runs out of memory."""
+
+from __future__ import annotations
+
+from jupyter_cudamem.batchsearch.policy import BatchSearch
+from jupyter_cudamem.batchsearch.state import Observation
+from jupyter_cudamem.growth.replay import ALLOC, FREE, StartSegment, block_bytes
+from jupyter_cudamem.reruns.recording import RecordedRun
+from tests.fakes import MiB
+
+CAP = 100 * MiB
+# The try starts holding the 30 MiB output a smaller try bound (start key -1), and binds a new output.
+START = (StartSegment(0, False, ((30 * MiB, True),)),)
+
+
+def search_after(events: list) -> BatchSearch:
+    search = BatchSearch(100, CAP)
+    search.set_allocator(START, CAP)
+    search.record(60, Observation(True, peak_bytes=90 * MiB, recorded=RecordedRun(START, tuple(events))))
+    return search
+
+
+def test_a_try_that_fits_once_but_not_while_holding_its_own_last_output_is_not_the_answer():
+    # `out = f(x)`: the new 60 MiB output is made while the old one is bound. The try held a 30 MiB one and
+    # fitted; the next run holds the try's own 60 MiB: 120 MiB under a 100 MiB cap.
+    search = search_after([(ALLOC, 0, 60 * MiB, 0), (FREE, -1, 0, 0)])
+    assert search.best == 60
+    answer = search.answer
+    assert answer is not None and answer < 60
+    assert 2 * block_bytes(answer * MiB) <= CAP  # the old output and the new one, at once
+    assert 2 * block_bytes((answer + 2) * MiB) > CAP  # and no lower than the replay needs
+
+
+def test_a_try_whose_next_runs_fit_too_is_the_answer():
+    # `del out` first: the old output goes before the new one is made.
+    assert search_after([(FREE, -1, 0, 0), (ALLOC, 0, 60 * MiB, 0)]).answer == 60
+
+
+def test_without_a_recording_the_largest_that_fitted_is_the_answer():
+    search = BatchSearch(100, CAP)
+    search.record(60, Observation(True, peak_bytes=90 * MiB))
+    assert search.answer == search.best == 60
