@@ -938,8 +938,9 @@ def read_outcome(outcome: Any) -> dict[str, Any]:
     """What the benchmark takes from ``%oomfix -o``'s outcome, read defensively (the driver changes).
 
     Relied on: ``outcome.tries`` (a sequence; its length is the reruns), each try's ``batch`` (``None``
-    for a try that changed no batch) and ``fitted``. The found batch is the batch of the largest try
-    that fitted, or ``outcome.batch_after`` where the tries give none. Recorded when present:
+    for a try that changed no batch) and ``fitted``. The found batch is ``outcome.batch_after``, the batch
+    the fixed cell has (below the largest try that fitted where that try's own run does not keep fitting),
+    or the largest try that fitted where the outcome gives none. Recorded when present:
     ``strategy``, ``notes``, each try's ``strategy``, ``peak_bytes``, ``reason``, ``need_bytes``,
     ``left_bytes``, and its field naming the allocated memory at its start (``allocated_at_start_bytes``).
     """
@@ -947,9 +948,9 @@ def read_outcome(outcome: Any) -> dict[str, Any]:
         return {"found_batch": None, "reruns": None, "error": "%oomfix returned no outcome"}
     tries = list(getattr(outcome, "tries", ()) or ())
     fitted_batches = [t.batch for t in tries if getattr(t, "fitted", False) and getattr(t, "batch", None) is not None]
-    found = max(fitted_batches) if fitted_batches else None
-    if found is None and getattr(outcome, "fitted", False):
-        found = getattr(outcome, "batch_after", None)
+    found = getattr(outcome, "batch_after", None) if getattr(outcome, "fitted", False) else None
+    if found is None and fitted_batches:
+        found = max(fitted_batches)
     record: dict[str, Any] = {
         "found_batch": found,
         "reruns": len(tries),

@@ -122,6 +122,17 @@ def test_read_outcome_takes_the_best_fitting_batch_and_counts_every_try():
     assert [t["steady"] for t in record["tries"]] == [False, False, True]  # ran as the next run will
 
 
+def test_read_outcome_takes_the_batch_the_fixed_cell_has_below_a_try_that_fitted_once():
+    from jupyter_cudamem.oomfix.outcome import Outcome, TryResult
+    from jupyter_cudamem.oomfix.strategies import Strategy
+
+    tries = (TryResult(1, Strategy.BATCH, "b=1", True, False, 100, 0.1, "probe", batch=1),
+             TryResult(2, Strategy.BATCH, "b=33", True, False, 600, 0.1, "replay", batch=33, steady=True))
+    # The replay of the try at 33's own run does not keep fitting; 32 does: the cell is fixed at 32.
+    outcome = Outcome("b=35", "b=32", Strategy.BATCH, tries, batch_before=35, batch_after=32)
+    assert bench_module.read_outcome(outcome)["found_batch"] == 32
+
+
 def test_read_outcome_is_defensive_about_fields_the_driver_may_rename():
     bare = SimpleNamespace(tries=[SimpleNamespace(batch=5, fitted=True, allocated_before_bytes=1234)])
     record = bench_module.read_outcome(bare)
