@@ -4,8 +4,9 @@ fixed cell's next run fails where ``%oomfix``'s last try fitted (GPU machine; no
 ``--record next`` records the three next runs (with Python stacks) and keeps each of ``%oomfix``'s tries'
 own recorded events; ``--record all`` records the whole case as a user would with their own recording on
 (``%oomfix`` then reads that history: ``reruns.recording``). Writes ``OUT/<workload>_x<ratio>_<record>.pkl.gz``
-(``tries``: batch, fitted, peak, allocated at start, steady, events; ``next``: the next runs' history as
-``(action, address, size, cell frames)``; ``record``: the case's record) and prints the case's outcome::
+(``tries``: batch, fitted, peak, allocated at start, steady, its ``RecordedRun``; ``next``: the next runs' history as
+``(action, address, size, cell frames)``; ``search``: the batch search as the driver asked it for the batch to report; ``record``: the case's
+record) and prints the case's outcome::
 
     python benchmarks/next_runs_history.py bert_base_seq256_adamw_in_cell 1.1 32 --record next --out /tmp/h
 """
@@ -13,6 +14,7 @@ own recorded events; ``--record all`` records the whole case as a user would wit
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import json
 import pickle
@@ -57,8 +59,8 @@ def main() -> int:
     def magic(name: str, line: str, *rest: Any, **options: Any) -> Any:
         result = run_line_magic(name, line, *rest, **options)
         if name == "oomfix":
-            kept["tries"] = [(t.batch, t.fitted, t.peak_bytes, t.allocated_at_start_bytes, t.steady,
-                              None if t.recorded is None else list(t.recorded.events)) for t in result.tries]
+            kept["tries"] = [(t.batch, t.fitted, t.peak_bytes, t.allocated_at_start_bytes, t.steady, t.recorded)
+                             for t in result.tries]
         return result
 
     def recorded_next_runs(cell: str, runs: int = oomfix.NEXT_RUNS) -> dict[str, Any]:
@@ -70,6 +72,16 @@ def main() -> int:
             torch.cuda.memory._record_memory_history(enabled=None)
             kept["next"] = [(e["action"], e.get("addr"), e.get("size"), _cell_frames(e)) for e in history]
 
+    from jupyter_cudamem.batchsearch.state import Tries
+
+    answer = Tries.answer
+
+    def kept_answer(search: Tries) -> int | None:
+        kept["search"] = copy.copy(search)  # as it is asked for the batch to report
+        kept["search"]._paired_runs = kept["search"]._paired_for = None  # caches of closures: not picklable
+        return answer.fget(search)  # type: ignore[attr-defined]
+
+    Tries.answer = property(kept_answer)  # type: ignore[assignment, method-assign]
     bench.shell.run_line_magic = magic
     if args.record == "next":
         bench.next_runs = recorded_next_runs
