@@ -34,10 +34,12 @@ sizes, not off the batch found, because what jitters is the sizes."""
 
 
 RUNS_IN_A_ROW = 3
-"""How many runs in a row a batch must fit in the replay, each from where the last left the allocator: the
-rerun that proves it and the user's next two, as ``benchmarks/oomfix.py``'s oracle runs the cell. Why: the
-layout a run leaves decides the next, and a run at the found batch leaves another than the smaller try
-before it (BERT-base at 33 fitted after a try at 24, and failed on the next run but one)."""
+"""How many runs in a row a batch must fit in the replay: the rerun that proves it and the user's next two,
+as ``benchmarks/oomfix.py``'s oracle runs the cell. Why: the layout a run leaves decides the next, and a run
+at the found batch leaves another than the smaller try before it (BERT-base at 33 fitted after a try at 24,
+and failed on the next run but one). The user's first run starts where the cleanup after the last rerun
+leaves the allocator (its cache emptied: only segments holding a block stay), each later one where the
+last run left it."""
 
 _CARRIED = -TiB
 """Keys (not sizes) of blocks a replayed run made and left, renamed for the next run (``_carried``): below
@@ -223,9 +225,10 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
 
 def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: int,
                   runs: int = RUNS_IN_A_ROW, held: Mapping[int, int] | None = None) -> bool:
-    """Whether ``events`` fit ``runs`` times in a row under ``cap_bytes``: the first from ``start``, each
-    next one from where the last left the allocator, as the cell's next run makes them (``next_run``).
-    Stops early where a run leaves the allocator as the run before it did: the next would replay the same.
+    """Whether ``events`` fit ``runs`` times in a row under ``cap_bytes``: the first from ``start``, the
+    second from where the first left the allocator with its cache emptied, each after from where the last
+    left it (``RUNS_IN_A_ROW``), as the cell's next run makes them (``next_run``). Stops early where a run
+    leaves the allocator as the run before it did: the next would replay the same.
     ``held``: ``held_at_start(start)``, where the caller has it already (a search asks thousands of times)."""
     run = replay(events, start, cap_bytes, keep_end=runs > 1)
     if not run.fits or run.end is None:
@@ -234,6 +237,8 @@ def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_by
     before = None
     for left in range(runs - 2, -1, -1):
         layout, keys = _carried(end)
+        if left == runs - 2:
+            layout = tuple(segment for segment in layout if any(taken for _, taken in segment.blocks))
         shape = sorted((s.small, s.stream, s.blocks) for s in layout)
         if shape == before:
             return True

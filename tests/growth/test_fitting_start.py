@@ -19,24 +19,26 @@ def test_a_value_the_cell_binds_again_frees_its_old_block_in_the_bound_as_in_the
     assert fitting is not None
     largest = fitting.largest(1000)
     assert fitting.fits(largest) and not fitting.fits(largest + 1)
-    # Held to the end, the old block would leave room for 19. One run fits 60; the runs after it 39: the
-    # new model lands in the segment the last run's activations left (``test_next_run_starts_where_...``).
-    assert largest == 39
+    # Held to the end, the old block would leave room for 19. One run fits 60; the runs after it 59: the
+    # cleanup after the proving rerun empties the cache, so the user's next run starts with the old model's
+    # segment returned (``test_next_run_starts_where_...``).
+    assert largest == 59
     assert held_at_start(start) == {old: 4 * GiB}
 
 
 def test_next_run_starts_where_the_last_left_the_allocator_and_frees_what_it_made():
-    # The same cell at 40: its first run fits (the activations reuse the old model's 4 GiB segment), but
-    # it leaves that segment cached; the next run's model takes 100 MiB of it, the 4,000 MiB of
-    # activations no longer fit beside, and 4 GiB + 4,000 MiB pass the 6 GiB cap.
-    start = (StartSegment(1 << 34, False, ((4 * GiB, True),)),)
+    # The last run's model (100 MiB) is bound as the cell runs again: 4,000 MiB of activations come and go,
+    # then the new model, then the old one goes. The first run fits; its new model lands in the activations'
+    # cached segment and pins it, so even with the cache emptied after it (the cleanup after the rerun) the
+    # next run's activations need a segment of their own beside it: 8,000 MiB under a 6 GiB cap.
+    start = (StartSegment(1 << 34, False, ((100 * MiB, True),)),)
     old = start_keys(start)[1 << 34]
-    events = [(ALLOC, 0, 100 * MiB, 0), (FREE, old, 0, 0), (ALLOC, 1, 4000 * MiB, 0), (FREE, 1, 0, 0)]
+    events = [(ALLOC, 1, 4000 * MiB, 0), (FREE, 1, 0, 0), (ALLOC, 0, 100 * MiB, 0), (FREE, old, 0, 0)]
     assert fits_in_a_row(events, start, 6 * GiB, runs=1)
     assert not fits_in_a_row(events, start, 6 * GiB, runs=2)
     # The next run frees the model this run made (key 0) where this run freed the old one.
-    assert next_run(events, held_at_start(start))[1] == (FREE, _CARRIED - 0, 0, 0)
-    smaller = [(ALLOC, 0, 100 * MiB, 0), (FREE, old, 0, 0), (ALLOC, 1, 3900 * MiB, 0), (FREE, 1, 0, 0)]
+    assert next_run(events, held_at_start(start))[3] == (FREE, _CARRIED - 0, 0, 0)
+    smaller = [(ALLOC, 1, 3000 * MiB, 0), (FREE, 1, 0, 0), (ALLOC, 0, 100 * MiB, 0), (FREE, old, 0, 0)]
     assert fits_in_a_row(smaller, start, 6 * GiB)
 
 

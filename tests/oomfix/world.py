@@ -260,8 +260,9 @@ def fits(step: Step, batch: int, stepped: bool, rng: random.Random | None) -> bo
 
 
 def fits_again_and_again(step: Step, batch: int) -> bool:
-    """A noise-free run from the failed cell's state fits, and so do the runs after it, each from where the
-    last left the allocator (``growth.fitting.fits_in_a_row``): the batch keeps fitting as the user reruns it."""
+    """A noise-free run from the failed cell's state fits, and so do the runs after it, as the user reruns it
+    after the fix (``growth.fitting.fits_in_a_row``: the first from an emptied cache, each later one from
+    where the last left the allocator)."""
     return fits_in_a_row(step.events(batch, False, None)[0], start_segments(step.held_at_start(False)), step.cap_bytes)
 
 
