@@ -117,6 +117,11 @@ def _shown(value: float) -> str:
         return f"about {'-' if value < 0 else ''}1e+{int(math.log10(abs(value)))}"
 
 
+MAX_COUNT = 2**31 - 1
+"""The largest count a setting or option takes (the history's length, the trace's events, reruns): what a
+C int holds."""
+
+
 def whole_number(text: str) -> int | None:
     """``text`` as a whole number of ASCII digits (``"12"``), else ``None``. ``str.isdigit`` accepts ``"²"``
     (which ``int`` refuses), ``int`` accepts ``"١٢"`` and ``"1_0"``: an option's number is neither. ``None``

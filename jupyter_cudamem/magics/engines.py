@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
-from traitlets import Float, Int, TraitError, validate
+from traitlets import Int, TraitError, validate
 
 from ..engines.gather import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, MIN_TIMEOUT_S, ask, ask_engines, engine_ids, feed_readings, feed_sender, parse_targets, px_view
 from ..engines.live import KEEPALIVE_INTERVALS, EngineFeed, EnginesLive, LiveView, live_text
@@ -26,7 +26,7 @@ from ..monitor.poller import DEFAULT_INTERVAL_S, Poller
 from ..monitor.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
 from ..units import number_in
 from .base import CudaMemMagicsBase, one_line_errors
-from .options import count_option, parse_line
+from .options import count_option, FloatSetting, parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
@@ -150,9 +150,9 @@ def _as_trait(check: Callable[[object, str], float], value: object, name: str) -
 class CudaMemEngines(CudaMemMagicsBase):
     """GPU memory across ipyparallel engines. Configure with ``%config CudaMemEngines.<option> = ...``."""
 
-    timeout_s = Float(DEFAULT_TIMEOUT_S, help="Seconds the client waits for the engines' answers, in all.").tag(config=True)
+    timeout_s = FloatSetting(DEFAULT_TIMEOUT_S, help="Seconds the client waits for the engines' answers, in all.").tag(config=True)
     history_cells = Int(DEFAULT_HISTORY_CELLS, help="Measured cells per engine that --history shows.").tag(config=True)
-    interval_s = Float(DEFAULT_INTERVAL_S, help="Seconds between two readings of the engines monitor.").tag(config=True)
+    interval_s = FloatSetting(DEFAULT_INTERVAL_S, help="Seconds between two readings of the engines monitor.").tag(config=True)
 
     @validate("timeout_s")
     def _check_timeout(self, proposal: Bunch) -> float:

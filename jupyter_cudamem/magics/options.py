@@ -5,16 +5,17 @@ checking a ``%config`` setting when it is set."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
-from traitlets import TraitError
+from traitlets import Float, TraitError
 
 from ..errors import CudaMemError
-from ..units import parse_size, whole_number
+from ..units import MAX_COUNT, parse_size, whole_number
 
 _OPTION = re.compile(r"\s*(--?[A-Za-z][\w-]*)")
 _OPTION_VALUE = re.compile(r"""(?:=|\s+)("[^"]*"|'[^']*'|\S+)""")
@@ -124,10 +125,6 @@ def size_setting(option: str, value: object, allowed: str, off_words: tuple[str,
     return size or None
 
 
-MAX_COUNT = 2**31 - 1
-"""The largest count a setting takes (the history's length, the trace's events): what a C int holds."""
-
-
 def positive_int(option: str, value: int, what: str) -> int:
     if isinstance(value, bool) or not 1 <= value <= MAX_COUNT:
         raise TraitError(f"{option} takes {what} (a whole number from 1 to {MAX_COUNT:,}); got {value!r}")
@@ -148,3 +145,15 @@ def count_option(what: str, least: int = 1) -> Callable[[str], int]:
         return number
 
     return count
+
+
+class FloatSetting(Float):
+    """A ``Float`` setting that names itself for an int past what a float holds (``10**400``), where
+    traitlets' own conversion says only "int too large to convert to float"."""
+
+    def validate(self, obj: Any, value: Any) -> float:
+        try:
+            return float(super().validate(obj, value))
+        except OverflowError:
+            raise TraitError(f"{type(obj).__name__}.{self.name} takes a number a float holds; got about "
+                             f"1e+{int(math.log10(abs(value)))}") from None

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..errors import CudaMemError
-from ..units import whole_number
+from ..units import MAX_COUNT, whole_number
 from .strategies import STRATEGIES, Strategy
 
 
 def check_max_tries(value: object) -> int:
-    """``value`` as a number of reruns: a whole number, at least 1."""
+    """``value`` as a number of reruns: a whole number from 1 to ``MAX_COUNT``."""
     if isinstance(value, bool) or not isinstance(value, int):
         as_int = whole_number(str(value))
         if as_int is None:
@@ -20,6 +20,8 @@ def check_max_tries(value: object) -> int:
         value = as_int
     if value < 1:
         raise CudaMemError(f"max_tries must be at least 1 (a whole number of reruns); got {value}")
+    if value > MAX_COUNT:
+        raise CudaMemError(f"max_tries must be at most {MAX_COUNT:,} reruns; got more")
     return value
 
 
