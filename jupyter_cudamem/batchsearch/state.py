@@ -104,21 +104,28 @@ class Tries:
         values it leaves decide the next). Then the larger of the largest batch below it that its own run's
         requests keep fitting (``fitting_from_one``) and the largest other try whose own run keeps fitting."""
         best = self.best
-        if best is None or self._own_run_holds(best) is not False:
+        own = self._own_run(best) if best is not None else None
+        if best is None or own is None or self._reserved_limit is None:
             return best
-        run = self._recorded_fits()[best]
-        own = fitting.fitting_from_one(run.events_from(run.start, self._remade), best, run.start,
-                                       self._reserved_limit or 0, batch_independent=self._one_run_fixed(run))
+        run, events = own
+        if fitting.fits_in_a_row(events, run.start, self._reserved_limit):
+            return best
+        scaled = fitting.fitting_from_one(events, best, run.start, self._reserved_limit,
+                                          batch_independent=self._one_run_fixed(run))
         held = [a.batch for a in self.attempts if a.fitted and a.batch < best and self._own_run_holds(a.batch)]
-        return max([own.largest(best - 1) if own is not None else 0, *held])
+        return max([scaled.largest(best - 1) if scaled is not None else 0, *held])
 
-    def _own_run_holds(self, batch: int) -> bool | None:
-        """Whether the recorded run of the try that fitted at ``batch`` fits ``fitting.RUNS_IN_A_ROW`` times
-        from where it began, under the cap it fitted under (``None``: not recorded whole, or no cap known)."""
+    def _own_run(self, batch: int) -> tuple[RecordedRun, list[replay.Event]] | None:
+        """The whole recorded run of the try that fitted at ``batch``, and its events from where it began."""
         run = self._recorded_fits().get(batch)
-        if run is None or not run.whole or self._reserved_limit is None:
-            return None
-        return fitting.fits_in_a_row(run.events_from(run.start, self._remade), run.start, self._reserved_limit)
+        return None if run is None or not run.whole else (run, run.events_from(run.start, self._remade))
+
+    def _own_run_holds(self, batch: int) -> bool:
+        """Whether the try that fitted at ``batch`` recorded a whole run that fits ``fitting.RUNS_IN_A_ROW``
+        times from where it began, under the cap it fitted under."""
+        own = self._own_run(batch)
+        return (own is not None and self._reserved_limit is not None
+                and fitting.fits_in_a_row(own[1], own[0].start, self._reserved_limit))
 
     @property
     def smallest_failed(self) -> int:
