@@ -105,12 +105,12 @@ def number_in(value: object, name: str, low: float, high: float, what: str) -> f
     # An int is compared as it is: one past a float's range (10**400) has no float to check.
     within = low <= value <= high if isinstance(value, int) else math.isfinite(value) and low <= value <= high
     if not within:
-        raise CudaMemError(f"{name} takes {what} from {low:g} to {high:g}; got {_shown(value)}")
+        raise CudaMemError(f"{name} takes {what} from {low:g} to {high:g}; got {shown_number(value)}")
     return float(value)
 
 
-def _shown(value: float) -> str:
-    """``value`` as ``number_in``'s error writes it: ``%g``, or its power of ten past a float's range."""
+def shown_number(value: float) -> str:
+    """``value`` as a setting's error writes it: ``%g``, or its power of ten past a float's range."""
     try:
         return f"{value:g}"
     except OverflowError:

@@ -5,7 +5,6 @@ checking a ``%config`` setting when it is set."""
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -15,7 +14,7 @@ from IPython.core.error import UsageError
 from traitlets import Float, TraitError
 
 from ..errors import CudaMemError
-from ..units import MAX_COUNT, parse_size, whole_number
+from ..units import MAX_COUNT, parse_size, shown_number, whole_number
 
 _OPTION = re.compile(r"\s*(--?[A-Za-z][\w-]*)")
 _OPTION_VALUE = re.compile(r"""(?:=|\s+)("[^"]*"|'[^']*'|\S+)""")
@@ -155,5 +154,5 @@ class FloatSetting(Float):
         try:
             return float(super().validate(obj, value))
         except OverflowError:
-            raise TraitError(f"{type(obj).__name__}.{self.name} takes a number a float holds; got about "
-                             f"1e+{int(math.log10(abs(value)))}") from None
+            raise TraitError(f"{type(obj).__name__}.{self.name} takes a number a float holds; got "
+                             f"{shown_number(value)}") from None

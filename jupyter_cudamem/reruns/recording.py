@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..sources.base import OPTIMIZER_STEPS, AllocatorSource
-from ..sources.torch_trace import read_trace_within, start_segments, trace_rows, window_prologue, without_step_marks
+from ..sources.torch_trace import device_trace, read_trace_within, start_segments, trace_rows, window_prologue, without_step_marks
 from ..growth.fitting import REPLAY_MARGIN
 from ..growth.replay import ALLOC, FREE, Event, StartSegment, allocated_blocks, held_elsewhere, replay
 
@@ -62,8 +62,7 @@ class Recorder:
         """Start recording; the segments the rerun starts from, or ``None`` when not recording."""
         try:
             snapshot = self.allocator.snapshot()
-            traces = snapshot.get("device_traces") or ()
-            joined = _HistoryEnd.of(traces, device) if any(traces) else None
+            joined = _HistoryEnd.of(snapshot, device) if any(snapshot.get("device_traces") or ()) else None
             start = start_segments(snapshot, device)
             self.allocator.start_trace(self.max_events, stacks=False, mark_steps=True, join=joined is not None)
         except Exception:  # noqa: BLE001
@@ -127,16 +126,15 @@ class _HistoryEnd:
     last: object
 
     @classmethod
-    def of(cls, traces: Sequence[Sequence[object]], device: int) -> _HistoryEnd:
-        entries = traces[device] if device < len(traces) else ()
+    def of(cls, snapshot: dict, device: int) -> _HistoryEnd:
+        entries = device_trace(snapshot, device)
         return cls(len(entries), entries[-1] if entries else None)
 
     def found_in(self, snapshot: dict, device: int) -> int | None:
         """The index in ``snapshot``'s history of the first entry after this end; ``None`` where the history
         did not grow past it unchanged: a full ring drops its oldest entries, and where the rerun began is
         then lost (torch's default ring is unbounded)."""
-        traces = snapshot.get("device_traces") or ()
-        entries = traces[device] if device < len(traces) else ()
+        entries = device_trace(snapshot, device)
         if len(entries) <= self.length or (self.length and entries[self.length - 1] != self.last):
             return None
         return self.length

@@ -38,11 +38,16 @@ def start_segments(snapshot: Mapping[str, Any], device: int) -> tuple[StartSegme
     return tuple(sorted(segments, key=lambda s: s.address))
 
 
+def device_trace(snapshot: Mapping[str, Any], device: int) -> Sequence[Any]:
+    """``device``'s recorded history in ``snapshot``, as torch lists it (empty where none is recorded)."""
+    traces: Sequence[Any] = snapshot.get("device_traces") or ()
+    return traces[device] if device < len(traces) else ()
+
+
 def trace_rows(snapshot: Mapping[str, Any], device: int) -> list[Row]:
     """``(action, address, size, stream)`` of each event of ``device``'s recorded history."""
-    traces: Sequence[Any] = snapshot.get("device_traces") or ()
-    entries = traces[device] if device < len(traces) else ()
-    return [(entry.get("action"), entry.get("addr"), entry.get("size"), entry.get("stream")) for entry in entries]
+    return [(entry.get("action"), entry.get("addr"), entry.get("size"), entry.get("stream"))
+            for entry in device_trace(snapshot, device)]
 
 
 def without_step_marks(rows: Sequence[Row], marks: Sequence[Sequence[int]],
