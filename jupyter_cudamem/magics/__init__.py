@@ -40,6 +40,11 @@ class Extension:
         from ..ipython_state import release_flushed_underscores_after_cell
 
         self.after_cell = release_flushed_underscores_after_cell(shell)
+        # PyTorch's counters as each cell starts, read once for all of ours (registered first, so they are
+        # read before any measurement of ours starts).
+        from .cell_starts import CellStarts
+
+        self.cell_starts = CellStarts(shell, hardware)
 
     def get(self, kind: type[M]) -> M | None:
         return next((m for m in self.magics if isinstance(m, kind)), None)
@@ -76,6 +81,7 @@ def unload(shell: InteractiveShell) -> None:
         shell.events.unregister("post_run_cell", extension.after_cell)
     except ValueError:
         pass
+    extension.cell_starts.close()
     registry = shell.magics_manager.magics
     for instance in extension.magics:
         instance.close()

@@ -91,7 +91,7 @@ class CudaMemMagicsBase(Magics):
 
     shell: InteractiveShell  # IPython types it Optional; ours always have one
 
-    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension, **kwargs: object):
         super().__init__(shell=shell, **kwargs)
         self.hardware = hardware
         self.extension = extension  # the ``magics.Extension`` this belongs to, to find siblings

@@ -14,11 +14,11 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def cell_cap(extension: Extension | None, hardware: Hardware, source: str, device: int) -> Iterator[int | None]:
+def cell_cap(extension: Extension, hardware: Hardware, source: str, device: int) -> Iterator[int | None]:
     """The cap (bytes) ``source`` ran under, applied to ``device`` while inside; ``None``: no cap, nothing applied."""
     from .cudamem import CudaMem
 
-    measuring = extension.get(CudaMem) if extension is not None else None
+    measuring = extension.get(CudaMem)
     cap = measuring.limit_of(source) if isinstance(measuring, CudaMem) else None
     if cap is None or hardware.allocator.status() is not None:
         yield None

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .base import CudaMemMagicsBase, current_cell_number
 
 if TYPE_CHECKING:
-    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.core.interactiveshell import ExecutionInfo, InteractiveShell
     from traitlets.utils.bunch import Bunch
 
 NO_VALUE = object()
@@ -121,20 +121,27 @@ _bodies_running = 0
 
 def error_is_raised(shell: InteractiveShell) -> bool:
     """Whether a body's error is raised from the magic (``Ran.fail``): always, but where the magic is the
-    whole cell IPython is running, a cell magic of ours the user ran, with no body of ours around it.
+    whole cell IPython is running (``whole_cell``).
 
     There nothing of the user's runs after the magic returns, so showing the error and marking the cell
     failed is what raising it would do, with the traceback of a plain cell (no ``run_cell_magic`` line).
     """
+    return whole_cell(shell) is None
+
+
+def whole_cell(shell: InteractiveShell) -> ExecutionInfo | None:
+    """IPython's record of the running cell where that cell is one cell magic of ours the user ran, with
+    no body of ours around it (nothing of the user's ran before it, nothing runs after); else ``None``."""
     result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-    raw_cell = getattr(getattr(result, "info", None), "raw_cell", None)
+    info = getattr(result, "info", None)
+    raw_cell = getattr(info, "raw_cell", None)
     if _bodies_running or not isinstance(raw_cell, str):
-        return True
+        return None
     first = raw_cell.lstrip().split(None, 1)
     if not first or not first[0].startswith("%%"):
-        return True
+        return None
     magic = shell.find_cell_magic(first[0][2:]) if hasattr(shell, "find_cell_magic") else None
-    return not isinstance(getattr(magic, "__self__", None), CudaMemMagicsBase)
+    return info if isinstance(getattr(magic, "__self__", None), CudaMemMagicsBase) else None
 
 
 def _line_magic_is_the_cell(shell: InteractiveShell) -> bool:

@@ -135,12 +135,13 @@ class CudaMem(CudaMemMagicsBase):
     def _settings_changed(self, change: object) -> None:
         self._settings = None  # read again at the next cell: traitlets cost ~1 µs a trait, on every cell
 
-    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension, **kwargs: object):
         super().__init__(shell, hardware, extension, **kwargs)
         self.history = History(self.history_size)
         self.attribution = LeftAttribution(shell, hardware)
-        self.every_cell = EveryCell(shell, hardware, self.attribution, self.history, self.settings)
-        self.measurer = CellMeasurer(shell, hardware, self.attribution, self.history, self.every_cell)
+        self.every_cell = EveryCell(shell, hardware, self.attribution, self.history, self.settings, extension.cell_starts)
+        self.measurer = CellMeasurer(shell, hardware, self.attribution, self.history, self.every_cell,
+                                     extension.cell_starts)
         self.arguments = CudaMemArguments(self.cudamem.parser)
         # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
         self.probe: TensorProbe | None = None

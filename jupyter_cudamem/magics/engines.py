@@ -168,7 +168,7 @@ class CudaMemEngines(CudaMemMagicsBase):
             raise TraitError(f"CudaMemEngines.history_cells takes a whole number, at least 1; got {proposal['value']!r}")
         return proposal["value"]
 
-    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension, **kwargs: object):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
         self.auto = False
         self.last: EnginesReport | None = None

@@ -18,6 +18,7 @@ from ..report import one_line
 from ..report.cell import left_finding
 from ..units import format_bytes
 from .base import current_cell_number, note
+from .cell_starts import CellStarts
 from .left_attribution import LeftAttribution
 from .measuring import CellSettings, gpu_present, record
 
@@ -96,11 +97,12 @@ class _MeasuredByMagic:
 class EveryCell:
     """The every-cell mode on one shell: its IPython callbacks. ``settings`` reads ``CudaMem``'s settings, once
     as each cell starts; ``attribution`` names who holds what a cell left; each measured cell goes into
-    ``history``."""
+    ``history``; each starts from ``cell_starts``' reading."""
 
     def __init__(self, shell: InteractiveShell, hardware: Hardware, attribution: LeftAttribution, history: History,
-                 settings: Callable[[], CellSettings]):
+                 settings: Callable[[], CellSettings], cell_starts: CellStarts):
         self.shell = shell
+        self.cell_starts = cell_starts
         self.hardware = hardware
         self.attribution = attribution
         self.history = history
@@ -156,7 +158,7 @@ class EveryCell:
             settings = self.settings()
             snapshot = self.attribution.snapshot(settings, raw)
             meter = settings.meter(self.hardware)
-            self._baseline = (settings, meter, meter.start(), raw, snapshot)
+            self._baseline = (settings, meter, meter.start(self.cell_starts.reading_of(info)), raw, snapshot)
         except Exception as error:  # never break the user's cell because a reading failed
             self._baseline = None
             note(f"every-cell measurement skipped: {error}")

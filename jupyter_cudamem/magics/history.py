@@ -56,7 +56,7 @@ class CudaMemHistory(CudaMemMagicsBase):
     def _history(self) -> History:
         from .cudamem import CudaMem
 
-        cudamem = None if self.extension is None else self.extension.get(CudaMem)
+        cudamem = self.extension.get(CudaMem)
         if not isinstance(cudamem, CudaMem):
             raise CudaMemError("%cudamem_history needs %%cudamem loaded: run %load_ext jupyter_cudamem")
         return cudamem.history

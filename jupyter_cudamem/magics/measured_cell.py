@@ -17,7 +17,8 @@ from ..measure import Measurement, Meter
 from ..report import CellReport
 from ..trace import TraceSummary, traced
 from .base import current_cell_number, note, show_report
-from .cellrun import Ran, run_cell_body
+from .cell_starts import CellStarts
+from .cellrun import Ran, run_cell_body, whole_cell
 from .every_cell import EveryCell
 from .left_attribution import LeftAttribution
 from .measuring import CellSettings, PeakCounter, record
@@ -42,11 +43,13 @@ class MeasuredCell:
 
 class CellMeasurer:
     """Runs cells of one shell measured: ``attribution`` names who holds what a cell left, each measured
-    cell goes into ``history``, and ``every_cell`` does not measure the cell again."""
+    cell goes into ``history``, ``every_cell`` does not measure the cell again, and a cell that is the magic
+    alone starts from ``cell_starts``' reading."""
 
     def __init__(self, shell: InteractiveShell, hardware: Hardware, attribution: LeftAttribution, history: History,
-                 every_cell: EveryCell):
+                 every_cell: EveryCell, cell_starts: CellStarts):
         self.shell = shell
+        self.cell_starts = cell_starts
         self.hardware = hardware
         self.attribution = attribution
         self.history = history
@@ -80,7 +83,9 @@ class CellMeasurer:
                 tracing = stack.enter_context(self._tracing(settings, count)) if trace else None
                 if nvtx:
                     stack.enter_context(self._nvtx_range(settings, count, cell))
-                baseline = meter.start()
+                # Where the magic is the cell and nothing was capped, PyTorch's counters are as the cell started.
+                start = None if limit_bytes else self.cell_starts.reading_of(whole_cell(shell))
+                baseline = meter.start(start)
                 with self.every_cell.measured_by_magic():
                     if breakdown:
                         with self._tracker(settings) as tracker:

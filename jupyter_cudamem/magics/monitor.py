@@ -83,7 +83,7 @@ class CudaMemMonitor(CudaMemMagicsBase):
             )
         return value
 
-    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension, **kwargs: object):
         # Set before the base class loads the shell's config, which calls the observers below.
         self.poller: Poller | None = None
         self.view: MonitorView | None = None

@@ -30,7 +30,6 @@ from ..oomfix.strategies import STRATEGIES
 from ..reruns.model_state import TrainingState
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cell_cap import cap_note, cell_cap
-from .cell_starts import CellStarts
 from .cellrun import error_is_raised, run_cell_body
 from .oomfix_arguments import check_options, chosen_strategies, oomfix_options, require_gpu
 from .oomfix_dialogue import confirmed, show, state_note
@@ -88,7 +87,7 @@ class OomFix(CudaMemMagicsBase):
             )
         return value
 
-    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension, **kwargs: object):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
         from ..ipython_state import FailureRecorder, recorder_for
 
@@ -100,7 +99,7 @@ class OomFix(CudaMemMagicsBase):
         self.last_outcome: Outcome | None = None
         # PyTorch's allocated bytes per device when each recent cell started: with an OOM's figures they
         # bound what the failed cell itself needed.
-        self.cell_starts = CellStarts(shell, hardware)
+        self.cell_starts = extension.cell_starts
         # How tensors are recognised (``attribution.TensorProbe``); ``None`` means PyTorch's types.
         self.probe: TensorProbe | None = None
         self.reruns = ShellReruns(shell)
@@ -108,7 +107,6 @@ class OomFix(CudaMemMagicsBase):
     def close(self) -> None:
         if self._owns_recorder:
             self._recorder.detach(self.shell)
-        self.cell_starts.close()
 
     # -- the line magic ------------------------------------------------------------------------
     @magic_arguments()

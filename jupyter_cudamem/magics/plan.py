@@ -48,7 +48,7 @@ class CudaMemPlan(CudaMemMagicsBase):
         "--margin overrides it for one plan.",
     ).tag(config=True)
 
-    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension | None = None, **kwargs: object):
+    def __init__(self, shell: InteractiveShell, hardware: Hardware, extension: Extension, **kwargs: object):
         super().__init__(shell=shell, hardware=hardware, extension=extension, **kwargs)
         self.last_plan: CapacityPlan | None = None
 
@@ -139,7 +139,7 @@ class CudaMemPlan(CudaMemMagicsBase):
     def _cudamem(self) -> CudaMem | None:
         from .cudamem import CudaMem
 
-        return None if self.extension is None else self.extension.get(CudaMem)
+        return self.extension.get(CudaMem)
 
     def _cards_setting(self) -> dict[str, object]:
         cudamem = self._cudamem()

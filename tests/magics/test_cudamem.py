@@ -371,3 +371,29 @@ def test_verbose_flag_and_setting_show_the_figures_the_three_lines_leave_out(she
         assert "Δ reserved" in capsys.readouterr().out and shell.user_ns["r"].verbose
     finally:
         shell.run_line_magic("config", "CudaMem.verbose = False")
+
+
+def _reads_of(shell, source):
+    allocator = magics.loaded(shell).hardware.allocator
+    allocator.calls.clear()
+    shell.run_cell(source)
+    return [call for call in allocator.calls if call.startswith("read")]
+
+
+def test_a_cell_that_is_the_magic_starts_from_the_reading_taken_as_the_cell_started(shell, machine):
+    # One read as each cell starts (kept for %oomfix) is the measurement's start too: two reads a cell, not three.
+    shell.run_cell("%%cudamem --quiet\nx = 1")
+    assert _reads_of(shell, "%%cudamem --quiet\nm.allocate(0, GiB)") == ["read:0", "read:0"]
+    assert cudamem(shell).history.records[-1].measurement.devices[0].allocated_delta_bytes == GiB
+    shell.run_cell("%cudamem on")
+    shell.run_cell("x = 2")
+    assert _reads_of(shell, "m.allocate(0, GiB)") == ["read:0", "read:0"]
+    assert cudamem(shell).history.records[-1].measurement.devices[0].allocated_delta_bytes == GiB
+
+
+def test_a_magic_run_after_code_of_its_own_cell_reads_its_own_start(shell, machine):
+    # The cell's start reading is older than what the cell's first line allocated: not the magic's start.
+    shell.run_cell("m.allocate(0, GiB)\nget_ipython().run_cell_magic('cudamem', '--quiet --device 0', 'x = 1')")
+    assert cudamem(shell).history.records[-1].measurement.devices[0].allocated_delta_bytes == 0
+    shell.run_cell("m.allocate(0, GiB)\n%cudamem --quiet --device 0 x = 1")
+    assert cudamem(shell).history.records[-1].measurement.devices[0].allocated_delta_bytes == 0
