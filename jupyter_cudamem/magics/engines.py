@@ -26,7 +26,7 @@ from ..monitor.poller import DEFAULT_INTERVAL_S, Poller
 from ..monitor.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
 from ..units import number_in
 from .base import CudaMemMagicsBase, one_line_errors
-from .options import count_option, FloatSetting, parse_line
+from .options import count_option, FloatSetting, number_option, parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
@@ -193,8 +193,10 @@ class CudaMemEngines(CudaMemMagicsBase):
     @argument("--last", type=count_option("a number of cells"), metavar="N",
               help="With --history: the latest N cells of each engine (default 20).")
     @argument("--targets", metavar="IDS", help="Engine ids, such as 0,2 or 0-3 (default: the engines %%px runs on).")
-    @argument("--timeout", type=float, metavar="SECONDS", help="Seconds to wait for the engines (default 10).")
-    @argument("--interval", type=float, metavar="SECONDS", help="monitor: seconds between readings (default 1).")
+    @argument("--timeout", type=number_option("seconds to wait"), metavar="SECONDS",
+              help="Seconds to wait for the engines (default 10).")
+    @argument("--interval", type=number_option("seconds between readings"), metavar="SECONDS",
+              help="monitor: seconds between readings (default 1).")
     @argument("-o", "--output", action="store_true", help="Show the table and also return it (records in .answers).")
     @line_magic
     @one_line_errors

@@ -27,7 +27,7 @@ from ..monitor.render import DEFAULT_ALERT_FRACTION, text_line
 from ..monitor.snapshot import Snapshot
 from ..monitor.widget import MonitorView, make_view
 from .base import CudaMemMagicsBase, one_line_errors, parse_devices
-from .options import FloatSetting, parse_line
+from .options import FloatSetting, number_option, parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -100,14 +100,14 @@ class CudaMemMonitor(CudaMemMagicsBase):
     )
     @argument(
         "--interval",
-        type=float,
+        type=number_option("seconds between two readings"),
         metavar="SECONDS",
         help="seconds between two readings (default: CudaMemMonitor.interval_s, 1).",
     )
     @argument("--devices", metavar="0,1", help="CUDA devices to watch, by cuda:N number (default: all).")
     @argument(
         "--history",
-        type=float,
+        type=number_option("seconds of history"),
         metavar="SECONDS",
         help="seconds of history kept for the sparkline and snapshot (default: CudaMemMonitor.history_s, 300).",
     )

@@ -146,6 +146,23 @@ def count_option(what: str, least: int = 1) -> Callable[[str], int]:
     return count
 
 
+def number_option(what: str) -> Callable[[str], float]:
+    """An ``@argument`` ``type`` for a number typed as an option's value, in ASCII (``float`` also takes
+    ``"１"``, ``"١"`` and ``"1_0"``, as ``count_option``'s ``int`` does); its range is the setting's check.
+    argparse names the option in its one-line error: ``argument --interval: takes seconds, ...``."""
+
+    def number(text: str) -> float:
+        typed = text.strip()
+        try:
+            if typed.isascii() and "_" not in typed:
+                return float(typed)
+        except ValueError:
+            pass
+        raise argparse.ArgumentTypeError(f"takes {what}, a number in digits 0-9 such as 0.5 or 2; got {text!r}")
+
+    return number
+
+
 class FloatSetting(Float):
     """A ``Float`` setting that names itself for an int past what a float holds (``10**400``), where
     traitlets' own conversion says only "int too large to convert to float"."""

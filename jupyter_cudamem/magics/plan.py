@@ -18,7 +18,7 @@ from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN, CapacityPlan
 from ..growth.fitting import REPLAY_MARGIN
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, BodyRuns, run_cell_body
-from .options import count_option, FloatSetting, parse_line
+from .options import count_option, FloatSetting, number_option, parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -64,7 +64,7 @@ class CudaMemPlan(CudaMemMagicsBase):
     @magic_arguments("%cudamem_plan")  # the usage line is "%" + this name: %%cudamem_plan, as it is typed
     @argument("--autocast", action="store_true",
               help="Also run the cell at its batch under torch.autocast, to say what bfloat16/float16 buys.")
-    @argument("--margin", type=float, default=None, metavar="FRACTION",
+    @argument("--margin", type=number_option("a fraction"), default=None, metavar="FRACTION",
               help=f"How cautious the plan is (default {DEFAULT_MARGIN}, or CudaMemPlan.margin; with --calibrate "
               f"{CALIBRATED_MARGIN}, or CudaMemPlan.calibrated_margin): see CudaMemPlan.margin.")
     @argument("--cards", default=None, metavar="NAME,NAME",

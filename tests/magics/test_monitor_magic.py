@@ -134,7 +134,8 @@ def test_unload_ext_stops_the_thread_and_closes_nvml(loaded):
     ("line", "says"),
     [
         ("bogus", "invalid choice: 'bogus'"),
-        ("--interval abc", "invalid float value: 'abc'"),
+        ("--interval abc", "argument --interval: takes seconds between two readings, a number in digits 0-9 such "
+                           "as 0.5 or 2; got 'abc'"),
         ("--interval 0", "--interval takes seconds between readings, at least 0.05 and at most 3600; got 0"),
         ("--interval 1e10", "--interval takes seconds between readings, at least 0.05 and at most 3600; got 1e+10"),
         ("--history -5", "--history takes a positive number of seconds of history; got -5"),
