@@ -156,9 +156,10 @@ class EveryCell:
             return
         try:
             settings = self.settings()
-            snapshot = self.attribution.snapshot(settings, raw)
+            started = self.cell_starts.reading_of(info)
+            snapshot = self.attribution.snapshot(settings, raw, started)
             meter = settings.meter(self.hardware)
-            self._baseline = (settings, meter, meter.start(self.cell_starts.reading_of(info)), raw, snapshot)
+            self._baseline = (settings, meter, meter.start(started), raw, snapshot)
         except Exception as error:  # never break the user's cell because a reading failed
             self._baseline = None
             note(f"every-cell measurement skipped: {error}")

@@ -19,6 +19,7 @@ from ..cell.names import SAFE_MAGICS, cell_names
 from ..hardware import Hardware
 from ..ipython_state import OutputIds, ipython_reference_ids
 from ..measure import Measurement
+from ..sources.base import AllocatorReading
 from .base import note
 from .cellrun import NO_VALUE
 from .measuring import CellSettings
@@ -92,9 +93,11 @@ class LeftAttribution:
         self._cells_ran += 1
         self._ran(raw)
 
-    def snapshot(self, settings: CellSettings, cell: str | None = None) -> NamespaceSnapshot | None:
+    def snapshot(self, settings: CellSettings, cell: str | None = None,
+                 started: Mapping[int, AllocatorReading] | None = None) -> NamespaceSnapshot | None:
         """The namespace's fingerprint as ``cell`` starts (see ``attribution.left``); ``None`` when
-        attribution is off or nothing can hold device memory (torch not imported)."""
+        attribution is off or nothing can hold device memory (torch not imported). ``started``: PyTorch's
+        counters as the cell started, where they were read already (``cell_starts``)."""
         if settings.attribute_threshold_bytes is None:
             return None
         probe = settings.probe if settings.probe is not None else default_probe()
@@ -107,7 +110,8 @@ class LeftAttribution:
         if self._cells_ran != self._cells_measured:  # what cells not measured left counts towards the guard
             allocator = self.hardware.allocator
             try:
-                tracked.unmeasured({index: allocator.read(index).allocated_bytes for index in range(allocator.device_count())})
+                readings = started or {index: allocator.read(index) for index in range(allocator.device_count())}
+                tracked.unmeasured({index: reading.allocated_bytes for index, reading in readings.items()})
             except Exception:  # noqa: BLE001  unreadable (a sticky CUDA error): what they left is unknown
                 tracked.forget()
             self._cells_measured = self._cells_ran

@@ -71,7 +71,9 @@ class CellMeasurer:
         shell = self.shell
         count = current_cell_number(shell)
         label = f"[{count}]"
-        snapshot = self.attribution.snapshot(settings, cell)
+        # Where the magic is the cell, PyTorch's counters as the cell started were read already.
+        started = self.cell_starts.reading_of(whole_cell(shell))
+        snapshot = self.attribution.snapshot(settings, cell, started)
         ran: Ran | None = None
         measurement: Measurement | None = None
         tracing: list[TraceSummary] | None = None
@@ -83,9 +85,7 @@ class CellMeasurer:
                 tracing = stack.enter_context(self._tracing(settings, count)) if trace else None
                 if nvtx:
                     stack.enter_context(self._nvtx_range(settings, count, cell))
-                # Where the magic is the cell and nothing was capped, PyTorch's counters are as the cell started.
-                start = None if limit_bytes else self.cell_starts.reading_of(whole_cell(shell))
-                baseline = meter.start(start)
+                baseline = meter.start(None if limit_bytes else started)  # a cap emptied the cache since
                 with self.every_cell.measured_by_magic():
                     if breakdown:
                         with self._tracker(settings) as tracker:

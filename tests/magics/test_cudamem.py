@@ -385,6 +385,13 @@ def test_a_cell_that_is_the_magic_starts_from_the_reading_taken_as_the_cell_star
     shell.run_cell("%%cudamem --quiet\nx = 1")
     assert _reads_of(shell, "%%cudamem --quiet\nm.allocate(0, GiB)") == ["read:0", "read:0"]
     assert cudamem(shell).history.records[-1].measurement.devices[0].allocated_delta_bytes == GiB
+    # After a cell not measured, what it left counts towards the attribution's guard, from the same reading:
+    # 1 GiB is past the guard, so every name is fingerprinted again.
+    tracked = cudamem(shell).attribution.tracked
+    walks = tracked.full_walks
+    shell.run_cell("m.allocate(0, GiB)")
+    assert _reads_of(shell, "%%cudamem --quiet\nx = 3") == ["read:0", "read:0"]
+    assert tracked.full_walks == walks + 1
     shell.run_cell("%cudamem on")
     shell.run_cell("x = 2")
     assert _reads_of(shell, "m.allocate(0, GiB)") == ["read:0", "read:0"]
