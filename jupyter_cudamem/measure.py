@@ -261,9 +261,9 @@ class Meter:
     # stream-ordered allocator (``backend:cudaMallocAsync``) gives its pool back at a synchronization,
     # and an asynchronous CUDA error would surface in a later cell instead of the one that caused it.
     def start(self, readings: Mapping[int, AllocatorReading] | None = None) -> Baseline:
-        """``readings``: PyTorch's counters as the block starts, read already (the cell's start, read once
-        for all of ours: ``magics.cell_starts``). They are the host's bookkeeping, the same before the
-        synchronization as after it, so each costs one read (about 20 µs on the H200) less."""
+        """``readings``: PyTorch's counters as the block starts where the caller read them already (a
+        cell's start, read once for everything measuring it). They are the host's bookkeeping, the same
+        before the synchronization as after it, so each saves one read (about 20 µs on the H200)."""
         initialized = self.hardware.allocator.is_initialized()
         allocator_readings = self._read_allocator(synchronize=True, known=readings)
         peak_reset = False
