@@ -25,8 +25,20 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+class RaisedAtTheMagic(Exception):
+    """Carries a user's ``SyntaxError`` (a body that does not compile, in a cell with code around the magic)
+    up to ``one_line_errors``, which raises it there. IPython prints every frame a raised ``SyntaxError``
+    passed through, ``__tracebackhide__`` or not: raised where the body was compiled, it showed four
+    frames of ours; raised here, one (``%time`` shows two of its own)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(error)
+        self.error = error
+
+
 def one_line_errors(method: Callable[P, R]) -> Callable[P, R]:
-    """Turn our ``CudaMemError`` into IPython's ``UsageError``: one red line, no traceback."""
+    """Turn our ``CudaMemError`` into IPython's ``UsageError``: one red line, no traceback; and raise a
+    body's ``SyntaxError`` from here (``RaisedAtTheMagic``)."""
 
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -35,6 +47,8 @@ def one_line_errors(method: Callable[P, R]) -> Callable[P, R]:
             return method(*args, **kwargs)
         except CudaMemError as error:
             raise UsageError(str(error)) from None
+        except RaisedAtTheMagic as carried:
+            raise carried.error.with_traceback(None) from None
 
     return wrapper
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from types import CodeType, TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .base import CudaMemMagicsBase, current_cell_number
+from .base import CudaMemMagicsBase, RaisedAtTheMagic, current_cell_number
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionInfo, InteractiveShell
@@ -89,7 +89,9 @@ class Ran:
         # SyntaxError passed through, so where nothing of the user's follows the magic it is shown, not raised.
         compiles = kind != _SYNTAX and not (kind == _BEFORE and isinstance(error, SyntaxError))
         if error_is_raised(shell) and (compiles or not _line_magic_is_the_cell(shell)):
-            raise error.with_traceback(traceback if frames and compiles else None)
+            if not compiles:
+                raise RaisedAtTheMagic(error)  # raised by the magic itself: one frame of ours, not four
+            raise error.with_traceback(traceback if frames else None)
         result = shell.displayhook.exec_result
         result.error_in_exec = error
         _failed_after_all(shell)
