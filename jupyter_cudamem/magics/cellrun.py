@@ -89,9 +89,8 @@ class Ran:
         # SyntaxError passed through, so where nothing of the user's follows the magic it is shown, not raised.
         compiles = kind != _SYNTAX and not (kind == _BEFORE and isinstance(error, SyntaxError))
         if error_is_raised(shell) and (compiles or not _line_magic_is_the_cell(shell)):
-            if not compiles:
-                raise RaisedAtTheMagic(error)  # raised by the magic itself: one frame of ours, not four
-            raise error.with_traceback(traceback if frames else None)
+            # A SyntaxError is raised by the magic itself: one frame of ours shown, not four.
+            raise error.with_traceback(traceback if frames else None) if compiles else RaisedAtTheMagic(error)
         result = shell.displayhook.exec_result
         result.error_in_exec = error
         _failed_after_all(shell)
