@@ -28,8 +28,8 @@ R = TypeVar("R")
 class RaisedAtTheMagic(Exception):
     """Carries a user's ``SyntaxError`` (a body that does not compile, in a cell with code around the magic)
     up to ``one_line_errors``, which raises it there. IPython prints every frame a raised ``SyntaxError``
-    passed through, ``__tracebackhide__`` or not: raised where the body was compiled, it showed four
-    frames of ours; raised here, one (``%time`` shows two of its own)."""
+    passed through, ``__tracebackhide__`` or not, so it is raised from the magic's own frame: one frame of
+    ours shown (``%time`` shows two of its own)."""
 
     def __init__(self, error: BaseException):
         super().__init__(error)
