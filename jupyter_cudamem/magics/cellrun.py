@@ -133,32 +133,40 @@ def error_is_raised(shell: InteractiveShell) -> bool:
 def whole_cell(shell: InteractiveShell) -> ExecutionInfo | None:
     """IPython's record of the running cell where that cell is one cell magic of ours the user ran, with
     no body of ours around it (nothing of the user's ran before it, nothing runs after); else ``None``."""
-    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-    info = getattr(result, "info", None)
-    raw_cell = getattr(info, "raw_cell", None)
-    if _bodies_running or not isinstance(raw_cell, str):
+    running = _running_cell(shell)
+    first = running[1].lstrip().split(None, 1) if running is not None else None
+    if running is None or not first or not first[0].startswith("%%") or not hasattr(shell, "find_cell_magic"):
         return None
-    first = raw_cell.lstrip().split(None, 1)
-    if not first or not first[0].startswith("%%"):
-        return None
-    magic = shell.find_cell_magic(first[0][2:]) if hasattr(shell, "find_cell_magic") else None
-    return info if isinstance(getattr(magic, "__self__", None), CudaMemMagicsBase) else None
+    return running[0] if _ours(shell.find_cell_magic(first[0][2:])) else None
 
 
 def _line_magic_is_the_cell(shell: InteractiveShell) -> bool:
     """Whether the cell IPython is running is one line magic of ours and nothing else (``%cudamem def f(:``):
     nothing of the user's runs after it, so showing its body's error and failing the cell is what raising
     it would do."""
-    result = getattr(getattr(shell, "displayhook", None), "exec_result", None)
-    raw_cell = getattr(getattr(result, "info", None), "raw_cell", None)
-    if _bodies_running or not isinstance(raw_cell, str):
+    running = _running_cell(shell)
+    if running is None:
         return False
     try:
-        body = ast.parse(shell.transform_cell(raw_cell)).body
+        body = ast.parse(shell.transform_cell(running[1])).body
     except Exception:  # noqa: BLE001 - not a cell that is one line magic
         return False
     name = _line_magic_called(body[0]) if len(body) == 1 else None
-    magic = shell.find_line_magic(name) if name is not None else None
+    return _ours(shell.find_line_magic(name) if name is not None else None)
+
+
+def _running_cell(shell: InteractiveShell) -> tuple[ExecutionInfo, str] | None:
+    """IPython's record of the cell it is running and its source, where no body of ours runs (a magic
+    inside one is never the whole cell); ``None`` too where it keeps no source."""
+    info = getattr(getattr(getattr(shell, "displayhook", None), "exec_result", None), "info", None)
+    source = getattr(info, "raw_cell", None)
+    if _bodies_running or info is None or not isinstance(source, str):
+        return None
+    return info, source
+
+
+def _ours(magic: object) -> bool:
+    """Whether ``magic`` (a bound magic function, or ``None``) is one of this extension's."""
     return isinstance(getattr(magic, "__self__", None), CudaMemMagicsBase)
 
 
