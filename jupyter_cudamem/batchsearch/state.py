@@ -108,10 +108,10 @@ class Tries:
         if best is None or own is None or self._reserved_limit is None:
             return best
         run, events = own
-        if fitting.fits_in_a_row(events, run.start, self._reserved_limit, released=run.released):
+        if fitting.fits_in_a_row(events, run.start, self._reserved_limit):
             return best
         scaled = fitting.fitting_from_one(events, best, run.start, self._reserved_limit,
-                                          batch_independent=self._one_run_fixed(run), released=run.released)
+                                          batch_independent=self._one_run_fixed(run))
         held = [a.batch for a in self.attempts if a.fitted and a.batch < best and self._own_run_holds(a.batch)]
         return max([scaled.largest(best - 1) if scaled is not None else 0, *held])
 
@@ -125,7 +125,7 @@ class Tries:
         times from where it began, under the cap it fitted under."""
         own = self._own_run(batch)
         return (own is not None and self._reserved_limit is not None
-                and fitting.fits_in_a_row(own[1], own[0].start, self._reserved_limit, released=own[0].released))
+                and fitting.fits_in_a_row(own[1], own[0].start, self._reserved_limit))
 
     @property
     def smallest_failed(self) -> int:
@@ -182,13 +182,12 @@ class Tries:
             run = runs[batches[-1]]
             return fitting.fitting_from_one(run.events_from(self._segments, self._remade), batches[-1], self._segments,
                                            self._reserved_limit - self._replay_cut_bytes,
-                                           batch_independent=self._one_run_fixed(run), margin=margin,
-                                           released=run.released)
+                                           batch_independent=self._one_run_fixed(run), margin=margin)
         low, high = batches[-2], batches[-1]
         segments = self._segments
         under = self._paired((runs[low], runs[high], segments), lambda: fitting.paired_fittings(
             runs[low].events_from(segments, self._remade), low, runs[high].events_from(segments, self._remade), high,
-            segments, runs[low].released | runs[high].released))
+            segments))
         return None if under is None else under(self._reserved_limit - self._replay_cut_bytes, margin)
 
     def _paired(self, runs: tuple[object, ...],
@@ -225,7 +224,7 @@ class Tries:
         segments, failed = self._segments, failure.observation.recorded
         under = self._paired((run, failed, segments), lambda: fitting.paired_with_failure(
             run.events_from(segments, self._remade), batch, failed.events, failure.batch, segments,
-            batch_independent=self._one_run_fixed(run), released=run.released))
+            batch_independent=self._one_run_fixed(run)))
         return None if under is None else under(self._reserved_limit, margin)
 
     def _recorded_fits(self) -> dict[int, RecordedRun]:

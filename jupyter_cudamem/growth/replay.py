@@ -354,25 +354,18 @@ def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
 
     ``remade``: addresses of blocks ``start`` holds for values the cell binds again (its input, its
     outputs, a model it builds, still bound from its last run): the run makes each anew, and the old one
-    goes when the name is bound again, taken as right after the new one is made.
-
-    A block the run frees before the request is made is not held there any more: the request is a new
-    block at the freed address (a first step's state made where the last run's, held until the step began,
-    was), and is made; taken as held, the state would leave the replay with the old block's free."""
+    goes when the name is bound again, taken as right after the new one is made."""
     held = allocated_blocks(start)
     sizes = {key: size for kind, key, size, _ in events if kind == ALLOC}
     again = {key: address for address, key in left
              if key in sizes and same_block(held.get(address), sizes[key])}
     if not again:
         return list(events)
-    old_keys = start_keys(start)
-    freed: set[int] = set()
+    old_keys = start_keys(start) if remade else {}
     made: list[Event] = []
     for event in events:
         address = again.get(event[1]) if event[0] == ALLOC else None
-        if event[0] == FREE:
-            freed.add(event[1])
-        if address is None or old_keys[address] in freed:
+        if address is None:
             made.append(event)
         elif address in remade:
             made += [event, (FREE, old_keys[address], 0, event[3])]

@@ -35,9 +35,6 @@ class RecordedRun:
     whole: bool = True
     carried: frozenset[int] = frozenset()  # a window's: keys of what the run held when the window began
     steps: tuple[tuple[int, int], ...] = ()  # each optimizer step() as (first event, event after its last)
-    released: frozenset[int] = frozenset()
-    """Keys of start blocks freed inside a step: state the put-back held until the step began, which the step
-    made anew; the cell's next run keeps the step's (``growth.fitting.next_run``)."""
 
     def events_from(self, start: tuple[StartSegment, ...], remade: frozenset[int] = frozenset()) -> list[Event]:
         """The events a run from ``start`` makes (``replay.held_elsewhere``; ``remade`` as there)."""
@@ -92,7 +89,7 @@ class Recorder:
         rows, steps = without_step_marks(rows, snapshot.get(OPTIMIZER_STEPS) or (), device)
         if whole:
             events, left, spans = read_trace_within(rows, start, failed, steps)
-            return RecordedRun(start, tuple(events), left, steps=spans, released=freed_in_steps(events, spans))
+            return RecordedRun(start, tuple(events), left, steps=spans)
         if not self.windows:
             return None
         prologue = window_prologue(snapshot, rows, start, device)
@@ -104,8 +101,7 @@ class Recorder:
         carried = frozenset(key for kind, key, _, _ in events[:len(prologue)] if kind == ALLOC)
         if not self._reaches_the_peak(events, carried, start, device):
             return None
-        return RecordedRun(start, tuple(events), left, whole=False, carried=carried, steps=spans,
-                           released=freed_in_steps(events, spans))
+        return RecordedRun(start, tuple(events), left, whole=False, carried=carried, steps=spans)
 
     def _reaches_the_peak(self, events: Sequence[Event], carried: frozenset[int], start: tuple[StartSegment, ...],
                           device: int) -> bool:
@@ -142,8 +138,3 @@ class _HistoryEnd:
         if len(entries) <= self.length or (self.length and entries[self.length - 1] != self.last):
             return None
         return self.length
-
-
-def freed_in_steps(events: Sequence[Event], steps: Sequence[tuple[int, int]]) -> frozenset[int]:
-    """The start blocks (negative keys) ``events`` free inside ``steps``."""
-    return frozenset(key for first, after in steps for kind, key, _, _ in events[first:after] if kind == FREE and key < 0)

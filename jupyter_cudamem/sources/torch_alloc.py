@@ -278,7 +278,6 @@ class StepMarks:
             return None
         marks = cls(torch)
         marks._handles = [pre(marks._before), post(marks._after)]
-        _run_first(marks._handles[0])
         return marks
 
     def _before(self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
@@ -308,13 +307,3 @@ class StepMarks:
         for handle in self._handles:
             handle.remove()
         self._open.clear()
-
-
-def _run_first(handle: Any) -> None:
-    """Move a global step pre-hook before those registered earlier, so that the mark opens the step before
-    any other hook acts (``reruns.model_state``'s put-back lets the state it held go in one): what a step's
-    hooks free is then inside the step. Left where it is where torch keeps its hooks otherwise."""
-    try:
-        handle.hooks_dict_ref().move_to_end(handle.id, last=False)
-    except Exception:  # noqa: BLE001 - a torch whose hooks are not an ordered dict: the mark comes later
-        return

@@ -274,13 +274,3 @@ def test_the_optimizers_steps_are_marked_and_their_marks_leave_the_run():
     assert fake.marking_steps and run is not None
     assert [(kind, size) for kind, _, size, _ in run.events] == [("alloc", 64 * MiB), ("free", 0), ("alloc", 8 * MiB)]
     assert run.steps == ((2, 3),)  # the state's request, made within the step
-
-
-def test_start_blocks_freed_inside_a_step_are_the_released_state():
-    from jupyter_cudamem.growth.replay import ALLOC, FREE
-    from jupyter_cudamem.reruns.recording import freed_in_steps
-
-    events = [(FREE, -2, 0, 0), (ALLOC, 1, 512, 0), (FREE, -1, 0, 0), (ALLOC, 3, 512, 0), (FREE, 1, 0, 0)]
-    # Only the start's (negative keys), only inside the step: a value bound again goes before it.
-    assert freed_in_steps(events, [(1, 5)]) == frozenset({-1})
-    assert freed_in_steps(events, []) == frozenset()
