@@ -902,7 +902,11 @@ TRACES_DIR: Path | None = None
 """``--traces DIR``: each ``%oomfix`` case's batch search, as it stood at each of its choices (its tries with
 their recorded allocations, the segments and cap the next try starts from, the fixed memory read from the
 namespace), pickled to ``DIR/<workload>_x<start>.pkl.gz``: ``copy.deepcopy`` of the ``BatchSearch``, so the
-choice can be replayed on a CPU (``search.next()``) and the policy debugged on the GPU's own figures."""
+choice can be replayed on a CPU (``search.next()``) and the policy debugged on the GPU's own figures. Beside
+it, ``DIR/<workload>_x<start>.tries.pkl.gz``: every try the fix ran, its last (a rerun confirming the batch)
+included, as ``(batch, fitted, reason, recorded run)``, the segments the fixed cell's next runs start from
+(``growth.replay.StartSegment``) and the cap in bytes: ``growth.fitting.fits_in_a_row(run.events,
+run.start, cap)`` replays a try's next runs, to be held against the next runs the case recorded."""
 
 
 @contextlib.contextmanager
@@ -931,6 +935,21 @@ def keep_searches(path: Path, searches: list[Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wb") as file:
         pickle.dump(searches, file)
+
+
+def keep_tries(path: Path, outcome: Any, torch: Any, dev: str) -> None:
+    """``%oomfix``'s tries with their recorded runs, and where its fixed cell's next runs start (``TRACES_DIR``)."""
+    from jupyter_cudamem.sources.torch_trace import start_segments
+
+    tries = [(t.batch, t.fitted, t.reason, t.recorded) for t in getattr(outcome, "tries", ()) or ()]
+    segments, cap = (), None
+    if dev == "cuda":
+        device = torch.cuda.current_device()
+        segments = start_segments({"segments": torch.cuda.memory_snapshot()}, device)
+        fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch 2.5 and later
+        if fraction is not None:
+            cap = int(fraction(device) * torch.cuda.get_device_properties(device).total_memory)
+    keep_searches(path, [{"tries": tries, "next_runs_start": segments, "cap_bytes": cap}])
 
 
 # -- reading %oomfix's outcome ----------------------------------------------------------------------
@@ -1352,6 +1371,7 @@ class ShellBench:
         record = read_outcome(outcome)
         if TRACES_DIR is not None:
             keep_searches(TRACES_DIR / f"{workload.name}_x{start}.pkl.gz", searches)
+            keep_tries(TRACES_DIR / f"{workload.name}_x{start}.tries.pkl.gz", outcome, self.torch, self.dev)
         record["failed_cell_error"] = first_line
         record["allocated_when_failed_cell_started_bytes"] = at_failed_cell[0] if at_failed_cell else None
         record["allocated_at_each_try_start_bytes"] = list(self.allocated_at_cell_start)

@@ -6,9 +6,11 @@ against a simulated card whose memory has an intercept."""
 from __future__ import annotations
 
 import ast
+import gzip
 import importlib.util
 import json
 import math
+import pickle
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -223,7 +225,7 @@ def test_cli_says_what_to_do_on_bad_input(capsys):
 
 
 # -- the real shell path, on a simulated card ------------------------------------------------------
-def test_the_sweep_runs_oomfix_and_the_peers_in_a_real_shell(tmp_path, capsys):
+def test_the_sweep_runs_oomfix_and_the_peers_in_a_real_shell(tmp_path, capsys, monkeypatch):
     """The sweep end to end on a simulated 2 GiB card whose cell needs 300 MiB whatever the batch plus
     37 MiB per item: the oracle is exact, every finder runs from the same start, memory comes back."""
     pytest.importorskip("torch")
@@ -246,11 +248,19 @@ def test_the_sweep_runs_oomfix_and_the_peers_in_a_real_shell(tmp_path, capsys):
         out.write_text(json.dumps(bench_module.merge(None, results)))
 
     ratios = (1.5, 16.0)  # accelerate's x0.9 from 64x is 40 tries, each with its own gc.collect(): slow on CPU
+    monkeypatch.setattr(bench_module, "TRACES_DIR", tmp_path / "traces")
     try:
         bench_module.sweep(bench, [workload], ratios, results, write)
     finally:
         bench.close()
     saved = json.loads(out.read_text())
+    for case in saved["cases"]:  # --traces: every try the fix ran, for replaying its next runs offline
+        start = case["start_batch"]
+        with gzip.open(tmp_path / "traces" / f"simulated_x{start}.tries.pkl.gz") as file:
+            (kept,) = pickle.load(file)
+        assert [(batch, fitted) for batch, fitted, _, _ in kept["tries"]] == [
+            (t["batch"], t["fitted"]) for t in case["oomfix"]["tries"]]
+        assert kept["next_runs_start"] == () and kept["cap_bytes"] is None  # no CUDA here
     assert saved["workloads"]["simulated"]["oracle_batch"] == oracle
     assert [c["start_ratio"] for c in saved["cases"]] == list(ratios)
     accelerate_installed = importlib.util.find_spec("accelerate") is not None
