@@ -104,6 +104,8 @@ def shell(ip, hardware: Hardware, machine: FakeMachine):
     magics.load(ip, hardware)
     ip.user_ns["m"] = machine
     ip.user_ns["GiB"] = 1024**3
+    for name in ("_", "__", "___"):  # one an earlier test's cell bound itself would stop IPython setting them
+        ip.user_ns.pop(name, None)
     yield ip
     magics.unload(ip)
     ip.user_ns.pop("m", None)
