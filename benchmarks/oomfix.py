@@ -931,10 +931,10 @@ def searches_kept() -> Any:
         BatchSearch.next = original  # type: ignore[method-assign]
 
 
-def keep_searches(path: Path, searches: list[Any]) -> None:
+def keep_pickled(path: Path, value: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wb") as file:
-        pickle.dump(searches, file)
+        pickle.dump(value, file)
 
 
 def keep_tries(path: Path, outcome: Any, torch: Any, dev: str) -> None:
@@ -949,7 +949,7 @@ def keep_tries(path: Path, outcome: Any, torch: Any, dev: str) -> None:
         fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch 2.5 and later
         if fraction is not None:
             cap = int(fraction(device) * torch.cuda.get_device_properties(device).total_memory)
-    keep_searches(path, [{"tries": tries, "next_runs_start": segments, "cap_bytes": cap}])
+    keep_pickled(path, {"tries": tries, "next_runs_start": segments, "cap_bytes": cap})
 
 
 # -- reading %oomfix's outcome ----------------------------------------------------------------------
@@ -1370,7 +1370,7 @@ class ShellBench:
             outcome = self.shell.run_line_magic("oomfix", "--yes -o")
         record = read_outcome(outcome)
         if TRACES_DIR is not None:
-            keep_searches(TRACES_DIR / f"{workload.name}_x{start}.pkl.gz", searches)
+            keep_pickled(TRACES_DIR / f"{workload.name}_x{start}.pkl.gz", searches)
             keep_tries(TRACES_DIR / f"{workload.name}_x{start}.tries.pkl.gz", outcome, self.torch, self.dev)
         record["failed_cell_error"] = first_line
         record["allocated_when_failed_cell_started_bytes"] = at_failed_cell[0] if at_failed_cell else None

@@ -104,7 +104,7 @@ def shell(ip, hardware: Hardware, machine: FakeMachine):
     magics.load(ip, hardware)
     ip.user_ns["m"] = machine
     ip.user_ns["GiB"] = 1024**3
-    for name in ("_", "__", "___"):  # one an earlier test's cell bound itself would stop IPython setting them
+    for name in ("_", "__", "___"):  # IPython stops setting these once a cell binds one: none carries over
         ip.user_ns.pop(name, None)
     yield ip
     magics.unload(ip)

@@ -257,7 +257,7 @@ def test_the_sweep_runs_oomfix_and_the_peers_in_a_real_shell(tmp_path, capsys, m
     for case in saved["cases"]:  # --traces: every try the fix ran, for replaying its next runs offline
         start = case["start_batch"]
         with gzip.open(tmp_path / "traces" / f"simulated_x{start}.tries.pkl.gz") as file:
-            (kept,) = pickle.load(file)
+            kept = pickle.load(file)
         assert [(batch, fitted) for batch, fitted, _, _ in kept["tries"]] == [
             (t["batch"], t["fitted"]) for t in case["oomfix"]["tries"]]
         assert kept["next_runs_start"] == () and kept["cap_bytes"] is None  # no CUDA here
