@@ -17,7 +17,7 @@ from __future__ import annotations
 import linecache
 import pickle
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .sources.base import AllocatorSource
 
+from .sources.torch_trace import device_trace, device_traces
 from .units import MiB
 
 _OURS = "/jupyter_cudamem/"
@@ -121,7 +122,7 @@ _Site = tuple[str, int, str]
 
 
 def _still_live(
-    events: list[dict[str, Any]], frees: tuple[str, ...], is_cell_file: Callable[[str], bool] | None
+    events: Sequence[Mapping[str, Any]], frees: tuple[str, ...], is_cell_file: Callable[[str], bool] | None
 ) -> tuple[dict[int, tuple[int, _Site, int, _Site | None]], dict[tuple[_Site, int], int]]:
     """The allocations of user code still live at the trace's end (by address: size, site, which repeat
     of that site and size it was, the cell's outermost frame), and how often each site and size repeated."""
@@ -145,7 +146,7 @@ def _still_live(
 
 
 def loop_growth(
-    events: list[dict[str, Any]],
+    events: Sequence[Mapping[str, Any]],
     frees: tuple[str, ...] = _FREES,
     describe_file: Callable[[str], str] | None = None,
     source_line: Callable[[str, int], str | None] | None = None,
@@ -192,7 +193,7 @@ def loop_growth(
     return best
 
 
-def _traced_peak(events: list[dict[str, Any]], frees: tuple[str, ...]) -> tuple[int, int]:
+def _traced_peak(events: Sequence[Mapping[str, Any]], frees: tuple[str, ...]) -> tuple[int, int]:
     """The most bytes live at once in the trace, and the position of the event that reached it (-1: none)."""
     live: dict[int, int] = {}
     total = 0
@@ -221,8 +222,7 @@ def summarize(
     """Replay the device's trace, rank user code sites by bytes live at the traced peak, and find a
     loop that kept memory from iteration after iteration (``is_cell_file`` tells the traced cell's
     own code apart, to name the cell's line that led to it)."""
-    traces = snapshot.get("device_traces") or []
-    events = traces[device_index] if device_index < len(traces) else []
+    events = device_trace(snapshot, device_index)
     has_completed = any(event.get("action") in _FREES for event in events)
     frees = _FREES if has_completed else (_FREE_FALLBACK,)
 
@@ -284,7 +284,7 @@ def traced(
         snapshot = allocator.stop_trace()
         path = save_snapshot(snapshot, Path(directory) / f"cell{cell_number}-{time.strftime('%Y%m%d-%H%M%S')}.pickle")
         cell_name = f"In[{cell_number}]"
-        for index, events in enumerate(snapshot.get("device_traces") or []):
+        for index, events in enumerate(device_traces(snapshot)):
             if not events:
                 continue
             summary = summarize(

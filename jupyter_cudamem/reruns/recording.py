@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..sources.base import OPTIMIZER_STEPS, AllocatorSource
-from ..sources.torch_trace import device_trace, read_trace_within, start_segments, trace_rows, window_prologue, without_step_marks
+from ..sources.torch_trace import device_trace, device_traces, read_trace_within, start_segments, trace_rows, window_prologue, without_step_marks
 from ..growth.fitting import REPLAY_MARGIN
 from ..growth.replay import ALLOC, FREE, Event, StartSegment, allocated_blocks, held_elsewhere, replay
 
@@ -62,7 +62,7 @@ class Recorder:
         """Start recording; the segments the rerun starts from, or ``None`` when not recording."""
         try:
             snapshot = self.allocator.snapshot()
-            joined = _HistoryEnd.of(snapshot, device) if any(snapshot.get("device_traces") or ()) else None
+            joined = _HistoryEnd.of(snapshot, device) if any(device_traces(snapshot)) else None
             start = start_segments(snapshot, device)
             self.allocator.start_trace(self.max_events, stacks=False, mark_steps=True, join=joined is not None)
         except Exception:  # noqa: BLE001

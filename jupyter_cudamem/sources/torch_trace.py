@@ -38,9 +38,14 @@ def start_segments(snapshot: Mapping[str, Any], device: int) -> tuple[StartSegme
     return tuple(sorted(segments, key=lambda s: s.address))
 
 
+def device_traces(snapshot: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
+    """Each device's recorded history in ``snapshot``, by device index, as torch lists it."""
+    return snapshot.get("device_traces") or ()
+
+
 def device_trace(snapshot: Mapping[str, Any], device: int) -> Sequence[Any]:
-    """``device``'s recorded history in ``snapshot``, as torch lists it (empty where none is recorded)."""
-    traces: Sequence[Any] = snapshot.get("device_traces") or ()
+    """``device``'s recorded history in ``snapshot`` (empty where none is recorded)."""
+    traces = device_traces(snapshot)
     return traces[device] if device < len(traces) else ()
 
 
