@@ -23,11 +23,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .sources.base import AllocatorSource
-
 from .sources.torch_trace import device_trace, device_traces
 from .units import MiB
+
+if TYPE_CHECKING:
+    from .sources.base import AllocatorSource
 
 _OURS = "/jupyter_cudamem/"
 _LIBRARY_MARKERS = (
