@@ -904,9 +904,9 @@ their recorded allocations, the segments and cap the next try starts from, the f
 namespace), pickled to ``DIR/<workload>_x<start>.pkl.gz``: ``copy.deepcopy`` of the ``BatchSearch``, so the
 choice can be replayed on a CPU (``search.next()``) and the policy debugged on the GPU's own figures. Beside
 it, ``DIR/<workload>_x<start>.tries.pkl.gz``: every try the fix ran, its last (a rerun confirming the batch)
-included, as ``(batch, fitted, reason, recorded run)``, the segments the fixed cell's next runs start from
-(``growth.replay.StartSegment``) and the cap in bytes: ``growth.fitting.fits_in_a_row(run.events,
-run.start, cap)`` replays a try's next runs, to be held against the next runs the case recorded."""
+included, as ``(batch, fitted, reason, recorded run)``, and the segments the fixed cell's next runs start
+from (``growth.replay.StartSegment``): ``growth.fitting.fits_in_a_row(run.events, run.start, cap)``, with
+the case's ``cap_bytes``, replays a try's next runs, to be held against the next runs the case recorded."""
 
 
 @contextlib.contextmanager
@@ -942,14 +942,9 @@ def keep_tries(path: Path, outcome: Any, torch: Any, dev: str) -> None:
     from jupyter_cudamem.sources.torch_trace import start_segments
 
     tries = [(t.batch, t.fitted, t.reason, t.recorded) for t in getattr(outcome, "tries", ()) or ()]
-    segments, cap = (), None
-    if dev == "cuda":
-        device = torch.cuda.current_device()
-        segments = start_segments({"segments": torch.cuda.memory_snapshot()}, device)
-        fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch 2.5 and later
-        if fraction is not None:
-            cap = int(fraction(device) * torch.cuda.get_device_properties(device).total_memory)
-    keep_pickled(path, {"tries": tries, "next_runs_start": segments, "cap_bytes": cap})
+    segments = () if dev != "cuda" else start_segments({"segments": torch.cuda.memory_snapshot()},
+                                                       torch.cuda.current_device())
+    keep_pickled(path, {"tries": tries, "next_runs_start": segments})
 
 
 # -- reading %oomfix's outcome ----------------------------------------------------------------------
