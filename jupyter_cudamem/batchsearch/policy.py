@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from ..growth import Growth, lowest_slope
@@ -116,6 +116,10 @@ class BatchSearch(Tries):
             self._contradictions += 1
         elif not observation.fitted and predicted is not None:
             self._contradicted(predicted, observation)
+        if observation.recorded is not None:
+            # Where its run began: the values the cell binds again, and what the put-back held until its step.
+            observation = replace(observation, recorded=replace(observation.recorded, remade=self._remade,
+                                                                 released=self._released))
         attempt = Attempt(batch, observation, reason)
         self.attempts.append(attempt)
         return attempt

@@ -69,7 +69,8 @@ class Tries:
     _usable_bytes: float | None = None  # the budget, lowered when a try fails where the line said it fits
     _segments: tuple[replay.StartSegment, ...] | None = None  # where the next try starts (``set_allocator``)
     _reserved_limit: int | None = None
-    _remade: frozenset[int] = frozenset()  # addresses of what the cell binds again (``set_allocator``)
+    _remade: tuple[frozenset[int], ...] = ()  # addresses of what the cell binds again (``set_allocator``)
+    _released: frozenset[int] = frozenset()  # addresses held until the next try's first step (``set_allocator``)
     _replay_cut_bytes: int = 0  # what a try the replay said fits showed it cannot use
     # ``paired_failure``'s answer, and for which tries, segments and cap
     _paired_for: tuple[tuple[object, ...], Attempt | None] | None = None
@@ -108,24 +109,26 @@ class Tries:
         if best is None or own is None or self._reserved_limit is None:
             return best
         run, events = own
-        if fitting.fits_in_a_row(events, run.start, self._reserved_limit):
+        released = replay.keys_at(run.start, run.released)
+        if fitting.fits_in_a_row(events, run.start, self._reserved_limit, released=released):
             return best
         scaled = fitting.fitting_from_one(events, best, run.start, self._reserved_limit,
-                                          batch_independent=self._one_run_fixed(run))
+                                          batch_independent=self._one_run_fixed(run), released=released)
         held = [a.batch for a in self.attempts if a.fitted and a.batch < best and self._own_run_holds(a.batch)]
         return max([scaled.largest(best - 1) if scaled is not None else 0, *held])
 
     def _own_run(self, batch: int) -> tuple[RecordedRun, list[replay.Event]] | None:
         """The whole recorded run of the try that fitted at ``batch``, and its events from where it began."""
         run = self._recorded_fits().get(batch)
-        return None if run is None or not run.whole else (run, run.events_from(run.start, self._remade))
+        return None if run is None or not run.whole else (run, run.events_from(run.start, run.remade, run.released))
 
     def _own_run_holds(self, batch: int) -> bool:
         """Whether the try that fitted at ``batch`` recorded a whole run that fits ``fitting.RUNS_IN_A_ROW``
         times from where it began, under the cap it fitted under."""
         own = self._own_run(batch)
         return (own is not None and self._reserved_limit is not None
-                and fitting.fits_in_a_row(own[1], own[0].start, self._reserved_limit))
+                and fitting.fits_in_a_row(own[1], own[0].start, self._reserved_limit,
+                                          released=replay.keys_at(own[0].start, own[0].released)))
 
     @property
     def smallest_failed(self) -> int:
@@ -153,11 +156,13 @@ class Tries:
         self.level_bytes = level_bytes
 
     def set_allocator(self, segments: tuple[replay.StartSegment, ...] | None, reserved_limit_bytes: int | None,
-                      remade: frozenset[int] = frozenset()) -> None:
+                      remade: tuple[frozenset[int], ...] = (), released: frozenset[int] = frozenset()) -> None:
         """The allocator's segments where the next try starts, and the reserved bytes it may reach:
         what the replay plays from and under (``None``: no replay). ``remade``: the addresses in them of
-        what the cell binds again, which its run makes anew (``replay.held_elsewhere``)."""
+        each value the cell binds again, name by name, which its run makes anew (``replay.rebound_keys``);
+        ``released``: of what the put-back holds until the try's first step (``replay.with_released``)."""
         self._segments, self._reserved_limit, self._remade = segments, reserved_limit_bytes, remade
+        self._released = released
 
     def replayed(self, margin: float = 0.0) -> fitting.Fitting | None:
         """Whether a batch fits, by the allocator's replay of the two largest recorded tries that fitted (of
@@ -180,14 +185,14 @@ class Tries:
             if paired is not None:
                 return paired
             run = runs[batches[-1]]
-            return fitting.fitting_from_one(run.events_from(self._segments, self._remade), batches[-1], self._segments,
+            return fitting.fitting_from_one(self._events_from(run), batches[-1], self._segments,
                                            self._reserved_limit - self._replay_cut_bytes,
-                                           batch_independent=self._one_run_fixed(run), margin=margin)
+                                           batch_independent=self._one_run_fixed(run), margin=margin,
+                                           released=self._released_keys())
         low, high = batches[-2], batches[-1]
         segments = self._segments
         under = self._paired((runs[low], runs[high], segments), lambda: fitting.paired_fittings(
-            runs[low].events_from(segments, self._remade), low, runs[high].events_from(segments, self._remade), high,
-            segments))
+            self._events_from(runs[low]), low, self._events_from(runs[high]), high, segments, self._released_keys()))
         return None if under is None else under(self._reserved_limit - self._replay_cut_bytes, margin)
 
     def _paired(self, runs: tuple[object, ...],
@@ -223,9 +228,16 @@ class Tries:
             return None
         segments, failed = self._segments, failure.observation.recorded
         under = self._paired((run, failed, segments), lambda: fitting.paired_with_failure(
-            run.events_from(segments, self._remade), batch, failed.events, failure.batch, segments,
-            batch_independent=self._one_run_fixed(run)))
+            self._events_from(run), batch, failed.events, failure.batch, segments,
+            batch_independent=self._one_run_fixed(run), released=self._released_keys()))
         return None if under is None else under(self._reserved_limit, margin)
+
+    def _events_from(self, run: RecordedRun) -> list[replay.Event]:
+        """``run``'s events as the next try makes them, from where it starts."""
+        return run.events_from(self._segments or (), self._remade, self._released)
+
+    def _released_keys(self) -> frozenset[int]:
+        return replay.keys_at(self._segments or (), self._released)
 
     def _recorded_fits(self) -> dict[int, RecordedRun]:
         return {a.batch: a.observation.recorded for a in self.attempts

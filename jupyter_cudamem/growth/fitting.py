@@ -72,7 +72,8 @@ class Fitting:
 
 
 def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
-                    start: Sequence[StartSegment]) -> Callable[[int, float], Fitting] | None:
+                    start: Sequence[StartSegment], released: Collection[int] = ()
+                    ) -> Callable[[int, float], Fitting] | None:
     """Whether a batch fits under any cap and margin, ``(cap_bytes, margin)``, from two runs' events: paired
     once (a search asks at several margins, a plan at several caps), each call costs only its replays.
 
@@ -81,7 +82,7 @@ def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[E
     Requests left unpaired where others pair must fit both as proportional to the batch and at their
     measured size (``_fits_either_way``). ``margin``: a batch fits when its requests' per-sample parts
     ``1 + margin`` times as large do (the next run is another run: another cuDNN algorithm, a block of
-    rounding)."""
+    rounding). ``released``: as in ``next_run``."""
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
     if not any(kind != FREE for kind, *_ in first) or not any(kind != FREE for kind, *_ in second):
@@ -92,12 +93,13 @@ def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[E
     # Only the requests with no partner: an exactly proportional pair's line also runs through zero, and
     # keeping it at its measured size would hold a batch's activations fixed.
     measured = max(batch_first, batch_second)
-    return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin))
+    return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin,
+                                                               released))
 
 
 def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment], cap_bytes: int,
                      batch_independent: Collection[int] = (),
-                     margin: float = 0.0) -> Fitting | None:
+                     margin: float = 0.0, released: Collection[int] = ()) -> Fitting | None:
     """The same from one run: every request taken as proportional to the batch, but those whose keys
     ``batch_independent`` lists (the optimizer's state, a model's parameters: ``growth.fixed``), which
     keep their size; a temporary (freed before the next request) must fit both ways.
@@ -114,12 +116,12 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
                          else (kind, key, stream, 0.0, 0.0 if kind == FREE else size / batch, 1.0)
                          for kind, key, size, stream in events]
     temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed]
-    return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
+    return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin, released))
 
 
 def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Event], failed_batch: int,
-                        start: Sequence[StartSegment],
-                        batch_independent: Collection[int] = ()) -> Callable[[int, float], Fitting] | None:
+                        start: Sequence[StartSegment], batch_independent: Collection[int] = (),
+                        released: Collection[int] = ()) -> Callable[[int, float], Fitting] | None:
     """Whether a batch fits under any cap and margin, ``(cap_bytes, margin)``, from one run that fitted and
     the beginning of one at a larger batch that failed (its events up to the request that raised): the
     requests both made are on the line through their two sizes, as from two runs (``paired_fittings``), and those
@@ -165,12 +167,13 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
         else:
             lines.append((kind, key, stream, 0.0, size / batch, 1.0))
     temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed and i not in paired]
-    return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin))
+    return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin,
+                                                               released))
 
 
 def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measured_batch: int,
-                     start: Sequence[StartSegment], cap_bytes: int,
-                     margin: float) -> tuple[Callable[[int], bool], Callable[[int], int]]:
+                     start: Sequence[StartSegment], cap_bytes: int, margin: float,
+                     released: Collection[int] = ()) -> tuple[Callable[[int], bool], Callable[[int], int]]:
     """Whether a batch fits both when the ``unknown`` requests grow with the batch as their lines say and
     when they keep the size measured at ``measured_batch`` (margins as in ``paired_fittings``).
 
@@ -196,7 +199,7 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
         return all(peak_allocated_bytes(events_at(v, batch * (1 + margin)), held) <= cap_bytes for v in variants)
 
     def fits_at(batch: int, scales: Sequence[float], runs: int = RUNS_IN_A_ROW) -> bool:
-        return all(fits_in_a_row(events_at(v, batch * scale), start, cap_bytes, runs, held)
+        return all(fits_in_a_row(events_at(v, batch * scale), start, cap_bytes, runs, held, released)
                    for scale in scales for v in variants)
 
     scales = tuple(dict.fromkeys(1 + margin * share for share in NEXT_RUN_SCALES))
@@ -224,16 +227,18 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
 
 
 def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: int,
-                  runs: int = RUNS_IN_A_ROW, held: Mapping[int, int] | None = None) -> bool:
+                  runs: int = RUNS_IN_A_ROW, held: Mapping[int, int] | None = None,
+                  released: Collection[int] = ()) -> bool:
     """Whether ``events`` fit ``runs`` times in a row under ``cap_bytes``: the first from ``start``, the
     second from where the first left the allocator with its cache emptied, each after from where the last
     left it (``RUNS_IN_A_ROW``), as the cell's next run makes them (``next_run``). Stops early where a run
     leaves the allocator as the run before it did: the next would replay the same.
-    ``held``: ``held_at_start(start)``, where the caller has it already (a search asks thousands of times)."""
+    ``held``: ``held_at_start(start)``, where the caller has it already (a search asks thousands of times);
+    ``released``: as in ``next_run``."""
     run = replay(events, start, cap_bytes, keep_end=runs > 1)
     if not run.fits or run.end is None:
         return run.fits
-    end, again = run.end, next_run(events, held_at_start(start) if held is None else held)
+    end, again = run.end, next_run(events, held_at_start(start) if held is None else held, released)
     before = None
     for left in range(runs - 2, -1, -1):
         layout, keys = _carried(end)
@@ -256,13 +261,18 @@ def _carried(end: tuple[tuple[StartSegment, ...], dict[int, int]]) -> tuple[tupl
     return segments, {address: key if key < 0 else _CARRIED - key for address, key in keys.items()}
 
 
-def next_run(events: Sequence[Event], held: Mapping[int, int]) -> list[Event]:
+def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collection[int] = ()) -> list[Event]:
     """``events`` as the cell's next run makes them, from where they leave the allocator (``held``: the
     start's blocks, bytes by key). What the run made and never freed in a block the start did not free
     (a first step's optimizer state) stays, and is not made again; a start block the run frees (a value
     the cell binds again, gradients zeroed) is, next time, the block the run made in its place: the one
     made right before its free (``replay.held_elsewhere``), else one of the same size it left, else the
-    first it left unclaimed."""
+    first it left unclaimed.
+
+    ``released``: keys of the start blocks the run let go as its first optimizer step began, the last
+    run's state that ``%oomfix``'s put-back held until then (``replay.with_released``): the cell's next run
+    holds its state through, so it does not free them, and the state the step made in their place stays
+    (a step updates its state in place)."""
     freed = {key for kind, key, *_ in events if kind == FREE}
     left = {key: block_bytes(size) for kind, key, size, _ in events if kind == ALLOC and key not in freed}
     unclaimed: dict[int, list[int]] = {}
@@ -271,7 +281,7 @@ def next_run(events: Sequence[Event], held: Mapping[int, int]) -> list[Event]:
     sizes = sorted(unclaimed)
     partner: dict[int, int | None] = {}
     for previous, (kind, key, _, _) in zip([None, *events], events):
-        if kind != FREE or key not in held or key in partner:
+        if kind != FREE or key not in held or key in partner or key in released:
             continue
         made = previous[1] if previous is not None and previous[0] == ALLOC else None
         if made is None or made not in unclaimed.get(left.get(made, -1), ()):
@@ -289,6 +299,8 @@ def next_run(events: Sequence[Event], held: Mapping[int, int]) -> list[Event]:
     stays = set(left) - set(partner.values())
     again: list[Event] = []
     for kind, key, size, stream in events:
+        if kind == FREE and key in released:
+            continue
         if kind == FREE and key in partner:
             replaced = partner[key]
             if replaced is not None:

@@ -36,6 +36,7 @@ recorded trace (``torch.cuda.memory._snapshot()``) into these events and start s
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Mapping, Sequence
@@ -340,7 +341,8 @@ def allocated_blocks(start: Sequence[StartSegment]) -> dict[int, int]:
 
 
 def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
-                   start: Sequence[StartSegment], remade: frozenset[int] = frozenset()) -> list[Event]:
+                   start: Sequence[StartSegment], remade: frozenset[int] = frozenset(),
+                   released: Collection[int] = frozenset()) -> list[Event]:
     """``events`` as a run from ``start`` makes them: without the allocations an earlier run made and
     left (``left``, ``(address, key)``) that ``start`` still holds at the same address, in a block of
     the size the allocator gives that request.
@@ -353,12 +355,18 @@ def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
     workspace of another size, which taken for the old block would leave one run's requests unpaired).
 
     ``remade``: addresses of blocks ``start`` holds for values the cell binds again (its input, its
-    outputs, a model it builds, still bound from its last run): the run makes each anew, and the old one
-    goes when the name is bound again, taken as right after the new one is made."""
+    outputs, a model it builds, still bound from its last run) where the run shows no binding to go by
+    (``rebound_keys``: its own start held none): the run makes each anew, and the old one goes when the name
+    is bound again, taken as right after the new one is made.
+
+    ``released``: addresses of blocks ``start`` holds that the run lets go (the last run's optimizer state,
+    which ``%oomfix``'s put-back holds until the first step: ``with_released``; the last run's values,
+    where the run binds their names again: ``rebound_keys``): what the run made and left at them is its
+    own, made anew."""
     held = allocated_blocks(start)
     sizes = {key: size for kind, key, size, _ in events if kind == ALLOC}
     again = {key: address for address, key in left
-             if key in sizes and same_block(held.get(address), sizes[key])}
+             if key in sizes and address not in released and same_block(held.get(address), sizes[key])}
     if not again:
         return list(events)
     old_keys = start_keys(start) if remade else {}
@@ -369,4 +377,58 @@ def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
             made.append(event)
         elif address in remade:
             made += [event, (FREE, old_keys[address], 0, event[3])]
+    return made
+
+
+def keys_at(start: Sequence[StartSegment], addresses: Collection[int]) -> frozenset[int]:
+    """The keys (``start_keys``) of the blocks ``start`` holds at ``addresses``."""
+    keys = start_keys(start) if addresses else {}
+    return frozenset(keys[address] for address in addresses if address in keys)
+
+
+def with_released(events: Sequence[Event], recorded: Collection[int], released: Collection[int],
+                  at: int) -> list[Event]:
+    """``events`` with the frees of ``recorded`` (start keys the run let go as its first optimizer step
+    began) made instead for ``released`` (the keys another start lets go there), before the first of
+    them, else before event ``at`` (the step's first).
+
+    Why: a try's put-back holds the last run's optimizer state until the step, and the step makes its
+    own; replayed from another start, the run lets go of what that start holds, not of its own start's."""
+    first = next((i for i, (kind, key, _, _) in enumerate(events) if kind == FREE and key in recorded), at)
+    stream = events[first][3] if first < len(events) else 0
+    made = list(events[:first])
+    made += [(FREE, key, 0, stream) for key in sorted(released)]
+    made += [event for event in events[first:] if not (event[0] == FREE and event[1] in recorded)]
+    return made
+
+
+def rebound_keys(recorded_start: Sequence[StartSegment], recorded: Sequence[Collection[int]],
+                 start: Sequence[StartSegment], remade: Sequence[Collection[int]]) -> dict[int, int | None]:
+    """For the values the cell binds again, name by name (``recorded`` and ``remade``: the addresses each
+    name's value holds in ``recorded_start`` and in ``start``), the key in ``start`` of each block
+    ``recorded_start`` held for the same name, paired largest first (``None``: ``start`` holds none for it).
+
+    Why: a run lets the last run's value go where its line binds the name again (in a loop, the first
+    iteration); replayed from another start, that start's value goes there."""
+    recorded_keys, keys = start_keys(recorded_start), start_keys(start)
+    recorded_sizes, sizes = allocated_blocks(recorded_start), allocated_blocks(start)
+    paired: dict[int, int | None] = {}
+    for own, other in zip(recorded, (*remade, *([()] * len(recorded)))):
+        theirs = sorted((a for a in other if a in keys), key=lambda a: (-sizes[a], a))
+        mine = sorted((a for a in own if a in recorded_keys), key=lambda a: (-recorded_sizes[a], a))
+        for index, address in enumerate(mine):
+            paired[recorded_keys[address]] = keys[theirs[index]] if index < len(theirs) else None
+    return paired
+
+
+def with_keys(events: Sequence[Event], keys: Mapping[int, int | None]) -> list[Event]:
+    """``events`` with each free of a key ``keys`` names made for its image (none where that is ``None``)."""
+    made: list[Event] = []
+    for event in events:
+        if event[0] == FREE and event[1] in keys:
+            image = keys[event[1]]
+            if image is not None:
+                made.append((FREE, image, 0, event[3]))
+        else:
+            made.append(event)
     return made

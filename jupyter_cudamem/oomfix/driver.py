@@ -92,13 +92,16 @@ class Driver:
     probe: TensorProbe | None = None
     # Puts back what the cell trains before each rerun (``Restorer.restore``); does nothing if none ran since.
     before_rerun: Callable[[], object] | None = None
+    # What that put-back holds until the optimizer's next step (``Restorer.held_for_step``).
+    held_for_step: Callable[[], Sequence[object]] | None = None
 
     def __post_init__(self) -> None:
         self.max_tries = check_max_tries(self.max_tries)
         self.strategies = check_strategies(self.strategies)
         # Through lambdas, so that what a caller sets on the driver later (a test's run_source) is used.
         self._runs = FixTries(lambda source: self.run_source(source), self.hardware, lambda error: self.cleanup(error),
-                              self.max_tries, self.mover, self.oom_of, self._put_back)
+                              self.max_tries, self.mover, self.oom_of, self._put_back,
+                              held_for_step=self.held_for_step)
         self._history: Sequence[str] | None = None
         self._fixed: FixedMemory | None = None  # what the cell's step holds whatever its batch
 

@@ -112,6 +112,7 @@ def _driver(request: FixRequest, shell: InteractiveShell, hardware: Hardware, re
     return Driver(
         run_source=reruns.run_source if restorer is None else restorer.run(reruns.run_source),
         before_rerun=None if restorer is None else restorer.restore,
+        held_for_step=None if restorer is None else restorer.held_for_step,
         hardware=hardware,
         cleanup=lambda failed: cleanup_module.cleanup(shell, hardware, exception=failed, holds_cuda=holds_cuda),
         max_tries=request.max_tries,

@@ -169,7 +169,7 @@ class SmallerBatch:
         if level is not None and self.runs.reference is not None:
             search.set_level(level - self.runs.reference)
         search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device),
-                             self.runs.rebound_addresses())
+                             self.runs.rebound_addresses(), self.runs.released_addresses())
 
     def _after_search(self, search: BatchSearch, device: int) -> None:
         if self.runs.tries and not self.runs.tries[-1].fitted:

@@ -6,7 +6,7 @@ Apart from the driver: this knows how a try is made and read, not why it was cho
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,7 @@ class FixTries:
     oom_of: Callable[[BaseException], OomInfo | None] | None = None
     before_rerun: Callable[[], object] | None = None
     rebinds: tuple[str, ...] = ()
+    held_for_step: Callable[[], Sequence[object]] | None = None
     tries: list[TryResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     namespace: Mapping[str, Any] | None = None
@@ -213,16 +214,16 @@ class FixTries:
             self.stopped = reason
             self.notes.append(reason)
 
-    def rebound_addresses(self) -> frozenset[int]:
-        """Where on the device the values the cell binds again lie: what the replay takes as made anew."""
-        namespace = self.namespace
-        if namespace is None:
-            return frozenset()
-        found: set[int] = set()
-        for name in self.rebinds:
-            if name in namespace:
-                found |= self._mover.addresses(namespace[name])
-        return frozenset(found)
+    def rebound_addresses(self) -> tuple[frozenset[int], ...]:
+        """Where on the device the values the cell binds again lie, name by name (``rebinds``' order; none
+        where a name is unbound): what the replay takes as made anew where the run binds the name."""
+        namespace = self.namespace or {}
+        return tuple(self._mover.addresses(namespace[name]) if name in namespace else frozenset()
+                     for name in self.rebinds)
+
+    def released_addresses(self) -> frozenset[int]:
+        """Where on the device what the put-back holds until the optimizer's next step lies."""
+        return frozenset() if self.held_for_step is None else self._mover.addresses(list(self.held_for_step()))
 
     def set_aside(self, device: int) -> SetAside:
         """Set aside what the failed cell binds again, until a try that fits supersedes it or the fix ends;

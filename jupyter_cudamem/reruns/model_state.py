@@ -290,6 +290,10 @@ class Restorer:
                 held.append(kept)
         self._held = held
 
+    def held_for_step(self) -> list[Any]:
+        """The tensors held until an optimizer's next step begins (see ``restore``)."""
+        return [tensor for held in self._held for tensor in held.tensors]
+
     def finish(self, last_fitted: bool) -> None:
         """The end: after a failed last rerun the copy goes back exactly; what is held for a next step goes."""
         if not last_fitted and (self._changed or self._kept_memory):

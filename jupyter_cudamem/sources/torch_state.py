@@ -198,6 +198,10 @@ class HeldUntilStep:
     def holding(self) -> bool:
         return bool(self._held)
 
+    @property
+    def tensors(self) -> tuple[Any, ...]:
+        return tuple(self._held)
+
     def release(self) -> None:
         self._held.clear()
         self._handle.remove()

@@ -41,3 +41,12 @@ def test_without_a_recording_the_largest_that_fitted_is_the_answer():
     search = BatchSearch(100, CAP)
     search.record(60, Observation(True, peak_bytes=90 * MiB))
     assert search.answer == search.best == 60
+
+
+def test_a_recorded_run_keeps_where_it_began_the_values_bound_again_and_the_state_held_for_the_step():
+    search = BatchSearch(100, CAP)
+    remade, released = (frozenset({0}),), frozenset({1 << 30})
+    search.set_allocator(START, CAP, remade, released)
+    attempt = search.record(60, Observation(True, peak_bytes=90 * MiB, recorded=RecordedRun(START, ())))
+    recorded = attempt.observation.recorded
+    assert recorded is not None and recorded.remade == remade and recorded.released == released

@@ -47,3 +47,18 @@ def test_what_a_run_made_and_kept_is_not_made_again_by_the_next():
     events = [(ALLOC, 0, 3 * GiB, 0), (FREE, 0, 0, 0), (ALLOC, 1, 2 * GiB, 0)]
     assert next_run(events, {}) == events[:2]
     assert fits_in_a_row(events, (), 6 * GiB)
+
+
+def test_the_state_a_step_made_where_the_held_state_was_released_stays_for_the_next_run():
+    # The put-back held the last run's AdamW state (2 GiB) until the step began; the step released it and
+    # made its own (key 1). The cell's next run neither frees the old nor makes a new one: its step updates
+    # the state in place, which it holds through its forward and backward passes.
+    start = (StartSegment(1 << 34, False, ((2 * GiB, True),)),)
+    held_state = start_keys(start)[1 << 34]
+    events = [(ALLOC, 0, 3 * GiB, 0), (FREE, 0, 0, 0), (FREE, held_state, 0, 0), (ALLOC, 1, 2 * GiB, 0)]
+    released = frozenset({held_state})
+    assert next_run(events, held_at_start(start), released) == events[:2]
+    # Paired as a value bound again, the new state would be freed and made anew by every next run.
+    assert next_run(events, held_at_start(start))[2:] == [(FREE, _CARRIED - 1, 0, 0), (ALLOC, 1, 2 * GiB, 0)]
+    assert fits_in_a_row(events, start, 6 * GiB, released=released)
+    assert not fits_in_a_row(events, start, 5 * GiB - 1, released=released)

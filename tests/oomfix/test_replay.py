@@ -310,3 +310,23 @@ def test_logits_after_a_failure_are_replayed_on_the_square_of_the_batch():
     assert paired is not None and truth - 50 <= paired(cap, 0.0).largest(39_999) <= truth + 50
     one = fitting_from_one(step(200), 200, (), cap)
     assert one is not None and one.largest(39_999) > 2 * truth  # one run scales the logits with the batch
+
+
+def test_state_made_where_the_put_back_held_the_last_run_s_is_made_not_held():
+    """The put-back holds the last run's optimizer state until the step begins; the step lets it go and
+    makes its own in the very blocks it left: new blocks at held addresses, which the run makes and keeps."""
+    trace = [
+        ["alloc", 20 << 30, 30 * MiB, 0],            # activations
+        ["free_completed", 20 << 30, 30 * MiB, 0],
+        ["free_completed", 11 << 30, 40 * MiB, 0],   # the held state goes as the step begins
+        ["alloc", 11 << 30, 40 * MiB, 0],            # the step's state, where the held state was
+    ]
+    start = [StartSegment(address=11 << 30, small=False, blocks=((40 * MiB, True),))]
+    events, left = read_trace(trace, start)
+    assert left == ((11 << 30, 3),)  # keys are the trace's rows
+    made = held_elsewhere(events, left, start, released={11 << 30})
+    assert made == events
+    end = replay(made, start, 1 << 40, keep_end=True).end
+    assert end is not None and sum(size for s in end[0] for size, taken in s.blocks if taken) == 40 * MiB
+    # Not said to be released, the block is taken as held: its request is dropped, and with it the state.
+    assert held_elsewhere(events, left, start) == events[:3]
