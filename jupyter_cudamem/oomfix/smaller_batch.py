@@ -97,14 +97,19 @@ class SmallerBatch:
             return BatchTried(batch_before=where.knob.value)
         found = best.batch
         answer = search.answer or found
+        if answer >= found:
+            settled = self._settle(best, found, where.change, device, search)
+            if settled is not best:
+                # The rerun that confirms the batch is a run like the tries: its next runs start where it ends.
+                search.record(found, settled.observation())
+                answer = search.answer or found
+            best = settled
         if answer < found:
             best, found = self._below_the_last_fit(best, found, answer, where.change, device)
             if found != best.batch:
                 where.change.forget_originals()
                 return BatchTried(best, where.knob.value, where.change.diffs(found), where.change.paste_code(found),
                                   replayed_batch=found, replayed_source=where.change.apply(found))
-        else:
-            best = self._settle(best, found, where.change, device)
         if found == answer:  # else the replay says the batch reported does not keep fitting: no proof to claim
             self.runs.notes.append(steady_note(best))
         where.change.forget_originals()
@@ -168,6 +173,11 @@ class SmallerBatch:
         level = self.runs.allocated(device)
         if level is not None and self.runs.reference is not None:
             search.set_level(level - self.runs.reference)
+        self._tell_allocator(search, device)
+
+    def _tell_allocator(self, search: BatchSearch, device: int) -> None:
+        """Where the next run starts: the allocator's segments, its cap, what in them the cell binds again
+        and what the put-back holds until the first step."""
         search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device),
                              self.runs.rebound_addresses(), self.runs.released_addresses())
 
@@ -177,9 +187,9 @@ class SmallerBatch:
         if search.stopped is not None and self.runs.stopped is None and self.runs.left() > 0:
             self.runs.notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed
 
-    def _settle(self, best: TryResult, found: int, change: BatchChange, device: int) -> TryResult:
+    def _settle(self, best: TryResult, found: int, change: BatchChange, device: int, search: BatchSearch) -> TryResult:
         """Set the knob to the best batch (``found``, ``best``'s), and rerun it where the variables and the
-        model do not hold its run."""
+        model do not hold its run (``search`` told where that rerun starts)."""
         last_fitted = next((t for t in reversed(self.runs.tries) if t.fitted), None)
         if not self.runs.tries[-1].fitted:
             # Put back before the knob is set to the best batch: after, the knob would go back too.
@@ -188,6 +198,7 @@ class SmallerBatch:
         put_back_since = self._put_back_after == len(self.runs.tries)
         if (last_fitted is not best or not self.runs.tries[-1].fitted or put_back_since) and self.runs.left() > 0:
             # The variables and the model must hold the run the outcome reports.
+            self._tell_allocator(search, device)
             confirm = self.runs.run(Strategy.BATCH, source, "rerun of the largest batch that fitted", device, batch=found)
             if confirm.fitted:
                 return confirm

@@ -43,6 +43,17 @@ def test_without_a_recording_the_largest_that_fitted_is_the_answer():
     assert search.answer == search.best == 60
 
 
+def test_the_run_that_confirms_the_batch_is_judged_as_the_tries_are():
+    # The try at 60 let the old output go first; the rerun confirming 60 (recorded after it, from a start
+    # holding the same output) makes the new one while the old is bound: its next runs do not fit.
+    search = search_after([(FREE, -1, 0, 0), (ALLOC, 0, 60 * MiB, 0)])
+    assert search.answer == 60
+    search.record(60, Observation(True, peak_bytes=90 * MiB,
+                                  recorded=RecordedRun(START, ((ALLOC, 0, 60 * MiB, 0), (FREE, -1, 0, 0)))))
+    answer = search.answer
+    assert answer is not None and answer < 60
+
+
 def test_a_recorded_run_keeps_where_it_began_the_values_bound_again_and_the_state_held_for_the_step():
     search = BatchSearch(100, CAP)
     remade, released = (frozenset({0}),), frozenset({1 << 30})
