@@ -273,6 +273,7 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
     run's state that ``%oomfix``'s put-back held until then (``replay.with_released``): the cell's next run
     holds its state through, so it does not free them, and the state the step made in their place stays
     (a step updates its state in place)."""
+    events = [event for event in events if not (event[0] == FREE and event[1] in released)]
     freed = {key for kind, key, *_ in events if kind == FREE}
     left = {key: block_bytes(size) for kind, key, size, _ in events if kind == ALLOC and key not in freed}
     unclaimed: dict[int, list[int]] = {}
@@ -281,7 +282,7 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
     sizes = sorted(unclaimed)
     partner: dict[int, int | None] = {}
     for previous, (kind, key, _, _) in zip([None, *events], events):
-        if kind != FREE or key not in held or key in partner or key in released:
+        if kind != FREE or key not in held or key in partner:
             continue
         made = previous[1] if previous is not None and previous[0] == ALLOC else None
         if made is None or made not in unclaimed.get(left.get(made, -1), ()):
@@ -299,8 +300,6 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
     stays = set(left) - set(partner.values())
     again: list[Event] = []
     for kind, key, size, stream in events:
-        if kind == FREE and key in released:
-            continue
         if kind == FREE and key in partner:
             replaced = partner[key]
             if replaced is not None:
