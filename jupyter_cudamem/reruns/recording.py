@@ -50,8 +50,10 @@ class RecordedRun:
         rebound = rebound_keys(self.start, self.remade, start, remade)
         events = with_keys(self.events, rebound) if rebound else list(self.events)
         recorded = keys_at(self.start, self.released)
-        if self.steps and (recorded or released):
-            events = with_released(events, recorded, keys_at(start, released), self.steps[0][0])
+        if (self.steps or not self.whole) and (recorded or released):
+            # A window begins after the cell's first step: what the put-back held is gone before it.
+            at = self.steps[0][0] if self.whole else 0
+            events = with_released(events, recorded, keys_at(start, released), at)
         freed_where_bound = {key for key in rebound.values() if key is not None}
         let_go = {address for address, key in start_keys(start).items() if key in freed_where_bound}
         unpaired = frozenset(address for addresses in remade for address in addresses) - let_go

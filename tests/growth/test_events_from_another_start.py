@@ -89,3 +89,14 @@ def test_a_loop_lets_the_last_run_s_output_go_where_it_binds_the_name_the_first_
     late = first_try.events_from(next_start, (frozenset({other_output}),))
     assert late[3:5] == [(ALLOC, 2, 1 * GiB, 0), (FREE, held, 0, 0)]
     assert not replay(late, next_start, 2 * GiB).fits
+
+
+def test_a_window_of_a_long_run_lets_the_held_state_go_before_it_begins():
+    """A window (``whole=False``) is recorded after the cell's first step: the state the put-back held went
+    then, before the window's own events (the prologue that remakes what the run held when it began)."""
+    start = _start(STATE)
+    window = RecordedRun(start=start, events=((ALLOC, 0, 2 * GiB, 0), (ALLOC, 1, 1 * GiB, 0), (FREE, 1, 0, 0)),
+                         whole=False, carried=frozenset({0}), steps=((2, 3),))
+    events = window.events_from(start, released=frozenset({STATE}))
+    assert events[0] == (FREE, start_keys(start)[STATE], 0, 0)
+    assert replay(events, start, 4 * GiB).fits  # the weights, the state the window carries, one step's temporary
