@@ -109,11 +109,10 @@ class Tries:
         if best is None or own is None or self._reserved_limit is None:
             return best
         run, events = own
-        released = replay.keys_at(run.start, run.released)
-        if fitting.fits_in_a_row(events, run.start, self._reserved_limit, released=released):
+        if fitting.fits_in_a_row(events, run.start, self._reserved_limit, released=run.released_keys):
             return best
         scaled = fitting.fitting_from_one(events, best, run.start, self._reserved_limit,
-                                          batch_independent=self._one_run_fixed(run), released=released)
+                                          batch_independent=self._one_run_fixed(run), released=run.released_keys)
         held = [a.batch for a in self.attempts if a.fitted and a.batch < best and self._own_run_holds(a.batch)]
         return max([scaled.largest(best - 1) if scaled is not None else 0, *held])
 
@@ -128,7 +127,7 @@ class Tries:
         own = self._own_run(batch)
         return (own is not None and self._reserved_limit is not None
                 and fitting.fits_in_a_row(own[1], own[0].start, self._reserved_limit,
-                                          released=replay.keys_at(own[0].start, own[0].released)))
+                                          released=own[0].released_keys))
 
     @property
     def smallest_failed(self) -> int:

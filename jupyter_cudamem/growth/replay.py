@@ -342,7 +342,7 @@ def allocated_blocks(start: Sequence[StartSegment]) -> dict[int, int]:
 
 def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
                    start: Sequence[StartSegment], remade: frozenset[int] = frozenset(),
-                   released: Collection[int] = frozenset()) -> list[Event]:
+                   let_go: Collection[int] = frozenset()) -> list[Event]:
     """``events`` as a run from ``start`` makes them: without the allocations an earlier run made and
     left (``left``, ``(address, key)``) that ``start`` still holds at the same address, in a block of
     the size the allocator gives that request.
@@ -359,14 +359,14 @@ def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
     (``rebound_keys``: its own start held none): the run makes each anew, and the old one goes when the name
     is bound again, taken as right after the new one is made.
 
-    ``released``: addresses of blocks ``start`` holds that the run lets go (the last run's optimizer state,
+    ``let_go``: addresses of blocks ``start`` holds that the run lets go (the last run's optimizer state,
     which ``%oomfix``'s put-back holds until the first step: ``with_released``; the last run's values,
     where the run binds their names again: ``rebound_keys``): what the run made and left at them is its
     own, made anew."""
     held = allocated_blocks(start)
     sizes = {key: size for kind, key, size, _ in events if kind == ALLOC}
     again = {key: address for address, key in left
-             if key in sizes and address not in released and same_block(held.get(address), sizes[key])}
+             if key in sizes and address not in let_go and same_block(held.get(address), sizes[key])}
     if not again:
         return list(events)
     old_keys = start_keys(start) if remade else {}
@@ -413,7 +413,8 @@ def rebound_keys(recorded_start: Sequence[StartSegment], recorded: Sequence[Coll
     recorded_keys, keys = start_keys(recorded_start), start_keys(start)
     recorded_sizes, sizes = allocated_blocks(recorded_start), allocated_blocks(start)
     paired: dict[int, int | None] = {}
-    for own, other in zip(recorded, (*remade, *([()] * len(recorded)))):
+    for name, own in enumerate(recorded):
+        other = remade[name] if name < len(remade) else ()
         theirs = sorted((a for a in other if a in keys), key=lambda a: (-sizes[a], a))
         mine = sorted((a for a in own if a in recorded_keys), key=lambda a: (-recorded_sizes[a], a))
         for index, address in enumerate(mine):

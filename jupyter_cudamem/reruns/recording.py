@@ -41,6 +41,11 @@ class RecordedRun:
     # addresses in ``start`` of what the put-back held until the run's first step (``replay.with_released``)
     released: frozenset[int] = frozenset()
 
+    @property
+    def released_keys(self) -> frozenset[int]:
+        """``released`` as ``start``'s keys: what the replay of this run from its own start lets go."""
+        return keys_at(self.start, self.released)
+
     def events_from(self, start: tuple[StartSegment, ...], remade: Sequence[frozenset[int]] = (),
                     released: frozenset[int] = frozenset()) -> list[Event]:
         """The events a run from ``start`` makes, where ``start`` holds ``remade`` (as ``self.remade``) and
@@ -49,7 +54,7 @@ class RecordedRun:
         what it made and left that ``start`` holds is not made again (``replay.held_elsewhere``)."""
         rebound = rebound_keys(self.start, self.remade, start, remade)
         events = with_keys(self.events, rebound) if rebound else list(self.events)
-        recorded = keys_at(self.start, self.released)
+        recorded = self.released_keys
         if (self.steps or not self.whole) and (recorded or released):
             # A window begins after the cell's first step: what the put-back held is gone before it.
             at = self.steps[0][0] if self.whole else 0

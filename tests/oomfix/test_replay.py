@@ -324,7 +324,7 @@ def test_state_made_where_the_put_back_held_the_last_run_s_is_made_not_held():
     start = [StartSegment(address=11 << 30, small=False, blocks=((40 * MiB, True),))]
     events, left = read_trace(trace, start)
     assert left == ((11 << 30, 3),)  # keys are the trace's rows
-    made = held_elsewhere(events, left, start, released={11 << 30})
+    made = held_elsewhere(events, left, start, let_go={11 << 30})
     assert made == events
     end = replay(made, start, 1 << 40, keep_end=True).end
     assert end is not None and sum(size for s in end[0] for size, taken in s.blocks if taken) == 40 * MiB
