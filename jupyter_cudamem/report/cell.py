@@ -8,7 +8,7 @@ import html
 from dataclasses import dataclass, field
 
 from ..advice import measurement_hints
-from ..attribution.left import LeftBehind, LeftHolder
+from ..attribution.left import DEFAULT_THRESHOLD_BYTES, LeftBehind, LeftHolder
 from ..breakdown import Breakdown
 from ..repeats import RunGrowth
 from ..measure import DeviceMeasurement, Measurement
@@ -88,6 +88,11 @@ _REMAINDER = (
     "first backward), tensors only C++ code keeps, or objects the walk does not enter"
 )
 
+
+_OUTSIDE_NOTED_BYTES = DEFAULT_THRESHOLD_BYTES
+"""What a cell leaves outside PyTorch's pools (CuPy's or JAX's pool, a CUDA context) that the finding names:
+as much as PyTorch memory left must be for the report to name its holders; less (a library's handles, a
+few MiB of workspace) stays in the NVML line."""
 
 _FREED = "the cell freed at least {} allocated before it (the holders' figures are what it made)"
 
@@ -323,6 +328,10 @@ class CellReport(TextReport):
         freed = -sum(min(d.allocated_delta_bytes or 0, 0) for d in measurement.devices)
         if freed:
             return f"Freed {format_bytes(freed)}: allocated is below where it started"
+        outside = sum(d.outside_pytorch_delta_bytes or 0 for d in measurement.devices if d.process_delta_bytes is not None)
+        if outside >= _OUTSIDE_NOTED_BYTES:
+            return (f"Left {format_bytes(outside)} outside PyTorch (another library's memory, or CUDA's own), "
+                    "which NVML sees: PyTorch's allocated is back where it started")
         return "Nothing left behind: allocated is back where it started"
 
     def _hidden(self) -> str:

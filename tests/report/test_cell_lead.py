@@ -37,9 +37,22 @@ def test_a_cell_with_a_peak_that_leaves_nothing(machine, hardware):
     assert report.text().splitlines() == [
         "cudamem [3] · 250 ms: cuda:0 peak 4.00 GiB (+4.00 GiB above start, 5.0% of the card), Δ allocated 0 B",
         "NVML: cuda:0 used +4.50 GiB (PyTorch reserved +4.00 GiB, outside PyTorch +512.00 MiB), 75.50 GiB free",
-        "Nothing left behind: allocated is back where it started",
+        "Left 512.00 MiB outside PyTorch (another library's memory, or CUDA's own), which NVML sees: PyTorch's "
+        "allocated is back where it started",
         "(the figures per device and 2 hints" + POINTER,  # cached blocks, and the context outside PyTorch
     ]
+    # The same once the context exists: nothing is left anywhere.
+    again = CellReport(_measured(hardware, lambda: (machine.allocate(0, 4 * GiB), machine.free(0, 4 * GiB))),
+                       label="[4]")
+    assert again.lead()[2] == "Nothing left behind: allocated is back where it started"
+
+
+def test_memory_another_library_keeps_is_the_finding_where_pytorch_left_nothing(machine, hardware):
+    # CuPy's 1 GiB block, kept by a variable: PyTorch's allocator saw nothing, NVML sees the process hold 1 GiB more.
+    machine.allocate(0, 0)  # the CUDA context, before the cell
+    report = CellReport(_measured(hardware, lambda: setattr(machine.gpus[0], "outside_bytes", GiB)), label="[16]")
+    assert report.lead()[1] == "NVML: cuda:0 used +1.00 GiB (PyTorch reserved 0 B, outside PyTorch +1.00 GiB), 78.50 GiB free"
+    assert report.lead()[2].startswith("Left 1.00 GiB outside PyTorch")
 
 
 def test_a_cell_that_freed_memory_says_it_freed_it(machine, hardware):
