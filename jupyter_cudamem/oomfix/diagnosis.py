@@ -66,6 +66,10 @@ class Diagnosis(TextReport):
                      f"{format_bytes(oom.requested_bytes)} asked")
         elif self.verdict is Verdict.HELD_BY_IPYTHON:
             words = f"{format_bytes(self.cache_only_bytes)} was held only by IPython's output cache"
+            traceback = self.ipython_only_bytes - self.cache_only_bytes
+            if traceback >= MiB:  # the cleanup frees both: the first line says so
+                words = (f"{format_bytes(self.ipython_only_bytes)} was held only by IPython: its output cache "
+                         f"{format_bytes(self.cache_only_bytes)}, the failed cell's traceback {format_bytes(traceback)}")
         elif self.verdict is Verdict.HELD_BY_NAMESPACE:
             words = f"your variables hold {format_bytes(self.namespace_bytes)} of {limit}"
         elif oom.exceeds_capacity:

@@ -274,13 +274,14 @@ class Driver:
             self._runs.notes.append("skipped a plain rerun: the cleanup freed only what the failed cell had made, "
                                "which a rerun makes again, and it would fail the same way")
             return None
-        what = f"{format_bytes(gained)} held before the cell ({', '.join(held_by)})"
+        # Of all the cleanup freed (the outcome's figure), what the rerun does not make again.
+        what = f"of what the cleanup freed, {format_bytes(gained)} was held before the cell ({', '.join(held_by)})"
         if lacked is not None and gained < lacked:
-            self._runs.notes.append(f"skipped a plain rerun: the cleanup freed {what}, less than the "
+            self._runs.notes.append(f"skipped a plain rerun: {what}, less than the "
                                f"{format_bytes(lacked)} the allocation that failed lacked")
             return None
         lacking = "" if lacked is None else f"; the allocation that failed lacked {format_bytes(lacked)}"
-        return self._fitted(Strategy.CLEANUP, source, f"the cleanup freed {what}{lacking}", device)
+        return self._fitted(Strategy.CLEANUP, source, f"{what}{lacking}", device)
 
     def _fitted(self, strategy: Strategy, source: str, reason: str, device: int) -> TryResult | None:
         """One try; the try if it fitted."""

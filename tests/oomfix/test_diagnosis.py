@@ -72,6 +72,21 @@ def test_held_by_ipython_after_the_error() -> None:
     assert ("allocated now", "5.00 GiB") in d.figures and ("reserved now", "6.00 GiB") in d.figures
 
 
+def test_the_first_line_counts_the_traceback_the_cleanup_frees_beside_the_output_cache() -> None:
+    # Notebook 4's similarity search: Out[15] holds 1.12 GiB and the failed call's frame 1.13 GiB of its own;
+    # the cleanup frees both, so the first line says both, not the output cache's alone.
+    out = Holder("Out[15] / _15 / _", HolderKind.IPYTHON, 1152 * MiB, False, 1152 * MiB, 1)
+    frame = Holder("nearest_centroid()", HolderKind.TRACEBACK, 1157 * MiB, False, 1157 * MiB, 1, origin=Origin.FRAME)
+    d = diagnose(parse_oom(oom_text("990.00 MiB", total="8.00 GiB", allocated="3.66 GiB")),
+                 holders(out, frame, ipython_only=2309 * MiB, cache_only=1152 * MiB), None)
+    assert d.verdict is Verdict.HELD_BY_IPYTHON
+    assert d.cause() == ("2.25 GiB was held only by IPython: its output cache 1.12 GiB, the failed cell's "
+                         "traceback 1.13 GiB")
+    alone = diagnose(parse_oom(oom_text("990.00 MiB", total="8.00 GiB", allocated="3.66 GiB")),
+                     holders(out, ipython_only=1152 * MiB, cache_only=1152 * MiB), None)
+    assert alone.cause() == "1.12 GiB was held only by IPython's output cache"
+
+
 def test_the_failed_cells_own_frames_are_reported_but_do_not_make_the_verdict() -> None:
     frame = Holder("f()", HolderKind.TRACEBACK, 4 * GiB, False, 4 * GiB, 1, origin=Origin.FRAME)
     d = diagnose(

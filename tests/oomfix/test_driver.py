@@ -99,7 +99,7 @@ def test_cleanup_alone_when_the_cleanup_freed_what_was_held_before_the_cell():
     assert outcome.strategy == "cleanup" and outcome.reruns == 1
     assert outcome.fixed_source == source and outcome.diff == ""
     assert "fits unchanged after cleanup" in outcome.headline()
-    assert "3.00 GiB held before the cell (the output cache)" in outcome.tries[0].reason
+    assert "of what the cleanup freed, 3.00 GiB was held before the cell (the output cache)" in outcome.tries[0].reason
 
 
 def test_a_deleted_variable_the_cell_does_not_bind_is_room_for_a_plain_rerun():
@@ -157,7 +157,7 @@ def test_a_plain_rerun_needs_what_the_failed_allocation_lacked():
     outcome = driver.fix(read_cell(source), error, namespace, cleaned=_cleaned(MiB))
     assert all(t.strategy == "batch" for t in outcome.tries)
     note = next(note for note in outcome.notes if "skipped a plain rerun" in note)
-    assert "1.00 MiB held before the cell (the output cache), less than the" in note and "lacked" in note
+    assert "of what the cleanup freed, 1.00 MiB was held before the cell (the output cache), less than the" in note and "lacked" in note
 
 
 def test_plain_rerun_is_skipped_when_cleanup_freed_too_little():
