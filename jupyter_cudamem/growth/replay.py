@@ -281,10 +281,22 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
                 after[_PREV] = block
         insort(pool, (block[_SIZE], block[_ADDRESS], block))
     failed = failed_at is not None
+    end = _layout(pools, live) if keep_end and not failed else None
+    _unlink(pools, live)
     return Replay(not failed, failed_at, peak_allocated, peak_reserved,
                   tuple(segment_allocs), tuple(segment_frees), tuple(refused),
-                  allocated if failed else None, reserved if failed else None,
-                  _layout(pools, live) if keep_end and not failed else None)
+                  allocated if failed else None, reserved if failed else None, end)
+
+
+def _unlink(pools: dict[int, tuple[_Pool, _Pool]], live: dict[int, _Block]) -> None:
+    """Empty every block. Why: a segment's blocks link each other and their pool, cycles that only the
+    cyclic garbage collector frees; left to it, a search spent a sixth of its time there."""
+    for block in live.values():
+        block.clear()
+    for both in pools.values():
+        for pool in both:
+            for cached in pool:
+                cached[2].clear()
 
 
 def _layout(pools: dict[int, tuple[_Pool, _Pool]], live: dict[int, _Block]
