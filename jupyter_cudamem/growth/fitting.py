@@ -274,7 +274,7 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
     holds its state through, so it does not free them, and the state the step made in their place stays
     (a step updates its state in place)."""
     events = [event for event in events if not (event[0] == FREE and event[1] in released)]
-    freed = {key for kind, key, *_ in events if kind == FREE}
+    freed = {key for kind, key, _, _ in events if kind == FREE}
     left = {key: block_bytes(size) for kind, key, size, _ in events if kind == ALLOC and key not in freed}
     unclaimed: dict[int, list[int]] = {}
     for key, size in left.items():

@@ -39,6 +39,7 @@ from bisect import bisect_left, insort
 from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import itemgetter
 from typing import Any, Mapping, Sequence
 
 from ..units import MiB
@@ -205,7 +206,8 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
             before = block
             address += size
         reserved += address - segment.address
-        next_address = max(next_address, address)
+        if address > next_address:
+            next_address = address
     peak_allocated, peak_reserved = allocated, reserved
     segment_allocs: list[int] = []
     segment_frees: list[int] = []
@@ -281,19 +283,33 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
                 after[_PREV] = block
         insort(pool, (block[_SIZE], block[_ADDRESS], block))
     failed = failed_at is not None
+    end = _layout(pools, live) if keep_end and not failed else None
+    _unlink(pools, live)
     return Replay(not failed, failed_at, peak_allocated, peak_reserved,
                   tuple(segment_allocs), tuple(segment_frees), tuple(refused),
-                  allocated if failed else None, reserved if failed else None,
-                  _layout(pools, live) if keep_end and not failed else None)
+                  allocated if failed else None, reserved if failed else None, end)
+
+
+def _unlink(pools: dict[int, tuple[_Pool, _Pool]], live: dict[int, _Block]) -> None:
+    """Empty every block. Why: a segment's blocks link each other and their pool, cycles that only the
+    cyclic garbage collector frees; left to it, a search spent a sixth of its time there."""
+    for block in live.values():
+        block.clear()
+    for both in pools.values():
+        for pool in both:
+            for cached in pool:
+                cached[2].clear()
 
 
 def _layout(pools: dict[int, tuple[_Pool, _Pool]], live: dict[int, _Block]
             ) -> tuple[tuple[StartSegment, ...], dict[int, int]]:
     """The replay's segments as a snapshot lists them, and the key of each allocated block by address."""
     kinds = {id(pool): (stream, small) for stream, both in pools.items() for small, pool in zip((False, True), both)}
-    blocks = [*live.values(), *(cached[2] for both in pools.values() for pool in both for cached in pool)]
+    heads = [block for block in live.values() if block[_PREV] is None]
+    heads += [cached[2] for both in pools.values() for pool in both for cached in pool if cached[2][_PREV] is None]
+    heads.sort(key=itemgetter(_ADDRESS))
     segments: list[StartSegment] = []
-    for head in sorted((b for b in blocks if b[_PREV] is None), key=lambda b: b[_ADDRESS]):
+    for head in heads:
         sizes: list[tuple[int, bool]] = []
         block: _Block | None = head
         while block is not None:
