@@ -262,7 +262,8 @@ class CudaMemEngines(CudaMemMagicsBase):
             self.auto = True
         elif action == "off":
             self._auto_off()
-        print(f"cudamem engines: {'on: the engines table after every %px cell that measured something new' if self.auto else 'off'}")
+        state = "on: after every %px cell that measured something new" if self.auto else "off"
+        print(f"cudamem engines: the table after each %px cell is {state}")
         if action == "status" and self.live is not None:
             print(live_text(self.live.state()))
 
@@ -322,6 +323,8 @@ class CudaMemEngines(CudaMemMagicsBase):
         if self.live_view is not None:
             self.live_view.detach()
         self.live = self.live_view = self._live_channel = self._live_client = None
+        if not quiet:
+            self.tell("the engines monitor stopped")
         if client is not None and channel is not None:
             try:  # tell the engines that still answer; a dead one has nothing left to stop
                 for engine in set(client.ids) & set(live.engines):

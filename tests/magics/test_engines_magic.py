@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from types import SimpleNamespace
 
 import pytest
 from IPython.core.error import UsageError
@@ -91,12 +92,19 @@ def test_bad_options_are_one_line(shell, monkeypatch, line, message):
 
 def test_status_stop_and_unload(shell, monkeypatch, capsys):
     shell.run_line_magic("cudamem_engines", "status")
-    assert "cudamem engines: off" in capsys.readouterr().out
+    assert "cudamem engines: the table after each %px cell is off" in capsys.readouterr().out
     shell.run_line_magic("cudamem_engines", "stop")
     assert "the engines monitor is not running" in capsys.readouterr().out  # an answer, not an error
+    from jupyter_cudamem.magics.engines import CudaMemEngines
+
+    engines = magics.loaded(shell).get(CudaMemEngines)
+    stopped = []
+    engines.live = SimpleNamespace(stop=lambda reason: stopped.append(reason), engines=[])  # a monitor running
+    shell.run_line_magic("cudamem_engines", "stop")
+    assert stopped and engines.live is None
+    assert "the engines monitor stopped" in capsys.readouterr().out  # as %cudamem_monitor stop says it
     monkeypatch.setattr("jupyter_cudamem.magics.engines.px_view", lambda shell: object())
     shell.run_line_magic("cudamem_engines", "on")
-    from jupyter_cudamem.magics.engines import CudaMemEngines
 
     hook = magics.loaded(shell).get(CudaMemEngines)._after_cell
     assert hook in shell.events.callbacks["post_run_cell"]
