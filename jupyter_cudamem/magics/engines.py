@@ -26,7 +26,7 @@ from ..monitor.poller import DEFAULT_INTERVAL_S, Poller
 from ..monitor.settings import MAX_INTERVAL_S, MIN_INTERVAL_S
 from ..units import number_in
 from .base import CudaMemMagicsBase, one_line_errors
-from .options import count_option, FloatSetting, number_option, parse_line
+from .options import count_option, Float, number_option, parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
@@ -150,9 +150,9 @@ def _as_trait(check: Callable[[object, str], float], value: object, name: str) -
 class CudaMemEngines(CudaMemMagicsBase):
     """GPU memory across ipyparallel engines. Configure with ``%config CudaMemEngines.<option> = ...``."""
 
-    timeout_s = FloatSetting(DEFAULT_TIMEOUT_S, help="Seconds the client waits for the engines' answers, in all.").tag(config=True)
+    timeout_s = Float(DEFAULT_TIMEOUT_S, help="Seconds the client waits for the engines' answers, in all.").tag(config=True)
     history_cells = Int(DEFAULT_HISTORY_CELLS, help="Measured cells per engine that --history shows.").tag(config=True)
-    interval_s = FloatSetting(DEFAULT_INTERVAL_S, help="Seconds between two readings of the engines monitor.").tag(config=True)
+    interval_s = Float(DEFAULT_INTERVAL_S, help="Seconds between two readings of the engines monitor.").tag(config=True)
 
     @validate("timeout_s")
     def _check_timeout(self, proposal: Bunch) -> float:

@@ -27,7 +27,7 @@ from ..monitor.render import DEFAULT_ALERT_FRACTION, text_line
 from ..monitor.snapshot import Snapshot
 from ..monitor.widget import MonitorView, make_view
 from .base import CudaMemMagicsBase, one_line_errors, parse_devices
-from .options import FloatSetting, number_option, parse_line
+from .options import Float, number_option, parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -47,14 +47,14 @@ CONFIG_NAMES = {name: f"CudaMemMonitor.{name}" for name in MAGIC_NAMES}
 class CudaMemMonitor(CudaMemMagicsBase):
     """The live GPU monitor. Configure with ``%config CudaMemMonitor.<option> = ...``."""
 
-    interval_s = FloatSetting(DEFAULT_INTERVAL_S, help="Seconds between two readings (--interval).").tag(config=True)
-    history_s = FloatSetting(
+    interval_s = Float(DEFAULT_INTERVAL_S, help="Seconds between two readings (--interval).").tag(config=True)
+    history_s = Float(
         DEFAULT_HISTORY_S, help="Seconds of history kept for the sparkline and the snapshot (--history)."
     ).tag(config=True)
-    alert_fraction = FloatSetting(
+    alert_fraction = Float(
         DEFAULT_ALERT_FRACTION, help="Fraction of the card's memory past which the bar turns red."
     ).tag(config=True)
-    max_updates_per_s = FloatSetting(
+    max_updates_per_s = Float(
         DEFAULT_MAX_UPDATES_PER_S, help="Most updates a second sent to the frontend, whatever the interval."
     ).tag(config=True)
     use_widgets = Bool(

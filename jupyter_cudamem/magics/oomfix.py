@@ -34,7 +34,7 @@ from .cellrun import error_is_raised, run_cell_body
 from .oomfix_arguments import check_options, chosen_strategies, oomfix_options, require_gpu
 from .oomfix_dialogue import confirmed, show, state_note
 from .oomfix_reruns import ShellReruns
-from .options import FloatSetting, parse_line
+from .options import Float, parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -56,7 +56,7 @@ class OomFix(CudaMemMagicsBase):
     strategies = Unicode(",".join(STRATEGIES), help="Strategies in order: cleanup, batch, autocast.").tag(config=True)
     autocast = Bool(True, help="Whether autocast is among the strategies.").tag(config=True)
     confirm = Bool(True, help="Ask before rerunning a cell (its side effects repeat); --yes skips it.").tag(config=True)
-    margin = FloatSetting(0.04, help="Share of the room above what does not grow with the batch that a batch predicted by "
+    margin = Float(0.04, help="Share of the room above what does not grow with the batch that a batch predicted by "
                    "the line of measured peaks leaves unused (a replay's prediction takes its per-sample requests "
                    f"{REPLAY_MARGIN:.0%} larger instead).").tag(config=True)
     verbose = Bool(False, help="Show everything under the three first lines, as --verbose does.").tag(config=True)

@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from IPython.core.error import UsageError
-from traitlets import Float, TraitError
+import traitlets
+from traitlets import TraitError
 
 from ..errors import CudaMemError
 from ..units import MAX_COUNT, parse_size, shown_number, whole_number
@@ -163,9 +164,10 @@ def number_option(what: str) -> Callable[[str], float]:
     return number
 
 
-class FloatSetting(Float):
-    """A ``Float`` setting that names itself for an int past what a float holds (``10**400``), where
-    traitlets' own conversion says only "int too large to convert to float"."""
+class Float(traitlets.Float):
+    """traitlets' ``Float``, which names the setting for an int past what a float holds (``10**400``), where
+    traitlets' own conversion says only "int too large to convert to float". Named as traitlets' is:
+    ``%config CudaMem`` shows each setting's class (``<Float>``)."""
 
     def validate(self, obj: Any, value: Any) -> float:
         try:

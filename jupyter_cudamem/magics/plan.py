@@ -18,7 +18,7 @@ from ..capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN, CapacityPlan
 from ..growth.fitting import REPLAY_MARGIN
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
 from .cellrun import NO_VALUE, BodyRuns, run_cell_body
-from .options import count_option, FloatSetting, number_option, parse_line
+from .options import count_option, Float, number_option, parse_line
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 class CudaMemPlan(CudaMemMagicsBase):
     """The capacity plan. Configure with ``%config CudaMemPlan.margin = 0.05``."""
 
-    margin = FloatSetting(
+    margin = Float(
         DEFAULT_MARGIN,
         help=f"How cautious a plan is: above the default {DEFAULT_MARGIN:g}, each request the allocator's replay "
         f"plays is taken that much larger besides its own {REPLAY_MARGIN:.0%}; where the runs could not be "
@@ -41,7 +41,7 @@ class CudaMemPlan(CudaMemMagicsBase):
         "plan.",
     ).tag(config=True)
 
-    calibrated_margin = FloatSetting(
+    calibrated_margin = Float(
         CALIBRATED_MARGIN,
         help="The margin of a plan made with --calibrate, whose measured ratio already holds the allocator's "
         "rounding and waste: what is left is another card's driver share and the ratio's drift with scale. "
