@@ -1,0 +1,42 @@
+"""Issue 41: what the odd-input sweep (``scripts/odd_inputs.py``) found, each a one-line error or a plain cell's
+failure, never a frame of ours: a size past a float's range, ``--opt=--`` (an empty list from Python 3.11's
+argparse), ``monitor(history_s=10**400)``, a lone surrogate in a body, and ``SystemExit``'s note."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from IPython.core.error import UsageError
+
+import jupyter_cudamem
+from jupyter_cudamem.errors import CudaMemError
+from jupyter_cudamem.units import parse_size
+
+HUGE = "9" * 400
+
+
+def one_line(shell, source, capsys):
+    result = shell.run_cell(source, store_history=True)
+    assert isinstance(result.error_in_exec, UsageError), (source, repr(result.error_in_exec))
+    message = str(result.error_in_exec)
+    assert "\n" not in message
+    shown = capsys.readouterr()
+    assert "jupyter_cudamem/" not in shown.out + shown.err and "Traceback" not in shown.out + shown.err
+    return message
+
+
+@pytest.mark.parametrize("limit", (HUGE, HUGE + "GiB", "1" + "0" * 400 + "B", HUGE + ".5MiB"))
+@pytest.mark.parametrize("form", ("%cudamem --limit {} x = 1", "%%cudamem --limit={}\nx = 1"))
+def test_a_limit_past_a_float_is_one_line(shell, capsys, limit, form):
+    shell.user_ns.pop("x", None)
+    message = one_line(shell, form.format(limit), capsys)
+    assert message.startswith("size too large") and "24GiB" in message and len(message) < 200
+    assert "x" not in shell.user_ns  # refused before the cell ran
+
+
+@pytest.mark.parametrize("size", (10**400, -(10**400), float("inf"), HUGE, HUGE + "TiB"),
+                         ids=("1e400", "-1e400", "inf", "400 nines", "400 nines TiB"))
+def test_parse_size_refuses_what_no_float_holds(size):
+    with pytest.raises(CudaMemError):
+        parse_size(size)
