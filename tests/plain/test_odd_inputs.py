@@ -40,3 +40,20 @@ def test_a_limit_past_a_float_is_one_line(shell, capsys, limit, form):
 def test_parse_size_refuses_what_no_float_holds(size):
     with pytest.raises(CudaMemError):
         parse_size(size)
+
+
+DASHES = (
+    "%cudamem_history --save=--", "%cudamem_history --last=--", "%cudamem_history --cells=--",
+    "%%cudamem_plan --margin=--\nbatch_size = 2", "%%cudamem_plan --cards=--\nbatch_size = 2",
+    "%%cudamem_plan --small=--\nbatch_size = 2", "%oomfix --del=-- --dry-run", "%oomfix --max-tries=-- --dry-run",
+    "%cudamem -l=-- x = 1", "%cudamem -l-- x = 1", "%%cudamem --device=--\nx = 1", "%cudamem_monitor --interval=--",
+    "%cudamem_engines --timeout=--", "%%oomfix --strategy=--\nx = 1",
+)
+
+
+@pytest.mark.parametrize("source", DASHES)
+def test_an_option_given_dashes_for_a_value_is_one_line(shell, capsys, source):
+    shell.user_ns.pop("x", None)
+    message = one_line(shell, source, capsys)
+    assert "no value" in message and "write a value after it" in message
+    assert "x" not in shell.user_ns
