@@ -57,3 +57,10 @@ def test_an_option_given_dashes_for_a_value_is_one_line(shell, capsys, source):
     message = one_line(shell, source, capsys)
     assert "no value" in message and "write a value after it" in message
     assert "x" not in shell.user_ns
+
+
+@pytest.mark.parametrize("kwargs", ({"history_s": 10**400}, {"interval_s": 10**400}, {"history_s": -(10**400)}))
+def test_monitor_from_python_names_a_number_past_a_float(shell, kwargs):
+    with pytest.raises(UsageError) as error:
+        jupyter_cudamem.monitor(**kwargs)
+    assert next(iter(kwargs)) in str(error.value) and "1e+400" in str(error.value)
