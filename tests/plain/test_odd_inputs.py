@@ -64,3 +64,23 @@ def test_monitor_from_python_names_a_number_past_a_float(shell, kwargs):
     with pytest.raises(UsageError) as error:
         jupyter_cudamem.monitor(**kwargs)
     assert next(iter(kwargs)) in str(error.value) and "1e+400" in str(error.value)
+
+
+@pytest.mark.parametrize("head", ("%%cudamem -q", "%%oomfix", "%%cudamem_plan"))
+def test_a_lone_surrogate_fails_as_in_a_plain_cell(shell, capsys, head):
+    plain = shell.run_cell("'\udcff'", store_history=False)
+    capsys.readouterr()
+    result = shell.run_cell(f"{head}\n'\udcff'", store_history=False)
+    shown = capsys.readouterr()
+    assert type(result.error_in_exec) is type(plain.error_in_exec) is UnicodeEncodeError
+    assert "jupyter_cudamem/" not in shown.out + shown.err
+
+
+@pytest.mark.parametrize("head", ("%%cudamem", "%%oomfix", "%%cudamem_plan"))
+def test_system_exit_notes_no_line_of_ours(shell, head):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = shell.run_cell(f"{head}\nraise SystemExit('bye')", store_history=True)
+    assert isinstance(result.error_in_exec, SystemExit)
+    places = [w.filename for w in caught if "To exit" in str(w.message)]
+    assert places and not any("jupyter_cudamem" in place for place in places), places
