@@ -90,8 +90,11 @@ class Ran:
         # SyntaxError passed through, so where nothing of the user's follows the magic it is shown, not raised.
         compiles = kind != _SYNTAX and not (kind == _BEFORE and isinstance(error, SyntaxError))
         if error_is_raised(shell) and (compiles or not _line_magic_is_the_cell(shell)):
-            # A SyntaxError is raised by the magic itself (``RaisedAtTheMagic``): one frame of ours shown.
-            raise error.with_traceback(traceback if frames else None) if compiles else RaisedAtTheMagic(error)
+            shown = traceback if compiles and frames else None
+            if shown is None or isinstance(error, (SyntaxError, BaseExceptionGroup)):
+                # Raised by the magic itself (``RaisedAtTheMagic``): one frame of ours shown, not every one.
+                raise RaisedAtTheMagic(error, shown)
+            raise error.with_traceback(shown)
         result = shell.displayhook.exec_result
         result.error_in_exec = error
         _failed_after_all(shell)

@@ -4,6 +4,7 @@ argparse), ``monitor(history_s=10**400)``, a lone surrogate in a body, and ``Sys
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -84,3 +85,33 @@ def test_system_exit_notes_no_line_of_ours(shell, head):
     assert isinstance(result.error_in_exec, SystemExit)
     places = [w.filename for w in caught if "To exit" in str(w.message)]
     assert places and not any("jupyter_cudamem" in place for place in places), places
+
+
+RAISED_AS_IT_PASSES = (
+    "raise ExceptionGroup('g', [ValueError(1)])",
+    "raise BaseExceptionGroup('g', [KeyError(2)])",
+    "compile('x = (', 'f', 'exec')",
+    "raise IndentationError('i')",
+    "'\udcff'",
+)
+
+
+@pytest.mark.parametrize("statement", RAISED_AS_IT_PASSES)
+def test_the_line_form_shows_one_frame_of_ours_where_ipython_shows_every_frame(shell, capsys, statement):
+    """IPython prints every frame an exception group or a SyntaxError passed through, and the last frame of an
+    error with no frame of the body's: raised from the magic's own frame, one of ours is shown, as for a body
+    that does not compile."""
+    shell.user_ns.pop("after", None)
+    result = shell.run_cell(f"%cudamem -q {statement}\nafter = 1", store_history=False)
+    shown = capsys.readouterr()
+    assert result.error_in_exec is not None and "after" not in shell.user_ns
+    ours = re.findall(r"jupyter_cudamem/[\w/]+\.py", shown.out + shown.err)
+    assert ours == ["jupyter_cudamem/magics/base.py"], ours
+
+
+def test_a_syntax_error_raised_from_the_line_form_keeps_its_own_context(shell):
+    shell.run_cell("def f():\n    try:\n        1/0\n    except ZeroDivisionError:\n        raise SyntaxError('s')",
+                   store_history=False)
+    shell.run_cell("try:\n    %cudamem -q f()\nexcept SyntaxError as caught:\n    seen = caught", store_history=False)
+    seen = shell.user_ns.pop("seen")
+    assert isinstance(seen.__context__, ZeroDivisionError) and not seen.__suppress_context__
