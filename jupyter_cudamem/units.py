@@ -38,6 +38,10 @@ UNIT_FACTORS = {
 }
 _FACTORS = UNIT_FACTORS
 
+class SizeTooLarge(CudaMemError):
+    """A size past what a float holds (``"9" * 400 + "GiB"``): a setting with a range names its range instead."""
+
+
 _SIZE_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -65,7 +69,7 @@ def parse_size(text: str | int | float) -> int:
     if not math.isfinite(scaled):  # more digits than a float holds (400 nines)
         typed = str(text).strip()
         shown = typed if len(typed) <= 40 else f"{typed[:12]}…{typed[-8:]} ({len(typed):,} characters)"
-        raise CudaMemError(f"size too large: {shown}; write a size such as 24GiB or 512MiB")
+        raise SizeTooLarge(f"size too large: {shown}; write a size such as 24GiB or 512MiB")
     size = int(round(scaled))
     if size <= 0:
         raise CudaMemError(f"size must be positive, got {text!r}")
