@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import CodeType, FrameType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .base import CudaMemMagicsBase, RaisedAtTheMagic, current_cell_number
 
@@ -90,11 +90,7 @@ class Ran:
         # SyntaxError passed through, so where nothing of the user's follows the magic it is shown, not raised.
         compiles = kind != _SYNTAX and not (kind == _BEFORE and isinstance(error, SyntaxError))
         if error_is_raised(shell) and (compiles or not _line_magic_is_the_cell(shell)):
-            shown = traceback if compiles and frames else None
-            if shown is None or isinstance(error, (SyntaxError, BaseExceptionGroup)):
-                # Raised by the magic itself (``RaisedAtTheMagic``): one frame of ours shown, not every one.
-                raise RaisedAtTheMagic(error, shown)
-            raise error.with_traceback(shown)
+            _raise(error, traceback if compiles and frames else None)
         result = shell.displayhook.exec_result
         result.error_in_exec = error
         _failed_after_all(shell)
@@ -131,6 +127,16 @@ def _first_level_outside_us() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _raise(error: BaseException, traceback: TracebackType | None) -> NoReturn:
+    """Raise the user's ``error`` with its ``traceback``; where IPython would print every frame it passes through
+    (an exception group, a ``SyntaxError``) or the last one, hidden or not (no ``traceback``), the magic raises
+    it from its own frame (``RaisedAtTheMagic``): one frame of ours shown, not every one."""
+    __tracebackhide__ = True  # noqa: F841
+    if traceback is None or isinstance(error, (SyntaxError, BaseExceptionGroup)):
+        raise RaisedAtTheMagic(error, traceback)
+    raise error.with_traceback(traceback)
 
 
 # Bodies of ours running now, nested magics included: a magic called inside one is never the whole cell.
