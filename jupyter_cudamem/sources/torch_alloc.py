@@ -97,6 +97,10 @@ class TorchAllocator:
             torch = _torch()
         except ImportError:
             self._status = "PyTorch is not installed, so allocator figures are not measured"
+        except Exception as error:  # a torch left half imported (an import interrupted): the kernel needs a restart
+            reason = str(error).splitlines()[0][:160] if str(error) else ""
+            self._status = (f"PyTorch fails to import ({type(error).__name__}: {reason}), so allocator figures are not "
+                            "measured; restart the kernel")
         else:
             if not torch.cuda.is_available():
                 build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
