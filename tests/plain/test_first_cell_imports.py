@@ -39,3 +39,32 @@ def test_a_torch_that_fails_to_import_is_a_reason_not_a_traceback(monkeypatch):
     status = TorchAllocator().status()
     assert status is not None and "fails to import (RuntimeError: Only a single TORCH_LIBRARY" in status
     assert "restart the kernel" in status and "\n" not in status
+
+
+INTERRUPTED_IMPORT = """
+import os, signal, sys, threading, time
+
+def interrupt_mid_import():
+    while "torch._decomp" not in sys.modules:  # well into torch's import (an interrupt there broke torch)
+        time.sleep(0.0002)
+    os.kill(os.getpid(), signal.SIGINT)  # a kernel's interrupt, while torch is half imported
+
+threading.Thread(target=interrupt_mid_import, daemon=True).start()
+from jupyter_cudamem.sources.torch_alloc import TorchAllocator
+try:
+    TorchAllocator().status()
+    time.sleep(2)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted")
+import torch
+print("torch works:", int((torch.zeros(2) + 1).sum()))
+"""
+
+
+def test_a_ctrl_c_while_our_magic_imports_torch_leaves_torch_whole(tmp_path):
+    """The first magic of ours imports torch (seconds): the interrupt is raised once the import is done."""
+    run = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT], capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).parents[2]),
+                              "OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))
+    assert "interrupted" in run.stdout and "torch works: 2" in run.stdout, run.stdout + run.stderr[-2000:]
