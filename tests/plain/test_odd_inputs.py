@@ -115,3 +115,23 @@ def test_a_syntax_error_raised_from_the_line_form_keeps_its_own_context(shell):
     shell.run_cell("try:\n    %cudamem -q f()\nexcept SyntaxError as caught:\n    seen = caught", store_history=False)
     seen = shell.user_ns.pop("seen")
     assert isinstance(seen.__context__, ZeroDivisionError) and not seen.__suppress_context__
+
+
+@pytest.mark.parametrize("refused", ("CudaMem.reset_peak = 1.0", "CudaMem.history_size = 0",
+                                     "CudaMemMonitor.interval_s = 0.001", "OomFix.margin = float('nan')",
+                                     "CudaMemEngines.timeout_s = 10**400"))
+def test_a_setting_config_refused_does_not_stop_the_next_load(shell, hardware, capsys, refused):
+    """IPython keeps a value ``%config`` refused in the shell's config: loading the extension again applied it,
+    and ``%reload_ext`` stopped with a TraitError's traceback, leaving no magic of ours."""
+    from jupyter_cudamem import magics
+
+    shell.run_cell(f"%config {refused}", store_history=True)
+    shell.run_cell("%config CudaMem.verbose = True", store_history=True)
+    capsys.readouterr()
+    magics.unload(shell)
+    extension = magics.load(shell, hardware)
+    owner, name = refused.split(" = ")[0].split(".")
+    told = capsys.readouterr().err
+    assert f"{owner}.{name} = " in told and "left out" in told and len(told.strip().splitlines()) == 1, told
+    assert extension.magics[0].verbose is True  # the settings that were fine are kept
+    assert shell.run_cell("%cudamem status", store_history=True).success
