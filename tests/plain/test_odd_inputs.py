@@ -135,3 +135,15 @@ def test_a_setting_config_refused_does_not_stop_the_next_load(shell, hardware, c
     assert f"{owner}.{name} = " in told and "left out" in told and len(told.strip().splitlines()) == 1, told
     assert extension.magics[0].verbose is True  # the settings that were fine are kept
     assert shell.run_cell("%cudamem status", store_history=True).success
+
+
+@pytest.mark.parametrize("name", ("__builtins__", "__builtin__"))
+@pytest.mark.parametrize("form", ("%oomfix --yes --del {}", "%%oomfix --yes --del {}\nbatch_size = 8\nran = True"))
+def test_del_of_a_name_ipython_never_deletes_is_one_line_before_anything_runs(shell, capsys, name, form):
+    """IPython's ``del_var`` raises ValueError for these: that came through our frames after the cleanup began."""
+    shell.run_cell("batch_size = 64\nm.allocate(0, 500 * GiB)", store_history=True)
+    shell.user_ns.pop("ran", None)
+    capsys.readouterr()
+    message = one_line(shell, form.format(name), capsys)
+    assert message == f"--del {name}: IPython never deletes it (the shell needs it); nothing was deleted"
+    assert "ran" not in shell.user_ns  # the cell form refuses before running its body
