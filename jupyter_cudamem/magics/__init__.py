@@ -61,10 +61,12 @@ def _configured(kind: type[M], shell: InteractiveShell, extension: Extension) ->
 
     from .base import note
 
+    configurables = getattr(shell, "configurables", [])
+    known = len(configurables)
     try:
         return kind(shell=shell, hardware=extension.hardware, extension=extension)
     except TraitError:
-        pass
+        del configurables[known:]  # IPython lists a Magics before its settings fail: %config would still set it
     settings = shell.config.pop(kind.__name__, {})
     instance = kind(shell=shell, hardware=extension.hardware, extension=extension)
     for name in [name for name in settings if name in instance.traits(config=True)]:

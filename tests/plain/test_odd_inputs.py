@@ -134,6 +134,8 @@ def test_a_setting_config_refused_does_not_stop_the_next_load(shell, hardware, c
     told = capsys.readouterr().err
     assert f"{owner}.{name} = " in told and "left out" in told and len(told.strip().splitlines()) == 1, told
     assert extension.magics[0].verbose is True  # the settings that were fine are kept
+    kind = type(next(m for m in extension.magics if type(m).__name__ == owner))
+    assert sum(isinstance(c, kind) for c in shell.configurables) == 1  # not the instance whose settings failed
     assert shell.run_cell("%cudamem status", store_history=True).success
 
 
