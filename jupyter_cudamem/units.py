@@ -38,6 +38,10 @@ UNIT_FACTORS = {
 }
 _FACTORS = UNIT_FACTORS
 
+class SizeTooLarge(CudaMemError):
+    """A size past what a float holds (``"9" * 400 + "GiB"``): a setting with a range names its range instead."""
+
+
 _SIZE_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -46,9 +50,12 @@ def parse_size(text: str | int | float) -> int:
     if isinstance(text, bool):
         raise CudaMemError(f"not a size: {text!r}; write a size such as 24GiB or 512MiB")
     if isinstance(text, (int, float)):
-        value, unit = float(text), ""
+        try:
+            value, unit = float(text), ""
+        except OverflowError:  # an int past a float's range (10**400)
+            value, unit = math.inf, ""
         if not math.isfinite(value):
-            raise CudaMemError(f"not a size: {text!r}; write a size such as 24GiB or 512MiB")
+            raise CudaMemError(f"not a size: {shown_number(text)}; write a size such as 24GiB or 512MiB")
     else:
         match = _SIZE_PATTERN.match(str(text))
         if not match:
@@ -58,7 +65,12 @@ def parse_size(text: str | int | float) -> int:
         raise CudaMemError(
             f"unknown size unit {unit!r} in {text!r}; use B, KiB, MiB, GiB, TiB (or KB, MB, GB, TB)"
         )
-    size = int(round(value * _FACTORS[unit]))
+    scaled = value * _FACTORS[unit]
+    if not math.isfinite(scaled):  # more digits than a float holds (400 nines)
+        typed = str(text).strip()
+        shown = typed if len(typed) <= 40 else f"{typed[:12]}…{typed[-8:]} ({len(typed):,} characters)"
+        raise SizeTooLarge(f"size too large: {shown}; write a size such as 24GiB or 512MiB")
+    size = int(round(scaled))
     if size <= 0:
         raise CudaMemError(f"size must be positive, got {text!r}")
     return size

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CudaMemError
-from ..units import GiB, number_in, parse_size
+from ..units import GiB, SizeTooLarge, number_in, parse_size
 
 
 ECC_FRACTION = 1 / 16
@@ -97,10 +97,10 @@ def _card(name: str, value: object) -> Card:
     if isinstance(memory, str):
         try:
             gib = parse_size(memory) / GiB
+        except SizeTooLarge:  # more than a float holds ('9' * 400 + 'GiB'): past the range, refused below
+            gib = math.inf
         except CudaMemError as error:
             raise CudaMemError(f"CudaMem.cards[{name!r}]: {error}") from None
-        except OverflowError:  # more than a float holds ('9' * 400 + 'GiB'): past the range, refused below
-            gib = math.inf
     else:
         gib = memory
     return Card(name, number_in(gib, f"CudaMem.cards[{name!r}]", MIN_CARD_GIB, MAX_CARD_GIB, "a card's memory in GiB"), ecc)

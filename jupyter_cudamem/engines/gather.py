@@ -37,6 +37,10 @@ MAX_TIMEOUT_S = 3600.0
 """The longest wait for the engines' answers: an hour (a longer one outlives any cell that asks)."""
 
 
+MAX_TARGETS = 10_000
+"""The most engine ids ``--targets`` names (a cluster of more is not one a notebook drives)."""
+
+
 def ipyparallel_missing() -> bool:
     import importlib.util
 
@@ -77,6 +81,10 @@ def parse_targets(text: str) -> list[int]:
         start, end = whole_number(first), whole_number(last if dash else first)
         if start is None or end is None:
             raise CudaMemError(f"--targets takes engine ids such as 0,2 or 0-3; got {text!r}")
+        if end < start:
+            raise CudaMemError(f"--targets {token.strip()} runs backwards, so it names no engine: write {end}-{start}")
+        if len(ids) + end - start >= MAX_TARGETS:  # a typo's 0-99999999 would take minutes and gigabytes to list
+            raise CudaMemError(f"--targets names more than {MAX_TARGETS:,} engines; name the engines there are, such as 0-3")
         ids.extend(range(start, end + 1))
     return list(dict.fromkeys(ids))
 

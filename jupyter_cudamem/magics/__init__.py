@@ -53,6 +53,32 @@ class Extension:
 _loaded: dict[int, Extension] = {}
 
 
+def _configured(kind: type[M], shell: InteractiveShell, extension: Extension) -> M:
+    """``kind`` with the shell's settings. A value ``%config`` refused stays in the shell's config (IPython
+    keeps it), as does a bad one in ``ipython_config.py``: each is left out with one line, where it stopped
+    ``%load_ext`` with a traceback."""
+    from traitlets import TraitError
+
+    from .base import note
+
+    configurables = getattr(shell, "configurables", [])
+    known = len(configurables)
+    try:
+        return kind(shell=shell, hardware=extension.hardware, extension=extension)
+    except TraitError:
+        del configurables[known:]  # IPython lists a Magics before its settings fail: %config would still set it
+    settings = shell.config.pop(kind.__name__, {})
+    instance = kind(shell=shell, hardware=extension.hardware, extension=extension)
+    for name in [name for name in settings if name in instance.traits(config=True)]:
+        try:
+            setattr(instance, name, settings[name])
+        except TraitError as error:
+            note(f"{kind.__name__}.{name} = {str(settings.pop(name))[:40]} is left out ({error}); set it again with "
+                 f"%config {kind.__name__}.{name} = ...")
+    shell.config[kind.__name__] = settings
+    return instance
+
+
 def load(shell: InteractiveShell, hardware: Hardware | None = None) -> Extension:
     """Register our magics on ``shell``; a second load of the same shell returns the first."""
     existing = _loaded.get(id(shell))
@@ -60,7 +86,7 @@ def load(shell: InteractiveShell, hardware: Hardware | None = None) -> Extension
         return existing
     extension = Extension(shell, hardware or default_hardware())
     for kind in _magic_classes():
-        instance = kind(shell=shell, hardware=extension.hardware, extension=extension)
+        instance = _configured(kind, shell, extension)
         shell.register_magics(instance)
         extension.magics.append(instance)
     shell.events.register("post_run_cell", extension.after_cell)

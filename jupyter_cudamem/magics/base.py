@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from IPython.core.error import UsageError
@@ -26,19 +27,22 @@ R = TypeVar("R")
 
 
 class RaisedAtTheMagic(Exception):
-    """Carries a user's ``SyntaxError`` (a body that does not compile, in a cell with code around the magic)
-    up to ``one_line_errors``, which raises it there. IPython prints every frame a raised ``SyntaxError``
-    passed through, ``__tracebackhide__`` or not, so it is raised from the magic's own frame: one frame of
-    ours shown (``%time`` shows two of its own)."""
+    """Carries a user's error up to ``one_line_errors``, which raises it there with ``traceback`` (the body's own
+    frames): a ``SyntaxError`` (a body that does not compile, in a cell with code around the magic, or one the
+    body raised) or an exception group, whose every frame IPython prints, ``__tracebackhide__`` or not; and an
+    error with no frame of the body's, where IPython shows the last frame, hidden or not. Raised from the
+    magic's own frame, one frame of ours is shown (``%time`` shows two of its own)."""
 
-    def __init__(self, error: BaseException):
+    def __init__(self, error: BaseException, traceback: TracebackType | None = None):
         super().__init__(error)
         self.error = error
+        self.traceback = traceback
 
 
 def one_line_errors(method: Callable[P, R]) -> Callable[P, R]:
     """Turn our ``CudaMemError`` into IPython's ``UsageError``: one red line, no traceback; and raise a
-    body's ``SyntaxError`` from here (``RaisedAtTheMagic``)."""
+    body's ``SyntaxError`` from here (``RaisedAtTheMagic``), out of the ``except``, so that the user's error keeps
+    its own context and gets none of ours."""
 
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -47,8 +51,9 @@ def one_line_errors(method: Callable[P, R]) -> Callable[P, R]:
             return method(*args, **kwargs)
         except CudaMemError as error:
             raise UsageError(str(error)) from None
-        except RaisedAtTheMagic as carried:
-            raise carried.error.with_traceback(None) from None
+        except RaisedAtTheMagic as raised:
+            carried = raised
+        raise carried.error.with_traceback(carried.traceback)
 
     return wrapper
 

@@ -52,6 +52,10 @@ class CellStarts:
         # A callback must never raise into the kernel: a reading we cannot take is simply missing.
         self._last = None
         try:
+            # Before the user's torch starts CUDA nothing is held: nothing to read, and no `import torch` of ours
+            # (seconds, in the first cell) that a Ctrl-C would leave half done, breaking torch in the kernel.
+            if not self.hardware.allocator.is_initialized():
+                return
             readings = self.hardware.allocator_readings()
             if not readings:
                 return

@@ -26,14 +26,15 @@ import asyncio
 import bdb
 import inspect
 import io
+import os
 import sys
 import threading
 import tokenize
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from types import CodeType, TracebackType
-from typing import TYPE_CHECKING, Any
+from types import CodeType, FrameType, TracebackType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .base import CudaMemMagicsBase, RaisedAtTheMagic, current_cell_number
 
@@ -89,8 +90,7 @@ class Ran:
         # SyntaxError passed through, so where nothing of the user's follows the magic it is shown, not raised.
         compiles = kind != _SYNTAX and not (kind == _BEFORE and isinstance(error, SyntaxError))
         if error_is_raised(shell) and (compiles or not _line_magic_is_the_cell(shell)):
-            # A SyntaxError is raised by the magic itself (``RaisedAtTheMagic``): one frame of ours shown.
-            raise error.with_traceback(traceback if frames else None) if compiles else RaisedAtTheMagic(error)
+            _raise(error, traceback if compiles and frames else None)
         result = shell.displayhook.exec_result
         result.error_in_exec = error
         _failed_after_all(shell)
@@ -106,7 +106,7 @@ class Ran:
             shell.showtraceback(exc_tuple)
         elif kind == _EXIT:
             shell.showtraceback(exc_tuple, exception_only=True)
-            warnings.warn("To exit: use 'exit', 'quit', or Ctrl-D.", stacklevel=1)
+            warnings.warn("To exit: use 'exit', 'quit', or Ctrl-D.", stacklevel=_first_level_outside_us())
         elif not frames:
             shell.showtraceback(exc_tuple, tb_offset=0, exception_only=True)
         elif kind == _CUSTOM:
@@ -114,6 +114,29 @@ class Ran:
         elif kind == _RAISED:
             # tb_offset=0: the traceback starts at the cell's own frame already (see ``_from_cell``).
             shell.showtraceback(exc_tuple, tb_offset=0, running_compiled_code=True)
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _first_level_outside_us() -> int:
+    """The ``stacklevel`` that makes a warning of our caller name the first frame outside this package (the
+    IPython frame that called the magic), where a plain cell's names IPython's: never a line of ours."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _raise(error: BaseException, traceback: TracebackType | None) -> NoReturn:
+    """Raise the user's ``error`` with its ``traceback``; where IPython would print every frame it passes through
+    (an exception group, a ``SyntaxError``) or the last one, hidden or not (no ``traceback``), the magic raises
+    it from its own frame (``RaisedAtTheMagic``): one frame of ours shown, not every one."""
+    __tracebackhide__ = True  # noqa: F841
+    if traceback is None or isinstance(error, (SyntaxError, BaseExceptionGroup)):
+        raise RaisedAtTheMagic(error, traceback)
+    raise error.with_traceback(traceback)
 
 
 # Bodies of ours running now, nested magics included: a magic called inside one is never the whole cell.
@@ -340,7 +363,10 @@ def run_cell_body(shell: InteractiveShell, raw_cell: str) -> Ran:
     except Exception as error:
         return Ran(False, error=error, kind=_BEFORE, traceback=error.__traceback__)
     compiler = shell.compile
-    filename = compiler.cache(transformed, current_cell_number(shell) or 0, raw_code=raw_cell)
+    try:
+        filename = compiler.cache(transformed, current_cell_number(shell) or 0, raw_code=raw_cell)
+    except UnicodeError as error:  # IPython names a cell by a hash of its UTF-8, which a lone '\udcff' has not:
+        return Ran(False, error=error, kind=_BEFORE)  # a plain cell fails there too, with no frame to show
     try:
         tree = compiler.ast_parse(transformed, filename=filename)
     except (OverflowError, SyntaxError, ValueError, TypeError, MemoryError) as error:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import CudaMemError
 from ..units import parse_size
-from .options import OptionSplitter, expand_options, split_line
+from .options import OptionSplitter, expand_options, given_values, split_line
 
 _MEMOISED_LINES = 256
 
@@ -60,9 +60,11 @@ class CudaMemArguments:
         line always parses the same way."""
         cached = self._parsed.get(line)
         if cached is None:
-            parsed, unknown = self.parser.parse_known_args(split_line(line))
+            argv = split_line(line)
+            parsed, unknown = self.parser.parse_known_args(argv)
             if unknown:
                 return parsed, unknown
+            given_values(self.parser, parsed, argv)
             cached = parsed
             if len(self._parsed) < _MEMOISED_LINES:
                 self._parsed[line] = cached

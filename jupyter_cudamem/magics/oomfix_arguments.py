@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument
 
 from ..errors import CudaMemError
 from ..hardware import Hardware
-from ..oomfix.options import check_max_tries, check_strategies
+from ..oomfix.options import check_deletable, check_max_tries, check_strategies
 from ..oomfix.strategies import STRATEGIES, Strategy
 from .options import count_option
 
@@ -67,4 +67,5 @@ def check_options(args: argparse.Namespace, configured: str, autocast: bool) -> 
     """The options' values, checked before anything runs; each error is one line."""
     if args.max_tries is not None:
         check_max_tries(args.max_tries)
+    check_deletable(args.delete)
     chosen_strategies(args, configured, autocast)

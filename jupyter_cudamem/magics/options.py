@@ -40,7 +40,20 @@ def parse_line(magic: Callable[..., Any], line: str) -> argparse.Namespace:
     """``line`` parsed by ``magic``'s own parser (from ``@magic_arguments``), split by ``split_line``: the one
     path every magic of ours reads its options by. The parser's errors are IPython's one-line ``UsageError``."""
     parser: argparse.ArgumentParser = getattr(magic, "parser")
-    return parser.parse_args(split_line(line))
+    argv = split_line(line)
+    return given_values(parser, parser.parse_args(argv), argv)
+
+
+def given_values(parser: argparse.ArgumentParser, parsed: argparse.Namespace, argv: list[str]) -> argparse.Namespace:
+    """``parsed``, where every option typed has a value. Python 3.11's argparse reads ``--save=--`` (and
+    ``-s--``) as the option given an empty list, which no ``type`` checked: refused here in one line."""
+    for dest, value in vars(parsed).items():
+        empty = value == [] and parser.get_default(dest) != []
+        if empty or (isinstance(value, list) and [] in value):
+            typed = next((token for token in argv if token.startswith("-") and token.endswith("--") and token != "--"),
+                         "--")
+            raise UsageError(f"{typed} gives its option no value ('--' ends the options): write a value after it")
+    return parsed
 
 
 class OptionSplitter:

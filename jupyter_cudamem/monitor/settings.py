@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 
 from ..errors import CudaMemError
+from ..units import shown_number
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_HISTORY_S = 300.0
@@ -31,23 +32,33 @@ def validate_settings(
     names: Mapping[str, str] = OWN_NAMES,
 ) -> None:
     """Raise ``CudaMemError`` with what to do when the settings make no sense, each setting named as
-    ``names`` spells it (so an error names what the user typed)."""
-    if not math.isfinite(interval_s) or not MIN_INTERVAL_S <= interval_s <= MAX_INTERVAL_S:
+    ``names`` spells it (so an error names what the user typed). An int past a float's range (``10**400``,
+    from ``monitor(history_s=...)``) is refused as an infinity is."""
+    interval, history, updates = _as_float(interval_s), _as_float(history_s), _as_float(max_updates_per_s)
+    if not math.isfinite(interval) or not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
         raise CudaMemError(
             f"{names['interval_s']} takes seconds between readings, at least {MIN_INTERVAL_S} and at most "
-            f"{MAX_INTERVAL_S:g}; got {interval_s:g} (for example 0.5)"
+            f"{MAX_INTERVAL_S:g}; got {shown_number(interval_s)} (for example 0.5)"
         )
-    if not math.isfinite(history_s) or history_s <= 0:
+    if not math.isfinite(history) or history <= 0:
         raise CudaMemError(
-            f"{names['history_s']} takes a positive number of seconds of history; got {history_s:g} (for example 600)"
+            f"{names['history_s']} takes a positive number of seconds of history; got {shown_number(history_s)} "
+            "(for example 600)"
         )
-    if history_s / interval_s > MAX_SAMPLES_PER_DEVICE:
+    if history / interval > MAX_SAMPLES_PER_DEVICE:
         raise CudaMemError(
-            f"{names['history_s']} {history_s:g} at {names['interval_s']} {interval_s:g} keeps more than "
+            f"{names['history_s']} {history:g} at {names['interval_s']} {interval:g} keeps more than "
             f"{MAX_SAMPLES_PER_DEVICE} samples per device; raise the interval or shorten the history"
         )
-    if not math.isfinite(max_updates_per_s) or max_updates_per_s <= 0:
-        raise CudaMemError(f"{names['max_updates_per_s']} takes a positive number; got {max_updates_per_s:g}")
+    if not math.isfinite(updates) or updates <= 0:
+        raise CudaMemError(f"{names['max_updates_per_s']} takes a positive number; got {shown_number(max_updates_per_s)}")
+
+
+def _as_float(value: float) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def history_length(interval_s: float, history_s: float) -> int:

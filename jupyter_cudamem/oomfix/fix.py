@@ -22,6 +22,7 @@ from ..oom import OomInfo
 from ..reruns.model_state import Restorer, TrainingState, what_to_restore
 from . import cleanup as cleanup_module
 from .diagnosis import Diagnosis, diagnose
+from .options import check_deletable
 from .driver import Driver
 from .outcome import Outcome
 from .plan import dry_run
@@ -62,6 +63,7 @@ def fix(
     """Diagnose, free and rerun ``request``'s cell; ``None`` when the rerun was declined. ``error``: the
     failure, released by the cleanup (``None``: none); ``confirm`` is asked where ``request.ask``."""
     namespace = shell.user_ns
+    check_deletable(request.delete)
     missing = [name for name in request.delete if name not in namespace]
     if missing:
         raise CudaMemError(f"--del {missing[0]}: no such variable; nothing was deleted")

@@ -25,6 +25,17 @@ def check_max_tries(value: object) -> int:
     return value
 
 
+UNDELETABLE = ("__builtins__", "__builtin__")
+"""Names IPython's ``del_var`` refuses to delete (it raises ``ValueError``)."""
+
+
+def check_deletable(names: Iterable[str]) -> None:
+    """``--del``'s names, before anything is freed: one IPython would refuse to delete is one line here."""
+    refused = next((name for name in names if name in UNDELETABLE), None)
+    if refused is not None:
+        raise CudaMemError(f"--del {refused}: IPython never deletes it (the shell needs it); nothing was deleted")
+
+
 def check_strategies(names: str | Iterable[str] | None) -> tuple[Strategy, ...]:
     """The strategies named, in the order given, duplicates dropped: a comma-separated string or a sequence.
     ``None``, ``""`` or ``"all"`` mean all of them (``cleanup, batch, autocast``). The one place where the

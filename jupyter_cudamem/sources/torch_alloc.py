@@ -16,7 +16,10 @@ them directly for an integer index; otherwise the public functions.
 from __future__ import annotations
 
 import gc
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +31,30 @@ if TYPE_CHECKING:
 
 
 def _torch() -> ModuleType:
+    if "torch" not in sys.modules:  # the first import: seconds, which a Ctrl-C must not cut
+        with _interrupts_deferred():
+            import torch
     import torch
 
     return torch
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """A Ctrl-C (SIGINT, as a kernel's interrupt) while the block runs is raised once it is done. An import of
+    torch cut half way leaves a torch that no later ``import torch`` can finish: the kernel must be restarted."""
+    interrupted: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda number, frame: interrupted.append(number))
+    except (ValueError, OSError, AttributeError):  # not the main thread (or no SIGINT here): nothing to defer
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 def _hold_free_blocks(torch: ModuleType, index: int) -> list[Any]:
@@ -97,6 +121,10 @@ class TorchAllocator:
             torch = _torch()
         except ImportError:
             self._status = "PyTorch is not installed, so allocator figures are not measured"
+        except Exception as error:  # a torch left half imported (an import interrupted): the kernel needs a restart
+            reason = str(error).splitlines()[0][:160] if str(error) else ""
+            self._status = (f"PyTorch fails to import ({type(error).__name__}: {reason}), so allocator figures are not "
+                            "measured; restart the kernel")
         else:
             if not torch.cuda.is_available():
                 build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"

@@ -100,3 +100,11 @@ def test_targets(text, ids):
 def test_bad_targets_say_what_they_take(text):
     with pytest.raises(CudaMemError, match=r"--targets takes engine ids such as 0,2 or 0-3"):
         parse_targets(text)
+
+
+@pytest.mark.parametrize("text, says", [("3-1", "runs backwards, so it names no engine: write 1-3"),
+                                        ("0-99999999999", "more than 10,000 engines"),
+                                        ("0-5000,6000-20000", "more than 10,000 engines")])
+def test_a_backwards_or_endless_range_is_one_line_at_once(text, says):
+    with pytest.raises(CudaMemError, match=says):  # 0-99999999999 listed every id: minutes, gigabytes
+        parse_targets(text)
