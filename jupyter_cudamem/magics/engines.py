@@ -262,7 +262,7 @@ class CudaMemEngines(CudaMemMagicsBase):
             self.auto = True
         elif action == "off":
             self._auto_off()
-        state = "on: after every %px cell that measured something new" if self.auto else "off"
+        state = "on (shown where an engine measured something new)" if self.auto else "off"
         print(f"cudamem engines: the table after each %px cell is {state}")
         if action == "status" and self.live is not None:
             print(live_text(self.live.state()))
