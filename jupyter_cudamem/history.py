@@ -198,9 +198,6 @@ class CellRanges:
 
     @classmethod
     def parse(cls, text: str) -> CellRanges:
-        if any(not part.strip() for part in text.strip().split(",")) and text.strip():
-            written = ",".join(part.strip() for part in text.split(",") if part.strip())
-            raise CudaMemError(f"--cells {text.strip()}: an empty item between commas; write --cells {written}")
         tokens = [token for token in re.split(r"[\s,]+", text.strip()) if token]
         spans: list[tuple[int, int | None]] = []
         for token in tokens:
@@ -217,6 +214,10 @@ class CellRanges:
             if last is not None and last < first:
                 raise CudaMemError(f"--cells {token}: the range ends before it starts; write {last}-{first}")
             spans.append((first, last))
+        if any(not part.strip() for part in text.strip().split(",")) and text.strip():
+            # After the items are read: the line it suggests must be one that works.
+            written = ",".join(part.strip() for part in text.split(",") if part.strip())
+            raise CudaMemError(f"--cells {text.strip()}: an empty item between commas; write --cells {written}")
         if not spans:
             raise CudaMemError("--cells takes cell numbers such as 12, 5-9 (both included) or 20- (from 20 on)")
         return cls(tuple(spans), text.strip())

@@ -106,6 +106,8 @@ def test_plot_saves_in_one_line_and_shows_text_in_a_terminal(filled, capsys, tmp
         ("--cells 50000", "no measured cell in --cells 50000; the history holds 1,000 cells, [1] to [1000]"),
         ("--cells 5-9,,12", "--cells 5-9,,12: an empty item between commas; write --cells 5-9,12"),
         ("--cells 5-9,", "--cells 5-9,: an empty item between commas; write --cells 5-9"),
+        # An item that is no cell number is named first: the empty item's suggestion would not work either.
+        ("--cells cleanup,,batch", "got 'cleanup'"),
     ],
 )
 def test_bad_options_are_one_line_errors(filled, capsys, line, message):
