@@ -94,6 +94,9 @@ class Ran:
         result = shell.displayhook.exec_result
         result.error_in_exec = error
         _failed_after_all(shell)
+        # The error carries every frame it passed on its way up (a plan's runs): exception groups and
+        # SyntaxErrors are printed from it, not from ``traceback``.
+        error.__traceback__ = traceback
         # IPython's printers read the error from sys.exc_info(), else from sys.last_*: set the latter
         # (as showing it would), so they show the user's error wherever this is called from.
         sys.last_type, sys.last_value, sys.last_traceback = type(error), error, traceback

@@ -271,6 +271,19 @@ def test_the_cells_own_error_shows_the_plain_cells_traceback(plan_shell, capsys,
     assert len(text.strip().splitlines()) == len(plain_text.strip().splitlines())
 
 
+@pytest.mark.parametrize("raised", ("ExceptionGroup('g', [ValueError(1)])", "IndentationError('i')"))
+def test_an_error_printed_from_its_own_traceback_shows_no_frame_of_ours(plan_shell, capsys, raised):
+    """Exception groups and SyntaxErrors are printed from the error's ``__traceback__``, which holds every
+    frame it passed through on its way up the plan's runs (a plain cell's shows IPython's own frame too)."""
+    shell, machine, stepper = plan_shell
+    shell.run_cell("batch_size = 64")
+    capsys.readouterr()
+    result = shell.run_cell(f"%%cudamem_plan\nstep(batch_size)\nraise {raised}", store_history=True)
+    out = capsys.readouterr()
+    assert type(result.error_in_exec).__name__ == raised.split("(")[0] and not result.success
+    assert "jupyter_cudamem" not in out.out + out.err and raised.split("(")[0] in out.out + out.err
+
+
 def test_a_cell_with_no_batch_is_measured_once(plan_shell, capsys):
     shell, machine, stepper = plan_shell
     shell.user_ns["calls"] = []
