@@ -50,10 +50,7 @@ def parse_size(text: str | int | float) -> int:
     if isinstance(text, bool):
         raise CudaMemError(f"not a size: {text!r}; write a size such as 24GiB or 512MiB")
     if isinstance(text, (int, float)):
-        try:
-            value, unit = float(text), ""
-        except OverflowError:  # an int past a float's range (10**400)
-            value, unit = math.inf, ""
+        value, unit = as_float(text), ""
         if not math.isfinite(value):
             raise CudaMemError(f"not a size: {shown_number(text)}; write a size such as 24GiB or 512MiB")
     else:
@@ -119,6 +116,15 @@ def number_in(value: object, name: str, low: float, high: float, what: str) -> f
     if not within:
         raise CudaMemError(f"{name} takes {what} from {low:g} to {high:g}; got {shown_number(value)}")
     return float(value)
+
+
+def as_float(value: float) -> float:
+    """``value`` as a float; an int past a float's range (``10**400``) as the infinity of its sign, which the
+    checks of finite numbers then refuse, where ``float()`` raises ``OverflowError``."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def shown_number(value: float) -> str:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 
 from ..errors import CudaMemError
-from ..units import shown_number
+from ..units import as_float, shown_number
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_HISTORY_S = 300.0
@@ -34,7 +34,7 @@ def validate_settings(
     """Raise ``CudaMemError`` with what to do when the settings make no sense, each setting named as
     ``names`` spells it (so an error names what the user typed). An int past a float's range (``10**400``,
     from ``monitor(history_s=...)``) is refused as an infinity is."""
-    interval, history, updates = _as_float(interval_s), _as_float(history_s), _as_float(max_updates_per_s)
+    interval, history, updates = as_float(interval_s), as_float(history_s), as_float(max_updates_per_s)
     if not math.isfinite(interval) or not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
         raise CudaMemError(
             f"{names['interval_s']} takes seconds between readings, at least {MIN_INTERVAL_S} and at most "
@@ -52,13 +52,6 @@ def validate_settings(
         )
     if not math.isfinite(updates) or updates <= 0:
         raise CudaMemError(f"{names['max_updates_per_s']} takes a positive number; got {shown_number(max_updates_per_s)}")
-
-
-def _as_float(value: float) -> float:
-    try:
-        return float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
 
 
 def history_length(interval_s: float, history_s: float) -> int:
