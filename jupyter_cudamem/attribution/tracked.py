@@ -32,12 +32,14 @@ from ..cell.names import code_names
 from ..collector import collector_paused
 from .probe import TensorProbe
 from .snapshot import NamespaceSnapshot, fingerprints
+from .type_codes import ATOM_TYPES
 
 # Why a quarter: storages a stale fingerprint hides are counted as the next attributed cell's; a quarter
 # of the threshold (16 MiB of the default 64 MiB) stays under the 1% (or 1 MiB) below which holders are
 # summed into one line for any cell that reaches the threshold plus what stays hidden, and cells that
 # leave little in a row (a loop over small steps) still walk everything only every few dozen MiB.
 GUARD_FRACTION = 4
+_GONE = object()  # a name the namespace no longer has
 
 
 def _held_ids(fingerprint: tuple[Any, ...]) -> list[int]:
@@ -100,12 +102,14 @@ class TrackedNamespace:
     def take(self, namespace: Mapping[str, Any], reference_ids: frozenset[int], probe: TensorProbe) -> NamespaceSnapshot:
         """The namespace as it is now, as ``NamespaceSnapshot.take`` would fingerprint it, with the ids of
         what IPython keeps (``ipython_state.ipython_reference_ids``)."""
-        with warnings.catch_warnings(), collector_paused():
-            warnings.simplefilter("ignore")
-            if self._base is None or probe != self._probe or self._left_bytes * GUARD_FRACTION >= self.guard_bytes:
-                self._walk_all(namespace, probe)
-            else:
-                self._refresh(namespace, probe)
+        walk_all = self._base is None or probe != self._probe or self._left_bytes * GUARD_FRACTION >= self.guard_bytes
+        if walk_all or not self._refresh_atoms(namespace):
+            with warnings.catch_warnings(), collector_paused():
+                warnings.simplefilter("ignore")
+                if walk_all:
+                    self._walk_all(namespace, probe)
+                else:
+                    self._refresh(namespace, probe)
         self._touched = set()
         base, changed = self._base, self._changed
         assert base is not None
@@ -172,6 +176,34 @@ class TrackedNamespace:
                 self._unindex(other, old)
                 changed[other] = new
                 self._index(other, new)
+
+    def _refresh_atoms(self, namespace: Mapping[str, Any]) -> bool:
+        """``_refresh`` where every touched name is gone, or bound to an atom (a number, a string, ``None``) and
+        was one or unbound before: such a fingerprint is the object's id alone, shares nothing and names no
+        code, so no user code runs and neither the warnings filter nor the collector's pause is needed (in a
+        running cell they cost more than the rest of a trivial cell's snapshot). ``False``, changing nothing,
+        where a touched name is anything else."""
+        fresh: dict[str, tuple[Any, ...] | None] = {}
+        for name in self._touched:
+            old = self._current(name)
+            if old is not None and len(old) > 1:
+                return False
+            value = namespace.get(name, _GONE)
+            if value is _GONE:
+                if old is not None:
+                    fresh[name] = None
+            elif type(value) in ATOM_TYPES:
+                fresh[name] = (id(value),)
+            else:
+                return False
+        if fresh:  # a new dict, as ``_refresh`` makes: the snapshot handed out before keeps its own
+            changed = self._changed = dict(self._changed)
+            for name, new in fresh.items():
+                old = self._current(name)
+                if old is not None:
+                    self._unindex(name, old)
+                changed[name] = new
+        return True
 
     def _withcode_names(self, namespace: Mapping[str, Any]) -> set[str]:
         """The touched names, with the globals the notebook's own code among them names, transitively."""

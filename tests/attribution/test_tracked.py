@@ -91,6 +91,13 @@ CELLS = [
     "%%time\nlosses.append(5)",  # a magic that runs its body as a cell
     "for i in range(3):\n    losses.append(i)",
     "x = 'step_losses'  # a name in a string or comment is looked at, and found unchanged",
+    # Names bound to atoms only (numbers, strings, None), new or rebound, and unbound: refreshed without the
+    # warnings filter; an atom bound where a shared object was (the alias) or the other way round is not.
+    "step = 5; lr = None; note = 'b'",
+    "del step",
+    "alias = 7",
+    "alias.append(9); alias = 7",  # the list it was bound to changed first: losses and log are refreshed
+    "step = losses",
 ]
 
 
@@ -101,6 +108,18 @@ def test_a_cell_refreshes_every_name_it_can_have_changed(tracked_shell, cell):
     assert shell.run_cell(cell).success
     _kept_equals_full(shell, cudamem)
     assert cudamem.attribution.tracked.full_walks == walks  # decided by names alone
+
+
+def test_atoms_rebound_between_cells_that_change_shared_objects(tracked_shell):
+    shell, cudamem = tracked_shell
+    walks = cudamem.attribution.tracked.full_walks
+    for cell in ("x = 2", "alias.append(1)", "x = None; y = 3", "del y", "y = alias", "alias = 1",
+                 "y.append(2); y = 0", "losses.append(3)", "del x"):
+        assert shell.run_cell(measured(shell, cell)).success
+        _kept_equals_full(shell, cudamem)
+        kept = cudamem.attribution.snapshot(cudamem.settings()).names
+        assert not {"x", "y"} & (kept.keys() - shell.user_ns.keys())  # nothing kept of a name deleted
+    assert cudamem.attribution.tracked.full_walks == walks
 
 
 @pytest.mark.parametrize(
