@@ -16,6 +16,10 @@ is already steady. Also the snapshot alone per size (``snapshot_ms``).
 ``--part namespaces`` only the second (under a minute) and merges its keys into the existing
 overhead.json; ``--quick`` runs fewer cells (a smoke run, figures not for the README).
 
+``hardware_calls_per_cell``: for each of our modes and kinds of cell, the hardware reads a cell makes
+(synchronizations, allocator statistics, peak resets, the cap, NVML's memory and its process list),
+counted over 100 cells in an untimed pass of their own.
+
 Peers, where they install: ipython-autotime (``%load_ext autotime``) and ipyexperiments' per-cell
 logger (``IPyExperimentsPytorch``). A peer that fails to load is recorded with its error.
 """
@@ -31,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -170,6 +175,76 @@ def time_modes(shell, modes: list, cells_per_round: int) -> dict[str, dict[str, 
 
 
 FAKE: dict = {}  # --cpu-smoke: the fake hardware and tensor probe of tests/fakes.py, CPU tensors counted
+
+# The hardware reads a measured cell makes, counted in a pass of its own (counting costs time): how many of
+# each a cell of each mode makes, per device, which the timings alone cannot tell apart.
+COUNTED_READS = ("synchronize", "read", "reset_peak", "memory_fraction", "memory", "processes")
+
+
+class CountingSource:
+    """An allocator or NVML source that counts its calls of ``COUNTED_READS`` into ``counts``, as
+    ``"allocator.read"``, and otherwise is the source it wraps."""
+
+    def __init__(self, source, counts: Counter, prefix: str):
+        self._source, self._counts, self._prefix = source, counts, prefix
+
+    def __getattr__(self, name):
+        value = getattr(self._source, name)
+        if name not in COUNTED_READS or not callable(value):
+            return value
+        key = f"{self._prefix}.{name}"
+
+        def counted(*args, **kwargs):
+            self._counts[key] += 1
+            return value(*args, **kwargs)
+
+        return counted
+
+
+def counting_hardware(counts: Counter):
+    """A ``Hardware`` over the sources this run measures with (the fakes, or PyTorch and NVML), counting."""
+    from jupyter_cudamem.hardware import Hardware
+
+    if FAKE:
+        base = FAKE["hardware"]
+        return Hardware(allocator=CountingSource(base.allocator, counts, "allocator"),
+                        nvml=CountingSource(base.nvml, counts, "nvml"), pid=base.pid, pid_exists=base.pid_exists)
+    from jupyter_cudamem.sources.nvml import shared_session
+    from jupyter_cudamem.sources.torch_alloc import TorchAllocator
+
+    return Hardware(allocator=CountingSource(TorchAllocator(), counts, "allocator"),
+                    nvml=CountingSource(shared_session(), counts, "nvml"))
+
+
+def calls_per_cell(shell, cells: int = 100) -> dict:
+    """Each of our modes and kinds of cell: the hardware reads per cell (``COUNTED_READS``), averaged over
+    ``cells`` cells after a few untimed ones (the first cells read NVML's process list: nothing cached yet)."""
+    from jupyter_cudamem import magics
+
+    found: dict = {}
+    sink = io.StringIO()
+    for mode, wrap in (("cudamem_cell_magic", "%%cudamem --quiet\n"), ("cudamem_every_cell", "")):
+        found[mode] = {}
+        for kind, cell in CELLS.items():
+            counts: Counter = Counter()
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                extension = magics.load(shell, counting_hardware(counts))
+                if FAKE:
+                    extension.magics[0].probe = FAKE["probe"]
+                try:
+                    if not wrap:
+                        shell.run_line_magic("cudamem", "on")
+                    for _ in range(5):
+                        shell.run_cell(wrap + cell, store_history=False)
+                    counts.clear()
+                    for _ in range(cells):
+                        shell.run_cell(wrap + cell, store_history=False)
+                    if not wrap:
+                        shell.run_line_magic("cudamem", "off")
+                finally:
+                    magics.unload(shell)
+            found[mode][kind] = {name: round(counts[name] / cells, 3) for name in sorted(counts)}
+    return found
 
 
 def our_modes(shell) -> list[Mode]:
@@ -365,6 +440,7 @@ def main(argv: list[str] | None = None) -> None:
         samples.append(time.perf_counter() - started)
     results["meter_start_stop_median_ms"] = round(statistics.median(samples) * 1e3, 4)
 
+    results["hardware_calls_per_cell"] = calls_per_cell(shell)
     # What one measured cell cannot avoid: the hardware reads themselves (median of 2000 each, µs).
     if FAKE:
         results["component_costs_us"] = None  # no hardware to read on the CPU smoke run

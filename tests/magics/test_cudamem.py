@@ -399,6 +399,28 @@ def test_a_cell_that_is_the_magic_starts_from_the_reading_taken_as_the_cell_star
     assert cudamem(shell).history.records[-1].measurement.devices[0].allocated_delta_bytes == GiB
 
 
+@pytest.mark.parametrize("every_cell", [False, True], ids=["cell_magic", "every_cell"])
+def test_a_measured_cell_reads_each_source_once_at_each_end(shell, machine, every_cell):
+    # Per device and cell: PyTorch's counters as it starts (read for %oomfix, the measurement's start too) and
+    # as it ends, a synchronization before each, one peak reset; NVML's memory at each end, and its process
+    # list only after the device's used memory moved (our own memory cannot move without it).
+    hardware = magics.loaded(shell).hardware
+    allocator, nvml = hardware.allocator, hardware.nvml
+    wrap = "" if every_cell else "%%cudamem --quiet\n"
+    if every_cell:
+        shell.run_cell("%cudamem on")
+    shell.run_cell(wrap + "x = 1")
+    for cell, nvml_calls in (("x = 2", 2), ("m.allocate(0, GiB)", 3), ("x = 3", 2)):
+        allocator.calls.clear()
+        nvml.calls = 0
+        shell.run_cell(wrap + cell)
+        assert sorted(allocator.calls) == ["read:0", "read:0", "reset_peak:0", "synchronize:0", "synchronize:0"]
+        assert nvml.calls == nvml_calls, cell
+    allocated, after = (record.measurement for record in cudamem(shell).history.records[-2:])
+    assert allocated.devices[0].process_delta_bytes == GiB + 512 * 1024**2  # and the CUDA context, made then
+    assert after.devices == ()  # nothing moved: no device to report
+
+
 def test_a_magic_run_after_code_of_its_own_cell_reads_its_own_start(shell, machine):
     # The cell's start reading is older than what the cell's first line allocated: not the magic's start.
     shell.run_cell("m.allocate(0, GiB)\nget_ipython().run_cell_magic('cudamem', '--quiet --device 0', 'x = 1')")
