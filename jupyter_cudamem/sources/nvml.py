@@ -113,19 +113,24 @@ class NvmlSession:
         with self._condition:
             if self._closing:
                 raise CudaMemError("NVML is shutting down (the extension is being unloaded)")
-            self._initialise_locked()
             if not self._ready:
-                raise CudaMemError(self._failure or "NVML is not available")
+                self._initialise_locked()
+                if not self._ready:
+                    raise CudaMemError(self._failure or "NVML is not available")
             self._in_flight += 1
             return self._pynvml
 
     def _exit(self, error: BaseException | None) -> None:
         with self._condition:
             self._in_flight -= 1
-            self._condition.notify_all()
-        nvml_error = getattr(self._pynvml, "NVMLError", None)
-        if error is not None and nvml_error is not None and isinstance(error, nvml_error):
-            raise CudaMemError(_reason(error, self._pynvml)) from error
+            # Only close() waits, and only once it has set _closing under this lock: a call ending earlier
+            # leaves it nothing to wake (it reads the count before waiting). Twice a measured cell, so skipped.
+            if self._closing:
+                self._condition.notify_all()
+        if error is not None:
+            nvml_error = getattr(self._pynvml, "NVMLError", None)
+            if nvml_error is not None and isinstance(error, nvml_error):
+                raise CudaMemError(_reason(error, self._pynvml)) from error
 
     def close(self) -> None:
         """Wait for calls in flight (new ones are turned away meanwhile), shut NVML down, and leave
