@@ -249,3 +249,24 @@ def test_a_recording_joined_keeps_the_users_settings_and_keeps_running(monkeypat
     allocator.start_trace(10, stacks=False)
     allocator.stop_trace()
     assert [call.get("enabled") for call in recorded] == ["all", None]
+
+
+def _stats(current: int, peak: int, **scalars: int) -> dict:
+    """``torch._C._cuda_memoryStats``'s nested form: each stat by pool, and the scalar counters given."""
+    pools = {pool: {"current": current, "peak": peak, "allocated": peak, "freed": peak - current}
+             for pool in ("all", "small_pool", "large_pool")}
+    return {"allocated_bytes": pools, "reserved_bytes": {pool: {k: 2 * v for k, v in counts.items()}
+                                                          for pool, counts in pools.items()}, **scalars}
+
+
+@pytest.mark.parametrize(
+    ("scalars", "expected_ooms", "expected_retries"),
+    [({"num_ooms": 3, "num_alloc_retries": 5}, 3, 5), ({"num_ooms": 3}, 3, 0), ({}, 0, 0)],
+    ids=["every_counter", "an_older_torch_without_retries", "neither"],
+)
+def test_a_reading_from_the_allocators_statistics(monkeypatch, scalars, expected_ooms, expected_retries):
+    monkeypatch.setattr(torch._C, "_cuda_memoryStats", lambda index: _stats(100, 300, **scalars), raising=False)
+    reading = TorchAllocator().read(0)
+    assert (reading.allocated_bytes, reading.reserved_bytes) == (100, 200)
+    assert (reading.peak_allocated_bytes, reading.peak_reserved_bytes) == (300, 600)
+    assert (reading.num_ooms, reading.num_alloc_retries) == (expected_ooms, expected_retries)
