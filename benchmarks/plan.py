@@ -73,7 +73,6 @@ from jupyter_cudamem.capacity.plan import (  # noqa: E402
 from jupyter_cudamem.capacity.runs import CalibrationScale, Runner, judge, measure_runs  # noqa: E402
 from jupyter_cudamem.hardware import default_hardware  # noqa: E402
 from jupyter_cudamem.measure import Meter  # noqa: E402
-from jupyter_cudamem.capacity.planner import capped_at  # noqa: E402
 from jupyter_cudamem.reruns.recording import Recorder  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "plan.json"
@@ -306,7 +305,7 @@ def make_plan(workload: Workload, cards: list[Card], margin: float, calibrate: b
 
     measured = measure_runs(runner, "step(batch)", workload.batch, NamespaceBatch(namespace, workload.batch),
                             calibrate_at=(lambda: smallest_card(cards, runner.measured)) if calibrate else None,
-                            cap_at=lambda usable: capped_at(hardware, runner.measured, usable))
+                            cap_at=lambda usable: hardware.capped(usable, runner.measured.devices(), unread_fraction=None))
     judged = judge(measured, workload.batch)
 
     def plan_with(calibration: Any) -> Any:

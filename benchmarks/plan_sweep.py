@@ -47,7 +47,6 @@ from jupyter_cudamem.capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN, bui
 from jupyter_cudamem.capacity.runs import Runner, judge, measure_runs  # noqa: E402
 from jupyter_cudamem.hardware import default_hardware  # noqa: E402
 from jupyter_cudamem.measure import Meter  # noqa: E402
-from jupyter_cudamem.capacity.planner import capped_at  # noqa: E402
 from jupyter_cudamem.reruns.recording import Recorder  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "plan_sweep.json"
@@ -115,7 +114,7 @@ def run_workload(workload: Workload, oracle: int, total: int) -> tuple[list[dict
     cell.apply(batch)
     measured = measure_runs(runner, workload.cell_at(batch, "cuda"), batch, cell,
                             calibrate_at=lambda: smallest_card(cards, runner.measured),
-                            cap_at=lambda usable: capped_at(hardware, runner.measured, usable))
+                            cap_at=lambda usable: hardware.capped(usable, runner.measured.devices(), unread_fraction=None))
     judged = judge(measured, batch)
     found = measured.calibration
     summary: dict[str, Any] = {"workload": workload.name, "kind": workload.kind, "batch_as_written": batch,

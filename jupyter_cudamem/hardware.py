@@ -72,18 +72,24 @@ class Hardware:
             yield limit_bytes
 
     @contextmanager
-    def capped(self, limit_bytes: int, devices: Iterable[int], *, keep_tighter: bool = True,
+    def capped(self, limit_bytes: int | None, devices: Iterable[int], *, keep_tighter: bool = True,
                unread_fraction: float | None = 1.0) -> Iterator[list[int]]:
         """PyTorch's allocator capped at ``limit_bytes`` on each of ``devices`` for the block, through its
         per-process memory fraction, and each fraction put back after, error or not; yields the devices it
-        capped. The cap covers PyTorch's allocator only, not the CUDA context or other libraries.
+        capped. The cap covers PyTorch's allocator only, not the CUDA context or other libraries. The one
+        place a cap is set: ``--limit`` (``pytorch_capped``), ``%oomfix``'s reruns under a cell's cap and the
+        plan's runs at a smaller card all come here.
 
+        ``limit_bytes`` ``None``, or no PyTorch CUDA here: nothing capped (an empty list).
         ``keep_tighter``: never above a cap already set (a rerun replays a cap, it must not loosen one).
         ``unread_fraction``: what a cap PyTorch cannot report counts as (torch before
         ``get_per_process_memory_fraction``); ``None`` leaves that device alone, since putting back a cap we
         never read could loosen the user's."""
         allocator = self.allocator
         previous: dict[int, float] = {}
+        if limit_bytes is None or allocator.status() is not None:
+            yield []
+            return
         try:
             for index in devices:
                 before = self.memory_fraction(index)

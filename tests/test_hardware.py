@@ -67,3 +67,13 @@ def test_limit_plays_a_smaller_card_and_refuses_a_larger_one():
     with pytest.raises(CudaMemError, match="is more than cuda:0 has"), hardware.pytorch_capped(100 * GiB):
         pass
     assert machine.gpus[0].fraction == 0.25
+
+
+def test_no_limit_or_no_pytorch_cuda_caps_nothing():
+    machine = FakeMachine([FakeGpu(total_bytes=80 * GiB, fraction=0.5)])
+    with _hardware(machine).capped(None, [0]) as capped:
+        assert capped == [] and machine.gpus[0].fraction == 0.5
+    unavailable = _hardware(machine, FakeAllocator(machine, status="PyTorch is not installed"))
+    with unavailable.capped(20 * GiB, [0]) as capped:
+        assert capped == [] and machine.gpus[0].fraction == 0.5
+    assert machine.gpus[0].fraction == 0.5

@@ -8,9 +8,8 @@ shell and how to keep it quiet, and shows the result: nothing here displays.
 
 from __future__ import annotations
 
-import contextlib
 import gc
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ContextManager
 
@@ -179,7 +178,7 @@ def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Har
             calibrate_at = lambda: calibration_scale(hardware, runner.measured, options.cards)  # noqa: E731
     try:
         measured = measure_runs(runner, cell, batch, change, options.small, autocast_source, calibrate_at,
-                                cap_at=lambda usable: capped_at(hardware, runner.measured, usable),
+                                cap_at=lambda usable: hardware.capped(usable, runner.measured.devices(), unread_fraction=None),
                                 after_first=None if restorer is None else restorer.take)
     finally:
         if restorer is not None:
@@ -222,25 +221,6 @@ def this_card(hardware: Hardware, measured: Measured) -> tuple[str, int] | None:
     return name, total
 
 
-def current_cap(hardware: Hardware, measured: Measured) -> float | None:
-    """PyTorch's memory fraction on the runs' device; ``None`` where the device, its size or its cap cannot
-    be read (a cap we cannot read is one we must not overwrite)."""
-    if measured.torch_index is None or not measured.total_bytes:
-        return None
-    return hardware.memory_fraction(measured.torch_index)
-
-
-@contextlib.contextmanager
-def capped_at(hardware: Hardware, measured: Measured, usable: int) -> Iterator[bool]:
-    """PyTorch capped at ``usable`` bytes on the runs' device for the block (never above a cap already set),
-    the cap put back after; yields whether it capped (not where the device or its cap cannot be read)."""
-    if measured.torch_index is None or not measured.total_bytes:
-        yield False
-        return
-    with hardware.capped(usable, [measured.torch_index], unread_fraction=None) as devices:
-        yield bool(devices)
-
-
 def calibration_scale(hardware: Hardware, measured: Measured, cards: Sequence[Card]) -> CalibrationScale | None:
     """Where --calibrate searches (``runs.CalibrationScale``): the smallest card of the plan smaller than
     this one, played by capping PyTorch here, or this card itself."""
@@ -250,7 +230,8 @@ def calibration_scale(hardware: Hardware, measured: Measured, cards: Sequence[Ca
     usable_here = usable_bytes(here[1], measured.non_pytorch_bytes)
     smaller = sorted((usable_bytes(card.total_bytes, measured.non_pytorch_bytes), card.name) for card in cards)
     smaller = [(usable, name) for usable, name in smaller if 0 < usable < usable_here]
-    if not smaller or current_cap(hardware, measured) is None:
+    # A cap we cannot read is one we must not overwrite: then this card itself.
+    if not smaller or hardware.memory_fraction(measured.torch_index) is None:
         return CalibrationScale(usable_here, here[0])
     usable, name = smaller[0]
-    return CalibrationScale(usable, name, lambda: capped_at(hardware, measured, usable))
+    return CalibrationScale(usable, name, lambda: hardware.capped(usable, measured.devices(), unread_fraction=None))

@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -82,6 +82,11 @@ class Measured:
 
     def get(self, label: str) -> Run | None:
         return next((r for r in self.runs if r.label == label), None)
+
+    def devices(self) -> list[int]:
+        """The runs' device, as the devices a cap covers (``Hardware.capped``); none while its index or its
+        size is unread, since a cap is a share of the card."""
+        return [] if self.torch_index is None or not self.total_bytes else [self.torch_index]
 
 
 def smaller_batch(batch: int) -> int:
@@ -234,7 +239,7 @@ def measure_runs(
     small: int | None = None,
     autocast_source: str | None = None,
     calibrate_at: Callable[[], CalibrationScale | None] | None = None,
-    cap_at: Callable[[int], contextlib.AbstractContextManager[bool]] | None = None,
+    cap_at: Callable[[int], contextlib.AbstractContextManager[Sequence[int]]] | None = None,
     after_first: Callable[[], object] | None = None,
 ) -> Measured:
     """The runs described in the module docstring. Raises ``CudaMemError`` (one line) when they
@@ -242,7 +247,8 @@ def measure_runs(
     calibrate, asked once the first runs measured the memory outside PyTorch), the largest batch that
     fits there is searched for (``calibrate``) before the last run. ``after_first`` is called once the first
     run at the batch as written has run: what it left is what one plain run of the cell leaves (the caller
-    keeps it, to put it back after the last run)."""
+    keeps it, to put it back after the last run). ``cap_at(usable_bytes)`` caps PyTorch for a block and yields
+    the devices it capped, none where it could not (``Hardware.capped``)."""
     measured = runner.measured
     if batch is None or change is None:
         run = runner.once(AS_WRITTEN, source, None, last=True)
@@ -323,7 +329,7 @@ WORKSPACE_PROBE_MIN = 2 * MiB
 
 
 def probe_workspaces(runner: Runner, change: Change, smaller: Run,
-                     cap_at: Callable[[int], contextlib.AbstractContextManager[bool]]) -> bool:
+                     cap_at: Callable[[int], contextlib.AbstractContextManager[Sequence[int]]]) -> bool:
     """Run the cell at ``smaller``'s batch again under a cap half its largest workspace below its own reserved
     peak, and record whether it coped (``Measured.workspaces_optional``).
 

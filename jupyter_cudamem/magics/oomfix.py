@@ -1,7 +1,7 @@
 """``%oomfix`` and ``%%oomfix``: turn a CUDA out-of-memory error into a cell that fits.
 
 Thin: finds the failed cell in IPython's records (``ipython_state``), reads it with its options
-(``oomfix_arguments``), ``OomFix``'s settings and the ``--limit`` it ran under (``cell_cap``) into one
+(``oomfix_arguments``), ``OomFix``'s settings and the ``--limit`` it ran under (``CudaMem.limit_of``) into one
 ``oomfix.request.FixRequest``, and calls the feature, ``oomfix.fix.fix``, with the shell, the hardware,
 the tries through the shell (``oomfix_reruns``) and the question before rerunning (``oomfix_dialogue``).
 What each cell started with is kept by ``cell_starts``. Configure with ``%config OomFix.max_tries = 5``
@@ -28,8 +28,8 @@ from ..oomfix.outcome import Outcome
 from ..oomfix.request import FixRequest
 from ..oomfix.strategies import STRATEGIES
 from ..reruns.model_state import TrainingState
+from ..units import format_bytes
 from .base import CudaMemMagicsBase, current_cell_number, one_line_errors
-from .cell_cap import cap_note, cell_cap
 from .cellrun import error_is_raised, run_cell_body
 from .oomfix_arguments import check_options, chosen_strategies, oomfix_options, require_gpu
 from .oomfix_dialogue import confirmed, show, state_note
@@ -210,7 +210,9 @@ class OomFix(CudaMemMagicsBase):
         cell_number: int | None = None,
     ) -> Outcome | None:
         device = oom_device(oom)
-        with cell_cap(self.extension, self.hardware, source, device) as cap:
+        cap = self._cell_limit(source)
+        # A failed --limit cell is planned under its cap, and its reruns run under it too (put back after).
+        with self.hardware.capped(cap, [device]) as capped:
             if not args.dry_run:
                 require_gpu(self.hardware)
             request = FixRequest(
@@ -227,7 +229,7 @@ class OomFix(CudaMemMagicsBase):
                 no_restore=bool(args.no_restore),
                 apply=bool(args.apply),
                 verbose=bool(args.verbose or self.verbose),
-                limit_notes=cap_note(cap),
+                limit_notes=limit_notes(cap if capped else None),
             )
             outcome = fix(request, error, shell=self.shell, hardware=self.hardware, reruns=self.reruns,
                           recorder=self._recorder, probe=self.probe, confirm=self._confirm(request.max_tries))
@@ -238,6 +240,13 @@ class OomFix(CudaMemMagicsBase):
         show(outcome, args.apply, self.shell)
         return outcome if args.output else None
 
+    def _cell_limit(self, source: str) -> int | None:
+        """The ``--limit`` (bytes) the failed cell ran under, as ``%%cudamem`` read it; ``None``: no cap."""
+        from .cudamem import CudaMem
+
+        measuring = self.extension.get(CudaMem)
+        return measuring.limit_of(source) if isinstance(measuring, CudaMem) else None
+
     @staticmethod
     def _confirm(max_tries: int) -> Confirm:
         """The question before rerunning, after the diagnosis it is about (with --yes the outcome carries it)."""
@@ -247,3 +256,10 @@ class OomFix(CudaMemMagicsBase):
             return confirmed(max_tries, state_note(trained, restore, too_large))
 
         return ask
+
+
+def limit_notes(cap: int | None) -> tuple[str, ...]:
+    """What the outcome says of the cap it was planned under (``None``: none)."""
+    if cap is None:
+        return ()
+    return (f"planned under the cell's --limit {format_bytes(cap)}: its reruns run under it too",)
