@@ -255,7 +255,9 @@ class Allocator:
         bisect, put = bisect_left, insort
         free_kind, try_kind, alloc_kind = FREE, TRY, ALLOC
         min_block, small_request = MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES
-        take_live, new_segment = live.pop, segment_bytes
+        take_live = live.pop
+        small_segment, mid_request, mid_segment, large_round = (SMALL_SEGMENT_BYTES, MID_REQUEST_BYTES, MID_SEGMENT_BYTES,
+                                                                LARGE_ROUND_BYTES)
         for index, (kind, key, requested, stream) in enumerate(events):
             if kind == free_kind:
                 freed = take_live(key, None)
@@ -275,7 +277,13 @@ class Allocator:
                 if i < len(pool):
                     block = pool.pop(i)[2]
                 else:
-                    fresh = new_segment(size)
+                    # ``segment_bytes``, inline: a search asks for hundreds of thousands
+                    if small:
+                        fresh = small_segment
+                    elif size < mid_request:
+                        fresh = mid_segment
+                    else:
+                        fresh = -(-size // large_round) * large_round
                     if reserved + fresh > cap_bytes:
                         reserved -= _release_cached(pools, segment_frees)
                         if reserved + fresh > cap_bytes:
