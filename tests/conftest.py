@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import gc
 import os
 
@@ -43,8 +44,25 @@ def _dependency_free_held(item):
                     "`make test-min` runs it on the minimum versions", pytrace=False)
 
 
+LONGEST_FIRST = ("tests/oomfix/test_simulator.py",)
+"""Files whose tests take most of the suite's time (the simulator's 10,000 models: over half its CPU), started
+first (``pytest_configure``)."""
+
+
+def pytest_configure(config):
+    """Files in the order ``pytest_collection_modifyitems`` leaves them, for pytest-xdist to hand out. Why:
+    its ``--dist loadfile`` hands out the files with the most tests first, so the simulator's four tests
+    came late, and the rest of the suite could not fill the other core while it finished."""
+    if getattr(config.option, "loadscopereorder", None):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
-    """GPU tests need a CUDA device: skip them with a reason where none is visible."""
+    """``LONGEST_FIRST``, then the other files with the most tests first, as pytest-xdist would order them;
+    and GPU tests need a CUDA device: skip them with a reason where none is visible."""
+    files = collections.Counter(item.nodeid.split("::", 1)[0] for item in items)
+    place = {name: (name not in LONGEST_FIRST, -count, index) for index, (name, count) in enumerate(files.items())}
+    items.sort(key=lambda item: place[item.nodeid.split("::", 1)[0]])
     try:
         import torch
 

@@ -6,6 +6,7 @@ against a simulated card whose memory has an intercept."""
 from __future__ import annotations
 
 import ast
+import gc
 import gzip
 import importlib.util
 import json
@@ -767,6 +768,10 @@ def test_the_steady_sweep_in_a_real_shell_sees_state_the_first_run_makes(tmp_pat
                "cases": [], "parts": {}}
     single = {"oracle_batch": 45, "cells_digest": workload.cells_digest(), "device": "simulated", "cap_bytes": 2 * GiB}
     kept = {}
+    # What the shell imported (torch) frozen, as tests/conftest.py does between modules: the sweep's reruns
+    # each collect garbage a few times, and each full pass walked all of it, half the test's time.
+    gc.collect()
+    gc.freeze()
     try:
         bench_module.sweep(bench, [workload], (1.5, 3.0), results, lambda: None, ("oomfix", "halving"),
                            {"workloads": {"stateful": single}}, lambda name, entry: kept.update({name: entry}))

@@ -18,8 +18,8 @@ from typing import Callable, Collection, Mapping, Sequence
 
 from ..units import TiB
 from .pairing import EventLine, events_at, growth_lines, law_through, match
-from .replay import (ALLOC, FREE, SMALL_REQUEST_BYTES, Event, StartSegment, allocated_blocks, block_bytes, given_back_at_once, replay,
-                     start_keys)
+from .replay import (ALLOC, FREE, MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES, Allocator, Event, StartSegment, allocated_blocks, block_bytes,
+                     given_back_at_once, start_keys)
 
 PREDICTION_RESOLUTION = 1 / 512
 """How close a prediction settles on the largest batch: a replay per halving of the gap, and below 512
@@ -42,7 +42,7 @@ leaves the allocator (its cache emptied: only segments holding a block stay), ea
 last run left it."""
 
 _CARRIED = -TiB
-"""Keys (not sizes) of blocks a replayed run made and left, renamed for the next run (``_carried``): below
+"""Keys (not sizes) of blocks a replayed run made and left, renamed for the next run (``_carried_key``): below
 every start key a snapshot could give."""
 
 
@@ -235,30 +235,28 @@ def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_by
     leaves the allocator as the run before it did: the next would replay the same.
     ``held``: ``held_at_start(start)``, where the caller has it already (a search asks thousands of times);
     ``released``: as in ``next_run``."""
-    run = replay(events, start, cap_bytes, keep_end=runs > 1)
-    if not run.fits or run.end is None:
-        return run.fits
-    end, again = run.end, next_run(events, held_at_start(start) if held is None else held, released)
-    before = None
-    for left in range(runs - 2, -1, -1):
-        layout, keys = _carried(end)
-        if left == runs - 2:
-            layout = tuple(segment for segment in layout if any(taken for _, taken in segment.blocks))
-        shape = sorted((s.small, s.stream, s.blocks) for s in layout)
-        if shape == before:
-            return True
-        before = shape
-        run = replay(again, layout, cap_bytes, keys, keep_end=left > 0)
-        if not run.fits or run.end is None:
-            return run.fits
-        end = run.end
-    return True
+    allocator = Allocator(start)
+    try:
+        if allocator.play(events, cap_bytes)[0] is not None:
+            return False
+        again = next_run(events, held_at_start(start) if held is None else held, released) if runs > 1 else []
+        before = None
+        for left in range(runs - 2, -1, -1):
+            # Played on from where the last run left the allocator: the same as replaying its ``layout``.
+            shape = allocator.carry(_carried_key, empty_cache=left == runs - 2)
+            if shape == before:
+                return True
+            before = shape
+            if allocator.play(again, cap_bytes)[0] is not None:
+                return False
+        return True
+    finally:
+        allocator.close()
 
 
-def _carried(end: tuple[tuple[StartSegment, ...], dict[int, int]]) -> tuple[tuple[StartSegment, ...], dict[int, int]]:
-    """A replay's end as the next run's start: what the run made keeps its key, moved below the start's."""
-    segments, keys = end
-    return segments, {address: key if key < 0 else _CARRIED - key for address, key in keys.items()}
+def _carried_key(key: int) -> int:
+    """A block's key in the next run: what the run made keeps its key, moved below the start's."""
+    return key if key < 0 else _CARRIED - key
 
 
 def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collection[int] = ()) -> list[Event]:
@@ -273,9 +271,11 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
     run's state that ``%oomfix``'s put-back held until then (``replay.with_released``): the cell's next run
     holds its state through, so it does not free them, and the state the step made in their place stays
     (a step updates its state in place)."""
-    events = [event for event in events if not (event[0] == FREE and event[1] in released)]
+    events = _without_frees_of(events, released)
     freed = {key for kind, key, _, _ in events if kind == FREE}
-    left = {key: block_bytes(size) for kind, key, size, _ in events if kind == ALLOC and key not in freed}
+    # ``block_bytes``, inline: a search plays the next run of thousands of tries
+    left = {key: max(-(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES, MIN_BLOCK_BYTES)
+            for kind, key, size, _ in events if kind == ALLOC and key not in freed}
     unclaimed: dict[int, list[int]] = {}
     for key, size in left.items():
         unclaimed.setdefault(size, []).append(key)
@@ -307,6 +307,13 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
         elif not (kind == ALLOC and key in stays):
             again.append((kind, key, size, stream))
     return again
+
+
+def _without_frees_of(events: Sequence[Event], keys: Collection[int]) -> Sequence[Event]:
+    """``events`` but the frees of ``keys`` (``events`` itself where there are none to leave out)."""
+    if not keys:
+        return events
+    return [event for event in events if not (event[0] == FREE and event[1] in keys)]
 
 
 def held_at_start(start: Sequence[StartSegment]) -> dict[int, int]:

@@ -36,7 +36,7 @@ recorded trace (``torch.cuda.memory._snapshot()``) into these events and start s
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import itemgetter
@@ -181,113 +181,223 @@ def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: in
     """Replay ``events`` from the ``start`` segments with reserved bytes capped at ``cap_bytes``; ``keys``
     names the blocks allocated in ``start`` by address (``start_keys`` by default).
 
-    One loop with the allocator's state in local variables: a search replays a cell's requests thousands of
-    times, and a method call per request was most of its time. ``tests/growth/test_replay_reference.py``
-    holds it to a plain model of the same rules on random requests."""
-    pools: dict[int, tuple[_Pool, _Pool]] = {}  # by stream: the large pool's free blocks, then the small's
-    live: dict[int, _Block] = {}
-    reserved = allocated = next_address = 0
-    block: _Block
-    before: _Block | None
-    after: _Block | None
-    keys = start_keys(start) if keys is None else keys
-    for segment in start:
-        pool = (pools.get(segment.stream) or pools.setdefault(segment.stream, ([], [])))[segment.small]
-        address, before = segment.address, None
-        for size, is_allocated in segment.blocks:
-            block = [address, size, is_allocated, before, None, pool]
-            if before is not None:
-                before[_NEXT] = block
-            if is_allocated:
-                allocated += size
-                live[keys[address]] = block
-            else:
-                insort(pool, (size, address, block))
-            before = block
-            address += size
-        reserved += address - segment.address
-        if address > next_address:
-            next_address = address
-    peak_allocated, peak_reserved = allocated, reserved
-    segment_allocs: list[int] = []
-    segment_frees: list[int] = []
-    refused: list[int] = []
-    failed_at: int | None = None
-    for index, (kind, key, requested, stream) in enumerate(events):
-        if kind == FREE:
-            freed = live.pop(key, None)
-            if freed is None:
-                continue
-            block = freed
-        else:
-            size = -(-requested // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
-            if size < MIN_BLOCK_BYTES:
-                size = MIN_BLOCK_BYTES
-            small = size <= SMALL_REQUEST_BYTES
-            streams_pools = pools.get(stream)
-            if streams_pools is None:
-                streams_pools = pools[stream] = ([], [])
-            pool = streams_pools[small]
-            i = bisect_left(pool, (size,))
-            if i < len(pool):
-                block = pool.pop(i)[2]
-            else:
-                fresh = segment_bytes(size)
-                if reserved + fresh > cap_bytes:
-                    reserved -= _release_cached(pools, segment_frees)
-                    if reserved + fresh > cap_bytes:
-                        if kind == ALLOC:
-                            failed_at = index
-                            break
-                        refused.append(index)
-                        continue
-                segment_allocs.append(fresh)
-                block = [next_address, fresh, False, None, None, pool]
-                next_address += fresh
-                reserved += fresh
-                if reserved > peak_reserved:
-                    peak_reserved = reserved
-            rest = block[_SIZE] - size
-            if rest >= MIN_BLOCK_BYTES if small else rest > SMALL_REQUEST_BYTES:
-                after = block[_NEXT]
-                tail = [block[_ADDRESS] + size, rest, False, block, after, pool]
-                if after is not None:
-                    after[_PREV] = tail
-                block[_NEXT] = tail
-                block[_SIZE] = size
-                insort(pool, (rest, tail[_ADDRESS], tail))
-            block[_ALLOCATED] = True
-            allocated += block[_SIZE]
-            if allocated > peak_allocated:
-                peak_allocated = allocated
-            if kind != TRY:
-                live[key] = block
-                continue
-        block[_ALLOCATED] = False
-        allocated -= block[_SIZE]
-        pool = block[_POOL]
-        before = block[_PREV]
-        if before is not None and not before[_ALLOCATED]:
-            del pool[bisect_left(pool, (before[_SIZE], before[_ADDRESS]))]
-            block[_ADDRESS] = before[_ADDRESS]
-            block[_SIZE] += before[_SIZE]
-            before = block[_PREV] = before[_PREV]
-            if before is not None:
-                before[_NEXT] = block
-        after = block[_NEXT]
-        if after is not None and not after[_ALLOCATED]:
-            del pool[bisect_left(pool, (after[_SIZE], after[_ADDRESS]))]
-            block[_SIZE] += after[_SIZE]
-            after = block[_NEXT] = after[_NEXT]
-            if after is not None:
-                after[_PREV] = block
-        insort(pool, (block[_SIZE], block[_ADDRESS], block))
+    ``tests/growth/test_replay_reference.py`` holds it to a plain model of the same rules on random
+    requests."""
+    allocator = Allocator(start, keys)
+    played = allocator.play(events, cap_bytes)
+    failed_at = played[0]
     failed = failed_at is not None
-    end = _layout(pools, live) if keep_end and not failed else None
-    _unlink(pools, live)
-    return Replay(not failed, failed_at, peak_allocated, peak_reserved,
-                  tuple(segment_allocs), tuple(segment_frees), tuple(refused),
-                  allocated if failed else None, reserved if failed else None, end)
+    end = allocator.layout() if keep_end and not failed else None
+    allocator.close()
+    return Replay(not failed, *played, allocator.allocated if failed else None,
+                  allocator.reserved if failed else None, end)
+
+
+class Allocator:
+    """The replay's allocator: its free blocks by stream and pool, the allocated ones by key, the bytes
+    reserved and allocated, and where the next segment goes.
+
+    Why an object: a cell's next run starts where its last left the allocator (``growth.fitting.fits_in_a_row``),
+    and playing it on from here (``carry``) costs a fraction of writing the segments out as a snapshot and
+    reading them back. ``close`` when done: blocks link each other (``_unlink``)."""
+
+    __slots__ = ("allocated", "live", "next_address", "pools", "reserved")
+
+    def __init__(self, start: Sequence[StartSegment], keys: Mapping[int, int] | None = None) -> None:
+        """The allocator at ``start``, its allocated blocks named by ``keys`` (by address; ``start_keys`` by
+        default)."""
+        keys = _keys_of(start) if keys is None else keys
+        pools: dict[int, tuple[_Pool, _Pool]] = {}  # by stream: the large pool's free blocks, then the small's
+        live: dict[int, _Block] = {}
+        reserved = allocated = next_address = 0
+        block: _Block
+        before: _Block | None
+        put = insort
+        for segment in start:
+            pool = (pools.get(segment.stream) or pools.setdefault(segment.stream, ([], [])))[segment.small]
+            address, before = segment.address, None
+            for size, is_allocated in segment.blocks:
+                block = [address, size, is_allocated, before, None, pool]
+                if before is not None:
+                    before[_NEXT] = block
+                if is_allocated:
+                    allocated += size
+                    live[keys[address]] = block
+                else:
+                    put(pool, (size, address, block))
+                before = block
+                address += size
+            reserved += address - segment.address
+            if address > next_address:
+                next_address = address
+        self.pools, self.live = pools, live
+        self.reserved, self.allocated, self.next_address = reserved, allocated, next_address
+
+    def play(self, events: Sequence[Event], cap_bytes: int
+             ) -> tuple[int | None, int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """Play ``events`` under ``cap_bytes`` (stopping at the first ``alloc`` refused): the index of that
+        one (``None``: all fitted), the peaks allocated and reserved, and the segments made, the segments
+        returned and the tries refused, as ``Replay`` lists them.
+
+        One loop with the allocator's state and the names it reads in local variables: a search plays a
+        cell's requests thousands of times, and a method call or a global lookup per request was most of
+        its time."""
+        pools, live = self.pools, self.live
+        reserved, allocated, next_address = self.reserved, self.allocated, self.next_address
+        block: _Block
+        before: _Block | None
+        after: _Block | None
+        peak_allocated, peak_reserved = allocated, reserved
+        segment_allocs: list[int] = []
+        segment_frees: list[int] = []
+        refused: list[int] = []
+        failed_at: int | None = None
+        bisect, put = bisect_left, insort
+        free_kind, try_kind, alloc_kind = FREE, TRY, ALLOC
+        min_block, small_request = MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES
+        take_live = live.pop
+        small_segment, mid_request, mid_segment, large_round = (SMALL_SEGMENT_BYTES, MID_REQUEST_BYTES, MID_SEGMENT_BYTES,
+                                                                LARGE_ROUND_BYTES)
+        for index, (kind, key, requested, stream) in enumerate(events):
+            if kind == free_kind:
+                freed = take_live(key, None)
+                if freed is None:
+                    continue
+                block = freed
+            else:
+                size = -(-requested // min_block) * min_block
+                if size < min_block:
+                    size = min_block
+                small = size <= small_request
+                streams_pools = pools.get(stream)
+                if streams_pools is None:
+                    streams_pools = pools[stream] = ([], [])
+                pool = streams_pools[small]
+                i = bisect(pool, (size,))
+                if i < len(pool):
+                    block = pool.pop(i)[2]
+                else:
+                    # ``segment_bytes``, inline: a search asks for hundreds of thousands
+                    if small:
+                        fresh = small_segment
+                    elif size < mid_request:
+                        fresh = mid_segment
+                    else:
+                        fresh = -(-size // large_round) * large_round
+                    if reserved + fresh > cap_bytes:
+                        reserved -= _release_cached(pools, segment_frees)
+                        if reserved + fresh > cap_bytes:
+                            if kind == alloc_kind:
+                                failed_at = index
+                                break
+                            refused.append(index)
+                            continue
+                    segment_allocs.append(fresh)
+                    block = [next_address, fresh, False, None, None, pool]
+                    next_address += fresh
+                    reserved += fresh
+                    if reserved > peak_reserved:
+                        peak_reserved = reserved
+                rest = block[1] - size  # _SIZE
+                if rest >= min_block if small else rest > small_request:
+                    after = block[4]  # _NEXT
+                    tail = [block[0] + size, rest, False, block, after, pool]
+                    if after is not None:
+                        after[3] = tail  # _PREV
+                    block[4] = tail
+                    block[1] = size
+                    put(pool, (rest, tail[0], tail))
+                block[2] = True  # _ALLOCATED
+                allocated += block[1]
+                if allocated > peak_allocated:
+                    peak_allocated = allocated
+                if kind != try_kind:
+                    live[key] = block
+                    continue
+            # The block goes back: merged with its free neighbours, into its pool (indices as _Block names them).
+            block[2] = False
+            size = block[1]
+            allocated -= size
+            pool = block[5]
+            before = block[3]
+            if before is not None and not before[2]:
+                del pool[bisect(pool, (before[1], before[0]))]
+                block[0] = before[0]
+                size += before[1]
+                before = block[3] = before[3]
+                if before is not None:
+                    before[4] = block
+            after = block[4]
+            if after is not None and not after[2]:
+                del pool[bisect(pool, (after[1], after[0]))]
+                size += after[1]
+                after = block[4] = after[4]
+                if after is not None:
+                    after[3] = block
+            block[1] = size
+            put(pool, (size, block[0], block))
+        self.reserved, self.allocated, self.next_address = reserved, allocated, next_address
+        return (failed_at, peak_allocated, peak_reserved, tuple(segment_allocs), tuple(segment_frees),
+                tuple(refused))
+
+    def carry(self, rename: Callable[[int], int], empty_cache: bool) -> list[tuple[bool, int, tuple[tuple[int, bool], ...]]]:
+        """Where the next run starts: the allocator as a run that fitted left it, each allocated block's key
+        ``rename``d, the cache emptied first where ``empty_cache`` (only segments holding a block stay), the
+        next segment right above the highest left, as a replay from its ``layout`` would have it; and the
+        segments' shape (pool, stream, blocks), to tell two runs that leave it alike."""
+        if empty_cache:
+            self.reserved -= _release_cached(self.pools, [])
+        self.live = {rename(key): block for key, block in self.live.items()}
+        segments = self._segments()
+        self.next_address = max((end for _, _, _, _, end in segments), default=0)
+        return sorted((small, stream, blocks) for _, stream, small, blocks, _ in segments)
+
+    def _segments(self) -> list[tuple[_Block, int, bool, tuple[tuple[int, bool], ...], int]]:
+        """Each segment's first block, stream, pool, blocks ``(size, allocated)`` and end address, in address
+        order."""
+        pools = self.pools
+        kinds = {id(pool): (stream, small) for stream, both in pools.items() for small, pool in zip((False, True), both)}
+        heads = [block for block in self.live.values() if block[_PREV] is None]
+        heads += [cached[2] for both in pools.values() for pool in both for cached in pool if cached[2][_PREV] is None]
+        heads.sort(key=itemgetter(_ADDRESS))
+        segments = []
+        for head in heads:
+            sizes: list[tuple[int, bool]] = []
+            block: _Block | None = head
+            last = head
+            while block is not None:
+                sizes.append((block[_SIZE], block[_ALLOCATED]))
+                last, block = block, block[_NEXT]
+            stream, small = kinds[id(head[_POOL])]
+            segments.append((head, stream, small, tuple(sizes), last[_ADDRESS] + last[_SIZE]))
+        return segments
+
+    def layout(self) -> tuple[tuple[StartSegment, ...], dict[int, int]]:
+        """The segments as a snapshot lists them, and the key of each allocated block by address."""
+        segments = tuple(StartSegment(head[_ADDRESS], small, blocks, stream)
+                         for head, stream, small, blocks, _ in self._segments())
+        return segments, {block[_ADDRESS]: key for key, block in self.live.items()}
+
+    def close(self) -> None:
+        """Unlink every block (``_unlink``)."""
+        _unlink(self.pools, self.live)
+
+
+_last_keys: tuple[tuple[StartSegment, ...], dict[int, int]] | None = None
+
+
+def _keys_of(start: Sequence[StartSegment]) -> dict[int, int]:
+    """``start_keys(start)``, kept for the last tuple asked (by identity; a tuple of frozen segments cannot
+    change, and the one kept cannot be freed and its id reused): a search replays thousands of runs from
+    one start, and the replay only reads the keys."""
+    global _last_keys
+    last = _last_keys
+    if last is not None and last[0] is start:
+        return last[1]
+    keys = start_keys(start)
+    if type(start) is tuple:
+        _last_keys = (start, keys)
+    return keys
 
 
 def _unlink(pools: dict[int, tuple[_Pool, _Pool]], live: dict[int, _Block]) -> None:
@@ -299,25 +409,6 @@ def _unlink(pools: dict[int, tuple[_Pool, _Pool]], live: dict[int, _Block]) -> N
         for pool in both:
             for cached in pool:
                 cached[2].clear()
-
-
-def _layout(pools: dict[int, tuple[_Pool, _Pool]], live: dict[int, _Block]
-            ) -> tuple[tuple[StartSegment, ...], dict[int, int]]:
-    """The replay's segments as a snapshot lists them, and the key of each allocated block by address."""
-    kinds = {id(pool): (stream, small) for stream, both in pools.items() for small, pool in zip((False, True), both)}
-    heads = [block for block in live.values() if block[_PREV] is None]
-    heads += [cached[2] for both in pools.values() for pool in both for cached in pool if cached[2][_PREV] is None]
-    heads.sort(key=itemgetter(_ADDRESS))
-    segments: list[StartSegment] = []
-    for head in heads:
-        sizes: list[tuple[int, bool]] = []
-        block: _Block | None = head
-        while block is not None:
-            sizes.append((block[_SIZE], block[_ALLOCATED]))
-            block = block[_NEXT]
-        stream, small = kinds[id(head[_POOL])]
-        segments.append(StartSegment(head[_ADDRESS], small, tuple(sizes), stream))
-    return tuple(segments), {block[_ADDRESS]: key for key, block in live.items()}
 
 
 def given_back_at_once(events: Sequence[Event]) -> list[int]:

@@ -330,10 +330,12 @@ class Told:
     given_largest: int
 
 
-def told_cases(count: int, seed: int) -> list[Told]:
-    """``Told`` for the models ``cases`` draws for the same ``count`` and ``seed``."""
+def told_cases(count: int, seed: int, drawn: list[Drawn] | None = None) -> list[Told]:
+    """``Told`` for the models ``cases`` draws for the same ``count`` and ``seed`` (``drawn``: the first of
+    them, where a ``cases`` of the same seed drew them already)."""
     out: list[Told] = []
-    for step, start, largest in draws(draw, count, seed):
+    models = drawn[:count] if drawn is not None and len(drawn) >= count else draws(draw, count, seed)
+    for step, start, largest in models:
         seed_here = len(out)
         halved = halving(step, start, seed=seed_here)
         safe = safe_largest(step, largest)
@@ -415,7 +417,11 @@ def search(step: Step, start: int, seed: int, max_tries: int = 3, recorded: bool
     return policy.answer or 0, len(policy.attempts), policy
 
 
-def draw(rng: random.Random) -> tuple[Step, int, int] | None:
+Drawn = tuple[Step, int, int]
+"""What ``draw`` gives: a step, its start batch and its largest fitting batch."""
+
+
+def draw(rng: random.Random) -> Drawn | None:
     """One step, its start batch and its largest fitting batch, from the space in the module docstring;
     ``None`` when the drawn step cannot fit a batch of 1 (it is drawn again)."""
     cap = rng.choice(CAPS_GIB) * GiB
@@ -483,9 +489,12 @@ def draws(drawer: Callable[[random.Random], T | None], count: int, seed: int) ->
             yield drawn
 
 
-def cases(count: int, seed: int, recorded: bool = True, restored: bool = True) -> list[Case]:
+def cases(count: int, seed: int, recorded: bool = True, restored: bool = True,
+          drawn: list[Drawn] | None = None) -> list[Case]:
+    """The search over ``count`` models of ``seed`` (``drawn``: the first of them, where drawn already)."""
     out: list[Case] = []
-    for step, start, largest in draws(draw, count, seed):
+    models = drawn[:count] if drawn is not None and len(drawn) >= count else draws(draw, count, seed)
+    for step, start, largest in models:
         found, reruns, _ = search(step, start, seed=len(out), recorded=recorded, restored=restored)
         halved = halving(step, start, seed=len(out)) if found < largest else None
         out.append(Case(step, largest, start, found, reruns, halved))
@@ -497,18 +506,33 @@ CHUNKS = 20
 drawn are the same whatever the number of processes that draw them."""
 
 
-def _chunk(args: tuple[int, int, bool, bool]) -> list[Case]:
-    return cases(*args)
+_Job = tuple[int, int, bool, list[Drawn] | None]
+"""A chunk's count, seed, whether its runs are recorded, and its models where they were drawn already."""
+
+_DRAWN: dict[int, list[Drawn]] = {}
+"""The models ``many_cases`` drew in this process, by chunk seed. Why: the first models of a seed are the
+same whatever the count, and ``many_told`` asks for the first of the chunks ``tests/oomfix/test_simulator.py``
+drew a moment before; drawing one (finding its largest batch) is a sixth of a case."""
 
 
-def _told_chunk(args: tuple[int, int, bool, bool]) -> list[Told]:
-    return told_cases(*args[:2])
+def _chunk(args: _Job) -> list[Case]:
+    return cases(args[0], args[1], args[2], drawn=args[3])
+
+
+def _told_chunk(args: _Job) -> list[Told]:
+    return told_cases(args[0], args[1], args[3])
 
 
 def many_cases(count: int, seed: int, recorded: bool = True, processes: int | None = None) -> list[Case]:
     """``count`` cases in ``CHUNKS`` chunks of seeds ``seed * 1000 + i``, drawn by ``processes`` processes
     (every core by default): the same cases on one core or many."""
-    return _in_chunks(_chunk, count, seed, recorded, processes)
+    made = _in_chunks(_chunk, count, seed, recorded, processes)
+    first = 0
+    for size, chunk_seed in _chunks(count, seed):
+        if size > len(_DRAWN.get(chunk_seed, ())):
+            _DRAWN[chunk_seed] = [(case.step, case.start, case.largest) for case in made[first:first + size]]
+        first += size
+    return made
 
 
 def many_told(count: int, seed: int, processes: int | None = None) -> list[Told]:
@@ -516,12 +540,17 @@ def many_told(count: int, seed: int, processes: int | None = None) -> list[Told]
     return _in_chunks(_told_chunk, count, seed, True, processes)
 
 
-def _in_chunks(job: Callable[[tuple[int, int, bool, bool]], list[T]], count: int, seed: int, recorded: bool,
+def _chunks(count: int, seed: int) -> list[tuple[int, int]]:
+    """The count and seed of each chunk ``many_cases`` draws ``count`` models of ``seed`` in."""
+    sizes = [count // CHUNKS + (1 if i < count % CHUNKS else 0) for i in range(CHUNKS)]
+    return [(size, seed * 1000 + i) for i, size in enumerate(sizes) if size]
+
+
+def _in_chunks(job: Callable[[_Job], list[T]], count: int, seed: int, recorded: bool,
                processes: int | None) -> list[T]:
     from concurrent.futures import ProcessPoolExecutor
 
-    sizes = [count // CHUNKS + (1 if i < count % CHUNKS else 0) for i in range(CHUNKS)]
-    jobs = [(size, seed * 1000 + i, recorded, True) for i, size in enumerate(sizes) if size]
+    jobs: list[_Job] = [(size, chunk_seed, recorded, _DRAWN.get(chunk_seed)) for size, chunk_seed in _chunks(count, seed)]
     workers = processes or os.cpu_count() or 1
     if workers == 1:
         return [item for args in jobs for item in job(args)]
