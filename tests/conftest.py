@@ -44,9 +44,10 @@ def _dependency_free_held(item):
                     "`make test-min` runs it on the minimum versions", pytrace=False)
 
 
-LONGEST_FIRST = ("tests/oomfix/test_simulator.py",)
-"""Files whose tests take most of the suite's time (the simulator's 10,000 models: over half its CPU), started
-first (``pytest_configure``)."""
+LONGEST_FIRST = ("tests/oomfix/test_simulator.py", "tests/browser/test_frontends.py")
+"""Files started first (``pytest_configure``): the simulator's 10,000 models, over half the suite's CPU, and
+the browser's four tests, 40 s that mostly wait on a Jupyter server and Chromium, which handed out last (by
+their count of tests) ended the run alone on one worker."""
 
 
 def pytest_configure(config):
