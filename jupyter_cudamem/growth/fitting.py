@@ -231,8 +231,7 @@ def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_by
                   released: Collection[int] = ()) -> bool:
     """Whether ``events`` fit ``runs`` times in a row under ``cap_bytes``: the first from ``start``, the
     second from where the first left the allocator with its cache emptied, each after from where the last
-    left it (``RUNS_IN_A_ROW``), as the cell's next run makes them (``next_run``). Stops early where a run
-    leaves the allocator as the run before it did: the next would replay the same.
+    left it (``RUNS_IN_A_ROW``), as the cell's next run makes them (``next_run``).
     ``held``: ``held_at_start(start)``, where the caller has it already (a search asks thousands of times);
     ``released``: as in ``next_run``."""
     allocator = Allocator(start)
@@ -240,13 +239,9 @@ def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_by
         if allocator.play(events, cap_bytes)[0] is not None:
             return False
         again = next_run(events, held_at_start(start) if held is None else held, released) if runs > 1 else []
-        before = None
-        for left in range(runs - 2, -1, -1):
+        for run in range(1, runs):
             # Played on from where the last run left the allocator: the same as replaying its ``layout``.
-            shape = allocator.carry(_carried_key, empty_cache=left == runs - 2)
-            if shape == before:
-                return True
-            before = shape
+            allocator.carry(_carried_key, empty_cache=run == 1)
             if allocator.play(again, cap_bytes)[0] is not None:
                 return False
         return True

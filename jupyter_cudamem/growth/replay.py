@@ -340,17 +340,16 @@ class Allocator:
         return (failed_at, peak_allocated, peak_reserved, tuple(segment_allocs), tuple(segment_frees),
                 tuple(refused))
 
-    def carry(self, rename: Callable[[int], int], empty_cache: bool) -> list[tuple[bool, int, tuple[tuple[int, bool], ...]]]:
+    def carry(self, rename: Callable[[int], int], empty_cache: bool) -> None:
         """Where the next run starts: the allocator as a run that fitted left it, each allocated block's key
         ``rename``d, the cache emptied first where ``empty_cache`` (only segments holding a block stay), the
-        next segment right above the highest left, as a replay from its ``layout`` would have it; and the
-        segments' shape (pool, stream, blocks), to tell two runs that leave it alike."""
+        next segment right above the highest left, as a replay from its ``layout`` would have it."""
         if empty_cache:
             self.reserved -= _release_cached(self.pools, [])
         self.live = {rename(key): block for key, block in self.live.items()}
-        segments = self._segments()
-        self.next_address = max((end for _, _, _, _, end in segments), default=0)
-        return sorted((small, stream, blocks) for _, stream, small, blocks, _ in segments)
+        ends = [block[_ADDRESS] + block[_SIZE] for block in self.live.values()]
+        ends += [address + size for both in self.pools.values() for pool in both for size, address, _ in pool]
+        self.next_address = max(ends, default=0)
 
     def _segments(self) -> list[tuple[_Block, int, bool, tuple[tuple[int, bool], ...], int]]:
         """Each segment's first block, stream, pool, blocks ``(size, allocated)`` and end address, in address
