@@ -110,7 +110,7 @@ def _start(raw: list[Any]) -> list[Any]:
 
 
 def validate(paths: list[Path]) -> dict[str, Any]:
-    from jupyter_cudamem.growth import fitting, pairing, replay
+    from jupyter_cudamem.growth import fitting, replay
     from jupyter_cudamem.sources.torch_trace import events_from_trace
 
     result: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -155,7 +155,7 @@ def validate(paths: list[Path]) -> dict[str, Any]:
                     "workload": name, "pair": [low, high], "oracle_batch": oracle, "replay_batch": predicted,
                     "replay_over_oracle": None if predicted is None else round(predicted / oracle, 4),
                     "line_over_oracle": round(line / oracle, 4),
-                    "paired_share": round(pairing.growth_lines(first, runs[low]["batch"], second, runs[high]["batch"]).share, 3),
+                    "paired_share": round(fitting.growth_lines(first, runs[low]["batch"], second, runs[high]["batch"]).share, 3),
                 })
     agree = sum(r["fitted"] == r["replay_fits"] for r in result["runs"])
     ratios = {p["workload"]: p["replay_over_oracle"] for p in result["predictions"] if p["pair"] == [0.3, 0.6]}

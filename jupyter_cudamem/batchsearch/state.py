@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from ..growth import FixedMemory, Growth, batch_independent_requests, fit, through_fixed
 from ..growth import fitting, replay
-from ..growth.fixed import made_in_steps
+from ..growth.line import made_in_steps
 
-from ..reruns.recording import RecordedRun
+from ..growth.replay import RecordedRun
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import CudaMemError
-from ..growth.through_points import Agreement, Line
+from ..growth.line import Agreement, Line
 from .cards import Card
 from .figure import plan_figure
 from .prediction import (

@@ -49,11 +49,11 @@ from typing import TYPE_CHECKING
 from ..growth.accumulation import accumulation_plan
 from ..growth.fitting import REPLAY_MARGIN, paired_fittings
 from ..growth.replay import optional_workspaces
-from ..growth.through_points import Agreement, Line
+from ..growth.line import Agreement, Line
 from .cards import Card
 
 if TYPE_CHECKING:
-    from ..reruns.recording import RecordedRun
+    from ..growth.replay import RecordedRun
 
 DEFAULT_MARGIN = 0.04
 """Fraction of the room above the fixed part (the card less the non-PyTorch part less the fixed part)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 
-from ..growth.through_points import Line
+from ..growth.line import Line
 from ..units import GiB, format_bytes
 from .prediction import DEFAULT_MARGIN, CardPlan, PlanFigures, calibrated, replay_margin
 

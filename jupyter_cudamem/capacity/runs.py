@@ -46,7 +46,7 @@ from ..measure import DeviceMeasurement, Measurement, Meter
 from ..reruns.bracket import bracket_largest
 from ..reruns.graph_pools import GraphPools
 from ..growth.replay import FREE, given_back_at_once
-from ..growth.through_points import Agreement, Line, faster_than_linear, fit, same
+from ..growth.line import Agreement, Line, faster_than_linear, line_through, same
 from ..reruns.measured import run_measured
 from ..reruns.recording import Recorder
 from ..units import MiB
@@ -405,7 +405,7 @@ def calibrate(runner: Runner, change: Change | None, scale: CalibrationScale | N
     if change is None or usable is None or len({r.batch for r in points}) < 2:
         measured.notes.append("--calibrate: no line to start from (or this card's memory unread): not calibrated")
         return None
-    guess_line = fit([(r.batch, r.peak_bytes) for r in points])  # type: ignore[misc]
+    guess_line = line_through([(r.batch, r.peak_bytes) for r in points])  # type: ignore[misc]
     guess = max(guess_line.largest_batch(usable), 1) if guess_line.slope_bytes > 0 else max(r.batch or 1 for r in points)
     stopped = ""
 
@@ -464,7 +464,7 @@ def judge(measured: Measured, batch: int | None, history_peak: tuple[str, int] |
             "the cell is not repeatable: each run started with more memory allocated than the one before "
             "(it keeps memory from run to run); a plan needs a cell that leaves memory as it found it"
         )
-    line = fit([(r.batch, r.peak_bytes) for r in points])  # type: ignore[misc]
+    line = line_through([(r.batch, r.peak_bytes) for r in points])  # type: ignore[misc]
     top = max(points, key=lambda r: r.batch or 0)
     low = min(points, key=lambda r: r.batch or 0)
     start = min(r.start_bytes or 0 for r in points)
@@ -565,7 +565,7 @@ def _reserved_line(points: list[Run], line: Line, batch: int) -> Line | None:
     reserved = [(r.batch, r.peak_reserved_bytes) for r in points if r.peak_reserved_bytes is not None]
     if len(reserved) != len(points):
         return None
-    candidate = fit(reserved)  # type: ignore[arg-type]
+    candidate = line_through(reserved)  # type: ignore[arg-type]
     # Reserved covers allocated: a reserved line below the allocated one at the batch as written is a
     # misreading (the allocator's counters from another device, say), never a smaller need.
     if candidate.slope_bytes > 0 and candidate.peak(batch) >= line.peak(batch):

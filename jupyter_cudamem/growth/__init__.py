@@ -2,22 +2,19 @@
 
 One room for the memory model that ``%oomfix``'s batch search and ``%%cudamem_plan`` both use:
 
-- ``line``: the peak as ``fixed + per_sample x batch`` fitted from measured peaks, with the steepest
-  slope the allocator's rounding allows;
-- ``fixed``: what does not grow with the batch (parameters, their gradients, the optimizer's state),
-  as read from the objects a cell trains, which of it a run creates, and which requests of one recorded
-  run do not grow;
-- ``through_points``: the same least squares, the line exactly through the points, with how far they
-  agree with it (what the plan reports);
-- ``replay``: PyTorch's caching allocator replayed over a run's recorded allocations under a cap;
-- ``pairing``: which requests of two runs at two batches are one tensor, and the line each pair gives;
-- ``fitting``: whether a batch fits, replaying the requests on those lines, and the largest that does:
-  from two runs (``paired_fittings``), from one (``fitting_from_one``), from one and a failure
-  (``paired_with_failure``);
+- ``line``: the peak as ``fixed + per_sample x batch``: the line exactly through measured peaks (``Line``,
+  what the plan reports) and with the steepest slope the allocator's rounding allows (``Growth``, what the
+  search uses); what does not grow with the batch (parameters, their gradients, the optimizer's state);
+  each request on a line of its own, and the bound the allocated bytes alone set;
+- ``fitting``: which requests of two runs at two batches are one tensor, and whether a batch fits,
+  replaying the requests on their lines, and the largest that does: from two runs (``paired_fittings``),
+  from one (``fitting_from_one``), from one and a failure (``paired_with_failure``), run after run as the
+  cell's next runs make them (``fits_in_a_row``);
+- ``replay``: PyTorch's caching allocator replayed over a run's recorded requests under a cap, and a
+  recorded run (``RecordedRun``) with its requests as another start makes them;
 - ``accumulation``: one rule for gradient-accumulation steps that keep an effective batch.
 """
 
-from .fixed import FixedMemory, batch_independent_requests
-from .line import Growth, fit, lowest_slope, through_fixed, through_origin
+from .line import FixedMemory, Growth, batch_independent_requests, fit, lowest_slope, through_fixed, through_origin
 
 __all__ = ["FixedMemory", "batch_independent_requests", "Growth", "fit", "lowest_slope", "through_fixed", "through_origin"]

@@ -1,25 +1,261 @@
 """Whether a batch fits under a cap, by replaying a cell's recorded requests put on lines through its
-measured runs (``pairing``), and the largest batch that does.
+measured runs, and the largest batch that does.
 
-Why: the largest batch that fits is where the allocator's replay (``replay``) of the requests at that
-batch stops failing; a replay costs a pass over the run's events, so the search for it starts from the
-bound the allocated bytes alone set (one pass) and replays only below it.
+Why: the allocator's replay (``replay``) predicts a batch it has not run by putting each request on the line
+through its two measured sizes. Two runs of a cell at different batches mostly make the same requests in
+the same order, but cuDNN and cuBLAS pick algorithms (and workspaces) by the tensors' sizes, so a few
+requests appear in one run only: a pair is kept only where its two sizes can be one tensor's (``match``).
+The largest batch that fits is where the replay of the requests at that batch stops failing; a replay costs
+a pass over the run's events, so the search for it starts from the bound the allocated bytes alone set
+(one pass) and replays only below it.
 
-Pure Python, no torch.
+Pure Python, no torch: events as ``replay`` plays them.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import takewhile
-from typing import Callable, Collection, Mapping, Sequence
+from typing import Callable, Collection, Mapping, NamedTuple, Sequence
 
 from ..units import TiB
-from .pairing import EventLine, events_at, growth_lines, law_through, match
-from .replay import (ALLOC, FREE, MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES, Allocator, Event, StartSegment, allocated_blocks, block_bytes,
+from .line import EventLine, allocated_limit, events_at, largest_below, peak_allocated_bytes
+from .replay import (ALLOC, FREE, MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES, Allocator, Event, StartSegment, allocated_blocks,
                      given_back_at_once, start_keys)
+
+
+def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
+          batch_second: int) -> list[int | None]:
+    """For each event of ``second``, the index of the same request in ``first`` (``None``: no partner): the
+    longest common subsequence of the event kinds, a pair kept only where its sizes can be one tensor's at
+    the two batches (``_one_tensor``)."""
+    ratio = batch_second / batch_first
+    # A free of a block made before the run (the last run's values, let go as the cell binds them again)
+    # is no request of this run: one run may free hundreds where the other frees none, and the two are
+    # aligned without them.
+    own_first, own_second = _made_in_the_run(first), _made_in_the_run(second)
+    firsts, seconds = [first[i] for i in own_first], [second[i] for i in own_second]
+    kinds_first, kinds_second = [e[0] for e in firsts], [e[0] for e in seconds]
+    partner: list[int | None] = [None] * len(second)
+    for low, high, length in _common_runs(kinds_first, kinds_second, firsts, seconds, ratio):
+        for offset in range(length):
+            a, b = firsts[low + offset], seconds[high + offset]
+            if a[0] != FREE and a[3] == b[3] and _one_tensor(a[2], b[2], ratio, (batch_first, batch_second)):
+                partner[own_second[high + offset]] = own_first[low + offset]
+    return partner
+
+
+def _made_in_the_run(events: Sequence[Event]) -> list[int]:
+    """The indices of ``events`` but the frees of blocks the run did not allocate."""
+    made: set[int] = set()
+    kept = []
+    for index, (kind, key, *_) in enumerate(events):
+        if kind != FREE:
+            made.add(key)
+        elif key not in made:
+            continue
+        kept.append(index)
+    return kept
+
+
+MAX_PAIRING_WORK = 4_000_000
+"""The most ``difflib`` may be given to pair (the product of the two middles' lengths; about a second in
+Python). Longer middles are walked (``_walked_runs``), at most this many comparisons: a large model's runs
+differ by a few inserted requests, which a walk steps over; what is left unpaired is taken as proportional
+to the batch, which errs towards a smaller batch."""
+
+RESYNC_WINDOW = 64
+"""How far ahead (in events, in both runs together) the walk looks for the two runs to agree again."""
+RESYNC_EVENTS = 8
+"""How many events in a row must agree for the walk to take a place as the two runs' common ground."""
+
+
+def _common_runs(first: Sequence[str], second: Sequence[str], first_events: Sequence[Event] = (),
+                 second_events: Sequence[Event] = (), ratio: float = 1.0) -> list[tuple[int, int, int]]:
+    """Runs ``(start_in_first, start_in_second, length)`` of a common subsequence of the two lists of kinds.
+
+    ``difflib`` costs the product of the lengths on a two-letter alphabet, so it only sees what lies
+    between the common prefix and suffix (most runs of a cell differ in a few places, or none), and
+    only up to ``MAX_PAIRING_WORK``; a longer middle is walked (``_walked_runs``) where the events
+    themselves are given.
+    """
+    head = 0
+    while head < min(len(first), len(second)) and first[head] == second[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(first), len(second)) - head and first[-1 - tail] == second[-1 - tail]:
+        tail += 1
+    first_middle, second_middle = first[head:len(first) - tail], second[head:len(second) - tail]
+    if len(first_middle) * len(second_middle) <= MAX_PAIRING_WORK:
+        matcher = difflib.SequenceMatcher(None, first_middle, second_middle, autojunk=False)
+        middle = [(a, b, n) for a, b, n in matcher.get_matching_blocks()]
+    elif first_events and second_events:
+        middle = _walked_runs(first_events[head:len(first) - tail], second_events[head:len(second) - tail], ratio)
+    else:
+        middle = []
+    return ([(0, 0, head)] + [(a + head, b + head, n) for a, b, n in middle]
+            + [(len(first) - tail, len(second) - tail, tail)])
+
+
+def _walked_runs(first: Sequence[Event], second: Sequence[Event], ratio: float) -> list[tuple[int, int, int]]:
+    """Common runs found by walking both runs at once: events agree (same kind and stream, and an
+    allocation's sizes can be one tensor's at the two batches) and are paired while they do; where they
+    stop agreeing, the nearest place within ``RESYNC_WINDOW`` events where ``RESYNC_EVENTS`` in a row
+    agree again is where the walk goes on. At most ``MAX_PAIRING_WORK`` comparisons: past that, the rest
+    is left unpaired."""
+    work = 0
+
+    def agree(i: int, j: int) -> bool:
+        a, b = first[i], second[j]
+        return a[0] == b[0] and a[3] == b[3] and (a[0] == FREE or _one_tensor(a[2], b[2], ratio))
+
+    def agree_from(i: int, j: int) -> bool:
+        nonlocal work
+        length = min(RESYNC_EVENTS, len(first) - i, len(second) - j)
+        work += length
+        return length > 0 and all(agree(i + k, j + k) for k in range(length))
+
+    runs: list[tuple[int, int, int]] = []
+    i = j = 0
+    while i < len(first) and j < len(second) and work < MAX_PAIRING_WORK:
+        start_i, start_j = i, j
+        while i < len(first) and j < len(second) and agree(i, j):
+            i, j = i + 1, j + 1
+        work += i - start_i + 1
+        if i > start_i:
+            runs.append((start_i, start_j, i - start_i))
+            continue
+        found = next(((i + di, j + distance - di) for distance in range(1, RESYNC_WINDOW + 1)
+                      for di in range(distance + 1)
+                      if i + di < len(first) and j + distance - di < len(second)
+                      and agree_from(i + di, j + distance - di)), None)
+        if found is None:  # nothing agrees nearby: step both over this event
+            i, j = i + 1, j + 1
+        else:
+            i, j = found
+    runs.append((len(first), len(second), 0))
+    return runs
+
+
+def _one_tensor(low: int, high: int, ratio: float, powers_at: tuple[int, int] | None = None) -> bool:
+    """Whether ``low`` and ``high`` requested bytes at two batches (``ratio`` apart) can be one tensor.
+
+    A tensor that does not depend on the batch has the same shape, so exactly the same bytes. One that
+    does is batch-major: the batch multiplies its bytes, and a fixed part (concatenated batch-independent
+    data) is the smaller share; so at the smaller batch at least half its bytes are the per-sample part,
+    and the sizes grow by between (1 + ratio) / 2 and ratio times (512 bytes of slack for rounding). Sizes
+    nearly equal but not equal are two different tensors that the kinds' subsequence paired by position (a
+    layer later, half the spatial size and twice the batch), whose line would say memory hardly grows with
+    the batch.
+
+    With ``powers_at`` (the two batches), sizes that are the same whole multiple of the square or the cube
+    of their batch are one tensor too, of every sample against every other (a contrastive loss's batch x
+    batch logits: its line is then a power of the batch, ``law_through``; ``power_of_the_batch``).
+    """
+    return _batch_major(low, high, ratio) or (powers_at is not None and power_of_the_batch(low, *powers_at, high) is not None)
+
+
+def _batch_major(low: int, high: int, ratio: float) -> bool:
+    """Whether ``low`` and ``high`` bytes at batches ``ratio`` apart are one tensor of fixed size or one
+    whose batch multiplies its bytes (``_one_tensor``)."""
+    return low == high or (1 + ratio) / 2 * low - MIN_BLOCK_BYTES <= high <= ratio * low + MIN_BLOCK_BYTES
+
+
+def power_of_the_batch(size: int, batch: int, larger_batch: int, larger_size: int) -> int | None:
+    """The power of the batch (2 or 3) of which ``size`` at ``batch`` and ``larger_size`` at ``larger_batch``
+    are the same whole multiple (``None``: neither). A tensor of every sample against every other requests
+    exactly its shape's bytes, a whole number per power of the batch, the same at both. Sizes that only
+    grew about that much are two tensors the kinds' subsequence paired by position (a bottleneck's
+    fourfold channels grow by about the cube of the ratio of batches twice apart)."""
+    for power in (2, 3):
+        low, high = batch ** power, larger_batch ** power
+        if size % low == 0 and larger_size % high == 0 and size // low == larger_size // high > 0:
+            return power
+    return None
+
+
+class GrowthLines(NamedTuple):
+    """The larger run's events on lines (``lines``), the share of its requested bytes whose line two
+    measured sizes fix, and the indices of its requests with no partner (``unpaired``): a line through
+    zero is also what an exactly proportional pair gives, so the value alone cannot tell them apart."""
+
+    lines: list[EventLine]
+    share: float
+    unpaired: tuple[int, ...]
+
+
+def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Event],
+                 batch_second: int) -> GrowthLines:
+    """The events of the run at the larger batch, each request on a line (see ``GrowthLines``).
+
+    The larger run is the template (its order of requests and frees is kept), being the closer to the
+    batches searched. A request with a partner in the other run gets the line through both sizes; one
+    without (an algorithm chosen at this batch only) is taken as proportional to the batch, the larger
+    of the two guesses its single size allows, so the prediction errs towards a smaller batch.
+    """
+    if batch_first > batch_second:
+        first, batch_first, second, batch_second = second, batch_second, first, batch_first
+    partner = _same_size_left_over(first, second, match(first, batch_first, second, batch_second))
+    lines: list[EventLine] = []
+    unpaired: list[int] = []
+    matched = total = 0
+    for (kind, key, size, stream), index in zip(second, partner):
+        if kind == FREE:
+            lines.append((kind, key, stream, 0.0, 0.0, 1.0))
+            continue
+        total += size
+        if index is None:
+            if size > 0:
+                unpaired.append(len(lines))
+            lines.append((kind, key, stream, 0.0, size / batch_second, 1.0))
+        else:
+            matched += size
+            lines.append((kind, key, stream, *law_through(first[index][2], batch_first, size, batch_second)))
+    return GrowthLines(lines, matched / total if total else 1.0, tuple(unpaired))
+
+
+def _same_size_left_over(first: Sequence[Event], second: Sequence[Event],
+                         partner: list[int | None]) -> list[int | None]:
+    """``partner`` with the requests both runs left unpaired paired by size, where a size is left over
+    exactly as often in one run as in the other: the same batch-independent tensor, placed by the kinds'
+    subsequence against another event. Why: where the number of loop passes changes with the batch (a
+    cell that runs its model over chunks of its data, then joins their results), the passes shift
+    every event after them, and the join, the largest request and the same at every chunk size, would
+    be taken as proportional to the chunk."""
+    taken = {index for index in partner if index is not None}
+    left_first: dict[int, list[int]] = {}
+    for index, (kind, _, size, _) in enumerate(first):
+        if kind != FREE and index not in taken:
+            left_first.setdefault(size, []).append(index)
+    left_second: dict[int, list[int]] = {}
+    for index, ((kind, _, size, _), paired) in enumerate(zip(second, partner)):
+        if kind != FREE and paired is None:
+            left_second.setdefault(size, []).append(index)
+    paired_now = list(partner)
+    for size, indices in left_second.items():
+        others = left_first.get(size, [])
+        if len(others) == len(indices):
+            for index, other in zip(indices, others):
+                if first[other][3] == second[index][3]:
+                    paired_now[index] = other
+    return paired_now
+
+
+def law_through(size: int, batch: int, larger_size: int, larger_batch: int) -> tuple[float, float, float]:
+    """``(fixed_bytes, bytes_per_sample, exponent)`` of a request through its sizes at two batches: the
+    line through them, or, for a tensor of every sample against every other (``power_of_the_batch``), its
+    power of the batch, exact for it (the line through its two sizes would put it above them between the
+    two by up to the ratio of the batches, and below them beyond)."""
+    power = None if _batch_major(size, larger_size, larger_batch / batch) else \
+        power_of_the_batch(size, batch, larger_batch, larger_size)
+    if power is not None:
+        return 0.0, float(size // batch ** power), float(power)
+    per_sample = (larger_size - size) / (larger_batch - batch)
+    return larger_size - per_sample * larger_batch, per_sample, 1.0
+
 
 PREDICTION_RESOLUTION = 1 / 512
 """How close a prediction settles on the largest batch: a replay per halving of the gap, and below 512
@@ -35,11 +271,9 @@ sizes, not off the batch found, because what jitters is the sizes."""
 
 RUNS_IN_A_ROW = 3
 """How many runs in a row a batch must fit in the replay: the rerun that proves it and the user's next two,
-as ``benchmarks/oomfix.py``'s oracle runs the cell. Why: the layout a run leaves decides the next, and a run
-at the found batch leaves another than the smaller try before it (BERT-base at 33 fitted after a try at 24,
-and failed on the next run but one). The user's first run starts where the cleanup after the last rerun
-leaves the allocator (its cache emptied: only segments holding a block stay), each later one where the
-last run left it."""
+as ``benchmarks/oomfix.py``'s oracle runs the cell, because the layout a run leaves decides the next
+(``docs/oomfix.md``, "The runs after the fix, as they happen"). The user's first run starts where the cleanup after the last rerun
+leaves the allocator (its cache emptied), each later one where the last run left it."""
 
 _CARRIED = -TiB
 """Keys (not sizes) of blocks a replayed run made and left, renamed for the next run (``_carried_key``): below
@@ -63,11 +297,7 @@ class Fitting:
 
     def largest(self, max_batch: int = 1 << 30) -> int:
         """The largest batch up to ``max_batch`` that fits (``max_batch`` when even that fits: nothing grows
-        with the batch; 0 when none does). Fitting is assumed at every batch below one that fits.
-
-        The allocated bytes alone give a bound first (no replay), which is often the answer; below it
-        the replay steps down (``largest_below``), so it runs a handful of times, not twice the
-        batch's bits."""
+        with the batch; 0 when none does), by the replays below the allocated bytes' bound."""
         return self.largest_up_to(max_batch)
 
 
@@ -101,7 +331,7 @@ def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartS
                      batch_independent: Collection[int] = (),
                      margin: float = 0.0, released: Collection[int] = ()) -> Fitting | None:
     """The same from one run: every request taken as proportional to the batch, but those whose keys
-    ``batch_independent`` lists (the optimizer's state, a model's parameters: ``growth.fixed``), which
+    ``batch_independent`` lists (the optimizer's state, a model's parameters: ``growth.line``), which
     keep their size; a temporary (freed before the next request) must fit both ways.
 
     A request is a fixed part plus a per-sample part, neither negative, so scaling all of it with the
@@ -132,7 +362,7 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
     of larger blocks is not a bound in the allocator, where they land in other segments and leave other
     fragments. A failed try's own requests say which those are.
 
-    A request that grew with the square or cube of the batch (``pairing.law_through``) is on that power,
+    A request that grew with the square or cube of the batch (``law_through``) is on that power,
     and a request after the failure of the size such a one had in the fitted run is taken as its kin (a
     softmax of the logits, their gradient), which one run would scale with the batch alone."""
     if batch <= 0 or failed_batch <= batch or not any(kind != FREE for kind, *_ in events):
@@ -146,9 +376,6 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
         return None
     fixed = set(batch_independent)
     laws = {index: law_through(events[index][2], batch, size, failed_batch) for index, size in paired.items()}
-    # A request made after the failure, of the size one that grew faster than the batch had in the run
-    # that fitted, is taken as that tensor's kin (a softmax of the logits, their gradient): one run would
-    # scale it with the batch alone.
     faster: dict[int, tuple[float, float, float]] = {}
     for index, law in laws.items():
         size = events[index][2]
@@ -318,68 +545,3 @@ def held_at_start(start: Sequence[StartSegment]) -> dict[int, int]:
     return {keys[address]: size for address, size in allocated_blocks(start).items()}
 
 
-def allocated_limit(lines: Sequence[EventLine], held: Mapping[int, int], cap_bytes: int) -> float:
-    """A batch above which the requests on ``lines`` hold more than ``cap_bytes`` at once, with the blocks
-    ``held`` (bytes by key) allocated at the start until a line frees them (``math.inf``: none; a bound,
-    not the answer: each block is at least its line's bytes, and the allocator's rounding and refusals
-    only lower the real one).
-
-    One pass: at each request the bytes held are ``fixed + per_sample * batch`` summed over what is
-    live, so each request bounds the batch by a division; ``peak_allocated_bytes`` at the batches
-    around it then settles it in a few passes, where bisecting on it alone takes the batch's bits."""
-    live: dict[int, tuple[float, float]] = {key: (float(size), 0.0) for key, size in held.items()}
-    fixed_now, per_sample_now = float(sum(held.values())), 0.0
-    limit = math.inf
-    room = float(cap_bytes)
-    for kind, key, _, fixed, per_sample, exponent in lines:
-        if exponent != 1.0:
-            fixed, per_sample = 0.0, 0.0  # faster than the batch: left out, the bound stays one
-        if kind == FREE:
-            gone = live.pop(key, None)
-            if gone is not None:
-                fixed_now -= gone[0]
-                per_sample_now -= gone[1]
-        elif kind == ALLOC:
-            live[key] = (fixed, per_sample)
-            fixed_now += fixed
-            per_sample_now += per_sample
-            if per_sample_now > 0:
-                limit = min(limit, (room - fixed_now) / per_sample_now)
-    return max(limit, 0.0)
-
-
-def peak_allocated_bytes(events: Sequence[Event], held: Mapping[int, int] | None = None) -> int:
-    """The most ``events`` hold allocated at once, with the blocks ``held`` (bytes by key) allocated from
-    the start until an event frees them (blocks rounded as the allocator rounds them; a ``try``, which the
-    run survives being refused, counts nothing)."""
-    live: dict[int, int] = dict(held or {})
-    now = peak = sum(live.values())
-    for kind, key, size, _ in events:
-        if kind == FREE:
-            now -= live.pop(key, 0)
-        elif kind == ALLOC:
-            block = block_bytes(size)
-            live[key] = block
-            now += block
-            if now > peak:
-                peak = now
-    return peak
-
-
-def largest_below(fits: Callable[[int], bool], high: int, resolution: float = 0.0) -> int:
-    """The largest batch up to ``high`` that ``fits`` (0 when none does), where fitting is assumed at every
-    batch below one that fits and ``high`` is a bound close above the answer: from ``high`` it steps down
-    in widening steps to a batch that fits, then bisects between it and the last that failed, until
-    they are within ``resolution`` of the batch (0: to the sample)."""
-    if high <= 0 or fits(high):
-        return max(high, 0)
-    failed, step = high, max(1, high // 64)  # a bound from allocated bytes is a median 2% above (simulator)
-    while (below := max(high - step, 0)) > 0 and not fits(below):
-        failed, step = below, 2 * step
-    while failed - below > max(1, int(below * resolution)):
-        middle = (below + failed) // 2
-        if fits(middle):
-            below = middle
-        else:
-            failed = middle
-    return below

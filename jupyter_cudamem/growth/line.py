@@ -1,4 +1,4 @@
-"""How a step's peak GPU memory grows with its batch size: ``fixed + per_sample x batch``, fitted from measurements.
+"""A cell's peak GPU memory as a line in its batch size, ``fixed + per_sample x batch``, and what does not grow.
 
 Pure arithmetic on bytes; knows nothing of IPython, PyTorch or the search that uses it.
 
@@ -6,23 +6,122 @@ Why a line: a training or inference step's peak above what was allocated before 
 tensors alive at its peak; activations, their gradients and the inputs grow with the batch, while
 weights, gradients of weights, optimizer state and workspaces built in the step do not. Not every cell
 is linear (dynamic shapes, caches that grow), which is why a prediction is always confirmed by a run
-before it is reported.
+before it is reported. ``benchmarks/plan.py`` puts it to the test on four kinds of workload under caps
+playing 16, 24 and 40 GiB cards.
 
-Why an uncertainty: PyTorch's caching allocator rounds each allocation above 1 MiB up to a multiple of
-``ALLOCATOR_BLOCK_BYTES``, so a peak is the line plus up to one block per large live tensor, and it
-jumps in steps as the batch grows. Two peaks close together therefore give a slope that may be off by
-``2 x PEAK_UNCERTAINTY_BYTES / (spread of the batches)``; ``Growth.per_sample_high_bytes`` is the
-steepest slope the measurements allow, which is what a prediction that must fit uses.
+Two lines, one per use. ``Line`` runs exactly through the measured peaks, with how far they agree with it
+(``Agreement``): what ``%%cudamem_plan`` fits and reports, and must not hide. ``Growth`` is the same least
+squares with the steepest slope the allocator's rounding allows: PyTorch's caching allocator rounds each
+allocation above 1 MiB up to a multiple of ``ALLOCATOR_BLOCK_BYTES``, so a peak is the line plus up to one
+block per large live tensor, and two peaks close together give a slope that may be off by
+``2 x PEAK_UNCERTAINTY_BYTES / (spread of the batches)``. A batch ``%oomfix``'s search picks must fit, so it
+uses ``Growth``.
+
+What does not grow (``FixedMemory``): parameters, their gradients and the optimizer's state, read from the
+objects a cell trains (``attribution.training_state`` reads them). Where a transformer or a ViT is
+fine-tuned, the largest batch is 1 to 50 and these are most of the memory: a line through one peak and
+zero then says almost every byte grows with the batch and lands far too low, and a replay that scales every
+request of one run with the batch scales AdamW's two state tensors per parameter too. Which requests of a
+recorded run are these is read from their sizes and lifetimes (``batch_independent_requests``). What a run
+creates: a model the cell builds is set aside before each rerun and built again by it, so its parameters are
+allocated above the search's reference level in every run; a gradient appears at the first ``backward()``
+where ``.grad`` is ``None``; AdamW's state at the optimizer's first ``step()``.
+
+Each request of a recorded run on a line of its own (``EventLine``) is what the replay plays at a batch
+never run (``events_at``), and gives the bound the allocated bytes alone set (``allocated_limit``), from
+which the search for the largest batch that fits steps down (``largest_below``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..units import MiB
-from .through_points import least_squares
+from .replay import ALLOC, FREE, Event, EventKind, block_bytes
+
+REPEAT_TOLERANCE = 0.03
+"""Two runs of one cell at one batch agree when their peaks above the start differ by at most this
+fraction (plus ``REPEAT_SLACK_BYTES``). A deterministic cell repeats its allocated peak to the byte;
+what moves it is a library choosing another algorithm and workspace between runs (cuDNN, cuBLAS),
+a few MiB, or a cell whose work changes run to run, which a line cannot plan."""
+
+REPEAT_SLACK_BYTES = 4 * MiB
+"""Absolute slack for tiny cells, where one workspace of a few MiB is a large fraction."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """Peak as ``slope_bytes * batch + intercept_bytes``: bytes per sample and the batch-independent part."""
+
+    slope_bytes: float
+    intercept_bytes: float
+
+    def peak(self, batch: float) -> float:
+        return self.slope_bytes * batch + self.intercept_bytes
+
+    def largest_batch(self, budget_bytes: float) -> int:
+        """The largest batch whose peak stays within ``budget_bytes`` (0 when none does)."""
+        if self.slope_bytes <= 0:
+            return 0
+        return max(int(math.floor((budget_bytes - self.intercept_bytes) / self.slope_bytes)), 0)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How one measurement compares with the line: ``relative`` is (measured - predicted) / predicted."""
+
+    label: str
+    batch: int
+    measured_bytes: int
+    predicted_bytes: float
+
+    @property
+    def relative(self) -> float:
+        return (self.measured_bytes - self.predicted_bytes) / self.predicted_bytes if self.predicted_bytes else 0.0
+
+
+def least_squares(points: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
+    """The least-squares slope through ``(batch, peak_bytes)`` points of at least two distinct batches, with
+    the points' mean batch and mean peak (the line runs through them): the one fit the plan's line and the
+    search's ``fit`` share."""
+    batches = [b for b, _ in points]
+    n = len(points)
+    mean_b = sum(batches) / n
+    mean_p = sum(p for _, p in points) / n
+    sxx = sum((b - mean_b) ** 2 for b in batches)
+    sxy = sum((b - mean_b) * (p - mean_p) for b, p in points)
+    return sxy / sxx, mean_b, mean_p
+
+
+def line_through(points: Sequence[tuple[int, int]]) -> Line:
+    """Least squares through ``(batch, peak_bytes)`` points of at least two distinct batches."""
+    if len({b for b, _ in points}) < 2:
+        raise ValueError("a line needs peaks at two different batch sizes")
+    slope, mean_b, mean_p = least_squares(points)
+    return Line(slope, mean_p - slope * mean_b)
+
+
+def same(first_bytes: int, second_bytes: int, start_bytes: int = 0) -> bool:
+    """Whether two peaks of one cell at one batch agree (see ``REPEAT_TOLERANCE``)."""
+    own = max(first_bytes, second_bytes) - start_bytes
+    return abs(first_bytes - second_bytes) <= REPEAT_TOLERANCE * max(own, 0) + REPEAT_SLACK_BYTES
+
+
+def faster_than_linear(line: Line, start_bytes: int, peak_bytes: int) -> bool:
+    """Whether the line's fixed part lies below what was allocated before the cell started.
+
+    At batch 0 the cell holds at least what it started with, so a fitted intercept below that means
+    the larger batch needed more than its share: peak grows faster than the batch (a batch x batch
+    similarity matrix, a cache that grows with it). The two points' own noise, extrapolated to 0,
+    is allowed twice over.
+    """
+    own = max(peak_bytes - start_bytes, 0)
+    return line.intercept_bytes < start_bytes - 2 * (REPEAT_TOLERANCE * own + REPEAT_SLACK_BYTES)
+
 
 ALLOCATOR_BLOCK_BYTES = 2 * MiB
 """PyTorch's caching allocator rounds allocations above 1 MiB up to 2 MiB multiples (``kRoundLarge``)."""
@@ -159,3 +258,237 @@ def lowest_slope(fitted: Sequence[tuple[int, float]], failed: Sequence[tuple[int
             if big > b and need > p:
                 best = max(best, (need - p) / (big - b))
     return best
+
+
+@dataclass(frozen=True)
+class FixedMemory:
+    """The batch-independent part of a step, above the search's reference level, in bytes.
+
+    ``parameters_bytes``: parameters and buffers of models the cell builds again (allocated by every
+    run, before its batch's tensors); ``gradients_bytes``: gradients the step will create (parameters
+    that require one and have none now); ``optimizer_state_bytes``: state the optimizers' first step
+    will create; ``tensor_bytes``: the sizes of single parameter tensors (and of their half-precision
+    copies, which autocast makes), so that a recorded request of one of these sizes is taken as a
+    parameter's, a gradient's or the optimizer's, not as a batch's; ``gradient_sizes``: the size of each
+    gradient the step will create (``gradients_bytes`` is their sum, where given), ``trainable_sizes`` of each
+    parameter the step trains (each step's gradients, where a loop makes them anew), ``state_sizes`` of each
+    tensor the optimizers' first step will create, ``built_sizes`` of each parameter and buffer the cell
+    builds; ``trains``: whether the step runs a backward pass and an optimizer's step.
+    """
+
+    parameters_bytes: int = 0
+    gradients_bytes: int = 0
+    optimizer_state_bytes: int = 0
+    tensor_bytes: frozenset[int] = field(default_factory=frozenset)
+    gradient_sizes: tuple[int, ...] = ()
+    trainable_sizes: tuple[int, ...] = ()
+    state_sizes: tuple[int, ...] = ()
+    built_sizes: tuple[int, ...] = ()
+    trains: bool = False
+
+    @property
+    def total_bytes(self) -> int:
+        """All of it: what a step holds at its optimizer step, before its batch's tensors."""
+        return self.parameters_bytes + self.gradients_bytes + self.optimizer_state_bytes
+
+    @property
+    def surely_held_bytes(self) -> int:
+        """What every moment of a run holds after its model is built: the parameters it builds.
+        Gradients and state exist only from the backward pass and the step on, so a peak in the
+        forward pass need not hold them."""
+        return self.parameters_bytes
+
+    def is_parameter_sized(self, requested_bytes: int) -> bool:
+        """Whether a request is the size of a parameter tensor (so its own, its gradient's or its state's)."""
+        return block_bytes(requested_bytes) in self._blocks
+
+    @cached_property
+    def _blocks(self) -> frozenset[int]:
+        return frozenset(block_bytes(size) for size in self.tensor_bytes if size > 0)
+
+
+def made_in_steps(events: Sequence[Event], steps: Sequence[tuple[int, int]]) -> frozenset[int]:
+    """The keys of the requests made within ``steps`` (``(first event, event after the last)`` of each
+    optimizer ``step()``, marked in the recorded history): its state and temporaries, the parameters' size
+    at every batch."""
+    return frozenset(events[index][1] for first, after in steps for index in range(first, min(after, len(events)))
+                     if events[index][0] != FREE)
+
+
+def step_gradients(events: Sequence[Event], fixed: FixedMemory, steps: Sequence[tuple[int, int]]) -> frozenset[int]:
+    """Of each marked step, the keys of the gradients it applies: the parameter-sized requests made since the
+    previous step ended that are still allocated when it begins, the latest first, at most as many of each
+    size as the step trains parameters. An activation the size of a weight (at a batch of one) is freed by
+    the backward pass, before the step; a gradient lives through it."""
+    trained = fixed.trainable_sizes or fixed.gradient_sizes
+    freed_at = {key: index for index, (kind, key, _, _) in enumerate(events) if kind == FREE}
+    found: set[int] = set()
+    since = 0
+    for first, after in steps:
+        wanted = Counter(block_bytes(size) for size in trained if size > 0)
+        for index in range(min(first, len(events)) - 1, since - 1, -1):
+            kind, key, size, _ = events[index]
+            block = block_bytes(size)
+            if kind != FREE and wanted[block] > 0 and freed_at.get(key, len(events)) >= first:
+                found.add(key)
+                wanted[block] -= 1
+        since = after
+    return frozenset(found)
+
+
+def batch_independent_requests(events: Sequence[Event], left: Collection[int], fixed: FixedMemory,
+                               steps: Sequence[tuple[int, int]] = ()) -> frozenset[int]:
+    """The keys of one recorded run's requests that do not grow with the batch, read from their sizes
+    and their lifetimes; the rest of the run is taken as proportional to its batch (``replay.fitting_from_one``).
+
+    - a parameter-sized request the run left allocated (``left``): the optimizer's state made at its first
+      step, a model the cell built, gradients it kept;
+    - the gradients the step creates: of each size, as many as ``gradient_sizes`` says, the parameter-sized
+      requests freed last (or never): a gradient lives from its layer's backward through the optimizer's
+      step, an activation the size of a weight (at batch 1 where a sequence is as long as the model is
+      wide) and its gradient are freed within the backward pass;
+    - the optimizer's step: the parameter-sized requests made after the last of those gradients (state,
+      foreach temporaries), from the first state tensor it made where it made one (a weight-sized
+      activation's gradient may come after the last parameter's, and is freed before the step); where
+      it made none, from when the backward pass freed the last weight-sized tensor it frees while the
+      gradients live.
+
+    Where the run's optimizer steps were marked (``steps``), the marks replace the last two rules: what each
+    step made (``made_in_steps``) and the gradients each applied (``step_gradients``), in every iteration of
+    a loop, where the rules above see only the last one.
+
+    Any other parameter-sized request keeps growing with the batch: at batch 1 a weight-sized activation
+    is indistinguishable by its size."""
+    sized = fixed.is_parameter_sized
+    allocations = [(index, key, size) for index, (kind, key, size, _) in enumerate(events)
+                   if kind != FREE and sized(size)]
+    found = {key for _, key, _ in allocations if key in left}
+    if steps:
+        return frozenset(found) | made_in_steps(events, steps) | step_gradients(events, fixed, steps)
+    wanted = Counter(block_bytes(size) for size in fixed.gradient_sizes if size > 0)
+    if not fixed.trains or not wanted:
+        return frozenset(found)
+    # Gradients the run left allocated are among what it left: of each size, what it left between the
+    # parameters it built (made first) and the state its step made (made last).
+    state = Counter(block_bytes(size) for size in fixed.state_sizes if size > 0)
+    built = Counter(block_bytes(size) for size in fixed.built_sizes if size > 0)
+    gradient_indices: list[int] = []
+    left_by_block: dict[int, list[int]] = {}
+    for index, key, size in allocations:
+        if key in left:
+            left_by_block.setdefault(block_bytes(size), []).append(index)
+    for block, indices in left_by_block.items():
+        gradients = indices[built[block]:len(indices) - state[block]]
+        taken = gradients[-wanted[block]:] if wanted[block] > 0 else []
+        wanted[block] -= len(taken)
+        gradient_indices += taken
+    freed_at = {key: index for index, (kind, key, _, _) in enumerate(events) if kind == FREE}
+    for index, key, size in sorted(allocations, key=lambda a: (freed_at.get(a[1], len(events)), a[0]), reverse=True):
+        block = block_bytes(size)
+        if key not in found and wanted[block] > 0:
+            found.add(key)
+            wanted[block] -= 1
+            gradient_indices.append(index)
+    if gradient_indices:
+        # The step begins where it makes its first state tensor, where this run made one: a weight-sized
+        # activation's gradient, computed after the last parameter's, is freed within the backward pass,
+        # before the step. Where it made none, the step begins once the weight-sized tensors made before
+        # the last gradient and freed while every gradient lives (activations at a batch of one, freed by
+        # the backward pass) are freed: such an activation's gradient is made while they live.
+        last_gradient = max(gradient_indices)
+        gradients_live_until = min(freed_at.get(events[index][1], len(events)) for index in gradient_indices)
+        backward_frees = [freed_at[key] for index, key, _ in allocations if index < last_gradient
+                          and key not in found and freed_at.get(key, len(events)) < gradients_live_until]
+        step_begins = next((index for index, key, _ in allocations if index > last_gradient and key in left),
+                           max(backward_frees, default=last_gradient))
+        found.update(key for index, key, _ in allocations if index >= step_begins and index > last_gradient)
+    return frozenset(found)
+
+
+EventLine = tuple[EventKind, int, int, float, float, float]
+"""One event on its own line, ``(kind, key, stream, fixed_bytes, bytes_per_sample, exponent)`` (the
+whole cell's peak on one line is ``Growth``): its request at batch ``b`` is ``fixed_bytes +
+bytes_per_sample * b ** exponent``. The exponent is 1 but for a request two runs show growing faster
+than the batch (``fitting.paired_with_failure``)."""
+
+
+def events_at(lines: Sequence[EventLine], batch: float) -> list[Event]:
+    """The events at ``batch`` (a fraction of a sample too: a margin is taken on the per-sample part):
+    each request on its line, rounded up to whole bytes, never below zero (the allocator rounds it
+    further)."""
+    events: list[Event] = []
+    append = events.append  # a search builds a few thousand of these lists: the loop is kept lean
+    for kind, key, stream, fixed, per_sample, exponent in lines:
+        if kind == FREE:
+            append((kind, key, 0, stream))
+        else:
+            size = math.ceil(fixed + per_sample * (batch if exponent == 1.0 else batch ** exponent))
+            append((kind, key, size if size > 0 else 0, stream))
+    return events
+
+
+def allocated_limit(lines: Sequence[EventLine], held: Mapping[int, int], cap_bytes: int) -> float:
+    """A batch above which the requests on ``lines`` hold more than ``cap_bytes`` at once, with the blocks
+    ``held`` (bytes by key) allocated at the start until a line frees them (``math.inf``: none; a bound,
+    not the answer: each block is at least its line's bytes, and the allocator's rounding and refusals
+    only lower the real one).
+
+    One pass: at each request the bytes held are ``fixed + per_sample * batch`` summed over what is
+    live, so each request bounds the batch by a division; ``peak_allocated_bytes`` at the batches
+    around it then settles it in a few passes, where bisecting on it alone takes the batch's bits."""
+    live: dict[int, tuple[float, float]] = {key: (float(size), 0.0) for key, size in held.items()}
+    fixed_now, per_sample_now = float(sum(held.values())), 0.0
+    limit = math.inf
+    room = float(cap_bytes)
+    for kind, key, _, fixed, per_sample, exponent in lines:
+        if exponent != 1.0:
+            fixed, per_sample = 0.0, 0.0  # faster than the batch: left out, the bound stays one
+        if kind == FREE:
+            gone = live.pop(key, None)
+            if gone is not None:
+                fixed_now -= gone[0]
+                per_sample_now -= gone[1]
+        elif kind == ALLOC:
+            live[key] = (fixed, per_sample)
+            fixed_now += fixed
+            per_sample_now += per_sample
+            if per_sample_now > 0:
+                limit = min(limit, (room - fixed_now) / per_sample_now)
+    return max(limit, 0.0)
+
+
+def peak_allocated_bytes(events: Sequence[Event], held: Mapping[int, int] | None = None) -> int:
+    """The most ``events`` hold allocated at once, with the blocks ``held`` (bytes by key) allocated from
+    the start until an event frees them (blocks rounded as the allocator rounds them; a ``try``, which the
+    run survives being refused, counts nothing)."""
+    live: dict[int, int] = dict(held or {})
+    now = peak = sum(live.values())
+    for kind, key, size, _ in events:
+        if kind == FREE:
+            now -= live.pop(key, 0)
+        elif kind == ALLOC:
+            block = block_bytes(size)
+            live[key] = block
+            now += block
+            if now > peak:
+                peak = now
+    return peak
+
+
+def largest_below(fits: Callable[[int], bool], high: int, resolution: float = 0.0) -> int:
+    """The largest batch up to ``high`` that ``fits`` (0 when none does), where fitting is assumed at every
+    batch below one that fits and ``high`` is a bound close above the answer: from ``high`` it steps down
+    in widening steps to a batch that fits, then bisects between it and the last that failed, until
+    they are within ``resolution`` of the batch (0: to the sample)."""
+    if high <= 0 or fits(high):
+        return max(high, 0)
+    failed, step = high, max(1, high // 64)  # a bound from allocated bytes is a median 2% above (simulator)
+    while (below := max(high - step, 0)) > 0 and not fits(below):
+        failed, step = below, 2 * step
+    while failed - below > max(1, int(below * resolution)):
+        middle = (below + failed) // 2
+        if fits(middle):
+            below = middle
+        else:
+            failed = middle
+    return below

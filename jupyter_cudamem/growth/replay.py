@@ -30,7 +30,8 @@ frees (a block is returned when its ``free_completed`` event says so), expandabl
 the driver's real addresses only break ties between equal free blocks.
 
 Pure Python, no torch: sizes in bytes, events as plain tuples. ``sources.torch_trace`` reads a
-recorded trace (``torch.cuda.memory._snapshot()``) into these events and start segments.
+recorded trace (``torch.cuda.memory._snapshot()``) into these events and start segments; a rerun's are kept
+as a ``RecordedRun``, whose events another start (the next try's, the user's next run) makes its own way.
 """
 
 from __future__ import annotations
@@ -539,3 +540,43 @@ def with_keys(events: Sequence[Event], keys: Mapping[int, int | None]) -> list[E
         else:
             made.append(event)
     return made
+
+
+@dataclass(frozen=True)
+class RecordedRun:
+    """One rerun as the replay reads it: the segments it started from, its events, and what it left
+    allocated as ``(address, key)``. ``whole`` is false for a window of a run longer than the history kept (``reruns.recording``)."""
+
+    start: tuple[StartSegment, ...]
+    events: tuple[Event, ...]
+    left: tuple[tuple[int, int], ...] = ()
+    whole: bool = True
+    carried: frozenset[int] = frozenset()  # a window's: keys of what the run held when the window began
+    steps: tuple[tuple[int, int], ...] = ()  # each optimizer step() as (first event, event after its last)
+    # addresses in ``start`` of each value the cell binds again, name by name (``rebound_keys``)
+    remade: tuple[frozenset[int], ...] = ()
+    # addresses in ``start`` of what the put-back held until the run's first step (``with_released``)
+    released: frozenset[int] = frozenset()
+
+    @property
+    def released_keys(self) -> frozenset[int]:
+        """``released`` as ``start``'s keys: what the replay of this run from its own start lets go."""
+        return keys_at(self.start, self.released)
+
+    def events_from(self, start: tuple[StartSegment, ...], remade: Sequence[frozenset[int]] = (),
+                    released: frozenset[int] = frozenset()) -> list[Event]:
+        """The events a run from ``start`` makes, where ``start`` holds ``remade`` (as ``self.remade``) and
+        ``released`` until the first step: the last run's values go where this run let its own go
+        (``rebound_keys``), its optimizer state where the step begins (``with_released``), and
+        what it made and left that ``start`` holds is not made again (``held_elsewhere``)."""
+        rebound = rebound_keys(self.start, self.remade, start, remade)
+        events = with_keys(self.events, rebound) if rebound else list(self.events)
+        recorded = self.released_keys
+        if (self.steps or not self.whole) and (recorded or released):
+            # A window begins after the cell's first step: what the put-back held is gone before it.
+            at = self.steps[0][0] if self.whole else 0
+            events = with_released(events, recorded, keys_at(start, released), at)
+        freed_where_bound = {key for key in rebound.values() if key is not None}
+        let_go = {address for address, key in start_keys(start).items() if key in freed_where_bound}
+        unpaired = frozenset(address for addresses in remade for address in addresses) - let_go
+        return held_elsewhere(events, self.left, start, unpaired, released | let_go)

@@ -10,7 +10,7 @@ from ..batch import Knob
 from ..cell.edit import CellDiff, unified_diff
 from ..report.text import TextReport, disclosure_html, more_line
 from ..units import format_bytes, format_seconds
-from ..reruns.recording import RecordedRun
+from ..growth.replay import RecordedRun
 from ..batchsearch.state import Observation
 from .strategies import STRATEGY_TITLES, Strategy
 from .whole_data import CHUNKED_NOTE

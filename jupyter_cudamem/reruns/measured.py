@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from ..measure import Measurement, Meter
 
-from .recording import Recorder, RecordedRun
+from ..growth.replay import RecordedRun
+from .recording import Recorder
 
 
 @dataclass(frozen=True)

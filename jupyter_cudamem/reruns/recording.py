@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from ..sources.base import OPTIMIZER_STEPS, AllocatorSource
 from ..sources.torch_trace import device_trace, device_traces, read_trace_within, start_segments, trace_rows, window_prologue, without_step_marks
 from ..growth.fitting import REPLAY_MARGIN
-from ..growth.replay import (ALLOC, FREE, Event, StartSegment, allocated_blocks, held_elsewhere, keys_at,
-                             rebound_keys, replay, start_keys, with_keys, with_released)
+from ..growth.replay import ALLOC, FREE, Event, RecordedRun, StartSegment, allocated_blocks, replay
 
 MAX_EVENTS = 100_000
 """The history kept per run where no window is asked for (``%%cudamem_plan``'s runs): far above a
@@ -23,46 +22,6 @@ training step's events, and below where replaying stops being cheaper than a rer
 WINDOW_EVENTS = 400_000
 """The history kept per rerun where windows are asked for (``%oomfix``'s): a window must hold one whole
 pass of the cell's loop to reach the run's peak."""
-
-
-@dataclass(frozen=True)
-class RecordedRun:
-    """One rerun as the replay reads it: the segments it started from, its events, and what it left
-    allocated as ``(address, key)``. ``whole`` is false for a window (see the module docstring)."""
-
-    start: tuple[StartSegment, ...]
-    events: tuple[Event, ...]
-    left: tuple[tuple[int, int], ...] = ()
-    whole: bool = True
-    carried: frozenset[int] = frozenset()  # a window's: keys of what the run held when the window began
-    steps: tuple[tuple[int, int], ...] = ()  # each optimizer step() as (first event, event after its last)
-    # addresses in ``start`` of each value the cell binds again, name by name (``replay.rebound_keys``)
-    remade: tuple[frozenset[int], ...] = ()
-    # addresses in ``start`` of what the put-back held until the run's first step (``replay.with_released``)
-    released: frozenset[int] = frozenset()
-
-    @property
-    def released_keys(self) -> frozenset[int]:
-        """``released`` as ``start``'s keys: what the replay of this run from its own start lets go."""
-        return keys_at(self.start, self.released)
-
-    def events_from(self, start: tuple[StartSegment, ...], remade: Sequence[frozenset[int]] = (),
-                    released: frozenset[int] = frozenset()) -> list[Event]:
-        """The events a run from ``start`` makes, where ``start`` holds ``remade`` (as ``self.remade``) and
-        ``released`` until the first step: the last run's values go where this run let its own go
-        (``replay.rebound_keys``), its optimizer state where the step begins (``replay.with_released``), and
-        what it made and left that ``start`` holds is not made again (``replay.held_elsewhere``)."""
-        rebound = rebound_keys(self.start, self.remade, start, remade)
-        events = with_keys(self.events, rebound) if rebound else list(self.events)
-        recorded = self.released_keys
-        if (self.steps or not self.whole) and (recorded or released):
-            # A window begins after the cell's first step: what the put-back held is gone before it.
-            at = self.steps[0][0] if self.whole else 0
-            events = with_released(events, recorded, keys_at(start, released), at)
-        freed_where_bound = {key for key in rebound.values() if key is not None}
-        let_go = {address for address, key in start_keys(start).items() if key in freed_where_bound}
-        unpaired = frozenset(address for addresses in remade for address in addresses) - let_go
-        return held_elsewhere(events, self.left, start, unpaired, released | let_go)
 
 
 class Recorder:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from jupyter_cudamem.batchsearch.policy import BatchSearch
 from jupyter_cudamem.batchsearch.state import Observation
 from jupyter_cudamem.growth.replay import ALLOC, FREE, StartSegment, block_bytes
-from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.growth.replay import RecordedRun
 from tests.fakes import MiB
 
 CAP = 100 * MiB

@@ -20,7 +20,7 @@ from jupyter_cudamem.capacity.cards import card_table
 from jupyter_cudamem.capacity.plan import CALIBRATED_MARGIN, DEFAULT_MARGIN, largest_batch, usable_bytes
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.magics.plan import CudaMemPlan
-from jupyter_cudamem.growth.through_points import Line
+from jupyter_cudamem.growth.line import Line
 
 WEIGHTS = 2 * GiB
 PER_SAMPLE = 30 * MiB

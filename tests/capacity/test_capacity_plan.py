@@ -7,7 +7,7 @@ import random
 import pytest
 
 from jupyter_cudamem.capacity.cards import Card
-from jupyter_cudamem.growth.through_points import faster_than_linear, fit, same
+from jupyter_cudamem.growth.line import faster_than_linear, line_through, same
 from jupyter_cudamem.capacity.plan import (
     Run,
     build_plan,
@@ -15,7 +15,7 @@ from jupyter_cudamem.capacity.plan import (
     plan_card,
     usable_bytes,
 )
-from jupyter_cudamem.growth.through_points import Line
+from jupyter_cudamem.growth.line import Line
 
 GiB, MiB = 1024**3, 1024**2
 
@@ -118,14 +118,14 @@ def test_fixed_size_cell_fits_or_not():
 
 
 def test_fit_recovers_a_line_and_judges_it():
-    line = fit([(32, 2 * GiB + 32 * 7 * MiB), (64, 2 * GiB + 64 * 7 * MiB)])
+    line = line_through([(32, 2 * GiB + 32 * 7 * MiB), (64, 2 * GiB + 64 * 7 * MiB)])
     assert line.slope_bytes == pytest.approx(7 * MiB) and line.intercept_bytes == pytest.approx(2 * GiB)
     assert not faster_than_linear(line, start_bytes=2 * GiB, peak_bytes=2 * GiB + 64 * 7 * MiB)
     quadratic = lambda b: GiB + 4 * MiB * b + 0.2 * MiB * b * b  # noqa: E731
-    curved = fit([(32, int(quadratic(32))), (64, int(quadratic(64)))])
+    curved = line_through([(32, int(quadratic(32))), (64, int(quadratic(64)))])
     assert faster_than_linear(curved, start_bytes=GiB, peak_bytes=int(quadratic(64)))
     with pytest.raises(ValueError):
-        fit([(64, GiB), (64, GiB)])
+        line_through([(64, GiB), (64, GiB)])
 
 
 def test_same_allows_small_noise_only():

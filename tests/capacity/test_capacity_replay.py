@@ -14,9 +14,9 @@ from jupyter_cudamem.capacity.plan import DEFAULT_MARGIN, Run, build_plan
 from jupyter_cudamem.capacity.runs import (AGAIN, AS_WRITTEN, AUTOCAST, FINAL, SMALLER, WORKSPACES, Measured, Runner, judge,
                                            measure_runs, probe_workspaces)
 from jupyter_cudamem.growth.replay import ALLOC, FREE, TRY, optional_workspaces
-from jupyter_cudamem.growth.through_points import fit
+from jupyter_cudamem.growth.line import line_through
 from jupyter_cudamem.measure import Meter
-from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.growth.replay import RecordedRun
 from jupyter_cudamem.reruns.set_aside import set_aside
 from tests.fakes import FakeMover, FakeTensor, MiB
 
@@ -35,7 +35,7 @@ def recorded_run(label: str, batch: int) -> Run:
 
 
 def plan_of(runs: list[Run], margin: float = DEFAULT_MARGIN, replay: bool = True, optional: bool = True):
-    line = fit([(r.batch, r.peak_bytes) for r in runs])  # type: ignore[misc]
+    line = line_through([(r.batch, r.peak_bytes) for r in runs])  # type: ignore[misc]
     return build_plan(runs, 16, "batch", [CARD], margin, 0, "none here", line=line,
                       replay_runs=(runs[0], runs[1]) if replay else None, workspaces_optional=optional)
 

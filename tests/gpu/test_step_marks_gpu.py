@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_cudamem.growth.fixed import made_in_steps
+from jupyter_cudamem.growth.line import made_in_steps
 from jupyter_cudamem.reruns.recording import Recorder
 from jupyter_cudamem.sources.base import STEP_MARK_BYTES
 

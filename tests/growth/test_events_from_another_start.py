@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from jupyter_cudamem.growth.fitting import fits_in_a_row
 from jupyter_cudamem.growth.replay import ALLOC, FREE, StartSegment, keys_at, replay, start_keys, with_released
-from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.growth.replay import RecordedRun
 from jupyter_cudamem.units import GiB, MiB
 
 WEIGHTS, STATE, OTHER_STATE = 1 << 34, 1 << 35, 1 << 36

@@ -1,4 +1,4 @@
-"""Which requests of one recorded run do not grow with the batch (growth/fixed.py), on runs written out by
+"""Which requests of one recorded run do not grow with the batch (growth/line.py), on runs written out by
 hand: a model of two weights, 4 MiB and 1 MiB, trained by an AdamW-like optimizer (two state tensors each)."""
 
 from jupyter_cudamem.growth import FixedMemory, batch_independent_requests

@@ -3,7 +3,7 @@
 import pytest
 
 from jupyter_cudamem.growth.fitting import fits_in_a_row, fitting_from_one, paired_fittings, paired_with_failure
-from jupyter_cudamem.growth.pairing import growth_lines, law_through, power_of_the_batch
+from jupyter_cudamem.growth.fitting import growth_lines, law_through, power_of_the_batch
 from jupyter_cudamem.growth.replay import StartSegment, block_bytes, held_elsewhere, replay, segment_bytes, start_keys
 from jupyter_cudamem.sources.torch_trace import events_from_trace, read_trace
 
@@ -199,7 +199,7 @@ def test_a_value_the_cell_binds_again_is_made_anew_while_the_last_runs_is_held()
 
 
 def test_runs_too_different_to_pair_cheaply_pair_only_their_common_ends(monkeypatch):
-    from jupyter_cudamem.growth import pairing as module
+    from jupyter_cudamem.growth import fitting as module
 
     first = ["alloc"] + ["alloc", "free"] * 50 + ["free"]
     second = ["alloc"] + ["alloc", "free", "alloc", "free", "free"] * 30 + ["free"]
@@ -224,7 +224,7 @@ def _step_events(batch: int, layers: int, extra_at: int | None = None) -> list:
 
 
 def test_long_runs_with_a_few_extra_requests_are_walked_into_pairs_when_too_long_for_difflib(monkeypatch):
-    from jupyter_cudamem.growth import pairing as module
+    from jupyter_cudamem.growth import fitting as module
 
     first, second = _step_events(1, 400), _step_events(2, 400, extra_at=5)
     monkeypatch.setattr(module, "MAX_PAIRING_WORK", 50_000)  # below the middles' product: difflib is not used
@@ -244,7 +244,7 @@ def test_a_run_that_lets_go_of_the_last_runs_values_pairs_with_a_first_run_that_
     # AdamW state (hundreds of frees in a row, blocks made before it) where the first run frees nothing;
     # past the walk's window the two never aligned again, the forward and backward went unpaired and were
     # scaled whole with the batch, and the search stopped at 8 where 22 keeps fitting.
-    from jupyter_cudamem.growth import pairing as module
+    from jupyter_cudamem.growth import fitting as module
 
     monkeypatch.setattr(module, "MAX_PAIRING_WORK", 50_000)  # walked, as runs of a large model are
     first = _step_events(1, 400)

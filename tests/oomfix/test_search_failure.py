@@ -10,7 +10,7 @@ pass, under an 8 GiB cap; its largest batch that keeps fitting is 1,101, and the
 from __future__ import annotations
 
 from jupyter_cudamem.growth.replay import StartSegment, replay
-from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.growth.replay import RecordedRun
 from jupyter_cudamem.batchsearch.policy import BatchSearch
 from jupyter_cudamem.batchsearch.state import Attempt, Observation
 from tests.oomfix import world

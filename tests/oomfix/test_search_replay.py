@@ -16,7 +16,7 @@ import pytest
 
 from jupyter_cudamem.growth import replay
 from jupyter_cudamem.growth.fitting import Fitting
-from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.growth.replay import RecordedRun
 from jupyter_cudamem.batchsearch.policy import REPLAY_MARGIN, BatchSearch
 from jupyter_cudamem.batchsearch.state import Observation
 from tests.fakes import GiB, MiB

@@ -15,8 +15,8 @@ import pytest
 
 from jupyter_cudamem.growth import FixedMemory, replay
 from jupyter_cudamem.growth.fitting import fits_in_a_row
-from jupyter_cudamem.growth.fixed import made_in_steps, step_gradients
-from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.growth.line import made_in_steps, step_gradients
+from jupyter_cudamem.growth.replay import RecordedRun
 from jupyter_cudamem.sources.torch_trace import read_trace_within, without_step_marks
 from jupyter_cudamem.batchsearch.policy import BatchSearch
 from jupyter_cudamem.batchsearch.state import Observation

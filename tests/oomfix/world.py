@@ -41,9 +41,9 @@ from typing import TypeVar
 
 from jupyter_cudamem.growth import FixedMemory
 from jupyter_cudamem.growth.fitting import allocated_limit, fits_in_a_row, held_at_start, largest_below
-from jupyter_cudamem.growth.pairing import EventLine
+from jupyter_cudamem.growth.line import EventLine
 from jupyter_cudamem.growth.replay import Event, StartSegment, block_bytes, replay, segment_bytes
-from jupyter_cudamem.reruns.recording import RecordedRun
+from jupyter_cudamem.growth.replay import RecordedRun
 from jupyter_cudamem.batchsearch.policy import BatchSearch
 from jupyter_cudamem.batchsearch.state import Observation
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from jupyter_cudamem.cell.read import read_cell
-from jupyter_cudamem.reruns.recording import MAX_EVENTS, RecordedRun, Recorder
+from jupyter_cudamem.growth.replay import RecordedRun
+from jupyter_cudamem.reruns.recording import MAX_EVENTS, Recorder
 from jupyter_cudamem.sources.torch_trace import start_segments
 from jupyter_cudamem.growth.replay import StartSegment
 from tests.fakes import FakeAllocator, FakeMachine, MiB
