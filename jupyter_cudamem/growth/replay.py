@@ -545,7 +545,8 @@ def with_keys(events: Sequence[Event], keys: Mapping[int, int | None]) -> list[E
 @dataclass(frozen=True)
 class RecordedRun:
     """One rerun as the replay reads it: the segments it started from, its events, and what it left
-    allocated as ``(address, key)``. ``whole`` is false for a window of a run longer than the history kept (``reruns.recording``)."""
+    allocated as ``(address, key)``. ``whole`` is false for a window of a run longer than the history
+    kept (``reruns.recording``)."""
 
     start: tuple[StartSegment, ...]
     events: tuple[Event, ...]
