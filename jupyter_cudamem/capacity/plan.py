@@ -102,7 +102,7 @@ def build_plan(
         peaks = [r.peak_bytes for r in runs if not r.oom and not r.autocast and r.peak_bytes is not None]
         fixed_peak = max(peaks) if peaks else None
     plans = tuple(
-        plan_card(card, line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line,
+        plan_card((card.name, card.total_bytes), line, fixed_peak, batch, non_pytorch_bytes, margin, autocast_line,
                   reserved_line=reserved_line, ratio=ratio, replayed=replayed)
         for card in cards
     )

@@ -50,7 +50,6 @@ from ..growth.accumulation import accumulation_plan
 from ..growth.fitting import REPLAY_MARGIN, paired_fittings
 from ..growth.replay import optional_workspaces
 from ..growth.line import Agreement, Line
-from .cards import Card
 
 if TYPE_CHECKING:
     from ..growth.replay import RecordedRun
@@ -236,7 +235,7 @@ class CardPlan:
 
 
 def plan_card(
-    card: Card | tuple[str, int],
+    card: tuple[str, int],
     line: Line | None,
     fixed_peak_bytes: int | None,
     batch: int | None,
@@ -248,11 +247,12 @@ def plan_card(
     ratio: float | None = None,
     replayed: Callable[[int], int] | None = None,
 ) -> CardPlan:
-    """One card's plan from the line (or, for a cell with no batch, its one measured peak). With a
-    calibration ``ratio`` the line is scaled by it and the reserved line is not needed (see
-    ``calibrated``); else, where the runs were recorded, the allocator's replay of them decides the
-    largest batch (``replayed_largest``), the lines where they were not."""
-    name, total = (card.name, card.total_bytes) if isinstance(card, Card) else card
+    """One card's plan (``card``: its name and the bytes it holds, ``cards.Card.total_bytes``) from the line
+    (or, for a cell with no batch, its one measured peak). With a calibration ``ratio`` the line is scaled
+    by it and the reserved line is not needed (see ``calibrated``); else, where the runs were recorded, the
+    allocator's replay of them decides the largest batch (``replayed_largest``), the lines where they were
+    not."""
+    name, total = card
     if line is None or batch is None:
         usable = usable_bytes(total, non_pytorch_bytes, margin)
         peak = float(fixed_peak_bytes or 0)

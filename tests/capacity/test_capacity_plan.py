@@ -20,6 +20,11 @@ from jupyter_cudamem.growth.line import Line
 GiB, MiB = 1024**3, 1024**2
 
 
+def _card(name: str, nominal_gib: float) -> tuple[str, int]:
+    """A card as the plan takes it: its name and the bytes it holds (``Card.total_bytes``)."""
+    return name, Card(name, nominal_gib).total_bytes
+
+
 def test_usable_is_card_less_outside_less_margin():
     assert usable_bytes(16 * GiB, GiB, 0.0) == 15 * GiB
     assert usable_bytes(16 * GiB, GiB, 0.1) == int(15 * GiB * 0.9)
@@ -74,7 +79,7 @@ def test_a_reserved_line_that_needs_more_than_the_margin_decides():
 
 def test_card_plan_for_a_batch_that_does_not_fit():
     line = Line(100 * MiB, 2 * GiB)
-    plan = plan_card(Card("Small", 8), line, None, 256, 512 * MiB, 0.0)
+    plan = plan_card(_card("Small", 8), line, None, 256, 512 * MiB, 0.0)
     # (8,192 MiB - 512 - 2,048) / 100 = 56.32: 56 fit, not 256; 32 divides 256 and is at least half of 56.
     assert plan.largest_batch == 56 and not plan.fits
     assert (plan.micro_batch, plan.steps) == (32, 8)
@@ -83,7 +88,7 @@ def test_card_plan_for_a_batch_that_does_not_fit():
 
 def test_a_prime_batch_says_no_divisor_is_close():
     line = Line(100 * MiB, 2 * GiB)
-    plan = plan_card(Card("Small", 8), line, None, 257, 512 * MiB, 0.0)
+    plan = plan_card(_card("Small", 8), line, None, 257, 512 * MiB, 0.0)
     # 56 fit ((8 GiB - 512 MiB - 2 GiB) / 100 MiB = 56.3); 257 is prime, so no divisor is within half of 56:
     # four steps of 56 and a last of 33 (257 - 224), the same rule as %oomfix's advice (growth.accumulation).
     assert (plan.largest_batch, plan.micro_batch, plan.steps, plan.last_batch) == (56, 56, 5, 33)
@@ -96,14 +101,14 @@ def test_the_plan_and_oomfix_advice_split_a_batch_by_one_rule():
 
     # 56 fit; 32 divides 256 and is at least half of 56: eight equal steps of 32 in both features.
     line = Line(100 * MiB, 2 * GiB)
-    plan = plan_card(Card("Small", 8), line, None, 256, 512 * MiB, 0.0)
+    plan = plan_card(_card("Small", 8), line, None, 256, 512 * MiB, 0.0)
     assert (plan.micro_batch, plan.steps, plan.last_batch) == (32, 8, None) and plan.divisor_close
     advice = advice_rule(256, 56)
     assert (advice.micro, advice.steps, advice.exact) == (32, 8, True)
 
 
 def test_a_card_too_small_for_the_fixed_part():
-    plan = plan_card(Card("Tiny", 2), Line(MiB, 3 * GiB), None, 8, 0, 0.0)
+    plan = plan_card(_card("Tiny", 2), Line(MiB, 3 * GiB), None, 8, 0, 0.0)
     assert plan.largest_batch == 0 and not plan.fits and plan.micro_batch is None
     assert "even at batch 1" in plan.advice(8)
 
@@ -155,7 +160,7 @@ def test_every_number_of_the_plan_comes_from_the_same_limits():
     # 45.06), which decides. --margin 0.10 leaves 6% more free below the reserved line: 5,632 x 0.94 / 125 =
     # 42.35, so 42 (it used to stay 45 while the text said 10%).
     line, reserved = Line(100 * MiB, 2 * GiB), Line(125 * MiB, 2 * GiB)
-    card = Card("Small", 8)
+    card = _card("Small", 8)
     assert plan_card(card, line, None, 256, 512 * MiB, 0.04, reserved_line=reserved).largest_batch == 45
     assert plan_card(card, line, None, 256, 512 * MiB, 0.10, reserved_line=reserved).largest_batch == 42
     # Autocast halves the per-sample bytes (50 MiB): by the allocated line alone 108 (5,632 x 0.96 / 50),
@@ -171,11 +176,11 @@ def test_the_autocast_column_scales_the_float32_column_by_the_per_sample_bytes()
     # samples under autocast, so 1,427, above 892 (it used to take the reserved line's waste the replay
     # had not, and came out below float32).
     line, autocast, reserved = Line(16 * MiB, 80 * MiB), Line(10 * MiB, 80 * MiB), Line(32 * MiB, 80 * MiB)
-    plan = plan_card(Card("T4", 16), line, None, 256, 760 * MiB, 0.1, autocast_line=autocast,
+    plan = plan_card(_card("T4", 16), line, None, 256, 760 * MiB, 0.1, autocast_line=autocast,
                      reserved_line=reserved, replayed=lambda usable: 892)
     assert (plan.largest_batch, plan.largest_autocast_batch) == (892, 1427)
     # Calibrated by 1.25 on an 8 GiB card with 512 MiB outside PyTorch: 125 MiB + 2.5 GiB a sample leaves
     # 5,120 MiB of room, 5,120 x 0.96 / 125 = 39.3, so 39; under autocast 39 x 100 / 50 = 78.
     line, autocast = Line(100 * MiB, 2 * GiB), Line(50 * MiB, 2 * GiB)
-    plan = plan_card(Card("Small", 8), line, None, 256, 512 * MiB, 0.04, autocast_line=autocast, ratio=1.25)
+    plan = plan_card(_card("Small", 8), line, None, 256, 512 * MiB, 0.04, autocast_line=autocast, ratio=1.25)
     assert (plan.largest_batch, plan.largest_autocast_batch) == (39, 78)
