@@ -183,7 +183,7 @@ class TrackedNamespace:
         code, so no user code runs and neither the warnings filter nor the collector's pause is needed (in a
         running cell they cost more than the rest of a trivial cell's snapshot). ``False``, changing nothing,
         where a touched name is anything else."""
-        fresh: dict[str, tuple[Any, ...] | None] = {}
+        fresh: dict[str, tuple[tuple[Any, ...] | None, tuple[Any, ...] | None]] = {}  # name: (old, new)
         for name in self._touched:
             old = self._current(name)
             if old is not None and len(old) > 1:
@@ -191,15 +191,14 @@ class TrackedNamespace:
             value = namespace.get(name, _GONE)
             if value is _GONE:
                 if old is not None:
-                    fresh[name] = None
+                    fresh[name] = (old, None)
             elif type(value) in ATOM_TYPES:
-                fresh[name] = (id(value),)
+                fresh[name] = (old, (id(value),))
             else:
                 return False
         if fresh:  # a new dict, as ``_refresh`` makes: the snapshot handed out before keeps its own
             changed = self._changed = dict(self._changed)
-            for name, new in fresh.items():
-                old = self._current(name)
+            for name, (old, new) in fresh.items():
                 if old is not None:
                     self._unindex(name, old)
                 changed[name] = new
