@@ -41,12 +41,13 @@ within half of the largest that fits, else steps of the largest that fits and a 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..growth.accumulation import accumulation_plan
+from ..growth.accumulation import AccumulationPlan, accumulation_plan
 from ..growth.fitting import REPLAY_MARGIN, paired_fittings
 from ..growth.replay import optional_workspaces
 from ..growth.line import Agreement, Line
@@ -205,15 +206,34 @@ class CardPlan:
     predicted_peak_bytes: float  # at the batch as written (or the fixed cell's peak)
     fits: bool  # the batch as written
     largest_batch: int | None = None
-    micro_batch: int | None = None  # when it does not fit: the micro-batch and accumulation steps
-    steps: int | None = None
-    last_batch: int | None = None  # the last step's batch, where no divisor is close (``growth.accumulation``)
     largest_autocast_batch: int | None = None
     this_card: bool = False
+    batch: int | None = None  # as written
+
+    @functools.cached_property
+    def _split(self) -> AccumulationPlan | None:
+        """Where the batch as written does not fit but a smaller one does: the steps that keep it
+        (``growth.accumulation``, the rule ``%oomfix``'s advice uses)."""
+        if self.fits or self.batch is None or not self.largest_batch:
+            return None
+        return accumulation_plan(self.batch, self.largest_batch)
+
+    @property
+    def micro_batch(self) -> int | None:
+        return None if self._split is None else self._split.micro
+
+    @property
+    def steps(self) -> int | None:
+        return None if self._split is None else self._split.steps
+
+    @property
+    def last_batch(self) -> int | None:
+        """The last step's batch, where no divisor is close (``None`` where the steps are equal)."""
+        return None if self._split is None or self._split.exact else self._split.last
 
     @property
     def divisor_close(self) -> bool:
-        """Whether the steps are equal and add up to the batch exactly (``growth.accumulation``)."""
+        """Whether the steps are equal and add up to the batch exactly."""
         return self.last_batch is None or self.last_batch == self.micro_batch
 
     def advice(self, batch: int | None, trains: bool = True) -> str:
@@ -266,15 +286,10 @@ def plan_card(
     else:
         largest = plan_largest(line, usable, margin, reserved_line)
     peak = line.peak(batch)
-    fits = batch <= largest
-    micro = steps = last = None
-    if not fits and largest >= 1:
-        split = accumulation_plan(batch, largest)
-        micro, steps, last = split.micro, split.steps, (None if split.exact else split.last)
     under_autocast = None
     if autocast_line is not None and autocast_line.slope_bytes > 0 and measured.slope_bytes > 0:
         under_autocast = autocast_largest(largest, measured, autocast_line)
-    return CardPlan(name, total, usable, peak, fits, largest, micro, steps, last, under_autocast, this_card)
+    return CardPlan(name, total, usable, peak, batch <= largest, largest, under_autocast, this_card, batch)
 
 
 @dataclass(frozen=True)
