@@ -72,7 +72,7 @@ def main() -> int:
             torch.cuda.memory._record_memory_history(enabled=None)
             kept["next"] = [(e["action"], e.get("addr"), e.get("size"), _cell_frames(e)) for e in history]
 
-    from jupyter_cudamem.batchsearch.state import Tries
+    from jupyter_cudamem.batchsearch import Tries
 
     answer = Tries.answer
 

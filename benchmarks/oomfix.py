@@ -916,7 +916,7 @@ def searches_kept() -> Any:
     if TRACES_DIR is None:
         yield kept
         return
-    from jupyter_cudamem.batchsearch.policy import BatchSearch
+    from jupyter_cudamem.batchsearch import BatchSearch
 
     original = BatchSearch.next
 

@@ -7,7 +7,7 @@ the sweep, the cell runs in a plain namespace at fixed fractions of the sweep's 
 reserved, active and inactive-split peaks, PyTorch's count of allocation retries (the allocator freeing
 its cache under the cap and trying again), and the error.
 
-What it answers, for ``%oomfix``'s search (``jupyter_cudamem/batchsearch/policy.py``): the search aims at the
+What it answers, for ``%oomfix``'s search (``jupyter_cudamem/batchsearch.py``): the search aims at the
 budget less a 4% margin on a line through *allocated* peaks. Where the largest batch that fits reaches
 95-99% of the cap in allocated bytes (the convnets, BERT), that holds. Measured on the H100
 (``benchmarks/results/usable_memory.json``): the GRU's allocated peak grew by 5.5 MiB per sample up to

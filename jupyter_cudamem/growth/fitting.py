@@ -23,8 +23,8 @@ from typing import Callable, Collection, Mapping, NamedTuple, Sequence
 
 from ..units import TiB
 from .line import EventLine, allocated_limit, events_at, largest_below, peak_allocated_bytes
-from .replay import (ALLOC, FREE, MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES, Allocator, Event, StartSegment, allocated_blocks,
-                     given_back_at_once, start_keys)
+from .replay import (ALLOC, FREE, MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES, Allocator, Event, RecordedRun, StartSegment,
+                     allocated_blocks, given_back_at_once, start_keys)
 
 
 def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
@@ -474,6 +474,12 @@ def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_by
         return True
     finally:
         allocator.close()
+
+
+def keeps_fitting(run: RecordedRun, cap_bytes: int) -> bool:
+    """Whether a whole recorded run, replayed from its own start as it began, fits ``RUNS_IN_A_ROW`` times."""
+    return run.whole and fits_in_a_row(run.events_from(run.start, run.remade, run.released), run.start, cap_bytes,
+                                       released=run.released_keys)
 
 
 def _carried_key(key: int) -> int:

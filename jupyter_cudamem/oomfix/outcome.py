@@ -11,7 +11,7 @@ from ..cell.edit import CellDiff, unified_diff
 from ..report.text import TextReport, disclosure_html, more_line
 from ..units import format_bytes, format_seconds
 from ..growth.replay import RecordedRun
-from ..batchsearch.state import Observation
+from ..batchsearch import Observation
 from .strategies import STRATEGY_TITLES, Strategy
 from .whole_data import CHUNKED_NOTE
 

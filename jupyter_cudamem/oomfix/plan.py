@@ -13,7 +13,7 @@ from ..cell.edit import CellDiff
 from ..cell.read import ReadCell
 from ..hardware import Hardware, headroom_bytes
 from ..oom import OomInfo, oom_device
-from ..batchsearch.policy import BatchSearch
+from ..batchsearch import BatchSearch
 from .outcome import BatchPlan, Outcome
 from .strategies import Strategy
 from .whole_data import whole_data_decision

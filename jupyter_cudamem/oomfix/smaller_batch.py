@@ -13,8 +13,7 @@ from ..cell.edit import CellDiff
 from ..errors import CudaMemError
 from ..growth import FixedMemory
 from ..hardware import Hardware, reserved_limit_bytes
-from ..batchsearch.policy import BatchSearch
-from ..batchsearch.state import Observation
+from ..batchsearch import BatchSearch, Observation
 from ..units import format_bytes
 from .outcome import TryResult
 from .strategies import Strategy

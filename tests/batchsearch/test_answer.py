@@ -3,8 +3,7 @@ own recorded run, run after run as the cell's next runs make it, runs out of mem
 
 from __future__ import annotations
 
-from jupyter_cudamem.batchsearch.policy import BatchSearch
-from jupyter_cudamem.batchsearch.state import Observation
+from jupyter_cudamem.batchsearch import BatchSearch, Observation
 from jupyter_cudamem.growth.replay import ALLOC, FREE, StartSegment, block_bytes
 from jupyter_cudamem.growth.replay import RecordedRun
 from tests.fakes import MiB

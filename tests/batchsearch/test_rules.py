@@ -1,4 +1,4 @@
-"""Each of the batch search's rules (``jupyter_cudamem/batchsearch/policy.py``, ``RULES``) on a state where it
+"""Each of the batch search's rules (``jupyter_cudamem/batchsearch.py``, ``RULES``) on a state where it
 is the first that chooses.
 
 The states are measured by the line (no recorded runs), so every expected batch is worked out by hand from
@@ -13,9 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from jupyter_cudamem.batchsearch import policy
-from jupyter_cudamem.batchsearch.policy import BatchSearch
-from jupyter_cudamem.batchsearch.state import Observation
+from jupyter_cudamem import batchsearch
+from jupyter_cudamem.batchsearch import BatchSearch, Observation
 from tests.fakes import MiB
 
 LINE = "line through measured peaks: 200 MiB fixed + 8.000 MiB per sample"
@@ -112,4 +111,4 @@ def test_the_docs_describe_every_rule_in_the_order_the_search_asks_them():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "oomfix.md").read_text()
     section = docs.split("## How the search chooses", 1)[1].split("\n## ", 1)[0]
     described = re.findall(r"^\d+\. \*\*`(\w+)`\*\*", section, flags=re.MULTILINE)
-    assert described == [rule.__name__ for rule in policy.RULES]
+    assert described == [rule.__name__ for rule in batchsearch.RULES]

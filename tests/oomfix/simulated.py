@@ -195,7 +195,7 @@ class MemoryModel:
 
     def observe(self, batch: int):
         """``run(batch)`` as the search sees it (``Observation``), the fragments in a failure's figures."""
-        from jupyter_cudamem.batchsearch.state import Observation
+        from jupyter_cudamem.batchsearch import Observation
 
         ok, held, need = self.run(batch)
         if ok:
@@ -204,8 +204,8 @@ class MemoryModel:
 
 
 def search_outcome(model: MemoryModel, start: int, budget_bytes: float, max_tries: int = 3):
-    """Run ``batchsearch.policy.BatchSearch`` on ``model`` from a failure at ``start``: ``(found, reruns, search)``."""
-    from jupyter_cudamem.batchsearch.policy import BatchSearch
+    """Run ``batchsearch.BatchSearch`` on ``model`` from a failure at ``start``: ``(found, reruns, search)``."""
+    from jupyter_cudamem.batchsearch import BatchSearch
 
     failed = model.observe(start)
     assert not failed.fitted, "the start must fail"

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from jupyter_cudamem.growth.fitting import largest_below
 from jupyter_cudamem.growth.replay import Event, replay
 from jupyter_cudamem.growth.replay import RecordedRun
-from jupyter_cudamem.batchsearch.policy import BatchSearch
-from jupyter_cudamem.batchsearch.state import Observation
+from jupyter_cudamem.batchsearch import BatchSearch, Observation
 from tests.oomfix.world import draws, met_goal
 
 GiB = 2**30

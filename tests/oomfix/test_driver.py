@@ -11,7 +11,7 @@ import traceback
 
 import pytest
 
-from jupyter_cudamem.batchsearch.policy import BatchSearch
+from jupyter_cudamem.batchsearch import BatchSearch
 from jupyter_cudamem.cell.read import read_cell
 from jupyter_cudamem.errors import CudaMemError
 from jupyter_cudamem.oomfix.cleanup import CleanupResult

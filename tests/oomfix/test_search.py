@@ -1,4 +1,4 @@
-"""The batch-size search policy against simulated memory models (jupyter_cudamem/batchsearch/policy.py, growth.py).
+"""The batch-size search policy against simulated memory models (jupyter_cudamem/batchsearch.py, growth/).
 
 The models (``tests/oomfix/simulated.MemoryModel``) have a batch-independent part (half allocated
 before the batch's tensors, half after, as a model built in the cell and its optimizer state are), a
@@ -27,8 +27,7 @@ import statistics
 import pytest
 
 from jupyter_cudamem.growth import Growth, fit, lowest_slope, through_origin
-from jupyter_cudamem.batchsearch.policy import BatchSearch
-from jupyter_cudamem.batchsearch.state import Observation
+from jupyter_cudamem.batchsearch import BatchSearch, Observation
 from tests.fakes import GiB, MiB
 from tests.oomfix.simulated import MemoryModel, run_search, search_outcome
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from jupyter_cudamem.growth.replay import StartSegment, replay
 from jupyter_cudamem.growth.replay import RecordedRun
-from jupyter_cudamem.batchsearch.policy import BatchSearch
-from jupyter_cudamem.batchsearch.state import Attempt, Observation
+from jupyter_cudamem.batchsearch import Attempt, BatchSearch, Observation
 from tests.oomfix import world
 from tests.oomfix.test_search_replay import events, observe
 import pytest

@@ -15,10 +15,9 @@ from __future__ import annotations
 import pytest
 
 from jupyter_cudamem.growth import replay
-from jupyter_cudamem.growth.fitting import Fitting
+from jupyter_cudamem.batchsearch import BatchSearch, Observation
+from jupyter_cudamem.growth.fitting import REPLAY_MARGIN, Fitting
 from jupyter_cudamem.growth.replay import RecordedRun
-from jupyter_cudamem.batchsearch.policy import REPLAY_MARGIN, BatchSearch
-from jupyter_cudamem.batchsearch.state import Observation
 from tests.fakes import GiB, MiB
 
 CAP = 6 * GiB

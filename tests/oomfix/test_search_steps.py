@@ -18,8 +18,7 @@ from jupyter_cudamem.growth.fitting import fits_in_a_row
 from jupyter_cudamem.growth.line import made_in_steps, step_gradients
 from jupyter_cudamem.growth.replay import RecordedRun
 from jupyter_cudamem.sources.torch_trace import read_trace_within, without_step_marks
-from jupyter_cudamem.batchsearch.policy import BatchSearch
-from jupyter_cudamem.batchsearch.state import Observation
+from jupyter_cudamem.batchsearch import BatchSearch, Observation
 from tests.fakes import GiB, MiB
 
 # Nothing here runs a library whose version `make test-min` changes (tests/versioned.py).

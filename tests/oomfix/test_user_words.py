@@ -99,7 +99,7 @@ def test_cleanup_that_frees_more_than_listed_says_what_the_rest_was():
 
 
 def test_search_reasons_in_the_users_words():
-    # Reasons as ``batchsearch.policy`` writes them.
+    # Reasons as ``batchsearch`` writes them.
     for reason in ("surest from 76's peak (line through it and zero)",
                    "line through measured peaks: 812 MiB fixed + 10.039 MiB per sample",
                    "bisection (no peak measured)", "probe", "rerun of the largest batch that fitted"):

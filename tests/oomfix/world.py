@@ -44,8 +44,7 @@ from jupyter_cudamem.growth.fitting import allocated_limit, fits_in_a_row, held_
 from jupyter_cudamem.growth.line import EventLine
 from jupyter_cudamem.growth.replay import Event, StartSegment, block_bytes, replay, segment_bytes
 from jupyter_cudamem.growth.replay import RecordedRun
-from jupyter_cudamem.batchsearch.policy import BatchSearch
-from jupyter_cudamem.batchsearch.state import Observation
+from jupyter_cudamem.batchsearch import BatchSearch, Observation
 
 MiB = 2**20
 GiB = 2**30
