@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..cell.read import ReadCell, read_cell
 from ..cell.source import Transform, parse_cell
 from .cell_numbers import cell_knobs
 from .knobs import BatchFinding, Knob, KnobKind, Value
@@ -97,7 +98,7 @@ def _same_batch(kept: Knob, other: Knob) -> bool:
 
 
 def find_batch(
-    source: str,
+    cell: str | ReadCell,
     namespace: Mapping[str, Any] | None = None,
     transform: Transform | None = None,
     *,
@@ -106,23 +107,16 @@ def find_batch(
 ) -> BatchFinding:
     """Every place the failed cell's batch size may live, most plausible first (see the module docstring).
 
-    ``namespace`` is the user's; ``history`` IPython's raw input history (``In``: index ``k`` holds
-    ``In[k]``) and ``cell_number`` the failed cell's ``k`` (cells from it on are ignored). ``transform``
-    turns IPython input into Python (the shell's ``transform_cell``; IPython's own by default). Never
-    raises for bad input: ``problem`` says what is wrong.
+    ``cell``: its source, or the cell as ``%oomfix`` read it (``cell.read``). ``namespace`` is the user's;
+    ``history`` IPython's raw input history (``In``: index ``k`` holds ``In[k]``) and ``cell_number`` the
+    failed cell's ``k`` (cells from it on are ignored). ``transform`` turns IPython input into Python (the
+    shell's ``transform_cell``; IPython's own by default). Never raises for bad input: ``problem`` says
+    what is wrong.
     """
-    try:
-        parsed = parse_cell(source, transform)
-    except SyntaxError as error:
-        return BatchFinding(
-            source,
-            (),
-            f"the cell does not parse ({error.msg}, line {error.lineno}), so its batch size cannot be changed",
-        )
-    except Exception as error:  # IPython's transformer on odd input
-        return BatchFinding(
-            source, (), f"the cell could not be read as IPython input ({error}), so its batch size cannot be changed"
-        )
+    read = cell if isinstance(cell, ReadCell) else read_cell(cell, transform)
+    source, parsed, transform = read.source, read.parsed, read.transform
+    if parsed is None:
+        return BatchFinding(source, (), _unreadable(source, transform))
     namespace = namespace if namespace is not None else {}
     scan = Scan(namespace, History(history, cell_number, namespace, transform), transform)
     scan.states = recurrent_states(parsed.tree, namespace)
@@ -136,13 +130,13 @@ def find_batch(
     )
     context = Context(scan, 1 if sequence_first_input else 0)
     knobs: list[Knob] = cell_knobs(reader.body.numbers, context, parsed)
-    for path, read in list(scan.reads.items()):
+    for path, seen in list(scan.reads.items()):
         value = resolve(namespace, path)
         if not found(value):
             continue
         for knob_reader in KNOB_READERS:
             try:
-                made = knob_reader(path, value, read, context)
+                made = knob_reader(path, value, seen, context)
             except Exception:  # noqa: BLE001  a user object whose attributes raise holds no batch we can change
                 continue
             if made:
@@ -155,7 +149,7 @@ def find_batch(
         _merge([k for k in knobs if k.score > 0 or k.problem]),
         key=lambda k: (-k.score if k.changeable else 1, k.line or parsed.body_line),
     )
-    whole = covers_whole_data(BatchFinding(source, tuple(ranked)), namespace, transform)
+    whole = covers_whole_data(BatchFinding(source, tuple(ranked)), namespace, transform, read)
     if not any(k.changeable for k in ranked):
         problem = (
             "no batch size in the cell: no integer named or used like a batch size, no tensor with a literal "
@@ -164,6 +158,17 @@ def find_batch(
         )
         return BatchFinding(source, tuple(ranked), problem, parsed.body_line, notes, whole, True)
     return BatchFinding(source, tuple(ranked), None, parsed.body_line, notes, whole, True)
+
+
+def _unreadable(source: str, transform: Transform) -> str:
+    """Why a cell that does not parse as IPython runs it has no batch we can change."""
+    try:
+        parse_cell(source, transform)
+    except SyntaxError as error:
+        return f"the cell does not parse ({error.msg}, line {error.lineno}), so its batch size cannot be changed"
+    except Exception as error:  # noqa: BLE001  IPython's transformer on odd input
+        return f"the cell could not be read as IPython input ({error}), so its batch size cannot be changed"
+    return "the cell could not be read, so its batch size cannot be changed"
 
 
 def _feeds_sequence_first_model(scan: Scan) -> bool:

@@ -33,8 +33,8 @@ import ast
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ..cell.source import ParsedCell, dotted_name, parse_cell
-from ..cell.traits import cell_traits
+from ..cell.read import ReadCell, read_cell
+from ..cell.source import ParsedCell, dotted_name
 from .knobs import BatchFinding, Knob, KnobKind, ModelCall, Value, WholeData
 from .libraries import is_module
 
@@ -192,14 +192,14 @@ def covers_whole_data(
     finding: BatchFinding,
     namespace: Mapping[str, Any] | None = None,
     transform: Callable[[str], str] | None = None,
+    read: ReadCell | None = None,
 ) -> WholeData | None:
-    """``WholeData`` when the cell's batch is its data (see the module docstring), else ``None``."""
+    """``WholeData`` when the cell's batch is its data (see the module docstring), else ``None``. ``read``:
+    the cell as already read (``cell.read``), where the caller has it."""
     namespace = namespace if namespace is not None else {}
-    try:
-        parsed = parse_cell(finding.source, transform)
-    except Exception:  # noqa: BLE001  a cell that does not parse has no batch to judge
-        return None
-    if cell_traits(finding.source, transform).trains:
+    read = read if read is not None else read_cell(finding.source, transform)
+    parsed = read.parsed
+    if parsed is None or read.traits.trains:  # a cell that does not parse has no batch to judge
         return None
     knob = finding.chosen
     statements = list(_top_level(parsed.tree.body))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import io
 import tokenize
 from collections.abc import Iterable
@@ -70,12 +71,13 @@ class CellDiff:
     after: str
     cell_number: int | None = None  # k of In[k]; None for the failed cell
 
-    @property
+    @functools.cached_property
     def changed(self) -> bool:
         return self.before.splitlines() != self.after.splitlines()
 
-    @property
+    @functools.cached_property
     def diff(self) -> str:
+        """Made once: a report shows it in its text, its HTML and what ``--apply`` offers."""
         return unified_diff(self.before, self.after, self.label, "as run", "changed") if self.changed else ""
 
 

@@ -163,8 +163,7 @@ class Driver:
         self._runs.rebinds = cell.rebinds
         finding = None
         if Strategy.BATCH in self.strategies:
-            finding = find_batch(cell.source, namespace, cell.transform, history=list(self._history or []),
-                                 cell_number=cell_number)
+            finding = find_batch(cell, namespace, history=list(self._history or []), cell_number=cell_number)
         self._fixed = fixed_memory(namespace or {}, cell.rebinds,
                                    self.probe if self.probe is not None else default_probe(), cell.traits.trains,
                                    read=self._trained_ids(cell, namespace))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import html
 from dataclasses import dataclass, field
 from ..advice import Suggestion
@@ -196,14 +197,15 @@ class Outcome(TextReport):
     def fitted(self) -> bool:
         return self.fixed_source is not None
 
-    @property
+    @functools.cached_property
     def changed(self) -> bool:
         if self.cell_diffs:
             return any(d.changed for d in self.cell_diffs)
         return self.fixed_source is not None and self.fixed_source.splitlines() != self.original_source.splitlines()
 
-    @property
+    @functools.cached_property
     def diff(self) -> str:
+        """Made once: the text, the HTML and ``-o``'s ``.diff`` show it."""
         if self.cell_diffs:
             return "".join(d.diff for d in self.cell_diffs)
         if not self.changed:

@@ -104,7 +104,7 @@ def dry_run(
     source = cell.source
     if cell_number is None:  # the failure was found without its count: the last time this source ran
         cell_number = next((k for k in range(len(history) - 1, 0, -1) if history[k] == source), None)
-    finding = find_batch(source, namespace, cell.transform, history=history, cell_number=cell_number)
+    finding = find_batch(cell, namespace, history=history, cell_number=cell_number)
     measured = headroom_bytes(hardware, oom_device(oom)) if hardware.allocator.status() is None else None
     budget = measured if measured is not None else budget_from_message(oom)
     plan = plan_batch(finding, namespace, history, budget, strategies,
