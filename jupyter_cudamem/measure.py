@@ -11,9 +11,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .devices import Device
 from .errors import CudaMemError
-from .hardware import Hardware
+from .hardware import Device, Hardware
 from .sources.base import AllocatorReading, NvmlMemory
 from .units import MiB
 

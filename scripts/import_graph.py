@@ -20,7 +20,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_cudamem"
 
 ROOMS = (
-    "errors", "units", "oom", "breakdown", "growth", "sources", "devices", "hardware", "collector", "measure",
+    "errors", "units", "oom", "breakdown", "growth", "sources", "hardware", "collector", "measure",
     "repeats", "trace", "cell", "ipython_names", "ipython_state", "reruns", "batchsearch", "batch", "attribution",
     "history", "advice", "report", "monitor", "oomfix", "capacity", "engines", "magics",
 )

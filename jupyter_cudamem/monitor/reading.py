@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..devices import Device
+from ..hardware import Device
 from ..errors import CudaMemError
 from ..hardware import Hardware
 from .state import Sample

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..devices import Device
+from ..hardware import Device
 
 
 @dataclass(frozen=True, slots=True)

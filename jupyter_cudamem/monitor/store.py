@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
-from ..devices import Device
+from ..hardware import Device
 from .reading import Reading
 from .state import DeviceState, Sample
 

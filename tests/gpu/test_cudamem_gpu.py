@@ -23,7 +23,7 @@ def test_torch_device_is_matched_to_nvml_by_uuid(real_hardware, torch):
     [device, *_] = real_hardware.device_map.devices()
     assert device.torch_index == 0 and device.nvml_index is not None
     gpu = real_hardware.nvml.devices()[device.nvml_index]
-    from jupyter_cudamem.devices import normalize_uuid
+    from jupyter_cudamem.hardware import normalize_uuid
 
     assert normalize_uuid(gpu.uuid) == normalize_uuid(str(torch.cuda.get_device_properties(0).uuid))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from jupyter_cudamem.devices import Device
+from jupyter_cudamem.hardware import Device
 from jupyter_cudamem.monitor.poller import PROCESS_NOT_AVAILABLE, DeviceState, MonitorState, Sample
 from jupyter_cudamem.monitor.render import (
     ALERT_OWN_COLOR,

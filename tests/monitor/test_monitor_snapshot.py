@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jupyter_cudamem.devices import Device
+from jupyter_cudamem.hardware import Device
 from jupyter_cudamem.monitor.poller import DeviceState, MonitorState, Sample
 from jupyter_cudamem.monitor.snapshot import Snapshot
 from tests.fakes import GiB

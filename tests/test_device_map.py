@@ -1,4 +1,4 @@
-from jupyter_cudamem.devices import DeviceMap, match_devices, normalize_uuid, visible_gpus
+from jupyter_cudamem.hardware import DeviceMap, match_devices, normalize_uuid, visible_gpus
 from jupyter_cudamem.sources.base import GpuIdentity, TorchDevice
 
 from tests.fakes import FakeAllocator, FakeGpu, FakeMachine, FakeNvml
