@@ -5,8 +5,8 @@ fixed cell's next run fails where ``%oomfix``'s last try fitted (GPU machine; no
 own recorded events; ``--record all`` records the whole case as a user would with their own recording on
 (``%oomfix`` then reads that history: ``reruns.recording``). Writes ``OUT/<workload>_x<ratio>_<record>.pkl.gz``
 (``tries``: batch, fitted, peak, allocated at start, steady, its ``RecordedRun``; ``next``: the next runs' history as
-``(action, address, size, cell frames)``; ``search``: the batch search as the driver asked it for the batch to report; ``record``: the case's
-record) and prints the case's outcome::
+``(action, address, size, cell frames)``, and ``next_start`` the segments the first of them began with; ``search``: the
+batch search as the driver asked it for the batch to report; ``record``: the case's record) and prints the case's outcome::
 
     python benchmarks/next_runs_history.py bert_base_seq256_adamw_in_cell 1.1 32 --record next --out /tmp/h
 """
@@ -64,6 +64,7 @@ def main() -> int:
         return result
 
     def recorded_next_runs(cell: str, runs: int = oomfix.NEXT_RUNS) -> dict[str, Any]:
+        kept["next_start"] = start_segments(torch.cuda.memory._snapshot(), 0)  # where the first next run begins
         torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
         try:
             return next_runs(cell, runs)
@@ -73,6 +74,7 @@ def main() -> int:
             kept["next"] = [(e["action"], e.get("addr"), e.get("size"), _cell_frames(e)) for e in history]
 
     from jupyter_cudamem.batchsearch import Tries
+    from jupyter_cudamem.sources.torch_trace import start_segments
 
     answer = Tries.answer
 
