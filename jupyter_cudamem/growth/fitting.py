@@ -493,8 +493,7 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
     (a first step's optimizer state) stays, and is not made again; a start block the run frees (a value
     the cell binds again, gradients zeroed) is, next time, the block the run made in its place: the one
     made right before its free (``replay.held_elsewhere``), else one of the same size it left, else the
-    one a loop left in its last iteration (the block made before the free, the one made before that one's
-    free, and so on), else the first it left unclaimed.
+    first it left unclaimed.
 
     ``released``: keys of the start blocks the run let go as its first optimizer step began, the last
     run's state that ``%oomfix``'s put-back held until then (``replay.with_released``): the cell's next run
@@ -509,7 +508,6 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
     for key, size in left.items():
         unclaimed.setdefault(size, []).append(key)
     sizes = sorted(unclaimed)
-    made_before = _made_before_each_free(events)
     partner: dict[int, int | None] = {}
     for previous, (kind, key, _, _) in zip([None, *events], events):
         if kind != FREE or key not in held or key in partner:
@@ -520,11 +518,6 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
             near = takewhile(lambda size: held[key] - size <= SMALL_REQUEST_BYTES,
                              reversed(sizes[:bisect_right(sizes, held[key])]))
             made = next((unclaimed[size][0] for size in near if unclaimed[size]), None)
-        if made is None:  # a value a loop binds again, from a start at another batch
-            made = made_before.get(key)
-            while made is not None and made not in left:
-                made = made_before.get(made)
-            made = made if made is not None and made in unclaimed.get(left[made], ()) else None
         partner[key] = made
         if made is not None:
             unclaimed[left[made]].remove(made)
@@ -542,19 +535,6 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
         elif not (kind == ALLOC and key in stays):
             again.append((kind, key, size, stream))
     return again
-
-
-def _made_before_each_free(events: Sequence[Event]) -> dict[int, int]:
-    """For each key freed, the key of the last block made before its free: where a name is bound again, the
-    new value is made before the old one goes."""
-    made_before: dict[int, int] = {}
-    last_made: int | None = None
-    for kind, key, _, _ in events:
-        if kind == ALLOC:
-            last_made = key
-        elif kind == FREE and last_made is not None and last_made != key:
-            made_before.setdefault(key, last_made)
-    return made_before
 
 
 def _without_frees_of(events: Sequence[Event], keys: Collection[int]) -> Sequence[Event]:

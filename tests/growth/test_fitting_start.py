@@ -62,23 +62,3 @@ def test_the_state_a_step_made_where_the_held_state_was_released_stays_for_the_n
     assert next_run(events, held_at_start(start))[2:] == [(FREE, _CARRIED - 1, 0, 0), (ALLOC, 1, 2 * GiB, 0)]
     assert fits_in_a_row(events, start, 6 * GiB, released=released)
     assert not fits_in_a_row(events, start, 5 * GiB - 1, released=released)
-
-
-def test_a_loops_last_value_goes_where_the_next_run_binds_its_name_again_at_any_batch():
-    # A loop binds `logits` in each of its three iterations (1.5 GiB at this batch), the new value made
-    # before the old one goes; the start holds the last run's, from a try at another batch (1 GiB). The
-    # next run holds this run's last value (key 31) until its first iteration binds the name again, not
-    # through the whole run: the partner of the start's block is the last of the chain of values made in its
-    # place, not the first block left (key 5, a metric kept from the run's start).
-    start = (StartSegment(1 << 34, False, ((1 * GiB, True),)),)
-    old = start_keys(start)[1 << 34]
-    events = [(ALLOC, 5, 100 * MiB, 0)]
-    previous = old
-    for made in (10, 20, 30):
-        events += [(ALLOC, made, 2 * GiB, 0), (ALLOC, made + 1, 1536 * MiB, 0), (FREE, previous, 0, 0),
-                   (FREE, made, 0, 0)]
-        previous = made + 1
-    again = next_run(events, held_at_start(start))
-    assert (FREE, _CARRIED - 31, 0, 0) in again and (FREE, _CARRIED - 5, 0, 0) not in again
-    # Held through the run, the last value would add 1.5 GiB to the second iteration's 5.1 GiB.
-    assert fits_in_a_row(events, start, 6 * GiB)
