@@ -31,9 +31,9 @@ from itertools import chain, compress, repeat
 from operator import attrgetter, is_, is_not, itemgetter, methodcaller, not_
 from typing import Any
 
-from .captures import function_captures
 from .probe import TensorProbe, _is_cuda
-from .type_codes import (
+from .walk import (
+    ATOM_TYPES,
     FUNCTION_CODE,
     MACHINERY_CODE,
     MAPPING_CODE,
@@ -42,11 +42,14 @@ from .type_codes import (
     SEQUENCE_CODE,
     SET_CODE,
     TENSOR_CODE,
-    ATOM_TYPES,
+    WALK_LIMIT,
+    Reach,
+    ReachedAs,
+    _Walker,
+    function_captures,
     slots_of,
     type_code,
 )
-from .walk import WALK_LIMIT, Reach, ReachedAs, _Walker
 
 _DIRECT, _DUCK = 1, 2  # how the keys-only pass reads a tensor type: plain attributes, or getattr with defaults
 
@@ -380,7 +383,7 @@ def walk_together(
     """One walk of many roots, each object visited once whichever root leads to it, with what modules
     keep out of sight (hooks' captures, plain attributes) walked last, into ``Reach.late``: where those
     are also reached otherwise, they are counted there. ``Hit.owner`` is the index of the root. Cheaper
-    than a walk per root when only the union matters (``judge`` walks every unchanged name this way).
+    than a walk per root when only the union matters (``left.judge_namespace`` walks every unchanged name this way).
 
     Only which storages are reached is kept of the first part, in ``Reach.reached``: ``storages`` holds
     ``Hit``s only for what went through the full visit (modules' own tensors, optimizers' state...).

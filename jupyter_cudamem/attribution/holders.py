@@ -20,7 +20,7 @@ from typing import Any
 
 from ..units import format_bytes
 from .probe import TensorProbe, default_probe, grad_of
-from .type_codes import (
+from .walk import (
     ATOMS,
     EXCEPTION_CODE,
     FRAME_CODE,
@@ -28,12 +28,14 @@ from .type_codes import (
     MODULE_CODE,
     OPAQUE,
     OPTIMIZER_CODE,
+    Reach,
+    ReachedAs,
     TENSOR_CODE,
     TRACEBACK_CODE,
     memo_by_type,
     type_code,
+    walk,
 )
-from .walk import Reach, ReachedAs, walk
 
 # Names IPython itself puts in the user namespace: its output cache and input history are reported
 # under their own holders (from ``ipython_state.ipython_references``), the rest hold no tensors.

@@ -5,11 +5,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from .causes import Cause
 from .holders import HolderKind, Origin
-from .judge import Change
 from .walk import ReachedAs
+
+
+class Change(StrEnum):
+    """What happened to a name in the cell, as its fingerprint tells: decides which of the storages it
+    reaches are new (``left.judge_namespace``), and what ``text.leak_advice`` says of a container that grew."""
+
+    NEW = "new"
+    REBOUND = "rebound"
+    GREW = "grew"  # a container gained items, or a child container grew in place
+    CHANGED = "changed"  # in place (``Judged.detail`` says what, where the fingerprint can)
+    UNCHANGED = "unchanged"
 
 
 @dataclass(frozen=True)

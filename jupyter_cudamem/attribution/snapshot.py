@@ -4,7 +4,7 @@
 container's length, an optimizer's number of states, a module's first parameter's storage and
 gradient, a tensor's gradient, an object's attributes (ids and lengths, one level deep); and which
 references IPython kept. No object is walked and no reference is kept, so nothing is kept alive and a
-cell costs microseconds per name. ``judge`` compares the namespace after the cell with it.
+cell costs microseconds per name. ``left.judge_namespace`` compares the namespace after the cell with it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from ..collector import collector_paused
 from .holders import Reference
 from .probe import TensorProbe, default_probe, grad_of
-from .type_codes import (
+from .walk import (
     ATOM_TYPES,
     ATOMS,
     EXCEPTION_CODE,

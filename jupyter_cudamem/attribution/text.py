@@ -14,12 +14,11 @@ import types
 from typing import Any
 
 from ..units import format_bytes
-from .captures import Capture, capture_names
+from .walk import ATTRIBUTE, Capture, Hit, ReachedAs, capture_names
 from .causes import Cause
 from .holders import MODULE_PARTS, HolderKind, Origin, Root, tensor_text
-from .judge import Change
+from .left_records import Change
 from .left_records import LeftHolder
-from .walk import ATTRIBUTE, Hit, ReachedAs
 
 
 def plural(count: int, noun: str) -> str:
@@ -44,7 +43,7 @@ def container_kind(value: object) -> HolderKind | None:
 
 
 def captured_by(hit: Hit) -> Capture | None:
-    """How a callable on the hit's path keeps it (the steps ``captures.function_captures`` names), or ``None``."""
+    """How a callable on the hit's path keeps it (the steps ``walk.function_captures`` names), or ``None``."""
     for kind, name, _ in hit.path:
         if kind == ATTRIBUTE and isinstance(name, str):
             if name.startswith(("__defaults__", "__kwdefaults__")):

@@ -32,7 +32,7 @@ from ..cell.names import code_names
 from ..collector import collector_paused
 from .probe import TensorProbe
 from .snapshot import NamespaceSnapshot, fingerprints
-from .type_codes import ATOM_TYPES
+from .walk import ATOM_TYPES
 
 # Why a quarter: storages a stale fingerprint hides are counted as the next attributed cell's; a quarter
 # of the threshold (16 MiB of the default 64 MiB) stays under the 1% (or 1 MiB) below which holders are

@@ -19,16 +19,27 @@ strings) are never queued: a list of a million floats costs one pass over it.
 This plain walk, one object at a time (``_Walker.visit``), is the specification of what a root
 reaches; ``fast_walk.walk_together`` is the fast path for many roots, held to it (its docstring says
 how, and ``tests/attribution/test_walk.py`` proves they agree).
+
+What it does with an object is decided once per type (``type_code``: a tensor, a module, an optimizer, a
+mapping, a sequence, a set, a traceback, a frame, an exception, a callable that keeps values, something
+opaque, the machinery around the user, a plain object), cached, because ``isinstance`` chains cost more than
+the walk itself; the snapshot before a cell sorts objects by the same codes. ``ATOM_TYPES`` are never entered
+nor queued; ``OPAQUE`` and the ``MACHINERY_PREFIXES`` packages are not walked below a root. What a callable
+keeps of its own is ``function_captures``' (a function its defaults and closure cells, a bound method its
+object, a ``functools.partial`` its function and arguments), named by ``capture_names`` in the text of what
+a cell left ("keeping 1 tensor in its closure (scale)").
 """
 
 from __future__ import annotations
 
+import types
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any, NamedTuple, TypeVar
 
-from .captures import function_captures
 from .probe import (
     ModuleHook,
     TensorProbe,
@@ -40,23 +51,155 @@ from .probe import (
     next_nodes,
     saved_by,
 )
-from .type_codes import (
-    EXCEPTION_CODE,
-    FRAME_CODE,
-    FUNCTION_CODE,
-    MACHINERY_CODE,
-    MAPPING_CODE,
-    MODULE_CODE,
-    OBJECT_CODE,
-    OPTIMIZER_CODE,
-    SEQUENCE_CODE,
-    SET_CODE,
-    TENSOR_CODE,
-    TRACEBACK_CODE,
-    ATOM_TYPES,
-    slots_of,
-    type_code,
+
+
+class Capture(StrEnum):
+    """How a callable keeps a value, named in the text of what a cell left ("keeping 1 tensor in its closure")."""
+
+    DEFAULT_ARGUMENT = "default argument"
+    CLOSURE = "closure"
+    BOUND_OBJECT = "bound object"
+    PARTIAL_ARGUMENT = "partial argument"
+
+
+# Callables that keep values alive of their own: a function (defaults, closure cells), a bound method
+# (its object, its function), a ``functools.partial`` (its function and arguments).
+CALLABLES_KEEPING = (types.FunctionType, types.MethodType, partial)
+
+
+def function_captures(function: types.FunctionType | types.MethodType | partial[object]) -> list[tuple[str, Any]]:
+    """What a Python function keeps alive of its own: its default arguments and the contents of its
+    closure cells (not its globals, not its code); a bound method, its object and function; a
+    ``functools.partial``, its function and arguments. Each with the expression that reads it."""
+    if isinstance(function, types.MethodType):
+        return [("__self__", function.__self__), ("__func__", function.__func__)]
+    if isinstance(function, partial):
+        arguments = [(f"args[{i}]", value) for i, value in enumerate(function.args)]
+        return [("func", function.func), *arguments, *((f"keywords[{k!r}]", v) for k, v in function.keywords.items())]
+    captures: list[tuple[str, Any]] = []
+    for index, value in enumerate(function.__defaults__ or ()):
+        captures.append((f"__defaults__[{index}]", value))
+    for name, value in (function.__kwdefaults__ or {}).items():
+        captures.append((f"__kwdefaults__[{name!r}]", value))
+    for index, cell in enumerate(function.__closure__ or ()):
+        try:
+            captures.append((f"__closure__[{index}].cell_contents", cell.cell_contents))
+        except ValueError:  # a cell not filled yet (the enclosing function has not bound the name)
+            continue
+    return captures
+
+
+def capture_names(function: types.FunctionType) -> dict[str, str]:
+    """The variable each of ``function_captures``' expressions reads: ``{"__defaults__[0]": "t"}``."""
+    code = function.__code__
+    positional = code.co_varnames[: code.co_argcount]
+    defaults = function.__defaults__ or ()
+    names = {f"__defaults__[{i}]": name for i, name in enumerate(positional[len(positional) - len(defaults) :])}
+    names.update({f"__kwdefaults__[{name!r}]": name for name in function.__kwdefaults__ or {}})
+    names.update({f"__closure__[{i}].cell_contents": name for i, name in enumerate(code.co_freevars)})
+    return names
+
+
+ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), range, memoryview)
+OPAQUE = (
+    types.ModuleType,
+    type,
+    types.FunctionType,  # below a root, walked for what it keeps (``function_captures``)
+    types.BuiltinFunctionType,
+    types.MethodType,  # likewise
+    types.CodeType,
+    types.GeneratorType,
+    types.CoroutineType,
 )
+# Objects of these packages are the machinery around the user, not the user's data; walking them
+# would lead back into the shell and its namespaces.
+MACHINERY_PREFIXES = ("IPython.", "ipykernel.", "traitlets.", "zmq.", "tornado.", "jupyter_client.", "asyncio.")
+
+# What the walk does with an object, decided once per type (isinstance chains cost more than the walk).
+TENSOR_CODE, MODULE_CODE, OPTIMIZER_CODE, MAPPING_CODE, SEQUENCE_CODE, SET_CODE = range(6)
+TRACEBACK_CODE, FRAME_CODE, EXCEPTION_CODE, OPAQUE_CODE, MACHINERY_CODE, OBJECT_CODE = range(6, 12)
+FUNCTION_CODE = 12
+ATOM_TYPES = frozenset(ATOMS)
+
+R = TypeVar("R")
+_MEMO_LIMIT = 8192  # distinct types remembered; past it the memo starts again (classes redefined in a loop)
+
+
+class _TypeMemo(dict):
+    """A dict from type to ``function(type)``, filled on first use; called like the function. Calling
+    it is ``dict.__getitem__`` (C, with ``__missing__`` only for a type not seen yet), a fraction of
+    the cost of a Python wrapper: it runs once per name of a namespace, before every cell."""
+
+    def __init__(self, function: Callable[[type], Any]) -> None:
+        super().__init__()
+        self.function = function
+
+    def __missing__(self, kind: type) -> Any:
+        if len(self) >= _MEMO_LIMIT:
+            self.clear()
+        found = self[kind] = self.function(kind)
+        return found
+
+    __call__ = dict.__getitem__
+
+
+def memo_by_type(function: Callable[[type], R]) -> Callable[[type], R]:
+    """``function`` computed once per type (an ``lru_cache`` that type checkers accept for types)."""
+    return _TypeMemo(function)
+
+
+_CODES: dict[tuple[type, tuple[type, ...], tuple[type, ...], tuple[type, ...]], int] = {}
+
+
+def type_code(kind: type, probe: TensorProbe) -> int:
+    """What the walk does with objects of this type (one of the ``*_CODE`` constants), cached."""
+    key = (kind, probe.tensor_types, probe.module_types, probe.optimizer_types)
+    code = _CODES.get(key)
+    if code is None:
+        if len(_CODES) >= _MEMO_LIMIT:
+            _CODES.clear()
+        code = _CODES[key] = _type_code(*key)
+    return code
+
+
+def _type_code(
+    kind: type, tensor_types: tuple[type, ...], module_types: tuple[type, ...], optimizer_types: tuple[type, ...]
+) -> int:
+    if issubclass(kind, tensor_types):
+        return TENSOR_CODE
+    if module_types and issubclass(kind, module_types):
+        return MODULE_CODE
+    if optimizer_types and issubclass(kind, optimizer_types):
+        return OPTIMIZER_CODE
+    if issubclass(kind, CALLABLES_KEEPING):
+        return FUNCTION_CODE
+    for code, bases in (
+        (MAPPING_CODE, dict),
+        (SEQUENCE_CODE, (list, tuple, deque)),
+        (SET_CODE, (set, frozenset)),
+        (TRACEBACK_CODE, types.TracebackType),
+        (FRAME_CODE, types.FrameType),
+        (EXCEPTION_CODE, BaseException),
+        (OPAQUE_CODE, OPAQUE),
+    ):
+        if issubclass(kind, bases):
+            return code
+    module = getattr(kind, "__module__", "") or ""
+    return MACHINERY_CODE if module.startswith(MACHINERY_PREFIXES) else OBJECT_CODE
+
+
+@memo_by_type
+def slots_of(kind: type) -> tuple[str, ...]:
+    """The ``__slots__`` of a type and its bases, less ``__dict__`` and ``__weakref__``: what the walk
+    reads of an object besides its ``__dict__``."""
+    names: list[str] = []
+    for klass in kind.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__") and slot not in names:
+                names.append(slot)
+    return tuple(names)
+
 
 WALK_LIMIT = 200_000  # objects queued per root
 

@@ -8,7 +8,7 @@ import pytest
 
 from jupyter_cudamem.attribution.causes import Cause
 from jupyter_cudamem.attribution.holders import HolderKind, Origin, Reference
-from jupyter_cudamem.attribution.judge import Change
+from jupyter_cudamem.attribution.left_records import Change
 from jupyter_cudamem.attribution.left import MIN_HOLDER_BYTES, left_behind
 from jupyter_cudamem.attribution.snapshot import NamespaceSnapshot
 from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe, torch_cpu_probe
@@ -282,9 +282,9 @@ def test_custom_function_context_and_saved_tensors_are_counted():
 
 
 def test_a_huge_graph_is_walked_within_the_bound(monkeypatch):
-    from jupyter_cudamem.attribution import judge as judge_module
+    from jupyter_cudamem.attribution import left as left_module
 
-    monkeypatch.setattr(judge_module, "walk", _bounded_walk(500))
+    monkeypatch.setattr(left_module, "walk", _bounded_walk(500))
     ns = namespace()
     left = run(ns, "t = W.sum()\nfor _ in range(2000):\n    t = t + W.sum()", 0)
     assert left.truncated
@@ -448,16 +448,16 @@ def test_the_rest_of_the_namespace_is_walked_only_when_the_new_names_do_not_acco
     new storages under the changed names account for all the cell left (less than 512 bytes a storage
     short, PyTorch's rounding), and made otherwise: memory held out of sight, or a storage counted as new
     that an unchanged name holds (the graphs below save ``W``, which is old)."""
-    from jupyter_cudamem.attribution import judge as judge_module
+    from jupyter_cudamem.attribution import left as left_module
 
     walks = []
-    real = judge_module.walk_together
+    real = left_module.walk_together
 
     def counting(roots, *args, **kwargs):
         walks.append(len(roots))
         return real(roots, *args, **kwargs)
 
-    monkeypatch.setattr(judge_module, "walk_together", counting)
+    monkeypatch.setattr(left_module, "walk_together", counting)
     bystanders = {f"v{i}": torch.zeros(16) for i in range(50)}
     ns = namespace(kept=[], **bystanders)
     code = "kept.append(torch.ones(16 * B, H))"  # 4 MiB

@@ -298,7 +298,7 @@ def _walk_three_ways(roots, probe, monkeypatch, limit=None):
     roots with what modules keep out of sight walked last, as ``walk_together`` does."""
     from jupyter_cudamem.attribution import fast_walk
     from jupyter_cudamem.attribution import walk as walk_module
-    from jupyter_cudamem.attribution.type_codes import ATOM_TYPES
+    from jupyter_cudamem.attribution.walk import ATOM_TYPES
 
     limit = walk_module.WALK_LIMIT if limit is None else limit
     fast = fast_walk.walk_together(roots, probe, limit=limit)
