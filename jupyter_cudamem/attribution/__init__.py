@@ -7,9 +7,9 @@ each type once, and reading what a function keeps): the plain walk, the specific
 its fast path over many roots at once (``walk_together``). ``holders`` compares every root's reach
 (``find_holders``: who holds memory now). For one cell: ``snapshot`` fingerprints the namespace before
 it, and ``left`` sorts what each name reaches after it as new, old or unknown and names the holders
-(``left_behind``: who holds what the cell left, as ``left_records``); ``causes`` says whether each is a
-leak, and ``text`` writes what each is and what to change. ``training_state`` reads what a training step holds whatever its batch. Nothing here imports
-IPython or needs CUDA.
+(``left_behind``: who holds what the cell left, as ``left_records``); ``text`` says whether each is a
+leak and writes what each is and what to change. ``training_state`` reads what a training step holds
+whatever its batch. Nothing here imports IPython or needs CUDA.
 """
 
 from .holders import Holder, HolderKind, Holders, Origin, Reference, find_holders, reaches_cuda

@@ -19,9 +19,9 @@ what the fingerprint says of the part of the root it hangs under:
 A new storage belongs to one holder: a variable before IPython's caches, a tensor held directly before
 one reached through an autograd graph. Unknown storages (an unchanged module's hooks and attributes)
 are counted (as "likely") only up to what the cell left and the new storages do not explain. What
-nothing explains is the remainder, shown, never hidden. Each holder gets a cause (``causes``: memory
-reached through autograd graphs, a module hook, IPython's output cache or a failed cell's traceback is
-a leak; a module's parameters, an optimizer's state, gradients and plain data are results), its
+nothing explains is the remainder, shown, never hidden. Each holder gets a cause (``text.cause_of``:
+memory reached through autograd graphs, a module hook, IPython's output cache or a failed cell's traceback
+is a leak; a module's parameters, an optimizer's state, gradients and plain data are results), its
 description and what to change (``text``), in the records of ``left_records``.
 """
 
@@ -38,13 +38,12 @@ from typing import Any
 
 from ..collector import collector_paused
 from ..units import MiB
-from .causes import cause_of
 from .fast_walk import walk_together
 from .holders import HolderKind, Origin, Reference, Root, list_roots, root_kind, user_items
 from .left_records import Change, LeftBehind, LeftHolder
 from .probe import ModuleHook, TensorProbe, default_probe
 from .snapshot import CHILDREN_FINGERPRINTED, NamespaceSnapshot, fingerprint, fingerprints, grows_in_place, sized
-from .text import captured_by, container_kind, describe_holder, leak_advice
+from .text import captured_by, cause_of, container_kind, describe_holder, leak_advice
 from .walk import (
     ATTRIBUTE,
     GRAPH_SCALAR,

@@ -1,15 +1,38 @@
 """What a cell left, as records: ``LeftHolder`` (one holder, its cause and what to change) and
-``LeftBehind`` (all of them, with what nothing explains). Made by ``left.left_behind``; shown by
-``report``."""
+``LeftBehind`` (all of them, with what nothing explains), in their words: ``Cause`` (why a holder holds it,
+and whether that is a leak) and ``Change`` (what happened to a name). Made by ``left.left_behind``; shown
+by ``report``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from .causes import Cause
 from .holders import HolderKind, Origin
 from .walk import ReachedAs
+
+
+class Cause(StrEnum):
+    """Why a holder holds what a cell left: decides leak or result and what to advise, and is shown by
+    its value (``leak losses 420.00 MiB (autograd graph)``)."""
+
+    GRAPH = "autograd graph"
+    HOOK = "module hook"
+    OUTPUT_CACHE = "output cache"
+    TRACEBACK = "traceback"
+    MODEL = "model"
+    OPTIMIZER_STATE = "optimizer state"
+    GRADIENTS = "gradients"
+    DATA = "data"
+    MODULE_ATTRIBUTES = "module attributes"
+
+    @property
+    def leak(self) -> bool:
+        """Memory kept by what the user did not mean to keep: a graph, a hook, IPython's caches."""
+        return self in _LEAKS
+
+
+_LEAKS = frozenset({Cause.GRAPH, Cause.HOOK, Cause.OUTPUT_CACHE, Cause.TRACEBACK})
 
 
 class Change(StrEnum):

@@ -1,5 +1,8 @@
-"""The English text of what a cell left: each holder's description and what to change about it.
+"""The English text of what a cell left: each holder's cause, description and what to change about it.
 
+``cause_of`` says why a holder holds what the cell left: memory reached through autograd graphs, a module
+hook, IPython's output cache or a failed cell's traceback is a leak (``Cause.leak``); a module's parameters,
+an optimizer's state, gradients, module attributes and plain data are results, reported as what they are.
 ``describe_holder`` names what a holder is (``list of 40 tensors holding their autograd graphs, 10.00
 MiB of saved activations``) from the storages gathered under it; ``leak_advice`` says what to change,
 matched to its cause (a result that is not a leak gets what to know about it). They live beside the
@@ -14,11 +17,9 @@ import types
 from typing import Any
 
 from ..units import format_bytes
-from .walk import ATTRIBUTE, Capture, Hit, ReachedAs, capture_names
-from .causes import Cause
 from .holders import MODULE_PARTS, HolderKind, Origin, Root, tensor_text
-from .left_records import Change
-from .left_records import LeftHolder
+from .left_records import Cause, Change, LeftHolder
+from .walk import ATTRIBUTE, HOOK, Capture, Hit, ReachedAs, capture_names
 
 
 def plural(count: int, noun: str) -> str:
@@ -234,3 +235,47 @@ def leak_advice(holder: LeftHolder) -> tuple[str, ...]:
         )
         return (fix, free_now)
     return (f"data on the GPU: expected if you meant to keep it; {free_now}",)
+
+
+# The cause of a holder whose storages were mostly reached as one category.
+_BY_CATEGORY = {
+    ReachedAs.PARAMETERS: Cause.MODEL,
+    ReachedAs.BUFFERS: Cause.MODEL,
+    ReachedAs.STATE: Cause.OPTIMIZER_STATE,
+    ReachedAs.GRADIENTS: Cause.GRADIENTS,
+    ReachedAs.MODULE_ATTRIBUTES: Cause.MODULE_ATTRIBUTES,
+    ReachedAs.HOOKS: Cause.HOOK,
+    ReachedAs.GRAPH: Cause.GRAPH,
+}
+
+
+def cause_of(
+    root: Root,
+    categories: dict[ReachedAs, int],
+    graph_direct: int,
+    direct: int,
+    hooks: tuple[str, ...],
+    hits: list[Hit],
+) -> Cause:
+    """The holder's cause: where it comes from (IPython's output cache, a traceback), else what most
+    of its storages were reached as; ``graph_direct`` and ``direct`` are the bytes of tensors it holds
+    directly, with a graph and in all; ``hooks`` the hooks linked to it."""
+    total = sum(categories.values())
+    if root.origin is Origin.OUTPUT_CACHE:
+        return Cause.OUTPUT_CACHE
+    if root.origin in (Origin.EXCEPTION, Origin.FRAME):
+        return Cause.TRACEBACK
+    if hooks or categories.get(ReachedAs.HOOKS, 0) * 2 >= total:
+        return Cause.HOOK
+    if categories.get(ReachedAs.MODULE_ATTRIBUTES, 0) * 2 >= total and any(
+        hit.path and hit.path[0][0] == HOOK for hit in hits
+    ):
+        return Cause.HOOK
+    graph = categories.get(ReachedAs.GRAPH, 0)
+    # A tensor whose graph a backward already freed holds only itself: data, not a graph leak.
+    if graph and (graph * 2 >= total or (direct and graph_direct * 2 >= direct)):
+        return Cause.GRAPH
+    if categories.get(ReachedAs.PARAMETERS, 0) + categories.get(ReachedAs.BUFFERS, 0) > 0:
+        return Cause.MODEL  # a model built or moved here, with whatever gradients it also got
+    largest = max(categories, key=lambda category: categories[category])
+    return _BY_CATEGORY.get(largest, Cause.DATA)

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_cudamem.attribution.causes import Cause
+from jupyter_cudamem.attribution.left_records import Cause, Change
 from jupyter_cudamem.attribution.holders import HolderKind, Origin, Reference
-from jupyter_cudamem.attribution.left_records import Change
 from jupyter_cudamem.attribution.left import MIN_HOLDER_BYTES, left_behind
 from jupyter_cudamem.attribution.snapshot import NamespaceSnapshot
 from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe, torch_cpu_probe

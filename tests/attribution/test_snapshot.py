@@ -8,8 +8,7 @@ import collections
 
 import pytest
 
-from jupyter_cudamem.attribution.causes import Cause
-from jupyter_cudamem.attribution.left_records import Change
+from jupyter_cudamem.attribution.left_records import Cause, Change
 from jupyter_cudamem.attribution.left import left_behind
 from jupyter_cudamem.attribution.snapshot import NamespaceSnapshot, _first_parameter, fingerprint
 from tests.fakes import FakeModule, FakeOptimizer, FakeTensor, MiB, fake_probe, torch_cpu_probe

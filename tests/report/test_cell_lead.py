@@ -7,9 +7,8 @@ from dataclasses import replace
 
 from tests.fakes import FakeAllocator, FakeMachine, FakeNvml, GiB, MiB
 
-from jupyter_cudamem.attribution.causes import Cause
+from jupyter_cudamem.attribution.left_records import Cause, Change
 from jupyter_cudamem.attribution.holders import HolderKind, Origin
-from jupyter_cudamem.attribution.left_records import Change
 from jupyter_cudamem.attribution.left import LeftBehind, LeftHolder
 from jupyter_cudamem.hardware import Hardware
 from jupyter_cudamem.measure import Meter

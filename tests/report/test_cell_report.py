@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from jupyter_cudamem.attribution.causes import Cause
+from jupyter_cudamem.attribution.left_records import Cause, Change
 from jupyter_cudamem.attribution.holders import HolderKind, Origin
-from jupyter_cudamem.attribution.left_records import Change
 from jupyter_cudamem.attribution.left import LeftBehind, LeftHolder
 from jupyter_cudamem.repeats import RunGrowth
 from jupyter_cudamem.measure import Meter
