@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..hardware import Device
 from ..errors import CudaMemError
-from ..hardware import Hardware
+from ..hardware import Device, Hardware
 from .state import Sample
 
 PROCESS_NOT_AVAILABLE = "per-process memory not available here"
