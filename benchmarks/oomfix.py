@@ -750,6 +750,115 @@ WORKLOADS: tuple[Workload, ...] = (
                 "d_model=64, d_ff=128, num_layers=1, num_heads=2, d_kv=32,"),
                ("(batch_size, 256)", "(batch_size, 16)"), ("(batch_size, 64)", "(batch_size, 8)")),
     ),
+    # Five written after the search's rules, to try it where it was never run (issue 40: "it will be tried on
+    # workloads you have not seen"): fine-tunes in a loop, the regime the brief puts first.
+    Workload(
+        "gpt2_from_config_loop3_adamw_from_earlier_cell",
+        "GPT-2 (12 layers, width 1024, 203M) from GPT2Config, fp32, AdamW, three steps at sequence 256 with the "
+        "loss from labels; model and optimizer built in an earlier cell, the batch a name set in an earlier cell",
+        ("from transformers import GPT2Config, GPT2LMHeadModel\n"
+         "with torch.device(dev):\n"
+         "    gpt = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=1024, n_head=16, n_positions=512))\n"
+         "gpt.train()\n"
+         "optimizer = torch.optim.AdamW(gpt.parameters(), lr=3e-4)\n",),
+        "batch_size = {batch}\n",
+        "for step in range(3):\n"
+        "    tokens = torch.randint(0, 50257, (batch_size, 256), device=dev)\n"
+        "    loss = gpt(input_ids=tokens, labels=tokens).loss\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n",
+        needs=("transformers",),
+        where="a name set in an earlier cell",
+        small=(("n_layer=12, n_embd=1024, n_head=16, n_positions=512", "n_layer=1, n_embd=64, n_head=2, n_positions=64"),
+               ("(batch_size, 256)", "(batch_size, 16)")),
+    ),
+    Workload(
+        "qwen2_bf16_weights_adamw_loop2_from_earlier_cell",
+        "a Qwen2-style causal LM (24 layers, width 1024, grouped-query attention, 302M) from Qwen2Config with "
+        "bfloat16 weights, AdamW (its state bfloat16 too), two steps at sequence 1024; built in an earlier cell",
+        ("from transformers import Qwen2Config, Qwen2ForCausalLM\n"
+         "config = Qwen2Config(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24, num_attention_heads=16,\n"
+         "                     num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048,\n"
+         "                     tie_word_embeddings=True)\n"
+         "with torch.device(dev):\n"
+         "    lm = Qwen2ForCausalLM(config).to(torch.bfloat16)\n"
+         "opt = torch.optim.AdamW(lm.parameters(), lr=1e-4)\n",),
+        "",
+        "batch_size = {batch}\n"
+        "for _ in range(2):\n"
+        "    ids = torch.randint(0, 32000, (batch_size, 1024), device=dev)\n"
+        "    out = lm(input_ids=ids, labels=ids)\n"
+        "    out.loss.backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad(set_to_none=True)\n",
+        needs=("transformers",),
+        small=(("num_hidden_layers=24", "num_hidden_layers=1"), ("(batch_size, 1024)", "(batch_size, 16)")),
+    ),
+    Workload(
+        "roberta_sgd_momentum_loop_over_batches_from_earlier_cell",
+        "RoBERTa-base (125M) from RobertaConfig for 3-way classification, SGD with momentum, a list of three "
+        "batches at sequence 256 made in the cell and looped over; model and optimizer built in an earlier cell",
+        ("from transformers import RobertaConfig, RobertaForSequenceClassification\n"
+         "with torch.device(dev):\n"
+         "    clf = RobertaForSequenceClassification(RobertaConfig(max_position_embeddings=514, num_labels=3))\n"
+         "clf.train()\n"
+         "sgd = torch.optim.SGD(clf.parameters(), lr=1e-3, momentum=0.9)\n",),
+        "",
+        "batch_size = {batch}\n"
+        "batches = [(torch.randint(5, 50265, (batch_size, 256), device=dev),\n"
+        "            torch.randint(0, 3, (batch_size,), device=dev)) for _ in range(3)]\n"
+        "for ids, labels in batches:\n"
+        "    loss = clf(input_ids=ids, labels=labels).loss\n"
+        "    loss.backward()\n"
+        "    sgd.step()\n"
+        "    sgd.zero_grad()\n",
+        needs=("transformers",),
+        small=(("RobertaConfig(max_position_embeddings=514, num_labels=3)",
+                "RobertaConfig(max_position_embeddings=514, num_labels=3, hidden_size=64, num_hidden_layers=1, "
+                "num_attention_heads=2, intermediate_size=128)"), (", 256)", ", 16)")),
+    ),
+    Workload(
+        "swin_clip_grad_scheduler_loop3_from_earlier_cell",
+        "timm Swin-B (88M) at 224x224, fp32, AdamW with gradient clipping and a cosine schedule, three steps; "
+        "model, optimizer and schedule built in an earlier cell, the batch a name set in an earlier cell",
+        ("import timm\n"
+         "swin = timm.create_model('swin_base_patch4_window7_224', pretrained=False, num_classes=100).to(dev)\n"
+         "optimizer = torch.optim.AdamW(swin.parameters(), lr=1e-4, weight_decay=0.05)\n"
+         "schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=1000)\n",),
+        "batch_size = {batch}\n",
+        "for step in range(3):\n"
+        "    images = torch.randn(batch_size, 3, 224, 224, device=dev)\n"
+        "    labels = torch.randint(0, 100, (batch_size,), device=dev)\n"
+        "    loss = nn.functional.cross_entropy(swin(images), labels)\n"
+        "    optimizer.zero_grad(set_to_none=True)\n"
+        "    loss.backward()\n"
+        "    torch.nn.utils.clip_grad_norm_(swin.parameters(), 1.0)\n"
+        "    optimizer.step()\n"
+        "    schedule.step()\n",
+        needs=("timm",),
+        where="a name set in an earlier cell",
+    ),
+    Workload(
+        "vit_b16_384_checkpointing_bf16_built_in_cell",
+        "timm ViT-B/16 at 384x384 (577 tokens) with activation checkpointing under bf16 autocast, built with "
+        "AdamW in the failing cell, two steps",
+        ("import timm",),
+        "",
+        "model = timm.create_model('vit_base_patch16_384', pretrained=False, num_classes=10).to(dev)\n"
+        "model.set_grad_checkpointing(True)\n"
+        "opt = torch.optim.AdamW(model.parameters(), lr=1e-4)\n"
+        "for step in range(2):\n"
+        "    x = torch.randn({batch}, 3, 384, 384, device=dev)\n"
+        "    y = torch.randint(0, 10, (x.shape[0],), device=dev)\n"
+        "    with torch.autocast(dev, dtype=torch.bfloat16):\n"
+        "        loss = nn.functional.cross_entropy(model(x), y)\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad(set_to_none=True)\n",
+        needs=("timm",),
+        where="a literal in a call in the cell",
+    ),
 )
 WORKLOAD_NAMES = tuple(w.name for w in WORKLOADS)
 QUICK_WORKLOADS = (
