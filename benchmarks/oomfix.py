@@ -859,6 +859,69 @@ WORKLOADS: tuple[Workload, ...] = (
         needs=("timm",),
         where="a literal in a call in the cell",
     ),
+    Workload(
+        "distilbert_fp16_scaler_zero_grad_first_loop3_from_earlier_cell",
+        "DistilBERT (66M) from DistilBertConfig for classification at sequence 512 under fp16 autocast with a "
+        "GradScaler, AdamW, three steps that zero the gradients first (the last step's stay allocated); built "
+        "in an earlier cell",
+        ("from transformers import DistilBertConfig, DistilBertForSequenceClassification\n"
+         "with torch.device(dev):\n"
+         "    bert = DistilBertForSequenceClassification(DistilBertConfig(num_labels=2))\n"
+         "opt = torch.optim.AdamW(bert.parameters(), lr=5e-5)\n"
+         "scaler = torch.amp.GradScaler(dev)\n",),
+        "batch_size = {batch}\n",
+        "for step in range(3):\n"
+        "    ids = torch.randint(0, 30522, (batch_size, 512), device=dev)\n"
+        "    labels = torch.randint(0, 2, (batch_size,), device=dev)\n"
+        "    opt.zero_grad()\n"
+        "    with torch.autocast(dev, dtype=torch.float16):\n"
+        "        loss = bert(input_ids=ids, labels=labels).loss\n"
+        "    scaler.scale(loss).backward()\n"
+        "    scaler.step(opt)\n"
+        "    scaler.update()\n",
+        needs=("transformers",),
+        where="a name set in an earlier cell",
+    ),
+    Workload(
+        "whisper_from_config_seq2seq_adamw_from_earlier_cell",
+        "a Whisper-style speech seq2seq (12 + 12 layers, width 768, 240M) from WhisperConfig, fp32, AdamW, one "
+        "step on 30 s of log-mel features and 64 target tokens; built in an earlier cell",
+        ("from transformers import WhisperConfig, WhisperForConditionalGeneration\n"
+         "config = WhisperConfig(d_model=768, encoder_layers=12, decoder_layers=12, encoder_attention_heads=12,\n"
+         "                       decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072)\n"
+         "with torch.device(dev):\n"
+         "    asr = WhisperForConditionalGeneration(config)\n"
+         "optimizer = torch.optim.AdamW(asr.parameters(), lr=1e-5)\n",),
+        "",
+        "batch_size = {batch}\n"
+        "features = torch.randn(batch_size, 80, 3000, device=dev)\n"
+        "labels = torch.randint(0, 50000, (batch_size, 64), device=dev)\n"
+        "loss = asr(input_features=features, labels=labels).loss\n"
+        "loss.backward()\n"
+        "optimizer.step()\n"
+        "optimizer.zero_grad()\n",
+        needs=("transformers",),
+    ),
+    Workload(
+        "opt_adafactor_loop2_from_earlier_cell",
+        "an OPT-style causal LM (24 layers, width 1024, 330M) from OPTConfig, fp32, torch's Adafactor (its state "
+        "factored, far smaller than the weights), two steps at sequence 512; built in an earlier cell",
+        ("from transformers import OPTConfig, OPTForCausalLM\n"
+         "config = OPTConfig(hidden_size=1024, num_hidden_layers=24, ffn_dim=4096, num_attention_heads=16,\n"
+         "                   word_embed_proj_dim=1024, max_position_embeddings=2048)\n"
+         "with torch.device(dev):\n"
+         "    opt_lm = OPTForCausalLM(config)\n"
+         "adafactor = torch.optim.Adafactor(opt_lm.parameters(), lr=1e-3)\n",),
+        "",
+        "batch_size = {batch}\n"
+        "for _ in range(2):\n"
+        "    tokens = torch.randint(0, 50272, (batch_size, 512), device=dev)\n"
+        "    loss = opt_lm(input_ids=tokens, labels=tokens).loss\n"
+        "    loss.backward()\n"
+        "    adafactor.step()\n"
+        "    adafactor.zero_grad()\n",
+        needs=("transformers",),
+    ),
 )
 WORKLOAD_NAMES = tuple(w.name for w in WORKLOADS)
 QUICK_WORKLOADS = (

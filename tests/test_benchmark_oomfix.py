@@ -371,7 +371,9 @@ ISSUE_40_WORKLOADS = {"transformer_lm_adamw_loop4_from_earlier_cell", "lstm_clas
                       "t5_base_finetune_adamw_from_earlier_cell"}
 UNSEEN_WORKLOADS = {"gpt2_from_config_loop3_adamw_from_earlier_cell", "qwen2_bf16_weights_adamw_loop2_from_earlier_cell",
                     "roberta_sgd_momentum_loop_over_batches_from_earlier_cell",
-                    "swin_clip_grad_scheduler_loop3_from_earlier_cell", "vit_b16_384_checkpointing_bf16_built_in_cell"}
+                    "swin_clip_grad_scheduler_loop3_from_earlier_cell", "vit_b16_384_checkpointing_bf16_built_in_cell",
+                    "distilbert_fp16_scaler_zero_grad_first_loop3_from_earlier_cell",
+                    "whisper_from_config_seq2seq_adamw_from_earlier_cell", "opt_adafactor_loop2_from_earlier_cell"}
 STEADY_ONLY = ISSUE_40_WORKLOADS | UNSEEN_WORKLOADS
 """Written with the steady oracle: no single-run oracle was measured of them."""
 
