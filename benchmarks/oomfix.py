@@ -904,7 +904,7 @@ WORKLOADS: tuple[Workload, ...] = (
     ),
     Workload(
         "opt_adafactor_loop2_from_earlier_cell",
-        "an OPT-style causal LM (24 layers, width 1024, 330M) from OPTConfig, fp32, torch's Adafactor (its state "
+        "an OPT-style causal LM (24 layers, width 1024, 356M) from OPTConfig, fp32, torch's Adafactor (its state "
         "factored, far smaller than the weights), two steps at sequence 512; built in an earlier cell",
         ("from transformers import OPTConfig, OPTForCausalLM\n"
          "config = OPTConfig(hidden_size=1024, num_hidden_layers=24, ffn_dim=4096, num_attention_heads=16,\n"
