@@ -387,6 +387,9 @@ def test_the_committed_oracles_span_where_users_hit_oom():
     assert len(workloads) >= 15 and set(saved) == {w.name for w in workloads}
     for workload in workloads:
         assert saved[workload.name]["cells_digest"] == workload.cells_digest(), f"{workload.name}: measure it again"
+    steady = json.loads(bench_module.ORACLES.read_text())[bench_module.STEADY_SECTION]
+    for workload in bench_module.WORKLOADS:  # every workload has its steady oracle, of the cells as written
+        assert steady[workload.name]["cells_digest"] == workload.cells_digest(), f"{workload.name}: measure it again"
     oracles = {name: entry["oracle_batch"] for name, entry in saved.items()}
     shares = {name: entry["fixed_bytes"] / entry["cap_bytes"] for name, entry in saved.items()}
     assert sum(o <= 64 for o in oracles.values()) >= max(5, len(workloads) / 3)
