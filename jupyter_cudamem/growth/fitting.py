@@ -492,8 +492,10 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
     start's blocks, bytes by key). What the run made and never freed in a block the start did not free
     (a first step's optimizer state) stays, and is not made again; a start block the run frees (a value
     the cell binds again, gradients zeroed) is, next time, the block the run made in its place: the one
-    made right before its free (``replay.held_elsewhere``), else one of the same size it left, else the
-    first it left unclaimed.
+    made right before its free (``replay.held_elsewhere``), else the last made of its size that the run left
+    (a loop's last gradients, not the first step's state of their size), else the one a loop left in its
+    last iteration (the block made before the free, the one made before that one's free, and so on), else
+    the first it left unclaimed.
 
     ``released``: keys of the start blocks the run let go as its first optimizer step began, the last
     run's state that ``%oomfix``'s put-back held until then (``replay.with_released``): the cell's next run
@@ -504,27 +506,7 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
     # ``block_bytes``, inline: a search plays the next run of thousands of tries
     left = {key: max(-(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES, MIN_BLOCK_BYTES)
             for kind, key, size, _ in events if kind == ALLOC and key not in freed}
-    unclaimed: dict[int, list[int]] = {}
-    for key, size in left.items():
-        unclaimed.setdefault(size, []).append(key)
-    sizes = sorted(unclaimed)
-    partner: dict[int, int | None] = {}
-    for previous, (kind, key, _, _) in zip([None, *events], events):
-        if kind != FREE or key not in held or key in partner:
-            continue
-        made = previous[1] if previous is not None and previous[0] == ALLOC else None
-        if made is None or made not in unclaimed.get(left.get(made, -1), ()):
-            # the start's block may hold up to 1 MiB its request left unsplit (``replay.same_block``)
-            near = takewhile(lambda size: held[key] - size <= SMALL_REQUEST_BYTES,
-                             reversed(sizes[:bisect_right(sizes, held[key])]))
-            made = next((unclaimed[size][0] for size in near if unclaimed[size]), None)
-        partner[key] = made
-        if made is not None:
-            unclaimed[left[made]].remove(made)
-    # The rest in order: a block whose size the line changed (a first step's state on a line) is the one
-    # made in its place as often as not, and holding both would count it twice.
-    rest = iter(sorted(key for keys in unclaimed.values() for key in keys))
-    partner.update({key: next(rest, None) for key, made in partner.items() if made is None})
+    partner = _made_in_place(events, held, left)
     stays = set(left) - set(partner.values())
     again: list[Event] = []
     for kind, key, size, stream in events:
@@ -535,6 +517,63 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
         elif not (kind == ALLOC and key in stays):
             again.append((kind, key, size, stream))
     return again
+
+
+def _made_before_each_free(events: Sequence[Event]) -> dict[int, int]:
+    """For each key freed, the key of the last block made before its free: where a name is bound again, the
+    new value is made before the old one goes."""
+    made_before: dict[int, int] = {}
+    last_made: int | None = None
+    for kind, key, _, _ in events:
+        if kind == ALLOC:
+            last_made = key
+        elif kind == FREE and last_made is not None and last_made != key:
+            made_before.setdefault(key, last_made)
+    return made_before
+
+
+def _made_in_place(events: Sequence[Event], held: Mapping[int, int], left: Mapping[int, int]) -> dict[int, int | None]:
+    """For each start block ``events`` free (``held``: bytes by key), the block of ``left`` (bytes by key) made
+    in its place, by ``next_run``'s rules (``None``: none is left)."""
+    unclaimed: dict[int, list[int]] = {}
+    for key, size in left.items():
+        unclaimed.setdefault(size, []).append(key)
+    sizes = sorted(unclaimed)
+    made_before = _made_before_each_free(events)
+    partner: dict[int, int | None] = {}
+    for previous, (kind, key, _, _) in zip([None, *events], events):
+        if kind != FREE or key not in held or key in partner:
+            continue
+        made = previous[1] if previous is not None and previous[0] == ALLOC else None
+        if made is None or made not in unclaimed.get(left.get(made, -1), ()):
+            made = _of_its_size(held[key], sizes, unclaimed)
+        if made is None:  # a value a loop binds again, from a start at another batch
+            made = _last_of_chain(key, made_before, left, unclaimed)
+        partner[key] = made
+        if made is not None:
+            unclaimed[left[made]].remove(made)
+    # The rest in order: a block whose size the line changed (a first step's state on a line) is the one
+    # made in its place as often as not, and holding both would count it twice.
+    rest = iter(sorted(key for keys in unclaimed.values() for key in keys))
+    partner.update({key: next(rest, None) for key, made in partner.items() if made is None})
+    return partner
+
+
+def _of_its_size(block: int, sizes: Sequence[int], unclaimed: Mapping[int, list[int]]) -> int | None:
+    """The last made of the unclaimed blocks (keys by bytes, ``sizes`` sorted) of ``block``'s size, or up to
+    1 MiB smaller: the start's block may hold what its request left unsplit (``replay.same_block``)."""
+    near = takewhile(lambda size: block - size <= SMALL_REQUEST_BYTES, reversed(sizes[:bisect_right(sizes, block)]))
+    return next((unclaimed[size][-1] for size in near if unclaimed[size]), None)
+
+
+def _last_of_chain(key: int, made_before: Mapping[int, int], left: Mapping[int, int],
+                   unclaimed: Mapping[int, list[int]]) -> int | None:
+    """The block made before ``key``'s free, the one made before that one's free, and so on, to one ``left``
+    (bytes by key), where no other start block claimed it (``unclaimed``: keys by bytes)."""
+    made = made_before.get(key)
+    while made is not None and made not in left:
+        made = made_before.get(made)
+    return made if made is not None and made in unclaimed.get(left[made], ()) else None
 
 
 def _without_frees_of(events: Sequence[Event], keys: Collection[int]) -> Sequence[Event]:

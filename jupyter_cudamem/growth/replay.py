@@ -494,19 +494,21 @@ def keys_at(start: Sequence[StartSegment], addresses: Collection[int]) -> frozen
 
 
 def with_released(events: Sequence[Event], recorded: Collection[int], released: Collection[int],
-                  at: int) -> list[Event]:
+                  at: int, keys: Mapping[int, int | None] | None = None) -> list[Event]:
     """``events`` with the frees of ``recorded`` (start keys the run let go as its first optimizer step
     began) made instead for ``released`` (the keys another start lets go there), before the first of
-    them, else before event ``at`` (the step's first).
+    them, else before event ``at`` (the step's first); the other frees of the run's start made for their
+    images in the other start (``keys``, as ``with_keys``).
 
     Why: a try's put-back holds the last run's optimizer state until the step, and the step makes its
-    own; replayed from another start, the run lets go of what that start holds, not of its own start's."""
+    own; replayed from another start, the run lets go of what that start holds, not of its own start's.
+    Renamed here, not before: the two starts' keys are both small negative numbers, and an image could
+    read as one of ``recorded``."""
     first = next((i for i, (kind, key, _, _) in enumerate(events) if kind == FREE and key in recorded), at)
     stream = events[first][3] if first < len(events) else 0
-    made = list(events[:first])
-    made += [(FREE, key, 0, stream) for key in sorted(released)]
-    made += [event for event in events[first:] if not (event[0] == FREE and event[1] in recorded)]
-    return made
+    kept = [event for event in events[first:] if not (event[0] == FREE and event[1] in recorded)]
+    return (with_keys(events[:first], keys or {}) + [(FREE, key, 0, stream) for key in sorted(released)]
+            + with_keys(kept, keys or {}))
 
 
 def rebound_keys(recorded_start: Sequence[StartSegment], recorded: Sequence[Collection[int]],
@@ -568,16 +570,42 @@ class RecordedRun:
                     released: frozenset[int] = frozenset()) -> list[Event]:
         """The events a run from ``start`` makes, where ``start`` holds ``remade`` (as ``self.remade``) and
         ``released`` until the first step: the last run's values go where this run let its own go
-        (``rebound_keys``), its optimizer state where the step begins (``with_released``), and
-        what it made and left that ``start`` holds is not made again (``held_elsewhere``)."""
-        rebound = rebound_keys(self.start, self.remade, start, remade)
-        events = with_keys(self.events, rebound) if rebound else list(self.events)
+        (``rebound_keys``), its optimizer state where the step begins (``with_released``), the gradients
+        it zeroed where it zeroed its own (``_made_again_in``), and what it made and left that ``start``
+        holds is not made again (``held_elsewhere``)."""
         recorded = self.released_keys
+        rebound: dict[int, int | None] = dict(rebound_keys(self.start, self.remade, start, remade))
+        if tuple(start) != self.start:
+            rebound.update(self._made_again_in(start, set(rebound) | recorded, released))
         if (self.steps or not self.whole) and (recorded or released):
             # A window begins after the cell's first step: what the put-back held is gone before it.
             at = self.steps[0][0] if self.whole else 0
-            events = with_released(events, recorded, keys_at(start, released), at)
+            events = with_released(self.events, recorded, keys_at(start, released), at, rebound)
+        else:
+            events = with_keys(self.events, rebound)
         freed_where_bound = {key for key in rebound.values() if key is not None}
         let_go = {address for address, key in start_keys(start).items() if key in freed_where_bound}
         unpaired = frozenset(address for addresses in remade for address in addresses) - let_go
         return held_elsewhere(events, self.left, start, unpaired, released | let_go)
+
+    def _made_again_in(self, start: Sequence[StartSegment], known: Collection[int],
+                       released: Collection[int]) -> dict[int, int | None]:
+        """For each block of ``self.start`` the run freed (but ``known``: paired already), a block of its size
+        the run left that another ``start`` holds at the same address (but ``released``): its key there.
+
+        Why: a run that frees the last run's gradients (``zero_grad`` before the forward or the backward)
+        leaves its own; from a start after it, it frees those. By address, so only for a start other than
+        its own, where an address the run reused held another block."""
+        own = start_keys(self.start)
+        held = {own[address]: size for address, size in allocated_blocks(self.start).items()}
+        there, sizes = start_keys(start), allocated_blocks(start)
+        made = {key for kind, key, _, _ in self.events if kind == ALLOC}
+        kept: dict[int, list[int]] = {}
+        for address, key in self.left:
+            if key in made and address in there and address not in released:
+                kept.setdefault(sizes[address], []).append(there[address])
+        again: dict[int, int | None] = {}
+        for kind, key, _, _ in self.events:
+            if kind == FREE and key in held and key not in known and key not in again and kept.get(held[key]):
+                again[key] = kept[held[key]].pop()
+        return again

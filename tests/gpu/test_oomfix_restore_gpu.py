@@ -53,6 +53,9 @@ def test_weights_grads_and_adam_state_are_those_of_one_run_of_the_fitted_cell(sh
             shell.user_ns.pop(name, None)
         plain = {"torch": torch, "model": reference_model, "optimizer": reference_optimizer, "losses": [],
                  "seen": {"steps": 0}}
+        # The reference run is the test's, not the user's: uncapped, so what earlier tests left cached (the
+        # two-GPU tests, on a machine with two) cannot make it run out of memory where %oomfix's runs fitted.
+        torch.cuda.set_per_process_memory_fraction(1.0)
         exec(outcome.fixed_source, plain)
         # The list and the dict the cell logs to: one run's entries, in the same objects.
         assert shell.user_ns["losses"] is losses and losses == plain["losses"] and len(losses) == 3

@@ -100,3 +100,34 @@ def test_a_window_of_a_long_run_lets_the_held_state_go_before_it_begins():
     events = window.events_from(start, released=frozenset({STATE}))
     assert events[0] == (FREE, start_keys(start)[STATE], 0, 0)
     assert replay(events, start, 4 * GiB).fits  # the weights, the state the window carries, one step's temporary
+
+
+def test_a_loop_that_zeroes_its_gradients_first_lets_the_other_start_s_gradients_go():
+    """``zero_grad()`` before the backward pass: the last run's gradients are in the start, the run frees
+    them and leaves its own. Replayed from the start after it (which holds those, beside a smaller block
+    of another batch's value that shifts every larger block's key), it frees the gradients that start
+    holds, once, and peaks where it peaked from its own."""
+    old_grad, new_grad, small_value = 1 << 34, 1 << 35, 1 << 33
+    start = (StartSegment(WEIGHTS, False, ((1 * GiB, True),)), StartSegment(old_grad, False, ((1 * GiB, True),)))
+    own = start_keys(start)
+    events = ((ALLOC, 0, 2 * GiB, 0),              # the forward's activations
+              (FREE, own[old_grad], 0, 0),         # zero_grad: the last run's gradients go
+              (ALLOC, 1, 1 * GiB, 0),              # the backward makes new ones
+              (FREE, 0, 0, 0))
+    run = RecordedRun(start=start, events=events, left=((new_grad, 1),))
+    after = (StartSegment(small_value, False, ((20 * MiB, True),)),
+             StartSegment(WEIGHTS, False, ((1 * GiB, True),)), StartSegment(new_grad, False, ((1 * GiB, True),)))
+    there = start_keys(after)
+    assert there[WEIGHTS] == own[old_grad]  # by key alone the run would free the weights
+    made = run.events_from(after)
+    assert (FREE, there[new_grad], 0, 0) in made and (FREE, there[WEIGHTS], 0, 0) not in made
+    assert (ALLOC, 1, 1 * GiB, 0) in made  # made anew, not taken as held
+    own_peak = replay(list(events), start, 8 * GiB).peak_allocated_bytes
+    assert replay(made, after, 8 * GiB).peak_allocated_bytes == own_peak + 20 * MiB
+
+
+def test_the_other_start_s_keys_are_given_where_the_recorded_state_is_let_go_not_before():
+    """An image in the other start may be the number of a recorded state's key: it is freed all the same."""
+    events = [(ALLOC, 0, 100 * MiB, 0), (FREE, -3, 0, 0), (FREE, -2, 0, 0), (ALLOC, 1, 2 * GiB, 0)]
+    assert with_released(events, {-2}, {-7}, at=3, keys={-3: -2}) == [
+        (ALLOC, 0, 100 * MiB, 0), (FREE, -2, 0, 0), (FREE, -7, 0, 0), (ALLOC, 1, 2 * GiB, 0)]

@@ -62,3 +62,23 @@ def test_the_state_a_step_made_where_the_held_state_was_released_stays_for_the_n
     assert next_run(events, held_at_start(start))[2:] == [(FREE, _CARRIED - 1, 0, 0), (ALLOC, 1, 2 * GiB, 0)]
     assert fits_in_a_row(events, start, 6 * GiB, released=released)
     assert not fits_in_a_row(events, start, 5 * GiB - 1, released=released)
+
+
+def test_the_next_run_frees_the_last_gradients_the_run_left_not_the_state_of_their_size():
+    """A loop that zeroes its gradients before the backward pass, state made at its first step: both of the
+    gradients' size, both left. The block a next run frees where this run freed the start's gradients is
+    the last made of that size (the last iteration's gradients), so the next run holds one set, not two."""
+    grad = 64 * 2**20
+    held = {-1: grad}                        # the last run's gradients
+    events = [(ALLOC, 0, 512 * 2**20, 0),    # forward
+              (FREE, -1, 0, 0),              # zero_grad
+              (ALLOC, 1, grad, 0),           # backward: gradients
+              (FREE, 0, 0, 0),
+              (ALLOC, 2, grad, 0),           # the first step's state
+              (ALLOC, 3, 512 * 2**20, 0),    # second iteration's forward
+              (FREE, 1, 0, 0),               # zero_grad
+              (ALLOC, 4, grad, 0),           # backward
+              (FREE, 3, 0, 0)]
+    again = next_run(events, held)
+    assert (FREE, _CARRIED - 4, 0, 0) in again and (FREE, _CARRIED - 2, 0, 0) not in again
+    assert (ALLOC, 2, grad, 0) not in again  # the state stays, not made again
