@@ -454,22 +454,16 @@ def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
     left (``left``, ``(address, key)``) that ``start`` still holds at the same address, in a block of
     the size the allocator gives that request.
 
-    Why: a run replayed for the next try starts from the segments that try starts with. What the
-    recorded run created once and kept, AdamW's state at its first step, gradients kept after it, is in
-    those segments already, and the next run does not create it again: replayed as recorded it would be
-    counted twice. What the next run does create again (a model the cell builds, set aside before it)
-    is no longer held there, and stays, though the driver may hand its address to another block (a
-    workspace of another size, which taken for the old block would leave one run's requests unpaired).
+    Why: what the recorded run created once and kept (AdamW's state at its first step, gradients kept
+    after it) is in the next try's segments already, and replayed as recorded would be counted twice. What
+    the next run does create again (a model the cell builds, set aside before it) is not held there, and
+    stays, though the driver may hand its address to a block of another size.
 
-    ``remade``: addresses of blocks ``start`` holds for values the cell binds again (its input, its
-    outputs, a model it builds, still bound from its last run) where the run shows no binding to go by
-    (``rebound_keys``: its own start held none): the run makes each anew, and the old one goes when the name
-    is bound again, taken as right after the new one is made.
-
-    ``let_go``: addresses of blocks ``start`` holds that the run lets go (the last run's optimizer state,
-    which ``%oomfix``'s put-back holds until the first step: ``with_released``; the last run's values,
-    where the run binds their names again: ``rebound_keys``): what the run made and left at them is its
-    own, made anew."""
+    ``remade``: addresses of blocks ``start`` holds for values the cell binds again where the run shows no
+    binding to go by (``rebound_keys``: its own start held none): made anew, the old one let go right after.
+    ``let_go``: addresses of blocks ``start`` holds that the run lets go (the optimizer state the put-back
+    holds until the first step, ``with_released``; values bound again, ``rebound_keys``; gradients zeroed,
+    ``RecordedRun._made_again_in``): what the run made and left at them is its own, made anew."""
     held = allocated_blocks(start)
     sizes = {key: size for kind, key, size, _ in events if kind == ALLOC}
     again = {key: address for address, key in left
@@ -497,13 +491,11 @@ def with_released(events: Sequence[Event], recorded: Collection[int], released: 
                   at: int, keys: Mapping[int, int | None] | None = None) -> list[Event]:
     """``events`` with the frees of ``recorded`` (start keys the run let go as its first optimizer step
     began) made instead for ``released`` (the keys another start lets go there), before the first of
-    them, else before event ``at`` (the step's first); the other frees of the run's start made for their
-    images in the other start (``keys``, as ``with_keys``).
+    them, else before event ``at`` (the step's first); its other frees of its start made for their images
+    in the other start (``keys``, as ``with_keys``: here, as both starts' keys are small negative numbers).
 
     Why: a try's put-back holds the last run's optimizer state until the step, and the step makes its
-    own; replayed from another start, the run lets go of what that start holds, not of its own start's.
-    Renamed here, not before: the two starts' keys are both small negative numbers, and an image could
-    read as one of ``recorded``."""
+    own; replayed from another start, the run lets go of what that start holds, not of its own start's."""
     first = next((i for i, (kind, key, _, _) in enumerate(events) if kind == FREE and key in recorded), at)
     stream = events[first][3] if first < len(events) else 0
     kept = [event for event in events[first:] if not (event[0] == FREE and event[1] in recorded)]
@@ -575,7 +567,7 @@ class RecordedRun:
         holds is not made again (``held_elsewhere``)."""
         recorded = self.released_keys
         rebound: dict[int, int | None] = dict(rebound_keys(self.start, self.remade, start, remade))
-        if tuple(start) != self.start:
+        if tuple(start) != self.start:  # by address: in its own start, a reused address held another block
             rebound.update(self._made_again_in(start, set(rebound) | recorded, released))
         if (self.steps or not self.whole) and (recorded or released):
             # A window begins after the cell's first step: what the put-back held is gone before it.
@@ -590,12 +582,9 @@ class RecordedRun:
 
     def _made_again_in(self, start: Sequence[StartSegment], known: Collection[int],
                        released: Collection[int]) -> dict[int, int | None]:
-        """For each block of ``self.start`` the run freed (but ``known``: paired already), a block of its size
-        the run left that another ``start`` holds at the same address (but ``released``): its key there.
-
-        Why: a run that frees the last run's gradients (``zero_grad`` before the forward or the backward)
-        leaves its own; from a start after it, it frees those. By address, so only for a start other than
-        its own, where an address the run reused held another block."""
+        """For each block of ``self.start`` the run freed (but ``known``), the key in another ``start`` of a
+        block of its size the run left where ``start`` holds it (but ``released``): a loop that zeroes the
+        last run's gradients first leaves its own, and from a start after it frees those."""
         own = start_keys(self.start)
         held = {own[address]: size for address, size in allocated_blocks(self.start).items()}
         there, sizes = start_keys(start), allocated_blocks(start)
