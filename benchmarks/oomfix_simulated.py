@@ -60,10 +60,10 @@ def summary(cases: list[dict]) -> dict:
                 # Of those, the ones where halving's batch lands between the goal and the largest batch by
                 # the luck of the start (a start near a power of two times it).
                 "worse_than_halving_within_goal": sum(c["worse_than_halving"] and c["met_goal"] for c in group),
-                # Of those, the ones where halving's batch is above the largest that fits without the jitter
-                # between runs: halving's run drew a smaller workspace than the truth's.
-                "worse_than_halving_above_largest": sum(c["worse_than_halving"] and c["halving"] > c["largest"]
-                                                        for c in group),
+                # Not counted: below halving's end where that is above the largest batch that keeps fitting
+                # without the jitter between runs (halving's runs drew smaller workspaces than the truth's).
+                "below_halving_above_largest": sum(c["halving"] is not None and c["found"] < c["halving"]
+                                                   and c["halving"] > c["largest"] for c in group),
                 "min": round(min(ratios), 4), "median": round(statistics.median(ratios), 4),
                 "max_reruns": max(c["reruns"] for c in group)}
     return {**stats(cases), "regimes": {name: stats(groups[name]) for name in sorted(groups)}}
@@ -90,8 +90,9 @@ def told_summary(told: list[world.Told], searched: list[dict]) -> dict:
     return {
         "models": len(told),
         "halving_above_largest": sum(t.halving > t.largest for t in told),
-        "told_halving_end_below_halving": sum(t.given_halving < t.halving for t in told),
-        "told_largest_below_halving": sum(t.given_largest < t.halving for t in told),
+        # below halving's end where that keeps fitting (at most the largest), as ``world.Case`` counts it
+        "told_halving_end_below_halving": sum(t.given_halving < t.halving <= t.largest for t in told),
+        "told_largest_below_halving": sum(t.given_largest < t.halving <= t.largest for t in told),
         "search_below_halving": sum(c["worse_than_halving"] for c in searched),
         "how": "told_halving_end: tries halving's own end up to three times; told_largest: tries the largest "
                "batch that fits without the jitter between runs twice, then the largest that fits with the "

@@ -86,7 +86,8 @@ class Case:
 
     @property
     def worse_than_halving(self) -> bool:
-        return self.found < self.halving
+        """As ``world.Case``'s: halving's end is a bar where it keeps fitting (at most ``largest``)."""
+        return self.found < self.halving <= self.largest
 
 
 def draw(rng: random.Random) -> tuple[Step, int, int] | None:

@@ -5,17 +5,15 @@ start ratios 1.05 to 100, every run played through the project's model of PyTorc
 
 The goal (issues "where large models meet small batches" and "a fix that holds"): found >= largest - 1 where
 the largest is 10 or less, else >= 0.90 of it, and never above the largest batch that keeps fitting (above
-it the next runs fail), within 3 reruns, in 99% of models, none below halving. The truth is the steady
+it the next runs fail), within 3 reruns, in 99% of models, at most 0.5% below halving. The truth is the steady
 one: the largest batch whose run fits and so do the two after it, the first of them from its end with the
 cache emptied, the next from where it left the allocator (``world.largest_fitting``); halving ends on the first halved batch that keeps fitting. This test
 runs 10,000 models of its own seed, on every core (``world.many_cases``), and holds the search where it was
 measured on them: 9,508 meet the goal (95.1%): 316 end above the largest batch that keeps fitting (their
-last try fitted once, the runs after it do not), 176 below the goal; 70 end below halving, 22 of them
-outside the goal. Before the user's first run after the fix was replayed from an emptied cache (the cleanup
-after each rerun empties it; this change, which moves the truth too): 9,487, 347 above, 166 below, 67
-below halving (15 outside the goal). Before the last fit was checked by the replay of its own run
-(``Tries.answer``): 8,922, 932 above, 146 below, 57 below halving (11 outside). A change that loses ground
-fails here.
+last try fitted once, the runs after it do not), 176 below the goal; 41 end below halving where halving's
+end keeps fitting (0.41%; issue 40 asks at most 0.5%), 17 of them outside the goal. Counted as the sweep
+counts it: a halving end above the largest batch that keeps fitting is no bar (29 more models end below such
+an end). A change that loses ground fails here.
 """
 
 import statistics
@@ -37,8 +35,8 @@ def test_the_search_holds_its_measured_ground_across_the_space():
     below_halving_and_goal = sum(case.worse_than_halving and not case.met_goal for case in cases)
     assert all(case.reruns <= 3 for case in cases)
     assert met >= 9_508, met
-    assert below_halving_and_goal <= 22, below_halving_and_goal
-    assert sum(case.worse_than_halving for case in cases) <= 70
+    assert below_halving_and_goal <= 17, below_halving_and_goal
+    assert sum(case.worse_than_halving for case in cases) <= 41  # 0.41%: issue 40 asks at most 0.5%
     assert sum(case.found > case.largest for case in cases) <= 316
     small = [case.found / case.largest for case in cases if 10 < case.largest <= 64]
     heavy = [case.found / case.largest for case in cases if case.fixed_share >= 0.5]

@@ -364,7 +364,9 @@ class Case:
 
     @property
     def worse_than_halving(self) -> bool:
-        return self.halving is not None and self.found < self.halving
+        """Below halving's end where that end keeps fitting as the search's answer must (at most ``largest``):
+        as in the sweep (``benchmarks/oomfix.py``'s ``goal_misses``), a batch that does not is no bar."""
+        return self.halving is not None and self.found < self.halving <= self.largest
 
     @property
     def fixed_share(self) -> float:
