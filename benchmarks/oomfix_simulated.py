@@ -90,9 +90,8 @@ def told_summary(told: list[world.Told], searched: list[dict]) -> dict:
     return {
         "models": len(told),
         "halving_above_largest": sum(t.halving > t.largest for t in told),
-        # below halving's end where that keeps fitting (at most the largest), as ``world.Case`` counts it
-        "told_halving_end_below_halving": sum(t.given_halving < t.halving <= t.largest for t in told),
-        "told_largest_below_halving": sum(t.given_largest < t.halving <= t.largest for t in told),
+        "told_halving_end_below_halving": sum(world.below_halving(t.given_halving, t.halving, t.largest) for t in told),
+        "told_largest_below_halving": sum(world.below_halving(t.given_largest, t.halving, t.largest) for t in told),
         "search_below_halving": sum(c["worse_than_halving"] for c in searched),
         "how": "told_halving_end: tries halving's own end up to three times; told_largest: tries the largest "
                "batch that fits without the jitter between runs twice, then the largest that fits with the "

@@ -23,7 +23,7 @@ from jupyter_cudamem.growth.fitting import largest_below
 from jupyter_cudamem.growth.replay import Event, replay
 from jupyter_cudamem.growth.replay import RecordedRun
 from jupyter_cudamem.batchsearch import BatchSearch, Observation
-from tests.oomfix.world import draws, met_goal
+from tests.oomfix.world import below_halving, draws, met_goal
 
 GiB = 2**30
 CAPS_GIB = (2, 4, 8, 16, 24, 40, 80)
@@ -86,8 +86,7 @@ class Case:
 
     @property
     def worse_than_halving(self) -> bool:
-        """As ``world.Case``'s: halving's end is a bar where it keeps fitting (at most ``largest``)."""
-        return self.found < self.halving <= self.largest
+        return below_halving(self.found, self.halving, self.largest)
 
 
 def draw(rng: random.Random) -> tuple[Step, int, int] | None:

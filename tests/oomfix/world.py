@@ -349,6 +349,12 @@ def met_goal(found: int, largest: int, reruns: int) -> bool:
     return (largest - 1 if largest <= 10 else 0.90 * largest) <= found <= largest and reruns <= 3
 
 
+def below_halving(found: int, halving: int | None, largest: int) -> bool:
+    """Below halving's end where that end keeps fitting as the search's answer must (at most ``largest``):
+    as in the sweep (``benchmarks/oomfix.py``'s ``goal_misses``), a batch that does not is no bar."""
+    return halving is not None and found < halving <= largest
+
+
 @dataclass(frozen=True)
 class Case:
     step: Step
@@ -364,9 +370,7 @@ class Case:
 
     @property
     def worse_than_halving(self) -> bool:
-        """Below halving's end where that end keeps fitting as the search's answer must (at most ``largest``):
-        as in the sweep (``benchmarks/oomfix.py``'s ``goal_misses``), a batch that does not is no bar."""
-        return self.halving is not None and self.found < self.halving <= self.largest
+        return below_halving(self.found, self.halving, self.largest)
 
     @property
     def fixed_share(self) -> float:
