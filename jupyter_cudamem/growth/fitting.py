@@ -1,15 +1,10 @@
 """Whether a batch fits under a cap, by replaying a cell's recorded requests put on lines through its
 measured runs, and the largest batch that does.
 
-Why: the allocator's replay (``replay``) predicts a batch it has not run by putting each request on the line
-through its two measured sizes. Two runs of a cell at different batches mostly make the same requests in
-the same order, but cuDNN and cuBLAS pick algorithms (and workspaces) by the tensors' sizes, so a few
-requests appear in one run only: a pair is kept only where its two sizes can be one tensor's (``match``).
-The largest batch that fits is where the replay of the requests at that batch stops failing; a replay costs
-a pass over the run's events, so the search for it starts from the bound the allocated bytes alone set
-(one pass) and replays only below it.
-
-Pure Python, no torch: events as ``replay`` plays them.
+Two runs at different batches mostly make the same requests in the same order, but cuDNN and cuBLAS size
+their workspaces by the tensors, so a pair is kept only where its two sizes can be one tensor's (``match``).
+A replay costs a pass over the run's events, so the search for the largest batch starts from the bound the
+allocated bytes alone set (one pass) and replays only below it. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -33,9 +28,8 @@ def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
     longest common subsequence of the event kinds, a pair kept only where its sizes can be one tensor's at
     the two batches (``_one_tensor``)."""
     ratio = batch_second / batch_first
-    # A free of a block made before the run (the last run's values, let go as the cell binds them again)
-    # is no request of this run: one run may free hundreds where the other frees none, and the two are
-    # aligned without them.
+    # Frees of blocks made before the run (the last run's values, bound again) are no request of this run:
+    # one run may free hundreds where the other frees none.
     own_first, own_second = _made_in_the_run(first), _made_in_the_run(second)
     firsts, seconds = [first[i] for i in own_first], [second[i] for i in own_second]
     kinds_first, kinds_second = [e[0] for e in firsts], [e[0] for e in seconds]
@@ -62,10 +56,9 @@ def _made_in_the_run(events: Sequence[Event]) -> list[int]:
 
 
 MAX_PAIRING_WORK = 4_000_000
-"""The most ``difflib`` may be given to pair (the product of the two middles' lengths; about a second in
-Python). Longer middles are walked (``_walked_runs``), at most this many comparisons: a large model's runs
-differ by a few inserted requests, which a walk steps over; what is left unpaired is taken as proportional
-to the batch, which errs towards a smaller batch."""
+"""The most ``difflib`` may be given to pair (the product of the two middles' lengths) and the most
+comparisons a walk (``_walked_runs``) makes: a large model's runs differ by a few inserted requests, which a
+walk steps over; what is left unpaired is taken as proportional to the batch, erring towards a smaller one."""
 
 RESYNC_WINDOW = 64
 """How far ahead (in events, in both runs together) the walk looks for the two runs to agree again."""
@@ -76,11 +69,8 @@ RESYNC_EVENTS = 8
 def _common_runs(first: Sequence[str], second: Sequence[str], first_events: Sequence[Event] = (),
                  second_events: Sequence[Event] = (), ratio: float = 1.0) -> list[tuple[int, int, int]]:
     """Runs ``(start_in_first, start_in_second, length)`` of a common subsequence of the two lists of kinds.
-
-    ``difflib`` costs the product of the lengths on a two-letter alphabet, so it only sees what lies
-    between the common prefix and suffix (most runs of a cell differ in a few places, or none), and
-    only up to ``MAX_PAIRING_WORK``; a longer middle is walked (``_walked_runs``) where the events
-    themselves are given.
+    ``difflib`` costs the product of the lengths, so it sees only what lies between the common prefix and
+    suffix, up to ``MAX_PAIRING_WORK``; a longer middle is walked (``_walked_runs``) where the events are given.
     """
     head = 0
     while head < min(len(first), len(second)) and first[head] == second[head]:
@@ -101,11 +91,9 @@ def _common_runs(first: Sequence[str], second: Sequence[str], first_events: Sequ
 
 
 def _walked_runs(first: Sequence[Event], second: Sequence[Event], ratio: float) -> list[tuple[int, int, int]]:
-    """Common runs found by walking both runs at once: events agree (same kind and stream, and an
-    allocation's sizes can be one tensor's at the two batches) and are paired while they do; where they
-    stop agreeing, the nearest place within ``RESYNC_WINDOW`` events where ``RESYNC_EVENTS`` in a row
-    agree again is where the walk goes on. At most ``MAX_PAIRING_WORK`` comparisons: past that, the rest
-    is left unpaired."""
+    """Common runs found by walking both runs at once, pairing events while they agree (kind, stream, and
+    sizes that can be one tensor's); where they stop, the walk goes on from the nearest place within
+    ``RESYNC_WINDOW`` where ``RESYNC_EVENTS`` in a row agree again, for at most ``MAX_PAIRING_WORK`` comparisons."""
     work = 0
 
     def agree(i: int, j: int) -> bool:
@@ -143,19 +131,13 @@ def _walked_runs(first: Sequence[Event], second: Sequence[Event], ratio: float) 
 def _one_tensor(low: int, high: int, ratio: float, powers_at: tuple[int, int] | None = None) -> bool:
     """Whether ``low`` and ``high`` requested bytes at two batches (``ratio`` apart) can be one tensor.
 
-    A tensor that does not depend on the batch has the same shape, so exactly the same bytes. One that
-    does is batch-major: the batch multiplies its bytes, and a fixed part (concatenated batch-independent
-    data) is the smaller share; so at the smaller batch at least half its bytes are the per-sample part,
-    and the sizes grow by between (1 + ratio) / 2 and ratio times (512 bytes of slack for rounding). Sizes
-    nearly equal but not equal are two different tensors that the kinds' subsequence paired by position (a
-    layer later, half the spatial size and twice the batch), whose line would say memory hardly grows with
-    the batch.
-
-    With ``powers_at`` (the two batches), sizes that are the same whole multiple of the square or the cube
-    of their batch are one tensor too, of every sample against every other (a contrastive loss's batch x
-    batch logits: its line is then a power of the batch, ``law_through``; ``power_of_the_batch``).
+    A batch-independent tensor keeps its bytes exactly. A batch-major one is at least half per-sample bytes,
+    so it grows by between (1 + ratio) / 2 and ratio times (512 bytes of slack); sizes nearly equal but not
+    equal are two tensors paired by position, whose line would say memory hardly grows. With ``powers_at``
+    (the two batches), a tensor of every sample against every other too (``power_of_the_batch``).
     """
-    return _batch_major(low, high, ratio) or (powers_at is not None and power_of_the_batch(low, *powers_at, high) is not None)
+    return _batch_major(low, high, ratio) or (
+        powers_at is not None and power_of_the_batch(low, *powers_at, high) is not None)
 
 
 def _batch_major(low: int, high: int, ratio: float) -> bool:
@@ -166,10 +148,8 @@ def _batch_major(low: int, high: int, ratio: float) -> bool:
 
 def power_of_the_batch(size: int, batch: int, larger_batch: int, larger_size: int) -> int | None:
     """The power of the batch (2 or 3) of which ``size`` at ``batch`` and ``larger_size`` at ``larger_batch``
-    are the same whole multiple (``None``: neither). A tensor of every sample against every other requests
-    exactly its shape's bytes, a whole number per power of the batch, the same at both. Sizes that only
-    grew about that much are two tensors the kinds' subsequence paired by position (a bottleneck's
-    fourfold channels grow by about the cube of the ratio of batches twice apart)."""
+    are the same whole multiple (``None``: neither): a tensor of every sample against every other (a
+    contrastive loss's logits). Only exact: sizes that merely grew about that much are two tensors."""
     for power in (2, 3):
         low, high = batch ** power, larger_batch ** power
         if size % low == 0 and larger_size % high == 0 and size // low == larger_size // high > 0:
@@ -189,13 +169,9 @@ class GrowthLines(NamedTuple):
 
 def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Event],
                  batch_second: int) -> GrowthLines:
-    """The events of the run at the larger batch, each request on a line (see ``GrowthLines``).
-
-    The larger run is the template (its order of requests and frees is kept), being the closer to the
-    batches searched. A request with a partner in the other run gets the line through both sizes; one
-    without (an algorithm chosen at this batch only) is taken as proportional to the batch, the larger
-    of the two guesses its single size allows, so the prediction errs towards a smaller batch.
-    """
+    """The events of the run at the larger batch (the closer to the batches searched), each request on the
+    line through its two sizes (see ``GrowthLines``); one with no partner (an algorithm chosen at this batch
+    only) is taken as proportional to the batch, so the prediction errs towards a smaller batch."""
     if batch_first > batch_second:
         first, batch_first, second, batch_second = second, batch_second, first, batch_first
     partner = _same_size_left_over(first, second, match(first, batch_first, second, batch_second))
@@ -219,12 +195,9 @@ def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Even
 
 def _same_size_left_over(first: Sequence[Event], second: Sequence[Event],
                          partner: list[int | None]) -> list[int | None]:
-    """``partner`` with the requests both runs left unpaired paired by size, where a size is left over
-    exactly as often in one run as in the other: the same batch-independent tensor, placed by the kinds'
-    subsequence against another event. Why: where the number of loop passes changes with the batch (a
-    cell that runs its model over chunks of its data, then joins their results), the passes shift
-    every event after them, and the join, the largest request and the same at every chunk size, would
-    be taken as proportional to the chunk."""
+    """``partner`` with the requests both runs left unpaired paired by size, where a size is left over as
+    often in one run as in the other: one batch-independent tensor that a change in the number of loop
+    passes (a cell that joins its chunks' results) shifted against another event."""
     taken = {index for index in partner if index is not None}
     left_first: dict[int, list[int]] = {}
     for index, (kind, _, size, _) in enumerate(first):
@@ -246,9 +219,7 @@ def _same_size_left_over(first: Sequence[Event], second: Sequence[Event],
 
 def law_through(size: int, batch: int, larger_size: int, larger_batch: int) -> tuple[float, float, float]:
     """``(fixed_bytes, bytes_per_sample, exponent)`` of a request through its sizes at two batches: the
-    line through them, or, for a tensor of every sample against every other (``power_of_the_batch``), its
-    power of the batch, exact for it (the line through its two sizes would put it above them between the
-    two by up to the ratio of the batches, and below them beyond)."""
+    line through them, or the power of the batch where it is one (``power_of_the_batch``), which a line is not."""
     power = None if _batch_major(size, larger_size, larger_batch / batch) else \
         power_of_the_batch(size, batch, larger_batch, larger_size)
     if power is not None:
@@ -261,30 +232,20 @@ PREDICTION_RESOLUTION = 1 / 512
 """How close a prediction settles on the largest batch: a replay per halving of the gap, and below 512
 samples to the sample; above, a 0.2% error is noise beside the next run's own (another algorithm)."""
 
-
 REPLAY_MARGIN = 0.02
-"""How much larger than its line each request's per-sample part is taken when the replay predicts a
-batch: the replay is exact for the runs it was given, but the next run is another run (another cuDNN
-workspace) and a size read off a line is a block or two off; 2% is a few times either. Taken on the
-sizes, not off the batch found, because what jitters is the sizes."""
-
+"""How much larger than its line each request's per-sample part is taken when the replay predicts a batch:
+the next run is another run (another cuDNN workspace) and a size read off a line is a block or two off."""
 
 RUNS_IN_A_ROW = 3
 """How many runs in a row a batch must fit in the replay: the rerun that proves it and the user's next two,
-as ``benchmarks/oomfix.py``'s oracle runs the cell, because the layout a run leaves decides the next
-(``docs/oomfix.md``, "The runs after the fix, as they happen"). The user's first run starts where the cleanup after the last rerun
-leaves the allocator (its cache emptied), each later one where the last run left it."""
+because the layout a run leaves decides the next (``docs/oomfix.md``, "The runs after the fix, as they happen")."""
 
 _CARRIED = -TiB
-"""Keys (not sizes) of blocks a replayed run made and left, renamed for the next run (``_carried_key``): below
-every start key a snapshot could give."""
-
+"""Keys of blocks a replayed run made and left, renamed for the next run: below every start key a snapshot gives."""
 
 NEXT_RUN_SCALES = (1.0, 0.5, 0.0)
-"""The shares of the margin a predicted batch's per-sample parts are replayed with: it fits only where it
-fits at each, because the caching allocator is not monotone in the sizes (a block a little larger is
-cached and reused; one past 10 MiB gets a segment of its own), and the line's own sizes (no margin) are
-the likeliest of the next run."""
+"""The shares of the margin a predicted batch's per-sample parts are replayed with, all of which must fit:
+the caching allocator is not monotone in the sizes, and the line's own sizes are the next run's likeliest."""
 
 
 @dataclass(frozen=True)
@@ -306,13 +267,8 @@ def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[E
                     ) -> Callable[[int, float], Fitting] | None:
     """Whether a batch fits under any cap and margin, ``(cap_bytes, margin)``, from two runs' events: paired
     once (a search asks at several margins, a plan at several caps), each call costs only its replays.
-
-    ``None`` when the two runs do not align: not one request of the larger run can be paired with one
-    of the smaller (a different program ran; no measured line exists), or one of them made none.
-    Requests left unpaired where others pair must fit both as proportional to the batch and at their
-    measured size (``_fits_either_way``). ``margin``: a batch fits when its requests' per-sample parts
-    ``1 + margin`` times as large do (the next run is another run: another cuDNN algorithm, a block of
-    rounding). ``released``: as in ``next_run``."""
+    ``None`` where no request pairs (a different program ran) or a run made none. Unpaired requests must
+    fit either way (``_fits_either_way``); ``released``: as in ``next_run``."""
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
     if not any(kind != FREE for kind, *_ in first) or not any(kind != FREE for kind, *_ in second):
@@ -320,8 +276,7 @@ def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[E
     lines, share, unpaired = growth_lines(first, batch_first, second, batch_second)
     if share == 0.0:
         return None
-    # Only the requests with no partner: an exactly proportional pair's line also runs through zero, and
-    # keeping it at its measured size would hold a batch's activations fixed.
+    # Only requests with no partner: an exactly proportional pair is a batch's, not to be held fixed.
     measured = max(batch_first, batch_second)
     return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, unpaired, measured, start, cap_bytes, margin,
                                                                released))
@@ -330,41 +285,31 @@ def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[E
 def fitting_from_one(events: Sequence[Event], batch: int, start: Sequence[StartSegment], cap_bytes: int,
                      batch_independent: Collection[int] = (),
                      margin: float = 0.0, released: Collection[int] = ()) -> Fitting | None:
-    """The same from one run: every request taken as proportional to the batch, but those whose keys
-    ``batch_independent`` lists (the optimizer's state, a model's parameters: ``growth.line``), which
-    keep their size; a temporary (freed before the next request) must fit both ways.
-
-    A request is a fixed part plus a per-sample part, neither negative, so scaling all of it with the
-    batch overstates every request above ``batch``: the replay then errs towards a smaller batch in
-    bytes, as the line through the origin and one measured peak does (``growth.through_origin``). Where
-    the parameters, their gradients and AdamW's state are most of a run (a fine-tune whose largest batch
-    is a few dozen), scaling them too would put the largest batch at 0 or 1."""
+    """The same from one run: every request proportional to the batch (erring small, as
+    ``growth.through_origin`` does), but the keys ``batch_independent`` lists (a fine-tune's parameters and
+    optimizer state: ``growth.line``), which keep their size; a temporary must fit either way."""
     if batch <= 0 or not any(kind != FREE for kind, *_ in events):
         return None
     fixed = set(batch_independent)
-    lines: list[EventLine] = [(kind, key, stream, float(size), 0.0, 1.0) if kind != FREE and key in fixed
-                         else (kind, key, stream, 0.0, 0.0 if kind == FREE else size / batch, 1.0)
-                         for kind, key, size, stream in events]
     temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed]
-    return Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin, released))
+    return Fitting(*_fits_either_way(_proportional(events, batch, fixed), temporaries, batch, start, cap_bytes,
+                                     margin, released))
+
+
+def _proportional(events: Sequence[Event], batch: int, fixed: Collection[int]) -> list[EventLine]:
+    """Each request of one run at ``batch`` on the line through zero, but those of ``fixed`` keys, kept flat."""
+    return [(kind, key, stream, float(size), 0.0, 1.0) if kind != FREE and key in fixed
+            else (kind, key, stream, 0.0, 0.0 if kind == FREE else size / batch, 1.0)
+            for kind, key, size, stream in events]
 
 
 def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Event], failed_batch: int,
                         start: Sequence[StartSegment], batch_independent: Collection[int] = (),
                         released: Collection[int] = ()) -> Callable[[int, float], Fitting] | None:
-    """Whether a batch fits under any cap and margin, ``(cap_bytes, margin)``, from one run that fitted and
-    the beginning of one at a larger batch that failed (its events up to the request that raised): the
-    requests both made are on the line through their two sizes, as from two runs (``paired_fittings``), and those
-    after the failure as from one (``fitting_from_one``). Paired once; each call costs only its replays.
-
-    Why: one run cannot tell a request's batch-independent part from its per-sample part; a tensor of
-    fixed size (a mask, a position table, a library's workspace) is scaled with the batch, and a replay
-    of larger blocks is not a bound in the allocator, where they land in other segments and leave other
-    fragments. A failed try's own requests say which those are.
-
-    A request that grew with the square or cube of the batch (``law_through``) is on that power,
-    and a request after the failure of the size such a one had in the fitted run is taken as its kin (a
-    softmax of the logits, their gradient), which one run would scale with the batch alone."""
+    """As ``paired_fittings``, from one run that fitted and a larger one's events up to the request that
+    raised: what both made is on the line through its two sizes, the rest as from one (``fitting_from_one``).
+    Why: a failed try's requests tell which are of fixed size (a mask, a workspace), which one run scales.
+    A request after the failure of the size of one that grew faster than the batch is taken as its kin."""
     if batch <= 0 or failed_batch <= batch or not any(kind != FREE for kind, *_ in events):
         return None
     # Up to the request that raised (what the run gave back while the error unwound pairs with nothing).
@@ -381,18 +326,12 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
         size = events[index][2]
         if law[2] > 1.0 and law[2] > faster.get(size, (0.0, 0.0, 0.0))[2]:
             faster[size] = law
-    lines: list[EventLine] = []
+    lines = _proportional(events, batch, fixed)
     for index, (kind, key, size, stream) in enumerate(events):
-        if kind == FREE:
-            lines.append((kind, key, stream, 0.0, 0.0, 1.0))
-        elif index in laws:
-            lines.append((kind, key, stream, *laws[index]))
-        elif key in fixed:
-            lines.append((kind, key, stream, float(size), 0.0, 1.0))
-        elif size in faster:
-            lines.append((kind, key, stream, *faster[size]))
-        else:
-            lines.append((kind, key, stream, 0.0, size / batch, 1.0))
+        if index in laws:
+            lines[index] = (kind, key, stream, *laws[index])
+        elif kind != FREE and key not in fixed and size in faster:
+            lines[index] = (kind, key, stream, *faster[size])
     temporaries = [i for i in given_back_at_once(events) if events[i][1] not in fixed and i not in paired]
     return lambda cap_bytes, margin: Fitting(*_fits_either_way(lines, temporaries, batch, start, cap_bytes, margin,
                                                                released))
@@ -401,17 +340,10 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
 def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measured_batch: int,
                      start: Sequence[StartSegment], cap_bytes: int, margin: float,
                      released: Collection[int] = ()) -> tuple[Callable[[int], bool], Callable[[int], int]]:
-    """Whether a batch fits both when the ``unknown`` requests grow with the batch as their lines say and
-    when they keep the size measured at ``measured_batch`` (margins as in ``paired_fittings``).
-
-    Why both: a request whose growth two runs do not tell (one run, or two sizes that cannot be one
-    tensor's: a workspace another algorithm sized) is either a batch's or a library's. Scaling it errs
-    towards a smaller batch in bytes, but not always in the allocator: a larger block freed early is
-    cached and serves later requests, so a run can fit with the larger block and fail with the real one.
-    The batch must fit either way, with its per-sample parts as their lines say and ``1 + margin / 2`` and
-    ``1 + margin`` times as large (``NEXT_RUN_SCALES``). Returned with the largest batch up to a bound that
-    fits so: found below the bound the allocated bytes alone set (a run whose allocated bytes pass the cap
-    fails whatever the allocator does), then by replays."""
+    """Whether a batch fits both when the ``unknown`` requests grow as their lines say and when they keep
+    their size at ``measured_batch``, at each scale of the margin (``NEXT_RUN_SCALES``); with the largest
+    batch up to a bound that does. Why both: a request whose growth the runs do not tell is a batch's or a
+    library's, and a larger block is no bound in the allocator (cached, it serves later requests)."""
     kept = list(lines)
     for index in unknown:
         kind, key, stream, fixed, per_sample, exponent = lines[index]
@@ -420,9 +352,7 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
     held = held_at_start(start)
     variants = [lines, kept] if unknown else [lines]
 
-    def could_fit(batch: int) -> bool:
-        # Reserved bytes are never below allocated ones: a run whose allocated bytes alone pass the cap
-        # fails whatever the allocator does.
+    def could_fit(batch: int) -> bool:  # reserved bytes are never below allocated ones
         return all(peak_allocated_bytes(events_at(v, batch * (1 + margin)), held) <= cap_bytes for v in variants)
 
     def fits_at(batch: int, scales: Sequence[float], runs: int = RUNS_IN_A_ROW) -> bool:
@@ -434,16 +364,14 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
     checked_after = tuple(scale for scale in scales if scale != settling)
 
     def fits(batch: int) -> bool:
-        # The runs after the first at the largest sizes alone: the margins are for a size's jitter, where
-        # the allocator is not monotone; the next runs, for the layout a run leaves (one replay each scale).
+        # The next runs (for the layout a run leaves) at the largest sizes alone; the margins are for jitter.
         return fits_at(batch, (settling,)) and fits_at(batch, checked_after, runs=1)
 
     def largest(max_batch: int) -> int:
         limit = min(allocated_limit(v, held, cap_bytes) / (1 + margin) for v in variants)
         bound = largest_below(could_fit, max(0, min(max_batch, math.floor(limit))) if limit < math.inf else max_batch)
-        # The replays settle on one run at the larger sizes alone, then on the runs after it, then check the
-        # batch found at the smaller sizes: the same answer where the allocator is monotone and the runs
-        # leave it alike, in a third of the replays.
+        # One run at the largest sizes, then the runs after it, then the smaller sizes: the same answer where
+        # the allocator is monotone, in a third of the replays.
         found = largest_below(lambda batch: fits_at(batch, (settling,), runs=1), bound, PREDICTION_RESOLUTION)
         found = largest_below(lambda batch: fits_at(batch, (settling,)), found, PREDICTION_RESOLUTION)
         while found > 0 and not fits_at(found, checked_after, runs=1):
@@ -458,17 +386,15 @@ def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_by
                   released: Collection[int] = ()) -> bool:
     """Whether ``events`` fit ``runs`` times in a row under ``cap_bytes``: the first from ``start``, the
     second from where the first left the allocator with its cache emptied, each after from where the last
-    left it (``RUNS_IN_A_ROW``), as the cell's next run makes them (``next_run``).
-    ``held``: ``held_at_start(start)``, where the caller has it already (a search asks thousands of times);
-    ``released``: as in ``next_run``."""
+    left it, as the cell's next run makes them (``next_run``). ``held``: ``held_at_start(start)``, if known."""
     allocator = Allocator(start)
     try:
         if allocator.play(events, cap_bytes)[0] is not None:
             return False
         again = next_run(events, held_at_start(start) if held is None else held, released) if runs > 1 else []
         for run in range(1, runs):
-            # Played on from where the last run left the allocator: the same as replaying its ``layout``.
-            allocator.carry(_carried_key, empty_cache=run == 1)
+            # What the run made keeps its key, moved below the start's.
+            allocator.carry(lambda key: key if key < 0 else _CARRIED - key, empty_cache=run == 1)
             if allocator.play(again, cap_bytes)[0] is not None:
                 return False
         return True
@@ -482,26 +408,14 @@ def keeps_fitting(run: RecordedRun, cap_bytes: int) -> bool:
                                        released=run.released_keys)
 
 
-def _carried_key(key: int) -> int:
-    """A block's key in the next run: what the run made keeps its key, moved below the start's."""
-    return key if key < 0 else _CARRIED - key
-
-
 def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collection[int] = ()) -> list[Event]:
     """``events`` as the cell's next run makes them, from where they leave the allocator (``held``: the
-    start's blocks, bytes by key). What the run made and never freed in a block the start did not free
-    (a first step's optimizer state) stays, and is not made again; a start block the run frees (a value
-    the cell binds again, gradients zeroed) is, next time, the block the run made in its place: the one
-    made right before its free (``replay.held_elsewhere``), else the last made of its size that the run left
-    (a loop's last gradients, not the first step's state of their size), else the one a loop left in its
-    last iteration (the block made before the free, the one made before that one's free, and so on), else
-    the first it left unclaimed.
-
-    ``released``: keys of the start blocks the run let go as its first optimizer step began, the last
-    run's state that ``%oomfix``'s put-back held until then (``replay.with_released``): the cell's next run
-    holds its state through, so it does not free them, and the state the step made in their place stays
-    (a step updates its state in place)."""
-    events = _without_frees_of(events, released)
+    start's blocks, bytes by key). What the run made and left (a first step's optimizer state) stays and is
+    not made again; a start block the run frees is, next time, the block made in its place (``_made_in_place``).
+    ``released``: start blocks freed as the first step began (``replay.with_released``), which the next run
+    holds through."""
+    if released:
+        events = [event for event in events if not (event[0] == FREE and event[1] in released)]
     freed = {key for kind, key, _, _ in events if kind == FREE}
     # ``block_bytes``, inline: a search plays the next run of thousands of tries
     left = {key: max(-(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES, MIN_BLOCK_BYTES)
@@ -520,8 +434,8 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
 
 
 def _made_before_each_free(events: Sequence[Event]) -> dict[int, int]:
-    """For each key freed, the key of the last block made before its free: where a name is bound again, the
-    new value is made before the old one goes."""
+    """For each key freed, the key of the last block made before its free: a name's new value is made
+    before the old one goes."""
     made_before: dict[int, int] = {}
     last_made: int | None = None
     for kind, key, _, _ in events:
@@ -533,8 +447,10 @@ def _made_before_each_free(events: Sequence[Event]) -> dict[int, int]:
 
 
 def _made_in_place(events: Sequence[Event], held: Mapping[int, int], left: Mapping[int, int]) -> dict[int, int | None]:
-    """For each start block ``events`` free (``held``: bytes by key), the block of ``left`` (bytes by key) made
-    in its place, by ``next_run``'s rules (``None``: none is left)."""
+    """For each start block ``events`` free (``held``: bytes by key), the block of ``left`` (bytes by key)
+    made in its place (``None``: none): the one made right before its free (``replay.held_elsewhere``), else
+    the last left of its size (a loop's last gradients), else the one a loop left in its last iteration,
+    else the first unclaimed."""
     unclaimed: dict[int, list[int]] = {}
     for key, size in left.items():
         unclaimed.setdefault(size, []).append(key)
@@ -574,13 +490,6 @@ def _last_of_chain(key: int, made_before: Mapping[int, int], left: Mapping[int, 
     while made is not None and made not in left:
         made = made_before.get(made)
     return made if made is not None and made in unclaimed.get(left[made], ()) else None
-
-
-def _without_frees_of(events: Sequence[Event], keys: Collection[int]) -> Sequence[Event]:
-    """``events`` but the frees of ``keys`` (``events`` itself where there are none to leave out)."""
-    if not keys:
-        return events
-    return [event for event in events if not (event[0] == FREE and event[1] in keys)]
 
 
 def held_at_start(start: Sequence[StartSegment]) -> dict[int, int]:
