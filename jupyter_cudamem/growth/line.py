@@ -1,35 +1,15 @@
 """A cell's peak GPU memory as a line in its batch size, ``fixed + per_sample x batch``, and what does not grow.
 
-Pure arithmetic on bytes; knows nothing of IPython, PyTorch or the search that uses it.
+Pure arithmetic on bytes. Why a line: a step's peak is the sum of the tensors alive at it; activations and
+inputs grow with the batch, weights, their gradients and optimizer state do not. Not every cell is linear,
+which is why a prediction is confirmed by a run before it is reported.
 
-Why a line: a training or inference step's peak above what was allocated before it is the sum of the
-tensors alive at its peak; activations, their gradients and the inputs grow with the batch, while
-weights, gradients of weights, optimizer state and workspaces built in the step do not. Not every cell
-is linear (dynamic shapes, caches that grow), which is why a prediction is always confirmed by a run
-before it is reported. ``benchmarks/plan.py`` puts it to the test on four kinds of workload under caps
-playing 16, 24 and 40 GiB cards.
-
-Two lines, one per use. ``Line`` runs exactly through the measured peaks, with how far they agree with it
-(``Agreement``): what ``%%cudamem_plan`` fits and reports, and must not hide. ``Growth`` is the same least
-squares with the steepest slope the allocator's rounding allows: PyTorch's caching allocator rounds each
-allocation above 1 MiB up to a multiple of ``ALLOCATOR_BLOCK_BYTES``, so a peak is the line plus up to one
-block per large live tensor, and two peaks close together give a slope that may be off by
-``2 x PEAK_UNCERTAINTY_BYTES / (spread of the batches)``. A batch ``%oomfix``'s search picks must fit, so it
-uses ``Growth``.
-
-What does not grow (``FixedMemory``): parameters, their gradients and the optimizer's state, read from the
-objects a cell trains (``attribution.training_state`` reads them). Where a transformer or a ViT is
-fine-tuned, the largest batch is 1 to 50 and these are most of the memory: a line through one peak and
-zero then says almost every byte grows with the batch and lands far too low, and a replay that scales every
-request of one run with the batch scales AdamW's two state tensors per parameter too. Which requests of a
-recorded run are these is read from their sizes and lifetimes (``batch_independent_requests``). What a run
-creates: a model the cell builds is set aside before each rerun and built again by it, so its parameters are
-allocated above the search's reference level in every run; a gradient appears at the first ``backward()``
-where ``.grad`` is ``None``; AdamW's state at the optimizer's first ``step()``.
-
-Each request of a recorded run on a line of its own (``EventLine``) is what the replay plays at a batch
-never run (``events_at``), and gives the bound the allocated bytes alone set (``allocated_limit``), from
-which the search for the largest batch that fits steps down (``largest_below``).
+``Line`` runs exactly through the measured peaks (``Agreement``): what ``%%cudamem_plan`` reports, and must
+not hide. ``Growth`` takes the steepest slope the allocator's rounding allows, because a batch ``%oomfix``
+picks must fit. ``FixedMemory`` is what does not grow, read from the objects a cell trains; in a fine-tune it
+is most of the memory, and which recorded requests are it is read from their sizes and lifetimes
+(``batch_independent_requests``). Each request on a line of its own (``EventLine``) is what the replay plays
+at a batch never run (``events_at``), below the bound the allocated bytes alone set (``allocated_limit``).
 """
 
 from __future__ import annotations
@@ -45,9 +25,8 @@ from .replay import ALLOC, FREE, Event, EventKind, block_bytes
 
 REPEAT_TOLERANCE = 0.03
 """Two runs of one cell at one batch agree when their peaks above the start differ by at most this
-fraction (plus ``REPEAT_SLACK_BYTES``). A deterministic cell repeats its allocated peak to the byte;
-what moves it is a library choosing another algorithm and workspace between runs (cuDNN, cuBLAS),
-a few MiB, or a cell whose work changes run to run, which a line cannot plan."""
+fraction (plus ``REPEAT_SLACK_BYTES``): a deterministic cell repeats its peak but for a library choosing
+another workspace (a few MiB); more is a cell whose work changes run to run, which a line cannot plan."""
 
 REPEAT_SLACK_BYTES = 4 * MiB
 """Absolute slack for tiny cells, where one workspace of a few MiB is a large fraction."""
@@ -86,8 +65,7 @@ class Agreement:
 
 def least_squares(points: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
     """The least-squares slope through ``(batch, peak_bytes)`` points of at least two distinct batches, with
-    the points' mean batch and mean peak (the line runs through them): the one fit the plan's line and the
-    search's ``fit`` share."""
+    their mean batch and mean peak (the line runs through them): the fit ``line_through`` and ``fit`` share."""
     batches = [b for b, _ in points]
     n = len(points)
     mean_b = sum(batches) / n
@@ -112,13 +90,8 @@ def same(first_bytes: int, second_bytes: int, start_bytes: int = 0) -> bool:
 
 
 def faster_than_linear(line: Line, start_bytes: int, peak_bytes: int) -> bool:
-    """Whether the line's fixed part lies below what was allocated before the cell started.
-
-    At batch 0 the cell holds at least what it started with, so a fitted intercept below that means
-    the larger batch needed more than its share: peak grows faster than the batch (a batch x batch
-    similarity matrix, a cache that grows with it). The two points' own noise, extrapolated to 0,
-    is allowed twice over.
-    """
+    """Whether the line's fixed part lies below what was allocated before the cell started (with twice the
+    points' noise): at batch 0 the cell holds at least that, so its peak grows faster than the batch."""
     own = max(peak_bytes - start_bytes, 0)
     return line.intercept_bytes < start_bytes - 2 * (REPEAT_TOLERANCE * own + REPEAT_SLACK_BYTES)
 
@@ -127,12 +100,9 @@ ALLOCATOR_BLOCK_BYTES = 2 * MiB
 """PyTorch's caching allocator rounds allocations above 1 MiB up to 2 MiB multiples (``kRoundLarge``)."""
 
 PEAK_UNCERTAINTY_BYTES = 2 * ALLOCATOR_BLOCK_BYTES
-"""How far one measured peak may sit from the line. Each large tensor alive at the peak is rounded up
-by less than a 2 MiB block, so with k of them the peak sits 0 to 2k MiB above the line, and the
-difference between two peaks (what a slope is made of) varies by about 2 MiB x sqrt(k / 6): 2.3 MiB
-for 8 tensors, 3.7 MiB for 20. Two blocks per point covers that at 1.5 to 2 standard deviations:
-enough that rounding alone rarely makes a predicted batch fail, small enough that a probe a few dozen
-samples wide still gives a usable slope."""
+"""How far one measured peak may sit from the line: each of k large live tensors is rounded up by less than
+a block, so two peaks differ by about 2 MiB x sqrt(k / 6) (3.7 MiB for 20). Two blocks cover that at 1.5 to 2
+standard deviations, yet a probe a few dozen samples wide still gives a usable slope."""
 
 PEAK_UNCERTAINTY_FRACTION = 0.001
 """The same, relative: peaks measured twice at one batch differ by a fraction of a percent (cuDNN or
@@ -195,24 +165,16 @@ class Growth:
 
 
 def through_origin(batch: int, peak_bytes: float) -> Growth:
-    """The steepest line one measured point allows: through it and ``fixed = 0``.
-
-    A step's batch-independent part is never negative, so for batches above ``batch`` the peak is at
-    most ``peak_bytes x b / batch``: a prediction from this line fits (up to rounding), whatever the
-    real fixed part is. It errs small when the fixed part is large."""
+    """The steepest line one measured point allows: through it and ``fixed = 0``, since a fixed part is
+    never negative. It errs small when the fixed part is large."""
     slope = peak_bytes / batch
     return Growth(0.0, slope, slope, (batch, peak_bytes))
 
 
 def through_fixed(batch: int, peak_bytes: float, fixed_bytes: float) -> Growth:
-    """The steepest line one measured point allows when ``fixed_bytes`` are held at every moment of the
-    run whatever the batch (the parameters of a model the cell builds): through the point and
-    ``(0, fixed_bytes)``.
-
-    Why it is still sure: a run's peak is the highest of its phases (forward, backward, optimizer step),
-    each a line in the batch whose batch-independent part holds at least ``fixed_bytes``; at ``batch``
-    every phase is at most the measured peak, so each grows by at most ``(peak - fixed) / batch`` per
-    sample, the phase that set the peak or any other. With ``fixed_bytes`` 0 this is ``through_origin``."""
+    """The steepest line one measured point allows when ``fixed_bytes`` are held at every moment of the run
+    (the parameters of a model the cell builds): through the point and ``(0, fixed_bytes)``. Still sure:
+    every phase holds them and is at most the peak at ``batch``, so none grows by more than this slope."""
     if not 0 < fixed_bytes < peak_bytes:
         return through_origin(batch, peak_bytes)
     slope = (peak_bytes - fixed_bytes) / batch
@@ -220,12 +182,9 @@ def through_fixed(batch: int, peak_bytes: float, fixed_bytes: float) -> Growth:
 
 
 def fit(points: Iterable[tuple[int, float]]) -> Growth | None:
-    """The line through measured ``(batch, peak_bytes)`` points, least squares, with its steepest slope.
-
-    One point, or a slope the rounding allows to be as steep as the line through the origin: that line.
-    A fitted fixed part below zero is noise: the line through the origin and the largest point is then
-    the steepest allowed and is used.
-    """
+    """The line through measured ``(batch, peak_bytes)`` points, least squares, with its steepest slope;
+    ``through_origin`` of the largest point where there is one batch, the steepest slope reaches that line's,
+    or the fitted fixed part is below zero (noise)."""
     usable = sorted({(int(b), float(p)) for b, p in points if b > 0 and p is not None and p >= 0})
     if not usable:
         return None
@@ -235,14 +194,11 @@ def fit(points: Iterable[tuple[int, float]]) -> Growth | None:
         return through_origin(*top)
     slope, mean_b, mean_p = least_squares(usable)
     spread = max(batches) - min(batches)
-    # A slope below zero is rounding (a peak never shrinks with the batch): the points then say only
-    # that the slope is small, at most what the uncertainty of two points over their spread allows.
-    slope = max(slope, 0.0)
-    # The steepest slope the points allow when each may sit ``uncertainty`` off the line.
+    slope = max(slope, 0.0)  # below zero is rounding: a peak never shrinks with the batch
     high = slope + (uncertainty(top[1]) + uncertainty(min(usable)[1])) / spread
     origin = top[1] / top[0]
     if high >= origin:
-        return through_origin(*top)  # rounding hides the slope: the origin line is the safe bound
+        return through_origin(*top)
     fixed = mean_p - slope * mean_b
     if fixed < 0:
         return through_origin(*top)
@@ -264,16 +220,13 @@ def lowest_slope(fitted: Sequence[tuple[int, float]], failed: Sequence[tuple[int
 class FixedMemory:
     """The batch-independent part of a step, above the search's reference level, in bytes.
 
-    ``parameters_bytes``: parameters and buffers of models the cell builds again (allocated by every
-    run, before its batch's tensors); ``gradients_bytes``: gradients the step will create (parameters
-    that require one and have none now); ``optimizer_state_bytes``: state the optimizers' first step
-    will create; ``tensor_bytes``: the sizes of single parameter tensors (and of their half-precision
-    copies, which autocast makes), so that a recorded request of one of these sizes is taken as a
-    parameter's, a gradient's or the optimizer's, not as a batch's; ``gradient_sizes``: the size of each
-    gradient the step will create (``gradients_bytes`` is their sum, where given), ``trainable_sizes`` of each
-    parameter the step trains (each step's gradients, where a loop makes them anew), ``state_sizes`` of each
-    tensor the optimizers' first step will create, ``built_sizes`` of each parameter and buffer the cell
-    builds; ``trains``: whether the step runs a backward pass and an optimizer's step.
+    ``parameters_bytes``: parameters and buffers of models the cell builds again (allocated by every run);
+    ``gradients_bytes`` and ``optimizer_state_bytes``: what the step's first ``backward()`` and ``step()`` will
+    create; ``tensor_bytes``: the sizes of single parameter tensors and their half-precision copies, so that a
+    request of one is taken as a parameter's, a gradient's or the state's, not a batch's; ``gradient_sizes``,
+    ``trainable_sizes``, ``state_sizes``, ``built_sizes``: each gradient the step will create, parameter it
+    trains, state tensor it will create, parameter or buffer the cell builds; ``trains``: whether the step
+    runs a backward pass and an optimizer's step.
     """
 
     parameters_bytes: int = 0
@@ -293,9 +246,8 @@ class FixedMemory:
 
     @property
     def surely_held_bytes(self) -> int:
-        """What every moment of a run holds after its model is built: the parameters it builds.
-        Gradients and state exist only from the backward pass and the step on, so a peak in the
-        forward pass need not hold them."""
+        """What every moment of a run holds after its model is built: the parameters it builds (gradients
+        and state exist only from the backward pass on)."""
         return self.parameters_bytes
 
     def is_parameter_sized(self, requested_bytes: int) -> bool:
@@ -308,18 +260,16 @@ class FixedMemory:
 
 
 def made_in_steps(events: Sequence[Event], steps: Sequence[tuple[int, int]]) -> frozenset[int]:
-    """The keys of the requests made within ``steps`` (``(first event, event after the last)`` of each
-    optimizer ``step()``, marked in the recorded history): its state and temporaries, the parameters' size
-    at every batch."""
+    """The keys of the requests made within ``steps`` (``(first event, event after the last)`` of each marked
+    optimizer ``step()``): its state and temporaries, the parameters' size at every batch."""
     return frozenset(events[index][1] for first, after in steps for index in range(first, min(after, len(events)))
                      if events[index][0] != FREE)
 
 
 def step_gradients(events: Sequence[Event], fixed: FixedMemory, steps: Sequence[tuple[int, int]]) -> frozenset[int]:
     """Of each marked step, the keys of the gradients it applies: the parameter-sized requests made since the
-    previous step ended that are still allocated when it begins, the latest first, at most as many of each
-    size as the step trains parameters. An activation the size of a weight (at a batch of one) is freed by
-    the backward pass, before the step; a gradient lives through it."""
+    previous step that are still allocated when it begins (a weight-sized activation is freed by then), the
+    latest first, at most as many of each size as the step trains parameters."""
     trained = fixed.trainable_sizes or fixed.gradient_sizes
     freed_at = {key: index for index, (kind, key, _, _) in enumerate(events) if kind == FREE}
     found: set[int] = set()
@@ -338,27 +288,17 @@ def step_gradients(events: Sequence[Event], fixed: FixedMemory, steps: Sequence[
 
 def batch_independent_requests(events: Sequence[Event], left: Collection[int], fixed: FixedMemory,
                                steps: Sequence[tuple[int, int]] = ()) -> frozenset[int]:
-    """The keys of one recorded run's requests that do not grow with the batch, read from their sizes
-    and their lifetimes; the rest of the run is taken as proportional to its batch (``replay.fitting_from_one``).
+    """The keys of one recorded run's parameter-sized requests that do not grow with the batch, read from
+    their lifetimes (the rest is taken as proportional: ``fitting.fitting_from_one``):
 
-    - a parameter-sized request the run left allocated (``left``): the optimizer's state made at its first
-      step, a model the cell built, gradients it kept;
-    - the gradients the step creates: of each size, as many as ``gradient_sizes`` says, the parameter-sized
-      requests freed last (or never): a gradient lives from its layer's backward through the optimizer's
-      step, an activation the size of a weight (at batch 1 where a sequence is as long as the model is
-      wide) and its gradient are freed within the backward pass;
-    - the optimizer's step: the parameter-sized requests made after the last of those gradients (state,
-      foreach temporaries), from the first state tensor it made where it made one (a weight-sized
-      activation's gradient may come after the last parameter's, and is freed before the step); where
-      it made none, from when the backward pass freed the last weight-sized tensor it frees while the
-      gradients live.
+    - those the run left allocated (``left``): the optimizer's state, a model the cell built, kept gradients;
+    - the gradients: of each size, as many as ``gradient_sizes`` says, those freed last (a weight-sized
+      activation is freed within the backward pass, a gradient lives through the step);
+    - the step's: those made after the last gradient, from the step's first state tensor, or where it made
+      none from the backward pass's last free of a weight-sized tensor while the gradients live.
 
-    Where the run's optimizer steps were marked (``steps``), the marks replace the last two rules: what each
-    step made (``made_in_steps``) and the gradients each applied (``step_gradients``), in every iteration of
-    a loop, where the rules above see only the last one.
-
-    Any other parameter-sized request keeps growing with the batch: at batch 1 a weight-sized activation
-    is indistinguishable by its size."""
+    Marked steps (``steps``) replace the last two rules in every iteration of a loop (``made_in_steps``,
+    ``step_gradients``)."""
     sized = fixed.is_parameter_sized
     allocations = [(index, key, size) for index, (kind, key, size, _) in enumerate(events)
                    if kind != FREE and sized(size)]
@@ -389,12 +329,7 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
             found.add(key)
             wanted[block] -= 1
             gradient_indices.append(index)
-    if gradient_indices:
-        # The step begins where it makes its first state tensor, where this run made one: a weight-sized
-        # activation's gradient, computed after the last parameter's, is freed within the backward pass,
-        # before the step. Where it made none, the step begins once the weight-sized tensors made before
-        # the last gradient and freed while every gradient lives (activations at a batch of one, freed by
-        # the backward pass) are freed: such an activation's gradient is made while they live.
+    if gradient_indices:  # where the step begins: the third rule
         last_gradient = max(gradient_indices)
         gradients_live_until = min(freed_at.get(events[index][1], len(events)) for index in gradient_indices)
         backward_frees = [freed_at[key] for index, key, _ in allocations if index < last_gradient
@@ -406,10 +341,9 @@ def batch_independent_requests(events: Sequence[Event], left: Collection[int], f
 
 
 EventLine = tuple[EventKind, int, int, float, float, float]
-"""One event on its own line, ``(kind, key, stream, fixed_bytes, bytes_per_sample, exponent)`` (the
-whole cell's peak on one line is ``Growth``): its request at batch ``b`` is ``fixed_bytes +
-bytes_per_sample * b ** exponent``. The exponent is 1 but for a request two runs show growing faster
-than the batch (``fitting.paired_with_failure``)."""
+"""One event on its own line, ``(kind, key, stream, fixed_bytes, bytes_per_sample, exponent)``: its request
+at batch ``b`` is ``fixed_bytes + bytes_per_sample * b ** exponent`` (the exponent 1 but where two runs show
+faster growth: ``fitting.law_through``)."""
 
 
 def events_at(lines: Sequence[EventLine], batch: float) -> list[Event]:
@@ -429,13 +363,8 @@ def events_at(lines: Sequence[EventLine], batch: float) -> list[Event]:
 
 def allocated_limit(lines: Sequence[EventLine], held: Mapping[int, int], cap_bytes: int) -> float:
     """A batch above which the requests on ``lines`` hold more than ``cap_bytes`` at once, with the blocks
-    ``held`` (bytes by key) allocated at the start until a line frees them (``math.inf``: none; a bound,
-    not the answer: each block is at least its line's bytes, and the allocator's rounding and refusals
-    only lower the real one).
-
-    One pass: at each request the bytes held are ``fixed + per_sample * batch`` summed over what is
-    live, so each request bounds the batch by a division; ``peak_allocated_bytes`` at the batches
-    around it then settles it in a few passes, where bisecting on it alone takes the batch's bits."""
+    ``held`` (bytes by key) allocated until a line frees them (``math.inf``: none). A bound in one pass (each
+    request bounds the batch by a division), which rounding and refusals only lower."""
     live: dict[int, tuple[float, float]] = {key: (float(size), 0.0) for key, size in held.items()}
     fixed_now, per_sample_now = float(sum(held.values())), 0.0
     limit = math.inf
@@ -476,13 +405,12 @@ def peak_allocated_bytes(events: Sequence[Event], held: Mapping[int, int] | None
 
 
 def largest_below(fits: Callable[[int], bool], high: int, resolution: float = 0.0) -> int:
-    """The largest batch up to ``high`` that ``fits`` (0 when none does), where fitting is assumed at every
-    batch below one that fits and ``high`` is a bound close above the answer: from ``high`` it steps down
-    in widening steps to a batch that fits, then bisects between it and the last that failed, until
-    they are within ``resolution`` of the batch (0: to the sample)."""
+    """The largest batch up to ``high`` that ``fits`` (0 when none does), where fitting is assumed below one
+    that fits and ``high`` is a bound close above the answer: it steps down in widening steps, then bisects
+    to within ``resolution`` of the batch (0: to the sample)."""
     if high <= 0 or fits(high):
         return max(high, 0)
-    failed, step = high, max(1, high // 64)  # a bound from allocated bytes is a median 2% above (simulator)
+    failed, step = high, max(1, high // 64)  # a bound from allocated bytes is a few percent above
     while (below := max(high - step, 0)) > 0 and not fits(below):
         failed, step = below, 2 * step
     while failed - below > max(1, int(below * resolution)):
