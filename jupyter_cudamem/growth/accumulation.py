@@ -7,24 +7,17 @@ import math
 from dataclasses import dataclass
 
 
-# A divisor of the effective batch is "close" to the batch that fitted when it is at least this fraction
-# of it. Accumulating with micro-batch d takes effective/d passes where ceil(effective/fitted) is the
-# fewest possible: a divisor of at least half of what fitted costs at most about twice the passes (each
-# still at least half as full as the one that fitted). Below half, the exact split costs more than the
-# user would choose knowingly (1021, a prime, with 300 fitting: 1021 passes of 1), so we say plainly what
-# changes instead: an uneven last step (same effective batch) or a rounded effective batch.
+# A divisor of the effective batch is "close" to the batch that fitted when it is at least this fraction of
+# it: it costs at most about twice the fewest passes. Below, an exact split may cost far more (1021, a prime,
+# with 300 fitting: 1021 passes of 1), so the plan offers an uneven last step or a rounded effective batch.
 CLOSE_DIVISOR_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
 class AccumulationPlan:
-    """How to keep an effective batch of ``effective`` samples per optimizer step with micro-batches of
-    at most ``fitted``.
-
-    ``exact``: ``micro`` divides ``effective`` and ``micro * steps == effective``. Otherwise no divisor
-    is close (see ``CLOSE_DIVISOR_FRACTION``): ``steps - 1`` micro-batches of ``micro`` and a last one
-    of ``last`` still add up to ``effective`` (``(steps - 1) * micro + last == effective``), and
-    ``rounded_effective = steps * micro`` is the alternative with equal steps.
+    """How to keep an effective batch of ``effective`` samples per optimizer step with micro-batches of at
+    most ``fitted``: ``exact``, ``micro * steps == effective``; otherwise ``(steps - 1) * micro + last ==
+    effective``, and ``rounded_effective`` is the alternative with equal steps.
     """
 
     effective: int
@@ -52,12 +45,8 @@ def largest_divisor_at_most(number: int, limit: int) -> int:
 
 
 def accumulation_plan(batch_before: int, batch_fits: int) -> AccumulationPlan:
-    """Keep the effective batch ``batch_before`` with micro-batches of at most ``batch_fits``.
-
-    The micro-batch is the largest divisor of ``batch_before`` at or below ``batch_fits``, so
-    ``micro * steps == batch_before`` exactly; when that divisor is below ``CLOSE_DIVISOR_FRACTION`` of
-    what fitted, the plan uses micro-batches of ``batch_fits`` with a smaller last one, and says so.
-    """
+    """Keep the effective batch ``batch_before`` with micro-batches of at most ``batch_fits``: its largest
+    divisor that fits, unless that is not close (``CLOSE_DIVISOR_FRACTION``), then ``batch_fits`` and a last one."""
     effective = max(batch_before, 1)
     fitted = max(min(batch_fits, effective), 1)
     divisor = largest_divisor_at_most(effective, fitted)
