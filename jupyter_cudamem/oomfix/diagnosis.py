@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import html
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -24,6 +25,14 @@ from ..oom import KIND_WORDS, OomInfo, OomKind
 
 _SIGNIFICANT_SHARE = 0.05
 _NAMESPACE_SHARE = 0.5
+# Where a category's figure at the failure comes from; the model state's parts are read from the objects.
+_SOURCES = {Category.ACTIVATIONS: "the rest of what was allocated and asked for",
+            Category.OTHER: "your variables' tensors beyond the models' state"}
+# The OOM's figures the diagnosis lists, where its message gives them.
+_FIGURES = (("asked for", "requested_bytes"), ("card capacity", "total_bytes"), ("per-process cap", "allowed_bytes"),
+            ("free on the card", "free_bytes"), ("held by this process", "process_bytes"),
+            ("allocated by PyTorch", "allocated_bytes"), ("in private pools (CUDA graphs)", "private_pool_bytes"),
+            ("reserved by PyTorch, unallocated", "reserved_unallocated_bytes"))
 
 
 class Verdict(StrEnum):
@@ -69,7 +78,8 @@ class Diagnosis(TextReport):
             traceback = self.ipython_only_bytes - self.cache_only_bytes
             if traceback >= MiB:  # the cleanup frees both: the first line says so
                 words = (f"{format_bytes(self.ipython_only_bytes)} was held only by IPython: its output cache "
-                         f"{format_bytes(self.cache_only_bytes)}, the failed cell's traceback {format_bytes(traceback)}")
+                         f"{format_bytes(self.cache_only_bytes)}, the failed cell's traceback "
+                         f"{format_bytes(traceback)}")
         elif self.verdict is Verdict.HELD_BY_NAMESPACE:
             words = f"your variables hold {format_bytes(self.namespace_bytes)} of {limit}"
         elif oom.exceeds_capacity:
@@ -79,16 +89,13 @@ class Diagnosis(TextReport):
                 f"it needs more than the {format_bytes(oom.free_bytes)} free on the card")
         shown = self._shown_categories()
         if shown:
-            largest = max(shown, key=lambda category: shown[category])
+            largest = max(shown, key=shown.__getitem__)
             words += f"; the largest part: {_words(largest)}, {format_bytes(shown[largest])}"
         return words
 
     def _shown_categories(self) -> dict[Category, int]:
-        """The split by category, where it explains the verdict (not where the memory was there but in
-        pieces, or held by IPython's cache)."""
-        if not self.categories or self.verdict in (Verdict.FRAGMENTATION, Verdict.HELD_BY_IPYTHON):
-            return {}
-        return self.categories
+        """The split by category where it explains the verdict: not for memory in pieces or in IPython's cache."""
+        return {} if self.verdict in (Verdict.FRAGMENTATION, Verdict.HELD_BY_IPYTHON) else self.categories or {}
 
     def headline(self) -> str:
         where = "" if self.oom.device_index is None else f" on GPU {self.oom.device_index}"
@@ -119,17 +126,12 @@ class Diagnosis(TextReport):
             lines.extend(f"    {words.ljust(width)}  {size:>11}  {note}".rstrip() for words, size, note in rows)
         if self.holders:
             lines.append("  largest holders of CUDA memory:")
-            for holder in self.holders:
-                owner = "variable" if holder.user_variable else "IPython"
-                only = (
-                    f", {format_bytes(holder.exclusive_bytes)} only here"
-                    if holder.exclusive_bytes and holder.exclusive_bytes != holder.cuda_bytes
-                    else ""
-                )
-                detail = f" [{holder.detail}]" if holder.detail else ""
-                lines.append(
-                    f"    {format_bytes(holder.cuda_bytes):>11}  {holder.label} ({owner}, {holder.kind}{only}){detail}"
-                )
+            for h in self.holders:
+                owner = "variable" if h.user_variable else "IPython"
+                only = "" if h.exclusive_bytes in (0, h.cuda_bytes) else (
+                    f", {format_bytes(h.exclusive_bytes)} only here")
+                detail = f" [{h.detail}]" if h.detail else ""
+                lines.append(f"    {format_bytes(h.cuda_bytes):>11}  {h.label} ({owner}, {h.kind}{only}){detail}")
         if self.suggestions:
             lines.append("  try:")
             lines.extend(f"    - {suggestion}" for suggestion in self.suggestions)
@@ -138,16 +140,9 @@ class Diagnosis(TextReport):
     def category_rows(self) -> list[tuple[str, str, str]]:
         """(category, size, where the figure comes from) at the failure; the largest marked."""
         shown = self._shown_categories()
-        if not shown:
-            return []
-        largest = max(shown, key=lambda category: shown[category])
-        rows = []
-        for category, size in shown.items():
-            source = ("the rest of what was allocated and asked for" if category is Category.ACTIVATIONS
-                      else "your variables' tensors beyond the models' state" if category is Category.OTHER
-                      else "read from your models and optimizers")
-            rows.append((_words(category), format_bytes(size), source + ("; the largest" if category is largest else "")))
-        return rows
+        largest = max(shown, key=shown.__getitem__, default=None)
+        return [(_words(category), format_bytes(size), _SOURCES.get(category, "read from your models and optimizers")
+                 + ("; the largest" if category is largest else "")) for category, size in shown.items()]
 
     def cleanup_explanation(self, freed_bytes: int | None, deleted: tuple[str, ...] = ()) -> str:
         """Why what the cleanup freed differs from what the holders above listed, or "" when they agree: it
@@ -158,19 +153,15 @@ class Diagnosis(TextReport):
         named = sum(h.exclusive_bytes for h in self.holders if h.user_variable and h.name in deleted)
         only = self.ipython_only_bytes + named
         slack = max(MiB, int(0.1 * max(listed, freed_bytes)))
-        if listed - self.ipython_only_bytes > slack and freed_bytes <= only + slack:
-            shared = listed - self.ipython_only_bytes
-            return (
-                f"{format_bytes(shared)} of the {format_bytes(listed)} listed under the failed cell's traceback is "
-                "also held by your variables, so it stays until they are deleted (%oomfix --del NAME frees one "
-                "you no longer need)"
-            )
+        shared = listed - self.ipython_only_bytes
+        if shared > slack and freed_bytes <= only + slack:
+            return (f"{format_bytes(shared)} of the {format_bytes(listed)} listed under the failed cell's traceback is "
+                    "also held by your variables, so it stays until they are deleted (%oomfix --del NAME frees one "
+                    "you no longer need)")
         if freed_bytes > only + slack:
-            rest = freed_bytes - only
-            return (
-                f"{format_bytes(rest)} more than the holders listed: tensors only the failed computation reached "
-                "(its intermediate results and autograd's saved activations), which no name holds"
-            )
+            return (f"{format_bytes(freed_bytes - only)} more than the holders listed: tensors only the failed "
+                    "computation reached (its intermediate results and autograd's saved activations), which no name "
+                    "holds")
         return ""
 
     def _repr_html_(self) -> str:
@@ -190,31 +181,17 @@ class Diagnosis(TextReport):
             f"<b>{e(self.verdict)}</b>. {e(self.explanation)}</p>",
         ]
         if self.figures:
-            rows = "".join(
-                f"<tr><td style='text-align:left'>{e(label)}</td><td style='text-align:right'>{e(value)}</td></tr>"
-                for label, value in self.figures
-            )
+            rows = "".join(_row("<>", e(label), e(value)) for label, value in self.figures)
             parts.append(f"<table>{rows}</table>")
-        categories = self.category_rows()
+        categories = "".join(_row("<><", e(words), e(size), e(note)) for words, size, note in self.category_rows())
         if categories:
-            rows = "".join(
-                f"<tr><td style='text-align:left'>{e(words)}</td><td style='text-align:right'>{e(size)}</td>"
-                f"<td style='text-align:left'>{e(note)}</td></tr>"
-                for words, size, note in categories
-            )
             parts.append("<table><thead><tr><th style='text-align:left'>at the failure</th><th>size</th>"
-                         f"<th style='text-align:left'>from</th></tr></thead><tbody>{rows}</tbody></table>")
+                         f"<th style='text-align:left'>from</th></tr></thead><tbody>{categories}</tbody></table>")
         if self.holders:
-            rows = "".join(
-                "<tr>"
-                f"<td style='text-align:left'><code>{e(h.label)}</code></td>"
-                f"<td style='text-align:left'>{'variable' if h.user_variable else 'IPython'}, {e(h.kind)}</td>"
-                f"<td style='text-align:right'>{e(format_bytes(h.cuda_bytes))}</td>"
-                f"<td style='text-align:right'>{e(format_bytes(h.exclusive_bytes))}</td>"
-                f"<td style='text-align:left'>{e(h.detail)}{_internals_html(h)}</td>"
-                "</tr>"
-                for h in self.holders
-            )
+            rows = "".join(_row("<<>><", f"<code>{e(h.label)}</code>",
+                                f"{'variable' if h.user_variable else 'IPython'}, {e(h.kind)}",
+                                e(format_bytes(h.cuda_bytes)), e(format_bytes(h.exclusive_bytes)),
+                                f"{e(h.detail)}{_internals_html(h)}") for h in self.holders)
             parts.append(
                 "<table><thead><tr><th style='text-align:left'>holder</th><th style='text-align:left'>kind</th>"
                 "<th>CUDA memory</th><th>only here</th><th style='text-align:left'>detail</th></tr></thead>"
@@ -227,14 +204,16 @@ class Diagnosis(TextReport):
         return "".join(parts)
 
 
+def _row(aligns: str, *cells: str) -> str:
+    """One HTML table row of ``cells``, each aligned as ``aligns`` says ("<" left, ">" right)."""
+    return "<tr>" + "".join(f"<td style='text-align:{'left' if align == '<' else 'right'}'>{cell}</td>"
+                            for align, cell in zip(aligns, cells)) + "</tr>"
+
+
 def _internals_html(holder: Holder) -> str:
     """Python's and IPython's own names for a holder, one click away (collapsed)."""
-    if not holder.internals:
-        return ""
-    return (
-        "<details style='display:inline'><summary>Python's names</summary>"
-        f"<code>{html.escape(holder.internals)}</code></details>"
-    )
+    return ("<details style='display:inline'><summary>Python's names</summary>"
+            f"<code>{html.escape(holder.internals)}</code></details>") if holder.internals else ""
 
 
 def _in_user_words(holder: Holder) -> Holder:
@@ -249,47 +228,24 @@ def _in_user_words(holder: Holder) -> Holder:
 
 
 def _figures(oom: OomInfo, readings: dict[int, AllocatorReading] | None) -> tuple[tuple[str, str], ...]:
-    rows: list[tuple[str, str]] = []
-
-    def add(label: str, value: int | None) -> None:
-        if value is not None:
-            rows.append((label, format_bytes(value)))
-
-    add("asked for", oom.requested_bytes)
-    add("card capacity", oom.total_bytes)
-    add("per-process cap", oom.allowed_bytes)
-    add("free on the card", oom.free_bytes)
-    add("held by this process", oom.process_bytes)
-    add("allocated by PyTorch", oom.allocated_bytes)
-    add("in private pools (CUDA graphs)", oom.private_pool_bytes)
-    add("reserved by PyTorch, unallocated", oom.reserved_unallocated_bytes)
-    for pid, used in oom.other_processes:
-        add(f"process {pid}", used)
+    """The OOM's figures, each process's, and what is allocated and reserved now where the GPU could be read."""
+    rows: list[tuple[str, int | None]] = [(label, getattr(oom, name)) for label, name in _FIGURES]
+    rows += [(f"process {pid}", used) for pid, used in oom.other_processes]
     if readings:
-        add("allocated now", sum(r.allocated_bytes for r in readings.values()))
-        add("reserved now", sum(r.reserved_bytes for r in readings.values()))
-    return tuple(rows)
+        rows += [("allocated now", sum(r.allocated_bytes for r in readings.values())),
+                 ("reserved now", sum(r.reserved_bytes for r in readings.values()))]
+    return tuple((label, format_bytes(value)) for label, value in rows if value is not None)
 
 
-def _ipython_only(holders: list[Holder], attribute: str, kinds: tuple[HolderKind, ...]) -> int:
+def _total(holders: list[Holder], attribute: str, sizes: Iterable[int]) -> int:
+    """A ``Holders`` total; for a plain list, whose per-holder figures overlap, the largest of ``sizes`` (sure)."""
     total = getattr(holders, attribute, None)
-    if isinstance(total, int):
-        return total
-    # A plain list: per-holder figures overlap, so the largest is what can be claimed for sure.
-    return max((h.exclusive_bytes for h in holders if not h.user_variable and h.kind in kinds), default=0)
-
-
-def _namespace(holders: list[Holder]) -> int:
-    total = getattr(holders, "namespace_bytes", None)
-    if isinstance(total, int):
-        return total
-    return max((h.cuda_bytes for h in holders if h.user_variable), default=0)
+    return total if isinstance(total, int) else max(sizes, default=0)
 
 
 def is_internal_name(name: str) -> bool:
     """Whether a name is Python's, IPython's or a library's own rather than the user's: a private part
-    (``Module._call_impl()``, ``Conv2d._conv_forward()``) or IPython's and Python's keepers of the last
-    error (``sys.last_exc``, ``InteractiveTB.tb``, ``last_execution_result.error_in_exec``)."""
+    (``Module._call_impl()``) or a keeper of the last error (``sys.last_exc``, ``InteractiveTB.tb``)."""
     if name.startswith(("sys.", "last_execution_result", "InteractiveTB", "SyntaxTB")):
         return True
     return any(part.startswith("_") for part in name.rstrip("()").split("."))
@@ -301,61 +257,37 @@ def _user_frames(names: list[str]) -> list[str]:
 
 
 def _graph_kept(holders: list[Holder]) -> bool | None:
-    """Whether the failed run kept an autograd graph, as its traceback shows: its frames hold the
-    run's tensors, and a graph's saved tensors are reached through them (``Holder.graph_bytes``).
-    ``None`` where the traceback held no device memory (nothing to tell by)."""
+    """Whether the failed run kept an autograd graph: its traceback's frames reach saved tensors
+    (``Holder.graph_bytes``); ``None`` where the traceback held no device memory (nothing to tell by)."""
     held = [h for h in holders if h.kind is HolderKind.TRACEBACK and h.cuda_bytes > 0]
-    if not held:
-        return None
-    return any(h.graph_bytes > 0 for h in held)
+    return any(h.graph_bytes > 0 for h in held) if held else None
 
 
 def _traceback_as_one(holders: list[Holder]) -> list[Holder]:
-    """The failed cell's exception, traceback and every frame on it, shown as one holder in the user's words.
-
-    They keep the same tensors alive through each other (a frame of ``Module._call_impl()`` per layer,
-    ``sys.last_value``, ``InteractiveTB.tb``...), so listing each repeats one figure many times; the
-    names Python and IPython give them go to ``Holder.internals`` (``-o``, the HTML's details).
-    """
+    """The failed cell's exception, traceback and frames as one holder in the user's words: they keep the same
+    tensors alive through each other, so listing each repeats one figure; their own names go to ``internals``."""
     parts = [h for h in holders if h.kind is HolderKind.TRACEBACK]
     if not parts:
         return list(holders)
-    frames: list[str] = []
-    others: list[str] = []
-    for holder in sorted(parts, key=lambda h: -h.cuda_bytes):
-        if holder.origin is Origin.FRAME:
-            if holder.name not in frames:
-                frames.append(holder.name)
-        elif holder.name not in others:
-            others.append(holder.name)
+    by_size = sorted(parts, key=lambda h: -h.cuda_bytes)
+    frames = list(dict.fromkeys(h.name for h in by_size if h.origin is Origin.FRAME))
+    others = list(dict.fromkeys(h.name for h in by_size if h.origin is not Origin.FRAME))
     shown = _user_frames(frames)
     where = f" (in {', '.join(shown[:3])}{', ...' if len(shown) > 3 else ''})" if shown else ""
-    internals = [f"frame of {name}" for name in frames] + others
-    merged = Holder(
-        name=f"the failed cell's traceback{where}",
-        kind=HolderKind.TRACEBACK,
-        cuda_bytes=max(h.cuda_bytes for h in parts),
-        user_variable=False,
-        exclusive_bytes=max(h.exclusive_bytes for h in parts),
-        tensor_count=max(h.tensor_count for h in parts),
-        origin=Origin.EXCEPTION,
-        internals="; ".join(internals),
-    )
-    result: list[Holder] = []
-    for holder in holders:
-        if holder.kind is not HolderKind.TRACEBACK:
-            result.append(holder)
-        elif merged not in result:
-            result.append(merged)
+    merged = Holder(f"the failed cell's traceback{where}", HolderKind.TRACEBACK, max(h.cuda_bytes for h in parts),
+                    user_variable=False, exclusive_bytes=max(h.exclusive_bytes for h in parts),
+                    tensor_count=max(h.tensor_count for h in parts), origin=Origin.EXCEPTION,
+                    internals="; ".join([f"frame of {name}" for name in frames] + others))
+    result = [h for h in holders if h.kind is not HolderKind.TRACEBACK]
+    result.insert(holders.index(parts[0]), merged)  # where the first part was: it keeps its place among equals
     return sorted(result, key=lambda h: -h.cuda_bytes)
 
 
 def failure_categories(oom: OomInfo, model_state: dict[Category, int] | None,
                        namespace_bytes: int = 0) -> dict[Category, int] | None:
-    """The failure's memory by category: the model state as read from the objects; what the user's
-    variables hold beyond it (``namespace_bytes`` less the model state; ``Category.OTHER``, where any); and
-    as activations the rest of what the allocator held plus the failed request. ``None`` without the
-    figures to do it."""
+    """The failure's memory by category: the model state as read from the objects, what the user's variables
+    hold beyond it (``Category.OTHER``, where any), and as activations the rest of what the allocator held plus
+    the failed request. ``None`` without the figures to do it."""
     if not model_state or not any(model_state.values()) or oom.allocated_bytes is None:
         return None
     held = {category: int(model_state.get(category, 0)) for category in MODEL_STATE}
@@ -373,13 +305,9 @@ def _words(category: Category) -> str:
 def _room_left(oom: OomInfo, capped: bool) -> str:
     """What the cell needed more than: the cap, or what was left (and free, where the message says)."""
     if capped:
-        return (
-            f"the per-process cap allows ({format_bytes(oom.allowed_bytes)}, "
-            "set by torch.cuda.set_per_process_memory_fraction)"
-        )
-    if oom.free_bytes is not None:
-        return f"was left ({format_bytes(oom.free_bytes)} was free)"
-    return "was left"
+        return (f"the per-process cap allows ({format_bytes(oom.allowed_bytes)}, "
+                "set by torch.cuda.set_per_process_memory_fraction)")
+    return "was left" if oom.free_bytes is None else f"was left ({format_bytes(oom.free_bytes)} was free)"
 
 
 def _what_cleanup_frees(oom: OomInfo, holders: list[Holder], own: int, cached_now: int, verdict: Verdict) -> str:
@@ -389,15 +317,11 @@ def _what_cleanup_frees(oom: OomInfo, holders: list[Holder], own: int, cached_no
     if own >= MiB:
         frames = _user_frames([h.name for h in holders if h.origin is Origin.FRAME])
         where = f" (in {', '.join(frames[:3])})" if frames else ""
-        text += (
-            f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "
-            "the cleanup frees it."
-        )
+        text += (f" The failed cell's traceback still holds {format_bytes(own)} of its own tensors{where}; "
+                 "the cleanup frees it.")
     if oom.kind is not OomKind.ALLOCATOR and cached_now and verdict is not Verdict.FRAGMENTATION:
-        text += (
-            f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {KIND_WORDS[oom.kind]} cannot use "
-            "until the cleanup returns it (empty_cache)."
-        )
+        text += (f" PyTorch's cache holds {format_bytes(cached_now)} unused, which {KIND_WORDS[oom.kind]} cannot use "
+                 "until the cleanup returns it (empty_cache).")
     return text
 
 
@@ -438,18 +362,14 @@ def diagnose(
     holders = renamed
     capacity = oom.capacity_bytes
     asked = oom.requested_bytes
-    ipython_only = _ipython_only(holders, "ipython_only_bytes", (HolderKind.IPYTHON, HolderKind.TRACEBACK))
-    cache_only = _ipython_only(holders, "cache_only_bytes", (HolderKind.IPYTHON,))
-    namespace = _namespace(holders)
+    kept = [h for h in holders if not h.user_variable]  # by IPython: its output cache and the traceback
+    ipython_only = _total(holders, "ipython_only_bytes",
+                          (h.exclusive_bytes for h in kept if h.kind in (HolderKind.IPYTHON, HolderKind.TRACEBACK)))
+    cache_only = _total(holders, "cache_only_bytes", (h.exclusive_bytes for h in kept if h.kind is HolderKind.IPYTHON))
+    namespace = _total(holders, "namespace_bytes", (h.cuda_bytes for h in holders if h.user_variable))
     cached_now = sum(r.reserved_unallocated_bytes for r in readings.values()) if readings else 0
     capped = oom.allowed_bytes is not None and oom.total_bytes is not None and oom.allowed_bytes < oom.total_bytes
     categories = failure_categories(oom, model_state, namespace)
-
-    def significant(size: int) -> bool:
-        if size <= 0 or (asked is not None and size < asked):
-            return False
-        return capacity is None or size >= _SIGNIFICANT_SHARE * capacity
-
     suggestions: list[str] = []
     if oom.exceeds_capacity:
         verdict = Verdict.TOO_BIG
@@ -466,7 +386,8 @@ def diagnose(
             f"{format_bytes(asked)} asked, but not in one piece."
         )
         suggestions += advice.fragmentation_advice(oom.reserved_unallocated_bytes)
-    elif significant(cache_only):
+    elif cache_only > 0 and (asked is None or cache_only >= asked) and (
+            capacity is None or cache_only >= _SIGNIFICANT_SHARE * capacity):
         verdict = Verdict.HELD_BY_IPYTHON
         keepers = [h.label for h in holders if h.kind is HolderKind.IPYTHON][:3]
         explanation = (
@@ -494,24 +415,11 @@ def diagnose(
     explanation += _what_cleanup_frees(oom, holders, ipython_only - cache_only, cached_now, verdict)
     if categories is not None and verdict not in (Verdict.FRAGMENTATION, Verdict.HELD_BY_IPYTHON):
         suggestions = _with_category_advice(suggestions, categories, holders)
-    if (
-        verdict is not Verdict.FRAGMENTATION
-        and oom.fits_unfragmented  # a request larger than all the room there is: no allocator setting helps
-        and oom.reserved_unallocated_bytes
-        and capacity
-        and (oom.reserved_unallocated_bytes >= _SIGNIFICANT_SHARE * capacity)
-    ):
-        suggestions.append(advice.cached_unusable_advice(oom.reserved_unallocated_bytes))
-    return Diagnosis(
-        oom=oom,
-        holders=_traceback_as_one(holders),
-        verdict=verdict,
-        explanation=explanation,
-        suggestions=tuple(suggestions),
-        readings=readings,
-        ipython_only_bytes=ipython_only,
-        cache_only_bytes=cache_only,
-        namespace_bytes=namespace,
-        figures=_figures(oom, readings),
-        categories=categories,
-    )
+    stuck = oom.reserved_unallocated_bytes or 0
+    # Not for a request larger than all the room there is (not ``fits_unfragmented``): no allocator setting helps.
+    if (verdict is not Verdict.FRAGMENTATION and oom.fits_unfragmented and capacity
+            and stuck >= _SIGNIFICANT_SHARE * capacity):
+        suggestions.append(advice.cached_unusable_advice(stuck))
+    return Diagnosis(oom, _traceback_as_one(holders), verdict, explanation, tuple(suggestions), readings,
+                     ipython_only_bytes=ipython_only, cache_only_bytes=cache_only, namespace_bytes=namespace,
+                     figures=_figures(oom, readings), categories=categories)
