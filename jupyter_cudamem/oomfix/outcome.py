@@ -30,23 +30,19 @@ class BatchPlan:
     notes: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
-        order = ", ".join(STRATEGY_TITLES[s] for s in self.strategies)
-        lines = [f"plan: {order}, in that order"]
+        lines = [f"plan: {', '.join(STRATEGY_TITLES[s] for s in self.strategies)}, in that order"]
         if Strategy.BATCH in self.strategies:
             if self.knob is None:
                 lines.append(f"  smaller batch: nothing to shrink ({self.summary})")
             else:
                 knob = self.knob
-                lines.append(
-                    f"  smaller batch: {knob.label} = {knob.value} "
-                    f"({knob.kind.value}, {knob.origin or 'origin unknown'})"
-                )
+                lines.append(f"  smaller batch: {knob.label} = {knob.value} ({knob.kind.value}, "
+                             f"{knob.origin or 'origin unknown'})")
                 if knob.evidence:
                     lines.append(f"    because it is {', '.join(knob.evidence)}")
-                if self.first_batch is not None:
-                    lines.append(f"    first try: {knob.label} = {self.first_batch} ({self.first_reason})")
-                else:
-                    lines.append(f"    first try: {self.first_reason}")
+                first = self.first_reason if self.first_batch is None else (
+                    f"{knob.label} = {self.first_batch} ({self.first_reason})")
+                lines.append(f"    first try: {first}")
                 for diff in self.diffs:
                     lines += ["    " + line for line in diff.diff.rstrip("\n").splitlines()]
                 others = self.summary.partition("; also seen: ")[2]
@@ -57,18 +53,14 @@ class BatchPlan:
 
     def html(self) -> str:
         e = html.escape
-        order = ", ".join(STRATEGY_TITLES[s] for s in self.strategies)
-        parts = [f"<p><b>Plan</b>: {e(order)}, in that order.</p>"]
+        parts = [f"<p><b>Plan</b>: {e(', '.join(STRATEGY_TITLES[s] for s in self.strategies))}, in that order.</p>"]
         if Strategy.BATCH in self.strategies:
             if self.knob is None:
                 parts.append(f"<p>Smaller batch: nothing to shrink ({e(self.summary)}).</p>")
             else:
                 knob = self.knob
-                first = (
-                    f"first try <code>{e(knob.label)} = {self.first_batch}</code> ({e(self.first_reason)})"
-                    if self.first_batch is not None
-                    else f"first try: {e(self.first_reason)}"
-                )
+                first = f"first try: {e(self.first_reason)}" if self.first_batch is None else (
+                    f"first try <code>{e(knob.label)} = {self.first_batch}</code> ({e(self.first_reason)})")
                 parts.append(
                     f"<p>Smaller batch: <code>{e(knob.label)} = {knob.value}</code> ({e(knob.kind.value)}, "
                     f"{e(knob.origin or 'origin unknown')}); {first}.</p>"
@@ -116,33 +108,30 @@ class TryResult:
     def observation(self) -> Observation:
         """What the batch search learns from this try, measured from the fix's reference level."""
         offset = self.start_above_reference_bytes
-
-        def shifted(value: int | None) -> int | None:
-            return None if value is None else value + offset
-
+        peak, need = (None if value is None else value + offset for value in (self.peak_bytes, self.need_bytes))
         if self.fitted:
-            return Observation(True, peak_bytes=shifted(self.peak_bytes), start_bytes=offset, recorded=self.recorded)
-        return Observation(False, need_bytes=shifted(self.need_bytes), held_bytes=shifted(self.peak_bytes),
-                           start_bytes=offset, stuck_bytes=self.stuck_bytes, recorded=self.recorded)
+            return Observation(True, peak_bytes=peak, start_bytes=offset, recorded=self.recorded)
+        return Observation(False, need_bytes=need, held_bytes=peak, start_bytes=offset, stuck_bytes=self.stuck_bytes,
+                           recorded=self.recorded)
 
     @property
     def verdict(self) -> str:
-        if self.fitted:
-            return "fitted"
-        if self.out_of_memory:
-            return "out of memory"
-        return f"failed: {self.error}"
+        return "fitted" if self.fitted else "out of memory" if self.out_of_memory else f"failed: {self.error}"
+
+    def cells(self) -> tuple[str, str, str, str, str, str]:
+        """The try's row in the tries' table, for the text and the HTML: strategy, batch, result, peak, time, why."""
+        return (STRATEGY_TITLES[self.strategy], "" if self.batch is None else str(self.batch), self.verdict,
+                format_bytes(self.peak_bytes), format_seconds(self.wall_s), user_reason(self.reason))
+
+
+_DIFF_STYLES = {"+": " style='background:#e6ffed'", "-": " style='background:#ffeef0'"}
 
 
 def diff_html(diff: str) -> str:
-    """A unified diff as HTML, added lines green and removed ones red."""
+    """A unified diff as HTML, added lines green and removed ones red (the two file lines plain)."""
     lines = []
     for line in diff.splitlines():
-        style = ""
-        if line.startswith("+") and not line.startswith("+++"):
-            style = " style='background:#e6ffed'"
-        elif line.startswith("-") and not line.startswith("---"):
-            style = " style='background:#ffeef0'"
+        style = "" if line[:3] in ("+++", "---") else _DIFF_STYLES.get(line[:1], "")
         lines.append(f"<span{style}>{html.escape(line)}</span>")
     return "<pre>" + "\n".join(lines) + "</pre>"
 
@@ -243,7 +232,6 @@ class Outcome(TextReport):
             return f"%oomfix: fits under autocast after {count}"
         return f"%oomfix: fits unchanged after cleanup ({count})"
 
-    # -- the three lines a person reads first ----------------------------------------------------
     def lead(self) -> tuple[str, str, str]:
         """What failed and why; what fixed it, with its proof; the change to make."""
         return self._what_failed(), self._what_fixed(), self._change()
@@ -310,8 +298,7 @@ class Outcome(TextReport):
         edit = self._edit()
         what = f"Change {edit[0]}: {edit[1]}  ->  {edit[2]}" if edit is not None else "Paste the cell below"
         where = "it is in the next input" if self.applied else "--apply puts it in the next input"
-        state = ("the kernel already holds what it made" if self.kept
-                 else "run it to get its results")
+        state = "the kernel already holds what it made" if self.kept else "run it to get its results"
         return f"{what} ({where}; {state})"
 
     def _advice(self) -> str:
@@ -338,7 +325,6 @@ class Outcome(TextReport):
             facts.append(self.batch_summary)
         return facts
 
-    # -- text -----------------------------------------------------------------------------------
     def text(self) -> str:
         parts = list(self.lead())
         if self.pasted():
@@ -360,25 +346,19 @@ class Outcome(TextReport):
         if self.plan is not None:
             parts += [""] + self.plan.lines()
         if self.tries:
-            parts.append("")
-            parts.append(" #  strategy        batch   result          peak        time   why")
+            parts += ["", " #  strategy        batch   result          peak        time   why"]
             for t in self.tries:
-                batch = "" if t.batch is None else str(t.batch)
-                parts.append(
-                    f"{t.number:>2}  {STRATEGY_TITLES[t.strategy]:<14} {batch:>6}   "
-                    f"{t.verdict:<14} {format_bytes(t.peak_bytes):>11} {format_seconds(t.wall_s):>8}   {user_reason(t.reason)}"
-                )
+                title, batch, verdict, peak, time, why = t.cells()
+                parts.append(f"{t.number:>2}  {title:<14} {batch:>6}   {verdict:<14} {peak:>11} {time:>8}   {why}")
         if self.diff:
             parts += ["", self.diff.rstrip("\n")]
-        for note in self.notes:
-            parts.append(f"note: {note}")
+        parts += [f"note: {note}" for note in self.notes]
         for suggestion in self.suggestions:
             parts += ["", f"- {suggestion.title}: {suggestion.why}"]
             if suggestion.code:
                 parts += ["    " + line for line in suggestion.code.splitlines()]
         return "\n".join(parts)
 
-    # -- HTML -----------------------------------------------------------------------------------
     def _repr_html_(self) -> str:
         e = html.escape
         failed, fixed, change = self.lead()
@@ -400,28 +380,20 @@ class Outcome(TextReport):
         if self.plan is not None:
             out.append(self.plan.html())
         if self.tries:
-            out.append(
-                "<table><thead><tr><th>#</th><th>strategy</th><th>batch</th><th>result</th>"
-                "<th>peak</th><th>time</th><th>why</th></tr></thead><tbody>"
-            )
+            out.append("<table><thead><tr><th>#</th><th>strategy</th><th>batch</th><th>result</th>"
+                       "<th>peak</th><th>time</th><th>why</th></tr></thead><tbody>")
             for t in self.tries:
+                title, batch, verdict, peak, time, why = map(e, t.cells())
                 colour = "#2e7d32" if t.fitted else "#c62828"
-                out.append(
-                    f"<tr><td>{t.number}</td><td>{e(STRATEGY_TITLES[t.strategy])}</td>"
-                    f"<td>{'' if t.batch is None else t.batch}</td>"
-                    f"<td style='color:{colour}'>{e(t.verdict)}</td><td>{e(format_bytes(t.peak_bytes))}</td>"
-                    f"<td>{e(format_seconds(t.wall_s))}</td><td>{e(user_reason(t.reason))}</td></tr>"
-                )
+                out.append(f"<tr><td>{t.number}</td><td>{title}</td><td>{batch}</td><td style='color:{colour}'>"
+                           f"{verdict}</td><td>{peak}</td><td>{time}</td><td>{why}</td></tr>")
             out.append("</tbody></table>")
         if self.diff:
             out.append(diff_html(self.diff))
-        for note in self.notes:
-            out.append(f"<p><i>{e(note)}</i></p>")
+        out += [f"<p><i>{e(note)}</i></p>" for note in self.notes]
         if self.suggestions:
-            out.append("<ul>")
-            for s in self.suggestions:
-                code = f"<pre>{e(s.code)}</pre>" if s.code else ""
-                out.append(f"<li><b>{e(s.title)}</b>: {e(s.why)}{code}</li>")
-            out.append("</ul>")
+            items = "".join(f"<li><b>{e(s.title)}</b>: {e(s.why)}{f'<pre>{e(s.code)}</pre>' if s.code else ''}</li>"
+                            for s in self.suggestions)
+            out.append(f"<ul>{items}</ul>")
         out.append("</div>")
         return "".join(out)
