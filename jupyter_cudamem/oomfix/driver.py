@@ -48,16 +48,10 @@ def freed_from_before(rebinds: tuple[str, ...], cleaned: CleanupResult | None) -
     and each variable deleted with ``--del`` that the cell does not bind again (``rebinds``: it made those)."""
     if cleaned is None:
         return 0, []
-    rebound = set(rebinds)
-    gained, held_by = 0, []
-    if cleaned.freed_output_cache_bytes:
-        gained += cleaned.freed_output_cache_bytes
-        held_by.append("the output cache")
-    for name, freed in cleaned.freed_by_name.items():
-        if freed and name not in rebound:
-            gained += freed
-            held_by.append(name)
-    return gained, held_by
+    freed = {"the output cache": cleaned.freed_output_cache_bytes,
+             **{name: size for name, size in cleaned.freed_by_name.items() if name not in rebinds}}
+    held = {who: size for who, size in freed.items() if size}
+    return sum(held.values()), list(held)
 
 
 @dataclass(frozen=True)
@@ -70,9 +64,9 @@ class _FailedCell:
     oom: OomInfo | None
     device: int
     finding: BatchFinding | None
-    need: int | None = None
-    budget: int | None = None
-    cleaned: CleanupResult | None = None
+    need: int | None
+    budget: int | None
+    cleaned: CleanupResult | None
 
 
 @dataclass
@@ -137,8 +131,7 @@ class Driver:
         in the earlier cells that set it."""
         oom = self._start(error, oom, namespace, history)
         error = None  # the figures are all we keep
-        failed = self._failed_cell(cell, namespace, oom, cell_number)
-        failed = self._levels(failed, freed_bytes, allocated_before, cleaned)
+        failed = self._failed_cell(cell, namespace, oom, cell_number, freed_bytes, allocated_before, cleaned)
         fitted, strategy, batch = self._try_strategies(failed)
         self._closing_notes(fitted, batch.replayed_source is not None)
         return self._outcome(failed, fitted, strategy, batch, freed_bytes)
@@ -157,9 +150,11 @@ class Driver:
         return oom
 
     def _failed_cell(self, cell: ReadCell, namespace: Mapping[str, Any] | None, oom: OomInfo | None,
-                     cell_number: int | None) -> _FailedCell:
+                     cell_number: int | None, freed_bytes: int | None, allocated_before: int | None,
+                     cleaned: CleanupResult | None) -> _FailedCell:
         """Where the cell's batch lives and what its step holds whatever its batch (read before what the cell
-        builds again is set aside: on the host, it counts nothing)."""
+        builds again is set aside: on the host, it counts nothing); then what it needs, its room and the
+        reference level."""
         self._runs.rebinds = cell.rebinds
         finding = None
         if Strategy.BATCH in self.strategies:
@@ -167,12 +162,7 @@ class Driver:
         self._fixed = fixed_memory(namespace or {}, cell.rebinds,
                                    self.probe if self.probe is not None else default_probe(), cell.traits.trains,
                                    read=self._trained_ids(cell, namespace))
-        return _FailedCell(cell, namespace, oom, oom_device(oom), finding)
-
-    def _levels(self, cell: _FailedCell, freed_bytes: int | None, allocated_before: int | None,
-                cleaned: CleanupResult | None) -> _FailedCell:
-        """Set aside what the cell binds again, then read what it needs, its room and the reference level."""
-        device = cell.device
+        device = oom_device(oom)
         aside = self._runs.set_aside(device)
         if allocated_before is None and freed_bytes is not None:
             # Unknown: an upper bound, so the need it gives errs low.
@@ -182,7 +172,7 @@ class Driver:
         budget = headroom_bytes(self.hardware, device)
         # Every try's figures are taken from this level: a try that fits leaves state later tries start with.
         self._runs.reference = self._runs.allocated(device)
-        return replace(cell, need=needed_bytes(cell.oom, allocated_before), budget=budget, cleaned=cleaned)
+        return _FailedCell(cell, namespace, oom, device, finding, needed_bytes(oom, allocated_before), budget, cleaned)
 
     def _try_strategies(self, cell: _FailedCell) -> tuple[TryResult | None, Strategy | None, BatchTried]:
         """The strategies in order until one fits or the tries run out."""
@@ -206,10 +196,10 @@ class Driver:
     def _closing_notes(self, fitted: TryResult | None, not_rerun: bool = False) -> None:
         """Give back what was set aside, and say what the variables hold after the tries (``not_rerun``: the
         batch reported is the replay's, which no try ran)."""
-        notes = self._runs.notes
-        given = self._runs.aside.give_back()
-        if self._runs.aside.left_on_host:
-            notes.append(f"{', '.join(self._runs.aside.left_on_host)} stayed on the host: moving them back to the GPU "
+        notes, tries, aside = self._runs.notes, self._runs.tries, self._runs.aside
+        given = aside.give_back()
+        if aside.left_on_host:
+            notes.append(f"{', '.join(aside.left_on_host)} stayed on the host: moving them back to the GPU "
                          "ran out of memory (their data is whole; move them back once there is room)")
         if given and fitted is None:
             notes.append(f"nothing fitted: {', '.join(given)} bound again as the failed cell left them")
@@ -217,15 +207,13 @@ class Driver:
             notes.append(f"stopped after --max-tries {self.max_tries} reruns")
         if not_rerun:
             notes.append(f"what the cell trains and changes is as before the reruns, the names it binds hold what rerun "
-                         f"#{self._runs.tries[-1].number} left; run the fixed cell to get its results")
-        if self._runs.tries and not self._runs.tries[-1].fitted and fitted is not None:
+                         f"#{tries[-1].number} left; run the fixed cell to get its results")
+        if tries and not tries[-1].fitted and fitted is not None:
             left = ("what the cell trains and changes is as before the reruns, the names it binds hold what the "
                     "failed rerun left" if self.before_rerun is not None else
                     "the variables hold what the failed rerun left")
-            notes.append(
-                f"the last rerun (#{self._runs.tries[-1].number}) failed after #{fitted.number} fitted: {left}; "
-                "run the fixed cell again to get its results"
-            )
+            notes.append(f"the last rerun (#{tries[-1].number}) failed after #{fitted.number} fitted: {left}; "
+                         "run the fixed cell again to get its results")
 
     def _outcome(self, cell: _FailedCell, fitted: TryResult | None, strategy: Strategy | None, batch: BatchTried,
                  freed_bytes: int | None) -> Outcome:
@@ -259,28 +247,25 @@ class Driver:
         """The cell as it is, once, where the cleanup freed at least what the failed allocation lacked of
         memory held before the cell: what it freed of the cell's own, a rerun makes again."""
         source, oom, needed, budget, device = cell.read.source, cell.oom, cell.need, cell.budget, cell.device
-        if oom is None:
-            return self._fitted(Strategy.CLEANUP, source, "as written", device)  # the cell has not failed yet (``%%oomfix``)
-        if needed is not None and budget is not None and needed > budget:
-            self._runs.notes.append(
-                f"skipped a plain rerun: the cell needs at least {format_bytes(needed)} "
-                f"(what it held when it failed plus the allocation that failed), {format_bytes(budget)} is free"
-            )
-            return None
-        gained, held_by = freed_from_before(cell.read.rebinds, cell.cleaned)
-        lacked = lacked_bytes(oom)
-        if not gained:
-            self._runs.notes.append("skipped a plain rerun: the cleanup freed only what the failed cell had made, "
-                               "which a rerun makes again, and it would fail the same way")
-            return None
+        if oom is None:  # the cell has not failed yet (``%%oomfix``)
+            return self._fitted(Strategy.CLEANUP, source, "as written", device)
         # Of all the cleanup freed (the outcome's figure), what the rerun does not make again.
+        gained, held_by = freed_from_before(cell.read.rebinds, cell.cleaned)
         what = f"of what the cleanup freed, {format_bytes(gained)} was held before the cell ({', '.join(held_by)})"
-        if lacked is not None and gained < lacked:
-            self._runs.notes.append(f"skipped a plain rerun: {what}, less than the "
-                               f"{format_bytes(lacked)} the allocation that failed lacked")
-            return None
-        lacking = "" if lacked is None else f"; the allocation that failed lacked {format_bytes(lacked)}"
-        return self._fitted(Strategy.CLEANUP, source, f"{what}{lacking}", device)
+        lacked = lacked_bytes(oom)
+        if needed is not None and budget is not None and needed > budget:
+            skip = (f"the cell needs at least {format_bytes(needed)} (what it held when it failed plus the allocation "
+                    f"that failed), {format_bytes(budget)} is free")
+        elif not gained:
+            skip = ("the cleanup freed only what the failed cell had made, which a rerun makes again, and it would "
+                    "fail the same way")
+        elif lacked is not None and gained < lacked:
+            skip = f"{what}, less than the {format_bytes(lacked)} the allocation that failed lacked"
+        else:
+            lacking = "" if lacked is None else f"; the allocation that failed lacked {format_bytes(lacked)}"
+            return self._fitted(Strategy.CLEANUP, source, f"{what}{lacking}", device)
+        self._runs.notes.append(f"skipped a plain rerun: {skip}")
+        return None
 
     def _fitted(self, strategy: Strategy, source: str, reason: str, device: int) -> TryResult | None:
         """One try; the try if it fitted."""
