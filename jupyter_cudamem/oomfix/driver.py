@@ -20,7 +20,7 @@ from ..attribution.probe import TensorProbe, default_probe
 from ..attribution.training_state import fixed_memory
 from ..growth import FixedMemory
 from ..batch import BatchFinding, find_batch
-from ..cell.edit import AutocastNotApplicable, CellDiff, wrap_in_autocast
+from ..cell.edit import AutocastNotApplicable, wrap_in_autocast
 from ..cell.read import ReadCell
 from .cleanup import CleanupResult
 from ..reruns.model_state import training_state
