@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..batch import BatchChange, BatchFinding, Knob
 from ..cell.edit import CellDiff
@@ -55,17 +54,9 @@ class SmallerBatch:
     put_back: Callable[[], None] | None = None
     # The number of tries when the model and optimizer were last put back (-1: not yet).
     _put_back_after: int = field(default=-1, init=False)
-
-    def _knob(self, finding: BatchFinding) -> Knob | None:
-        """The knob the batch strategy changes; ``None``, with a note saying why, when there is none."""
-        knob = finding.chosen
-        if knob is None:
-            self.runs.notes.append(finding.summary())
-            return None
-        if knob.value < 2:
-            self.runs.notes.append(f"the batch size is already {knob.value}; it cannot shrink")
-            return None
-        return knob
+    # Where the batch lives for this run; a chunked cell whose result cannot move back switches to the
+    # finding that leaves it on the host (``_search``).
+    change: BatchChange = field(init=False)
 
     def run(
         self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None,
@@ -74,48 +65,48 @@ class SmallerBatch:
         """``need``: what the cell needs at least (bytes), ``stuck``: what the OOM left reserved and unallocated;
         ``on_host``: the chunked cell with its result left on the host, for when moving the joined result back
         runs out of memory (``whole_data.Join``)."""
-        knob = self._knob(finding)
-        if knob is None:
-            return BatchTried(batch_before=None if finding.chosen is None else finding.chosen.value)
+        knob = finding.chosen
+        if knob is None or knob.value < 2:
+            self.runs.notes.append(finding.summary() if knob is None
+                                   else f"the batch size is already {knob.value}; it cannot shrink")
+            return BatchTried(batch_before=None if knob is None else knob.value)
         if budget is None:
             self.runs.notes.append("the free memory could not be read, so the batch search has no budget")
             return BatchTried(batch_before=knob.value)
-        where = _Where(finding, knob, self._namespace(), self.history)
+        namespace = self.runs.namespace
+        self.change = BatchChange(finding, knob, namespace if isinstance(namespace, MutableMapping) else {},
+                                  self.history)
         search = BatchSearch(knob.value, budget, max_tries=self.runs.left(), margin=self.margin, need_bytes=need,
                              stuck_bytes=stuck, fixed=self.fixed)
         self._note_fixed()
-        best, host_chunk = self._search(search, where, device, on_host)
-        self._after_search(search, device)
+        best, host_chunk = self._search(search, device, on_host)
+        change = self.change
         if (best is None or best.batch is None) and host_chunk is not None and self.runs.left() > 0:
             # Only the try whose result could not move back fitted its chunks: run them on the host.
-            result = self.runs.run(Strategy.BATCH, where.change.apply(host_chunk),
+            result = self.runs.run(Strategy.BATCH, change.apply(host_chunk),
                                    "the chunks that fitted, result on the host", device, batch=host_chunk)
             best = result if result.fitted else None
         if best is None or best.batch is None:
-            where.change.restore()
-            return BatchTried(batch_before=where.knob.value)
+            change.restore()
+            return BatchTried(batch_before=change.knob.value)
         found = best.batch
         answer = search.answer or found
         if answer >= found:
-            settled = self._settle(best, found, where.change, device, search)
+            settled = self._settle(best, found, device, search)
             if settled is not best:
                 # The rerun that confirms the batch is a run like the tries: its next runs start where it ends.
                 search.record(found, settled.observation())
                 answer = search.answer or found
             best = settled
+        replayed = None  # the batch reported where no try ran it
         if answer < found:
-            best, found = self._below_the_last_fit(best, found, answer, where.change, device)
-            if found != best.batch:
-                where.change.forget_originals()
-                return BatchTried(best, where.knob.value, where.change.diffs(found), where.change.paste_code(found),
-                                  replayed_batch=found, replayed_source=where.change.apply(found))
-        if found == answer:  # else the replay says the batch reported does not keep fitting: no proof to claim
+            best, found = self._below_the_last_fit(best, found, answer, device)
+            replayed = found if found != best.batch else None
+        if replayed is None and found == answer:  # else the replay says it does not keep fitting: no proof to claim
             self.runs.notes.append(steady_note(best))
-        where.change.forget_originals()
-        return BatchTried(best, where.knob.value, where.change.diffs(found), where.change.paste_code(found))
-
-    def _namespace(self) -> MutableMapping[str, Any]:
-        return self.runs.namespace if isinstance(self.runs.namespace, MutableMapping) else {}
+        change.forget_originals()
+        return BatchTried(best, change.knob.value, change.diffs(found), change.paste_code(found),
+                          replayed_batch=replayed, replayed_source=None if replayed is None else change.apply(found))
 
     def _note_fixed(self) -> None:
         """Say what the search counts as not growing with the batch, where it read any."""
@@ -128,9 +119,8 @@ class SmallerBatch:
             (fixed.optimizer_state_bytes, "of optimizer state its first step makes")) if size]
         self.runs.notes.append(f"does not grow with the batch: {', '.join(parts)} (read from the namespace)")
 
-    def _search(
-        self, search: BatchSearch, where: _Where, device: int, on_host: BatchFinding | None
-    ) -> tuple[TryResult | None, int | None]:
+    def _search(self, search: BatchSearch, device: int, on_host: BatchFinding | None
+                ) -> tuple[TryResult | None, int | None]:
         """The search's tries: the largest batch that fitted, and the chunk whose work fitted before moving
         its result back ran out of memory (``None``: none did)."""
         best: TryResult | None = None
@@ -140,16 +130,18 @@ class SmallerBatch:
             if (batch := search.next()) is None:
                 break
             try:
-                source = where.change.apply(batch)
+                source = self.change.apply(batch)
             except CudaMemError as problem:
                 self.runs.stop(f"could not set the batch: {problem}")
                 break
             result = self.runs.run(Strategy.BATCH, source, search.reason, device, batch=batch)
             observation = result.observation()
-            if on_host is not None and moved_back_ran_out(result, where.knob):
+            if on_host is not None and moved_back_ran_out(result, self.change.knob):
                 # No chunk size makes the joined result fit: go on with it left on the host; the chunks' work fitted.
-                where.switch_to(on_host)
-                self.runs.notes.append(kept_on_host_note(where.knob.value, batch))
+                self.change.restore()
+                self.change = BatchChange(on_host, on_host.chosen or self.change.knob, self.change.namespace,
+                                          self.history)
+                self.runs.notes.append(kept_on_host_note(self.change.knob.value, batch))
                 on_host = None
                 host_chunk = batch
                 observation = Observation(True, peak_bytes=observation.held_bytes, start_bytes=observation.start_bytes,
@@ -159,6 +151,10 @@ class SmallerBatch:
                 best = result
             if self.runs.stopped is not None:
                 search.stop(self.runs.stopped)
+        if self.runs.tries and not self.runs.tries[-1].fitted:
+            self.runs.release_graph_pools(device)
+        if search.stopped is not None and self.runs.stopped is None and self.runs.left() > 0:
+            self.runs.notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed
         return best, host_chunk
 
     def _before_try(self, search: BatchSearch, device: int) -> None:
@@ -180,20 +176,14 @@ class SmallerBatch:
         search.set_allocator(self.runs.recorder.state(device), reserved_limit_bytes(self.hardware, device),
                              self.runs.rebound_addresses(), self.runs.released_addresses())
 
-    def _after_search(self, search: BatchSearch, device: int) -> None:
-        if self.runs.tries and not self.runs.tries[-1].fitted:
-            self.runs.release_graph_pools(device)
-        if search.stopped is not None and self.runs.stopped is None and self.runs.left() > 0:
-            self.runs.notes.append(f"the batch search ended: {search.stopped}")  # why fewer reruns than allowed
-
-    def _settle(self, best: TryResult, found: int, change: BatchChange, device: int, search: BatchSearch) -> TryResult:
+    def _settle(self, best: TryResult, found: int, device: int, search: BatchSearch) -> TryResult:
         """Set the knob to the best batch (``found``, ``best``'s), and rerun it where the variables and the
         model do not hold its run (``search`` told where that rerun starts)."""
         last_fitted = next((t for t in reversed(self.runs.tries) if t.fitted), None)
         if not self.runs.tries[-1].fitted:
             # Put back before the knob is set to the best batch: after, the knob would go back too.
             self._put_back_now()
-        source = change.apply(found)  # the knob holds the best batch whether or not it is rerun
+        source = self.change.apply(found)  # the knob holds the best batch whether or not it is rerun
         put_back_since = self._put_back_after == len(self.runs.tries)
         if (last_fitted is not best or not self.runs.tries[-1].fitted or put_back_since) and self.runs.left() > 0:
             # The variables and the model must hold the run the outcome reports.
@@ -203,8 +193,7 @@ class SmallerBatch:
                 return confirm
         return best
 
-    def _below_the_last_fit(self, best: TryResult, found: int, answer: int, change: BatchChange,
-                            device: int) -> tuple[TryResult, int]:
+    def _below_the_last_fit(self, best: TryResult, found: int, answer: int, device: int) -> tuple[TryResult, int]:
         """``best`` fitted, but its own run, replayed as the next runs make it, does not keep fitting and
         ``answer`` does: rerun at ``answer`` where a rerun is left (it holds what ``best``'s run left, as the
         next run will); else ``answer`` is reported as the replay's. The try that proves the batch, and the batch."""
@@ -212,12 +201,12 @@ class SmallerBatch:
             f"rerun #{best.number} at {found} fitted once, but its own requests, replayed run after run as "
             f"your next runs make them, run out of memory: {answer} keeps fitting in that replay")
         if self.runs.left() > 0:
-            confirm = self.runs.run(Strategy.BATCH, change.apply(answer), f"{answer}, which the replay of rerun "
+            confirm = self.runs.run(Strategy.BATCH, self.change.apply(answer), f"{answer}, which the replay of rerun "
                                     f"#{best.number}'s own run keeps fitting", device, batch=answer)
             if confirm.fitted:
                 return confirm, answer
             self._put_back_now()
-            change.apply(found)
+            self.change.apply(found)
             return best, found
         return best, answer
 
@@ -226,26 +215,6 @@ class SmallerBatch:
         if self.put_back is not None:
             self.put_back()
             self._put_back_after = len(self.runs.tries)
-
-
-@dataclass
-class _Where:
-    """Where the batch lives for this run: the finding, its knob, and the change that sets it there. A
-    chunked cell whose result cannot move back switches to the one that leaves it on the host."""
-
-    finding: BatchFinding
-    knob: Knob
-    namespace: MutableMapping[str, Any]
-    history: list[str]
-    change: BatchChange = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.change = BatchChange(self.finding, self.knob, self.namespace, self.history)
-
-    def switch_to(self, finding: BatchFinding) -> None:
-        self.change.restore()
-        self.finding, self.knob = finding, finding.chosen or self.knob
-        self.change = BatchChange(self.finding, self.knob, self.namespace, self.history)
 
 
 def steady_note(best: TryResult) -> str:
