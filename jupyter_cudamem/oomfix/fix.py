@@ -2,7 +2,7 @@
 
 The magic hands over the shell, the hardware and how a try runs (``Reruns``); this owns the rest, in
 order: the diagnosis, the one read of the cell, the plan (``--dry-run``) or the cleanup, the copy of what
-the cell trains (``Restorer``) and the ``Driver`` of the tries.
+the cell trains (``Restorer``), the ``Driver`` of the tries and what the outcome says of what was put back.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..attribution.holders import find_holders, reaches_cuda
 from ..attribution.probe import TensorProbe
-from ..cell.read import ReadCell, read_cell
+from ..cell.read import read_cell
 from ..errors import CudaMemError
 from ..hardware import Hardware
 from ..ipython_state import FailureRecorder, input_history, ipython_references, user_variables
@@ -27,7 +27,6 @@ from .driver import Driver
 from .outcome import Outcome
 from .plan import dry_run
 from .request import FixRequest
-from .restore import restore_notes
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -70,11 +69,10 @@ def fix(
     cell = read_cell(request.source, shell.transform_cell)  # the one read of the cell: every part gets this
     diagnosis = _diagnosis(request, shell, hardware, probe, cell.rebinds)
     if request.dry_run:
-        return _preview(request, cell, diagnosis, shell, hardware)
+        return dry_run(request, cell, diagnosis, namespace, input_history(shell), hardware)
     trained, restore, too_large = what_to_restore(cell, namespace, request.no_restore, can_ask=request.ask)
-    if request.ask:
-        if confirm is None or not confirm(diagnosis, trained, restore, too_large):
-            return None
+    if request.ask and (confirm is None or not confirm(diagnosis, trained, restore, too_large)):
+        return None
     holds_cuda = None if probe is None else (lambda obj: reaches_cuda(obj, probe))
     cleaned = cleanup_module.cleanup(shell, hardware, exception=error, delete_names=request.delete,
                                      holds_cuda=holds_cuda)
@@ -82,7 +80,17 @@ def fix(
     restorer = Restorer(trained, namespace, copy_training=restore) if restore or not trained.plain.empty else None
     if restorer is not None:
         restorer.take()  # once, before the first rerun
-    driver = _driver(request, shell, hardware, reruns, restorer, probe, holds_cuda)
+    # Each try runs through ``reruns`` after ``restorer`` puts back what the cell trains; each failed one is
+    # cleaned up as the failure was.
+    driver = Driver(
+        run_source=reruns.run_source if restorer is None else restorer.run(reruns.run_source),
+        before_rerun=None if restorer is None else restorer.restore,
+        held_for_step=None if restorer is None else restorer.held_for_step,
+        hardware=hardware,
+        cleanup=lambda failed: cleanup_module.cleanup(shell, hardware, exception=failed, holds_cuda=holds_cuda),
+        max_tries=request.max_tries, strategies=request.strategies, margin=request.margin, oom_of=reruns.oom_of,
+        probe=probe,
+    )
     last_fitted = False  # an interrupted fix puts the state back as before the reruns
     try:
         # Our reruns are not the user's failures: the record stays the cell they ran.
@@ -91,7 +99,8 @@ def fix(
                                  allocated_before=request.allocated_before, history=input_history(shell),
                                  cell_number=request.cell_number, cleaned=cleaned)
         # The kernel keeps the last try's state only where that try ran the cell the outcome reports.
-        last_fitted = bool(outcome.tries) and outcome.tries[-1].fitted and outcome.tries[-1].source == outcome.fixed_source
+        last = outcome.tries[-1] if outcome.tries else None
+        last_fitted = last is not None and last.fitted and last.source == outcome.fixed_source
     finally:
         reruns.forget()
         if restorer is not None:
@@ -107,22 +116,30 @@ def fix(
     return outcome
 
 
-def _driver(request: FixRequest, shell: InteractiveShell, hardware: Hardware, reruns: Reruns, restorer: Restorer | None,
-            probe: TensorProbe | None, holds_cuda: Callable[[object], bool] | None) -> Driver:
-    """The driver of the tries: each runs through ``reruns`` (after ``restorer`` puts back what the cell
-    trains), and each failed one is cleaned up as the failure was."""
-    return Driver(
-        run_source=reruns.run_source if restorer is None else restorer.run(reruns.run_source),
-        before_rerun=None if restorer is None else restorer.restore,
-        held_for_step=None if restorer is None else restorer.held_for_step,
-        hardware=hardware,
-        cleanup=lambda failed: cleanup_module.cleanup(shell, hardware, exception=failed, holds_cuda=holds_cuda),
-        max_tries=request.max_tries,
-        strategies=request.strategies,
-        margin=request.margin,
-        oom_of=reruns.oom_of,
-        probe=probe,
-    )
+def restore_notes(trained: TrainingState, restorer: Restorer | None, outcome: Outcome,
+                  last_fitted: bool) -> tuple[str, ...]:
+    """What the outcome says became of the training state and the plain values put back around the reruns
+    (whether they are copied, and the copying, are ``reruns.model_state``'s)."""
+    if not outcome.tries:
+        return ()
+    notes: list[str] = []
+    put_back = (" put back before each rerun: as one run of the cell that fitted leaves them" if last_fitted
+                else " put back as they were before the reruns")
+    if not trained.empty:
+        if restorer is None or not restorer.copy_training:
+            notes.append(f"the reruns' training steps stayed in {trained.describe()}: their state was not put back")
+        else:
+            notes.append(trained.describe() + put_back)
+    if restorer is None:
+        return tuple(notes)
+    plain = trained.plain
+    if plain.changed:
+        notes.append(", ".join(plain.changed) + put_back)
+    if restorer.unrestored:
+        notes.append(f"could not be put back, so the reruns' changes stay: {'; '.join(restorer.unrestored)}")
+    if plain.too_large:
+        notes.append(f"too large to copy, so not put back where the reruns changed them: {', '.join(plain.too_large)}")
+    return tuple(notes)
 
 
 def _diagnosis(request: FixRequest, shell: InteractiveShell, hardware: Hardware, probe: TensorProbe | None,
@@ -134,16 +151,6 @@ def _diagnosis(request: FixRequest, shell: InteractiveShell, hardware: Hardware,
     readings = hardware.allocator_readings() or None
     diagnosis = diagnose(request.oom, holders, readings, _model_state(shell.user_ns))
     return dataclasses.replace(diagnosis, verbose=request.verbose)
-
-
-def _preview(request: FixRequest, cell: ReadCell, diagnosis: Diagnosis, shell: InteractiveShell,
-             hardware: Hardware) -> Outcome:
-    """``--dry-run``: the plan beside the diagnosis; nothing freed, nothing rerun."""
-    preview = dry_run(cell, request.oom, diagnosis, request.strategies, request.max_tries,
-                      request.cell_number, namespace=shell.user_ns,
-                      history=input_history(shell), hardware=hardware, margin=request.margin)
-    return dataclasses.replace(preview, notes=preview.notes + request.limit_notes, verbose=request.verbose,
-                               cell_name=request.cell_name)
 
 
 def _model_state(namespace: dict[str, Any]) -> dict[Category, int] | None:

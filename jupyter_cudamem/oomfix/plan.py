@@ -15,6 +15,7 @@ from ..hardware import Hardware, headroom_bytes
 from ..oom import OomInfo, oom_device
 from ..batchsearch import BatchSearch
 from .outcome import BatchPlan, Outcome
+from .request import FixRequest
 from .strategies import Strategy
 from .whole_data import whole_data_decision
 
@@ -70,44 +71,18 @@ def plan_batch(
     return planned(f"the search's first choice with {budget_source} free memory", first, diffs)
 
 
-def preview(
-    source: str, finding: BatchFinding, plan: BatchPlan, diagnosis: object | None, budget_bytes: int | None
-) -> Outcome:
-    """The dry run's outcome: the diagnosis and the plan, no tries."""
-    return Outcome(
-        source,
-        None,
-        None,
-        (),
-        batch_summary=finding.summary(),
-        budget_bytes=budget_bytes,
-        dry_run=True,
-        diagnosis=diagnosis,
-        plan=plan,
-    )
-
-
-def dry_run(
-    cell: ReadCell,
-    oom: OomInfo | None,
-    diagnosis: Any,
-    strategies: tuple[Strategy, ...],
-    max_tries: int,
-    cell_number: int | None,
-    *,
-    namespace: dict[str, Any],
-    history: list[str],
-    hardware: Hardware,
-    margin: float,
-) -> Outcome:
+def dry_run(request: FixRequest, cell: ReadCell, diagnosis: Any, namespace: dict[str, Any], history: list[str],
+            hardware: Hardware) -> Outcome:
     """The preview ``--dry-run`` shows for ``cell`` (``cell.read.read_cell``): the diagnosis and the plan."""
-    source = cell.source
+    cell_number = request.cell_number
     if cell_number is None:  # the failure was found without its count: the last time this source ran
-        cell_number = next((k for k in range(len(history) - 1, 0, -1) if history[k] == source), None)
+        cell_number = next((k for k in range(len(history) - 1, 0, -1) if history[k] == cell.source), None)
     finding = find_batch(cell, namespace, history=history, cell_number=cell_number)
-    measured = headroom_bytes(hardware, oom_device(oom)) if hardware.allocator.status() is None else None
-    budget = measured if measured is not None else budget_from_message(oom)
-    plan = plan_batch(finding, namespace, history, budget, strategies,
-                      max_tries=max_tries, margin=margin,
+    measured = headroom_bytes(hardware, oom_device(request.oom)) if hardware.allocator.status() is None else None
+    budget = measured if measured is not None else budget_from_message(request.oom)
+    plan = plan_batch(finding, namespace, history, budget, request.strategies, max_tries=request.max_tries,
+                      margin=request.margin,
                       budget_source="the measured" if measured is not None else "the error message's")
-    return preview(source, finding, plan, diagnosis, measured)
+    return Outcome(cell.source, None, None, (), batch_summary=finding.summary(), budget_bytes=measured, dry_run=True,
+                   diagnosis=diagnosis, plan=plan, notes=request.limit_notes, verbose=request.verbose,
+                   cell_name=request.cell_name)

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from jupyter_cudamem.batch import find_batch
 from jupyter_cudamem.oom import parse_oom
-from jupyter_cudamem.oomfix.plan import budget_from_message, plan_batch, preview
+from jupyter_cudamem.oomfix.outcome import Outcome
+from jupyter_cudamem.oomfix.plan import budget_from_message, plan_batch
 from tests.fakes import GiB, MiB
 from tests.oomfix.simulated import torch_oom_message
 
@@ -39,7 +40,7 @@ def test_the_plan_names_the_knob_its_home_and_the_search_first_try_with_its_diff
     assert "-          'batch_size': 256}" in text and f"+          'batch_size': {first}}}" in text
     assert NAMESPACE["config"]["batch_size"] == 256  # nothing was changed
     assert "<code>config[&quot;batch_size&quot;] = 256</code>" in plan.html()
-    outcome = preview(SOURCE, finding, plan, None, None)
+    outcome = Outcome(SOURCE, None, None, (), batch_summary=finding.summary(), dry_run=True, plan=plan)
     assert outcome.dry_run and outcome.tries == () and "Plan" in outcome._repr_html_()
     assert "first try" in replace(outcome, verbose=True).text()
 
