@@ -164,7 +164,9 @@ class SmallerBatch:
             self.runs.set_aside(device)
             self._put_back_now()
         self.runs.release_graph_pools(device)
-        self.runs.renew_workspaces(device)
+        # cuBLAS's workspaces made again in segments of their own: carved from a large cached block, they pin
+        # its segment and every later try starts from its fragments.
+        self.hardware.allocator.renew_workspaces(device)
         level = self.runs.allocated(device)
         if level is not None and self.runs.reference is not None:
             search.set_level(level - self.runs.reference)

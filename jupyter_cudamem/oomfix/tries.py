@@ -89,7 +89,6 @@ class FixTries:
     reference: int | None = None  # allocated bytes every try's figures are taken from
 
     def __post_init__(self) -> None:
-        self._kept_noted: set[str] = set()
         self.graph_pools = GraphPools(self.hardware.allocator.release_graph_pools)
         self.recorder = Recorder(self.hardware.allocator, windows=True)
         self._mover: Mover = self.mover if self.mover is not None else TorchMover()
@@ -132,31 +131,17 @@ class FixTries:
         # Free what this try left, then let go of the exception: nothing of ours may keep its traceback.
         self.cleanup(error)
         error = None
-        if message is None and oom is None:
+        fitted = message is None and oom is None
+        if fitted:
             self.aside.drop_rebound()  # the try bound its own values: what was set aside is superseded
         left = self.allocated(device)
-        offset = 0 if at_start is None or self.reference is None else at_start - self.reference
-        need = needed_bytes(oom, at_start)
         result = TryResult(
-            number=len(self.tries) + 1,
-            strategy=strategy,
-            source=source,
-            fitted=message is None and oom is None,
-            out_of_memory=oom is not None,
-            peak_bytes=peak,
-            wall_s=wall_s,
-            reason=reason,
-            batch=batch,
-            error=message,
-            allocated_at_start_bytes=at_start,
-            need_bytes=need,
-            left_bytes=None if left is None or at_start is None else left - at_start,
-            start_above_reference_bytes=offset,
-            stuck_bytes=None if oom is None else oom.reserved_unallocated_bytes,
-            recorded=recorded,
-            failed_at=site,
-            steady=steady,
-        )
+            number=len(self.tries) + 1, strategy=strategy, source=source, fitted=fitted, out_of_memory=oom is not None,
+            peak_bytes=peak, wall_s=wall_s, reason=reason, batch=batch, error=message, failed_at=site,
+            allocated_at_start_bytes=at_start, left_bytes=None if left is None or at_start is None else left - at_start,
+            start_above_reference_bytes=0 if at_start is None or self.reference is None else at_start - self.reference,
+            need_bytes=needed_bytes(oom, at_start), stuck_bytes=None if oom is None else oom.reserved_unallocated_bytes,
+            recorded=recorded, steady=steady)
         self.tries.append(result)
         if message is not None:
             # A changed cell that fails otherwise is not ours to keep retrying.
@@ -189,11 +174,6 @@ class FixTries:
             return []
         return [held for name in bound_again if name in namespace
                 for held in self._mover.grown(namespace[name], last, batch)]
-
-    def renew_workspaces(self, device: int) -> None:
-        """cuBLAS's workspaces freed and made again in segments of their own before a try: carved from a
-        large cached block, they pin its segment and every later try starts from its fragments."""
-        self.hardware.allocator.renew_workspaces(device)
 
     def release_graph_pools(self, device: int) -> None:
         """torch.compile's CUDA graph trees reset before a try where their pools hold memory
@@ -238,12 +218,9 @@ class FixTries:
             aside.freed_bytes = max(before - after, 0)
         new = [name for name in aside.names if name not in self.aside.entries]
         if new and not self.tries:
-            self.notes.append(
-                f"set aside on the host before rerunning (the cell binds them again): {', '.join(new)}"
-            )
-        for name in aside.kept:
-            if name not in self._kept_noted:
-                self._kept_noted.add(name)
-                self.notes.append(f"could not set aside {name}: its GPU memory stays held during the reruns")
+            self.notes.append(f"set aside on the host before rerunning (the cell binds them again): {', '.join(new)}")
+        for note in (f"could not set aside {name}: its GPU memory stays held during the reruns" for name in aside.kept):
+            if note not in self.notes:
+                self.notes.append(note)
         self.aside.merge(aside)
         return aside
