@@ -19,6 +19,9 @@ from ..cell.source import Span, line_ending, split_lines
 CHUNK_LABEL = "rows per chunk"
 CHUNKED_NOTE = "the batch is the data: "  # how the note of a chunked fix begins (the outcome's headline reads it)
 _CHUNK_VARIABLE = "_chunk"
+# The attributes and constant subscripts the cell takes from a call's output right after it (``.logits``,
+# ``[0]``, ``["hidden"]``), up to the first method call (``.argmax(...)`` stays outside).
+_TAKEN = re.compile(r"""(?:\.[A-Za-z_]\w*(?!\w|\s*\()|\[\s*(?:\d+|'[^'\]]*'|"[^"\]]*")\s*\])+""")
 
 
 class Join(Enum):
@@ -40,23 +43,20 @@ class WholeDataDecision:
     on_host: BatchFinding | None = None  # the same chunks with the result left on the host (see ``Join``)
 
 
-def _needs_parentheses(data: str) -> bool:
+def _parsed(data: str) -> ast.expr | None:
     try:
-        node = ast.parse(data, mode="eval").body
+        return ast.parse(data, mode="eval").body
     except SyntaxError:
-        return True
-    return not isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
+        return None
 
 
 def _evaluated_once(data: str) -> bool:
     """Whether ``data`` may be written twice (``x.split(n)`` and ``x.device``): a name, an attribute or a
     subscript of one, never a call that would make the data again."""
-    try:
-        node = ast.parse(data, mode="eval").body
-    except SyntaxError:
-        return False
-    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Subscript, ast.Load, ast.Slice, ast.Constant, ast.Tuple,
-                              ast.UnaryOp, ast.USub)) for n in ast.walk(node))
+    node = _parsed(data)
+    return node is not None and all(isinstance(n, (ast.Name, ast.Attribute, ast.Subscript, ast.Load, ast.Slice,
+                                                   ast.Constant, ast.Tuple, ast.UnaryOp, ast.USub))
+                                    for n in ast.walk(node))
 
 
 def join_of(whole: WholeData, keep_on_host: bool = False) -> Join:
@@ -66,7 +66,8 @@ def join_of(whole: WholeData, keep_on_host: bool = False) -> Join:
     return Join.THROUGH_HOST if all(_evaluated_once(call.data) for call in whole.calls) else Join.ON_DEVICE
 
 
-def chunked_source(source: str, whole: WholeData, rows: int, join: Join = Join.ON_DEVICE) -> tuple[str, tuple[Written, ...]]:
+def chunked_source(source: str, whole: WholeData, rows: int,
+                   join: Join = Join.ON_DEVICE) -> tuple[str, tuple[Written, ...]]:
     """``source`` with each of ``whole.calls`` run over chunks of ``rows`` rows and joined as ``join`` says,
     and where each written chunk size sits (so the batch search can change it)."""
     lines = split_lines(source)
@@ -78,10 +79,11 @@ def chunked_source(source: str, whole: WholeData, rows: int, join: Join = Join.O
         text = lines[line_number - 1]
         shift = 0
         for call in sorted(calls, key=lambda c: c.span.col):
-            data = f"({call.data})" if _needs_parentheses(call.data) else call.data
+            bare = isinstance(_parsed(call.data), (ast.Name, ast.Attribute, ast.Subscript, ast.Call))
+            data = call.data if bare else f"({call.data})"
             start, end = call.span.col + shift, call.span.end_col + shift
             # ``model(x).logits``: joined by the tensor the cell takes from each chunk's output.
-            taken = _taken_from_output(text[end:])
+            taken = found.group(0) if (found := _TAKEN.match(text[end:])) else ""
             host = "" if join is Join.ON_DEVICE else ".cpu()"
             head = (f"torch.cat([{call.callee}({_CHUNK_VARIABLE}){taken}.detach(){host} for {_CHUNK_VARIABLE} "
                     f"in {data}.split(")
@@ -97,15 +99,6 @@ def chunked_source(source: str, whole: WholeData, rows: int, join: Join = Join.O
         result += line_ending(source)
     return result, tuple(written)
 
-
-_TAKEN = re.compile(r"""(?:\.[A-Za-z_]\w*(?!\w|\s*\()|\[\s*(?:\d+|'[^'\]]*'|"[^"\]]*")\s*\])+""")
-
-
-def _taken_from_output(rest: str) -> str:
-    """The attributes and constant subscripts the cell takes from a call's output right after it
-    (``.logits``, ``[0]``, ``["hidden"]``), up to the first method call (``.argmax(...)`` stays outside)."""
-    found = _TAKEN.match(rest)
-    return found.group(0) if found else ""
 
 
 def whole_data_decision(
@@ -130,17 +123,8 @@ def whole_data_decision(
 
     def written_in(keep_on_host: bool) -> BatchFinding:
         source, written = chunked_source(finding.source, whole, whole.rows or 0, join_of(whole, keep_on_host))
-        knob = Knob(
-            CHUNK_LABEL,
-            whole.rows or 0,
-            KnobKind.CELL,
-            "split",
-            1,
-            written,
-            (),
-            f"line {written[0].span.line}",
-            ("a split size", "the batch is the data: chunks keep every row"),
-        )
+        knob = Knob(CHUNK_LABEL, whole.rows or 0, KnobKind.CELL, "split", 1, written, (),
+                    f"line {written[0].span.line}", ("a split size", "the batch is the data: chunks keep every row"))
         return replace(finding, source=source, knobs=(knob,), problem=None, whole_data=whole)
 
     note = (
