@@ -53,24 +53,15 @@ class CleanupResult(TextReport):
         return f"cleanup {freed} (released: {what}{deleted})"
 
 
-def _freed(
-    before: dict[int, AllocatorReading] | None, after: dict[int, AllocatorReading] | None, attribute: str
-) -> int | None:
+def _freed(before: dict[int, AllocatorReading] | None, after: dict[int, AllocatorReading] | None,
+           attribute: str) -> int | None:
     if before is None or after is None:
         return None
-    return sum(
-        getattr(before[index], attribute) - getattr(after[index], attribute) for index in before if index in after
-    )
+    return sum(getattr(before[i], attribute) - getattr(after[i], attribute) for i in before if i in after)
 
 
-def cleanup(
-    shell: InteractiveShell,
-    hardware: Hardware,
-    exception: BaseException | None = None,
-    delete_names: tuple[str, ...] = (),
-    *,
-    holds_cuda: Callable[[object], bool] | None = None,
-) -> CleanupResult:
+def cleanup(shell: InteractiveShell, hardware: Hardware, exception: BaseException | None = None,
+            delete_names: tuple[str, ...] = (), *, holds_cuda: Callable[[object], bool] | None = None) -> CleanupResult:
     """Release what IPython keeps from the failed cell, delete ``delete_names`` (through ``del_var``, as
     ``%xdel``; the caller checks they exist), collect, empty the cache. ``holds_cuda``: which output-cache
     entries to drop (default: those reaching a CUDA tensor)."""
@@ -81,11 +72,10 @@ def cleanup(
     gc.collect()
     after_cache = hardware.allocator_readings()
     freed_by_name: dict[str, int | None] = {}
-    deleted = []
+    deleted = tuple(dict.fromkeys(delete_names))
     last = after_cache
-    for name in dict.fromkeys(delete_names):
+    for name in deleted:
         shell.del_var(name)
-        deleted.append(name)
         gc.collect()
         now = hardware.allocator_readings()
         freed_by_name[name] = _freed(last, now, "allocated_bytes")
@@ -96,13 +86,7 @@ def cleanup(
     if before:
         hardware.allocator.empty_cache()
     after = hardware.allocator_readings()
-    return CleanupResult(
-        freed_bytes=_freed(before, after, "allocated_bytes"),
-        freed_reserved_bytes=_freed(before, after, "reserved_bytes"),
-        cleared=tuple(cleared),
-        deleted=tuple(deleted),
-        before=before or {},
-        after=after or {},
-        freed_output_cache_bytes=_freed(before, after_cache, "allocated_bytes"),
-        freed_by_name=freed_by_name,
-    )
+    return CleanupResult(_freed(before, after, "allocated_bytes"), _freed(before, after, "reserved_bytes"),
+                         tuple(cleared), deleted, before or {}, after or {},
+                         freed_output_cache_bytes=_freed(before, after_cache, "allocated_bytes"),
+                         freed_by_name=freed_by_name)

@@ -25,13 +25,10 @@ def check_max_tries(value: object) -> int:
     return value
 
 
-UNDELETABLE = ("__builtins__", "__builtin__")
-"""Names IPython's ``del_var`` refuses to delete (it raises ``ValueError``)."""
-
-
 def check_deletable(names: Iterable[str]) -> None:
-    """``--del``'s names, before anything is freed: one IPython would refuse to delete is one line here."""
-    refused = next((name for name in names if name in UNDELETABLE), None)
+    """``--del``'s names, before anything is freed: one IPython's ``del_var`` would refuse to delete (it raises
+    ``ValueError``) is one line here."""
+    refused = next((name for name in names if name in ("__builtins__", "__builtin__")), None)
     if refused is not None:
         raise CudaMemError(f"--del {refused}: IPython never deletes it (the shell needs it); nothing was deleted")
 
