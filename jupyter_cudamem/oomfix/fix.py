@@ -48,17 +48,9 @@ class Reruns(Protocol):
 Confirm = Callable[[Diagnosis, TrainingState, bool, "str | None"], bool]
 
 
-def fix(
-    request: FixRequest,
-    error: BaseException | None,
-    *,
-    shell: InteractiveShell,
-    hardware: Hardware,
-    reruns: Reruns,
-    recorder: FailureRecorder,
-    probe: TensorProbe | None = None,
-    confirm: Confirm | None = None,
-) -> Outcome | None:
+def fix(request: FixRequest, error: BaseException | None, *, shell: InteractiveShell, hardware: Hardware,
+        reruns: Reruns, recorder: FailureRecorder, probe: TensorProbe | None = None,
+        confirm: Confirm | None = None) -> Outcome | None:
     """Diagnose, free and rerun ``request``'s cell; ``None`` when the rerun was declined. ``error``: the
     failure, released by the cleanup (``None``: none); ``confirm`` is asked where ``request.ask``."""
     namespace = shell.user_ns

@@ -31,16 +31,9 @@ def budget_from_message(oom: OomInfo | None) -> int | None:
     return room
 
 
-def plan_batch(
-    finding: BatchFinding,
-    namespace: Mapping[str, Any] | None,
-    history: Sequence[str] | None,
-    budget_bytes: int | None,
-    strategies: tuple[Strategy, ...],
-    max_tries: int = 3,
-    margin: float = 0.04,
-    budget_source: str = "measured",
-) -> BatchPlan:
+def plan_batch(finding: BatchFinding, namespace: Mapping[str, Any] | None, history: Sequence[str] | None,
+               budget_bytes: int | None, strategies: tuple[Strategy, ...], max_tries: int = 3, margin: float = 0.04,
+               budget_source: str = "measured") -> BatchPlan:
     """The plan for a failed cell: its knob and the search's first try (nothing is changed)."""
     knob = finding.chosen
     notes = finding.notes

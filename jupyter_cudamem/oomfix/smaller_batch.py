@@ -58,10 +58,8 @@ class SmallerBatch:
     # finding that leaves it on the host (``_search``).
     change: BatchChange = field(init=False)
 
-    def run(
-        self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None,
-        on_host: BatchFinding | None = None,
-    ) -> BatchTried:
+    def run(self, finding: BatchFinding, budget: int | None, need: int | None, device: int, stuck: int | None = None,
+            on_host: BatchFinding | None = None) -> BatchTried:
         """``need``: what the cell needs at least (bytes), ``stuck``: what the OOM left reserved and unallocated;
         ``on_host``: the chunked cell with its result left on the host, for when moving the joined result back
         runs out of memory (``whole_data.Join``)."""
@@ -190,9 +188,9 @@ class SmallerBatch:
         if (last_fitted is not best or not self.runs.tries[-1].fitted or put_back_since) and self.runs.left() > 0:
             # The variables and the model must hold the run the outcome reports.
             self._tell_allocator(search, device)
-            confirm = self.runs.run(Strategy.BATCH, source, "rerun of the largest batch that fitted", device, batch=found)
-            if confirm.fitted:
-                return confirm
+            rerun = self.runs.run(Strategy.BATCH, source, "rerun of the largest batch that fitted", device, batch=found)
+            if rerun.fitted:
+                return rerun
         return best
 
     def _below_the_last_fit(self, best: TryResult, found: int, answer: int, device: int) -> tuple[TryResult, int]:

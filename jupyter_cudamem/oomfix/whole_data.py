@@ -101,11 +101,8 @@ def chunked_source(source: str, whole: WholeData, rows: int,
 
 
 
-def whole_data_decision(
-    finding: BatchFinding,
-    namespace: Mapping[str, Any] | None = None,
-    transform: Callable[[str], str] | None = None,
-) -> WholeDataDecision | None:
+def whole_data_decision(finding: BatchFinding, namespace: Mapping[str, Any] | None = None,
+                        transform: Callable[[str], str] | None = None) -> WholeDataDecision | None:
     """``None`` when a smaller batch is a fix; else chunks over all the data, or a refusal.
     ``finding.whole_data`` is used where it was decided for the knob chosen now."""
     whole = finding.whole_data

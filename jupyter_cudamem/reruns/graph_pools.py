@@ -29,6 +29,6 @@ class GraphPools:
         """What the user is told, ``run`` naming what each reset came before (``None``: no pool held memory)."""
         if not self.most_freed_bytes:
             return None
-        return (f"torch.compile's CUDA graphs (mode=\"reduce-overhead\") held up to {format_bytes(self.most_freed_bytes)} "
-                f"in memory pools no other allocation uses: reset (torch.compiler.reset()) before each {run}, "
-                "which compiles again")
+        return ("torch.compile's CUDA graphs (mode=\"reduce-overhead\") held up to "
+                f"{format_bytes(self.most_freed_bytes)} in memory pools no other allocation uses: reset "
+                f"(torch.compiler.reset()) before each {run}, which compiles again")

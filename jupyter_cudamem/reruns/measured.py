@@ -42,6 +42,7 @@ def run_measured(run: Callable[[], BaseException | None], meter: Meter, recorder
             meter.stop(baseline, error=type(raised).__name__)
         raise
     wall_s = time.perf_counter() - started
-    recorded = recorder.stop(recording, device, failed=error is not None) if recorder is not None and device is not None else None
+    recorded = (recorder.stop(recording, device, failed=error is not None)
+                if recorder is not None and device is not None else None)
     measurement = meter.stop(baseline, error=None if error is None else type(error).__name__)
     return MeasuredRun(error, measurement, wall_s, recorded)

@@ -90,8 +90,8 @@ class _Finder:
 
     def visit(self, value: Any, path: str, depth: int, plain: bool = False) -> None:
         """Follow ``value`` for torch's objects; ``plain``: reached through plain values only."""
-        if id(value) in self._seen or value is None or value is self.namespace or isinstance(value, (str, bytes, int, float, bool, complex,
-                                                                           types.ModuleType)):
+        atoms = (str, bytes, int, float, bool, complex, types.ModuleType)
+        if id(value) in self._seen or value is None or value is self.namespace or isinstance(value, atoms):
             return
         self._seen.add(id(value))
         kind = torch_state.kind_of(value)
@@ -183,7 +183,8 @@ def _items(value: Any, path: str) -> list[tuple[str, Any]]:
         return []
 
 
-def training_state(namespace: Mapping[str, Any], reads: Iterable[str], bound_again: Iterable[str] = ()) -> TrainingState:
+def training_state(namespace: Mapping[str, Any], reads: Iterable[str],
+                   bound_again: Iterable[str] = ()) -> TrainingState:
     """The training state a cell that reads ``reads`` reads from ``namespace``; the old objects of
     ``bound_again`` (bound by the cell before it reads them) are not followed."""
     finder = _Finder(namespace, bound_again)
@@ -305,9 +306,8 @@ class Restorer:
         self.state.plain.drop()
 
 
-def what_to_restore(
-    cell: ReadCell, namespace: Mapping[str, Any], no_restore: bool, can_ask: bool
-) -> tuple[TrainingState, bool, str | None]:
+def what_to_restore(cell: ReadCell, namespace: Mapping[str, Any], no_restore: bool,
+                    can_ask: bool) -> tuple[TrainingState, bool, str | None]:
     """What the cell trains and reads, whether its host copy is to be taken, and why not where it would not
     fit in host memory (raised, asking for --no-restore, where nobody can be asked: ``can_ask`` false)."""
     from ..sources.host import available_bytes

@@ -99,7 +99,8 @@ class PlainState:
         self._saved, failed = [], []
         for value, path in self.kept:
             try:
-                self._saved.append((value, _copy(value) if isinstance(value, CONTAINERS) else dict(value.__dict__), path))
+                copy = _copy(value) if isinstance(value, CONTAINERS) else dict(value.__dict__)
+                self._saved.append((value, copy, path))
             except Exception as error:  # noqa: BLE001 - a subclass's own __iter__ may fail
                 failed.append(f"{path} ({type(error).__name__}: {error})")
         return failed

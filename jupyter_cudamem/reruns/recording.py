@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..sources.base import OPTIMIZER_STEPS, AllocatorSource
-from ..sources.torch_trace import device_trace, device_traces, read_trace_within, start_segments, trace_rows, window_prologue, without_step_marks
+from ..sources.torch_trace import (device_trace, device_traces, read_trace_within, start_segments, trace_rows,
+                                   window_prologue, without_step_marks)
 from ..growth.fitting import REPLAY_MARGIN
 from ..growth.replay import ALLOC, FREE, Event, RecordedRun, StartSegment, allocated_blocks, replay
 
