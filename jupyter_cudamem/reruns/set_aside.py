@@ -12,11 +12,6 @@ from typing import Any, Protocol
 from ..ipython_names import OUTPUT_CACHE_NAMES, is_ipython_name
 
 
-def _kept_as_the_try_left(name: str) -> bool:
-    """IPython's own names and private names, but for the output cache's: a failed try's are not undone."""
-    return name not in OUTPUT_CACHE_NAMES and (name.startswith("_") or is_ipython_name(name))
-
-
 class Mover(Protocol):
     """How values holding GPU memory are recognised and moved to the host and back."""
 
@@ -110,7 +105,8 @@ def restore_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, A
     nothing a failed try bound (a ``loss`` holding its autograd graph) stays alive; the names changed."""
     changed = []
     for name in list(namespace):
-        if _kept_as_the_try_left(name):
+        # IPython's own names and private names, but for the output cache's: a failed try's are not undone.
+        if name not in OUTPUT_CACHE_NAMES and (name.startswith("_") or is_ipython_name(name)):
             continue
         if name not in before:
             del namespace[name]
