@@ -1,37 +1,25 @@
 """Replay of PyTorch's CUDA caching allocator, to find the largest batch whose cell fits under a cap.
 
-Why: a line fitted to a cell's *allocated* peak cannot see memory that is reserved but unusable. Under
-a per-process cap the caching allocator refuses a new segment once its *reserved* bytes would exceed
-the cap, and free bytes left in split segments cannot serve a request larger than the largest free
-piece. For a cell that allocates a few large tensors (an MLP, an LSTM) the largest batch that fits can
-hold 10-20% less allocated memory than the cap. Replaying the cell's own sequence of allocations and
-frees through a model of the allocator sees that, because it knows which block each request lands in.
+Why: under a per-process cap the allocator refuses a new segment once its *reserved* bytes would pass the
+cap, and free pieces of split segments cannot serve a request larger than the largest of them, so the
+largest batch that fits can hold 10-20% less allocated memory than the cap (an MLP, an LSTM). A line through
+*allocated* peaks cannot see that; replaying the cell's own allocations and frees through the allocator can.
 
 The model follows ``c10/cuda/CUDACachingAllocator.cpp`` in its default configuration (no
 ``expandable_segments``, ``max_split_size`` unset, no garbage-collection threshold, no power-of-two
-rounding divisions):
+rounding divisions). A request is rounded up to 512 bytes and served, on its stream, from the small or the
+large pool by the smallest cached free block that is large enough (lowest address on a tie), split where
+the rest is worth keeping; with none, from a new segment (sizes: the constants below). A segment that
+would take the reserved bytes above the cap is refused; every wholly free cached segment then goes back to
+the driver and the allocator asks once more, and a second refusal is the out-of-memory error. A freed block
+merges with its free neighbours, and a segment stays cached until such a refusal releases it.
 
-- a request is rounded up to a multiple of 512 bytes; rounded requests of at most 1 MiB come from the
-  small pool, larger ones from the large pool, and blocks are only reused on the stream they were
-  allocated on;
-- a request takes the smallest cached free block of its pool and stream that is large enough (lowest
-  address on a tie), and splits it when the rest is worth keeping: at least 512 bytes in the small
-  pool, more than 1 MiB in the large pool (otherwise the whole block is handed out);
-- with no such block it asks for a new segment: 2 MiB for small requests, 20 MiB for requests under
-  10 MiB, else the request rounded up to 2 MiB. Under the cap a segment that would take the reserved
-  bytes above the cap is refused; the allocator then returns every cached segment that is wholly free
-  to the driver and asks once more; a second refusal is the out-of-memory error;
-- a freed block merges with its free neighbours in the same segment, and a segment stays reserved
-  (cached) until such a refusal releases it.
+Left out, as the default configuration and single-stream cells do not use them: cross-stream frees,
+expandable segments, ``max_split_size`` and CUDA-graph pools. New segments' addresses are invented (each
+above the last): real ones would only break ties between equal free blocks.
 
-Left out, because the default configuration and single-stream cells do not use them: cross-stream
-frees (a block is returned when its ``free_completed`` event says so), expandable segments,
-``max_split_size`` and CUDA-graph pools. Addresses of new segments are invented (each above the last);
-the driver's real addresses only break ties between equal free blocks.
-
-Pure Python, no torch: sizes in bytes, events as plain tuples. ``sources.torch_trace`` reads a
-recorded trace (``torch.cuda.memory._snapshot()``) into these events and start segments; a rerun's are kept
-as a ``RecordedRun``, whose events another start (the next try's, the user's next run) makes its own way.
+Pure Python, no torch: sizes in bytes, events as plain tuples, read from a recorded trace by
+``sources.torch_trace`` and kept for a rerun as a ``RecordedRun``.
 """
 
 from __future__ import annotations
@@ -98,11 +86,8 @@ def segment_bytes(block: int) -> int:
 
 @dataclass(frozen=True)
 class StartSegment:
-    """A segment reserved when the cell starts, as ``torch.cuda.memory._snapshot()`` lists it.
-
-    ``blocks`` are ``(size_bytes, allocated)`` in address order. Only split segments survive an
-    ``empty_cache()``, and their free pieces are where the cell's first small requests land.
-    """
+    """A segment reserved when the cell starts, as ``torch.cuda.memory._snapshot()`` lists it; ``blocks`` are
+    ``(size_bytes, allocated)`` in address order. Their free pieces are where the first small requests land."""
 
     address: int
     small: bool
@@ -129,91 +114,79 @@ class Replay:
     block's key by address (what the next run starts from: ``growth.fitting.fits_in_a_row``)."""
 
 
-def start_keys(start: Sequence[StartSegment]) -> dict[int, int]:
-    """Keys (negative) for the blocks allocated at the start, by address.
-
-    Ranked by (pool, size, address), not by address alone, so that two runs of a cell whose start
-    states hold the same tensors at different addresses give them the same keys and their traces align.
-    """
-    allocated = []
+def _allocated_in(start: Sequence[StartSegment]) -> list[tuple[bool, int, int]]:
+    """Each block allocated in ``start`` as ``(small, size, address)``."""
+    found = []
     for segment in start:
         address = segment.address
         for size, is_allocated in segment.blocks:
             if is_allocated:
-                allocated.append((segment.small, size, address))
+                found.append((segment.small, size, address))
             address += size
-    return {address: -1 - rank for rank, (_, _, address) in enumerate(sorted(allocated))}
+    return found
+
+
+def start_keys(start: Sequence[StartSegment]) -> dict[int, int]:
+    """Keys (negative) for the blocks allocated at the start, by address. Ranked by (pool, size, address), so
+    that two starts holding the same tensors at other addresses give them the same keys and their traces align."""
+    return {address: -1 - rank for rank, (_, _, address) in enumerate(sorted(_allocated_in(start)))}
+
+
+def allocated_blocks(start: Sequence[StartSegment]) -> dict[int, int]:
+    """The size of each block allocated in ``start``, by address."""
+    return {address: size for _, size, address in _allocated_in(start)}
 
 
 _Block = list[Any]
 """A block in the replay: ``[address, size, allocated, prev, next, pool]``, the neighbours in its segment
-(``None`` at its ends) and the free list it goes back to. A list, not an object: the cheapest to make and
-change in the replay's loop, which makes and merges a few hundred thousand per search."""
+(``None`` at its ends) and the free list it goes back to. A list, not an object: the cheapest to make and change."""
 _ADDRESS, _SIZE, _ALLOCATED, _PREV, _NEXT, _POOL = range(6)
 
 _Pool = list[tuple[int, int, _Block]]
 """The free blocks of one pool and stream as ``(size, address, block)``, kept sorted: the smallest block that
 is large enough is one bisection away, the lowest address first on a tie (addresses are unique, so blocks
-themselves are never compared). A cell caches a few dozen blocks at a time, where a list's insertion is
-cheaper than a tree's."""
+themselves are never compared). A list: a cell caches a few dozen blocks, too few for a tree to pay."""
 
 
 def _release_cached(pools: dict[int, tuple[_Pool, _Pool]], segment_frees: list[int]) -> int:
     """Return every wholly free segment to the driver, large pool first (as torch does), streams in order;
     the bytes returned."""
-    returned = 0
+    before = len(segment_frees)
     for small in (False, True):
         for stream in sorted(pools):
             pool = pools[stream][small]
-            kept: _Pool = []
-            for cached in pool:
-                block = cached[2]
-                if block[_PREV] is None and block[_NEXT] is None:
-                    returned += block[_SIZE]
-                    segment_frees.append(block[_SIZE])
-                else:
-                    kept.append(cached)
-            pool[:] = kept
-    return returned
+            segment_frees += [block[_SIZE] for _, _, block in pool if block[_PREV] is None and block[_NEXT] is None]
+            pool[:] = [cached for cached in pool if cached[2][_PREV] is not None or cached[2][_NEXT] is not None]
+    return sum(segment_frees[before:])
 
 
 def replay(events: Sequence[Event], start: Sequence[StartSegment], cap_bytes: int,
            keys: Mapping[int, int] | None = None, keep_end: bool = False) -> Replay:
     """Replay ``events`` from the ``start`` segments with reserved bytes capped at ``cap_bytes``; ``keys``
-    names the blocks allocated in ``start`` by address (``start_keys`` by default).
-
-    ``tests/growth/test_replay_reference.py`` holds it to a plain model of the same rules on random
-    requests."""
+    names the blocks allocated in ``start`` by address (``start_keys`` by default)."""
     allocator = Allocator(start, keys)
     played = allocator.play(events, cap_bytes)
-    failed_at = played[0]
-    failed = failed_at is not None
-    end = allocator.layout() if keep_end and not failed else None
+    fits = played[0] is None
+    end = allocator.layout() if keep_end and fits else None
     allocator.close()
-    return Replay(not failed, *played, allocator.allocated if failed else None,
-                  allocator.reserved if failed else None, end)
+    return Replay(fits, *played, None if fits else allocator.allocated, None if fits else allocator.reserved, end)
 
 
 class Allocator:
-    """The replay's allocator: its free blocks by stream and pool, the allocated ones by key, the bytes
-    reserved and allocated, and where the next segment goes.
-
-    Why an object: a cell's next run starts where its last left the allocator (``growth.fitting.fits_in_a_row``),
-    and playing it on from here (``carry``) costs a fraction of writing the segments out as a snapshot and
-    reading them back. ``close`` when done: blocks link each other (``_unlink``)."""
+    """The replay's allocator: free blocks by stream and pool, allocated ones by key, bytes reserved and
+    allocated, where the next segment goes. An object, so that a cell's next run plays on from where its last
+    left it (``carry``, ``growth.fitting.fits_in_a_row``). ``close`` when done."""
 
     __slots__ = ("allocated", "live", "next_address", "pools", "reserved")
 
     def __init__(self, start: Sequence[StartSegment], keys: Mapping[int, int] | None = None) -> None:
-        """The allocator at ``start``, its allocated blocks named by ``keys`` (by address; ``start_keys`` by
-        default)."""
+        """The allocator at ``start``, its allocated blocks named by ``keys`` (as ``replay``'s)."""
         keys = _keys_of(start) if keys is None else keys
         pools: dict[int, tuple[_Pool, _Pool]] = {}  # by stream: the large pool's free blocks, then the small's
         live: dict[int, _Block] = {}
         reserved = allocated = next_address = 0
         block: _Block
         before: _Block | None
-        put = insort
         for segment in start:
             pool = (pools.get(segment.stream) or pools.setdefault(segment.stream, ([], [])))[segment.small]
             address, before = segment.address, None
@@ -225,7 +198,7 @@ class Allocator:
                     allocated += size
                     live[keys[address]] = block
                 else:
-                    put(pool, (size, address, block))
+                    insort(pool, (size, address, block))
                 before = block
                 address += size
             reserved += address - segment.address
@@ -236,13 +209,9 @@ class Allocator:
 
     def play(self, events: Sequence[Event], cap_bytes: int
              ) -> tuple[int | None, int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-        """Play ``events`` under ``cap_bytes`` (stopping at the first ``alloc`` refused): the index of that
-        one (``None``: all fitted), the peaks allocated and reserved, and the segments made, the segments
-        returned and the tries refused, as ``Replay`` lists them.
-
-        One loop with the allocator's state and the names it reads in local variables: a search plays a
-        cell's requests thousands of times, and a method call or a global lookup per request was most of
-        its time."""
+        """Play ``events`` under ``cap_bytes``, stopping at the first ``alloc`` refused: its index (``None``: all
+        fitted), then the rest of ``Replay``'s fields to ``refused_tries``. One loop, its state and names in
+        locals: a search plays a cell's requests thousands of times."""
         pools, live = self.pools, self.live
         reserved, allocated, next_address = self.reserved, self.allocated, self.next_address
         block: _Block
@@ -278,7 +247,7 @@ class Allocator:
                 if i < len(pool):
                     block = pool.pop(i)[2]
                 else:
-                    # ``segment_bytes``, inline: a search asks for hundreds of thousands
+                    # ``segment_bytes``, inline
                     if small:
                         fresh = small_segment
                     elif size < mid_request:
@@ -315,7 +284,7 @@ class Allocator:
                 if kind != try_kind:
                     live[key] = block
                     continue
-            # The block goes back: merged with its free neighbours, into its pool (indices as _Block names them).
+            # The block goes back, merged with its free neighbours (indices as _Block names them).
             block[2] = False
             size = block[1]
             allocated -= size
@@ -352,44 +321,40 @@ class Allocator:
         ends += [address + size for both in self.pools.values() for pool in both for size, address, _ in pool]
         self.next_address = max(ends, default=0)
 
-    def _segments(self) -> list[tuple[_Block, int, bool, tuple[tuple[int, bool], ...], int]]:
-        """Each segment's first block, stream, pool, blocks ``(size, allocated)`` and end address, in address
-        order."""
-        pools = self.pools
-        kinds = {id(pool): (stream, small) for stream, both in pools.items() for small, pool in zip((False, True), both)}
+    def layout(self) -> tuple[tuple[StartSegment, ...], dict[int, int]]:
+        """The segments as a snapshot lists them, in address order, and the key of each allocated block by address."""
+        kinds = {id(pool): (stream, small) for stream, both in self.pools.items()
+                 for small, pool in zip((False, True), both)}
         heads = [block for block in self.live.values() if block[_PREV] is None]
-        heads += [cached[2] for both in pools.values() for pool in both for cached in pool if cached[2][_PREV] is None]
+        heads += [block for both in self.pools.values() for pool in both for *_, block in pool if block[_PREV] is None]
         heads.sort(key=itemgetter(_ADDRESS))
         segments = []
         for head in heads:
             sizes: list[tuple[int, bool]] = []
             block: _Block | None = head
-            last = head
             while block is not None:
                 sizes.append((block[_SIZE], block[_ALLOCATED]))
-                last, block = block, block[_NEXT]
+                block = block[_NEXT]
             stream, small = kinds[id(head[_POOL])]
-            segments.append((head, stream, small, tuple(sizes), last[_ADDRESS] + last[_SIZE]))
-        return segments
-
-    def layout(self) -> tuple[tuple[StartSegment, ...], dict[int, int]]:
-        """The segments as a snapshot lists them, and the key of each allocated block by address."""
-        segments = tuple(StartSegment(head[_ADDRESS], small, blocks, stream)
-                         for head, stream, small, blocks, _ in self._segments())
-        return segments, {block[_ADDRESS]: key for key, block in self.live.items()}
+            segments.append(StartSegment(head[_ADDRESS], small, tuple(sizes), stream))
+        return tuple(segments), {block[_ADDRESS]: key for key, block in self.live.items()}
 
     def close(self) -> None:
-        """Unlink every block (``_unlink``)."""
-        _unlink(self.pools, self.live)
+        """Empty every block: blocks link each other and their pool, cycles only the cyclic collector frees."""
+        for block in self.live.values():
+            block.clear()
+        for both in self.pools.values():
+            for pool in both:
+                for cached in pool:
+                    cached[2].clear()
 
 
 _last_keys: tuple[tuple[StartSegment, ...], dict[int, int]] | None = None
 
 
 def _keys_of(start: Sequence[StartSegment]) -> dict[int, int]:
-    """``start_keys(start)``, kept for the last tuple asked (by identity; a tuple of frozen segments cannot
-    change, and the one kept cannot be freed and its id reused): a search replays thousands of runs from
-    one start, and the replay only reads the keys."""
+    """``start_keys(start)``, kept for the last tuple asked (by identity: a tuple of frozen segments cannot change,
+    and the one kept cannot be freed and its id reused): a search replays thousands of runs from one start."""
     global _last_keys
     last = _last_keys
     if last is not None and last[0] is start:
@@ -400,17 +365,6 @@ def _keys_of(start: Sequence[StartSegment]) -> dict[int, int]:
     return keys
 
 
-def _unlink(pools: dict[int, tuple[_Pool, _Pool]], live: dict[int, _Block]) -> None:
-    """Empty every block. Why: a segment's blocks link each other and their pool, cycles that only the
-    cyclic garbage collector frees; left to it, a search spent a sixth of its time there."""
-    for block in live.values():
-        block.clear()
-    for both in pools.values():
-        for pool in both:
-            for cached in pool:
-                cached[2].clear()
-
-
 def given_back_at_once(events: Sequence[Event]) -> list[int]:
     """The indices of the requests that the next event frees: a temporary, or a library's workspace."""
     return [index for index, (event, after) in enumerate(zip(events, events[1:]))
@@ -418,52 +372,29 @@ def given_back_at_once(events: Sequence[Event]) -> list[int]:
 
 
 def optional_workspaces(events: Sequence[Event]) -> list[Event]:
-    """``events`` with each request freed right after it was made (``given_back_at_once``) as a ``try``.
-
-    Why: that is how a library's workspace looks (cuDNN's convolutions take one for the call and give it
-    back), and a library sizes it by what it can get: refused, cuDNN falls back to an algorithm that needs
-    less. Runs recorded with room to spare made every workspace they asked for, so replayed under a
-    smaller cap each would count as needed. Only for a cell shown to cope without them
-    (``capacity.runs.probe_workspaces``): cuDNN's RNNs fail without theirs."""
+    """``events`` with each request freed right after it was made (``given_back_at_once``) as a ``try``: a
+    library's workspace, which it sizes by what it can get (refused, cuDNN picks an algorithm that needs less).
+    Only for a cell shown to cope without them (``capacity.runs.probe_workspaces``): cuDNN's RNNs do not."""
     at_once = set(given_back_at_once(events))
     kept: list[Event] = []
     for index, event in enumerate(events):
         if index in at_once:
             kept.append((TRY, event[1], event[2], event[3]))
         elif index - 1 not in at_once:
-            kept.append(event)  # the free right after a workspace goes: a try frees itself
+            kept.append(event)  # a try frees itself
     return kept
-
-
-def allocated_blocks(start: Sequence[StartSegment]) -> dict[int, int]:
-    """The size of each block allocated in ``start``, by address."""
-    found = {}
-    for segment in start:
-        address = segment.address
-        for size, is_allocated in segment.blocks:
-            if is_allocated:
-                found[address] = size
-            address += size
-    return found
 
 
 def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
                    start: Sequence[StartSegment], remade: frozenset[int] = frozenset(),
                    let_go: Collection[int] = frozenset()) -> list[Event]:
-    """``events`` as a run from ``start`` makes them: without the allocations an earlier run made and
-    left (``left``, ``(address, key)``) that ``start`` still holds at the same address, in a block of
-    the size the allocator gives that request.
+    """``events`` without the allocations the run made and left (``left``, ``(address, key)``) that ``start``
+    still holds at that address in a block of that request's size (``same_block``): what it made once and
+    kept (AdamW's state, gradients) is in the next try's segments already, and would be counted twice.
 
-    Why: what the recorded run created once and kept (AdamW's state at its first step, gradients kept
-    after it) is in the next try's segments already, and replayed as recorded would be counted twice. What
-    the next run does create again (a model the cell builds, set aside before it) is not held there, and
-    stays, though the driver may hand its address to a block of another size.
-
-    ``remade``: addresses of blocks ``start`` holds for values the cell binds again where the run shows no
-    binding to go by (``rebound_keys``: its own start held none): made anew, the old one let go right after.
-    ``let_go``: addresses of blocks ``start`` holds that the run lets go (the optimizer state the put-back
-    holds until the first step, ``with_released``; values bound again, ``rebound_keys``; gradients zeroed,
-    ``RecordedRun._made_again_in``): what the run made and left at them is its own, made anew."""
+    ``remade``: addresses ``start`` holds for values the cell binds again with no binding in the run to go
+    by: made anew, the old one freed right after. ``let_go``: addresses ``start`` holds that the run lets go
+    (``RecordedRun.events_from``): what the run left at them is made anew."""
     held = allocated_blocks(start)
     sizes = {key: size for kind, key, size, _ in events if kind == ALLOC}
     again = {key: address for address, key in left
@@ -490,27 +421,22 @@ def keys_at(start: Sequence[StartSegment], addresses: Collection[int]) -> frozen
 def with_released(events: Sequence[Event], recorded: Collection[int], released: Collection[int],
                   at: int, keys: Mapping[int, int | None] | None = None) -> list[Event]:
     """``events`` with the frees of ``recorded`` (start keys the run let go as its first optimizer step
-    began) made instead for ``released`` (the keys another start lets go there), before the first of
-    them, else before event ``at`` (the step's first); its other frees of its start made for their images
-    in the other start (``keys``, as ``with_keys``: here, as both starts' keys are small negative numbers).
-
-    Why: a try's put-back holds the last run's optimizer state until the step, and the step makes its
-    own; replayed from another start, the run lets go of what that start holds, not of its own start's."""
+    began) made instead for ``released`` (those another start lets go there), before the first of them, else
+    before event ``at``; its other frees of its start made for their images (``keys``, as ``with_keys``).
+    Why: a try's put-back holds the last run's optimizer state until the step, and the step makes its own."""
     first = next((i for i, (kind, key, _, _) in enumerate(events) if kind == FREE and key in recorded), at)
     stream = events[first][3] if first < len(events) else 0
     kept = [event for event in events[first:] if not (event[0] == FREE and event[1] in recorded)]
-    return (with_keys(events[:first], keys or {}) + [(FREE, key, 0, stream) for key in sorted(released)]
-            + with_keys(kept, keys or {}))
+    frees = [(FREE, key, 0, stream) for key in sorted(released)]
+    return with_keys(events[:first], keys or {}) + frees + with_keys(kept, keys or {})
 
 
 def rebound_keys(recorded_start: Sequence[StartSegment], recorded: Sequence[Collection[int]],
                  start: Sequence[StartSegment], remade: Sequence[Collection[int]]) -> dict[int, int | None]:
     """For the values the cell binds again, name by name (``recorded`` and ``remade``: the addresses each
     name's value holds in ``recorded_start`` and in ``start``), the key in ``start`` of each block
-    ``recorded_start`` held for the same name, paired largest first (``None``: ``start`` holds none for it).
-
-    Why: a run lets the last run's value go where its line binds the name again (in a loop, the first
-    iteration); replayed from another start, that start's value goes there."""
+    ``recorded_start`` held for the same name, paired largest first (``None``: ``start`` holds none for it):
+    replayed from another start, a run lets that start's value go where it let its own go."""
     recorded_keys, keys = start_keys(recorded_start), start_keys(start)
     recorded_sizes, sizes = allocated_blocks(recorded_start), allocated_blocks(start)
     paired: dict[int, int | None] = {}
@@ -548,10 +474,8 @@ class RecordedRun:
     whole: bool = True
     carried: frozenset[int] = frozenset()  # a window's: keys of what the run held when the window began
     steps: tuple[tuple[int, int], ...] = ()  # each optimizer step() as (first event, event after its last)
-    # addresses in ``start`` of each value the cell binds again, name by name (``rebound_keys``)
-    remade: tuple[frozenset[int], ...] = ()
-    # addresses in ``start`` of what the put-back held until the run's first step (``with_released``)
-    released: frozenset[int] = frozenset()
+    remade: tuple[frozenset[int], ...] = ()  # addresses in ``start`` for ``rebound_keys``
+    released: frozenset[int] = frozenset()  # addresses in ``start`` for ``with_released``
 
     @property
     def released_keys(self) -> frozenset[int]:
@@ -560,13 +484,12 @@ class RecordedRun:
 
     def events_from(self, start: tuple[StartSegment, ...], remade: Sequence[frozenset[int]] = (),
                     released: frozenset[int] = frozenset()) -> list[Event]:
-        """The events a run from ``start`` makes, where ``start`` holds ``remade`` (as ``self.remade``) and
-        ``released`` until the first step: the last run's values go where this run let its own go
-        (``rebound_keys``), its optimizer state where the step begins (``with_released``), the gradients
-        it zeroed where it zeroed its own (``_made_again_in``), and what it made and left that ``start``
-        holds is not made again (``held_elsewhere``)."""
+        """The events a run from ``start`` makes (``remade``, ``released``: as ``self``'s): the last run's values
+        go where this run let its own go (``rebound_keys``), its optimizer state where the step begins
+        (``with_released``), the gradients it zeroed where it zeroed its own (``_made_again_in``), and what it
+        made and left that ``start`` holds is not made again (``held_elsewhere``)."""
         recorded = self.released_keys
-        rebound: dict[int, int | None] = dict(rebound_keys(self.start, self.remade, start, remade))
+        rebound = rebound_keys(self.start, self.remade, start, remade)
         if tuple(start) != self.start:  # by address: in its own start, a reused address held another block
             rebound.update(self._made_again_in(start, set(rebound) | recorded, released))
         if (self.steps or not self.whole) and (recorded or released):
