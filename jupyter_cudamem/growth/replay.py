@@ -1,9 +1,8 @@
 """Replay of PyTorch's CUDA caching allocator, to find the largest batch whose cell fits under a cap.
 
-Why: under a per-process cap the allocator refuses a new segment once its *reserved* bytes would pass the
-cap, and free pieces of split segments cannot serve a request larger than the largest of them, so the
-largest batch that fits can hold 10-20% less allocated memory than the cap (an MLP, an LSTM). A line through
-*allocated* peaks cannot see that; replaying the cell's own allocations and frees through the allocator can.
+Why: under a cap the allocator refuses a new segment once its *reserved* bytes would pass it, and free pieces
+of split segments cannot serve a larger request. A line through *allocated* peaks cannot see that; a replay of
+the cell's own allocations and frees through a model of the allocator can (``docs/oomfix.md``).
 
 The model follows ``c10/cuda/CUDACachingAllocator.cpp`` in its default configuration (no
 ``expandable_segments``, ``max_split_size`` unset, no garbage-collection threshold, no power-of-two
@@ -12,11 +11,9 @@ large pool by the smallest cached free block that is large enough (lowest addres
 the rest is worth keeping; with none, from a new segment (sizes: the constants below). A segment that
 would take the reserved bytes above the cap is refused; every wholly free cached segment then goes back to
 the driver and the allocator asks once more, and a second refusal is the out-of-memory error. A freed block
-merges with its free neighbours, and a segment stays cached until such a refusal releases it.
-
-Left out, as the default configuration and single-stream cells do not use them: cross-stream frees,
-expandable segments, ``max_split_size`` and CUDA-graph pools. New segments' addresses are invented (each
-above the last): real ones would only break ties between equal free blocks.
+merges with its free neighbours, and a segment stays cached until such a refusal releases it. Left out, as
+single-stream cells in the default configuration do not use them: cross-stream frees and CUDA-graph pools.
+New segments' addresses are invented (each above the last): real ones would only break ties.
 
 Pure Python, no torch: sizes in bytes, events as plain tuples, read from a recorded trace by
 ``sources.torch_trace`` and kept for a rerun as a ``RecordedRun``.
@@ -58,10 +55,9 @@ class EventKind(StrEnum):
 ALLOC, FREE, TRY = EventKind.ALLOC, EventKind.FREE, EventKind.TRY  # read in the replay's hot loops
 
 Event = tuple[EventKind, int, int, int]
-"""``(kind, key, requested_bytes, stream)``. ``alloc`` must be satisfied for the cell to fit; ``free``
-returns the block allocated under ``key``; ``try`` is an allocation the program survives being refused
-(cuDNN asks for a workspace and falls back to a smaller algorithm), kept only to replay the release of
-cached segments that the refusal causes, and freed at once when granted."""
+"""``(kind, key, requested_bytes, stream)``. ``alloc`` must be satisfied for the cell to fit; ``free`` returns
+the block allocated under ``key``; ``try`` is a request the program survives being refused (cuDNN then takes
+an algorithm with a smaller workspace), replayed for the cached segments a refusal releases, freed when granted."""
 
 
 def same_block(block_size: int | None, requested_bytes: int) -> bool:
@@ -149,8 +145,7 @@ themselves are never compared). A list: a cell caches a few dozen blocks, too fe
 
 
 def _release_cached(pools: dict[int, tuple[_Pool, _Pool]], segment_frees: list[int]) -> int:
-    """Return every wholly free segment to the driver, large pool first (as torch does), streams in order;
-    the bytes returned."""
+    """Return every wholly free segment to the driver, large pool first (as torch does), streams in order: bytes."""
     before = len(segment_frees)
     for small in (False, True):
         for stream in sorted(pools):
@@ -202,8 +197,7 @@ class Allocator:
                 before = block
                 address += size
             reserved += address - segment.address
-            if address > next_address:
-                next_address = address
+            next_address = max(next_address, address)
         self.pools, self.live = pools, live
         self.reserved, self.allocated, self.next_address = reserved, allocated, next_address
 
@@ -311,9 +305,8 @@ class Allocator:
                 tuple(refused))
 
     def carry(self, rename: Callable[[int], int], empty_cache: bool) -> None:
-        """Where the next run starts: the allocator as a run that fitted left it, each allocated block's key
-        ``rename``d, the cache emptied first where ``empty_cache`` (only segments holding a block stay), the
-        next segment right above the highest left, as a replay from its ``layout`` would have it."""
+        """Where the next run starts: as a run that fitted left it, each allocated block's key ``rename``d, the
+        cache emptied first where ``empty_cache``, the next segment above the highest left (as from ``layout``)."""
         if empty_cache:
             self.reserved -= _release_cached(self.pools, [])
         self.live = {rename(key): block for key, block in self.live.items()}
@@ -376,13 +369,9 @@ def optional_workspaces(events: Sequence[Event]) -> list[Event]:
     library's workspace, which it sizes by what it can get (refused, cuDNN picks an algorithm that needs less).
     Only for a cell shown to cope without them (``capacity.runs.probe_workspaces``): cuDNN's RNNs do not."""
     at_once = set(given_back_at_once(events))
-    kept: list[Event] = []
-    for index, event in enumerate(events):
-        if index in at_once:
-            kept.append((TRY, event[1], event[2], event[3]))
-        elif index - 1 not in at_once:
-            kept.append(event)  # a try frees itself
-    return kept
+    # The free right after a workspace goes: a try frees itself.
+    return [(TRY, event[1], event[2], event[3]) if index in at_once else event
+            for index, event in enumerate(events) if index - 1 not in at_once]
 
 
 def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
