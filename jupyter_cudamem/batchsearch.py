@@ -19,6 +19,8 @@ from .growth.line import made_in_steps
 from .growth.replay import RecordedRun
 from .units import MiB
 
+_Pairing = Callable[[int, float], fitting.Fitting]  # whether a batch fits, by cap and margin
+
 
 @dataclass(frozen=True)
 class Observation:
@@ -68,8 +70,7 @@ class Tries:
     _released: frozenset[int] = frozenset()  # addresses held until the next try's first step (``set_allocator``)
     _replay_cut_bytes: int = 0  # what a try the replay said fits showed it cannot use
     _paired_for: tuple[tuple[object, ...], Attempt | None] | None = None  # ``paired_failure``'s, and for what
-    # The runs ``replayed`` last paired, and the pairing (asked at several margins; a long run's takes a second)
-    _paired_runs: tuple[tuple[object, ...], Callable[[int, float], fitting.Fitting] | None] | None = None
+    _paired_runs: tuple[tuple[object, ...], _Pairing | None] | None = None  # ``_paired``'s: the runs, their pairing
 
     def __post_init__(self) -> None:
         if self.failed_batch < 2:
@@ -79,15 +80,13 @@ class Tries:
         self._stuck_per_sample = float(self.stuck_bytes or 0) / self.failed_batch if fragments else 0.0
 
     def _failed_on_fragments(self, need: int | None, stuck: int | None) -> bool:
-        """The failure's bytes fit the budget, and PyTorch held some it could not use: its fragments
-        decided it."""
+        """The failure's bytes fit the budget, and PyTorch held some it could not use: fragments decided it."""
         return bool(stuck) and need is not None and need <= self.budget_bytes
 
     @property
     def best(self) -> int | None:
         """The largest batch that fitted."""
-        fitted = [a.batch for a in self.attempts if a.fitted]
-        return max(fitted) if fitted else None
+        return max((a.batch for a in self.attempts if a.fitted), default=None)
 
     @property
     def answer(self) -> int | None:
@@ -130,41 +129,34 @@ class Tries:
 
     def set_allocator(self, segments: tuple[replay.StartSegment, ...] | None, reserved_limit_bytes: int | None,
                       remade: tuple[frozenset[int], ...] = (), released: frozenset[int] = frozenset()) -> None:
-        """The segments the next try starts from and the reserved bytes it may reach (``None``: no replay);
-        addresses in them of each value the cell binds again (``remade``, ``replay.rebound_keys``) and of what
-        the put-back holds until the try's first step (``released``, ``replay.with_released``)."""
+        """The segments the next try starts from and the reserved bytes it may reach (``None``: no replay), with
+        ``remade`` and ``released`` as ``RecordedRun.events_from`` reads them."""
         self._segments, self._reserved_limit = segments, reserved_limit_bytes
         self._remade, self._released = remade, released
 
     def replayed(self, margin: float = 0.0) -> fitting.Fitting | None:
         """Whether a batch fits, by the replay of the two largest recorded fits (the largest alone where one
-        is a window of a long run, or with a failure above it that it replays: ``paired_failure``), from
-        where the next try starts, under the cap less what a failed try showed the replay does not see;
-        per-sample parts ``1 + margin`` times as large. ``None`` without a replay."""
-        runs = self._recorded_fits()
-        if self._segments is None or self._reserved_limit is None or not runs:
+        is a window of a long run, or with a failure above it: ``paired_failure``), from where the next try
+        starts, under the cap less what a failed try showed the replay misses; per-sample parts ``1 + margin``
+        times as large. ``None`` without a replay."""
+        runs, segments = self._recorded_fits(), self._segments
+        if segments is None or self._reserved_limit is None or not runs:
             return None
-        batches = sorted(runs)
+        cap, batches = self._reserved_limit - self._replay_cut_bytes, sorted(runs)
         if len(batches) == 1 or not all(runs[b].whole for b in batches[-2:]):
             # A window begins elsewhere in the cell's loop than a whole run: it cannot be paired with one.
-            failure = self.paired_failure()
-            paired = self._with_failure(failure, margin) if failure is not None else None
+            paired = self._with_failure(self.paired_failure(), margin)
             if paired is not None:
                 return paired
             run = runs[batches[-1]]
-            return fitting.fitting_from_one(self._events_from(run), batches[-1], self._segments,
-                                           self._reserved_limit - self._replay_cut_bytes,
-                                           batch_independent=self._one_run_fixed(run), margin=margin,
-                                           released=self._released_keys())
+            return fitting.fitting_from_one(self._events_from(run), batches[-1], segments, cap, margin=margin,
+                                           batch_independent=self._one_run_fixed(run), released=self._released_keys())
         low, high = batches[-2], batches[-1]
-        segments = self._segments
         under = self._paired((runs[low], runs[high], segments), lambda: fitting.paired_fittings(
             self._events_from(runs[low]), low, self._events_from(runs[high]), high, segments, self._released_keys()))
-        return None if under is None else under(self._reserved_limit - self._replay_cut_bytes, margin)
+        return None if under is None else under(cap, margin)
 
-    def _paired(self, runs: tuple[object, ...],
-                pair: Callable[[], Callable[[int, float], fitting.Fitting] | None]
-                ) -> Callable[[int, float], fitting.Fitting] | None:
+    def _paired(self, runs: tuple[object, ...], pair: Callable[[], _Pairing | None]) -> _Pairing | None:
         """``pair()``, kept while the same recorded runs and segments (``runs``, by identity) are asked for."""
         if self._paired_runs is None or any(a is not b for a, b in zip(self._paired_runs[0], runs)):
             self._paired_runs = (runs, pair())
@@ -178,15 +170,15 @@ class Tries:
         if self._paired_for is not None and self._paired_for[0] == known:
             return self._paired_for[1]
         failure = self._failed_recording()
-        exact = self._with_failure(failure, 0.0) if failure is not None else None
+        exact = self._with_failure(failure, 0.0)
         paired = failure if exact is not None and failure is not None and not exact.fits(failure.batch) else None
         self._paired_for = (known, paired)
         return paired
 
-    def _with_failure(self, failure: Attempt, margin: float) -> fitting.Fitting | None:
+    def _with_failure(self, failure: Attempt | None, margin: float) -> fitting.Fitting | None:
         """The replay of the one recorded run that fitted with ``failure``'s requests up to the one that raised."""
         runs = self._recorded_fits()
-        if len(runs) != 1 or failure.observation.recorded is None:
+        if failure is None or len(runs) != 1 or failure.observation.recorded is None:
             return None
         (batch, run), = runs.items()
         if not run.whole or self._segments is None or self._reserved_limit is None:
@@ -209,8 +201,7 @@ class Tries:
                 if a.fitted and a.observation.recorded is not None}
 
     def _one_run_fixed(self, run: RecordedRun) -> frozenset[int]:
-        """Keys of one run's requests taken as batch-independent: its optimizer steps', and what
-        ``batch_independent_requests`` reads from sizes and lifetimes."""
+        """Keys of one run's requests taken as batch-independent: its steps' and ``batch_independent_requests``'s."""
         if self.fixed is None:
             return made_in_steps(run.events, run.steps) | run.carried
         return batch_independent_requests(run.events, {key for _, key in run.left}, self.fixed, run.steps) | run.carried
@@ -227,17 +218,15 @@ class Tries:
         return None if found is None else found.largest(max(self.smallest_failed - 1, 1))
 
     def growth(self) -> Growth | None:
-        """The line the fitted tries give for a try starting at ``level_bytes`` (``None``: none measured). One
-        point bounds the slope by its peak above its own start over its batch; two or more are fitted from
-        the reference, where state an earlier try made after its peak (Adam's moments) steepens the line,
-        erring toward batches that fit; raised by what the next try starts with above the anchor's."""
+        """The line the fitted tries give for a try starting at ``level_bytes`` (``None``: none measured): from one
+        batch through its peak above its start and what every phase holds (``through_fixed``), from more fitted from
+        the reference (erring toward batches that fit); raised by what the next try starts with above the anchor's."""
         fitted = [a for a in self.attempts if a.fitted and a.observation.peak_bytes is not None]
         if not fitted:
             return None
         if self._one_batch_measured():
             top = max(fitted, key=lambda a: a.observation.peak_bytes or 0)
             own = float(top.observation.peak_bytes or 0) - top.observation.start_bytes
-            # Every phase after the model is built holds its parameters (``line.through_fixed``).
             held = 0.0 if self.fixed is None else float(self.fixed.surely_held_bytes)
             growth = through_fixed(top.batch, max(own, 0.0), held).raised(self.level_bytes)
         else:
@@ -307,13 +296,10 @@ class BatchSearch(Tries):
 
     def next(self) -> int | None:
         """The batch to try next; ``None`` once the search has ended (``stopped`` says why)."""
-        if self.stopped is not None:
-            return None
-        choice = self._choose()
+        choice = self._choose() if self.stopped is None else None
         if choice is None:
             return None
-        self._pending = choice
-        self.reason = choice.reason
+        self._pending, self.reason = choice, choice.reason
         return choice.batch
 
     def record(self, batch: int, observation: Observation) -> Attempt:
@@ -323,8 +309,7 @@ class BatchSearch(Tries):
         reason = pending.reason if pending is not None else "chosen by the caller"
         predicted = pending.predicted_peak if pending is not None else None
         if not observation.fitted and pending is not None and self._chosen_by_replay:
-            # The replay said it fits: what PyTorch could not use when it failed (where it held none, the
-            # allocation that failed) is what the replay did not see; the next plays under a cap that much lower.
+            # The replay said it fits: it missed what PyTorch could not use (where none, the allocation that failed).
             held = observation.held_bytes or 0
             missed = observation.stuck_bytes or max((observation.need_bytes or held) - held, 0)
             self._replay_cut_bytes = max(self._replay_cut_bytes, missed)
@@ -335,7 +320,6 @@ class BatchSearch(Tries):
         elif not observation.fitted and predicted is not None:
             self._contradicted(predicted, observation)
         if observation.recorded is not None:
-            # Where its run began: the values the cell binds again, and what the put-back held until its step.
             observation = replace(observation, recorded=replace(observation.recorded, remade=self._remade,
                                                                  released=self._released))
         attempt = Attempt(batch, observation, reason)
@@ -360,7 +344,6 @@ class BatchSearch(Tries):
             choice = rule(known)
             if choice is not None:
                 self.rule = rule.__name__
-                # Between the largest that fitted and the smallest that failed, of which there is one.
                 return choice._replace(batch=min(max(choice.batch, low + 1), high - 1))
         self.stop(f"{known.how}: {low}, which fitted, is the largest batch predicted to fit")
         return None
@@ -395,13 +378,12 @@ class BatchSearch(Tries):
             if paired is not None:
                 how = (f"the allocator's replay of the tries, with the requests of the one that failed at "
                        f"{paired.batch} up to its failure, fits up to {replayed}{_REPLAY_ALLOWANCE}")
-            if self._replay_cut_bytes and paired is None:
-                # A batch the replay said fits did not: the larger of the replay under the lowered cap and
-                # the failure less BELOW_A_REPLAYED_FAILURE.
+            elif self._replay_cut_bytes:  # a batch the replay said fits failed
                 near = int(self.smallest_failed * (1 - BELOW_A_REPLAYED_FAILURE))
                 if near > predicted:
                     predicted = near
-                    how = f"{self.smallest_failed}, which the allocator's replay said fits, failed: {near} is 10% below it"
+                    how = (f"{self.smallest_failed}, which the allocator's replay said fits, failed: "
+                           f"{near} is 10% below it")
         else:
             predicted = growth.largest_batch(self._target(growth, self.margin), sure=True)
             if self._one_batch_measured():
@@ -446,8 +428,7 @@ class BatchSearch(Tries):
         if observation.need_bytes is not None:
             failed_at = min(failed_at, float(observation.need_bytes))
         floor = float(held) if held is not None else failed_at * (1 - 4 * self.margin)
-        estimate = (floor + failed_at) / 2
-        self._usable_bytes = min(self.usable_bytes, estimate)
+        self._usable_bytes = min(self.usable_bytes, (floor + failed_at) / 2)
 
 
 class Known:
@@ -510,8 +491,7 @@ def probe(known: Known) -> Choice | None:
     search = known.search
     if known.growth is not None or known.low:
         return None
-    failed_tries = sum(1 for a in search.attempts if not a.fitted)
-    divisor = FIRST_PROBE_DIVISOR if failed_tries == 0 else AGAIN_PROBE_DIVISOR
+    divisor = AGAIN_PROBE_DIVISOR if any(not a.fitted for a in search.attempts) else FIRST_PROBE_DIVISOR
     need = max((n for b, n in search._failed_points() if b == known.high), default=0.0)
     scale = min(1.0, search.budget_bytes / need) if need else 1.0
     batch = max(int(known.high * scale / divisor), 1)
