@@ -307,7 +307,6 @@ class BatchSearch(Tries):
         pending = self._pending if self._pending is not None and self._pending.batch == batch else None
         self._pending = None
         reason = pending.reason if pending is not None else "chosen by the caller"
-        predicted = pending.predicted_peak if pending is not None else None
         if not observation.fitted and pending is not None and self._chosen_by_replay:
             # The replay said it fits: it missed what PyTorch could not use (where none, the allocation that failed).
             held = observation.held_bytes or 0
@@ -317,8 +316,8 @@ class BatchSearch(Tries):
             # Not the line's error: fragments of the try's own tensors steepen the line, as the failed cell's do.
             self._stuck_per_sample = max(self._stuck_per_sample, float(observation.stuck_bytes or 0) / batch)
             self._contradictions += 1
-        elif not observation.fitted and predicted is not None:
-            self._contradicted(predicted, observation)
+        elif not observation.fitted and pending is not None and pending.predicted_peak is not None:
+            self._contradicted(pending.predicted_peak, observation)
         if observation.recorded is not None:
             observation = replace(observation, recorded=replace(observation.recorded, remade=self._remade,
                                                                  released=self._released))

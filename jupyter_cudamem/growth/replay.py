@@ -220,8 +220,8 @@ class Allocator:
         free_kind, try_kind, alloc_kind = FREE, TRY, ALLOC
         min_block, small_request = MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES
         take_live = live.pop
-        small_segment, mid_request, mid_segment, large_round = (SMALL_SEGMENT_BYTES, MID_REQUEST_BYTES, MID_SEGMENT_BYTES,
-                                                                LARGE_ROUND_BYTES)
+        small_segment, mid_request = SMALL_SEGMENT_BYTES, MID_REQUEST_BYTES
+        mid_segment, large_round = MID_SEGMENT_BYTES, LARGE_ROUND_BYTES
         for index, (kind, key, requested, stream) in enumerate(events):
             if kind == free_kind:
                 freed = take_live(key, None)
@@ -380,7 +380,6 @@ def held_elsewhere(events: Sequence[Event], left: Sequence[tuple[int, int]],
     """``events`` without the allocations the run made and left (``left``, ``(address, key)``) that ``start``
     still holds at that address in a block of that request's size (``same_block``): what it made once and
     kept (AdamW's state, gradients) is in the next try's segments already, and would be counted twice.
-
     ``remade``: addresses ``start`` holds for values the cell binds again with no binding in the run to go
     by: made anew, the old one freed right after. ``let_go``: addresses ``start`` holds that the run lets go
     (``RecordedRun.events_from``): what the run left at them is made anew."""
@@ -453,9 +452,8 @@ def with_keys(events: Sequence[Event], keys: Mapping[int, int | None]) -> list[E
 
 @dataclass(frozen=True)
 class RecordedRun:
-    """One rerun as the replay reads it: the segments it started from, its events, and what it left
-    allocated as ``(address, key)``. ``whole`` is false for a window of a run longer than the history
-    kept (``reruns.recording``)."""
+    """One rerun as the replay reads it: its start, its events, and what it left allocated as ``(address, key)``.
+    ``whole`` is false for a window of a run longer than the history kept (``reruns.recording``)."""
 
     start: tuple[StartSegment, ...]
     events: tuple[Event, ...]
