@@ -450,7 +450,7 @@ def _made_in_place(events: Sequence[Event], held: Mapping[int, int], left: Mappi
     """For each start block ``events`` free (``held``: bytes by key), the block of ``left`` (bytes by key)
     made in its place (``None``: none): the one made right before its free (``replay.held_elsewhere``), else
     the last left of its size (a loop's last gradients), else the one a loop left in its last iteration,
-    else the first unclaimed."""
+    else the first unclaimed of its pool."""
     unclaimed: dict[int, list[int]] = {}
     for key, size in left.items():
         unclaimed.setdefault(size, []).append(key)
@@ -468,10 +468,13 @@ def _made_in_place(events: Sequence[Event], held: Mapping[int, int], left: Mappi
         partner[key] = made
         if made is not None:
             unclaimed[left[made]].remove(made)
-    # The rest in order: a block whose size the line changed (a first step's state on a line) is the one
-    # made in its place as often as not, and holding both would count it twice.
-    rest = iter(sorted(key for keys in unclaimed.values() for key in keys))
-    partner.update({key: next(rest, None) for key, made in partner.items() if made is None})
+    # The rest in order, each of its pool: a block whose size the line changed (a first step's state on a
+    # line) is the one made in its place as often as not, and holding both would count it twice; a block of
+    # the other pool is another value (a library's workspace the run made, which the next run keeps).
+    rest = {small: iter(sorted(key for size, keys in unclaimed.items() if (size <= SMALL_REQUEST_BYTES) == small
+                               for key in keys)) for small in (False, True)}
+    partner.update({key: next(rest[held[key] <= SMALL_REQUEST_BYTES], None)
+                    for key, made in partner.items() if made is None})
     return partner
 
 

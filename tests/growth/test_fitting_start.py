@@ -82,3 +82,18 @@ def test_the_next_run_frees_the_last_gradients_the_run_left_not_the_state_of_the
     again = next_run(events, held)
     assert (FREE, _CARRIED - 4, 0, 0) in again and (FREE, _CARRIED - 2, 0, 0) not in again
     assert (ALLOC, 2, grad, 0) not in again  # the state stays, not made again
+
+
+def test_a_workspace_the_run_made_stays_for_the_next_run_not_made_in_place_of_a_small_block():
+    """A run frees a small start block that nothing of its size replaces, and makes a library's workspace
+    (a large block, cuBLAS's after the reruns renewed it) that it keeps. The next run keeps the workspace:
+    a block of the other pool is another value, so it is not freed where the small one was and made again."""
+    held = {-1: 512}
+    workspace = 32 * MiB
+    events = [(FREE, -1, 0, 0),                  # a small value the cell binds again, nothing made first
+              (ALLOC, 0, 1200 * MiB, 0),         # an activation
+              (ALLOC, 1, workspace, 0),          # the workspace, made at the first matmul and kept
+              (FREE, 0, 0, 0)]
+    again = next_run(events, held)
+    assert (ALLOC, 1, workspace, 0) not in again and (FREE, _CARRIED - 1, 0, 0) not in again
+    assert again == [(ALLOC, 0, 1200 * MiB, 0), (FREE, 0, 0, 0)]
