@@ -90,18 +90,23 @@ class Tries:
 
     @property
     def answer(self) -> int | None:
-        """The largest batch that fitted, unless its own run, replayed as the next runs make it, runs out of
-        memory (a try proves one run): then the larger of the largest below it that its requests keep
-        fitting (``fitting_from_one``) and the largest other try whose own run keeps fitting."""
-        best, runs, cap = self.best, self._recorded_fits(), self._reserved_limit
-        run = runs.get(best) if best is not None else None
-        if best is None or run is None or not run.whole or cap is None or fitting.keeps_fitting(run, cap):
-            return best
-        scaled = fitting.fitting_from_one(run.events_from(run.start, run.remade, run.released), best,
+        """The largest batch that fitted, as ``kept`` judges it (a try proves one run)."""
+        return None if self.best is None else self.kept(self.best)
+
+    def kept(self, batch: int) -> int:
+        """``batch`` where its recorded run, replayed as the next runs make it, keeps fitting (or cannot be
+        judged); else the larger of the largest below it that its requests keep fitting (``fitting_from_one``)
+        and the largest other try below it whose own run keeps fitting."""
+        runs, cap = self._recorded_fits(), self._reserved_limit
+        run = runs.get(batch)
+        if run is None or not run.whole or cap is None or fitting.keeps_fitting(run, cap):
+            return batch
+        scaled = fitting.fitting_from_one(run.events_from(run.start, run.remade, run.released), batch,
                                           run.start, cap, batch_independent=self._one_run_fixed(run),
                                           released=run.released_keys)
-        held = [batch for batch, other in runs.items() if batch < best and fitting.keeps_fitting(other, cap)]
-        return max([scaled.largest(best - 1) if scaled is not None else 0, *held])
+        held = [other_batch for other_batch, other in runs.items()
+                if other_batch < batch and fitting.keeps_fitting(other, cap)]
+        return max([scaled.largest(batch - 1) if scaled is not None else 0, *held])
 
     @property
     def smallest_failed(self) -> int:

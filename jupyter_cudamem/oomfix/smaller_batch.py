@@ -98,7 +98,7 @@ class SmallerBatch:
             best = settled
         replayed = None  # the batch reported where no try ran it
         if answer < found:
-            best, found = self._below_the_last_fit(best, found, answer, device)
+            best, found = self._below_the_last_fit(best, found, answer, device, search)
             replayed = found if found != best.batch else None
         if replayed is None and found == answer:  # else the replay says it does not keep fitting: no proof to claim
             self.runs.notes.append(steady_note(best))
@@ -193,18 +193,27 @@ class SmallerBatch:
                 return rerun
         return best
 
-    def _below_the_last_fit(self, best: TryResult, found: int, answer: int, device: int) -> tuple[TryResult, int]:
+    def _below_the_last_fit(self, best: TryResult, found: int, answer: int, device: int,
+                            search: BatchSearch) -> tuple[TryResult, int]:
         """``best`` fitted, but its own run, replayed as the next runs make it, does not keep fitting and
         ``answer`` does: rerun at ``answer`` where a rerun is left (it holds what ``best``'s run left, as the
-        next run will); else ``answer`` is reported as the replay's. The try that proves the batch, and the batch."""
-        self.runs.notes.append(
-            f"rerun #{best.number} at {found} fitted once, but its own requests, replayed run after run as "
-            f"your next runs make them, run out of memory: {answer} keeps fitting in that replay")
+        next run will), itself judged so (``Tries.kept``); else ``answer`` is reported as the replay's. The
+        try that proves the batch, and the batch."""
+        self.runs.notes.append(_not_kept_note(best, found, answer))
         if self.runs.left() > 0:
+            self._tell_allocator(search, device)
             confirm = self.runs.run(Strategy.BATCH, self.change.apply(answer), f"{answer}, which the replay of rerun "
                                     f"#{best.number}'s own run keeps fitting", device, batch=answer)
             if confirm.fitted:
-                return confirm, answer
+                search.record(answer, confirm.observation())
+                lower = search.kept(answer)
+                if not 0 < lower < answer:
+                    return confirm, answer
+                # Its own run, from where it began (where the larger try's run left the allocator), does not
+                # keep fitting either: the next runs begin where it ends.
+                self.runs.notes.append(_not_kept_note(confirm, answer, lower))
+                self._put_back_now()
+                return confirm, lower
             self._put_back_now()
             self.change.apply(found)
             return best, found
@@ -215,6 +224,11 @@ class SmallerBatch:
         if self.put_back is not None:
             self.put_back()
             self._put_back_after = len(self.runs.tries)
+
+
+def _not_kept_note(fitted: TryResult, batch: int, lower: int) -> str:
+    return (f"rerun #{fitted.number} at {batch} fitted once, but its own requests, replayed run after run as your "
+            f"next runs make them, run out of memory: {lower} keeps fitting in that replay")
 
 
 def steady_note(best: TryResult) -> str:

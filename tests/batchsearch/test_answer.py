@@ -60,3 +60,21 @@ def test_a_recorded_run_keeps_where_it_began_the_values_bound_again_and_the_stat
     attempt = search.record(60, Observation(True, peak_bytes=90 * MiB, recorded=RecordedRun(START, ())))
     recorded = attempt.observation.recorded
     assert recorded is not None and recorded.remade == remade and recorded.released == released
+
+
+
+
+def test_a_confirming_rerun_below_the_answer_is_judged_by_its_own_run():
+    # 60 makes its new output while the old is bound: by its requests, about 50 keeps fitting (two outputs).
+    search = search_after([(ALLOC, 0, 60 * MiB, 0), (FREE, -1, 0, 0)])
+    assert 49 <= search.answer <= 50
+    # The rerun at 50 that confirms it also makes a 10 MiB workspace it keeps: its next run holds it, the
+    # old output and the new one, 110 MiB. By its own requests (the workspace scaled with the batch, erring
+    # small: under 10 MiB, in a 20 MiB segment of its own) 40 keeps fitting (20 + 40 + 40 MiB reserved).
+    search.record(50, Observation(True, peak_bytes=60 * MiB, recorded=RecordedRun(
+        START, ((ALLOC, 1, 10 * MiB, 0), (ALLOC, 0, 50 * MiB, 0), (FREE, -1, 0, 0)))))
+    assert search.kept(50) == 40 and search.kept(60) == search.answer
+    # A try below it whose own run keeps fitting is the least it is; a run that keeps fitting is kept whole.
+    search.record(47, Observation(True, peak_bytes=77 * MiB,
+                                  recorded=RecordedRun(START, ((FREE, -1, 0, 0), (ALLOC, 0, 47 * MiB, 0)))))
+    assert search.kept(50) == 47 and search.kept(47) == 47

@@ -762,3 +762,36 @@ def test_a_batch_whose_own_run_does_not_keep_fitting_is_not_reported(monkeypatch
         assert any("run the fixed cell to get its results" in note for note in outcome.notes)
         what_fixed = outcome.lead()[1]
         assert f"Fixed with batch {outcome.batch_after}" in what_fixed and "replay of its own requests" in what_fixed
+
+
+def test_a_confirming_rerun_whose_own_run_does_not_keep_fitting_is_not_reported_either(monkeypatch):
+    # The rerun at the batch the replay of the last fit gave (2 below it) fitted once, but the replay of its
+    # own run, from where it began (after the larger try's run), says 3 less keeps fitting: that batch is
+    # reported, as the replay's, with both runs' notes, and the cell is for the user to run.
+    monkeypatch.setattr(BatchSearch, "answer", property(lambda search: (search.best or 0) - 2 if search.best else None))
+    monkeypatch.setattr(BatchSearch, "kept", lambda search, batch: batch - 3)
+    choose = BatchSearch._choose
+
+    def ending_after_two(search):
+        if len(search.attempts) >= 2:
+            search.stop("the test's end")
+            return None
+        return choose(search)
+
+    monkeypatch.setattr(BatchSearch, "_choose", ending_after_two)
+    machine, cell, namespace, run, driver, cleanups = setup()
+    true_max = cell.largest_fitting(20000)
+    source = TRAINING_CELL.format(batch=8 * true_max)
+    outcome = driver.fix(read_cell(source), fail_first(run, source), namespace, freed_bytes=0)
+    searched = max(t.batch for t in outcome.tries[:2] if t.fitted and t.batch)
+    last = outcome.tries[-1]
+    assert last.fitted and last.batch == searched - 2 and len(outcome.tries) == 3
+    assert outcome.fitted and outcome.batch_after == searched - 5
+    assert outcome.fixed_source == source.replace(str(8 * true_max), str(searched - 5))
+    kept = [note for note in outcome.notes if "keeps fitting in that replay" in note]
+    assert kept == [f"rerun #2 at {searched} fitted once, but its own requests, replayed run after run as your next "
+                    f"runs make them, run out of memory: {searched - 2} keeps fitting in that replay",
+                    f"rerun #3 at {searched - 2} fitted once, but its own requests, replayed run after run as your "
+                    f"next runs make them, run out of memory: {searched - 5} keeps fitting in that replay"]
+    assert any("run the fixed cell to get its results" in note for note in outcome.notes)
+    assert "replay of its own requests" in outcome.lead()[1]
