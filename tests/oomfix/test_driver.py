@@ -729,11 +729,9 @@ def test_what_does_not_grow_counts_only_the_parameters_the_cell_trains():
     assert read == {id(p) for p in model.parameters()} | {id(opt)}
 
 
-@pytest.mark.parametrize("search_tries", [3, 2])
-def test_a_batch_whose_own_run_does_not_keep_fitting_is_not_reported(monkeypatch, search_tries):
-    # The replay of the last fitted try's own run (``Tries.answer``) says a batch 2 below it keeps fitting:
-    # where the search ends with a rerun left, that batch is rerun (and is what the kernel holds); without
-    # one, it is reported as the replay's, not as fitted, and the cell is for the user to run.
+def _fixed_with_the_answer_below_the_best(monkeypatch, search_tries: int):
+    """The training cell fixed with the search ended after ``search_tries`` and its answer 2 below the
+    largest batch that fitted: the outcome, the namespace, the cell as written, its batch and that largest."""
     monkeypatch.setattr(BatchSearch, "answer", property(lambda search: (search.best or 0) - 2 if search.best else None))
     choose = BatchSearch._choose
 
@@ -745,12 +743,21 @@ def test_a_batch_whose_own_run_does_not_keep_fitting_is_not_reported(monkeypatch
 
     monkeypatch.setattr(BatchSearch, "_choose", ending_after)
     machine, cell, namespace, run, driver, cleanups = setup()
-    true_max = cell.largest_fitting(20000)
-    source = TRAINING_CELL.format(batch=8 * true_max)
+    written = 8 * cell.largest_fitting(20000)
+    source = TRAINING_CELL.format(batch=written)
     outcome = driver.fix(read_cell(source), fail_first(run, source), namespace, freed_bytes=0)
     searched = max(t.batch for t in outcome.tries[:search_tries] if t.fitted and t.batch)
+    return outcome, namespace, source, written, searched
+
+
+@pytest.mark.parametrize("search_tries", [3, 2])
+def test_a_batch_whose_own_run_does_not_keep_fitting_is_not_reported(monkeypatch, search_tries):
+    # The replay of the last fitted try's own run (``Tries.answer``) says a batch 2 below it keeps fitting:
+    # where the search ends with a rerun left, that batch is rerun (and is what the kernel holds); without
+    # one, it is reported as the replay's, not as fitted, and the cell is for the user to run.
+    outcome, namespace, source, written, searched = _fixed_with_the_answer_below_the_best(monkeypatch, search_tries)
     assert outcome.fitted and outcome.batch_after == searched - 2
-    assert outcome.fixed_source == source.replace(str(8 * true_max), str(outcome.batch_after))
+    assert outcome.fixed_source == source.replace(str(written), str(outcome.batch_after))
     assert any("keeps fitting in that replay" in note for note in outcome.notes)
     last = outcome.tries[-1]
     if search_tries == 2:  # the rerun left proves it, and the kernel holds its run
@@ -768,26 +775,12 @@ def test_a_confirming_rerun_whose_own_run_does_not_keep_fitting_is_not_reported_
     # The rerun at the batch the replay of the last fit gave (2 below it) fitted once, but the replay of its
     # own run, from where it began (after the larger try's run), says 3 less keeps fitting: that batch is
     # reported, as the replay's, with both runs' notes, and the cell is for the user to run.
-    monkeypatch.setattr(BatchSearch, "answer", property(lambda search: (search.best or 0) - 2 if search.best else None))
     monkeypatch.setattr(BatchSearch, "kept", lambda search, batch: batch - 3)
-    choose = BatchSearch._choose
-
-    def ending_after_two(search):
-        if len(search.attempts) >= 2:
-            search.stop("the test's end")
-            return None
-        return choose(search)
-
-    monkeypatch.setattr(BatchSearch, "_choose", ending_after_two)
-    machine, cell, namespace, run, driver, cleanups = setup()
-    true_max = cell.largest_fitting(20000)
-    source = TRAINING_CELL.format(batch=8 * true_max)
-    outcome = driver.fix(read_cell(source), fail_first(run, source), namespace, freed_bytes=0)
-    searched = max(t.batch for t in outcome.tries[:2] if t.fitted and t.batch)
+    outcome, _, source, written, searched = _fixed_with_the_answer_below_the_best(monkeypatch, 2)
     last = outcome.tries[-1]
     assert last.fitted and last.batch == searched - 2 and len(outcome.tries) == 3
     assert outcome.fitted and outcome.batch_after == searched - 5
-    assert outcome.fixed_source == source.replace(str(8 * true_max), str(searched - 5))
+    assert outcome.fixed_source == source.replace(str(written), str(searched - 5))
     kept = [note for note in outcome.notes if "keeps fitting in that replay" in note]
     assert kept == [f"rerun #2 at {searched} fitted once, but its own requests, replayed run after run as your next "
                     f"runs make them, run out of memory: {searched - 2} keeps fitting in that replay",
