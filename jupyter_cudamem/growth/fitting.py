@@ -471,10 +471,11 @@ def _made_in_place(events: Sequence[Event], held: Mapping[int, int], left: Mappi
     # The rest in order, each of its pool: a block whose size the line changed (a first step's state on a
     # line) is the one made in its place as often as not, and holding both would count it twice; a block of
     # the other pool is another value (a library's workspace the run made, which the next run keeps).
-    rest = {small: iter(sorted(key for size, keys in unclaimed.items() if (size <= SMALL_REQUEST_BYTES) == small
-                               for key in keys)) for small in (False, True)}
-    partner.update({key: next(rest[held[key] <= SMALL_REQUEST_BYTES], None)
-                    for key, made in partner.items() if made is None})
+    missing = [key for key, made in partner.items() if made is None]
+    if missing:  # most runs of a search have none: the leftovers are not sorted for nothing
+        rest = {small: iter(sorted(key for size, keys in unclaimed.items() if (size <= SMALL_REQUEST_BYTES) == small
+                                   for key in keys)) for small in (False, True)}
+        partner.update({key: next(rest[held[key] <= SMALL_REQUEST_BYTES], None) for key in missing})
     return partner
 
 
