@@ -13,18 +13,11 @@ from tests.notebook_runner import gpu_notebook_module
 
 torch, pytestmark = gpu_notebook_module()
 
+from benchmarks.oomfix import WORKLOADS  # noqa: E402
 from tests.gpu.test_oomfix_gpu import SETUP, STEADY_RUNS, cap, errors_of, execute, last_json, text_of  # noqa: E402
 
-MLP_CELL = """batch_size = 3673600
-mlp = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
-                    nn.Linear(4096, 10)).cuda()
-opt = torch.optim.Adam(mlp.parameters(), lr=1e-3)
-x = torch.randn(batch_size, 1024, device="cuda")
-y = torch.randint(0, 10, (batch_size,), device="cuda")
-loss = nn.functional.cross_entropy(mlp(x), y)
-loss.backward()
-opt.step()
-"""
+MLP = next(workload for workload in WORKLOADS if workload.name == "mlp_builds_own_model")
+FAILED_BATCH = 50 * 73472  # 50 times the steady largest batch the sweep measured (``oomfix_oracles.json``)
 
 REPORT = """print(json.dumps({"batch": _fix.batch_after, "tries": [[t.batch, t.fitted] for t in _fix.tries]}))"""
 
@@ -36,10 +29,11 @@ if _ran.error_in_exec is not None:
 
 
 def test_the_fixed_cell_keeps_fitting_when_run_again_and_again():
-    outputs = execute([SETUP + cap(6), MLP_CELL, "_fix = %oomfix --yes -o", REPORT] + [NEXT_RUN] * STEADY_RUNS,
-                      timeout=600)
-    setup, failed, fixed, report, *next_runs = outputs
-    assert errors_of(setup) == [] and errors_of(failed) == ["OutOfMemoryError"], text_of(failed)
+    prelude = "\n".join(MLP.setup_cells("cuda"))
+    outputs = execute([SETUP + cap(6), prelude, MLP.cell_at(FAILED_BATCH, "cuda"), "_fix = %oomfix --yes -o", REPORT]
+                      + [NEXT_RUN] * STEADY_RUNS, timeout=600)
+    setup, built, failed, fixed, report, *next_runs = outputs
+    assert errors_of(setup) == errors_of(built) == [] and errors_of(failed) == ["OutOfMemoryError"], text_of(failed)
     result = last_json(report)
-    assert 0 < result["batch"] < 3673600 and len(result["tries"]) <= 3, (result, text_of(fixed))
+    assert 0 < result["batch"] < FAILED_BATCH and len(result["tries"]) <= 3, (result, text_of(fixed))
     assert [errors_of(run) for run in next_runs] == [[]] * STEADY_RUNS, (result, text_of(fixed))
