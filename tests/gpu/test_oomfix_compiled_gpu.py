@@ -76,7 +76,7 @@ print("RESULT " + json.dumps(result))
 def test_a_compiled_model_trained_in_the_failing_cell(mode):
     model = MODEL.format(mode="" if mode == "default" else f", mode={mode!r}")
     last = LAST if mode == "default" else LAST_WITHOUT_PROBE
-    text, result = fixed([SETUP, ENCODER, model, FAILING, "outcome = %oomfix --yes -o", last], failing=3)
+    text, result = fixed([SETUP, ENCODER, model, FAILING, "outcome = %oomfix --yes --verbose -o", last], failing=3)
     print(mode, result["tries"], "above what was found:", result["above"])
     print(text)
     assert result["compiled"] == "OptimizedModule", result

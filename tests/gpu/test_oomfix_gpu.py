@@ -161,7 +161,7 @@ def _fixed_by_oomfix(training_cell: str, written_batch: int) -> None:
     assert "UsageError" in refusal and "add --yes" in refusal and "Traceback" not in refusal, refusal
     report = text_of(fixed)
     assert errors_of(fixed) == [], report
-    assert "%oomfix: fits with batch" in report, report
+    assert "Fixed with batch" in report, report  # the lead's second line
     result = last_json(check)
     assert 0 < result["trained_batch"] < written_batch, report
 
@@ -188,13 +188,13 @@ MATMUL_CELL = "outs = [a @ a for _ in range(16)]\n"
 
 
 def test_autocast_fixes_a_cell_whose_batch_cannot_shrink():
-    outputs = execute([SETUP, AUTOCAST_SETUP, MATMUL_CELL, "%oomfix --yes --apply",
+    outputs = execute([SETUP, AUTOCAST_SETUP, MATMUL_CELL, "%oomfix --yes --apply --verbose",
                        "print(json.dumps({'dtype': str(outs[0].dtype), 'n': len(outs)}))"])
     setup, capped, failed, fixed, check = outputs
     assert errors_of(setup) == [] and errors_of(capped) == [], text_of(setup) + text_of(capped)
     assert errors_of(failed) == ["OutOfMemoryError"], text_of(failed)
     report = text_of(fixed)
     assert errors_of(fixed) == [], report
-    assert "fits under autocast" in report and "no batch size in the cell" in report, report
+    assert "Fixed under torch.autocast" in report and "no batch size in the cell" in report, report
     result = last_json(check)
     assert result["n"] == 16 and result["dtype"] in ("torch.bfloat16", "torch.float16")

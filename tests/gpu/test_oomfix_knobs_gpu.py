@@ -43,7 +43,7 @@ def fixed(cells: list[str], failing: int) -> tuple[str, dict]:
     outputs = notebook.cells
     assert "OutOfMemoryError" in text_of(outputs[failing]), text_of(outputs[failing])
     report = text_of(outputs[failing + 1])
-    assert "%oomfix: fits with batch" in report, report
+    assert "Fixed with batch" in report, report  # the lead's second line
     return report, json_line(outputs[-1])
 
 
@@ -58,7 +58,7 @@ optimizer.zero_grad()
 trained_batch = x.shape[0]
 """
     check = 'print("RESULT " + json.dumps({"batch": config["batch_size"], "trained": trained_batch}))'
-    report, result = fixed([SETUP, config, CNN, failing, "%oomfix --yes", check], failing=3)
+    report, result = fixed([SETUP, config, CNN, failing, "%oomfix --yes --verbose", check], failing=3)
     assert 0 < result["batch"] < 8192 and result["trained"] == result["batch"], report
     assert "--- In[2]" in report and f'+          "batch_size": {result["batch"]}}}' in report, report
 
@@ -82,7 +82,7 @@ trained_batch = x.shape[0]
         'print("RESULT " + json.dumps({"batch": train_loader.batch_size, "trained": trained_batch, '
         '"shuffles": type(train_loader.sampler).__name__, "drop_last": train_loader.drop_last}))'
     )
-    report, result = fixed([SETUP, data, CNN, failing, "%oomfix --yes", check], failing=3)
+    report, result = fixed([SETUP, data, CNN, failing, "%oomfix --yes --verbose", check], failing=3)
     assert 0 < result["batch"] < 4096 and result["trained"] == result["batch"], report
     assert result["shuffles"] == "RandomSampler" and result["drop_last"] is True  # rebuilt with everything else kept
     assert "--- In[2]" in report and f"batch_size={result['batch']}, shuffle=True" in report, report
@@ -112,7 +112,7 @@ trainer = Trainer(model=bert, args=args, train_dataset=RandomTokens())
         'print("RESULT " + json.dumps({"batch": trainer.args.per_device_train_batch_size, '
         '"copied": trainer._train_batch_size, "steps": trainer.state.global_step}))'
     )
-    report, result = fixed([SETUP, model, failing, "%oomfix --yes", check], failing=2)
+    report, result = fixed([SETUP, model, failing, "%oomfix --yes --verbose", check], failing=2)
     assert 0 < result["batch"] < 1024 and result["copied"] == result["batch"], report
     assert result["steps"] == 2, report
     assert "--- In[2]" in report and f"per_device_train_batch_size={result['batch']}" in report, report

@@ -38,7 +38,7 @@ CHECK = (
 @pytest.mark.parametrize("case", list(CELLS))
 def test_inference_over_the_whole_data_keeps_every_row(case):
     # 65,536 rows through a 4096-wide hidden layer with autograd on: over 2 GiB of activations, under a 2 GiB cap.
-    outputs = execute([SETUP + cap(2) + MODEL, CELLS[case], "%oomfix --yes", CHECK])
+    outputs = execute([SETUP + cap(2) + MODEL, CELLS[case], "%oomfix --yes --verbose", CHECK])
     setup, failed, fixed, check = outputs
     assert errors_of(setup) == [], text_of(setup)
     assert errors_of(failed) == ["OutOfMemoryError"], text_of(failed)
@@ -47,7 +47,7 @@ def test_inference_over_the_whole_data_keeps_every_row(case):
     if result["rows"] is not None:
         # Whatever fixed it, the result covers every row; chunks (not a smaller batch) when the batch did.
         assert result["rows"] == ROWS, report
-        assert "fits" in report, report
+        assert "Fixed with" in report, report
         if "smaller batch" in report:
             assert ".split(" in report and "the batch is the data" in report, report
     else:
@@ -61,7 +61,7 @@ def test_a_result_too_large_for_the_gpu_is_kept_on_the_host():
     model = MODEL + 'wide = nn.Linear(2048, 8192).cuda()\n'
     check = ("print(json.dumps({'rows': logits.shape[0] if 'logits' in globals() else None, "
              "'device': str(logits.device) if 'logits' in globals() else None}))")
-    outputs = execute([SETUP + cap(2) + model, "logits = wide(features_all)\n", "%oomfix --yes", check])
+    outputs = execute([SETUP + cap(2) + model, "logits = wide(features_all)\n", "%oomfix --yes --verbose", check])
     setup, failed, fixed, result_cell = outputs
     assert errors_of(setup) == [], text_of(setup)
     assert errors_of(failed) == ["OutOfMemoryError"], text_of(failed)
@@ -69,4 +69,4 @@ def test_a_result_too_large_for_the_gpu_is_kept_on_the_host():
     result = last_json(result_cell)
     assert result == {"rows": ROWS, "device": "cpu"}, report
     assert "stay on the host" in report and ".cpu()" in report, report
-    assert "fits in chunks of" in report, report
+    assert "Fixed with chunks of" in report, report
