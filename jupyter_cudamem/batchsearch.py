@@ -158,7 +158,8 @@ class Tries:
                                            batch_independent=self._one_run_fixed(run), released=self._released_keys())
         low, high = batches[-2], batches[-1]
         under = self._paired((runs[low], runs[high], segments), lambda: fitting.paired_fittings(
-            self._events_from(runs[low]), low, self._events_from(runs[high]), high, segments, self._released_keys()))
+            self._events_from(runs[low]), low, self._events_from(runs[high]), high, segments, self._released_keys(),
+            self._one_run_fixed(runs[high])))
         return None if under is None else under(cap, margin)
 
     def _paired(self, runs: tuple[object, ...], pair: Callable[[], _Pairing | None]) -> _Pairing | None:

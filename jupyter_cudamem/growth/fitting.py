@@ -168,10 +168,11 @@ class GrowthLines(NamedTuple):
 
 
 def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Event],
-                 batch_second: int) -> GrowthLines:
+                 batch_second: int, batch_independent: Collection[int] = ()) -> GrowthLines:
     """The events of the run at the larger batch (the closer to the batches searched), each request on the
     line through its two sizes (see ``GrowthLines``); one with no partner (an algorithm chosen at this batch
-    only) is taken as proportional to the batch, so the prediction errs towards a smaller batch."""
+    only) is taken as proportional to the batch, so the prediction errs towards a smaller batch, but one of
+    ``batch_independent`` (an optimizer step's, which the smaller run may have skipped) keeps its size."""
     if batch_first > batch_second:
         first, batch_first, second, batch_second = second, batch_second, first, batch_first
     partner = _same_size_left_over(first, second, match(first, batch_first, second, batch_second))
@@ -183,7 +184,9 @@ def growth_lines(first: Sequence[Event], batch_first: int, second: Sequence[Even
             lines.append((kind, key, stream, 0.0, 0.0, 1.0))
             continue
         total += size
-        if index is None:
+        if index is None and key in batch_independent:
+            lines.append((kind, key, stream, float(size), 0.0, 1.0))
+        elif index is None:
             if size > 0:
                 unpaired.append(len(lines))
             lines.append((kind, key, stream, 0.0, size / batch_second, 1.0))
@@ -263,17 +266,18 @@ class Fitting:
 
 
 def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
-                    start: Sequence[StartSegment], released: Collection[int] = ()
-                    ) -> Callable[[int, float], Fitting] | None:
+                    start: Sequence[StartSegment], released: Collection[int] = (),
+                    batch_independent: Collection[int] = ()) -> Callable[[int, float], Fitting] | None:
     """Whether a batch fits under any cap and margin, ``(cap_bytes, margin)``, from two runs' events: paired
     once (a search asks at several margins, a plan at several caps), each call costs only its replays.
     ``None`` where no request pairs (a different program ran) or a run made none. Unpaired requests must
-    fit either way (``_fits_either_way``); ``released``: as in ``next_run``."""
+    fit either way (``_fits_either_way``), but those ``batch_independent`` lists (keys of the larger run, as
+    ``fitting_from_one`` takes them), which keep their size; ``released``: as in ``next_run``."""
     if batch_first == batch_second or min(batch_first, batch_second) <= 0:
         return None
     if not any(kind != FREE for kind, *_ in first) or not any(kind != FREE for kind, *_ in second):
         return None  # a run that allocated nothing was not recorded where the allocations were made
-    lines, share, unpaired = growth_lines(first, batch_first, second, batch_second)
+    lines, share, unpaired = growth_lines(first, batch_first, second, batch_second, batch_independent)
     if share == 0.0:
         return None
     # Only requests with no partner: an exactly proportional pair is a batch's, not to be held fixed.

@@ -111,6 +111,19 @@ def test_an_extra_request_in_one_run_is_taken_as_proportional_to_the_batch():
     assert paired_fittings(first, 10, second, 20, [])(800 * MiB, 0.0).largest() == 100
 
 
+def test_an_extra_request_known_not_to_grow_keeps_its_size():
+    # A loop whose smaller run skipped one optimizer step (GradScaler's first, on an overflow): the larger
+    # run's step made a 200 MiB temporary the smaller never asked for. The step's requests are the
+    # parameters' size at every batch (``growth.line.made_in_steps``), so it keeps its size, as one run's do.
+    first = [("alloc", 0, 6 * 10 * MiB, 0), ("free", 0, 0, 0)]
+    second = [("alloc", 0, 6 * 20 * MiB, 0), ("free", 0, 0, 0), ("alloc", 1, 200 * MiB, 0), ("free", 1, 0, 0)]
+    lines, _, unpaired = growth_lines(first, 10, second, 20, batch_independent={1})
+    assert unpaired == () and lines[2][3:] == (200 * MiB, 0.0, 1.0)
+    assert paired_fittings(first, 10, second, 20, [], batch_independent={1})(600 * MiB, 0.0).largest() == 100
+    # Not known to keep its size, it is taken as 10 MiB a sample, and the largest batch as 60.
+    assert paired_fittings(first, 10, second, 20, [])(600 * MiB, 0.0).largest() == 60
+
+
 def chunked(rows: int, chunk: int) -> list:
     """A cell that runs its model over chunks of ``rows`` rows (8 MiB of work a row, freed each chunk) and
     then joins all rows' results (4 MiB a row: a request of the same size at every chunk size)."""
