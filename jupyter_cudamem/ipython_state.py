@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
+_TRACEBACK_HANDLERS = ("InteractiveTB", "SyntaxTB")  # the shell's printers, each keeping the last traceback as ``tb``
 # IPython's own frames (``run_code``) are cleared too but not worth naming in a report.
 _MACHINERY_MODULES = ("IPython.", "ipykernel.")
 
@@ -291,7 +292,7 @@ def _exception_references(shell: InteractiveShell) -> list[Reference]:
         if value is not None:
             origin = Origin.OUTPUT_CACHE if attribute == "result" else Origin.EXCEPTION
             refs.append(Reference(f"last_execution_result.{attribute}", origin, value))
-    for handler in ("InteractiveTB", "SyntaxTB"):
+    for handler in _TRACEBACK_HANDLERS:
         tb = getattr(getattr(shell, handler, None), "tb", None)
         if tb is not None:
             refs.append(Reference(f"{handler}.tb", Origin.EXCEPTION, tb))
@@ -318,7 +319,7 @@ def _output_references(shell: InteractiveShell, outputs: bool) -> list[Reference
 def ipython_reference_ids(shell: InteractiveShell, outputs: OutputIds | None = None) -> frozenset[int]:
     """The ids of what ``ipython_references`` lists, unnamed (what a snapshot before a cell keeps); the
     output cache's through ``outputs`` where given, which keeps them from call to call."""
-    ids = {id(reference.value) for reference in ipython_references(shell, outputs=False)}
+    ids = _kept_ids(shell)
     cache = _output_cache(shell)
     if cache is None:
         return frozenset(ids)
@@ -327,6 +328,27 @@ def ipython_reference_ids(shell: InteractiveShell, outputs: OutputIds | None = N
         return frozenset(ids)
     kept = outputs.of(cache)
     return kept if ids <= kept else kept | ids  # ``_`` and the last result are outputs: mostly no copy
+
+
+def _kept_ids(shell: InteractiveShell) -> set[int]:
+    """The ids of what ``ipython_references(shell, outputs=False)`` lists, read without making a ``Reference``
+    of each: before every measured cell, where naming them cost more than reading them. The frames are walked
+    only where an exception is kept."""
+    found = vars(sys)  # a dict's get, as ``_exception_references``
+    result = getattr(shell, "last_execution_result", None)
+    errors = (found.get("last_exc"), found.get("last_value"), getattr(result, "error_in_exec", None),
+              getattr(result, "error_before_exec", None))
+    displayhook = getattr(shell, "displayhook", None)
+    values = [*errors, found.get("last_traceback"), getattr(result, "result", None),
+              *(getattr(getattr(shell, handler, None), "tb", None) for handler in _TRACEBACK_HANDLERS)]
+    values += [value for value in (getattr(displayhook, name, None) for name in OUTPUT_CACHE_NAMES)
+               if not isinstance(value, str)]
+    ids = {id(value) for value in values if value is not None}
+    recorder = _recorders.get(id(shell))
+    if errors != (None, None, None, None) or (recorder is not None and recorder.last is not None
+                                              and recorder.last.exception is not None):
+        ids.update(id(reference.value) for reference in _frame_references(_known_exceptions(shell, None)))
+    return ids
 
 
 class OutputIds:

@@ -107,6 +107,31 @@ def test_the_ids_a_snapshot_keeps_are_those_of_every_reference(shell) -> None:
     assert ipython_reference_ids(shell) == {id(ref.value) for ref in refs}
 
 
+def test_the_ids_are_read_alike_in_every_state_ipython_keeps(shell) -> None:
+    # ``ipython_reference_ids`` reads them without naming any: the same ids as the named references, whether
+    # nothing failed, a cell showed a value, only the recorder keeps the failure, or the traceback handlers do.
+    def same() -> None:
+        assert ipython_reference_ids(shell) == {id(ref.value) for ref in ipython_references(shell)}
+
+    run(shell, SETUP)
+    same()
+    run(shell, "model")
+    same()
+    recorder = FailureRecorder()
+    recorder.attach(shell)
+    run(shell, "f(1)")  # an OOM: the recorder keeps the exception
+    assert recorder.last is not None and recorder.last.exception is not None
+    same()
+    for name in ("last_exc", "last_value", "last_traceback", "last_type"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    shell.last_execution_result.error_in_exec = None
+    same()  # the recorder's exception alone, and InteractiveTB.tb
+    shell.InteractiveTB.tb = None
+    recorder.drop_exception()
+    same()
+
+
 def test_release_from_inside_the_next_cell(shell) -> None:
     # What %oomfix does: it runs in the cell after the failure, while that cell's own frames execute.
     recorder = FailureRecorder()
