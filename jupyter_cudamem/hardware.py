@@ -131,6 +131,7 @@ class DeviceMap:
         self.nvml = nvml
         self._environ = os.environ if environ is None else environ
         self._final: list[Device] | None = None
+        self._final_nvml: tuple[int, ...] = ()  # the NVML indexes of ``_final``, read on every measured cell
 
     def _gpus(self) -> list[GpuIdentity]:
         if self.nvml.status() is not None:
@@ -148,11 +149,18 @@ class DeviceMap:
         if self.allocator.is_initialized() and self.allocator.status() is None:
             torch_devices = [self.allocator.device(i) for i in range(self.allocator.device_count())]
             self._final = match_devices(torch_devices, gpus, visible)
+            self._final_nvml = tuple(d.nvml_index for d in self._final if d.nvml_index is not None)
             return list(self._final)
         return [
             Device(torch_index=None, nvml_index=g.nvml_index, name=g.name, uuid=g.uuid, total_bytes=g.total_bytes)
             for g in visible_gpus(gpus, visible)
         ]
+
+    def nvml_indexes(self) -> tuple[int, ...]:
+        """The NVML indexes of ``devices()`` that have one (twice a measured cell: kept once the map is final)."""
+        if self._final is not None:
+            return self._final_nvml
+        return tuple(d.nvml_index for d in self.devices() if d.nvml_index is not None)
 
     def torch_device_count(self) -> int:
         """How many ``cuda:N`` exist, without initialising CUDA (``device_count`` does not)."""
@@ -179,6 +187,8 @@ class Hardware:
 
     def unavailable(self) -> list[str]:
         """One line for each source that cannot measure here, saying why."""
+        if self.allocator.status() is None and self.nvml.status() is None:  # as every measured cell finds it
+            return []
         reasons = []
         for source in (self.allocator, self.nvml):
             reason = source.status()

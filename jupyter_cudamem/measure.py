@@ -216,16 +216,13 @@ class Meter:
                 raise CudaMemError(f"no CUDA device {index}: this process sees {count} ({known}); pass --device 0..{max(count - 1, 0)}")
 
     # -- reading ---------------------------------------------------------------------------
-    def _nvml_indexes(self) -> list[int]:
-        return [d.nvml_index for d in self.hardware.device_map.devices() if d.nvml_index is not None]
-
     def _read_nvml(self) -> tuple[dict[int, NvmlMemory], dict[int, int | None]]:
         memory: dict[int, NvmlMemory] = {}
         process: dict[int, int | None] = {}
         nvml = self.hardware.nvml
         if nvml.status() is not None:
             return memory, process
-        for index in self._nvml_indexes():
+        for index in self.hardware.device_map.nvml_indexes():
             try:
                 memory[index] = nvml.memory(index)
                 process[index] = self._process_bytes(index, memory[index].used_bytes) if self.process_memory else None
