@@ -113,6 +113,7 @@ class TorchAllocator:
         self._status: str | None = None
         self._status_known = False
         self._steps: StepMarks | None = None
+        self._count: int | None = None  # the device count, kept once CUDA is up (as torch keeps it)
 
     def status(self) -> str | None:
         if self._status_known:
@@ -148,9 +149,17 @@ class TorchAllocator:
             return False
 
     def device_count(self) -> int:
+        """Asked three times a measured cell: kept once CUDA is up, when ``CUDA_VISIBLE_DEVICES`` can no longer
+        change it (torch keeps it from then on too)."""
+        if self._count is not None:
+            return self._count
         if self.status() is not None:
             return 0
-        return int(_torch().cuda.device_count())
+        cuda = _torch().cuda
+        count = int(cuda.device_count())
+        if cuda.is_initialized():
+            self._count = count
+        return count
 
     def device(self, index: int) -> TorchDevice:
         props = _torch().cuda.get_device_properties(index)
@@ -246,9 +255,15 @@ class TorchAllocator:
         return max(before - _graph_pool_bytes(torch, index), 0)
 
     def memory_fraction(self, index: int) -> float | None:
-        getter = getattr(_torch().cuda, "get_per_process_memory_fraction", None)
+        torch = _torch()
+        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
         if getter is None:
             return None
+        # Once a measured cell: as ``read``, the C getter behind it for an integer index where CUDA is up
+        # (the public one initialises CUDA first and resolves the index, costing more than the read).
+        raw = getattr(torch._C, "_cuda_getMemoryFraction", None)
+        if raw is not None and type(index) is int and torch.cuda.is_initialized():
+            return float(raw(index))
         return float(getter(index))
 
     def set_memory_fraction(self, index: int, fraction: float) -> None:

@@ -270,3 +270,29 @@ def test_a_reading_from_the_allocators_statistics(monkeypatch, scalars, expected
     assert (reading.allocated_bytes, reading.reserved_bytes) == (100, 200)
     assert (reading.peak_allocated_bytes, reading.peak_reserved_bytes) == (300, 600)
     assert (reading.num_ooms, reading.num_alloc_retries) == (expected_ooms, expected_retries)
+
+
+def test_the_device_count_is_kept_once_cuda_is_up(monkeypatch):
+    # Before, CUDA_VISIBLE_DEVICES may still change it: asked each time.
+    counts = iter([2, 3, 4, 5])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: next(counts))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    allocator = TorchAllocator()
+    assert (allocator.device_count(), allocator.device_count()) == (2, 3)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert (allocator.device_count(), allocator.device_count()) == (4, 4)
+
+
+def test_the_cap_is_read_through_the_c_getter_once_cuda_is_up(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index: asked.append(("public", index)) or 0.5,
+                        raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getMemoryFraction", lambda index: asked.append(("c", index)) or 0.5,
+                        raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    allocator = TorchAllocator()
+    assert allocator.memory_fraction(1) == 0.5  # before CUDA is up: the public getter, which starts it
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert allocator.memory_fraction(1) == 0.5
+    assert asked == [("public", 1), ("c", 1)]
