@@ -44,6 +44,9 @@ class LeftAttribution:
         # Cells the shell ran and cells measured (-1: none yet): where they differ, cells not measured ran
         # in between, and what they left is read.
         self._cells_ran, self._cells_measured = 0, -1
+        # The cell whose names were told last, until a snapshot takes them: the events and the snapshot tell
+        # the same cell up to three times, and telling it again changes nothing.
+        self._told: str | None = None
 
     def _track(self, threshold_bytes: int | None) -> TrackedNamespace:
         if self.tracked is None:
@@ -68,8 +71,9 @@ class LeftAttribution:
 
     def _ran(self, raw: str | None) -> None:
         """Tell the kept fingerprints which names a cell can have touched (``None``: it cannot tell)."""
-        if self.tracked is None:
+        if self.tracked is None or (raw is not None and raw is self._told):
             return
+        self._told = raw
         if raw is None:
             self.tracked.ran(None)
             self.outputs.touched()
@@ -116,6 +120,7 @@ class LeftAttribution:
                 tracked.forget()
             self._cells_measured = self._cells_ran
         snapshot = tracked.take(self.shell.user_ns, ipython_reference_ids(self.shell, self.outputs), probe)
+        self._told = None  # taken: the next cell's names are news again
         if cell is not None:  # the names it can change, also where it runs without the shell's events
             self._ran(cell)
         return snapshot

@@ -110,6 +110,18 @@ def test_a_cell_refreshes_every_name_it_can_have_changed(tracked_shell, cell):
     assert cudamem.attribution.tracked.full_walks == walks  # decided by names alone
 
 
+def test_the_same_cell_run_again_is_told_again_after_each_snapshot(tracked_shell):
+    # A cell's names are told once until a snapshot takes them (the events and the snapshot tell it up to
+    # three times): the same text run again, one string as a loop of run_cell passes it, is told again.
+    shell, cudamem = tracked_shell
+    walks = cudamem.attribution.tracked.full_walks
+    cell = measured(shell, "losses.append(FakeTensor(MiB, machine=m))")
+    for _ in range(3):
+        assert shell.run_cell(cell).success
+    _kept_equals_full(shell, cudamem)
+    assert cudamem.attribution.tracked.full_walks == walks
+
+
 def test_atoms_rebound_between_cells_that_change_shared_objects(tracked_shell):
     shell, cudamem = tracked_shell
     walks = cudamem.attribution.tracked.full_walks
