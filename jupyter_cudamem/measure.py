@@ -238,9 +238,11 @@ class Meter:
             return list(self.devices)
         return list(range(self.hardware.allocator.device_count()))
 
-    def _read_allocator(self, synchronize: bool, known: Mapping[int, AllocatorReading] | None = None) -> dict[int, AllocatorReading]:
+    def _read_allocator(self, synchronize: bool, known: Mapping[int, AllocatorReading] | None = None,
+                        initialized: bool | None = None) -> dict[int, AllocatorReading]:
+        """``initialized``: whether PyTorch's CUDA is up, where the caller asked already."""
         allocator = self.hardware.allocator
-        if not allocator.is_initialized():
+        if not (allocator.is_initialized() if initialized is None else initialized):
             return {}
         readings = {}
         for index in self._torch_indexes():
@@ -261,7 +263,7 @@ class Meter:
         cell's start, read once for everything measuring it). They are the host's bookkeeping, the same
         before the synchronization as after it, so each saves one read (about 20 µs on the H200)."""
         initialized = self.hardware.allocator.is_initialized()
-        allocator_readings = self._read_allocator(synchronize=True, known=readings)
+        allocator_readings = self._read_allocator(synchronize=True, known=readings, initialized=initialized)
         peak_reset = False
         if initialized and self.reset_peak:
             for index in allocator_readings:

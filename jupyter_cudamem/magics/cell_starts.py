@@ -4,6 +4,7 @@ the cell that just started takes them as its own start (``reading_of``) instead 
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 from ..hardware import Hardware
@@ -23,7 +24,7 @@ class CellStarts:
     def __init__(self, shell: InteractiveShell, hardware: Hardware):
         self.shell = shell
         self.hardware = hardware
-        self._readings: list[tuple[str, dict[int, int]]] = []
+        self._readings: deque[tuple[str, dict[int, int]]] = deque(maxlen=_KEPT_CELLS)
         self._last: tuple[ExecutionInfo, dict[int, AllocatorReading]] | None = None
         shell.events.register("pre_run_cell", self._note_cell_start)
 
@@ -64,6 +65,6 @@ class CellStarts:
             raw_cell = getattr(info, "raw_cell", None)
             if isinstance(raw_cell, str):
                 allocated = {index: reading.allocated_bytes for index, reading in readings.items()}
-                self._readings = self._readings[-(_KEPT_CELLS - 1):] + [(raw_cell, allocated)]
+                self._readings.append((raw_cell, allocated))
         except Exception:
             return

@@ -112,6 +112,7 @@ class EveryCell:
         self.inside_magic = False
         self._baseline: tuple[CellSettings, Meter, Baseline, str, NamespaceSnapshot | None] | None = None
         self._depth = 0
+        self._meter: tuple[CellSettings, Meter] | None = None  # the meter of the settings kept (``CudaMem.settings``)
 
     def switch(self, command: str) -> None:
         """``on``, ``off`` or ``status``; prints which is active."""
@@ -158,7 +159,10 @@ class EveryCell:
             settings = self.settings()
             started = self.cell_starts.reading_of(info)
             snapshot = self.attribution.snapshot(settings, raw, started)
-            meter = settings.meter(self.hardware)
+            kept = self._meter
+            if kept is None or kept[0] is not settings:  # a meter holds no cell's state: one serves while they stand
+                kept = self._meter = (settings, settings.meter(self.hardware))
+            meter = kept[1]
             self._baseline = (settings, meter, meter.start(started), raw, snapshot)
         except Exception as error:  # never break the user's cell because a reading failed
             self._baseline = None
