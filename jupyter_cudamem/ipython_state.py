@@ -339,10 +339,13 @@ def _kept_ids(shell: InteractiveShell) -> set[int]:
     errors = (found.get("last_exc"), found.get("last_value"), getattr(result, "error_in_exec", None),
               getattr(result, "error_before_exec", None))
     displayhook = getattr(shell, "displayhook", None)
-    values = [*errors, found.get("last_traceback"), getattr(result, "result", None),
-              *(getattr(getattr(shell, handler, None), "tb", None) for handler in _TRACEBACK_HANDLERS)]
-    values += [value for value in (getattr(displayhook, name, None) for name in OUTPUT_CACHE_NAMES)
-               if not isinstance(value, str)]
+    values = [*errors, found.get("last_traceback"), getattr(result, "result", None)]
+    for handler in _TRACEBACK_HANDLERS:
+        values.append(getattr(getattr(shell, handler, None), "tb", None))
+    for name in OUTPUT_CACHE_NAMES:
+        value = getattr(displayhook, name, None)
+        if not isinstance(value, str):
+            values.append(value)
     ids = {id(value) for value in values if value is not None}
     recorder = _recorders.get(id(shell))
     if errors != (None, None, None, None) or (recorder is not None and recorder.last is not None
