@@ -255,15 +255,9 @@ class TorchAllocator:
         return max(before - _graph_pool_bytes(torch, index), 0)
 
     def memory_fraction(self, index: int) -> float | None:
-        torch = _torch()
-        getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+        getter = getattr(_torch().cuda, "get_per_process_memory_fraction", None)
         if getter is None:
             return None
-        # Once a measured cell: as ``read``, the C getter behind it for an integer index where CUDA is up
-        # (the public one initialises CUDA first and resolves the index, costing more than the read).
-        raw = getattr(torch._C, "_cuda_getMemoryFraction", None)
-        if raw is not None and type(index) is int and torch.cuda.is_initialized():
-            return float(raw(index))
         return float(getter(index))
 
     def set_memory_fraction(self, index: int, fraction: float) -> None:

@@ -283,16 +283,3 @@ def test_the_device_count_is_kept_once_cuda_is_up(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     assert (allocator.device_count(), allocator.device_count()) == (4, 4)
 
-
-def test_the_cap_is_read_through_the_c_getter_once_cuda_is_up(monkeypatch):
-    asked = []
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index: asked.append(("public", index)) or 0.5,
-                        raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getMemoryFraction", lambda index: asked.append(("c", index)) or 0.5,
-                        raising=False)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    allocator = TorchAllocator()
-    assert allocator.memory_fraction(1) == 0.5  # before CUDA is up: the public getter, which starts it
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    assert allocator.memory_fraction(1) == 0.5
-    assert asked == [("public", 1), ("c", 1)]
