@@ -17,7 +17,6 @@ stays in the output cache (``Out``/``_oh``, ``_N``, ``_``/``__``/``___``) and in
 from __future__ import annotations
 
 import inspect
-import itertools
 import re
 import sys
 import types
@@ -28,13 +27,13 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from .ipython_names import OUTPUT_CACHE_NAMES
+from .ipython_outputs import OutputIds
 from .oom import OomInfo, describe_chain, exception_chain, parse_oom
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult, InteractiveShell
 
 _SYS_ATTRIBUTES = ("last_exc", "last_value", "last_traceback", "last_type")
-_TRACEBACK_HANDLERS = ("InteractiveTB", "SyntaxTB")  # the shell's printers, each keeping the last traceback as ``tb``
 # IPython's own frames (``run_code``) are cleared too but not worth naming in a report.
 _MACHINERY_MODULES = ("IPython.", "ipykernel.")
 
@@ -266,15 +265,15 @@ def _output_cache(shell: InteractiveShell) -> dict[Any, Any] | None:
     return cache if isinstance(cache, dict) else None
 
 
-def ipython_references(shell: InteractiveShell, outputs: bool = True) -> list[Reference]:
+def ipython_references(shell: InteractiveShell) -> list[Reference]:
     """Everything IPython itself keeps that can hold the user's memory, each with its origin.
 
     The failed cell's traceback frames (function frames only: the cell's own frame has the user
     namespace as its locals) are listed one by one, so a report can say which function's locals hold
-    the memory. ``outputs=False``: without the output cache (``ipython_reference_ids`` reads it).
+    the memory.
     """
     refs = _exception_references(shell)
-    refs.extend(_output_references(shell, outputs))
+    refs.extend(_output_references(shell))
     refs.extend(_frame_references(_known_exceptions(shell, None)))
     return refs
 
@@ -292,17 +291,17 @@ def _exception_references(shell: InteractiveShell) -> list[Reference]:
         if value is not None:
             origin = Origin.OUTPUT_CACHE if attribute == "result" else Origin.EXCEPTION
             refs.append(Reference(f"last_execution_result.{attribute}", origin, value))
-    for handler in _TRACEBACK_HANDLERS:
+    for handler in ("InteractiveTB", "SyntaxTB"):
         tb = getattr(getattr(shell, handler, None), "tb", None)
         if tb is not None:
             refs.append(Reference(f"{handler}.tb", Origin.EXCEPTION, tb))
     return refs
 
 
-def _output_references(shell: InteractiveShell, outputs: bool) -> list[Reference]:
-    """The output cache (``Out[N]`` and its ``_N``, with ``outputs``) and the display hook's ``_``, ``__``, ``___``."""
+def _output_references(shell: InteractiveShell) -> list[Reference]:
+    """The output cache (``Out[N]`` and its ``_N``) and the display hook's ``_``, ``__``, ``___``."""
     refs: list[Reference] = []
-    cache = _output_cache(shell) if outputs else None
+    cache = _output_cache(shell)
     if cache is not None:
         for number, value in list(cache.items()):
             refs.append(Reference(f"Out[{number}]", Origin.OUTPUT_CACHE, value))
@@ -317,9 +316,21 @@ def _output_references(shell: InteractiveShell, outputs: bool) -> list[Reference
 
 
 def ipython_reference_ids(shell: InteractiveShell, outputs: OutputIds | None = None) -> frozenset[int]:
-    """The ids of what ``ipython_references`` lists, unnamed (what a snapshot before a cell keeps); the
-    output cache's through ``outputs`` where given, which keeps them from call to call."""
-    ids = _kept_ids(shell)
+    """The ids of what ``ipython_references`` lists, read without naming any (what a snapshot before each measured
+    cell keeps, where making a ``Reference`` of each cost more than the reading): the frames only where an
+    exception is kept, the output cache's through ``outputs`` where given, which keeps them from call to call."""
+    found, result, hook = vars(sys), getattr(shell, "last_execution_result", None), getattr(shell, "displayhook", None)
+    errors = (found.get("last_exc"), found.get("last_value"), getattr(result, "error_in_exec", None),
+              getattr(result, "error_before_exec", None))
+    values = [*errors, found.get("last_traceback"), getattr(result, "result", None),
+              getattr(getattr(shell, "InteractiveTB", None), "tb", None), getattr(getattr(shell, "SyntaxTB", None), "tb", None)]
+    for name in OUTPUT_CACHE_NAMES:  # loops, not comprehensions: each costs a frame a cell
+        if not isinstance(value := getattr(hook, name, None), str):
+            values.append(value)
+    recorder = _recorders.get(id(shell))
+    if errors != (None,) * 4 or (recorder is not None and recorder.last is not None and recorder.last.exception is not None):
+        values.extend(reference.value for reference in _frame_references(_known_exceptions(shell, None)))
+    ids = {id(value) for value in values if value is not None}
     cache = _output_cache(shell)
     if cache is None:
         return frozenset(ids)
@@ -328,60 +339,6 @@ def ipython_reference_ids(shell: InteractiveShell, outputs: OutputIds | None = N
         return frozenset(ids)
     kept = outputs.of(cache)
     return kept if ids <= kept else kept | ids  # ``_`` and the last result are outputs: mostly no copy
-
-
-def _kept_ids(shell: InteractiveShell) -> set[int]:
-    """The ids of what ``ipython_references(shell, outputs=False)`` lists, read without making a ``Reference``
-    of each: before every measured cell, where naming them cost more than reading them. The frames are walked
-    only where an exception is kept."""
-    found = vars(sys)  # a dict's get, as ``_exception_references``
-    result = getattr(shell, "last_execution_result", None)
-    errors = (found.get("last_exc"), found.get("last_value"), getattr(result, "error_in_exec", None),
-              getattr(result, "error_before_exec", None))
-    displayhook = getattr(shell, "displayhook", None)
-    values = [*errors, found.get("last_traceback"), getattr(result, "result", None)]
-    for handler in _TRACEBACK_HANDLERS:
-        values.append(getattr(getattr(shell, handler, None), "tb", None))
-    for name in OUTPUT_CACHE_NAMES:
-        value = getattr(displayhook, name, None)
-        if not isinstance(value, str):
-            values.append(value)
-    ids = {id(value) for value in values if value is not None}
-    recorder = _recorders.get(id(shell))
-    if errors != (None, None, None, None) or (recorder is not None and recorder.last is not None
-                                              and recorder.last.exception is not None):
-        ids.update(id(reference.value) for reference in _frame_references(_known_exceptions(shell, None)))
-    return ids
-
-
-class OutputIds:
-    """The ids of the output cache's values, kept from call to call (read whole, 1,000 outputs cost 80 µs a
-    cell). IPython writes the cache at its end only, so while the newest entry last seen is still there with
-    its value, only those added since are read; a cell that may write elsewhere in it (``touched``: it names
-    ``Out`` or ``_oh``, or its names cannot be told) has the next call read it whole."""
-
-    def __init__(self) -> None:
-        # The cache's id, its length, its newest key and that value's id, as last read; None: read it whole.
-        self._seen: tuple[int, int, Any, int] | None = None
-        self._ids: frozenset[int] = frozenset()
-
-    def touched(self) -> None:
-        self._seen = None
-
-    def of(self, cache: dict[Any, Any]) -> frozenset[int]:
-        seen, length = self._seen, len(cache)
-        if seen is not None and seen[0] == id(cache) and 0 < seen[1] <= length:
-            newest = list(itertools.islice(reversed(cache.items()), length - seen[1] + 1))  # newest first
-            key, value = newest[-1]
-            if key == seen[2] and id(value) == seen[3]:
-                if len(newest) > 1:
-                    self._ids = self._ids.union(id(value) for _, value in newest[:-1])
-                    self._seen = (id(cache), length, newest[0][0], id(newest[0][1]))
-                return self._ids
-        values = list(cache.items())
-        self._ids = frozenset(id(value) for _, value in values)
-        self._seen = (id(cache), length, values[-1][0], id(values[-1][1])) if values else None
-        return self._ids
 
 
 def _frame_references(errors: list[BaseException]) -> list[Reference]:

@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "jupyter_cudamem"
 
 ROOMS = (
     "errors", "units", "oom", "breakdown", "growth", "sources", "hardware", "collector", "measure",
-    "repeats", "trace", "cell", "ipython_names", "ipython_state", "reruns", "batchsearch", "batch", "attribution",
+    "repeats", "trace", "cell", "ipython_names", "ipython_outputs", "ipython_state", "reruns", "batchsearch", "batch", "attribution",
     "history", "advice", "report", "monitor", "oomfix", "capacity", "engines", "magics",
 )
 """The map, lowest first, in the order of the house style's map; the rooms it does not name sit beside the

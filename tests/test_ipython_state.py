@@ -316,7 +316,7 @@ def test_after_each_cell_the_numbered_outputs_a_flush_or_cull_dropped_leave_the_
 def test_output_ids_kept_from_call_to_call_equal_a_whole_read_after_each_way_ipython_writes_the_cache():
     import random
 
-    from jupyter_cudamem.ipython_state import OutputIds
+    from jupyter_cudamem.ipython_outputs import OutputIds
 
     rng = random.Random(42)
     kept = OutputIds()

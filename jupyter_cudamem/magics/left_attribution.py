@@ -17,7 +17,8 @@ from ..attribution.probe import default_probe
 from ..attribution.tracked import TrackedNamespace
 from ..cell.names import SAFE_MAGICS, cell_names
 from ..hardware import Hardware
-from ..ipython_state import OutputIds, ipython_reference_ids
+from ..ipython_outputs import OutputIds
+from ..ipython_state import ipython_reference_ids
 from ..measure import Measurement
 from ..sources.base import AllocatorReading
 from .base import note
