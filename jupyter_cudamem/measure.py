@@ -137,15 +137,24 @@ class DeviceMeasurement:
     @property
     def touched(self) -> bool:
         """Did the block change anything on this device?"""
-        if self.peak_above_start_bytes:
-            return True
-        if self.allocated_delta_bytes or self.reserved_delta_bytes:
-            return True
-        if self.process_delta_bytes:
-            return True
-        if self.before.process_bytes is None and abs(self.nvml_used_delta_bytes or 0) > NVML_NOISE_BYTES:
-            return True
+        return _touched(self.before, self.after, self.peak_allocated_bytes)
+
+
+def _touched(before: DeviceSample, after: DeviceSample, peak_allocated_bytes: int | None) -> bool:
+    """``DeviceMeasurement.touched`` from the samples alone, so that ``Meter.stop`` decides before it asks the cap
+    and makes the measurement: a rise of the peak, a change of allocated, reserved or this process's bytes,
+    and where NVML cannot tell processes apart, a move of the device's used memory beyond the noise."""
+    start, end = before.allocator, after.allocator
+    if start is not None and peak_allocated_bytes is not None and peak_allocated_bytes > start.allocated_bytes:
+        return True
+    if start is not None and end is not None and (end.allocated_bytes != start.allocated_bytes
+                                                  or end.reserved_bytes != start.reserved_bytes):
+        return True
+    if before.process_bytes is not None:
+        return after.process_bytes is not None and after.process_bytes != before.process_bytes
+    if before.nvml is None or after.nvml is None:
         return False
+    return abs(after.nvml.used_bytes - before.nvml.used_bytes) > NVML_NOISE_BYTES
 
 
 @dataclass(frozen=True)
@@ -303,17 +312,19 @@ class Meter:
                 after_nvml.get(nvml_index) if nvml_index is not None else None,
                 after_process.get(nvml_index) if nvml_index is not None else None,
             )
-            result = DeviceMeasurement(
+            peak = None if after_reading is None else after_reading.peak_allocated_bytes
+            if self.devices is None and not (error is not None and after_reading is not None) and not _touched(
+                    before, after, peak):
+                continue  # not reported: its cap is not asked (once a cell, for a cell that used no GPU memory)
+            measured.append(DeviceMeasurement(
                 device=device,
                 before=before,
                 after=after,
-                peak_allocated_bytes=None if after_reading is None else after_reading.peak_allocated_bytes,
+                peak_allocated_bytes=peak,
                 peak_reserved_bytes=None if after_reading is None else after_reading.peak_reserved_bytes,
                 peak_is_block_peak=baseline.peak_reset,
                 memory_fraction=None if after_reading is None else self._memory_fraction(device.torch_index),
-            )
-            if self.devices is not None or result.touched or (error is not None and after_reading is not None):
-                measured.append(result)
+            ))
         return Measurement(
             devices=tuple(measured),
             wall_s=wall_s,

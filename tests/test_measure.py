@@ -158,3 +158,30 @@ def test_failed_block_reports_devices_even_untouched(machine, hardware):
     meter = Meter(hardware)
     measurement = meter.stop(meter.start(), error="OutOfMemoryError")
     assert [d.device.label for d in measurement.devices] == ["cuda:0"]
+
+
+def test_touched_is_read_from_the_samples_as_from_the_figures():
+    # ``Meter.stop`` decides from the samples (``_touched``) before it asks the cap and makes the measurement:
+    # the same answer as the figures' definition, over every kind of sample each source can give.
+    import itertools
+
+    from jupyter_cudamem.hardware import Device
+    from jupyter_cudamem.measure import NVML_NOISE_BYTES, DeviceMeasurement, DeviceSample
+    from jupyter_cudamem.sources.base import AllocatorReading, NvmlMemory
+
+    def by_figures(d: DeviceMeasurement) -> bool:
+        return bool(d.peak_above_start_bytes or d.allocated_delta_bytes or d.reserved_delta_bytes
+                    or d.process_delta_bytes
+                    or (d.before.process_bytes is None and abs(d.nvml_used_delta_bytes or 0) > NVML_NOISE_BYTES))
+
+    device = Device(0, 0, "Fake", None, 80 * GiB)
+    start = AllocatorReading(GiB, 2 * GiB, GiB, 2 * GiB)
+    ends = [None, start, AllocatorReading(GiB + 1, 2 * GiB, GiB + 1, 2 * GiB), AllocatorReading(GiB, 3 * GiB, GiB, 3 * GiB)]
+    used = [None, NvmlMemory(4 * GiB, 76 * GiB, 80 * GiB), NvmlMemory(4 * GiB + MiB, 76 * GiB, 80 * GiB),
+            NvmlMemory(5 * GiB, 75 * GiB, 80 * GiB)]
+    for before_alloc, after_alloc, peak, before_nvml, after_nvml, before_process, after_process in itertools.product(
+            [None, start], ends, [None, GiB - 1, GiB, GiB + 1], used[:2], used, [None, 3 * GiB], [None, 3 * GiB, 4 * GiB]):
+        before = DeviceSample(before_alloc, before_nvml, before_process)
+        after = DeviceSample(after_alloc, after_nvml, after_process)
+        measured = DeviceMeasurement(device, before, after, peak, None, True)
+        assert measured.touched == by_figures(measured), (before, after, peak)
