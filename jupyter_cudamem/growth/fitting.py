@@ -421,20 +421,29 @@ def next_run(events: Sequence[Event], held: Mapping[int, int], released: Collect
     if released:
         events = [event for event in events if not (event[0] == FREE and event[1] in released)]
     freed = {key for kind, key, _, _ in events if kind == FREE}
-    # ``block_bytes``, inline: a search plays the next run of thousands of tries
-    left = {key: max(-(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES, MIN_BLOCK_BYTES)
-            for kind, key, size, _ in events if kind == ALLOC and key not in freed}
-    partner = _made_in_place(events, held, left)
-    stays = set(left) - set(partner.values())
+    left = {key for kind, key, _, _ in events if kind == ALLOC and key not in freed}
+    # A start that holds nothing (most runs of a search) has no block to be made in place of.
+    partner = _made_in_place(events, held, _block_sizes(events, left)) if held else {}
+    stays = left - set(partner.values())
+    if not partner:
+        return [event for event in events if not (event[0] == ALLOC and event[1] in stays)]
     again: list[Event] = []
-    for kind, key, size, stream in events:
+    for event in events:
+        kind, key, _, stream = event
         if kind == FREE and key in partner:
             replaced = partner[key]
             if replaced is not None:
                 again.append((FREE, _CARRIED - replaced, 0, stream))
         elif not (kind == ALLOC and key in stays):
-            again.append((kind, key, size, stream))
+            again.append(event)
     return again
+
+
+def _block_sizes(events: Sequence[Event], keys: Collection[int]) -> dict[int, int]:
+    """The block bytes of each of ``keys`` that ``events`` allocate, by key."""
+    # ``block_bytes``, inline: a search plays the next run of thousands of tries
+    return {key: max(-(-size // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES, MIN_BLOCK_BYTES)
+            for kind, key, size, _ in events if kind == ALLOC and key in keys}
 
 
 def _made_before_each_free(events: Sequence[Event]) -> dict[int, int]:
@@ -459,7 +468,7 @@ def _made_in_place(events: Sequence[Event], held: Mapping[int, int], left: Mappi
     for key, size in left.items():
         unclaimed.setdefault(size, []).append(key)
     sizes = sorted(unclaimed)
-    made_before = _made_before_each_free(events)
+    made_before: dict[int, int] | None = None  # read where no block of its size is left: made on first need
     partner: dict[int, int | None] = {}
     for previous, (kind, key, _, _) in zip([None, *events], events):
         if kind != FREE or key not in held or key in partner:
@@ -468,6 +477,7 @@ def _made_in_place(events: Sequence[Event], held: Mapping[int, int], left: Mappi
         if made is None or made not in unclaimed.get(left.get(made, -1), ()):
             made = _of_its_size(held[key], sizes, unclaimed)
         if made is None:  # a value a loop binds again, from a start at another batch
+            made_before = _made_before_each_free(events) if made_before is None else made_before
             made = _last_of_chain(key, made_before, left, unclaimed)
         partner[key] = made
         if made is not None:
