@@ -398,7 +398,7 @@ def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_by
         again = next_run(events, held_at_start(start) if held is None else held, released) if runs > 1 else []
         for run in range(1, runs):
             # What the run made keeps its key, moved below the start's.
-            allocator.carry(lambda key: key if key < 0 else _CARRIED - key, empty_cache=run == 1)
+            allocator.carry(_CARRIED, empty_cache=run == 1)
             if allocator.play(again, cap_bytes)[0] is not None:
                 return False
         return True

@@ -22,7 +22,7 @@ Pure Python, no torch: sizes in bytes, events as plain tuples, read from a recor
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import itemgetter
@@ -304,12 +304,13 @@ class Allocator:
         return (failed_at, peak_allocated, peak_reserved, tuple(segment_allocs), tuple(segment_frees),
                 tuple(refused))
 
-    def carry(self, rename: Callable[[int], int], empty_cache: bool) -> None:
-        """Where the next run starts: as a run that fitted left it, each allocated block's key ``rename``d, the
-        cache emptied first where ``empty_cache``, the next segment above the highest left (as from ``layout``)."""
+    def carry(self, made_below: int, empty_cache: bool) -> None:
+        """Where the next run starts: as a run that fitted left it, each block it made (a key from 0 up) under
+        the key ``made_below - key`` (the start's, below 0, keep theirs), the cache emptied first where
+        ``empty_cache``, the next segment above the highest left (as from ``layout``)."""
         if empty_cache:
             self.reserved -= _release_cached(self.pools, [])
-        self.live = {rename(key): block for key, block in self.live.items()}
+        self.live = {key if key < 0 else made_below - key: block for key, block in self.live.items()}
         ends = [block[_ADDRESS] + block[_SIZE] for block in self.live.values()]
         ends += [address + size for both in self.pools.values() for pool in both for size, address, _ in pool]
         self.next_address = max(ends, default=0)
