@@ -222,6 +222,8 @@ class Allocator:
         take_live = live.pop
         small_segment, mid_request = SMALL_SEGMENT_BYTES, MID_REQUEST_BYTES
         mid_segment, large_round = MID_SEGMENT_BYTES, LARGE_ROUND_BYTES
+        last_stream: int | None = None  # the pools of the last request's stream are at hand: most share one
+        stream_pools: tuple[_Pool, _Pool] = ([], [])
         for index, (kind, key, requested, stream) in enumerate(events):
             if kind == free_kind:
                 freed = take_live(key, None)
@@ -233,10 +235,10 @@ class Allocator:
                 if size < min_block:
                     size = min_block
                 small = size <= small_request
-                streams_pools = pools.get(stream)
-                if streams_pools is None:
-                    streams_pools = pools[stream] = ([], [])
-                pool = streams_pools[small]
+                if stream != last_stream:
+                    stream_pools = pools.get(stream) or pools.setdefault(stream, ([], []))
+                    last_stream = stream
+                pool = stream_pools[small]
                 i = bisect(pool, (size,))
                 if i < len(pool):
                     block = pool.pop(i)[2]
