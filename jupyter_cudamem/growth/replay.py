@@ -150,8 +150,10 @@ def _release_cached(pools: dict[int, tuple[_Pool, _Pool]], segment_frees: list[i
     for small in (False, True):
         for stream in sorted(pools):
             pool = pools[stream][small]
-            segment_frees += [block[_SIZE] for _, _, block in pool if block[_PREV] is None and block[_NEXT] is None]
-            pool[:] = [cached for cached in pool if cached[2][_PREV] is not None or cached[2][_NEXT] is not None]
+            whole = [size for size, _, block in pool if block[_PREV] is None and block[_NEXT] is None]
+            if whole:  # often none: an earlier refusal in the run emptied the cache
+                segment_frees += whole
+                pool[:] = [cached for cached in pool if cached[2][_PREV] is not None or cached[2][_NEXT] is not None]
     return sum(segment_frees[before:])
 
 
