@@ -393,17 +393,26 @@ def fits_in_a_row(events: Sequence[Event], start: Sequence[StartSegment], cap_by
     left it, as the cell's next run makes them (``next_run``). ``held``: ``held_at_start(start)``, if known."""
     allocator = Allocator(start)
     try:
-        if allocator.play(events, cap_bytes)[0] is not None:
+        # The last run's end is read by nothing: it stops at its last request (a free cannot fail).
+        if allocator.play(events if runs > 1 else _up_to_last_request(events), cap_bytes)[0] is not None:
             return False
         again = next_run(events, held_at_start(start) if held is None else held, released) if runs > 1 else []
         for run in range(1, runs):
             # What the run made keeps its key, moved below the start's.
             allocator.carry(_CARRIED, empty_cache=run == 1)
-            if allocator.play(again, cap_bytes)[0] is not None:
+            if allocator.play(again if run < runs - 1 else _up_to_last_request(again), cap_bytes)[0] is not None:
                 return False
         return True
     finally:
         allocator.close()
+
+
+def _up_to_last_request(events: Sequence[Event]) -> Sequence[Event]:
+    """``events`` without the frees after the last request: they cannot make a run fail."""
+    end = len(events)
+    while end and events[end - 1][0] == FREE:
+        end -= 1
+    return events[:end]
 
 
 def keeps_fitting(run: RecordedRun, cap_bytes: int) -> bool:
