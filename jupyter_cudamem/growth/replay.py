@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from operator import itemgetter
 from typing import Any, Mapping, Sequence
@@ -473,6 +473,13 @@ class RecordedRun:
     def released_keys(self) -> frozenset[int]:
         """``released`` as ``start``'s keys: what the replay of this run from its own start lets go."""
         return keys_at(self.start, self.released)
+
+    def without_the_request_that_raised(self) -> RecordedRun:
+        """The run of a try that failed as its work ran, without the request that raised (a failed run's last
+        ``alloc``, ``sources.torch_trace.read_trace``): its work fitted, and only what came after it, moving a
+        joined result back to the GPU, ran out of memory; replayed, that request would fail every batch."""
+        last = next((i for i in range(len(self.events) - 1, -1, -1) if self.events[i][0] == ALLOC), None)
+        return self if last is None else replace(self, events=self.events[:last] + self.events[last + 1:])
 
     def events_from(self, start: tuple[StartSegment, ...], remade: Sequence[frozenset[int]] = (),
                     released: frozenset[int] = frozenset()) -> list[Event]:

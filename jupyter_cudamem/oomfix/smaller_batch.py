@@ -142,8 +142,9 @@ class SmallerBatch:
                 self.runs.notes.append(kept_on_host_note(self.change.knob.value, batch))
                 on_host = None
                 host_chunk = batch
+                recorded = None if result.recorded is None else result.recorded.without_the_request_that_raised()
                 observation = Observation(True, peak_bytes=observation.held_bytes, start_bytes=observation.start_bytes,
-                                          recorded=result.recorded)
+                                          recorded=recorded)
             search.record(batch, observation)
             if result.fitted and (best is None or batch > (best.batch or 0)):
                 best = result
