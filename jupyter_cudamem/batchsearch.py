@@ -569,10 +569,13 @@ def halving_next_untried(known: Known) -> Choice | None:
 
 
 def one_more_sample(known: Known) -> Choice | None:
-    """One run bounds the growth from above only, and its peak left room by the margin: one more sample
-    says more, and gives a second run to measure the growth from."""
+    """One run bounds the growth from above only, and its peak left room by the margin (or two reruns are
+    left, so a failure costs one and the last confirms what fitted: one run's replay takes all it cannot
+    tell as growing with the batch, and errs small): one more sample says more, and gives a second run to
+    measure the growth from."""
     search, line = known.search, known.line
-    if not search._one_batch_measured() or line.anchor[1] >= search._target(line, search.margin):
+    spare = search.max_tries - len(search.attempts) >= 2
+    if not search._one_batch_measured() or (not spare and line.anchor[1] >= search._target(line, search.margin)):
         return None
     return known.choice(known.low + 1, f"{known.how}; {known.low + 1}, one more sample, while reruns are left")
 

@@ -100,8 +100,12 @@ def test_one_more_sample_after_one_run_whose_peak_left_room():
     search = BatchSearch(10, 650 * MiB)
     search.record(6, Observation(True, peak_bytes=600 * MiB))
     assert (search.next(), search.rule) == (7, "one_more_sample")
-    # Under 610 MiB the peak is above the target (585.6 MiB): no rule chooses, the search ends.
-    full = BatchSearch(10, 610 * MiB)
+    # Under 610 MiB the peak is above the target (585.6 MiB): with two reruns left it is tried all the same (a
+    # failure costs one, and the last confirms 6); with one left, no rule chooses and the search ends.
+    spare = BatchSearch(10, 610 * MiB)
+    spare.record(6, Observation(True, peak_bytes=600 * MiB))
+    assert (spare.next(), spare.rule) == (7, "one_more_sample")
+    full = BatchSearch(10, 610 * MiB, max_tries=2)
     full.record(6, Observation(True, peak_bytes=600 * MiB))
     assert full.next() is None
     assert full.stopped == "surest from 6's peak (line through it and zero): 6, which fitted, is the largest batch predicted to fit"
