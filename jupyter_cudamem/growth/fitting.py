@@ -19,7 +19,7 @@ from typing import Callable, Collection, Mapping, NamedTuple, Sequence
 from ..units import TiB
 from .line import EventLine, allocated_limit, events_at, largest_below, peak_allocated_bytes
 from .replay import (ALLOC, FREE, MIN_BLOCK_BYTES, SMALL_REQUEST_BYTES, Allocator, Event, RecordedRun, StartSegment,
-                     allocated_blocks, given_back_at_once, start_keys)
+                     allocated_blocks, given_back_at_once, raised_at, start_keys)
 
 
 def match(first: Sequence[Event], batch_first: int, second: Sequence[Event],
@@ -317,7 +317,8 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
     if batch <= 0 or failed_batch <= batch or not any(kind != FREE for kind, *_ in events):
         return None
     # Up to the request that raised (what the run gave back while the error unwound pairs with nothing).
-    failed = list(failed[:max((i for i, event in enumerate(failed) if event[0] == ALLOC), default=-1) + 1])
+    raised = raised_at(failed)
+    failed = list(failed[:0 if raised is None else raised + 1])
     prefix = list(events[:len(failed)])
     partner = match(prefix, batch, failed, failed_batch)
     paired = {index: failed[i][2] for i, index in enumerate(partner) if index is not None}

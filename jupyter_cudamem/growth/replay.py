@@ -455,6 +455,12 @@ def with_keys(events: Sequence[Event], keys: Mapping[int, int | None]) -> list[E
     return made
 
 
+def raised_at(events: Sequence[Event]) -> int | None:
+    """The index of a failed run's request that raised: its last ``alloc`` (``sources.torch_trace.read_trace``
+    makes the fatal ``oom`` one, and what the error unwound after it only frees)."""
+    return next((i for i in range(len(events) - 1, -1, -1) if events[i][0] == ALLOC), None)
+
+
 @dataclass(frozen=True)
 class RecordedRun:
     """One rerun as the replay reads it: its start, its events, and what it left allocated as ``(address, key)``.
@@ -478,7 +484,7 @@ class RecordedRun:
         """The run of a try that failed as its work ran, without the request that raised (a failed run's last
         ``alloc``, ``sources.torch_trace.read_trace``): its work fitted, and only what came after it, moving a
         joined result back to the GPU, ran out of memory; replayed, that request would fail every batch."""
-        last = next((i for i in range(len(self.events) - 1, -1, -1) if self.events[i][0] == ALLOC), None)
+        last = raised_at(self.events)
         return self if last is None else replace(self, events=self.events[:last] + self.events[last + 1:])
 
     def events_from(self, start: tuple[StartSegment, ...], remade: Sequence[frozenset[int]] = (),
