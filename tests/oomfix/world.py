@@ -19,7 +19,10 @@ model built in the cell or earlier, optimizer state made at the first step or al
 gradients freed or kept, 2 to 40 parameter tensors (log-uniform: a few large ones are where the
 allocator's fragments and weight-sized activations matter most), 1 to 16 activations (in a third of
 training steps, some of one sample's the size of a weight, as where a sequence is as long as the model
-is wide), start ratios 1.05 to 100 (log-uniform).
+is wide), 1 to 4 passes of the step a run (the cell's loop; 1 in two fifths of the steps: in a loop the
+state the first pass makes is held through every later pass, and each pass's input is freed only once
+the next is bound), the optimizer's steps marked in the recording of four fifths of the training steps (as
+a torch optimizer's hooks mark them: ``RecordedRun.steps``), start ratios 1.05 to 100 (log-uniform).
 
 The ground truth (``largest_fitting``) is noise-free runs from the failed cell's state: the largest
 batch that fits, and keeps fitting in the runs after it (each from where the last left the allocator),
@@ -55,7 +58,8 @@ CAPS_GIB = (4, 6, 8, 12, 16, 24, 40, 48, 80)
 @dataclass(frozen=True)
 class Step:
     """One cell's step (see the module docstring). Sizes in bytes; ``activations`` are
-    ``(fixed_bytes, bytes_per_sample)`` of each tensor kept for the backward pass."""
+    ``(fixed_bytes, bytes_per_sample)`` of each tensor kept for the backward pass; a run does the step
+    ``steps`` times (the cell's loop)."""
 
     cap_bytes: int
     parameters: tuple[int, ...]
@@ -69,6 +73,12 @@ class Step:
     activations: tuple[tuple[float, float], ...]
     workspace_bytes: int
     noise: float
+    steps: int = 1  # the cell's loop: how many times a run does the step
+    marked: bool = False  # whether a run's recording marks its optimizer steps (a torch optimizer's hooks)
+
+    def marks(self, stepped: bool) -> Marks:
+        """Where a run's optimizer steps are in its events (none where not ``marked``)."""
+        return _plan(self, stepped)[2]
 
     # -- what persists ------------------------------------------------------------------------------
     def held_at_start(self, stepped: bool) -> list[int]:
@@ -103,7 +113,7 @@ class Step:
         """The run's events, and each allocation it leaves (a model it builds, optimizer state, kept
         gradients) with where it sits in ``held_at_start(stepped=True)``, the list the next run starts
         with (``None``: not held there, the next run sets it aside and makes it again)."""
-        plan, stays = _plan(self, stepped)
+        plan, stays, _ = _plan(self, stepped)
         jitter = 1.0 if rng is None else rng.uniform(1 - self.noise, 1 + self.noise)
         workspace = max(int(self.workspace_bytes * jitter), 1)
         events: list[Event] = [
@@ -115,31 +125,56 @@ class Step:
 
 
 _Planned = tuple[str, int, float, "float | None"]
+Marks = tuple[tuple[int, int], ...]
+"""Each optimizer ``step()`` of a run as ``(first event, event after its last)``, as ``RecordedRun.steps``."""
+
+
+class _Planner:
+    """A run's events as they are planned: each allocation's key is its place in the list."""
+
+    def __init__(self) -> None:
+        self.events: list[_Planned] = []
+        self.stays: dict[int, int | None] = {}
+        self.marks: list[tuple[int, int]] = []
+
+    def alloc(self, fixed: float, per_sample: float | None = 0) -> int:
+        key = len(self.events)
+        self.events.append(("alloc", key, fixed, per_sample))
+        return key
+
+    def free(self, key: int) -> None:
+        self.events.append(("free", key, 0, 0))
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(step: Step, stepped: bool) -> tuple[tuple[_Planned, ...], dict[int, int | None]]:
+def _plan(step: Step, stepped: bool) -> tuple[tuple[_Planned, ...], dict[int, int | None], Marks]:
     """A run's events with each allocation's size as ``fixed + per_sample * batch`` (``per_sample``
-    ``None``: the library's workspace, drawn anew each run), and what it leaves (``Step.events``): the
-    same for every batch, so made once per step."""
-    events: list[_Planned] = []
-    stays: dict[int, int | None] = {}
-    count = len(step.parameters)
-
-    def alloc(fixed: float, per_sample: float | None = 0) -> int:
-        key = len(events)
-        events.append(("alloc", key, fixed, per_sample))
-        return key
-
-    def free(key: int) -> None:
-        events.append(("free", key, 0, 0))
-
+    ``None``: the library's workspace, drawn anew each run), what it leaves (``Step.events``) and where its
+    optimizer steps are (where ``step.marked``): the same for every batch, so made once per step."""
+    plan = _Planner()
     has_state = not step.built_in_cell and (stepped or step.state_exists)
     has_grads = has_state and step.grads_kept
     if step.built_in_cell:
         for size in step.parameters:
-            stays[alloc(size)] = None
+            plan.stays[plan.alloc(size)] = None
+    x: int | None = None
+    for _ in range(step.steps):
+        x, has_state, has_grads = _one_step(step, plan, x, has_state, has_grads)
+    if x is not None:
+        plan.free(x)
+    stays = dict.fromkeys(plan.stays) if step.built_in_cell else plan.stays  # the next run builds its own
+    return tuple(plan.events), stays, tuple(plan.marks) if step.marked else ()
+
+
+def _one_step(step: Step, plan: _Planner, previous_input: int | None, has_state: bool,
+              has_grads: bool) -> tuple[int, bool, bool]:
+    """One pass of the cell's loop: its input (the last pass's freed once the name is bound again), forward,
+    backward and step; returns the input, and whether the optimizer's state and the gradients are held now."""
+    alloc, free, stays = plan.alloc, plan.free, plan.stays
+    count = len(step.parameters)
     x = alloc(0.0, step.input_per_sample)
+    if previous_input is not None:
+        free(previous_input)
     kept: list[tuple[int, tuple[float, float]]] = []
     middle = len(step.activations) // 2
     for index, (fixed, per_sample) in enumerate(step.activations):
@@ -150,47 +185,46 @@ def _plan(step: Step, stepped: bool) -> tuple[tuple[_Planned, ...], dict[int, in
         if index == middle and step.workspace_bytes:
             # A library's workspace: its size is the algorithm's, which another run may pick otherwise.
             free(alloc(step.workspace_bytes, None))
-    if step.training:
-        grads: list[int] = []
-        pending = list(step.parameters) if not has_grads else []
-        share = max(1, math.ceil(len(pending) / max(len(kept), 1)))
-        previous: int | None = None
-        for key, size in reversed(kept):
-            gradient = alloc(*size)
-            if previous is not None:
-                free(previous)
+    if not step.training:
+        for key, _ in kept:
             free(key)
-            previous = gradient
-            for _ in range(min(share, len(pending))):
-                index = len(pending) - 1
-                grads.append(alloc(pending.pop()))
-                stays[grads[-1]] = count * (1 + step.state_per_parameter) + index
+        return x, has_state, has_grads
+    grads: list[int] = []
+    pending = list(step.parameters) if not has_grads else []
+    share = max(1, math.ceil(len(pending) / max(len(kept), 1)))
+    previous: int | None = None
+    for key, size in reversed(kept):
+        gradient = alloc(*size)
         if previous is not None:
             free(previous)
-        while pending:
+        free(key)
+        previous = gradient
+        for _ in range(min(share, len(pending))):
             index = len(pending) - 1
             grads.append(alloc(pending.pop()))
             stays[grads[-1]] = count * (1 + step.state_per_parameter) + index
-        if not has_state:
-            made = 0
-            for size in step.parameters:
-                for _ in range(step.state_per_parameter):
-                    stays[alloc(size)] = count + made  # where held_at_start(True) lists it
-                    made += 1
-        temporaries = [alloc(step.parameters[i]) for i in step.temporaries]
-        for key in temporaries:
+    if previous is not None:
+        free(previous)
+    while pending:
+        index = len(pending) - 1
+        grads.append(alloc(pending.pop()))
+        stays[grads[-1]] = count * (1 + step.state_per_parameter) + index
+    begins = len(plan.events)
+    if not has_state:
+        made = 0
+        for size in step.parameters:
+            for _ in range(step.state_per_parameter):
+                stays[alloc(size)] = count + made  # where held_at_start(True) lists it
+                made += 1
+    temporaries = [alloc(step.parameters[i]) for i in step.temporaries]
+    for key in temporaries:
+        free(key)
+    plan.marks.append((begins, len(plan.events)))
+    if not step.grads_kept:
+        for key in grads:
             free(key)
-        if not step.grads_kept:
-            for key in grads:
-                free(key)
-                stays.pop(key, None)
-    else:
-        for key, _ in kept:
-            free(key)
-    free(x)
-    if step.built_in_cell:  # the next run sets the model and its optimizer aside and builds its own
-        stays = dict.fromkeys(stays)
-    return tuple(events), stays
+            stays.pop(key, None)
+    return x, True, step.grads_kept
 
 
 def start_segments(held: list[int]) -> tuple[StartSegment, ...]:
@@ -242,14 +276,18 @@ def run(step: Step, batch: int, stepped: bool, rng: random.Random | None) -> Run
     after = start_segments(step.held_at_start(True))
     left = tuple((after[index].address if index is not None and index < len(after) else -1 - key, key)
                  for key, index in stays.items())
-    recorded = RecordedRun(segments, tuple(events), left)
+    marks = step.marks(stepped)
+    recorded = RecordedRun(segments, tuple(events), left, steps=marks)
     if result.fits:
         return Run(True, result.peak_allocated_bytes - start, None, None, recorded)
     assert result.failed_at is not None and result.allocated_at_failure_bytes is not None
     held = result.allocated_at_failure_bytes - start
     stuck = (result.reserved_at_failure_bytes or 0) - result.allocated_at_failure_bytes
     # PyTorch's history of a failed run ends with the request that raised.
-    recorded = RecordedRun(segments, tuple(events[:result.failed_at + 1]), ())
+    # A step still open when the run raised runs to the end of its history.
+    end = result.failed_at + 1
+    recorded = RecordedRun(segments, tuple(events[:end]), (),
+                           steps=tuple((first, min(after, end)) for first, after in marks if first < end))
     return Run(False, held, held + block_bytes(events[result.failed_at][2]), stuck, recorded)
 
 
@@ -459,6 +497,8 @@ def draw(rng: random.Random) -> Drawn | None:
     for _ in range(rng.choice((0, 0, 1, 3))):
         activations.insert(rng.randrange(len(activations) + 1), (rng.uniform(0, 0.05) * room, 0.0))
     built = rng.random() < 0.5
+    steps = rng.choice((1, 1, 2, 3, 4))
+    marked = training and rng.random() < 0.8
     step = Step(
         cap_bytes=cap,
         parameters=parameters,
@@ -472,6 +512,8 @@ def draw(rng: random.Random) -> Drawn | None:
         activations=tuple(activations),
         workspace_bytes=rng.choice((0, 8 * MiB, 32 * MiB, 64 * MiB, int(0.02 * room))),
         noise=0.5,
+        steps=steps,
+        marked=marked,
     )
     largest = largest_fitting(step)
     if largest < 1 or largest >= 10**7:
