@@ -386,11 +386,20 @@ def cell_references(shell: InteractiveShell, value: object = None, error: BaseEx
     return refs
 
 
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+"""A generator's or coroutine's frame: it may be paused, and before Python 3.13 clearing a paused one
+finalizes it (the user's stream would end); a finished one goes with the traceback detached after."""
+
+
 def _clear_traceback(tb: types.TracebackType | None, cleared: list[str]) -> None:
-    """Drop every frame's locals (a frame still executing cannot be cleared), and before Python 3.13 the
-    snapshot of them a read of ``f_locals`` left on a function frame, which reading it again empties."""
+    """Drop every frame's locals (a frame still executing cannot be cleared, a generator's is left: see
+    ``_RESUMABLE``), and before Python 3.13 the snapshot of them a read of ``f_locals`` left on a function
+    frame, which reading it again empties."""
     while tb is not None:
         frame = tb.tb_frame
+        if frame.f_code.co_flags & _RESUMABLE:
+            tb = tb.tb_next
+            continue
         try:
             frame.clear()
         except RuntimeError:

@@ -361,3 +361,24 @@ def test_a_released_frame_holds_no_locals_even_after_they_were_read(shell) -> No
     refs = shell.user_ns["alive"]
     assert refs["big"]() is None and refs["activations"]() is None
     assert len(frames) >= 3  # the frames themselves are still held
+
+
+def test_releasing_a_traceback_leaves_a_paused_generator_running(shell) -> None:
+    # A generator that handled an error and yielded on keeps that error's frame: its own, paused. The error,
+    # raised again by the cell, is what IPython keeps; clearing that frame (Python 3.11 and 3.12 finalize a
+    # paused generator whose frame is cleared) would end the user's stream.
+    code = (
+        "def stream():\n"
+        "    try:\n"
+        "        raise KeyError('a bad record')\n"
+        "    except KeyError as error:\n"
+        "        kept = error\n"
+        "    yield kept\n"
+        "    yield 'the next batch'\n"
+        "batches = stream()\n"
+        "raise next(batches)\n"
+    )
+    assert run(shell, code).error_in_exec is not None
+    released = release_ipython_references(shell, holds_cuda=fake_holds_cuda)
+    assert any(line.startswith("sys.last_") for line in released)
+    assert next(shell.user_ns["batches"]) == "the next batch"
