@@ -11,7 +11,7 @@ import itertools
 import types
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from ..cell.names import code_names
 from ..cell.read import ReadCell
@@ -20,6 +20,9 @@ from ..ipython_names import is_ipython_name
 from ..sources import torch_state
 from ..sources.torch_state import StateKind
 from .plain_state import CONTAINERS, PlainState
+
+if TYPE_CHECKING:
+    import torch
 
 # Attributes and items are followed this many levels below a name the cell reads (a Trainer's
 # ``accelerator.scaler`` is two), and at most this many of each object's.
@@ -35,11 +38,11 @@ HOST_SHARE = 0.8
 class TrainingState:
     """The training state a cell reads, found in the namespace (nothing copied yet)."""
 
-    parameters: list[Any] = field(default_factory=list)  # module parameters and leaf tensors that require grad
-    buffers: list[Any] = field(default_factory=list)
-    optimizers: list[Any] = field(default_factory=list)
-    schedulers: list[Any] = field(default_factory=list)
-    scalers: list[Any] = field(default_factory=list)
+    parameters: list[torch.Tensor] = field(default_factory=list)  # module parameters and leaf tensors that require grad
+    buffers: list[torch.Tensor] = field(default_factory=list)
+    optimizers: list[torch.optim.Optimizer] = field(default_factory=list)
+    schedulers: list[torch.optim.lr_scheduler.LRScheduler] = field(default_factory=list)
+    scalers: list[torch.amp.GradScaler] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)  # how each object was reached: ``model``, ``trainer.model``
     plain: PlainState = field(default_factory=PlainState)  # the lists, counters... the cell reads (``plain_state``)
 
@@ -60,7 +63,7 @@ class TrainingState:
 
 
 class _Finder:
-    def __init__(self, namespace: Mapping[str, Any], skip: Iterable[str]):
+    def __init__(self, namespace: Mapping[str, object], skip: Iterable[str]):
         self.namespace = namespace
         self.skip = set(skip)
         self.state = TrainingState()
@@ -77,18 +80,18 @@ class _Finder:
         self.state.plain.bind(name)
         self.visit(value, name, 0, plain=True)
 
-    def _add_tensor(self, tensor: Any, into: list[Any]) -> None:
+    def _add_tensor(self, tensor: torch.Tensor, into: list[torch.Tensor]) -> None:
         if id(tensor) not in self._tensors:
             self._tensors.add(id(tensor))
             into.append(tensor)
 
-    def _notebook_owned(self, value: Any) -> bool:
+    def _notebook_owned(self, value: object) -> bool:
         """A function or class the notebook defined (its globals are the namespace we search)."""
         if isinstance(value, types.FunctionType):
             return value.__globals__ is self.namespace
         return isinstance(value, type) and value.__module__ == self.namespace.get("__name__", "__main__")
 
-    def visit(self, value: Any, path: str, depth: int, plain: bool = False) -> None:
+    def visit(self, value: object, path: str, depth: int, plain: bool = False) -> None:
         """Follow ``value`` for torch's objects; ``plain``: reached through plain values only."""
         atoms = (str, bytes, int, float, bool, complex, types.ModuleType)
         if id(value) in self._seen or value is None or value is self.namespace or isinstance(value, atoms):
@@ -115,7 +118,7 @@ class _Finder:
         for item_path, item in _items(value, path):
             self.visit(item, item_path, depth + 1, plain)
 
-    def _keep_module_containers(self, module: Any, path: str) -> None:
+    def _keep_module_containers(self, module: object, path: str) -> None:
         """A notebook's module's public containers (Lightning's ``self.validation_step_outputs``) are plain."""
         for name, attribute in itertools.islice(vars(module).items(), _WIDTH):
             if not name.startswith("_") and isinstance(attribute, CONTAINERS):
@@ -134,7 +137,7 @@ class _Finder:
         for default in (function.__defaults__ or ()) + tuple((function.__kwdefaults__ or {}).values()):
             self.visit(default, path, depth + 1, plain=self._notebook_owned(function))
 
-    def _visit_callable(self, value: types.MethodType | functools.partial[Any] | type, path: str, depth: int) -> None:
+    def _visit_callable(self, value: types.MethodType | functools.partial[object] | type, path: str, depth: int) -> None:
         """A bound method, a partial (its function and arguments), a class (the members of a notebook's own)."""
         if isinstance(value, types.MethodType):
             self.visit(value.__self__, path, depth)
@@ -146,31 +149,33 @@ class _Finder:
             for member in list(vars(value).values())[:_WIDTH]:
                 self.visit(member, path, depth)
 
-    def _found(self, value: Any, kind: StateKind, path: str, depth: int) -> None:
+    def _found(self, value: object, kind: StateKind, path: str, depth: int) -> None:
+        """``kind`` is ``torch_state.kind_of(value)``: what ``value`` was found to be."""
         state = self.state
         if kind is StateKind.MODULE:
-            parameters, buffers = torch_state.module_tensors(value)
+            parameters, buffers = torch_state.module_tensors(cast("torch.nn.Module", value))
             for parameter in parameters:
                 self._add_tensor(parameter, state.parameters)
             for buffer in buffers:
                 self._add_tensor(buffer, state.buffers)
         elif kind is StateKind.LEAF_TENSOR:
-            self._add_tensor(value, state.parameters)
+            self._add_tensor(cast("torch.Tensor", value), state.parameters)
         elif kind is StateKind.OPTIMIZER:
-            state.optimizers.append(value)
-            for parameter in torch_state.optimizer_parameters(value):
+            optimizer = cast("torch.optim.Optimizer", value)
+            state.optimizers.append(optimizer)
+            for parameter in torch_state.optimizer_parameters(optimizer):
                 self._add_tensor(parameter, state.parameters)
         elif kind is StateKind.SCHEDULER:
-            state.schedulers.append(value)
-            optimizer = torch_state.scheduler_optimizer(value)
-            if optimizer is not None:
-                self.visit(optimizer, f"{path}.optimizer", depth + 1)
+            state.schedulers.append(cast("torch.optim.lr_scheduler.LRScheduler", value))
+            scheduled = torch_state.scheduler_optimizer(value)
+            if scheduled is not None:
+                self.visit(scheduled, f"{path}.optimizer", depth + 1)
         elif kind is StateKind.GRAD_SCALER:
-            state.scalers.append(value)
+            state.scalers.append(cast("torch.amp.GradScaler", value))
         state.paths.append(path)
 
 
-def _items(value: Any, path: str) -> list[tuple[str, Any]]:
+def _items(value: object, path: str) -> list[tuple[str, object]]:
     """The first ``_WIDTH`` items of a mapping or collection, or attributes of another object, with their
     paths; none where reading them fails (a user's class may raise anything)."""
     try:
@@ -183,7 +188,7 @@ def _items(value: Any, path: str) -> list[tuple[str, Any]]:
         return []
 
 
-def training_state(namespace: Mapping[str, Any], reads: Iterable[str],
+def training_state(namespace: Mapping[str, object], reads: Iterable[str],
                    bound_again: Iterable[str] = ()) -> TrainingState:
     """The training state a cell that reads ``reads`` reads from ``namespace``; the old objects of
     ``bound_again`` (bound by the cell before it reads them) are not followed."""
@@ -200,12 +205,12 @@ def copy_fits(nbytes: int, available_bytes: int | None) -> bool:
 
 @dataclass
 class _Saved:
-    parameters: list[tuple[Any, Any]]
-    buffers: list[Any]
-    optimizers: list[dict[str, Any]]
-    schedulers: list[dict[str, Any]]
-    scalers: list[dict[str, Any]]
-    random: dict[str, Any]
+    parameters: list[tuple[torch.Tensor, torch.Tensor | None]]
+    buffers: list[torch.Tensor]
+    optimizers: list[torch_state.SavedOptimizer]
+    schedulers: list[dict[str, object]]
+    scalers: list[dict[str, object]]
+    random: torch_state.SavedRandomState
 
 
 class Restorer:
@@ -213,7 +218,7 @@ class Restorer:
     ``run`` (``restore``: nothing when none ran since); ``finish`` drops the copy, putting it back exactly
     where the last rerun failed (it may have stepped before it failed)."""
 
-    def __init__(self, state: TrainingState, namespace: MutableMapping[str, Any] | None = None,
+    def __init__(self, state: TrainingState, namespace: MutableMapping[str, object] | None = None,
                  copy_training: bool = True):
         """``namespace``: where the plain state's names are put back (``None``: not put back);
         ``copy_training``: whether the torch state is copied."""
@@ -291,7 +296,7 @@ class Restorer:
                 held.append(kept)
         self._held = held
 
-    def held_for_step(self) -> list[Any]:
+    def held_for_step(self) -> list[torch.Tensor]:
         """The tensors held until an optimizer's next step begins (see ``restore``)."""
         return [tensor for held in self._held for tensor in held.tensors]
 
@@ -306,7 +311,7 @@ class Restorer:
         self.state.plain.drop()
 
 
-def what_to_restore(cell: ReadCell, namespace: Mapping[str, Any], no_restore: bool,
+def what_to_restore(cell: ReadCell, namespace: Mapping[str, object], no_restore: bool,
                     can_ask: bool) -> tuple[TrainingState, bool, str | None]:
     """What the cell trains and reads, whether its host copy is to be taken, and why not where it would not
     fit in host memory (raised, asking for --no-restore, where nobody can be asked: ``can_ask`` false)."""

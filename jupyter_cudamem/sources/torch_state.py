@@ -16,10 +16,26 @@ import sys
 from collections.abc import Callable
 from enum import Enum
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, TypeGuard
 
 if TYPE_CHECKING:
     import torch
+
+
+class SavedOptimizer(TypedDict):
+    """An optimizer's ``state_dict`` with each state tensor as ``(host copy, its device)``."""
+
+    state: dict[int, dict[str, object]]
+    param_groups: list[dict[str, Any]]
+
+
+class SavedRandomState(TypedDict, total=False):
+    """The generators' states; torch's and NumPy's only where they were imported."""
+
+    python: tuple[object, ...]
+    torch: torch.Tensor
+    cuda: list[torch.Tensor]
+    numpy: object
 
 
 class StateKind(Enum):
@@ -67,7 +83,7 @@ def kind_of(value: object) -> StateKind | None:
     return None
 
 
-def is_tensor(value: object) -> bool:
+def is_tensor(value: object) -> TypeGuard[torch.Tensor]:
     torch = _torch()
     return torch is not None and isinstance(value, torch.Tensor)
 
@@ -138,7 +154,7 @@ def restore_buffer(buffer: torch.Tensor, saved: torch.Tensor) -> None:
         buffer.copy_(saved)
 
 
-def save_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def save_optimizer(optimizer: torch.optim.Optimizer) -> SavedOptimizer:
     """The optimizer's ``state_dict`` with each state tensor copied to the host beside its device."""
     state_dict = optimizer.state_dict()
     state = {
@@ -149,7 +165,7 @@ def save_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     return {"state": state, "param_groups": copy.deepcopy(state_dict["param_groups"])}
 
 
-def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any], keep_memory: bool = False) -> HeldUntilStep | None:
+def restore_optimizer(optimizer: torch.optim.Optimizer, saved: SavedOptimizer, keep_memory: bool = False) -> HeldUntilStep | None:
     """Fresh tensors each time (``load_state_dict`` keeps a tensor already on the right device as it is,
     so loading the saved copy itself would let the next step change the copy).
 
@@ -157,7 +173,7 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict[str, Any], k
     made) stay allocated, unused, until the optimizer's next step begins, when the step makes them anew:
     the cell's next run holds them through its forward and backward passes. Returns what lets them go
     sooner (``None`` when nothing is held)."""
-    held: list[Any] = []
+    held: list[torch.Tensor] = []
     if keep_memory:
         saved_keys = set(saved["state"])
         for index, parameter in enumerate(optimizer_parameters(optimizer)):
@@ -183,7 +199,7 @@ class HeldUntilStep:
     (accelerate's ``AcceleratedOptimizer``) subclasses ``Optimizer`` without its hooks and steps the
     optimizer it wraps, whose ``state`` it shares."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, held: list[Any]):
+    def __init__(self, optimizer: torch.optim.Optimizer, held: list[torch.Tensor]):
         self._held = held
         state = optimizer.state
 
@@ -199,7 +215,7 @@ class HeldUntilStep:
         return bool(self._held)
 
     @property
-    def tensors(self) -> tuple[Any, ...]:
+    def tensors(self) -> tuple[torch.Tensor, ...]:
         return tuple(self._held)
 
     def release(self) -> None:
@@ -207,19 +223,19 @@ class HeldUntilStep:
         self._handle.remove()
 
 
-def save_scheduler(scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, Any]:
+def save_scheduler(scheduler: torch.optim.lr_scheduler.LRScheduler) -> dict[str, object]:
     return copy.deepcopy(scheduler.state_dict())
 
 
-def restore_scheduler(scheduler: torch.optim.lr_scheduler.LRScheduler, saved: dict[str, Any]) -> None:
+def restore_scheduler(scheduler: torch.optim.lr_scheduler.LRScheduler, saved: dict[str, object]) -> None:
     scheduler.load_state_dict(copy.deepcopy(saved))
 
 
-def save_grad_scaler(scaler: torch.amp.GradScaler) -> dict[str, Any]:
+def save_grad_scaler(scaler: torch.amp.GradScaler) -> dict[str, object]:
     return copy.deepcopy(scaler.state_dict())
 
 
-def restore_grad_scaler(scaler: torch.amp.GradScaler, saved: dict[str, Any]) -> None:
+def restore_grad_scaler(scaler: torch.amp.GradScaler, saved: dict[str, object]) -> None:
     if saved:
         scaler.load_state_dict(copy.deepcopy(saved))
     # A try that failed between ``unscale_`` and ``update`` leaves the optimizer marked unscaled, and the
@@ -229,10 +245,10 @@ def restore_grad_scaler(scaler: torch.amp.GradScaler, saved: dict[str, Any]) -> 
         per_optimizer.clear()
 
 
-def save_random_state() -> dict[str, Any]:
+def save_random_state() -> SavedRandomState:
     """torch's CPU and CUDA generators, Python's ``random`` and NumPy's global one (when imported)."""
     torch = _torch()
-    saved: dict[str, Any] = {"python": random.getstate()}
+    saved: SavedRandomState = {"python": random.getstate()}
     if torch is not None:
         saved["torch"] = torch.get_rng_state()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -243,7 +259,7 @@ def save_random_state() -> dict[str, Any]:
     return saved
 
 
-def restore_random_state(saved: dict[str, Any]) -> None:
+def restore_random_state(saved: SavedRandomState) -> None:
     torch = _torch()
     random.setstate(saved["python"])
     if torch is not None and "torch" in saved:
