@@ -11,7 +11,7 @@ import collections
 import types
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 CONTAINERS = (list, dict, set, bytearray, collections.deque)
 """The builtin containers whose contents are kept and put back."""
@@ -23,7 +23,12 @@ MAX_ITEMS = 2_000_000
 """At most this many items are copied in all (16 MB of references); a larger container is left, and said."""
 
 
-def _copy(value: Any) -> Any:
+Container: TypeAlias = (list[object] | dict[object, object] | dict[str, object] | set[object] | bytearray
+                        | collections.deque[object])
+"""One of ``CONTAINERS`` or an object's ``__dict__``, or a copy of their contents."""
+
+
+def _copy(value: Container) -> Container:
     if isinstance(value, dict):
         return dict(value)  # a plain dict: a Counter's ``update`` would add to its counts
     if isinstance(value, bytearray):
@@ -31,8 +36,9 @@ def _copy(value: Any) -> Any:
     return set(value) if isinstance(value, set) else list(value)  # a list or a deque
 
 
-def _put_back(value: Any, saved: Any) -> None:
-    """In place, through the container's own methods (an OrderedDict keeps its order)."""
+def _put_back(value: Container, saved: Any) -> None:
+    """In place, through the container's own methods (an OrderedDict keeps its order); ``saved``: what
+    ``_copy`` made of ``value``, the container of its kind."""
     if isinstance(value, (list, bytearray)):
         value[:] = saved
     elif isinstance(value, collections.deque):
@@ -43,7 +49,7 @@ def _put_back(value: Any, saved: Any) -> None:
         value.update(saved)
 
 
-def _same(value: Any, saved: Any) -> bool:
+def _same(value: Container, saved: Any) -> bool:
     """Whether ``value`` still holds what ``saved`` holds (the same objects, in the same order)."""
     if isinstance(value, dict):
         return len(value) == len(saved) and all(k in saved and saved[k] is v for k, v in value.items())
@@ -57,12 +63,12 @@ class PlainState:
     """The plain state a cell may change: what ``keep`` and ``bind`` were shown, as ``save`` found it."""
 
     names: list[str] = field(default_factory=list)  # names the cell reads
-    kept: list[tuple[Any, str]] = field(default_factory=list)  # (container or instance, path)
+    kept: list[tuple[object, str]] = field(default_factory=list)  # (container or instance, path)
     too_large: list[str] = field(default_factory=list)  # paths of containers over ``MAX_ITEMS``
     changed: list[str] = field(default_factory=list)  # paths a rerun changed and ``restore`` put back
     _items: int = 0
-    _bindings: dict[str, Any] = field(default_factory=dict)
-    _saved: list[tuple[Any, Any, str]] = field(default_factory=list)  # (value, its items or attributes, path)
+    _bindings: dict[str, object] = field(default_factory=dict)
+    _saved: list[tuple[object, Container, str]] = field(default_factory=list)  # (value, its items or attributes, path)
 
     @property
     def empty(self) -> bool:
@@ -73,7 +79,7 @@ class PlainState:
         if name not in self.names:
             self.names.append(name)
 
-    def keep(self, value: Any, path: str, notebook_class: bool) -> bool:
+    def keep(self, value: object, path: str, notebook_class: bool) -> bool:
         """Keep ``value``'s contents when it is plain (``notebook_class``: its class is the notebook's);
         whether its items are plain paths to follow."""
         if isinstance(value, CONTAINERS):
@@ -93,7 +99,7 @@ class PlainState:
         self.kept.append((value, path))
         return True
 
-    def save(self, namespace: MutableMapping[str, Any]) -> list[str]:
+    def save(self, namespace: MutableMapping[str, object]) -> list[str]:
         """Copy what is kept, and the names' bindings, as they are now; the paths that could not be (with why)."""
         self._bindings = {name: namespace[name] for name in self.names if name in namespace}
         self._saved, failed = [], []
@@ -105,7 +111,7 @@ class PlainState:
                 failed.append(f"{path} ({type(error).__name__}: {error})")
         return failed
 
-    def restore(self, namespace: MutableMapping[str, Any]) -> list[str]:
+    def restore(self, namespace: MutableMapping[str, object]) -> list[str]:
         """Put back what ``save`` copied; the paths that could not be (one line each, with why)."""
         failed: list[str] = []
         for value, saved, path in self._saved:

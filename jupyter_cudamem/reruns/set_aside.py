@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..ipython_names import OUTPUT_CACHE_NAMES, is_ipython_name
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Mover(Protocol):
@@ -26,7 +29,7 @@ class Mover(Protocol):
         """Where on the device the memory ``value`` holds starts (each tensor's storage)."""
         ...
 
-    def grown(self, value: object, from_batch: int, to_batch: int) -> list[list[Any]]:
+    def grown(self, value: object, from_batch: int, to_batch: int) -> list[list[torch.Tensor]]:
         """Memory held beside ``value``'s tensors of ``from_batch`` rows so they hold what they would at
         ``to_batch``, each block in a list that lets it go when cleared."""
         ...
@@ -36,7 +39,7 @@ class Mover(Protocol):
 class SetAside:
     """What ``set_aside`` took out of the namespace: ``give_back()`` if no try fits, ``drop()`` if one did."""
 
-    namespace: MutableMapping[str, Any]
+    namespace: MutableMapping[str, object]
     entries: dict[str, tuple[object, Callable[[], object]]] = field(default_factory=dict)
     kept: tuple[str, ...] = ()  # names holding GPU memory that could not be moved (left bound)
     freed_bytes: int = 0  # what setting them aside freed, where the caller measured it
@@ -76,7 +79,7 @@ class SetAside:
         self.freed_bytes += other.freed_bytes
 
 
-def set_aside(namespace: MutableMapping[str, Any], rebinds: tuple[str, ...], mover: Mover) -> SetAside:
+def set_aside(namespace: MutableMapping[str, object], rebinds: tuple[str, ...], mover: Mover) -> SetAside:
     """Move to the host and unbind what the failed cell bound and will bind again (``rebinds``)."""
     aside = SetAside(namespace)
     kept = []
@@ -100,7 +103,7 @@ def set_aside(namespace: MutableMapping[str, Any], rebinds: tuple[str, ...], mov
     return aside
 
 
-def restore_bindings(namespace: MutableMapping[str, Any], before: Mapping[str, Any]) -> list[str]:
+def restore_bindings(namespace: MutableMapping[str, object], before: Mapping[str, object]) -> list[str]:
     """Put ``namespace`` back as it was in ``before`` (the output cache's ``_``, ``__``, ``___`` too), so
     nothing a failed try bound (a ``loss`` holding its autograd graph) stays alive; the names changed."""
     changed = []

@@ -68,7 +68,7 @@ class TorchMover:
                 continue
         return frozenset(found)
 
-    def grown(self, value: object, from_batch: int, to_batch: int) -> list[list[Any]]:
+    def grown(self, value: object, from_batch: int, to_batch: int) -> list[list[torch.Tensor]]:
         """Memory that makes the CUDA tensors of ``value`` whose first dimension (or second, of one of
         three or more: a sequence-first RNN's) is ``from_batch`` hold what they would at ``to_batch``:
         for each, a block of the difference, let go with the tensor (``weakref.finalize``) or by clearing
@@ -78,7 +78,7 @@ class TorchMover:
         import torch
 
         tensors = [value] if isinstance(value, torch.Tensor) else _contained(value)
-        grown: list[list[Any]] = []
+        grown: list[list[torch.Tensor]] = []
         for tensor in tensors:
             if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda or tensor.dim() == 0:
                 continue
@@ -133,7 +133,7 @@ _CONTAINER_TENSORS = 10_000
 _CONTAINER_NODES = 100_000
 
 
-def _plain_attributes(value: object) -> dict[str, Any] | None:
+def _plain_attributes(value: object) -> dict[object, object] | None:
     """The attributes of a plain object that may hold tensors (transformers' ``DynamicCache`` in a model's
     output: its layers' keys and values, which reach the failed run's autograd graph); ``None`` for a
     tensor, a module or an optimizer (moved otherwise), a class, a function or a module object."""
@@ -176,7 +176,7 @@ def _move_container(value: object) -> tuple[object, Callable[[], object]] | None
     return _move(value, _CONTAINER_DEPTH)
 
 
-def _move(item: Any, depth: int) -> tuple[Any, Callable[[], Any]] | None:
+def _move(item: Any, depth: int) -> tuple[object, Callable[[], object]] | None:
     """``(a copy of item with its CUDA tensors on the host, give back)``; ``None`` when nothing in it is
     on a GPU. ``give back()`` makes another copy, the tensors on their devices again."""
     if getattr(item, "is_cuda", False) is True and hasattr(item, "detach"):
@@ -198,7 +198,7 @@ def _move(item: Any, depth: int) -> tuple[Any, Callable[[], Any]] | None:
     return host, lambda: _with(host, {key: back() for key, back in backs.items()})
 
 
-def _movable_children(item: object) -> dict[Any, Any] | None:
+def _movable_children(item: object) -> dict[object, object] | None:
     """A mapping's items, a list's or tuple's by index, a plain object's attributes (``_plain_attributes``);
     ``None`` for anything else. (A read-only mapping is listed too: what it holds is seen, but copying it
     with its tensors replaced fails, so it is left bound.)"""
@@ -210,7 +210,7 @@ def _movable_children(item: object) -> dict[Any, Any] | None:
     return None if attributes is None else dict(attributes)
 
 
-def _with(item: Any, replaced: Mapping[Any, Any]) -> Any:
+def _with(item: Any, replaced: Mapping[object, object]) -> object:
     """A shallow copy of a mapping, list, tuple or plain object with the items (attributes) under
     ``replaced``'s keys replaced."""
     if isinstance(item, tuple):
@@ -225,7 +225,7 @@ def _with(item: Any, replaced: Mapping[Any, Any]) -> Any:
     return copied
 
 
-def _rebuilt_tuple(original: tuple[Any, ...], items: list[Any]) -> tuple[Any, ...]:
+def _rebuilt_tuple(original: tuple[object, ...], items: list[object]) -> tuple[object, ...]:
     make = getattr(type(original), "_make", None)  # a namedtuple
     return make(items) if callable(make) else (tuple(items) if type(original) is tuple else type(original)(items))
 
@@ -244,7 +244,7 @@ def _state_tensors(value: object) -> list[Any]:
 
 def _move_optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[object, Callable[[], object]] | None:
     """Move each CUDA tensor of ``optimizer.state`` to the host in place; give back moves them back."""
-    moved: list[tuple[dict[Any, Any], Any, Any]] = []  # (state entry, key, device)
+    moved: list[tuple[dict[object, Any], object, torch.device]] = []  # (state entry, key, device)
     for entry in optimizer.state.values():
         if not isinstance(entry, dict):
             return None
