@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Any
 
 from ..units import format_bytes
-from .probe import TensorProbe, default_probe, grad_of
+from .probe import StorageKey, TensorProbe, default_probe, grad_of
 from .walk import (
     ATOMS,
     EXCEPTION_CODE,
@@ -153,7 +153,7 @@ def is_user_name(name: str, value: object) -> bool:
     return _is_user_type(type(value))
 
 
-def user_items(namespace: Mapping[str, Any]) -> list[tuple[str, Any]]:
+def user_items(namespace: Mapping[str, object]) -> list[tuple[str, object]]:
     """``(name, value)`` of the namespace's user variables (``is_user_name``), in its order.
 
     Run on every name after a measured cell, so by C loops (``map``, ``compress``): the per-type answer
@@ -247,7 +247,7 @@ class Root:
 
 
 def list_roots(
-    namespace: Mapping[str, Any],
+    namespace: Mapping[str, object],
     refs: Iterable[Reference] | Mapping[str, object],
     probe: TensorProbe,
     split_gradients: bool = True,
@@ -278,7 +278,7 @@ def list_roots(
 
 
 def walk_roots(
-    namespace: Mapping[str, Any],
+    namespace: Mapping[str, object],
     refs: Iterable[Reference] | Mapping[str, object],
     probe: TensorProbe,
     extra_skip: Iterable[int] = (),
@@ -295,7 +295,7 @@ def walk_roots(
 
 
 def find_holders(
-    namespace: dict[str, Any],
+    namespace: Mapping[str, object],
     ipython_refs: Iterable[Reference] | Mapping[str, object],
     top: int = 10,
     probe: TensorProbe | None = None,
@@ -316,14 +316,14 @@ def find_holders(
     roots = walk_roots(namespace, ipython_refs, probe)
     listed = [root for root in roots if not (root.user_variable and root.name.removesuffix(".grad") in remade)]
 
-    user_reach: dict[Any, int] = {}  # storage -> how many user roots reach it
+    user_reach: dict[StorageKey, int] = {}  # storage -> how many user roots reach it
     for root in roots:
         if root.user_variable:
             for key in root.reach.storages:
                 user_reach[key] = user_reach.get(key, 0) + 1
-    namespace_storages: dict[Any, int] = {}
-    ipython_only: dict[Any, int] = {}
-    cache_only: dict[Any, int] = {}
+    namespace_storages: dict[StorageKey, int] = {}
+    ipython_only: dict[StorageKey, int] = {}
+    cache_only: dict[StorageKey, int] = {}
     for root in listed:
         for key, hit in root.reach.storages.items():
             if root.user_variable:
@@ -342,7 +342,7 @@ def find_holders(
     return result
 
 
-def _holder(root: Root, user_reach: Mapping[Any, int]) -> Holder:
+def _holder(root: Root, user_reach: Mapping[StorageKey, int]) -> Holder:
     """A walked root as a holder; ``user_reach`` says how many user variables reach each storage."""
     reach = root.reach
     if root.user_variable:

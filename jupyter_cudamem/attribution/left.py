@@ -34,16 +34,16 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from itertools import compress, islice
 from operator import itemgetter, ne, not_
-from typing import Any
+from typing import Any, TypeAlias
 
 from ..collector import collector_paused
 from ..units import MiB
 from .fast_walk import walk_together
 from .holders import HolderKind, Origin, Reference, Root, list_roots, root_kind, user_items
 from .left_records import Change, LeftBehind, LeftHolder
-from .probe import ModuleHook, TensorProbe, default_probe
-from .snapshot import CHILDREN_FINGERPRINTED, NamespaceSnapshot, fingerprint, fingerprints, grows_in_place, sized
-from .text import captured_by, cause_of, container_kind, describe_holder, leak_advice
+from .probe import ModuleHook, StorageKey, TensorProbe, default_probe
+from .snapshot import CHILDREN_FINGERPRINTED, Fingerprint, NamespaceSnapshot, fingerprint, fingerprints, grows_in_place, sized
+from .text import Gathered, captured_by, cause_of, container_kind, describe_holder, leak_advice
 from .walk import (
     ATTRIBUTE,
     GRAPH_SCALAR,
@@ -81,17 +81,23 @@ class InPlace(Enum):
     STATE = "state"  # an optimizer gained state
 
 
+Detail: TypeAlias = "tuple[int, dict[int, int]] | InPlace | dict[str, int] | None"
+"""What ``_variable_change`` says besides the change: a container that grew, its old length and its children
+that grew (position: old length, -1 for new); what changed in place; an object's changed attributes (name:
+old length, -1 for new)."""
+
+
 @dataclass
 class Judged:
     """A root with what the fingerprint says of each part of it."""
 
     root: Root
     change: Change
-    novelty: dict[Any, int]  # storage -> NEW / OLD / UNKNOWN as this root reaches it
-    detail: Any = None  # what ``_variable_change`` said besides the change
+    novelty: dict[StorageKey, int]  # storage -> NEW / OLD / UNKNOWN as this root reaches it
+    detail: Detail = None  # what ``_variable_change`` said besides the change
 
 
-def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: TensorProbe) -> tuple[Change, Any]:
+def _variable_change(root: Root, before: Mapping[str, Fingerprint], probe: TensorProbe) -> tuple[Change, Detail]:
     """``(change, detail)``: how the name's object differs from the snapshot."""
     is_gradient = root.kind is HolderKind.GRADIENT
     name = root.name.removesuffix(".grad") if is_gradient else root.name
@@ -133,7 +139,7 @@ def _variable_change(root: Root, before: Mapping[str, tuple[Any, ...]], probe: T
     return Change.UNCHANGED, None
 
 
-def _container_change(value: Iterable[object], now: tuple[Any, ...], old: tuple[Any, ...]) -> tuple[Change, Any]:
+def _container_change(value: Iterable[object], now: Fingerprint, old: Fingerprint) -> tuple[Change, Detail]:
     """A list, tuple, dict or deque whose fingerprint changed: ``(Change.GREW, (old length, {position: old
     length of the child container there, or -1 for one that was not there}))`` when it gained items or
     a child container grew in place or was put where something else was (``history['losses'].append``,
@@ -158,6 +164,7 @@ def _container_change(value: Iterable[object], now: tuple[Any, ...], old: tuple[
 
 
 def _novelty_of(hit: Hit, change: Change, detail: Any) -> int:
+    """``detail``: ``_variable_change``'s, its kind told by ``change`` (a ``GREW``'s is the tuple)."""
     if change in (Change.NEW, Change.REBOUND):
         return NEW
     if change is Change.UNCHANGED:
@@ -202,7 +209,7 @@ def _hidden(hit: Hit) -> bool:
 
 
 def judge_namespace(
-    namespace: Mapping[str, Any],
+    namespace: Mapping[str, object],
     references: Iterable[Reference] | Mapping[str, object],
     before: NamespaceSnapshot,
     probe: TensorProbe,
@@ -270,10 +277,12 @@ def judge_namespace(
     return judged, hooks
 
 
-def _hidden_by_owner(walks: list[tuple[Reach, list[int]]], reached: set[Any]) -> dict[int, dict[Any, Hit]]:
+def _hidden_by_owner(
+    walks: list[tuple[Reach, list[int]]], reached: set[StorageKey]
+) -> dict[int, dict[StorageKey, Hit]]:
     """What the unchanged names reach only through their modules' hooks and attributes (``Reach.late``)
     and nothing reached otherwise, by the owner's position in the unchanged names."""
-    hidden: dict[int, dict[Any, Hit]] = {}
+    hidden: dict[int, dict[StorageKey, Hit]] = {}
     for part, positions in walks:
         for key, hit in part.late.items():
             if key not in reached:
@@ -302,7 +311,7 @@ def _explained(judged: list[Judged], left_bytes: int | None) -> bool:
     """Whether the new storages under the changed roots account for all the cell left (see ``judge_namespace``)."""
     if left_bytes is None or not judged:
         return False
-    sizes: dict[Any, int] = {}
+    sizes: dict[StorageKey, int] = {}
     for entry in judged:
         for key, novelty in entry.novelty.items():
             if novelty == NEW:
@@ -399,12 +408,12 @@ def _largest_path(root: Root, hits: list[Hit]) -> str:
 
 
 def _owners(
-    judged: list[Judged], verdict: Mapping[Any, int]
-) -> tuple[dict[Any, tuple[tuple[int, int], int]], dict[Any, list[int]]]:
+    judged: list[Judged], verdict: Mapping[StorageKey, int]
+) -> tuple[dict[StorageKey, tuple[tuple[int, int], int]], dict[StorageKey, list[int]]]:
     """Each storage the cell may have left (not ``OLD``): the root that owns it (storage -> (rank, index
     of the root), the best ``_rank``) and every root that reaches it (storage -> indexes)."""
-    owners: dict[Any, tuple[tuple[int, int], int]] = {}
-    reachers: dict[Any, list[int]] = {}
+    owners: dict[StorageKey, tuple[tuple[int, int], int]] = {}
+    reachers: dict[StorageKey, list[int]] = {}
     for index, entry in enumerate(judged):
         for key, hit in entry.root.reach.storages.items():
             if verdict[key] == OLD:
@@ -418,13 +427,13 @@ def _owners(
 
 def _gather(
     judged: list[Judged],
-    counted: set[Any],
-    owners: Mapping[Any, tuple[tuple[int, int], int]],
-    reachers: Mapping[Any, list[int]],
-) -> dict[int, dict[str, Any]]:
+    counted: set[StorageKey],
+    owners: Mapping[StorageKey, tuple[tuple[int, int], int]],
+    reachers: Mapping[StorageKey, list[int]],
+) -> dict[int, Gathered]:
     """What each owning root holds of the storages counted: bytes by category, tensor, graph and storage
     counts, the hits, and the names of the other roots that reach them."""
-    gathered: dict[int, dict[str, Any]] = {}
+    gathered: dict[int, Gathered] = {}
     for key in counted:
         index = owners[key][1]
         hit = judged[index].root.reach.storages[key]
@@ -452,7 +461,7 @@ def _gather(
 
 
 def left_behind(
-    namespace: Mapping[str, Any],
+    namespace: Mapping[str, object],
     references: Iterable[Reference] | Mapping[str, object],
     before: NamespaceSnapshot,
     left_bytes: int,
@@ -472,7 +481,7 @@ def left_behind(
         warnings.simplefilter("ignore")
         judged, hooks = judge_namespace(namespace, references, before, probe, skip, left_bytes)
 
-    verdict: dict[Any, int] = {}
+    verdict: dict[StorageKey, int] = {}
     for entry in judged:
         for key, novelty in entry.novelty.items():
             verdict[key] = min(verdict.get(key, NEW), novelty)
@@ -482,10 +491,10 @@ def left_behind(
         judged[index].root.reach.storages[key].nbytes for key, (_, index) in owners.items() if verdict[key] == NEW
     )
     unexplained = max(left_bytes - certain, 0)
-    counted: set[Any] = {key for key in owners if verdict[key] == NEW}
+    counted: set[StorageKey] = {key for key in owners if verdict[key] == NEW}
     likely_roots: set[int] = set()
     # Unknown storages (an unchanged module's hooks and attributes), hooks first, up to what is unexplained.
-    def hooks_first(key: object) -> tuple[bool, int]:
+    def hooks_first(key: StorageKey) -> tuple[bool, int]:
         index = owners[key][1]
         return judged[index].root.reach.storages[key].category is not ReachedAs.HOOKS, index
 

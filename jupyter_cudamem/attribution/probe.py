@@ -60,11 +60,11 @@ class TensorProbe:
     tensor_types: tuple[type, ...]
     module_types: tuple[type, ...] = ()
     optimizer_types: tuple[type, ...] = ()
-    on_device: Callable[[Any], bool] = _is_cuda
+    on_device: Callable[[object], bool] = _is_cuda
     # Where PyTorch has it (``torch._C._storage_address``): the address of a tensor's storage object, a
     # key for "the same storage" that costs a third of ``untyped_storage().data_ptr()`` (which makes a
     # Python storage object per call); a walk reads it for every tensor of the namespace.
-    storage_address: Callable[[Any], int] | None = None
+    storage_address: Callable[[object], int] | None = None
 
     def is_tensor(self, obj: object) -> bool:
         return isinstance(obj, self.tensor_types)
@@ -127,7 +127,7 @@ def _torch_probe(torch: types.ModuleType) -> TensorProbe:
 
 
 # -- autograd graphs ----------------------------------------------------------------------------
-def grad_fn_of(tensor: object) -> Any:
+def grad_fn_of(tensor: object) -> object:
     """The node that made ``tensor`` (``None`` for leaves, tensors made without gradients, and fakes)."""
     try:
         return getattr(tensor, "grad_fn", None)
@@ -135,7 +135,7 @@ def grad_fn_of(tensor: object) -> Any:
         return None
 
 
-def grad_of(tensor: object) -> Any:
+def grad_of(tensor: object) -> object:
     """A tensor's ``.grad``; read only where PyTorch fills it (leaves, ``retain_grad()``), since reading
     it on other tensors costs a warning each time."""
     try:
@@ -146,7 +146,7 @@ def grad_of(tensor: object) -> Any:
     return None
 
 
-def next_nodes(node: Any) -> Iterator[Any]:
+def next_nodes(node: Any) -> Iterator[object]:
     try:
         edges = node.next_functions
     except Exception:
@@ -170,12 +170,12 @@ def _saved_names(node_type: type) -> tuple[str, ...]:
     return names
 
 
-def graph_is_hooked(nodes: list[Any]) -> bool:
+def graph_is_hooked(nodes: list[object]) -> bool:
     """Whether unpacking saved tensors in this graph could run a checkpoint's recomputation."""
     return any(type(node).__name__ in _HOOKED_GRAPH_MARKERS for node in nodes)
 
 
-def saved_by(node: object, may_unpack: bool) -> Iterator[Any]:
+def saved_by(node: object, may_unpack: bool) -> Iterator[object]:
     """What ``node`` keeps for its backward: saved tensors (or what a pack hook made of them) and, for
     a custom ``autograd.Function``, the other objects ``forward`` put on ``ctx``.
 
@@ -205,7 +205,7 @@ def saved_by(node: object, may_unpack: bool) -> Iterator[Any]:
         yield from attributes.values()
 
 
-def _unpacked(node: Any, name: str, position: int, many: bool) -> Iterator[Any]:
+def _unpacked(node: Any, name: str, position: int, many: bool) -> Iterator[object]:
     try:
         value = node.saved_tensors if name == "tensors" else getattr(node, "_saved_" + name)
     except Exception:  # freed by backward: PyTorch raises instead of returning nothing
@@ -307,7 +307,7 @@ def module_hooks(module: object, path: str) -> list[ModuleHook]:
     return found
 
 
-def module_attributes(module: object, path: str) -> Iterator[tuple[str, Any]]:
+def module_attributes(module: object, path: str) -> Iterator[tuple[str, object]]:
     """``(path, value)`` of what the module and its submodules keep as plain attributes (``self.cache``)."""
     for sub_path, sub in _submodules(module, path):
         attributes = getattr(sub, "__dict__", {})

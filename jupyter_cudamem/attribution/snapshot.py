@@ -42,6 +42,10 @@ from .walk import (
 
 _ATTRIBUTES_FINGERPRINTED = 64
 
+Fingerprint = tuple[Any, ...]
+"""``(id, ...)``: what follows the id depends on the kind of object (a length and its children's, a module's
+first parameter's storage and gradient, a tensor's gradient, attributes), compared field by field."""
+
 
 def sized(value: Any) -> int:
     try:
@@ -72,7 +76,7 @@ _LENGTHLESS: set[type] = set(ATOMS)
 _CONTAINER_TYPES = (dict, list, tuple, deque, set, frozenset)
 
 
-def _learn_lengthless(children: Iterable[Any]) -> None:
+def _learn_lengthless(children: Iterable[object]) -> None:
     if len(_LENGTHLESS) >= 8192:  # classes redefined in a loop: start again
         _LENGTHLESS.clear()
         _LENGTHLESS.update(ATOMS)
@@ -97,7 +101,7 @@ _PLAIN = -1  # a code of our own: atoms and the plain codes, whose fingerprint i
 _DUCK_TENSOR = -2  # and another: tensor types without PyTorch's attributes (fakes, tensor-likes)
 
 
-def fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None = None) -> tuple[Any, ...]:
+def fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None = None) -> Fingerprint:
     """The id and what can grow in place without the id changing; cheap (one type lookup), never raises.
     ``codes`` caches type codes across one namespace's names."""
     ident = id(value)
@@ -139,7 +143,9 @@ def fingerprint(value: Any, probe: TensorProbe, codes: dict[type, int] | None = 
     return (ident,)
 
 
-def _attribute_fingerprint(attributes: dict[str, Any], probe: TensorProbe, codes: dict[type, int]) -> tuple[Any, ...]:
+def _attribute_fingerprint(
+    attributes: dict[str, Any], probe: TensorProbe, codes: dict[type, int]
+) -> tuple[tuple[str, int, int], ...]:
     """``(name, id, length or -1)`` of an object's first attributes; a length for containers only.
 
     Containers are told by type code (cached per type), not ``isinstance``: ``isinstance(tensor, list)``
@@ -156,7 +162,7 @@ def _attribute_fingerprint(attributes: dict[str, Any], probe: TensorProbe, codes
     return tuple(items)
 
 
-def _first_parameter(module: Any, depth: int = 0) -> Any:
+def _first_parameter(module: Any, depth: int = 0) -> object:
     """``next(iter(module.parameters()))`` without its generators (a tenth of the cost): the module's
     own first parameter, else its first child's, depth first, as ``named_parameters`` orders them."""
     own = getattr(module, "_parameters", None)
@@ -189,12 +195,12 @@ class NamespaceSnapshot:
     ``base`` with ``changed`` laid over it (``None``: the name went), so that a snapshot kept from cell to
     cell (``tracked``) shares its ``base`` with the one before instead of copying every name."""
 
-    base: Mapping[str, tuple[Any, ...]]
+    base: Mapping[str, Fingerprint]
     references: frozenset[int]  # ids of what IPython kept
-    changed: Mapping[str, tuple[Any, ...] | None] = field(default_factory=dict)
+    changed: Mapping[str, Fingerprint | None] = field(default_factory=dict)
 
     @cached_property
-    def names(self) -> Mapping[str, tuple[Any, ...]]:
+    def names(self) -> Mapping[str, Fingerprint]:
         """The fingerprint of every name (made when first asked: after a cell that left enough to attribute)."""
         if not self.changed:
             return self.base
@@ -209,7 +215,7 @@ class NamespaceSnapshot:
     @classmethod
     def take(
         cls,
-        namespace: Mapping[str, Any],
+        namespace: Mapping[str, object],
         references: Iterable[Reference] = (),
         probe: TensorProbe | None = None,
     ) -> NamespaceSnapshot:
@@ -222,7 +228,7 @@ class NamespaceSnapshot:
         return cls(names, frozenset(id(reference.value) for reference in references))
 
 
-def fingerprints(items: list[tuple[str, Any]], probe: TensorProbe) -> dict[str, tuple[Any, ...]]:
+def fingerprints(items: list[tuple[str, Any]], probe: TensorProbe) -> dict[str, Fingerprint]:
     """``fingerprint`` of every value, equal to it name by name, in one loop.
 
     Taken before every cell in every-cell mode, on cells that leave nothing as on the rare one that
@@ -231,7 +237,7 @@ def fingerprints(items: list[tuple[str, Any]], probe: TensorProbe) -> dict[str, 
     without a function call of their own; the rarer ones go through ``fingerprint``.
     """
     codes: dict[type, int] = {}
-    names: dict[str, tuple[Any, ...]] = {}
+    names: dict[str, Fingerprint] = {}
     lengthless = _LENGTHLESS.issuperset
     for name, value in items:
         kind = type(value)

@@ -14,12 +14,24 @@ attribution runs, and ``report`` only lays the records out.
 from __future__ import annotations
 
 import types
-from typing import Any
+from typing import TypedDict
 
 from ..units import format_bytes
 from .holders import MODULE_PARTS, HolderKind, Origin, Root, tensor_text
 from .left_records import Cause, Change, LeftHolder
 from .walk import ATTRIBUTE, HOOK, Capture, Hit, ReachedAs, capture_names
+
+
+class Gathered(TypedDict):
+    """What ``left.left_behind`` gathered under one holder of the storages it counts."""
+
+    categories: dict[ReachedAs, int]  # bytes by category
+    tensors: int  # tensors met outside graphs
+    graph_tensors: int  # of those, the ones carrying an autograd graph
+    scalars: int  # of those, single numbers (a loss, a metric)
+    storages: int
+    hits: list[Hit]
+    also: set[str]  # the other roots that reach them
 
 
 def plural(count: int, noun: str) -> str:
@@ -67,7 +79,7 @@ def _capture_words(capture: Capture, functions: int = 1) -> str:
 
 
 # -- what each holder is ------------------------------------------------------------------------------
-def describe_holder(root: Root, cause: Cause, holder: dict[str, Any]) -> str:
+def describe_holder(root: Root, cause: Cause, holder: Gathered) -> str:
     """What the holder is, from its root and what ``left.left_behind`` gathered under it (``holder``:
     bytes by category, tensor and storage counts, the hits): ``list of 40 tensors holding their
     autograd graphs, 10.00 MiB of saved activations``, ``Linear: parameters 4.00 MiB``."""
@@ -103,7 +115,7 @@ def describe_holder(root: Root, cause: Cause, holder: dict[str, Any]) -> str:
     return text
 
 
-def _container_text(container: str, holder: dict[str, Any], saved: str) -> str:
+def _container_text(container: str, holder: Gathered, saved: str) -> str:
     """``list of 40 tensors holding their autograd graphs, 10.00 MiB of saved activations``."""
     tensors, graph_tensors = holder["tensors"], holder["graph_tensors"]
     noun = (
@@ -135,7 +147,7 @@ def _kept_by_ipython(root: Root) -> str:
     return "its frames' tensors, kept by the failed cell's traceback"
 
 
-def _captures_text(value: object, container: str | None, holder: dict[str, Any]) -> str | None:
+def _captures_text(value: object, container: str | None, holder: Gathered) -> str | None:
     """A function, or a container of functions, that keeps every tensor it reaches in what it captured
     (defaults, closures, a partial's arguments); ``None`` when something else keeps one of them."""
     captured = sorted({capture for capture in map(captured_by, holder["hits"]) if capture is not None})

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from .probe import (
     ModuleHook,
+    StorageKey,
     TensorProbe,
     grad_fn_of,
     grad_of,
@@ -67,7 +68,7 @@ class Capture(StrEnum):
 CALLABLES_KEEPING = (types.FunctionType, types.MethodType, partial)
 
 
-def function_captures(function: types.FunctionType | types.MethodType | partial[object]) -> list[tuple[str, Any]]:
+def function_captures(function: types.FunctionType | types.MethodType | partial[object]) -> list[tuple[str, object]]:
     """What a Python function keeps alive of its own: its default arguments and the contents of its
     closure cells (not its globals, not its code); a bound method, its object and function; a
     ``functools.partial``, its function and arguments. Each with the expression that reads it."""
@@ -76,7 +77,7 @@ def function_captures(function: types.FunctionType | types.MethodType | partial[
     if isinstance(function, partial):
         arguments = [(f"args[{i}]", value) for i, value in enumerate(function.args)]
         return [("func", function.func), *arguments, *((f"keywords[{k!r}]", v) for k, v in function.keywords.items())]
-    captures: list[tuple[str, Any]] = []
+    captures: list[tuple[str, object]] = []
     for index, value in enumerate(function.__defaults__ or ()):
         captures.append((f"__defaults__[{index}]", value))
     for name, value in (function.__kwdefaults__ or {}).items():
@@ -125,16 +126,16 @@ R = TypeVar("R")
 _MEMO_LIMIT = 8192  # distinct types remembered; past it the memo starts again (classes redefined in a loop)
 
 
-class _TypeMemo(dict):
+class _TypeMemo(dict[type, R]):
     """A dict from type to ``function(type)``, filled on first use; called like the function. Calling
     it is ``dict.__getitem__`` (C, with ``__missing__`` only for a type not seen yet), a fraction of
     the cost of a Python wrapper: it runs once per name of a namespace, before every cell."""
 
-    def __init__(self, function: Callable[[type], Any]) -> None:
+    def __init__(self, function: Callable[[type], R]) -> None:
         super().__init__()
         self.function = function
 
-    def __missing__(self, kind: type) -> Any:
+    def __missing__(self, kind: type) -> R:
         if len(self) >= _MEMO_LIMIT:
             self.clear()
         found = self[kind] = self.function(kind)
@@ -223,7 +224,7 @@ class ReachedAs(StrEnum):
 ITEM, ATTRIBUTE, HOOK = 0, 1, 2
 NO_GRAPH, WITH_GRAPH, GRAPH_SCALAR = 0, 1, 2
 PATH_STEPS = 2
-Step = tuple[int, Any, int]
+Step = tuple[int, object, int]
 
 
 class Hit(NamedTuple):
@@ -251,16 +252,16 @@ class Reach:
     what modules keep out of sight (hooks' captures, plain attributes), after everything else.
     """
 
-    storages: dict[Any, Hit] = field(default_factory=dict)
+    storages: dict[StorageKey, Hit] = field(default_factory=dict)
     tensors: int = 0  # tensors holding a counted storage, met outside graphs
     graph_tensors: int = 0  # of those, how many carry an autograd graph
     scalar_graph_tensors: int = 0  # of those, how many are single numbers (a loss, a metric)
     hooks: list[ModuleHook] = field(default_factory=list)
     truncated: bool = False
-    late: dict[Any, Hit] = field(default_factory=dict)
+    late: dict[StorageKey, Hit] = field(default_factory=dict)
     # In a walk of several roots: every storage reached outside what modules keep out of sight,
     # including those a keys-only pass met without making a ``Hit`` (see ``fast_walk.walk_together``).
-    reached: set[Any] = field(default_factory=set)
+    reached: set[StorageKey] = field(default_factory=set)
 
     @property
     def total(self) -> int:
@@ -309,10 +310,10 @@ class _Walker:
         self.seen: set[int] = set()
         # Graph nodes and unpacked tensors are new Python objects: keep them alive while walking, or
         # their ids could be reused by the next ones and those would be taken as already seen.
-        self.keep_alive: list[Any] = []
-        self.pending: deque[tuple[Any, ReachedAs, int, tuple[Step, ...], bool, int]] = deque()
-        self.deferred: deque[tuple[Any, ReachedAs, int, tuple[Step, ...], bool, int]] = deque()
-        self.storages: dict[Any, Hit] = {}
+        self.keep_alive: list[object] = []
+        self.pending: deque[tuple[object, ReachedAs, int, tuple[Step, ...], bool, int]] = deque()
+        self.deferred: deque[tuple[object, ReachedAs, int, tuple[Step, ...], bool, int]] = deque()
+        self.storages: dict[StorageKey, Hit] = {}
         self.reach = Reach(storages=self.storages)
         self.codes: dict[type, int] = {}
         # Paths are only read for what a holder is named by; a walk of unchanged roots skips them
@@ -332,7 +333,7 @@ class _Walker:
             (item, category, position, path, False, owner)
         )
 
-    def run(self, roots: list[Any]) -> Reach:
+    def run(self, roots: list[object]) -> Reach:
         self.start(roots)
         self.drain()
         self.reach.reached.update(self.storages)
@@ -345,7 +346,7 @@ class _Walker:
             self.drain()
         return self.reach
 
-    def start(self, roots: list[Any]) -> None:
+    def start(self, roots: list[object]) -> None:
         """Queue the roots (not counted against the budget)."""
         for owner, root in enumerate(roots):
             self.pending.append((root, ReachedAs.TENSORS, -1, (), True, owner))
@@ -449,9 +450,9 @@ class _Walker:
         for saved in self.graph_saved(start):
             self.push(saved, ReachedAs.GRAPH, position, path, owner)
 
-    def graph_saved(self, start: object) -> list[Any]:
+    def graph_saved(self, start: object) -> list[object]:
         """What the graph nodes not yet seen from ``start`` keep for their backward (kept alive)."""
-        nodes: list[Any] = []
+        nodes: list[object] = []
         frontier = [start]
         while frontier and self.budget > 0:
             node = frontier.pop()
@@ -465,7 +466,7 @@ class _Walker:
         if frontier:
             self.reach.truncated = True
         may_unpack = not graph_is_hooked(nodes)
-        found: list[Any] = []
+        found: list[object] = []
         for node in nodes:
             for saved in saved_by(node, may_unpack):
                 self.keep_alive.append(saved)
