@@ -69,15 +69,15 @@ _DATA_PTR = methodcaller("data_ptr")
 _UNTYPED_STORAGE = methodcaller("untyped_storage")
 
 
-def _items_of(containers: list[Any]) -> list[list[Any]]:
+def _items_of(containers: list[Any]) -> list[list[object]]:
     return list(map(list, containers))
 
 
-def _values_of(mappings: list[Any]) -> list[list[Any]]:
+def _values_of(mappings: list[Any]) -> list[list[object]]:
     return list(map(list, map(methodcaller("values"), mappings)))
 
 
-def _attributes_of(objects: list[Any]) -> list[list[Any]]:
+def _attributes_of(objects: list[object]) -> list[list[object]]:
     dicts = list(map(attrgetter("__dict__"), objects))
     if not set(map(type, dicts)) <= {dict}:
         raise TypeError("a __dict__ that is not a dict")
@@ -105,7 +105,7 @@ def _children_owners(
     owners_of: Callable[[list[bool] | None], list[int]],
     mask: list[bool] | None,
     first: list[bool] | None,
-    children: list[list[Any]],
+    children: list[list[object]],
 ) -> list[int]:
     owners = owners_of(mask) if first is None else compress(owners_of(mask), first)
     return list(chain.from_iterable(map(repeat, owners, map(len, children))))
@@ -123,10 +123,10 @@ class _KeysOnlyWalker(_Walker):
         super().__init__(*args, **kwargs)
         self.lanes: dict[type, int] = {}
 
-    def start(self, roots: list[Any]) -> None:
+    def start(self, roots: list[object]) -> None:
         self.collect_keys(roots)
 
-    def collect_keys(self, roots: list[Any]) -> None:
+    def collect_keys(self, roots: list[object]) -> None:
         """The first pass of a walk of unchanged roots, where only which storages are reached matters:
         tensors, containers and plain objects are handled here on a stack of bare objects, without the
         categories, positions and paths a ``Hit`` records; everything else (modules, optimizers,
@@ -257,7 +257,7 @@ class _KeysOnlyWalker(_Walker):
                 except Exception:  # an object that cannot be inspected holds nothing we can name
                     more = ()
 
-    def fast_lane(self, roots: list[Any]) -> list[tuple[int, Any, bool]]:
+    def fast_lane(self, roots: list[object]) -> list[tuple[int, object, bool]]:
         """The bulk of ``collect_keys``: PyTorch's tensors without a graph, lists, tuples, dicts and plain
         objects without ``__slots__``, a level at a time, each step one C loop over the level's part of
         that kind (``map``, ``compress``, ``chain``) instead of a Python loop per object. What it does
@@ -268,7 +268,7 @@ class _KeysOnlyWalker(_Walker):
         over the level's owners)."""
         seen, keys, probe, lanes = self.seen, self.reach.reached, self.probe, self.lanes
         on_device, address = probe.on_device, probe.storage_address
-        handed: list[tuple[int, Any, bool]] = []
+        handed: list[tuple[int, object, bool]] = []
         level: list[Any] = list(roots)
         owners: Callable[[], list[int]] = cache(partial(_positions, len(roots)))
         depth = 0
@@ -375,7 +375,7 @@ class _KeysOnlyWalker(_Walker):
 
 
 def walk_together(
-    roots: list[tuple[str, Any]],
+    roots: list[tuple[str, object]],
     probe: TensorProbe,
     skip_ids: frozenset[int] = frozenset(),
     limit: int = WALK_LIMIT,

@@ -26,12 +26,11 @@ import types
 import warnings
 from collections.abc import Iterable, Mapping
 from operator import itemgetter
-from typing import Any
 
 from ..cell.names import code_names
 from ..collector import collector_paused
 from .probe import TensorProbe
-from .snapshot import NamespaceSnapshot, fingerprints
+from .snapshot import Fingerprint, NamespaceSnapshot, fingerprints
 from .walk import ATOM_TYPES
 
 # Why a quarter: storages a stale fingerprint hides are counted as the next attributed cell's; a quarter
@@ -42,7 +41,7 @@ GUARD_FRACTION = 4
 _GONE = object()  # a name the namespace no longer has
 
 
-def _held_ids(fingerprint: tuple[Any, ...]) -> list[int]:
+def _held_ids(fingerprint: Fingerprint) -> list[int]:
     """The ids of the objects whose change in place changes this fingerprint: the object's own (unless
     the fingerprint is its id alone: numbers, strings, functions), and its children's or attributes'
     whose length it records (a child without one can change in place without this fingerprint moving)."""
@@ -64,8 +63,8 @@ class TrackedNamespace:
         self.full_walks = 0  # how many snapshots walked every name (for tests and benchmarks)
         # The fingerprints of the last full walk (never changed after: snapshots share it), and those taken
         # again since (``None``: the name went); merged into a new base once they are an eighth of it.
-        self._base: dict[str, tuple[Any, ...]] | None = None
-        self._changed: dict[str, tuple[Any, ...] | None] = {}
+        self._base: dict[str, Fingerprint] | None = None
+        self._changed: dict[str, Fingerprint | None] = {}
         self._probe: TensorProbe | None = None
         self._touched: set[str] = set()
         self._left_bytes = 0
@@ -99,7 +98,7 @@ class TrackedNamespace:
         self._left_bytes += sum(max(now - self._allocated.get(device, now), 0) for device, now in allocated.items())
         self._allocated = dict(allocated)
 
-    def take(self, namespace: Mapping[str, Any], reference_ids: frozenset[int], probe: TensorProbe) -> NamespaceSnapshot:
+    def take(self, namespace: Mapping[str, object], reference_ids: frozenset[int], probe: TensorProbe) -> NamespaceSnapshot:
         """The namespace as it is now, as ``NamespaceSnapshot.take`` would fingerprint it, with the ids of
         what IPython keeps (``ipython_state.ipython_reference_ids``)."""
         walk_all = self._base is None or probe != self._probe or self._left_bytes * GUARD_FRACTION >= self.guard_bytes
@@ -119,7 +118,7 @@ class TrackedNamespace:
         return NamespaceSnapshot(base, reference_ids, changed)
 
     # -- every name -------------------------------------------------------------------------------
-    def _walk_all(self, namespace: Mapping[str, Any], probe: TensorProbe) -> None:
+    def _walk_all(self, namespace: Mapping[str, object], probe: TensorProbe) -> None:
         self.full_walks += 1
         self._probe, self._left_bytes = probe, 0
         items = list(namespace.items())
@@ -140,12 +139,12 @@ class TrackedNamespace:
                     self._sharing.setdefault(ident, set()).add(name)
 
     # -- the names a cell can have changed ----------------------------------------------------------
-    def _current(self, name: str) -> tuple[Any, ...] | None:
+    def _current(self, name: str) -> Fingerprint | None:
         if name in self._changed:
             return self._changed[name]
         return self._base.get(name) if self._base is not None else None
 
-    def _refresh(self, namespace: Mapping[str, Any], probe: TensorProbe) -> None:
+    def _refresh(self, namespace: Mapping[str, object], probe: TensorProbe) -> None:
         """Fingerprint again the names the cells since the last snapshot can have changed. The snapshot
         handed out before keeps its own ``changed``: this one is a new dict."""
         changed = self._changed = dict(self._changed)
@@ -177,13 +176,13 @@ class TrackedNamespace:
                 changed[other] = new
                 self._index(other, new)
 
-    def _refresh_atoms(self, namespace: Mapping[str, Any]) -> bool:
+    def _refresh_atoms(self, namespace: Mapping[str, object]) -> bool:
         """``_refresh`` where every touched name is gone, or bound to an atom (a number, a string, ``None``) and
         was one or unbound before: such a fingerprint is the object's id alone, shares nothing and names no
         code, so no user code runs and neither the warnings filter nor the collector's pause is needed (in a
         running cell they cost more than the rest of a trivial cell's snapshot). ``False``, changing nothing,
         where a touched name is anything else."""
-        fresh: dict[str, tuple[tuple[Any, ...] | None, tuple[Any, ...] | None]] = {}  # name: (old, new)
+        fresh: dict[str, tuple[Fingerprint | None, Fingerprint | None]] = {}  # name: (old, new)
         for name in self._touched:
             old = self._current(name)
             if old is not None and len(old) > 1:
@@ -204,7 +203,7 @@ class TrackedNamespace:
                 changed[name] = new
         return True
 
-    def _withcode_names(self, namespace: Mapping[str, Any]) -> set[str]:
+    def _withcode_names(self, namespace: Mapping[str, object]) -> set[str]:
         """The touched names, with the globals the notebook's own code among them names, transitively."""
         touched = set(self._touched)
         queue = list(touched)
@@ -220,7 +219,7 @@ class TrackedNamespace:
         return touched
 
     @staticmethod
-    def _codes_of(value: object, namespace: Mapping[str, Any]) -> list[types.CodeType]:
+    def _codes_of(value: object, namespace: Mapping[str, object]) -> list[types.CodeType]:
         """The code objects of a function, class or instance of a class defined in this namespace."""
         if isinstance(value, types.MethodType):
             value = value.__func__
@@ -242,7 +241,7 @@ class TrackedNamespace:
                                  if isinstance(f, types.FunctionType) and f.__globals__ is namespace)
         return codes
 
-    def _sharers(self, fingerprint: tuple[Any, ...]) -> set[str]:
+    def _sharers(self, fingerprint: Fingerprint) -> set[str]:
         """The names whose fingerprint records an object this one records."""
         found: set[str] = set()
         for ident in _held_ids(fingerprint):
@@ -252,7 +251,7 @@ class TrackedNamespace:
             found.update(self._sharing.get(ident, ()))
         return found
 
-    def _index(self, name: str, fingerprint: tuple[Any, ...]) -> None:
+    def _index(self, name: str, fingerprint: Fingerprint) -> None:
         held = _held_ids(fingerprint)
         if not held:
             return
@@ -262,7 +261,7 @@ class TrackedNamespace:
         for child in held[1:]:
             self._sharing.setdefault(child, set()).add(name)
 
-    def _unindex(self, name: str, fingerprint: tuple[Any, ...]) -> None:
+    def _unindex(self, name: str, fingerprint: Fingerprint) -> None:
         if self._owner.get(fingerprint[0]) == name:
             del self._owner[fingerprint[0]]
         for ident in _held_ids(fingerprint):

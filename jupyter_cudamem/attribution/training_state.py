@@ -18,13 +18,13 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from ..growth import FixedMemory
-from .probe import TensorProbe
+from .probe import StorageKey, TensorProbe
 
 _STATE_TENSORS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "NAdam": 2, "RAdam": 2, "Adadelta": 2, "Adagrad": 0,
                   "SparseAdam": 2, "LBFGS": 0}
 
 
-def _state_tensors(optimizer: object, group: Mapping[str, Any]) -> int:
+def _state_tensors(optimizer: object, group: Mapping[str, object]) -> int:
     """How many tensors of a parameter's size the optimizer's first step creates for one parameter."""
     name = type(optimizer).__name__
     if name == "SGD":
@@ -34,7 +34,7 @@ def _state_tensors(optimizer: object, group: Mapping[str, Any]) -> int:
     return _STATE_TENSORS.get(name, 2) + bool(group.get("amsgrad"))
 
 
-def _values(namespace: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+def _values(namespace: Mapping[str, object]) -> Iterator[tuple[str, object]]:
     for name, value in namespace.items():
         if name.startswith("_"):
             continue
@@ -52,7 +52,7 @@ def _nbytes(tensor: Any) -> int:
         return 0
 
 
-def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: TensorProbe | None,
+def fixed_memory(namespace: Mapping[str, object], rebuilt: Collection[str], probe: TensorProbe | None,
                  trains: bool = True, read: Collection[int] | None = None) -> FixedMemory | None:
     """The batch-independent part of the step a cell runs, above what will be allocated when it reruns.
 
@@ -65,7 +65,7 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
     if probe is None or not (probe.module_types or probe.optimizer_types):
         return None
     seen: set[int] = set()
-    counted: set[Any] = set()
+    counted: set[StorageKey] = set()
     graded: set[int] = set()  # parameters whose gradient is counted (two models may share them)
     parameters_bytes = gradients_bytes = state_bytes = 0
     sizes: set[int] = set()
@@ -75,7 +75,7 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
     built_sizes: list[int] = []
     found = False
 
-    def storage(tensor: object) -> tuple[Any, int] | None:
+    def storage(tensor: object) -> tuple[StorageKey, int] | None:
         found = probe.device_storage(tensor)
         if found is None or found[0] in counted:
             return None
@@ -99,7 +99,7 @@ def fixed_memory(namespace: Mapping[str, Any], rebuilt: Collection[str], probe: 
             buffers = list(module.buffers())
         except Exception:  # noqa: BLE001  a module that cannot list its tensors is skipped
             continue
-        shared: dict[Any, int] = {}  # storages holding several of the module's parameters: their sizes
+        shared: dict[StorageKey, int] = {}  # storages holding several of the module's parameters: their sizes
         for tensor in parameters + buffers:
             if not probe.on_device(tensor):
                 continue
