@@ -24,12 +24,15 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..breakdown import Category, Phase, TrackedPeak
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 CUDA_BLOCK_BYTES = 512
 """The caching allocator rounds every request up to a multiple of 512 bytes; counting storages the
@@ -78,10 +81,13 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[torch
                     yield parameter, value
 
 
-def namespace_objects(namespace: Mapping[str, Any]) -> tuple[dict[int, str], list[Any], list[Any]]:
+def namespace_objects(
+    namespace: Mapping[str, object],
+) -> tuple[dict[int, str], list[torch.nn.Module], list[torch.optim.Optimizer]]:
     """The models and optimizers bound to names: ``({id(model): name}, models, optimizers)``."""
     names: dict[int, str] = {}
-    models, optimizers = [], []
+    models: list[torch.nn.Module] = []
+    optimizers: list[torch.optim.Optimizer] = []
     for name, value in list(namespace.items()):
         if name.startswith("_"):
             continue
@@ -107,13 +113,14 @@ def _storage_bytes(tensor: object, seen: set[int], device_type: str) -> int:
     return int(tensor.numel()) * int(tensor.element_size())
 
 
-def model_state_bytes(models: Iterable[Any], optimizers: Iterable[Any], device_type: str = "cuda") -> dict[Category, int]:
+def model_state_bytes(models: Iterable[torch.nn.Module], optimizers: Iterable[torch.optim.Optimizer],
+                      device_type: str = "cuda") -> dict[Category, int]:
     """numel x element size of the parameters and buffers, gradients and optimizer state of ``models`` and
     ``optimizers`` on ``device_type``: what they hold between steps, read from the objects themselves.
     Readable after an out-of-memory error, when no tracker ran."""
     seen: set[int] = set()
     totals = {Category.PARAMETERS: 0, Category.GRADIENTS: 0, Category.OPTIMIZER_STATE: 0}
-    parameters: list[Any] = []
+    parameters: list[torch.Tensor] = []
     for model in models:
         for tensor in list(model.parameters()) + list(model.buffers()):
             totals[Category.PARAMETERS] += _storage_bytes(tensor, seen, device_type)
@@ -155,8 +162,8 @@ class _Mode(TorchDispatchMode):
         super().__init__()
         self.tracker = tracker
 
-    def __torch_dispatch__(self, func: Callable[..., Any], types: tuple[type, ...], args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(self, func: Callable[..., object], types: tuple[type, ...], args: tuple[object, ...] = (),
+                           kwargs: dict[str, object] | None = None) -> object:
         result = func(*args, **(kwargs or {}))
         self.tracker._made(result)
         return result
@@ -171,7 +178,7 @@ class PeakTracker:
     track "cpu".
     """
 
-    def __init__(self, namespace: Mapping[str, Any], device_type: str = "cuda"):
+    def __init__(self, namespace: Mapping[str, object], device_type: str = "cuda"):
         self.namespace = namespace
         self.device_type = device_type
         self._live: dict[str, dict[int, _Held]] = {}
@@ -183,15 +190,15 @@ class PeakTracker:
         self._peak_pending: set[str] = set()
         self._forward_depth = 0
         self._labels: list[str] = []  # the module label of each forward running, innermost last
-        self._child_label: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self._roots: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._child_label: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self._roots: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
         self._parameter_label: dict[int, str] = {}
         # Tensors compare elementwise: a WeakKeyDictionary would call ``==`` on two parameters; keyed by id.
-        self._grad_hooked: dict[int, Any] = {}
-        self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._grad_hooked: dict[int, RemovableHandle] = {}
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._in_step = 0
         self._closing = False  # on exit, storages never seen are left out (they may not have existed at the peak)
-        self._handles: list[Any] = []
+        self._handles: list[RemovableHandle] = []
         self._start_total: dict[str, int] = {}
         self._mode: _Mode | None = None
         self._result: dict[str, TrackedPeak] | None = None
@@ -239,7 +246,7 @@ class PeakTracker:
                 category = self._category()
             self._add(found, *category)
 
-    def _add(self, found: tuple[Any, int, str], category: Category, module: str) -> _Held:
+    def _add(self, found: tuple[torch.UntypedStorage, int, str], category: Category, module: str) -> _Held:
         storage, address, device = found
         held = _Held(_rounded(int(storage.nbytes()), self.device_type), category, module, device)
         held.reference = weakref.ref(storage, partial(self._freed, address, held))
