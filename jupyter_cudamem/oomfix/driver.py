@@ -10,7 +10,6 @@ from __future__ import annotations
 import types
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ..errors import CudaMemError
 from ..hardware import Hardware, headroom_bytes
@@ -34,7 +33,7 @@ from .strategies import STRATEGIES, Strategy
 from .whole_data import whole_data_decision
 
 
-def stepping_functions(namespace: Mapping[str, Any] | None) -> frozenset[str]:
+def stepping_functions(namespace: Mapping[str, object] | None) -> frozenset[str]:
     """Functions of earlier cells whose code calls ``backward``, ``step`` or ``zero_grad``: a call of one
     stays outside autocast (``wrap_in_autocast``'s ``outside_names``)."""
     return frozenset(
@@ -60,7 +59,7 @@ class _FailedCell:
     lives, what it needs at least and the room it has (bytes, ``None``: unknown), what the cleanup freed."""
 
     read: ReadCell
-    namespace: Mapping[str, Any] | None
+    namespace: Mapping[str, object] | None
     oom: OomInfo | None
     device: int
     finding: BatchFinding | None
@@ -100,7 +99,7 @@ class Driver:
         self._fixed: FixedMemory | None = None  # what the cell's step holds whatever its batch
 
     @staticmethod
-    def _trained_ids(cell: ReadCell, namespace: Mapping[str, Any] | None) -> set[int] | None:
+    def _trained_ids(cell: ReadCell, namespace: Mapping[str, object] | None) -> set[int] | None:
         """The ids of the parameters and optimizers the cell reads, so what does not grow with the batch counts
         only what it trains; ``None`` where the cell does not parse."""
         if cell.parsed is None:
@@ -117,7 +116,7 @@ class Driver:
         self,
         cell: ReadCell,
         error: BaseException | None,
-        namespace: Mapping[str, Any] | None = None,
+        namespace: Mapping[str, object] | None = None,
         freed_bytes: int | None = None,
         oom: OomInfo | None = None,
         allocated_before: int | None = None,
@@ -136,7 +135,7 @@ class Driver:
         self._closing_notes(fitted, batch.replayed_source is not None)
         return self._outcome(failed, fitted, strategy, batch, freed_bytes)
 
-    def _start(self, error: BaseException | None, oom: OomInfo | None, namespace: Mapping[str, Any] | None,
+    def _start(self, error: BaseException | None, oom: OomInfo | None, namespace: Mapping[str, object] | None,
                history: Sequence[str] | None) -> OomInfo | None:
         """Hand the tries the namespace, and read the failure's figures (refusing any failure but an OOM)."""
         self._runs.namespace = namespace
@@ -149,7 +148,7 @@ class Driver:
             raise CudaMemError(f"the last failure was not a GPU out-of-memory error ({one_line(error)}); %oomfix does nothing for it")
         return oom
 
-    def _failed_cell(self, cell: ReadCell, namespace: Mapping[str, Any] | None, oom: OomInfo | None,
+    def _failed_cell(self, cell: ReadCell, namespace: Mapping[str, object] | None, oom: OomInfo | None,
                      cell_number: int | None, freed_bytes: int | None, allocated_before: int | None,
                      cleaned: CleanupResult | None) -> _FailedCell:
         """Where the cell's batch lives and what its step holds whatever its batch (read before what the cell

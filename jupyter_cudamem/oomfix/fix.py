@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from ..attribution.holders import find_holders, reaches_cuda
 from ..attribution.probe import TensorProbe
@@ -145,7 +145,7 @@ def _diagnosis(request: FixRequest, shell: InteractiveShell, hardware: Hardware,
     return dataclasses.replace(diagnosis, verbose=request.verbose)
 
 
-def _model_state(namespace: dict[str, Any]) -> dict[Category, int] | None:
+def _model_state(namespace: Mapping[str, object]) -> dict[Category, int] | None:
     """Parameters, gradients and optimizer state of the models and optimizers bound to names (bytes), for
     the diagnosis's split by category; ``None`` where torch was never imported or they cannot be read."""
     if "torch" not in sys.modules:

@@ -6,7 +6,7 @@ be read, else as the error message reported it. Runs nothing, changes nothing, n
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..batch import BatchChange, BatchFinding, find_batch
 from ..cell.edit import CellDiff
@@ -18,6 +18,9 @@ from .outcome import BatchPlan, Outcome
 from .request import FixRequest
 from .strategies import Strategy
 from .whole_data import whole_data_decision
+
+if TYPE_CHECKING:
+    from .diagnosis import Diagnosis
 
 
 def budget_from_message(oom: OomInfo | None) -> int | None:
@@ -31,7 +34,7 @@ def budget_from_message(oom: OomInfo | None) -> int | None:
     return room
 
 
-def plan_batch(finding: BatchFinding, namespace: Mapping[str, Any] | None, history: Sequence[str] | None,
+def plan_batch(finding: BatchFinding, namespace: Mapping[str, object] | None, history: Sequence[str] | None,
                budget_bytes: int | None, strategies: tuple[Strategy, ...], max_tries: int = 3, margin: float = 0.04,
                budget_source: str = "measured") -> BatchPlan:
     """The plan for a failed cell: its knob and the search's first try (nothing is changed)."""
@@ -64,7 +67,7 @@ def plan_batch(finding: BatchFinding, namespace: Mapping[str, Any] | None, histo
     return planned(f"the search's first choice with {budget_source} free memory", first, diffs)
 
 
-def dry_run(request: FixRequest, cell: ReadCell, diagnosis: Any, namespace: dict[str, Any], history: list[str],
+def dry_run(request: FixRequest, cell: ReadCell, diagnosis: Diagnosis, namespace: dict[str, object], history: list[str],
             hardware: Hardware) -> Outcome:
     """The preview ``--dry-run`` shows for ``cell`` (``cell.read.read_cell``): the diagnosis and the plan."""
     cell_number = request.cell_number

@@ -8,7 +8,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..batch.libraries import is_module
 from ..hardware import Hardware
@@ -22,8 +22,11 @@ from ..sources.torch_host import TorchMover
 from .outcome import FailureSite, TryResult
 from .strategies import Strategy
 
+if TYPE_CHECKING:
+    import torch
+
 RunSource = Callable[[str], "BaseException | None"]
-Cleanup = Callable[["BaseException | None"], Any]
+Cleanup = Callable[["BaseException | None"], object]
 
 
 def lacked_bytes(oom: OomInfo) -> int | None:
@@ -83,7 +86,7 @@ class FixTries:
     held_for_step: Callable[[], Sequence[object]] | None = None
     tries: list[TryResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    namespace: Mapping[str, Any] | None = None
+    namespace: Mapping[str, object] | None = None
     stopped: str | None = None  # why no more tries are made (never an overwrite of max_tries)
     aside: SetAside = field(default_factory=lambda: SetAside({}))  # on the host until a try that fits binds it anew
     reference: int | None = None  # allocated bytes every try's figures are taken from
@@ -148,14 +151,14 @@ class FixTries:
             self.stop(f"rerun #{result.number} failed with {message}; stopped")
         return result
 
-    def _bindings_before(self, namespace: MutableMapping[str, Any] | None
-                         ) -> tuple[dict[str, Any] | None, dict[str, Callable[[], Any]]]:
+    def _bindings_before(self, namespace: MutableMapping[str, object] | None
+                         ) -> tuple[dict[str, object] | None, dict[str, Callable[[], object]]]:
         """What a failed try is undone to: the namespace as the try starts; once a try has fitted, what the
         cell binds again only weakly, as the cell's next run lets it go at the line that binds it again."""
         if namespace is None:
             return None, {}
         again = set(self.rebinds) if self.after_a_fit else set()
-        weak: dict[str, Callable[[], Any]] = {}
+        weak: dict[str, Callable[[], object]] = {}
         for name in again & set(namespace):
             value = namespace[name]
             if self._mover.holds_gpu(value):
@@ -165,8 +168,8 @@ class FixTries:
                     continue
         return {name: value for name, value in namespace.items() if name not in weak}, weak
 
-    def _grown(self, namespace: Mapping[str, Any] | None, bound_again: Mapping[str, Any], batch: int | None
-               ) -> list[list[Any]]:
+    def _grown(self, namespace: Mapping[str, object] | None, bound_again: Mapping[str, object], batch: int | None
+               ) -> list[list[torch.Tensor]]:
         """The last fitted try's values the cell binds again, grown to ``batch`` where they hold its rows,
         as the cell's next run at ``batch`` holds them until it binds them again."""
         last = next((t.batch for t in reversed(self.tries) if t.fitted), None)

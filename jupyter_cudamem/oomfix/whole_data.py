@@ -10,9 +10,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any
 
-from ..batch.knobs import BatchFinding, Knob, KnobKind, Written
+from ..batch.knobs import BatchFinding, Knob, KnobKind, ModelCall, Written
 from ..batch.whole import WholeData, covers_whole_data
 from ..cell.source import Span, line_ending, split_lines
 
@@ -72,7 +71,7 @@ def chunked_source(source: str, whole: WholeData, rows: int,
     and where each written chunk size sits (so the batch search can change it)."""
     lines = split_lines(source)
     written: list[Written] = []
-    by_line: dict[int, list[Any]] = {}
+    by_line: dict[int, list[ModelCall]] = {}
     for call in whole.calls:
         by_line.setdefault(call.span.line, []).append(call)
     for line_number, calls in by_line.items():
@@ -101,7 +100,7 @@ def chunked_source(source: str, whole: WholeData, rows: int,
 
 
 
-def whole_data_decision(finding: BatchFinding, namespace: Mapping[str, Any] | None = None,
+def whole_data_decision(finding: BatchFinding, namespace: Mapping[str, object] | None = None,
                         transform: Callable[[str], str] | None = None) -> WholeDataDecision | None:
     """``None`` when a smaller batch is a fix; else chunks over all the data, or a refusal.
     ``finding.whole_data`` is used where it was decided for the knob chosen now."""
