@@ -124,7 +124,7 @@ class BatchChange:
         self,
         finding: BatchFinding,
         knob: Knob | None = None,
-        namespace: MutableMapping[str, Any] | None = None,
+        namespace: MutableMapping[str, object] | None = None,
         history: Sequence[str] | None = None,
     ):
         chosen = knob or finding.chosen
@@ -320,7 +320,7 @@ class BatchChange:
             _assign(parent, str(step.name), value)
 
 
-def live_batch(namespace: Mapping[str, Any], target: LiveTarget) -> int | None:
+def live_batch(namespace: Mapping[str, object], target: LiveTarget) -> int | None:
     """The batch a live place holds now (``None`` when it is gone): what a try really ran with."""
     value = resolve(namespace, target.path)
     if not found(value):

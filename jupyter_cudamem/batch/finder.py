@@ -41,7 +41,6 @@ is split by job: ``reader`` (statements, and following calls into notebook code)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from ..cell.read import ReadCell, read_cell
 from ..cell.source import Transform, parse_cell
@@ -99,7 +98,7 @@ def _same_batch(kept: Knob, other: Knob) -> bool:
 
 def find_batch(
     cell: str | ReadCell,
-    namespace: Mapping[str, Any] | None = None,
+    namespace: Mapping[str, object] | None = None,
     transform: Transform | None = None,
     *,
     history: list[str] | None = None,

@@ -49,7 +49,7 @@ def is_user_class(obj: object) -> bool:
 
 
 # -- reading a path ------------------------------------------------------------------------------------
-def resolve(namespace: Mapping[str, Any], path: ObjectPath) -> Any:
+def resolve(namespace: Mapping[str, object], path: ObjectPath) -> Any:
     """The value at ``path``, or ``_MISSING`` (see ``found``) when a step does not lead anywhere."""
     value = namespace.get(path.root, _MISSING)
     for step in path.steps:

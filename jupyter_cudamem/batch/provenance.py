@@ -55,11 +55,11 @@ class History:
         self,
         cells: Sequence[str] | None,
         before: int | None,
-        namespace: Mapping[str, Any] | None,
+        namespace: Mapping[str, object] | None,
         transform: Transform | None = None,
     ):
         self.cells = EarlierCells(cells, before, transform)
-        self.namespace: Mapping[str, Any] = namespace or {}
+        self.namespace: Mapping[str, object] = namespace or {}
         self._unpacked: int | None = None  # the item of a call's result the traced statement unpacked
         self._statement_at: tuple[int, ast.stmt] | None = None  # the statement being traced, and its cell
         # While tracing through a notebook function's body: its parameters, bound to the call's arguments.
@@ -356,7 +356,7 @@ def _bound_argument(callee: object, call: ast.Call, name: str) -> ast.expr | Non
 _PASS_THROUGH = {"Accelerator": ("prepare",), "Fabric": ("setup_dataloaders",)}
 
 
-def _passed_through(call: ast.Call, namespace: Mapping[str, Any], unpacked: int | None) -> ast.expr | None:
+def _passed_through(call: ast.Call, namespace: Mapping[str, object], unpacked: int | None) -> ast.expr | None:
     """The argument of a pass-through call that the traced target got back (``unpacked``: its position)."""
     if not isinstance(call.func, ast.Attribute) or any(isinstance(a, ast.Starred) for a in call.args):
         return None

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from ..cell.source import Transform
 from .knobs import ObjectPath
@@ -80,7 +79,7 @@ class Read:
 class Scan:
     """Everything read in one finding: shared by the cell's reader and those of the functions it calls."""
 
-    def __init__(self, namespace: Mapping[str, Any], history: History, transform: Transform | None):
+    def __init__(self, namespace: Mapping[str, object], history: History, transform: Transform | None):
         self.namespace = namespace
         self.history = history
         self.transform = transform

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from typing import Any
 
 from ..cell.source import callable_name
 from .earlier_cells import path_of
@@ -22,7 +21,7 @@ class Scope:
 
     def __init__(
         self,
-        namespace: Mapping[str, Any],
+        namespace: Mapping[str, object],
         cell: bool,
         bindings: dict[str, ObjectPath | None],
         local_names: set[str],

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from typing import Any
 
 from ..cell.source import callable_name, dotted_name
 from .earlier_cells import path_of
@@ -23,7 +22,7 @@ from .knobs import ObjectPath
 from .libraries import SEQUENCE_FIRST_CLASSES, class_names, found, is_module, resolve, sequence_first
 
 
-def builds_sequence_first(tree: ast.AST, namespace: Mapping[str, Any]) -> bool:
+def builds_sequence_first(tree: ast.AST, namespace: Mapping[str, object]) -> bool:
     """Whether the code builds one of PyTorch's sequence-first layers: ``nn.LSTM(...)`` without
     ``batch_first=True`` (also inside a class or function the cell defines). A notebook's own
     ``class RNN(nn.Module)`` is not PyTorch's."""
@@ -38,7 +37,7 @@ def builds_sequence_first(tree: ast.AST, namespace: Mapping[str, Any]) -> bool:
     return False
 
 
-def calls_sequence_first(tree: ast.AST, bound: set[str], namespace: Mapping[str, Any]) -> bool:
+def calls_sequence_first(tree: ast.AST, bound: set[str], namespace: Mapping[str, object]) -> bool:
     """Whether the cell calls a name it binds itself (``model = Tagger(...)`` then ``model(x)``) whose
     value, as the cell left it when it failed, is a sequence-first model."""
     for node in ast.walk(tree):
@@ -49,7 +48,7 @@ def calls_sequence_first(tree: ast.AST, bound: set[str], namespace: Mapping[str,
     return False
 
 
-def recurrent_states(tree: ast.AST, namespace: Mapping[str, Any]) -> set[str]:
+def recurrent_states(tree: ast.AST, namespace: Mapping[str, object]) -> set[str]:
     """Names the code passes as the hidden state of a recurrent module: ``rnn(x, (h0, c0))``,
     ``gru(seq, h0)``, ``model(x, h)`` for a model holding an RNN, ``lstm(x, hx=(h0, c0))``. Their batch
     is dimension 1 (``(layers, batch, hidden)``), with or without ``batch_first``."""
@@ -78,7 +77,7 @@ def recurrent_states(tree: ast.AST, namespace: Mapping[str, Any]) -> set[str]:
 _RECURRENT_CLASSES = frozenset({"RNN", "LSTM", "GRU"})
 
 
-def _recurrent(function: ast.expr, built: set[str], namespace: Mapping[str, Any]) -> bool:
+def _recurrent(function: ast.expr, built: set[str], namespace: Mapping[str, object]) -> bool:
     if isinstance(function, ast.Name) and function.id in built:
         return True
     path = path_of(function)
@@ -93,7 +92,7 @@ def _recurrent(function: ast.expr, built: set[str], namespace: Mapping[str, Any]
         return False
 
 
-def _from_torch(function: ast.expr, namespace: Mapping[str, Any]) -> bool:
+def _from_torch(function: ast.expr, namespace: Mapping[str, object]) -> bool:
     path = path_of(function)
     value = resolve(namespace, path) if path is not None else None
     if path is not None and found(value):

@@ -147,7 +147,7 @@ def _computes_on(node: ast.AST, data: set[str]) -> bool:
     return False
 
 
-def _resolve_callee(call: ast.Call, namespace: Mapping[str, Any]) -> Any:
+def _resolve_callee(call: ast.Call, namespace: Mapping[str, object]) -> Any:
     callee = dotted_name(call.func)
     if callee is None:
         return None
@@ -158,7 +158,7 @@ def _resolve_callee(call: ast.Call, namespace: Mapping[str, Any]) -> Any:
     return value
 
 
-def _is_model_call(node: ast.AST, data: set[str], namespace: Mapping[str, Any]) -> bool:
+def _is_model_call(node: ast.AST, data: set[str], namespace: Mapping[str, object]) -> bool:
     """A call of a module from the namespace with the data among its positional arguments."""
     if not isinstance(node, ast.Call):
         return False
@@ -166,11 +166,11 @@ def _is_model_call(node: ast.AST, data: set[str], namespace: Mapping[str, Any]) 
     return value is not None and is_module(value) and any(_names(a) & data for a in node.args)
 
 
-def _model_calls(node: ast.AST, data: set[str], namespace: Mapping[str, Any]) -> list[ast.Call]:
+def _model_calls(node: ast.AST, data: set[str], namespace: Mapping[str, object]) -> list[ast.Call]:
     return [child for child in ast.walk(node) if isinstance(child, ast.Call) and _is_model_call(child, data, namespace)]
 
 
-def _namespace_tensors(parsed: ParsedCell, namespace: Mapping[str, Any], bound: set[str]) -> dict[str, int]:
+def _namespace_tensors(parsed: ParsedCell, namespace: Mapping[str, object], bound: set[str]) -> dict[str, int]:
     """Tensors from earlier cells the cell reads (and does not bind first), with their leading size."""
     found: dict[str, int] = {}
     for name in _names(parsed.tree):
@@ -190,7 +190,7 @@ def _namespace_tensors(parsed: ParsedCell, namespace: Mapping[str, Any], bound: 
 
 def covers_whole_data(
     finding: BatchFinding,
-    namespace: Mapping[str, Any] | None = None,
+    namespace: Mapping[str, object] | None = None,
     transform: Callable[[str], str] | None = None,
     read: ReadCell | None = None,
 ) -> WholeData | None:
@@ -283,7 +283,7 @@ def _decided(
     rows: int | None,
     results: tuple[str, ...],
     data: set[str],
-    namespace: Mapping[str, Any],
+    namespace: Mapping[str, object],
     statements: list[ast.stmt],
 ) -> WholeData:
     kept = ", ".join(results)
@@ -333,7 +333,7 @@ def _statement_of(target: ast.AST, parents: dict[int, ast.AST]) -> tuple[ast.stm
     return node, looped
 
 
-def _sequence_first(callee: str, namespace: Mapping[str, Any]) -> bool:
+def _sequence_first(callee: str, namespace: Mapping[str, object]) -> bool:
     from .libraries import sequence_first
 
     root, *rest = callee.split(".")

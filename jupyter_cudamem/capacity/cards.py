@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import CudaMemError
 from ..units import GiB, SizeTooLarge, number_in, parse_size
@@ -106,7 +105,7 @@ def _card(name: str, value: object) -> Card:
     return Card(name, number_in(gib, f"CudaMem.cards[{name!r}]", MIN_CARD_GIB, MAX_CARD_GIB, "a card's memory in GiB"), ecc)
 
 
-def card_table(extra: Mapping[str, Any] | None = None) -> tuple[Card, ...]:
+def card_table(extra: Mapping[str, object] | None = None) -> tuple[Card, ...]:
     """The built-in cards, overridden and extended by ``extra`` (``%config CudaMem.cards``).
 
     A name matching a built-in card (ignoring case, spaces and dashes) replaces it in place; a new

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from typing import Any
 
 from ..errors import CudaMemError
 from ..units import parse_size
@@ -26,7 +25,7 @@ class CudaMemArguments:
         """``%cudamem -o x = f()``'s line as its options and the statement that follows them."""
         return self._splitter.split(line)
 
-    def parse(self, line: str, namespace: Mapping[str, Any], line_form: bool = False) -> argparse.Namespace:
+    def parse(self, line: str, namespace: Mapping[str, object], line_form: bool = False) -> argparse.Namespace:
         """The options of ``line``, ``{x}`` and ``$x`` expanded from ``namespace``; argparse's errors are its own,
         but for an option it does not know. That one is refused, where ``%time -x`` runs ``-x``, so that a
         mistyped option never runs as code; the line form's error says how a statement starting with ``-`` is
@@ -39,7 +38,7 @@ class CudaMemArguments:
             raise CudaMemError(listed)
         return parsed
 
-    def limit_of(self, source: str, namespace: Mapping[str, Any]) -> int | None:
+    def limit_of(self, source: str, namespace: Mapping[str, object]) -> int | None:
         """The ``--limit`` (bytes) a ``%%cudamem`` or ``%cudamem`` cell ran under; ``None`` for any other
         cell, or one whose options do not parse."""
         text = source.lstrip()

@@ -99,7 +99,7 @@ class OptionSplitter:
         return line[:position].strip(), line[position:].strip()
 
 
-def expand_options(options: str, namespace: Mapping[str, Any]) -> str:
+def expand_options(options: str, namespace: Mapping[str, object]) -> str:
     """``{x}`` and ``$x`` in the options (never in the code measured) expand from the user's namespace,
     as IPython expands a magic's line: ``%%cudamem --limit {cap}``. Left as written when they do not
     expand, as IPython leaves them."""
