@@ -16,7 +16,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from .errors import CudaMemError
 from .repeats import RunGrowth
@@ -55,7 +54,7 @@ class CellRecord:
     def label(self) -> str:
         return f"[{self.execution_count}]" if self.execution_count is not None else "[?]"
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, str | int | float | None]]:
         """One flat row per device (a single row with no device fields when none was touched)."""
         base = {
             "execution_count": self.execution_count,
@@ -142,7 +141,7 @@ class History:
             records = list(itertools.islice(records, max(len(records) - last, 0), None))
         return list(records)
 
-    def to_records(self) -> list[dict[str, Any]]:
+    def to_records(self) -> list[dict[str, str | int | float | None]]:
         """Flat rows (one per cell and device) for ``pandas.DataFrame(history.to_records())``."""
         return flat_rows(self._records)
 
@@ -150,7 +149,7 @@ class History:
         return save_records(self._records, path)
 
 
-def flat_rows(records: Iterable[CellRecord]) -> list[dict[str, Any]]:
+def flat_rows(records: Iterable[CellRecord]) -> list[dict[str, str | int | float | None]]:
     """One flat dict per cell and device, sizes in bytes: what ``pandas.DataFrame`` loads as is."""
     return [row for record in records for row in record.rows()]
 

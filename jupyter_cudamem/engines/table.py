@@ -11,7 +11,6 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..report.text import TextReport
 from ..units import format_bytes, format_seconds
@@ -241,7 +240,7 @@ class EnginesReport(TextReport):
     def engine(self, engine_id: int) -> EngineAnswer:
         return next(answer for answer in self.answers if answer.engine_id == engine_id)
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, str | int | float | None]]:
         """One flat dict per engine and device, sizes in bytes: ``pandas.DataFrame(report.rows())``."""
         flat = []
         for row in self.table_rows:

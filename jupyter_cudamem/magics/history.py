@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from IPython.core.magic import line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -88,7 +88,7 @@ class CudaMemHistory(CudaMemMagicsBase):
     )
     @line_magic
     @one_line_errors
-    def cudamem_history(self, line: str = "") -> list[dict[str, Any]] | None:
+    def cudamem_history(self, line: str = "") -> list[dict[str, str | int | float | None]] | None:
         """Show the cells measured so far: a table, a plot, or records to load into pandas.
 
         The table lists the latest cells and sums up the rest in one line (--all lists every cell); the plot

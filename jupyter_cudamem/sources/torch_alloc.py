@@ -28,6 +28,8 @@ from .base import OPTIMIZER_STEPS, STEP_MARK_BYTES, AllocatorReading, TorchDevic
 
 if TYPE_CHECKING:
     import torch
+    from torch import Tensor
+    from torch.utils.hooks import RemovableHandle
 
 
 def _torch() -> ModuleType:
@@ -57,13 +59,13 @@ def _interrupts_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _hold_free_blocks(torch: ModuleType, index: int) -> list[Any]:
+def _hold_free_blocks(torch: ModuleType, index: int) -> list[Tensor]:
     """Placeholders filling every free block of this stream's large segments on device ``index``.
 
     Each is asked for at its block's exact size, so the allocator's best fit hands it that block (or one
     of the same size) and opens no segment; one it cannot place ends the filling."""
     stream = torch.cuda.current_stream(index).cuda_stream
-    held: list[Any] = []
+    held: list[Tensor] = []
     for segment in torch.cuda.memory_snapshot():
         if (segment.get("device") != index or segment.get("segment_type") != "large"
                 or segment.get("is_expandable") or segment.get("stream", 0) != stream):
@@ -309,8 +311,8 @@ class StepMarks:
     def __init__(self, torch: ModuleType):
         self._torch = torch
         self.marks: list[tuple[int, int, int]] = []
-        self._open: dict[int, Any] = {}
-        self._handles: list[Any] = []
+        self._open: dict[int, Tensor] = {}
+        self._handles: list[RemovableHandle] = []
 
     @classmethod
     def install(cls, torch: ModuleType) -> "StepMarks | None":
