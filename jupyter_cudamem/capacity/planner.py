@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, ContextManager
 
 from ..batch import BatchChange, BatchFinding, Knob, find_batch
 from ..cell.edit import AutocastNotApplicable, wrap_in_autocast
@@ -32,6 +32,9 @@ from ..units import GiB
 from .cards import Card
 from .plan import CapacityPlan, build_plan, usable_bytes
 from .runs import CalibrationScale, Measured, Runner, history_match, judge, measure_runs
+
+if TYPE_CHECKING:
+    from ..history import CellRecord
 
 
 @dataclass(frozen=True)
@@ -68,12 +71,12 @@ class CellAccess:
     """How the planner reaches the cell's world: its namespace, IPython's input transform and history, the
     cell's number, a way to run a source as a cell (``run``) and to keep a run quiet (``quiet``)."""
 
-    namespace: dict[str, Any]
+    namespace: dict[str, object]
     transform: Callable[[str], str]
     history: list[str]
     cell_number: int | None
-    run: Callable[[str], Any]
-    quiet: Callable[[], ContextManager[Any]]
+    run: Callable[[str], object]
+    quiet: Callable[[], ContextManager[object]]
 
 
 def runs_restorer(cell: ReadCell, access: CellAccess, notes: list[str]) -> Restorer | None:
@@ -142,7 +145,7 @@ def _under_autocast(
 
 
 def plan_cell(cell: str, options: PlanOptions, access: CellAccess, hardware: Hardware,
-              history_records: Sequence[Any] = ()) -> tuple[CapacityPlan, Measured]:
+              history_records: Sequence[CellRecord] = ()) -> tuple[CapacityPlan, Measured]:
     """Measure ``cell`` and plan it. The cell's own errors propagate from ``access.run`` (the magic shows
     them as a plain cell does); ours are ``CudaMemError``."""
     finding = find_batch(cell, access.namespace, access.transform, history=access.history,

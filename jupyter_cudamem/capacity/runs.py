@@ -39,7 +39,7 @@ import dataclasses
 import gc
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import CudaMemError
 from ..measure import DeviceMeasurement, Measurement, Meter
@@ -54,6 +54,7 @@ from .prediction import Calibration, Run
 
 if TYPE_CHECKING:
     from ..history import CellRecord
+    from ..reruns.set_aside import SetAside
 
 
 class Change(Protocol):
@@ -122,11 +123,11 @@ class Runner:
     def __init__(
         self,
         meter: Meter,
-        run: Callable[[str], Any],
+        run: Callable[[str], object],
         is_oom: Callable[[BaseException], bool],
         release: Callable[[], None] = lambda: None,
-        quiet: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
-        set_aside: Callable[[str], Any] | None = None,
+        quiet: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext,
+        set_aside: Callable[[str], SetAside] | None = None,
         recorder: Recorder | None = None,
         graph_pools: GraphPools | None = None,
     ):
@@ -154,7 +155,7 @@ class Runner:
         index = self.measured.torch_index
         if self.graph_pools is not None and index is not None:
             self.graph_pools.reset(index)
-        returned: list[Any] = []
+        returned: list[object] = []
 
         def attempt() -> BaseException | None:
             try:
@@ -390,7 +391,7 @@ class CalibrationScale:
 
     usable_bytes: int
     card: str
-    cap: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    cap: Callable[[], contextlib.AbstractContextManager[object]] | None = None
 
 
 def calibrate(runner: Runner, change: Change | None, scale: CalibrationScale | None) -> Calibration | None:

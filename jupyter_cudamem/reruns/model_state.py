@@ -11,7 +11,7 @@ import itertools
 import types
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from ..cell.names import code_names
 from ..cell.read import ReadCell
@@ -23,6 +23,8 @@ from .plain_state import CONTAINERS, PlainState
 
 if TYPE_CHECKING:
     import torch
+
+Returned = TypeVar("Returned")
 
 # Attributes and items are followed this many levels below a name the cell reads (a Trainer's
 # ``accelerator.scaler`` is two), and at most this many of each object's.
@@ -247,8 +249,8 @@ class Restorer:
         )
         self._changed = False
 
-    def run(self, run_source: Callable[[str], BaseException | None]) -> Callable[[str], BaseException | None]:
-        def rerun(source: str) -> BaseException | None:
+    def run(self, run_source: Callable[[str], Returned]) -> Callable[[str], Returned]:
+        def rerun(source: str) -> Returned:
             self._changed = True
             return run_source(source)
 
