@@ -234,14 +234,14 @@ class CallReader:
             return
         self.expressions.expr(argument, Use.OTHER)
 
-    def _callee(self, node: ast.Call) -> Any:
+    def _callee(self, node: ast.Call) -> object:
         path = self.body.scope.namespace_path(node.func)
         if path is None:
             return None
         value = resolve(self.body.scan.namespace, path)
         return value if found(value) else None
 
-    def _module_called(self, node: ast.Call, callee: object) -> Any:
+    def _module_called(self, node: ast.Call, callee: object) -> object:
         """What the cell calls: from the namespace, or, for a name the cell bound before the call, what it
         held when the cell failed (the model it built)."""
         if callee is not None or not isinstance(node.func, ast.Name) or node.func.id not in self.body.scope.bound_at:

@@ -55,7 +55,7 @@ _LOADER_SETTINGS = (
 )
 
 
-def rebuilt_loader(loader: Any, batch_size: int) -> Any:
+def rebuilt_loader(loader: Any, batch_size: int) -> object:
     """A new loader like ``loader`` but batching ``batch_size`` items. Raises ``CudaMemError`` when the
     loader's batches come from somewhere else (a custom ``batch_sampler``) or its class takes other arguments."""
     problem = loader_problem(loader)
@@ -103,7 +103,7 @@ def rebound(bound: functools.partial, parameter: str, value: int) -> functools.p
     return functools.partial(bound.func, *args, **bound.keywords)
 
 
-def resized_rows(tensor: Any, dim: int, rows: int) -> Any:
+def resized_rows(tensor: Any, dim: int, rows: int) -> object:
     """``tensor`` with ``rows`` entries along ``dim``: its first ones (a view of the same memory), or, for
     more than it has, its own repeated and cut (a new tensor of exactly that size). A tensor that needs
     no gradient stays a leaf, so a cell calling ``requires_grad_()`` on it still can."""
@@ -135,7 +135,7 @@ class BatchChange:
         self.namespace = namespace if namespace is not None else {}
         self.history = list(history or [])
         self._undo: dict[LiveTarget, Callable[[], None]] = {}
-        self._originals: dict[LiveTarget, Any] = {}
+        self._originals: dict[LiveTarget, object] = {}
         self.applied: int | None = None
 
     # -- one try -----------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ def is_user_function(obj: object) -> TypeGuard[types.FunctionType]:
     return isinstance(obj, types.FunctionType) and _from_notebook(obj)
 
 
-def is_user_class(obj: object) -> bool:
+def is_user_class(obj: object) -> TypeGuard[type]:
     return isinstance(obj, type) and _from_notebook(obj)
 
 
@@ -63,7 +63,7 @@ def found(value: object) -> bool:
     return value is not _MISSING
 
 
-def step_into(value: Any, step: Step) -> Any:
+def step_into(value: Any, step: Step) -> object:
     try:
         if step.key:
             if isinstance(value, Mapping) or _is_dictconfig(value):
@@ -98,7 +98,7 @@ def is_config_like(obj: object) -> bool:
     return is_user_class(obj) and not callable(getattr(obj, "forward", None))
 
 
-def config_fields(obj: Any) -> Iterator[tuple[Step, Any]]:
+def config_fields(obj: Any) -> Iterator[tuple[Step, object]]:
     """The (step, value) pairs a config holds, for scanning it for a batch size."""
     try:
         if isinstance(obj, Mapping) or _is_dictconfig(obj):
@@ -137,12 +137,12 @@ def settable(parent: object, step: Step) -> bool:
 
 
 # -- callables with bound arguments ----------------------------------------------------------------------
-def bound_arguments(obj: object) -> dict[str, tuple[Any, int | None]]:
+def bound_arguments(obj: object) -> dict[str, tuple[object, int | None]]:
     """The arguments a ``functools.partial`` binds, by the parameter of its function they fill: each value
     and its position among the partial's ``args`` (``None`` for a keyword). Empty for anything else."""
     if not isinstance(obj, functools.partial):
         return {}
-    arguments: dict[str, tuple[Any, int | None]] = {name: (value, None) for name, value in obj.keywords.items()}
+    arguments: dict[str, tuple[object, int | None]] = {name: (value, None) for name, value in obj.keywords.items()}
     try:
         parameters = list(inspect.signature(obj.func).parameters.values())
     except (TypeError, ValueError):
@@ -158,7 +158,7 @@ def is_dataloader(obj: object) -> bool:
     return "DataLoader" in class_names(obj) and all(hasattr(obj, a) for a in ("dataset", "batch_sampler"))
 
 
-def wrapped_loader(loader: object) -> Any:
+def wrapped_loader(loader: object) -> object:
     """The DataLoader inside a wrapper that stands for it (accelerate's ``DataLoaderShard``, which
     ``Accelerator.prepare`` returns), or ``None`` for a loader that is itself a DataLoader."""
     inner = getattr(loader, "__dict__", {}).get("base_dataloader")

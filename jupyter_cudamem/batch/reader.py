@@ -262,7 +262,7 @@ def _bind_call(
     ``None``); ``None`` where the call unpacks ``*args``/``**kwargs`` or does not fit the signature."""
     try:
         signature = inspect.signature(function)
-        arguments: list[Any] = ([None] if self_path is not None or inspect.ismethod(callee) else []) + list(node.args)
+        arguments: list[ast.expr | None] = ([None] if self_path is not None or inspect.ismethod(callee) else []) + list(node.args)
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             return None
         return signature, signature.bind_partial(*arguments, **{k.arg: k.value for k in node.keywords if k.arg})

@@ -147,12 +147,12 @@ def _computes_on(node: ast.AST, data: set[str]) -> bool:
     return False
 
 
-def _resolve_callee(call: ast.Call, namespace: Mapping[str, object]) -> Any:
+def _resolve_callee(call: ast.Call, namespace: Mapping[str, object]) -> object:
     callee = dotted_name(call.func)
     if callee is None:
         return None
     root, *rest = callee.split(".")
-    value: Any = namespace.get(root)
+    value: object = namespace.get(root)
     for part in rest:
         value = getattr(value, part, None)
     return value
@@ -337,7 +337,7 @@ def _sequence_first(callee: str, namespace: Mapping[str, object]) -> bool:
     from .libraries import sequence_first
 
     root, *rest = callee.split(".")
-    value: Any = namespace.get(root)
+    value: object = namespace.get(root)
     for part in rest:
         value = getattr(value, part, None)
     return value is not None and is_module(value) and sequence_first(value)
