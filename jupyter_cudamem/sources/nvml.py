@@ -84,7 +84,7 @@ class NvmlSession:
         self._ready = False
         self._failure: str | None = None
         self._pynvml: Any = None
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[int, object] = {}
         self._devices: list[GpuIdentity] | None = None
         self._memory_v2: bool | None = None  # unknown until the first call
 

@@ -16,7 +16,7 @@ from typing import Any
 from ..growth.replay import ALLOC, FREE, TRY, Event, StartSegment, allocated_blocks, same_block, start_keys
 from .base import STEP_MARK_BYTES
 
-Row = tuple[Any, Any, Any, Any]
+Row = tuple[str | None, int | None, int | None, int | None]
 """One event of the recorded history: ``(action, address, size, stream)``."""
 
 
