@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import inspect
 import types
-from typing import Any
 
 from ..cell.source import ParsedCell, callable_name, int_constant
 from .body import Body

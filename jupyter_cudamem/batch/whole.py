@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 from ..cell.read import ReadCell, read_cell
 from ..cell.source import ParsedCell, dotted_name
