@@ -272,7 +272,7 @@ def ipython_references(shell: InteractiveShell) -> list[Reference]:
     namespace as its locals) are listed one by one, so a report can say which function's locals hold
     the memory.
     """
-    refs = _exception_references(shell)
+    refs = [Reference(name, origin, value) for name, origin, value in _exception_values(shell)]
     refs.extend(_output_references(shell))
     refs.extend(_frame_references(_known_exceptions(shell, None)))
     return refs
@@ -312,10 +312,6 @@ def _display_hook_values(shell: InteractiveShell) -> list[_Kept]:
         if value is not None and not isinstance(value, str):
             kept.append((name, Origin.OUTPUT_CACHE, value))
     return kept
-
-
-def _exception_references(shell: InteractiveShell) -> list[Reference]:
-    return [Reference(name, origin, value) for name, origin, value in _exception_values(shell)]
 
 
 def _output_references(shell: InteractiveShell) -> list[Reference]:
