@@ -362,15 +362,6 @@ class BatchSearch(Tries):
         fixed = min(growth.fixed_bytes, self.usable_bytes)
         return fixed + (self.usable_bytes - fixed) * (1 - margin)
 
-    def _nominal_largest(self, growth: Growth, high: int, margin: float = JITTER) -> int:
-        """The largest batch below ``high`` that fits with only ``margin`` (by default what runs at one
-        batch differ by): by the replay, or by the line with its steepest slope."""
-        if self._chosen_by_replay:
-            plain = self.replayed(margin)
-            if plain is not None:
-                return plain.largest(high - 1)
-        return min(growth.largest_batch(self._target(growth, margin), sure=True), high - 1)
-
     def _predicted(self, growth: Growth) -> tuple[int, str]:
         """The largest batch predicted to fit with the margins, and how: by the replay where the tries were
         recorded, else by the line; either way bounded by the least growth the failures show."""
@@ -442,6 +433,9 @@ class Known:
 
     def __init__(self, search: BatchSearch, low: int, high: int, growth: Growth | None) -> None:
         self.search, self.low, self.high, self.growth = search, low, high, growth
+        # By margin: the replay, asked several times (its bound is kept), and the largest batch it fits.
+        self._replays: dict[float, fitting.Fitting | None] = {}
+        self._largest_by_margin: dict[float, int] = {}
 
     @property
     def line(self) -> Growth:
@@ -463,15 +457,31 @@ class Known:
         """How that was predicted (the start of a predicted choice's reason)."""
         return self._prediction[1]
 
-    @functools.cached_property
+    @property
     def nominal_largest(self) -> int:
         """The largest batch that fits but for the margin (``JITTER``)."""
-        return self.search._nominal_largest(self.line, self.high)
+        return self._largest(JITTER)
 
-    @functools.cached_property
-    def exact_largest(self) -> int:
-        """The largest batch that fits with no margin at all."""
-        return self.search._nominal_largest(self.line, self.high, 0.0)
+    def reaches(self, batch: int, no_margin: bool = False) -> bool:
+        """Whether ``nominal_largest`` (with ``no_margin``, the largest that fits with no margin at all) is at
+        least ``batch``: a replay stops where it is known below (``Fitting.largest``'s ``at_least``)."""
+        return self._largest(0.0 if no_margin else JITTER, at_least=batch) >= batch
+
+    def _largest(self, margin: float, at_least: int = 0) -> int:
+        """The largest batch below ``high`` that fits with only ``margin``: by the replay (where below
+        ``at_least``, any batch below it), or by the line with its steepest slope."""
+        if margin in self._largest_by_margin:
+            return self._largest_by_margin[margin]
+        if margin not in self._replays:
+            self._replays[margin] = self.search.replayed(margin) if self.search._chosen_by_replay else None
+        plain = self._replays[margin]
+        if plain is None:
+            found = min(self.line.largest_batch(self.search._target(self.line, margin), sure=True), self.high - 1)
+        else:
+            found = plain.largest(self.high - 1, at_least)
+        if found >= at_least:  # else a batch below it, where a replay stopped
+            self._largest_by_margin[margin] = found
+        return found
 
     def halving(self, above: int | None = None) -> list[int]:
         """Halving's batches from the failed one (half, a quarter...), largest first, below the smallest
@@ -527,7 +537,7 @@ def halving_with_no_margin_on_the_last_rerun(known: Known) -> Choice | None:
     if not search._last_try():
         return None
     for batch in known.halving():
-        if (search._chosen_by_replay or 2 * known.low >= batch) and known.exact_largest >= batch:
+        if (search._chosen_by_replay or 2 * known.low >= batch) and known.reaches(batch, no_margin=True):
             return known.choice(batch, f"{known.how}; {batch}, halving's, fits with no margin")
     return None
 
@@ -538,7 +548,7 @@ def halving_but_for_the_margin(known: Known) -> Choice | None:
     if known.search._last_try():
         return None
     for batch in known.halving():
-        if known.nominal_largest >= batch:
+        if known.reaches(batch):
             return known.choice(batch, f"{known.how}; {batch}, halving's, fits but for the margin")
     return None
 
@@ -553,9 +563,9 @@ def largest_predicted(known: Known) -> Choice | None:
 def largest_but_for_the_margin(known: Known) -> Choice | None:
     """No larger batch fits with the margin: the largest that fits but for it (``JITTER``). A gain of one
     sample is a gain."""
-    largest = known.nominal_largest
-    if largest < known.low + 1:
+    if not known.reaches(known.low + 1):
         return None
+    largest = known.nominal_largest
     return known.choice(largest, f"{known.how}; {largest} fits but for the margin, and a rerun is left")
 
 

@@ -10,6 +10,7 @@ allocated bytes alone set (one pass) and replays only below it. Pure Python, no 
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -257,12 +258,14 @@ class Fitting:
     ``fitting_from_one``, ``paired_with_failure``); ``largest`` the largest batch that does."""
 
     fits: Callable[[int], bool]
-    largest_up_to: Callable[[int], int]
+    largest_up_to: Callable[[int, int], int]  # ``largest``'s, from its arguments
 
-    def largest(self, max_batch: int = 1 << 30) -> int:
+    def largest(self, max_batch: int = 1 << 30, at_least: int = 0) -> int:
         """The largest batch up to ``max_batch`` that fits (``max_batch`` when even that fits: nothing grows
-        with the batch; 0 when none does), by the replays below the allocated bytes' bound."""
-        return self.largest_up_to(max_batch)
+        with the batch; 0 when none does), by the replays below the allocated bytes' bound. Where it is below
+        ``at_least``, some batch below that: the replays stop once one at most ``at_least`` fails, for a
+        caller that asks only whether the largest reaches ``at_least``."""
+        return self.largest_up_to(max_batch, at_least)
 
 
 def paired_fittings(first: Sequence[Event], batch_first: int, second: Sequence[Event], batch_second: int,
@@ -344,7 +347,7 @@ def paired_with_failure(events: Sequence[Event], batch: int, failed: Sequence[Ev
 
 def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measured_batch: int,
                      start: Sequence[StartSegment], cap_bytes: int, margin: float,
-                     released: Collection[int] = ()) -> tuple[Callable[[int], bool], Callable[[int], int]]:
+                     released: Collection[int] = ()) -> tuple[Callable[[int], bool], Callable[[int, int], int]]:
     """Whether a batch fits both when the ``unknown`` requests grow as their lines say and when they keep
     their size at ``measured_batch``, at each scale of the margin (``NEXT_RUN_SCALES``); with the largest
     batch up to a bound that does. Why both: a request whose growth the runs do not tell is a batch's or a
@@ -372,15 +375,19 @@ def _fits_either_way(lines: Sequence[EventLine], unknown: Sequence[int], measure
         # The next runs (for the layout a run leaves) at the largest sizes alone; the margins are for jitter.
         return fits_at(batch, (settling,)) and fits_at(batch, checked_after, runs=1)
 
-    def largest(max_batch: int) -> int:
+    @functools.cache  # a search asks again with another ``at_least`` (each of halving's batches)
+    def bound(max_batch: int) -> int:
         limit = min(allocated_limit(v, held, cap_bytes) / (1 + margin) for v in variants)
-        bound = largest_below(could_fit, max(0, min(max_batch, math.floor(limit))) if limit < math.inf else max_batch)
+        return largest_below(could_fit, max(0, min(max_batch, math.floor(limit))) if limit < math.inf else max_batch)
+
+    def largest(max_batch: int, at_least: int) -> int:
         # One run at the largest sizes, then the runs after it, then the smaller sizes: the same answer where
-        # the allocator is monotone, in a third of the replays.
-        found = largest_below(lambda batch: fits_at(batch, (settling,), runs=1), bound, PREDICTION_RESOLUTION)
-        found = largest_below(lambda batch: fits_at(batch, (settling,)), found, PREDICTION_RESOLUTION)
-        while found > 0 and not fits_at(found, checked_after, runs=1):
-            found = largest_below(fits, found - 1, PREDICTION_RESOLUTION)
+        # the allocator is monotone, in a third of the replays. Each pass stops below ``at_least``.
+        found = largest_below(lambda batch: fits_at(batch, (settling,), runs=1), bound(max_batch),
+                              PREDICTION_RESOLUTION, at_least)
+        found = largest_below(lambda batch: fits_at(batch, (settling,)), found, PREDICTION_RESOLUTION, at_least)
+        while found >= at_least and found > 0 and not fits_at(found, checked_after, runs=1):
+            found = largest_below(fits, found - 1, PREDICTION_RESOLUTION, at_least)
         return found
 
     return fits, largest

@@ -404,19 +404,24 @@ def peak_allocated_bytes(events: Sequence[Event], held: Mapping[int, int] | None
     return peak
 
 
-def largest_below(fits: Callable[[int], bool], high: int, resolution: float = 0.0) -> int:
+def largest_below(fits: Callable[[int], bool], high: int, resolution: float = 0.0, at_least: int = 0) -> int:
     """The largest batch up to ``high`` that ``fits`` (0 when none does), where fitting is assumed below one
     that fits and ``high`` is a bound close above the answer: it steps down in widening steps, then bisects
-    to within ``resolution`` of the batch (0: to the sample)."""
-    if high <= 0 or fits(high):
+    to within ``resolution`` of the batch (0: to the sample). Where the answer is below ``at_least``, any
+    batch below that: it stops as soon as one at most ``at_least`` fails (or ``high`` is below it)."""
+    if high <= 0 or high < at_least or fits(high):
         return max(high, 0)
     failed, step = high, max(1, high // 64)  # a bound from allocated bytes is a few percent above
     while (below := max(high - step, 0)) > 0 and not fits(below):
         failed, step = below, 2 * step
+        if failed <= at_least:
+            return failed - 1
     while failed - below > max(1, int(below * resolution)):
         middle = (below + failed) // 2
         if fits(middle):
             below = middle
         else:
             failed = middle
+            if failed <= at_least:
+                return failed - 1
     return below

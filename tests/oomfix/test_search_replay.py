@@ -100,7 +100,7 @@ class _WindowedReplay(BatchSearch):
 
     def replayed(self, margin: float = 0.0) -> Fitting:
         largest = int(200 / (1 + margin))
-        return Fitting(lambda batch: batch <= largest or batch == 250, lambda most: min(largest, most))
+        return Fitting(lambda batch: batch <= largest or batch == 250, lambda most, at_least: min(largest, most))
 
 
 def test_a_batch_the_replay_fits_alone_above_failing_ones_is_not_taken_for_one_that_fits():
@@ -116,7 +116,7 @@ class _ExactReplay(BatchSearch):
 
     def replayed(self, margin: float = 0.0) -> Fitting:
         largest = int(200 / (1 + margin))
-        return Fitting(lambda batch: batch <= largest, lambda most: min(largest, most))
+        return Fitting(lambda batch: batch <= largest, lambda most, at_least: min(largest, most))
 
 
 def test_on_the_last_rerun_halvings_batch_that_fits_with_no_margin_is_tried_after_a_low_second_try():
