@@ -71,6 +71,6 @@ def test_a_run_that_fails_keeps_the_marks_of_the_steps_it_began():
     assert all(after <= len(failed.recorded.events) for _, after in failed.recorded.steps)
 
 
-def test_unmarked_and_single_steps_are_as_the_world_drew_them_before_loops():
+def test_an_unmarked_run_has_no_marks_and_a_marked_single_step_one():
     assert loop(1, marked=False).marks(False) == ()
     assert len(loop(1).marks(False)) == 1
